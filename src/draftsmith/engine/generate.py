@@ -1,0 +1,151 @@
+"""Baseline batched generation: one prefill, then decode steps that never leave the device.
+
+A decode step (forward, sample, append, advance) is one CUDA graph on GPU; the host only reads
+the `done` flags every `check_every` steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.llama import Transformer
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]  # new tokens per prompt, eos excluded
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def prefill(rt: Runtime, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write every prompt into the cache; return last-position logits [B, V] and lengths [B]."""
+    if any(not p for p in prompts):
+        raise DraftsmithError("empty prompt")
+    b, longest = len(prompts), max(len(p) for p in prompts)
+    if longest > rt.max_seq:
+        raise DraftsmithError(f"prompt of {longest} tokens exceeds max_seq {rt.max_seq}")
+    tokens = torch.zeros(b, longest, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p)
+    lens = torch.tensor([len(p) for p in prompts], device=rt.device)
+    positions = torch.arange(longest, device=rt.device).repeat(b, 1)
+    out = rt.forward(tokens.to(rt.device), positions, logits_at=lens - 1)
+    return out.logits[:, 0], lens
+
+
+class DecodeState:
+    """Static tensors one decode step reads and writes."""
+
+    def __init__(self, rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams) -> None:
+        dev = rt.device
+        self.rt, self.b, self.params = rt, b, params
+        self.tok = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self.out = torch.zeros(b, rt.max_seq, dtype=torch.long, device=dev)
+        self.step_i = torch.zeros(1, dtype=torch.long, device=dev)
+        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.eos = torch.tensor(eos_ids or [-1], device=dev)
+        self.caches = rt.caches_for(b)
+
+    def reset(self, first: torch.Tensor, lens: torch.Tensor) -> None:
+        self.tok.copy_(first.view(-1, 1))
+        self.pos.copy_(lens.view(-1, 1))
+        self.out.zero_()
+        self.out[:, 0] = first
+        self.step_i.fill_(1)
+        self.done.copy_(torch.isin(first, self.eos))
+
+    def step(self) -> None:
+        logits = self.rt.model(self.tok, self.pos, self.caches).logits[:, -1]
+        nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
+        self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
+        self.done |= torch.isin(nxt, self.eos)
+        self.tok.copy_(nxt.unsqueeze(1))
+        self.pos.add_(1)
+        self.step_i.add_(1)
+
+
+def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams):
+    """A (state, step function) pair; the step is a captured CUDA graph where possible."""
+    key = ("decode", b, tuple(eos_ids), params)
+    cached = getattr(rt, "_decoders", {})
+    rt._decoders = cached
+    if key not in cached:
+        state = DecodeState(rt, b, eos_ids, params)
+        fn = state.step
+        if rt.graphs is not None:
+            with torch.no_grad():
+                rt.graphs.capture(key, state.step)
+            fn = lambda: rt.graphs.replay(key)  # noqa: E731
+        cached[key] = (state, fn)
+    return cached[key]
+
+
+@torch.no_grad()
+def generate(
+    model: Transformer | Runtime,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    eos_ids: list[int] | None = None,
+    check_every: int = 16,
+) -> list[list[int]]:
+    return run_generation(model, prompts, max_new_tokens, params, eos_ids, check_every).tokens
+
+
+@torch.no_grad()
+def run_generation(
+    model: Transformer | Runtime,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    eos_ids: list[int] | None = None,
+    check_every: int = 16,
+) -> Generation:
+    rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
+    eos = list(eos_ids or [])
+    need = max(len(p) for p in prompts) + max_new_tokens
+    if need > rt.max_seq:
+        raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+    state, step = decoder(rt, len(prompts), eos, params)
+    sync(rt)
+    t0 = time.perf_counter()
+    logits, lens = prefill(rt, prompts)
+    state.reset(sample(logits, params), lens)
+    sync(rt)
+    t1 = time.perf_counter()
+    for i in range(1, max_new_tokens):
+        step()
+        if i % check_every == 0 and eos and bool(state.done.all()):
+            break
+    sync(rt)
+    t2 = time.perf_counter()
+    return Generation(_trim(state.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1)
+
+
+def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:
+    return Runtime(model, len(prompts), max(len(p) for p in prompts) + new + 1)
+
+
+def _trim(rows: list[list[int]], eos: list[int]) -> list[list[int]]:
+    out = []
+    for r in rows:
+        cut = next((i for i, t in enumerate(r) if t in eos), len(r))
+        out.append(r[:cut])
+    return out
+
+
+def sync(rt: Runtime) -> None:
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize(rt.device)

@@ -1,0 +1,113 @@
+"""The target runtime: a static KV cache addressed by slot, and graphed forwards of q tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.engine.graphs import Graphs, pad_to
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.llama import ForwardOut, KVCache, Transformer
+
+
+class Runtime:
+    """Owns the KV cache of `max_batch` rows x `max_seq` slots for one model.
+
+    `forward` replays a captured CUDA graph when one fits (batch padded up to the nearest
+    captured size, q exact) and runs eagerly otherwise. Outputs of a replay are static:
+    the next forward overwrites them.
+    """
+
+    def __init__(
+        self, model: Transformer, max_batch: int, max_seq: int, graphs: bool | None = None
+    ) -> None:
+        p = next(model.parameters())
+        self.model, self.device, self.dtype = model, p.device, p.dtype
+        self.max_batch, self.max_seq = max_batch, max_seq
+        att = model.layers[0].attn
+        shape = (max_batch, att.kv_heads, max_seq, att.d)
+        self.caches = [
+            KVCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
+                    torch.zeros(shape, dtype=p.dtype, device=p.device))
+            for _ in model.layers
+        ]
+        use = p.device.type == "cuda" if graphs is None else graphs
+        self.graphs = Graphs(p.device) if use else None
+        self._static: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._batches: dict[tuple, list[int]] = {}
+
+    def caches_for(self, b: int) -> list[KVCache]:
+        return [KVCache(c.k[:b], c.v[:b]) for c in self.caches]
+
+    def check(self, b: int, positions: torch.Tensor | None = None) -> None:
+        if b > self.max_batch:
+            raise DraftsmithError(f"batch {b} exceeds the runtime's max_batch {self.max_batch}")
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        aux_ids: tuple[int, ...] = (),
+        want_logits: bool = True,
+        logits_at: torch.Tensor | None = None,
+    ) -> ForwardOut:
+        b, q = tokens.shape
+        self.check(b)
+        flags = (q, tuple(aux_ids), slots is not None, mask is not None, want_logits)
+        bp = pad_to(b, self._batches.get(flags, [])) if logits_at is None else None
+        if bp is None:
+            return self.model(
+                tokens, positions, self.caches_for(b), slots, mask, tuple(aux_ids), logits_at,
+                want_logits,
+            )
+        static = self._static[(bp, *flags)]
+        for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots),
+                        ("mask", mask)):
+            if t is not None:
+                static[name][:b].copy_(t)
+        out = self.graphs.replay((bp, *flags))
+        return ForwardOut(*(None if t is None else t[:b] for t in out))
+
+    def capture(
+        self,
+        batch_sizes: list[int],
+        q_sizes: list[int],
+        aux_ids: tuple[int, ...] = (),
+        with_slots: bool = False,
+        with_mask: bool = False,
+        want_logits: bool = True,
+    ) -> None:
+        """Capture forwards for every (batch, q), largest first so the shared pool is reused."""
+        if self.graphs is None:
+            return
+        for q in sorted(q_sizes, reverse=True):
+            flags = (q, tuple(aux_ids), with_slots, with_mask, want_logits)
+            for b in sorted(batch_sizes, reverse=True):
+                self.check(b)
+                self._capture_one(b, flags)
+                self._batches.setdefault(flags, []).append(b)
+
+    def _capture_one(self, b: int, flags: tuple) -> None:
+        q, aux_ids, with_slots, with_mask, want_logits = flags
+        dev = self.device
+        static = {
+            "tokens": torch.zeros(b, q, dtype=torch.long, device=dev),
+            "positions": torch.arange(q, device=dev).repeat(b, 1),
+        }
+        if with_slots:
+            static["slots"] = static["positions"].clone()
+        if with_mask:
+            static["mask"] = torch.ones(b, 1, q, self.max_seq, dtype=torch.bool, device=dev)
+        caches = self.caches_for(b)
+
+        def fn() -> ForwardOut:
+            return self.model(
+                static["tokens"], static["positions"], caches, static.get("slots"),
+                static.get("mask"), aux_ids, None, want_logits,
+            )
+
+        with torch.no_grad():
+            self.graphs.capture((b, *flags), fn)
+        self._static[(b, *flags)] = static

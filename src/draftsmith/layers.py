@@ -1,0 +1,121 @@
+"""The aux-hidden-state layer convention: the only place that converts layer ids.
+
+Canonical form: id j is the output of decoder layer j (0-based); -1 is the embedding output.
+The tensor is always the pre-norm residual stream. Every other convention is converted here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from draftsmith.errors import DraftsmithError
+
+CANONICAL_WORDS = "output of decoder layer j (0-based); -1 = embedding output"
+
+
+class Convention(str, Enum):
+    CANONICAL = "draftsmith"
+    EAGLE = "eagle"  # SafeAILab reference: input of layer j
+    VLLM = "vllm"  # input of layer j; 0 = embedding, L = final layer output
+    SPECULATORS = "speculators"  # as vLLM
+    SGLANG = "sglang"  # since PR #25454 (2026-05): output of j if ids[0] == 1, else input of j
+    SGLANG_LEGACY = "sglang-legacy"  # explicit ids always output of layer j (adds 1)
+    SPECFORGE = "specforge"  # output of layer j (forward hooks)
+    MODELOPT = "modelopt"  # output of layer j
+
+
+_INPUT_OF = {Convention.EAGLE, Convention.VLLM, Convention.SPECULATORS}
+_OUTPUT_OF = {
+    Convention.CANONICAL,
+    Convention.SGLANG_LEGACY,
+    Convention.SPECFORGE,
+    Convention.MODELOPT,
+}
+
+WORDS = {
+    Convention.CANONICAL: CANONICAL_WORDS,
+    Convention.EAGLE: "input of decoder layer j (EAGLE reference code)",
+    Convention.VLLM: "input of decoder layer j (vLLM); 0 = embedding, L = final layer output",
+    Convention.SPECULATORS: "input of decoder layer j (speculators, as vLLM)",
+    Convention.SGLANG: "SGLang after PR #25454: output of layer j when ids[0] == 1, else input",
+    Convention.SGLANG_LEGACY: "SGLang before PR #25454: output of decoder layer j (it adds 1)",
+    Convention.SPECFORGE: "output of decoder layer j (SpecForge forward hooks)",
+    Convention.MODELOPT: "output of decoder layer j (NVIDIA Model Optimizer)",
+}
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's usual low/mid/high choice, canonical: outputs of 1, L//2-1, L-4."""
+    if num_layers < 5:
+        ids = sorted({0, max(0, num_layers // 2 - 1), max(0, num_layers - 2)})
+        return validate(ids, num_layers)
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def validate(ids: list[int], num_layers: int) -> list[int]:
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise DraftsmithError("aux layer ids: the list is empty")
+    bad = [i for i in ids if i < -1 or i >= num_layers]
+    if bad:
+        raise DraftsmithError(
+            f"aux layer ids {bad} out of range: canonical ids ({CANONICAL_WORDS}) "
+            f"must lie in [-1, {num_layers - 1}] for a target with {num_layers} layers"
+        )
+    return ids
+
+
+def to_convention(ids: list[int], conv: Convention | str, num_layers: int) -> list[int]:
+    """Canonical ids -> the ids an engine using `conv` must be given."""
+    conv = Convention(conv)
+    ids = validate(ids, num_layers)
+    if conv in _OUTPUT_OF:
+        return list(ids)
+    if conv in _INPUT_OF:
+        return [i + 1 for i in ids]
+    return _to_sglang(ids)
+
+
+def from_convention(ids: list[int], conv: Convention | str, num_layers: int) -> list[int]:
+    """Ids written in `conv` -> canonical ids."""
+    conv = Convention(conv)
+    ids = [int(i) for i in ids]
+    if conv in _OUTPUT_OF:
+        out = ids
+    elif conv in _INPUT_OF:
+        out = [i - 1 for i in ids]
+    else:
+        out = ids if ids and ids[0] == 1 else [i - 1 for i in ids]
+    return validate(out, num_layers)
+
+
+def _to_sglang(ids: list[int]) -> list[int]:
+    # Current SGLang reads a list starting at 1 as outputs, anything else as inputs.
+    if ids[0] == 1:
+        return list(ids)
+    shifted = [i + 1 for i in ids]
+    if shifted[0] == 1:
+        raise DraftsmithError(
+            f"canonical aux ids {ids} cannot be written for current SGLang: as outputs they "
+            "would not start at 1, as inputs they would start at 1 and be read as outputs"
+        )
+    if -1 in ids:
+        raise DraftsmithError("SGLang cannot capture the embedding output (canonical id -1)")
+    return shifted
+
+
+def sglang_version_dependent(written: list[int]) -> bool:
+    """True when SGLang versions before and after PR #25454 read `written` differently."""
+    return bool(written) and written[0] != 1
+
+
+def engine_limits(ids: list[int], num_layers: int) -> list[str]:
+    """Problems an engine would have capturing these canonical ids."""
+    notes = []
+    if -1 in ids:
+        notes.append("id -1 (embedding output): SGLang's capture hook cannot provide it")
+    if num_layers - 1 in ids:
+        notes.append(
+            f"id {num_layers - 1} (last layer output): SGLang cannot capture it through its hook"
+        )
+    return notes

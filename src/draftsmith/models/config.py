@@ -1,0 +1,117 @@
+"""ModelConfig: the single source of truth for a Llama-family decoder's shape."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+
+SUPPORTED = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED:
+            raise DraftsmithError(
+                f"unsupported architecture {self.arch!r}: draftsmith supports {sorted(SUPPORTED)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise DraftsmithError(
+                f"num_attention_heads {self.num_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_kv_heads}"
+            )
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        arch = str(hf.get("model_type", "")).lower()
+        if arch not in SUPPORTED:
+            archs = hf.get("architectures") or [arch]
+            raise DraftsmithError(
+                f"unsupported architecture {archs[0]!r} (model_type {arch!r}): draftsmith "
+                f"supports {sorted(SUPPORTED)}"
+            )
+        heads = int(hf["num_attention_heads"])
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = hf.get("eos_token_id")
+        return cls(
+            arch=arch,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=None if rope_type == "default" else rope,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+            sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window") else None,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        return cls(**d)
+
+    def inv_freq(self) -> list[float]:
+        """RoPE inverse frequencies after the config's scaling (default, linear, llama3)."""
+        dim = self.head_dim
+        base = [1.0 / self.rope_theta ** (i / dim) for i in range(0, dim, 2)]
+        scaling = self.rope_scaling
+        if not scaling:
+            return base
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind == "linear":
+            return [f / float(scaling["factor"]) for f in base]
+        if kind == "llama3":
+            return _llama3_freqs(base, scaling)
+        raise DraftsmithError(f"unsupported rope scaling {kind!r}: supported default, linear, llama3")
+
+
+def _llama3_freqs(base: list[float], s: dict[str, Any]) -> list[float]:
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    low_wl, high_wl = old / low, old / high
+    out = []
+    for f in base:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(f)
+        elif wl > low_wl:
+            out.append(f / factor)
+        else:
+            smooth = (old / wl - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return out

@@ -1,0 +1,188 @@
+"""One config-driven decoder for the Llama family (Llama, Qwen2, Qwen3, Mistral).
+
+The KV cache is addressed by slot: `slots[b, q]` is where token q of sequence b writes its
+K/V; by default slot == position. Attention reads the whole static cache under a boolean mask.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.models.config import ModelConfig
+from draftsmith.models.parallel import SINGLE, TP, ColumnLinear, RowLinear, VocabEmbedding, VocabHead
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, Q, H, D]; cos/sin: [B, Q, 1, D]
+    return x * cos + rotate_half(x) * sin
+
+
+class KVCache(NamedTuple):
+    k: torch.Tensor  # [B, Hkv, S, D]
+    v: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TP = SINGLE, in_dim: int | None = None) -> None:
+        super().__init__()
+        d = cfg.head_dim
+        self.heads = tp.split(cfg.num_heads, "num_attention_heads")
+        self.kv_heads = tp.split(cfg.num_kv_heads, "num_key_value_heads")
+        self.d = d
+        qkv = [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]
+        self.qkv = ColumnLinear(in_dim or cfg.hidden_size, qkv, cfg.attention_bias, tp)
+        self.o = RowLinear(cfg.num_heads * d, cfg.hidden_size, False, tp)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        slots: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1
+        )
+        q = q.view(b, q_len, self.heads, self.d)
+        k = k.view(b, q_len, self.kv_heads, self.d)
+        v = v.view(b, q_len, self.kv_heads, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=mask, is_causal=mask is None, enable_gqa=True,
+            )
+        else:
+            rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
+            cache.k[rows, :, slots] = k
+            cache.v[rows, :, slots] = v
+            # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
+            g = self.heads // self.kv_heads
+            qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
+            out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
+            out = out.view(b, self.heads, q_len, self.d)
+        return self.o(out.transpose(1, 2).reshape(b, q_len, self.heads * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TP = SINGLE) -> None:
+        super().__init__()
+        inter = cfg.intermediate_size
+        self.inter = tp.split(inter, "intermediate_size")
+        self.gate_up = ColumnLinear(cfg.hidden_size, [inter, inter], False, tp)
+        self.down = RowLinear(inter, cfg.hidden_size, False, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.inter, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TP = SINGLE) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, tp)
+        self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, tp)
+
+    def forward(self, h, cos, sin, cache, slots, mask) -> torch.Tensor:
+        h = h + self.attn(self.input_norm(h), cos, sin, cache, slots, mask)
+        return h + self.mlp(self.post_norm(h))
+
+
+class ForwardOut(NamedTuple):
+    logits: torch.Tensor | None  # [B, Q or 1, V]
+    aux: torch.Tensor | None  # [B, Q, n_aux, H]: residual stream at the canonical aux ids
+    hidden: torch.Tensor  # [B, Q, H]: final hidden state after the final norm
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TP = SINGLE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        self.embed = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = VocabHead(cfg.hidden_size, cfg.vocab_size, tp)
+        self.register_buffer("inv_freq", torch.tensor(cfg.inv_freq()), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache] | None = None,
+        slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        aux_ids: tuple[int, ...] = (),
+        logits_at: torch.Tensor | None = None,
+        want_logits: bool = True,
+    ) -> ForwardOut:
+        """tokens, positions: [B, Q]. Without caches, attention is causal over Q alone.
+
+        mask: [B, 1, Q, S] bool (True = attend). With caches and no mask, token q of row b
+        attends to slots <= positions[b, q]. Without caches, a mask is [B, 1, Q, Q]. logits_at: [B] index of the one position per row
+        whose logits are wanted (prefill); None gives all positions.
+        """
+        h = self.embed(tokens)
+        cos, sin = self.rope(positions, h.dtype)
+        if caches is not None:
+            slots = positions if slots is None else slots
+            if mask is None:
+                mask = causal_mask(positions, caches[0].k.shape[2])
+            groups = self.cfg.num_heads // self.cfg.num_kv_heads
+            mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+        want = {j: i for i, j in enumerate(aux_ids)}
+        aux: list[torch.Tensor | None] = [None] * len(aux_ids)
+        if -1 in want:
+            aux[want[-1]] = h
+        for j, layer in enumerate(self.layers):
+            cache = caches[j] if caches is not None else None
+            h = layer(h, cos, sin, cache, slots, mask)
+            if j in want:
+                aux[want[j]] = h
+        hidden = self.norm(h)
+        logits = None
+        if want_logits:
+            x = hidden
+            if logits_at is not None:
+                x = hidden[torch.arange(hidden.shape[0], device=h.device), logits_at].unsqueeze(1)
+            logits = self.lm_head(x)
+        stacked = torch.stack(aux, dim=2) if aux_ids else None
+        return ForwardOut(logits, stacked, hidden)
+
+
+def causal_mask(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
+    slots = torch.arange(num_slots, device=positions.device)
+    return (slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)

@@ -1,0 +1,114 @@
+"""HF-named weights -> our fused, sharded state dict, loaded into a meta-built model."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.config import ModelConfig
+from draftsmith.models.llama import Transformer
+from draftsmith.models.parallel import SINGLE, TP, ColumnLinear, RowLinear, VocabEmbedding, VocabHead
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_RENAME = {
+    "self_attn.o_proj.weight": "attn.o.weight",
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
+    "mlp.down_proj.weight": "mlp.down.weight",
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_norm.weight",
+}
+_FUSED = {
+    "attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Full-size state dict in our names (QKV and gate/up fused, not yet sharded)."""
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in hf.items():
+        m = _LAYER.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = t
+        elif name == "model.embed_tokens.weight":
+            out["embed.weight"] = t
+        elif name == "model.norm.weight":
+            out["norm.weight"] = t
+        elif name == "lm_head.weight":
+            out["lm_head.weight"] = t
+    if "lm_head.weight" not in out:
+        if not cfg.tie_word_embeddings and "embed.weight" in out:
+            raise DraftsmithError("checkpoint has no lm_head.weight and does not tie embeddings")
+        out["lm_head.weight"] = out.get("embed.weight")
+    for i in range(cfg.num_layers):
+        if i not in layers:
+            raise DraftsmithError(f"checkpoint has no weights for decoder layer {i}")
+        _fuse_layer(i, layers[i], out)
+    return out
+
+
+def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
+    pre = f"layers.{i}."
+    for src, dst in _RENAME.items():
+        if src in w:
+            out[pre + dst] = w[src]
+    for dst, srcs in _FUSED.items():
+        try:
+            out[pre + dst + ".weight"] = torch.cat([w[s + ".weight"] for s in srcs])
+        except KeyError as e:
+            raise DraftsmithError(f"decoder layer {i} lacks weight {e.args[0]}") from None
+        if all(s + ".bias" in w for s in srcs):
+            out[pre + dst + ".bias"] = torch.cat([w[s + ".bias"] for s in srcs])
+
+
+def shard_state(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cut each full tensor to this rank's slice, as the module owning it is sharded."""
+    local: dict[str, torch.Tensor] = {}
+    for mname, mod in model.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            key = f"{mname}.{pname}" if mname else pname
+            if key not in full:
+                raise DraftsmithError(f"weights lack {key!r}")
+            local[key] = _shard_one(mod, pname, full[key])
+    return local
+
+
+def _shard_one(mod: nn.Module, pname: str, t: torch.Tensor) -> torch.Tensor:
+    tp: TP = getattr(mod, "tp", SINGLE)
+    if tp.size == 1:
+        return t
+    if isinstance(mod, ColumnLinear):
+        parts = t.split(mod.full_parts, dim=0)
+        return torch.cat([tp.shard(p, 0) for p in parts])
+    if isinstance(mod, RowLinear):
+        return tp.shard(t, 1) if pname == "weight" else t
+    if isinstance(mod, VocabEmbedding | VocabHead):
+        return tp.shard(t, 0)
+    return t
+
+
+def build_model(
+    cfg: ModelConfig,
+    hf_weights: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    tp: TP = SINGLE,
+) -> Transformer:
+    """Build on the meta device, then load with assign=True; no weight is initialised twice."""
+    with torch.device("meta"):
+        model = Transformer(cfg, tp)
+    full = fuse_hf_names(hf_weights, cfg)
+    local = {k: v.to(device=device, dtype=dtype) for k, v in shard_state(model, full).items()}
+    tied = cfg.tie_word_embeddings and local["lm_head.weight"] is not None
+    model.load_state_dict(local, strict=True, assign=True)
+    if tied and tp.size == 1:
+        model.lm_head.weight = model.embed.weight
+    model.inv_freq = torch.tensor(cfg.inv_freq(), device=device, dtype=torch.float32)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()

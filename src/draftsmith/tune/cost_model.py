@@ -1,0 +1,630 @@
+"""Cost model for `draftsmith tune`: predict tokens/s of every speculative setting, then
+recommend one per batch size from predictions and measurements side by side.
+
+Numpy only. Times are milliseconds per cycle; acceptance is per position, never one alpha.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from draftsmith.errors import DraftsmithError
+
+TOPKS = (1, 2, 4, 8)
+DRAFT_TOKENS = (4, 8, 16, 32, 64)
+MAX_STEPS = 10
+
+
+class CostModelError(DraftsmithError, ValueError):
+    """A bad setting, cost table or acceptance table; the message says which and why."""
+
+
+def tree_capacity(steps: int, topk: int) -> int:
+    """Most tokens SGLang's EAGLE-2 tree can verify: the root, topk at depth 1, then topk**2
+    candidates per further depth (each of the topk kept nodes proposes topk children)."""
+    return 1 if steps == 0 else 1 + topk + (steps - 1) * topk * topk
+
+
+@dataclass(frozen=True, slots=True)
+class SpecSetting:
+    """One speculative configuration, in SGLang's terms. steps 0 means no speculation.
+
+    num_draft_tokens counts the root (the last verified token), as SGLang does; 0 means
+    "derive it", which only topk 1 can (steps + 1).
+    """
+
+    steps: int
+    topk: int = 1
+    num_draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.steps > 64:
+            raise CostModelError(f"steps must be 0 (no speculation) to 64, got {self.steps}")
+        if self.topk < 1:
+            raise CostModelError(f"topk must be at least 1, got {self.topk}")
+        if self.num_draft_tokens == 0 and self.topk == 1:
+            object.__setattr__(self, "num_draft_tokens", self.steps + 1)
+        if self.steps == 0:
+            self._check_baseline()
+        elif self.topk == 1:
+            self._check_chain()
+        else:
+            self._check_tree()
+
+    def _check_baseline(self) -> None:
+        if self.topk != 1 or self.num_draft_tokens != 1:
+            raise CostModelError(
+                "steps 0 means no speculation: topk must be 1 and num_draft_tokens 1, got "
+                f"topk {self.topk}, num_draft_tokens {self.num_draft_tokens}"
+            )
+
+    def _check_chain(self) -> None:
+        if self.num_draft_tokens != self.steps + 1:
+            raise CostModelError(
+                f"topk 1 drafts a chain, so num_draft_tokens must be steps + 1 = "
+                f"{self.steps + 1} (SGLang forces this), got {self.num_draft_tokens}"
+            )
+
+    def _check_tree(self) -> None:
+        cap = tree_capacity(self.steps, self.topk)
+        if not 2 <= self.num_draft_tokens <= cap:
+            raise CostModelError(
+                f"steps {self.steps}, topk {self.topk}: num_draft_tokens must be 2 to {cap} "
+                f"(1 + topk + (steps-1)*topk^2), got {self.num_draft_tokens}"
+            )
+
+    @classmethod
+    def baseline(cls) -> SpecSetting:
+        return cls(steps=0, topk=1, num_draft_tokens=1)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.steps == 0
+
+    def __str__(self) -> str:
+        if self.is_baseline:
+            return "no speculation"
+        return f"steps {self.steps}, topk {self.topk}, {self.num_draft_tokens} draft tokens"
+
+
+# ---------------------------------------------------------------------------- acceptance
+
+
+def _ratio(num: Sequence[float], den: Sequence[float], what: str) -> tuple[float, ...]:
+    if len(num) != len(den):
+        raise CostModelError(f"{what}: {len(num)} accepted counts but {len(den)} reached counts")
+    out = []
+    for k, (a, r) in enumerate(zip(num, den, strict=True), start=1):
+        if a < 0 or r < 0 or a > r:
+            raise CostModelError(f"{what}: position {k} has accepted {a} of reached {r}")
+        if r == 0:
+            break  # never reached: unmeasured from here on
+        out.append(a / r)
+    if not out:
+        raise CostModelError(f"{what}: position 1 was never reached, nothing was measured")
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """Measured acceptance of a drafter on the user's prompts.
+
+    chain[k-1] = p_k = P(draft token k accepted | tokens 1..k-1 accepted), for topk 1.
+    tree[d-1][r] = q = P(the rank-r child at depth d is the accepted one | its parent was),
+    ranks by the drafter's own score, so sum over r <= 1 (siblings exclude each other).
+    Beyond the measured depth the last measured value is reused (Prediction.extrapolated
+    says so); a rank not measured counts as never accepted. Without tree data, rank 0 uses
+    the chain value and other ranks 0, so trees can only tie with chains.
+    """
+
+    chain: tuple[float, ...] = ()
+    tree: tuple[tuple[float, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chain", tuple(float(p) for p in self.chain))
+        object.__setattr__(self, "tree", tuple(tuple(float(q) for q in row) for row in self.tree))
+        if not self.chain and not self.tree:
+            raise CostModelError("acceptance: give chain or tree probabilities, got neither")
+        for k, p in enumerate(self.chain, start=1):
+            if not 0.0 <= p <= 1.0:
+                raise CostModelError(f"acceptance: chain position {k} is {p}, not in [0, 1]")
+        for d, row in enumerate(self.tree, start=1):
+            if any(q < 0 for q in row) or sum(row) > 1.0 + 1e-9:
+                raise CostModelError(f"acceptance: tree depth {d} {row} is not a sub-distribution")
+
+    @property
+    def depth(self) -> int:
+        """Deepest measured position."""
+        return max(len(self.chain), len(self.tree))
+
+    def p(self, k: int) -> float:
+        """Conditional acceptance of chain position k (1-based)."""
+        if self.chain:
+            return self.chain[min(k, len(self.chain)) - 1]
+        row = self.tree[min(k, len(self.tree)) - 1]
+        return row[0] if row else 0.0
+
+    def q(self, d: int, r: int) -> float:
+        """Conditional acceptance of the rank-r (0-based) child at depth d (1-based)."""
+        if not self.tree:
+            return self.p(d) if r == 0 else 0.0
+        row = self.tree[min(d, len(self.tree)) - 1]
+        return row[r] if r < len(row) else 0.0
+
+    @classmethod
+    def constant(cls, alpha: float, depth: int = MAX_STEPS) -> Acceptance:
+        return cls(chain=(alpha,) * depth)
+
+    @classmethod
+    def from_chain_counts(cls, reached: Sequence[int], accepted: Sequence[int]) -> Acceptance:
+        """reached[k-1]: cycles whose draft token k was verified with 1..k-1 accepted;
+        accepted[k-1]: of those, cycles that accepted token k."""
+        return cls(chain=_ratio(accepted, reached, "chain counts"))
+
+    @classmethod
+    def from_accept_histogram(cls, hist: Sequence[int]) -> Acceptance:
+        """hist[a]: cycles that accepted exactly a draft tokens (the bonus token not counted),
+        all drafted with the same steps = len(hist) - 1."""
+        tail = np.cumsum(np.asarray(hist, dtype=np.int64)[::-1])[::-1]  # tail[a] = #(>= a)
+        return cls.from_chain_counts(tail[:-1].tolist(), tail[1:].tolist())
+
+    @classmethod
+    def from_tree_counts(
+        cls, reached: Sequence[int], accepted: Sequence[Sequence[int]]
+    ) -> Acceptance:
+        """reached[d-1]: cycles whose depth d was verified with its parent accepted;
+        accepted[d-1][r]: of those, cycles in which the rank-r child was accepted."""
+        totals = [sum(row) for row in accepted]
+        depth = len(_ratio(totals, reached, "tree counts"))
+        rows = tuple(tuple(a / reached[d] for a in accepted[d]) for d in range(depth))
+        return cls(tree=rows)
+
+    def to_dict(self) -> dict[str, list]:
+        return {"chain": list(self.chain), "tree": [list(row) for row in self.tree]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence]) -> Acceptance:
+        return cls(chain=tuple(data.get("chain", ())), tree=tuple(data.get("tree", ())))
+
+
+def chain_tokens_per_cycle(acc: Acceptance, steps: int) -> float:
+    """1 + sum_k prod_{i<=k} p_i: the accepted drafts plus the bonus token."""
+    probs = np.cumprod([acc.p(k) for k in range(1, steps + 1)])
+    return 1.0 + float(probs.sum())
+
+
+def tree_tokens_per_cycle(acc: Acceptance, steps: int, topk: int, num_draft_tokens: int) -> float:
+    """Expected tokens per cycle of SGLang's EAGLE-2 dynamic tree.
+
+    Assumptions: a node's path probability is the product of q along its path, and the
+    drafter's scores rank nodes as those path probabilities do. As SGLang does, each depth
+    keeps the topk best nodes and expands each by topk children; the num_draft_tokens - 1
+    best candidates overall are verified. Siblings exclude each other, so a node is accepted
+    iff its whole path is, and the expected length is 1 + the kept path probabilities.
+    """
+    candidates: list[float] = []
+    frontier = [1.0]
+    for d in range(1, steps + 1):
+        children = [w * acc.q(d, r) for w in frontier for r in range(topk)]
+        candidates.extend(children)
+        frontier = heapq.nlargest(topk, children)
+    return 1.0 + math.fsum(heapq.nlargest(num_draft_tokens - 1, candidates))
+
+
+def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
+    if setting.is_baseline:
+        return 1.0
+    if setting.topk == 1:
+        return chain_tokens_per_cycle(acc, setting.steps)
+    return tree_tokens_per_cycle(acc, setting.steps, setting.topk, setting.num_draft_tokens)
+
+
+def leviathan_tokens_per_cycle(alpha: float, gamma: int) -> float:
+    """(1 - alpha^(gamma+1)) / (1 - alpha), Leviathan et al.; gamma + 1 when alpha is 1."""
+    return gamma + 1.0 if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Speedup over plain decoding with draft/target step cost ratio c."""
+    return leviathan_tokens_per_cycle(alpha, gamma) / (gamma * c + 1.0)
+
+
+# ---------------------------------------------------------------------------------- costs
+
+
+def _interp(points: Mapping[int, float], x: float) -> float:
+    """Linear in x between measured points; linear from the two end points beyond them."""
+    xs = sorted(points)
+    ys = [points[k] for k in xs]
+    if len(xs) == 1:
+        return ys[0]
+    if x < xs[0]:
+        i = 0
+    elif x > xs[-1]:
+        i = len(xs) - 2
+    else:
+        return float(np.interp(x, xs, ys))
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return max(0.0, ys[i] + slope * (x - xs[i]))
+
+
+def _at_batch(values: Mapping[int, float], batch: int, what: str) -> float:
+    """Interpolate between measured batch sizes; refuse to guess outside them."""
+    if batch in values:
+        return values[batch]
+    lo, hi = min(values), max(values)
+    if not lo < batch < hi:
+        raise CostModelError(f"{what}: batch {batch} is outside the measured {sorted(values)}")
+    return _interp(values, batch)
+
+
+def _table(data: Mapping, what: str) -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for b, row in data.items():
+        out[int(b)] = {int(x): float(ms) for x, ms in row.items()}
+        if int(b) < 1 or not out[int(b)] or any(ms < 0 for ms in out[int(b)].values()):
+            raise CostModelError(f"{what}: batch {b} needs non-negative ms, got {dict(row)}")
+    return out
+
+
+def _row(data: Mapping, what: str) -> dict[int, float]:
+    out = {int(b): float(ms) for b, ms in data.items()}
+    if any(b < 1 or ms < 0 for b, ms in out.items()):
+        raise CostModelError(f"{what}: needs batch >= 1 and non-negative ms, got {out}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CostTable:
+    """Measured milliseconds per cycle, keyed by batch size.
+
+    verify: batch -> {tokens verified per request: ms}; draft_step: batch -> {topk: ms per
+    step}; extend: batch -> {num_draft_tokens: ms of the drafter's re-extend}; overhead:
+    batch -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode step
+    (defaults to verify of 1 token). Values between measured points are interpolated.
+    """
+
+    verify: Mapping[int, Mapping[int, float]]
+    draft_step: Mapping[int, Mapping[int, float]]
+    extend: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    overhead: Mapping[int, float] = field(default_factory=dict)
+    decode: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("verify", "draft_step", "extend"):
+            object.__setattr__(self, name, _table(getattr(self, name), name))
+        for name in ("overhead", "decode"):
+            object.__setattr__(self, name, _row(getattr(self, name), name))
+        if not self.verify or not self.draft_step:
+            raise CostModelError("cost table: verify and draft_step need at least one batch")
+
+    def _lookup(
+        self, table: Mapping[int, Mapping[int, float]], batch: int, x: int, what: str
+    ) -> float:
+        return _at_batch({b: _interp(row, x) for b, row in table.items()}, batch, what)
+
+    def verify_ms(self, batch: int, n_tokens: int) -> float:
+        return self._lookup(self.verify, batch, n_tokens, "verify")
+
+    def draft_step_ms(self, batch: int, topk: int) -> float:
+        return self._lookup(self.draft_step, batch, topk, "draft_step")
+
+    def extend_ms(self, batch: int, n_tokens: int) -> float:
+        return self._lookup(self.extend, batch, n_tokens, "extend") if self.extend else 0.0
+
+    def overhead_ms(self, batch: int) -> float:
+        return _at_batch(self.overhead, batch, "overhead") if self.overhead else 0.0
+
+    def decode_ms(self, batch: int) -> float:
+        if self.decode:
+            return _at_batch(self.decode, batch, "decode")
+        return self.verify_ms(batch, 1)
+
+    def covers(self, setting: SpecSetting) -> bool:
+        """Whether the setting's verify width and topk lie within the measured points."""
+        if setting.is_baseline:
+            return bool(self.decode) or any(1 in row for row in self.verify.values())
+        widths = [n for row in self.verify.values() for n in row]
+        topks = [k for row in self.draft_step.values() for k in row]
+        return min(widths) <= setting.num_draft_tokens <= max(widths) and min(
+            topks
+        ) <= setting.topk <= max(topks)
+
+    def to_dict(self) -> dict[str, dict]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Mapping]) -> CostTable:
+        """From to_dict() output, also after a JSON round trip (string keys)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__slots__})
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    setting: SpecSetting
+    batch: int
+    tokens_per_cycle: float
+    cycle_ms: float
+    tokens_per_s: float
+    phases: Mapping[str, float]
+    extrapolated: bool = False
+
+
+def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[str, float]:
+    if setting.is_baseline:
+        return {"decode": costs.decode_ms(batch)}
+    n = setting.num_draft_tokens
+    return {
+        "draft": setting.steps * costs.draft_step_ms(batch, setting.topk),
+        "verify": costs.verify_ms(batch, n),
+        "extend": costs.extend_ms(batch, n),
+        "overhead": costs.overhead_ms(batch),
+    }
+
+
+def predict(costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int) -> Prediction:
+    phases = predict_phases(costs, setting, batch)
+    cycle = math.fsum(phases.values())
+    if cycle <= 0:
+        raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
+    tpc = tokens_per_cycle(acc, setting)
+    beyond = not costs.covers(setting) or setting.steps > acc.depth
+    return Prediction(setting, batch, tpc, cycle, batch * tpc * 1000.0 / cycle, phases, beyond)
+
+
+def _simpler_first(s: SpecSetting) -> tuple[int, int, int]:
+    return (s.steps, s.topk, s.num_draft_tokens)
+
+
+def candidate_grid(
+    max_steps: int = MAX_STEPS,
+    topks: Iterable[int] = TOPKS,
+    draft_tokens: Iterable[int] = DRAFT_TOKENS,
+) -> list[SpecSetting]:
+    """Chains for 1..max_steps, and for topk > 1 each draft-token budget that fits the tree
+    (a budget beyond the tree's capacity becomes the capacity). No baseline."""
+    out: dict[SpecSetting, None] = {}
+    for steps in range(1, max_steps + 1):
+        for k in topks:
+            if k == 1:
+                out[SpecSetting(steps)] = None
+                continue
+            for n in draft_tokens:
+                out[SpecSetting(steps, k, min(n, tree_capacity(steps, k)))] = None
+    return list(out)
+
+
+def rank_settings(
+    costs: CostTable,
+    acc: Acceptance,
+    batch: int,
+    candidates: Iterable[SpecSetting] | None = None,
+) -> list[Prediction]:
+    """Predictions for the candidates and the baseline, fastest first (ties: simplest)."""
+    settings = dict.fromkeys([SpecSetting.baseline(), *(candidates or candidate_grid())])
+    preds = [predict(costs, acc, s, batch) for s in settings]
+    return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
+
+
+def _neighbours(s: SpecSetting) -> list[SpecSetting]:
+    out = []
+    for steps in (s.steps - 1, s.steps + 1):
+        if 1 <= steps <= MAX_STEPS:
+            n = steps + 1 if s.topk == 1 else min(s.num_draft_tokens, tree_capacity(steps, s.topk))
+            out.append(SpecSetting(steps, s.topk, n))
+    i = TOPKS.index(s.topk) if s.topk in TOPKS else -1
+    for k in TOPKS[max(i - 1, 0) : i + 2] if i >= 0 else ():
+        n = s.steps + 1 if k == 1 else min(max(s.num_draft_tokens, 2), tree_capacity(s.steps, k))
+        out.append(SpecSetting(s.steps, k, n))
+    if s.topk > 1:
+        for n in DRAFT_TOKENS:
+            if n != s.num_draft_tokens and 2 <= n <= tree_capacity(s.steps, s.topk):
+                out.append(SpecSetting(s.steps, s.topk, n))
+    return out
+
+
+def sweep_plan(ranked: Sequence[Prediction], top: int = 3) -> list[SpecSetting]:
+    """What to run on the real engine: the baseline, the top predicted speculative settings,
+    and their neighbours (steps +-1, the adjacent topk, the other draft-token budgets)."""
+    best = [p.setting for p in ranked if not p.setting.is_baseline][:top]
+    plan = dict.fromkeys([SpecSetting.baseline(), *best])
+    for s in best:
+        plan.update(dict.fromkeys(_neighbours(s)))
+    return list(plan)
+
+
+# ------------------------------------------------------------------------- recommendation
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """The real engine's figures for one setting: accept_length counts the bonus token
+    (tokens per cycle per request); phases are ms per cycle (the profiler's names)."""
+
+    setting: SpecSetting
+    batch: int
+    tokens_per_s: float
+    accept_length: float | None = None
+    phases: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Predicted and measured tokens/s of one setting side by side."""
+
+    setting: SpecSetting
+    predicted_tps: float | None
+    measured_tps: float | None
+
+    @property
+    def error_pct(self) -> float | None:
+        """(predicted - measured) / measured, in percent: positive means the model was hopeful."""
+        if self.predicted_tps is None or not self.measured_tps:
+            return None
+        return 100.0 * (self.predicted_tps - self.measured_tps) / self.measured_tps
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    batch: int
+    setting: SpecSetting
+    source: str  # "measured" or "predicted": which figure chose it
+    tokens_per_s: float
+    baseline_tps: float | None
+    error_pct: float | None  # of the model, for the chosen setting
+    cause: str  # the largest cause of disagreement between model and measurement
+    rows: tuple[Comparison, ...]  # measured settings fastest first, then predicted-only
+
+    @property
+    def speculate(self) -> bool:
+        return not self.setting.is_baseline
+
+    @property
+    def speedup(self) -> float | None:
+        return self.tokens_per_s / self.baseline_tps if self.baseline_tps else None
+
+    @property
+    def mean_abs_error_pct(self) -> float | None:
+        """The model's mean absolute error over every setting that was also measured."""
+        errors = [abs(e) for r in self.rows if (e := r.error_pct) is not None]
+        return sum(errors) / len(errors) if errors else None
+
+
+def _accept_length(meas: Measurement) -> float | None:
+    return 1.0 if meas.setting.is_baseline else meas.accept_length
+
+
+def _measured_phases(meas: Measurement) -> dict[str, float] | None:
+    """The profiled phases, plus "unprofiled": the wall time per cycle (from tokens/s and
+    accept length) that no phase accounts for."""
+    if not meas.phases:
+        return None
+    phases = dict(meas.phases)
+    accept = _accept_length(meas)
+    if accept and meas.tokens_per_s > 0:
+        wall = meas.batch * accept * 1000.0 / meas.tokens_per_s
+        phases["unprofiled"] = wall - math.fsum(phases.values())
+    return phases
+
+
+def _measured_cycle_ms(meas: Measurement) -> float | None:
+    accept = _accept_length(meas)
+    if accept and meas.tokens_per_s > 0:
+        return meas.batch * accept * 1000.0 / meas.tokens_per_s
+    return math.fsum(meas.phases.values()) if meas.phases else None
+
+
+def _phase_cause(predicted: Mapping[str, float], measured: Mapping[str, float]) -> str:
+    names = dict.fromkeys([*predicted, *measured])
+    name = max(names, key=lambda n: abs(measured.get(n, 0.0) - predicted.get(n, 0.0)))
+    got = measured.get(name, 0.0)
+    if name == "unprofiled":
+        return f"unprofiled: {got:+.2f} ms per cycle that no profiled phase accounts for"
+    if name not in predicted:
+        return f"{name}: not in the model, measured {got:.2f} ms per cycle"
+    want = predicted[name]
+    return (
+        f"{name}: predicted {want:.2f} ms, measured {got:.2f} ms ({got - want:+.2f} ms per cycle)"
+    )
+
+
+def disagreement_cause(pred: Prediction, meas: Measurement) -> str:
+    """Name what moved the measurement furthest from the model: acceptance (tokens per
+    cycle) or time per cycle, and for time the phase with the largest absolute difference
+    (time outside every profiled phase counts as the phase "unprofiled")."""
+    accept, cycle = _accept_length(meas), _measured_cycle_ms(meas)
+    acc_err = abs(math.log(pred.tokens_per_cycle / accept)) if accept else 0.0
+    time_err = abs(math.log(cycle / pred.cycle_ms)) if cycle else 0.0
+    if accept and acc_err >= time_err and acc_err > 0:
+        return (
+            f"acceptance: predicted {pred.tokens_per_cycle:.2f} tokens per cycle, "
+            f"measured {accept:.2f}"
+        )
+    phases = _measured_phases(meas)
+    if phases:
+        return _phase_cause(pred.phases, phases)
+    if cycle:
+        return f"cycle time: predicted {pred.cycle_ms:.2f} ms, measured {cycle:.2f} ms"
+    return "unknown: no accept length or phase times were measured"
+
+
+def _choose(
+    preds: Mapping[SpecSetting, Prediction], meas: Mapping[SpecSetting, Measurement]
+) -> tuple[SpecSetting, str, float]:
+    """The best measured setting when anything was measured (the baseline falls back to
+    its prediction if it was not run), else the best predicted one. Ties: the simplest."""
+    pool = {s: (m.tokens_per_s, "measured") for s, m in meas.items()}
+    base = SpecSetting.baseline()
+    if not pool:
+        pool = {s: (p.tokens_per_s, "predicted") for s, p in preds.items()}
+    elif base not in pool and base in preds:
+        pool[base] = (preds[base].tokens_per_s, "predicted")
+    best = min(pool, key=lambda s: (-pool[s][0], *_simpler_first(s)))
+    return best, pool[best][1], pool[best][0]
+
+
+def _row_order(row: Comparison) -> tuple[bool, float]:
+    """Measured rows first, fastest first; then the predicted-only ones."""
+    if row.measured_tps is not None:
+        return (False, -row.measured_tps)
+    return (True, -(row.predicted_tps or 0.0))
+
+
+def _recommend_batch(
+    batch: int, preds: Mapping[SpecSetting, Prediction], meas: Mapping[SpecSetting, Measurement]
+) -> Recommendation:
+    setting, source, tps = _choose(preds, meas)
+    rows = []
+    for s in dict.fromkeys([*meas, *preds]):
+        p, m = preds.get(s), meas.get(s)
+        rows.append(Comparison(s, p and p.tokens_per_s, m and m.tokens_per_s))
+    rows.sort(key=_row_order)
+    p, m = preds.get(setting), meas.get(setting)
+    chosen = Comparison(setting, p and p.tokens_per_s, m and m.tokens_per_s)
+    if p and m:
+        cause = disagreement_cause(p, m)
+    else:
+        cause = "not measured" if m is None else "not predicted"
+    base = meas.get(SpecSetting.baseline()) or preds.get(SpecSetting.baseline())
+    base_tps = base.tokens_per_s if base else None
+    return Recommendation(
+        batch, setting, source, tps, base_tps, chosen.error_pct, cause, tuple(rows)
+    )
+
+
+def recommend(
+    predicted: Iterable[Prediction], measured: Iterable[Measurement] = ()
+) -> list[Recommendation]:
+    """One recommendation per batch size (sorted by batch): the best measured setting,
+    "no speculation" (the baseline) where that wins, and how far the model was off."""
+    preds: dict[int, dict[SpecSetting, Prediction]] = {}
+    meas: dict[int, dict[SpecSetting, Measurement]] = {}
+    for p in predicted:
+        preds.setdefault(p.batch, {})[p.setting] = p
+    for m in measured:
+        meas.setdefault(m.batch, {})[m.setting] = m
+    batches = sorted({*preds, *meas})
+    return [_recommend_batch(b, preds.get(b, {}), meas.get(b, {})) for b in batches]
+
+
+def steps_series(
+    predicted: Iterable[Prediction], measured: Iterable[Measurement], batch: int, topk: int = 1
+) -> dict[str, list[tuple[int, float]]]:
+    """Tokens/s against steps for one batch and topk (best over draft-token budgets), with
+    the baseline at steps 0: the data behind the tune PNG."""
+    series: dict[str, dict[int, float]] = {"predicted": {}, "measured": {}}
+    rows = [("predicted", p) for p in predicted] + [("measured", m) for m in measured]
+    for name, r in rows:
+        s = r.setting
+        if r.batch == batch and (s.is_baseline or s.topk == topk):
+            best = series[name].get(s.steps, 0.0)
+            series[name][s.steps] = max(best, r.tokens_per_s)
+    return {name: sorted(points.items()) for name, points in series.items()}

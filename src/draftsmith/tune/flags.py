@@ -1,0 +1,75 @@
+"""Ready-to-paste serving flags for a chosen setting: SGLang and vLLM."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from os import PathLike
+from typing import NamedTuple
+
+from draftsmith.tune.cost_model import Recommendation, SpecSetting
+
+
+class VllmConfig(NamedTuple):
+    json: str  # the value of --speculative-config; empty for no speculation
+    note: str | None  # what differs from the chosen setting, if anything
+
+
+def sglang_flags(setting: SpecSetting, draft_model_path: str | PathLike | None = None) -> str:
+    """SGLang server flags; empty for no speculation (serve without --speculative-*)."""
+    if setting.is_baseline:
+        return ""
+    flags = [
+        "--speculative-algorithm EAGLE3",
+        f"--speculative-num-steps {setting.steps}",
+        f"--speculative-eagle-topk {setting.topk}",
+        f"--speculative-num-draft-tokens {setting.num_draft_tokens}",
+    ]
+    if draft_model_path is not None:
+        flags.append(f"--speculative-draft-model-path {shlex.quote(str(draft_model_path))}")
+    return " ".join(flags)
+
+
+def vllm_speculative_config(setting: SpecSetting, model_path: str | PathLike) -> VllmConfig:
+    """vLLM's --speculative-config JSON. vLLM's EAGLE-3 drafts a chain, so a tree setting
+    becomes the chain of the same depth, and the note says so."""
+    if setting.is_baseline:
+        return VllmConfig("", "no speculation: serve without --speculative-config")
+    config = {"method": "eagle3", "model": str(model_path), "num_speculative_tokens": setting.steps}
+    note = None
+    if setting.topk > 1:
+        note = (
+            f"vLLM drafts a chain: topk {setting.topk} with {setting.num_draft_tokens} draft "
+            f"tokens becomes a chain of {setting.steps}; its speed was not what was predicted "
+            "or measured here (tune with --topk 1 for vLLM)"
+        )
+    return VllmConfig(json.dumps(config), note)
+
+
+def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
+    """`--speculative-config '<json>'`, quoted for a POSIX shell; empty for no speculation."""
+    config = vllm_speculative_config(setting, model_path).json
+    return f"--speculative-config {shlex.quote(config)}" if config else ""
+
+
+def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5) -> str:
+    """A few lines for the terminal: the choice, the measured settings (or the top predicted
+    ones when nothing was measured) with both figures side by side, and the flags."""
+    lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
+    if rec.speedup is not None and rec.speculate:
+        lines[0] += f", {rec.speedup:.2f}x over no speculation"
+    measured = [r for r in rec.rows if r.measured_tps is not None]
+    for row in measured or rec.rows[:top]:
+        pred = "-" if row.predicted_tps is None else f"{row.predicted_tps:.1f}"
+        meas = "-" if row.measured_tps is None else f"{row.measured_tps:.1f}"
+        err = "" if row.error_pct is None else f" ({row.error_pct:+.1f} %)"
+        lines.append(f"  {row.setting!s:<40} predicted {pred:>8}  measured {meas:>8}{err}")
+    if rec.error_pct is not None:
+        lines.append(f"  model error on the choice: {rec.error_pct:+.1f} %; cause: {rec.cause}")
+    if rec.speculate:
+        vllm = vllm_speculative_config(rec.setting, model_path)
+        lines.append(f"  SGLang: {sglang_flags(rec.setting, model_path)}")
+        lines.append(f"  vLLM:   {vllm_flags(rec.setting, model_path)}")
+        if vllm.note:
+            lines.append(f"  note:   {vllm.note}")
+    return "\n".join(lines)

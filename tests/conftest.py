@@ -1,0 +1,58 @@
+"""Tiny random targets of each supported family, written as real HF checkpoint folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tiny_hf_config(arch: str, **over):
+    import transformers as tf
+
+    common = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0,
+    )
+    common.update(over)
+    cls = {
+        "llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config,
+        "mistral": tf.MistralConfig,
+    }[arch]
+    if arch == "qwen3":
+        common.setdefault("head_dim", 16)
+    if arch == "mistral":
+        common.setdefault("sliding_window", None)
+    return cls(**common)
+
+
+def tiny_hf_model(arch: str = "llama", seed: int = 0, **over):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tiny_hf_config(arch, **over)
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():  # random norms and biases too, so a wrong wiring shows
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    return model.float().eval()
+
+
+def write_tiny_folder(path: Path, arch: str = "llama", seed: int = 0, **over) -> Path:
+    from draftsmith.targets.tokenizer import write_byte_tokenizer
+
+    model = tiny_hf_model(arch, seed, **over)
+    model.save_pretrained(path)
+    write_byte_tokenizer(path, vocab_size=model.config.vocab_size)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return write_tiny_folder(tmp_path_factory.mktemp("tiny_llama"), "llama")

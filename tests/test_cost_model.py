@@ -1,0 +1,363 @@
+"""The tune cost model on synthetic cost and acceptance tables whose right answer is known."""
+
+import json
+import math
+
+import pytest
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.tune.cost_model import (
+    Acceptance,
+    CostTable,
+    Measurement,
+    SpecSetting,
+    candidate_grid,
+    chain_tokens_per_cycle,
+    disagreement_cause,
+    leviathan_speedup,
+    leviathan_tokens_per_cycle,
+    predict,
+    rank_settings,
+    recommend,
+    steps_series,
+    sweep_plan,
+    tokens_per_cycle,
+    tree_capacity,
+    tree_tokens_per_cycle,
+)
+from draftsmith.tune.flags import (
+    recommendation_text,
+    sglang_flags,
+    vllm_flags,
+    vllm_speculative_config,
+)
+
+WIDTHS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 32, 64)
+
+
+def seed_costs() -> CostTable:
+    """The seed's 2-GPU numbers: verify 18.67 ms at 3 tokens, +1.1 ms a token, draft
+    0.45 ms a step, re-extend 0.28 ms, plain decode 11.3 ms."""
+    verify = {1: {n: 18.67 + 1.1 * (n - 3) for n in WIDTHS if n >= 2}}
+    return CostTable(
+        verify=verify,
+        draft_step={1: {k: 0.45 for k in (1, 2, 4, 8)}},
+        extend={1: {3: 0.28}},
+        decode={1: 11.3},
+    )
+
+
+def best_speculative(preds):
+    return next(p for p in preds if not p.setting.is_baseline)
+
+
+# ------------------------------------------------------------------------ expected tokens
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9, 1.0])
+@pytest.mark.parametrize("steps", [1, 2, 5, 10])
+def test_chain_matches_leviathan_closed_form(alpha: float, steps: int) -> None:
+    acc = Acceptance.constant(alpha, depth=steps)
+    want = leviathan_tokens_per_cycle(alpha, steps)
+    assert chain_tokens_per_cycle(acc, steps) == pytest.approx(want, rel=1e-12)
+    if alpha < 1:
+        assert want == pytest.approx((1 - alpha ** (steps + 1)) / (1 - alpha))
+
+
+def test_leviathan_speedup_worth_it_only_when_alpha_above_c() -> None:
+    assert leviathan_speedup(0.5, 1, 0.4) > 1.0
+    assert leviathan_speedup(0.3, 1, 0.4) < 1.0
+
+
+def test_acceptance_from_histogram_reproduces_mean_accept_length() -> None:
+    hist = [10, 20, 30, 40]  # cycles that accepted 0, 1, 2, 3 drafts, steps 3
+    acc = Acceptance.from_accept_histogram(hist)
+    assert acc.chain == pytest.approx((0.9, 70 / 90, 40 / 70))
+    mean = sum(a * n for a, n in enumerate(hist)) / sum(hist)
+    assert chain_tokens_per_cycle(acc, 3) == pytest.approx(1 + mean)
+
+
+def test_chain_counts_stop_at_unreached_positions_and_hold_the_last() -> None:
+    acc = Acceptance.from_chain_counts([100, 50, 0], [50, 10, 0])
+    assert acc.chain == (0.5, 0.2)
+    assert acc.depth == 2
+    assert acc.p(5) == 0.2
+
+
+def test_tree_by_hand() -> None:
+    acc = Acceptance(tree=((0.6, 0.3), (0.5, 0.2)))
+    # depth 1: .6, .3; depth 2 children of both: .3, .12, .15, .06; keep the best 3
+    assert tree_tokens_per_cycle(acc, 2, 2, 4) == pytest.approx(1 + 0.6 + 0.3 + 0.3)
+    assert tree_tokens_per_cycle(acc, 2, 2, tree_capacity(2, 2)) == pytest.approx(
+        1 + 0.6 + 0.3 + 0.3 + 0.12 + 0.15 + 0.06
+    )
+
+
+def test_tree_at_least_chain_when_rank0_is_the_chain() -> None:
+    p = (0.8, 0.7, 0.6, 0.5, 0.4)
+    tree = Acceptance(tree=tuple((x, (1 - x) * 0.5, (1 - x) * 0.2) for x in p))
+    chain = Acceptance(chain=p)
+    for steps in range(1, 6):
+        want = chain_tokens_per_cycle(chain, steps)
+        assert tree_tokens_per_cycle(tree, steps, 1, steps + 1) == pytest.approx(want)
+        for topk in (2, 4, 8):
+            n = min(steps + 1 + 4, tree_capacity(steps, topk))
+            assert tree_tokens_per_cycle(tree, steps, topk, n) > want
+
+
+def test_tree_without_tree_data_ties_with_chain() -> None:
+    acc = Acceptance(chain=(0.8, 0.6, 0.4))
+    want = chain_tokens_per_cycle(acc, 3)
+    assert tokens_per_cycle(acc, SpecSetting(3, 4, 16)) == pytest.approx(want)
+
+
+def test_acceptance_from_tree_counts() -> None:
+    acc = Acceptance.from_tree_counts([100, 80], [[60, 20, 5], [40, 8]])
+    assert acc.tree[0] == pytest.approx((0.6, 0.2, 0.05))
+    assert acc.tree[1] == pytest.approx((0.5, 0.1))
+    assert acc.p(1) == pytest.approx(0.6)
+    assert acc.q(2, 3) == 0.0
+
+
+# ---------------------------------------------------------------------------------- costs
+
+
+def test_costs_interpolate_and_extrapolate_linearly() -> None:
+    costs = CostTable(
+        verify={1: {2: 10.0, 4: 14.0}, 4: {2: 20.0, 4: 30.0}},
+        draft_step={1: {1: 0.5, 4: 0.8}, 4: {1: 1.0}},
+        overhead={1: 0.1, 4: 0.2},
+    )
+    assert costs.verify_ms(1, 3) == pytest.approx(12.0)
+    assert costs.verify_ms(1, 8) == pytest.approx(22.0)  # slope 2 ms a token
+    assert costs.verify_ms(2, 2) == pytest.approx(10.0 + 10.0 / 3)  # between batches 1 and 4
+    assert costs.draft_step_ms(1, 2) == pytest.approx(0.6)
+    assert costs.decode_ms(1) == pytest.approx(8.0)  # verify extrapolated to 1 token
+    assert costs.extend_ms(1, 4) == 0.0
+    with pytest.raises(ValueError, match="batch 8 is outside"):
+        costs.verify_ms(8, 2)
+
+
+def test_costs_survive_a_json_round_trip() -> None:
+    costs = seed_costs()
+    again = CostTable.from_dict(json.loads(json.dumps(costs.to_dict())))
+    assert again == costs
+
+
+def test_predicted_phases_and_throughput() -> None:
+    pred = predict(seed_costs(), Acceptance.constant(0.5), SpecSetting(2), batch=1)
+    assert pred.phases == pytest.approx(
+        {"draft": 0.9, "verify": 18.67, "extend": 0.28, "overhead": 0.0}
+    )
+    assert pred.cycle_ms == pytest.approx(19.85)
+    assert pred.tokens_per_s == pytest.approx(1.75 * 1000 / 19.85)
+    assert not pred.extrapolated
+
+
+# ---------------------------------------------------------------------------- the choices
+
+
+def test_speculation_loses_when_verify_is_steep_and_acceptance_low() -> None:
+    costs = CostTable(
+        verify={1: {1: 10.0, 2: 16.0, 4: 28.0, 64: 388.0}},
+        draft_step={1: {1: 1.0, 8: 3.0}},
+    )
+    preds = rank_settings(costs, Acceptance.constant(0.2), batch=1)
+    assert preds[0].setting.is_baseline
+    (rec,) = recommend(preds)
+    assert not rec.speculate
+    assert rec.source == "predicted"
+    assert sglang_flags(rec.setting) == ""
+    assert vllm_flags(rec.setting, "/d") == ""
+
+
+def test_deeper_steps_win_when_verify_is_flat_and_acceptance_high() -> None:
+    costs = CostTable(
+        verify={1: {n: 10.0 for n in WIDTHS}},
+        draft_step={1: {k: 0.05 for k in (1, 2, 4, 8)}},
+        extend={1: {n: 0.2 for n in WIDTHS}},
+    )
+    best = rank_settings(costs, Acceptance.constant(0.95), batch=1)[0]
+    assert best.setting == SpecSetting(10)
+    assert best.tokens_per_cycle == pytest.approx(leviathan_tokens_per_cycle(0.95, 10))
+
+
+def test_seed_costs_pick_two_steps_when_acceptance_falls_fast() -> None:
+    fast_fall = Acceptance(chain=(0.75, 0.55, 0.3, 0.15, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1))
+    preds = rank_settings(seed_costs(), fast_fall, batch=1)
+    assert preds[0].setting == SpecSetting(2, 1, 3)
+    assert preds[0].tokens_per_s > next(p for p in preds if p.setting.is_baseline).tokens_per_s
+
+    slow_fall = Acceptance(chain=(0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4))
+    assert best_speculative(rank_settings(seed_costs(), slow_fall, batch=1)).setting.steps > 2
+
+
+def test_tree_wins_when_siblings_catch_what_rank0_misses() -> None:
+    costs = seed_costs()
+    tree = Acceptance(tree=tuple((0.6, 0.25, 0.1) for _ in range(10)))
+    best = rank_settings(costs, tree, batch=1)[0]
+    assert best.setting.topk > 1
+
+
+def test_recommend_picks_the_measured_best_and_reports_the_error() -> None:
+    acc = Acceptance(chain=(0.8, 0.7, 0.6, 0.5))
+    preds = rank_settings(seed_costs(), acc, batch=1, candidates=candidate_grid(4, (1,)))
+    assert preds[0].setting == SpecSetting(3)
+    slow_verify = {"draft": 1.35, "verify": 21.0, "extend": 0.28}  # the model said 19.77
+    tpc3 = preds[0].tokens_per_cycle
+    measured = [
+        Measurement(SpecSetting.baseline(), 1, 88.0),
+        Measurement(SpecSetting(2), 1, 125.0),
+        Measurement(SpecSetting(3), 1, tpc3 * 1000 / 22.63, tpc3, slow_verify),
+    ]
+    (rec,) = recommend(preds, measured)
+    assert rec.setting == SpecSetting(2)
+    assert rec.source == "measured"
+    assert rec.speedup == pytest.approx(125 / 88)
+    pred2 = next(p for p in preds if p.setting == SpecSetting(2))
+    assert rec.error_pct == pytest.approx(100 * (pred2.tokens_per_s - 125) / 125)
+    assert rec.rows[0].setting == SpecSetting(2)
+    assert [r.setting.steps for r in rec.rows[:3]] == [2, 3, 0]
+    cause = disagreement_cause(preds[0], measured[2])
+    assert cause.startswith("verify: predicted 19.77 ms, measured 21.00 ms")
+    text = recommendation_text(rec, "/models/drafter")
+    assert "--speculative-num-steps 2" in text
+    assert '"num_speculative_tokens": 2' in text
+
+
+def test_recommend_says_no_speculation_when_the_measured_baseline_wins() -> None:
+    preds = rank_settings(seed_costs(), Acceptance.constant(0.7), batch=1)
+    measured = [
+        Measurement(SpecSetting.baseline(), 1, 90.0),
+        Measurement(SpecSetting(2), 1, 80.0, accept_length=1.5),
+    ]
+    (rec,) = recommend(preds, measured)
+    assert not rec.speculate
+    assert rec.error_pct == pytest.approx(100 * (1000 / 11.3 - 90) / 90)
+
+
+def test_disagreement_from_acceptance_and_unprofiled_time() -> None:
+    pred = predict(seed_costs(), Acceptance.constant(0.8), SpecSetting(2), batch=1)
+    low_accept = Measurement(SpecSetting(2), 1, 60.0, accept_length=1.2)
+    assert disagreement_cause(pred, low_accept).startswith("acceptance: predicted 2.44")
+    wall = 1000 * pred.tokens_per_cycle / 100.0  # 24.4 ms, the phases add to 19.85
+    slow = Measurement(SpecSetting(2), 1, 100.0, pred.tokens_per_cycle, dict(pred.phases))
+    assert wall > pred.cycle_ms
+    assert disagreement_cause(pred, slow).startswith("unprofiled: +4.55 ms")
+
+
+def test_recommend_one_per_batch() -> None:
+    costs = CostTable(
+        verify={1: {1: 5.0, 4: 6.0, 64: 12.0}, 8: {1: 6.0, 4: 12.0, 64: 100.0}},
+        draft_step={1: {1: 0.3, 8: 0.5}, 8: {1: 0.6, 8: 2.0}},
+    )
+    acc = Acceptance.constant(0.6)
+    preds = [p for b in (1, 8) for p in rank_settings(costs, acc, b)]
+    recs = recommend(preds)
+    assert [r.batch for r in recs] == [1, 8]
+    assert recs[0].speculate
+    assert 0 < recs[1].setting.steps < recs[0].setting.steps  # bigger batch: verify costs more
+
+
+def test_steps_series_best_per_step_with_baseline_at_zero() -> None:
+    preds = rank_settings(seed_costs(), Acceptance.constant(0.6), batch=1)
+    series = steps_series(preds, [Measurement(SpecSetting(2), 1, 90.0)], batch=1)
+    assert [s for s, _ in series["predicted"]] == list(range(11))
+    assert series["measured"] == [(2, 90.0)]
+
+
+# ------------------------------------------------------------------ candidates and sweeps
+
+
+def test_candidate_grid_is_valid_and_bounded() -> None:
+    grid = candidate_grid()
+    assert len(grid) == len(set(grid))
+    assert SpecSetting(1) in grid and SpecSetting(10) in grid
+    assert SpecSetting(1, 2, 3) in grid  # 4 tokens do not fit: capped at the capacity
+    assert all(s.num_draft_tokens <= tree_capacity(s.steps, s.topk) for s in grid)
+    assert {s.topk for s in grid} == {1, 2, 4, 8}
+    assert max(s.num_draft_tokens for s in grid) == 64
+
+
+def test_sweep_plan_has_baseline_top_and_neighbours() -> None:
+    preds = rank_settings(seed_costs(), Acceptance.constant(0.6), batch=1)
+    plan = sweep_plan(preds, top=1)
+    top = best_speculative(preds).setting
+    assert plan[:2] == [SpecSetting.baseline(), top]
+    assert SpecSetting(top.steps + 1) in plan and SpecSetting(top.steps - 1) in plan
+    assert any(s.topk == 2 and s.steps == top.steps for s in plan)
+
+
+# -------------------------------------------------------------------------- flags, errors
+
+
+def test_flags_exact() -> None:
+    chain = SpecSetting(3)
+    assert sglang_flags(chain) == (
+        "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4"
+    )
+    config, note = vllm_speculative_config(chain, "/models/drafter")
+    assert config == (
+        '{"method": "eagle3", "model": "/models/drafter", "num_speculative_tokens": 3}'
+    )
+    assert note is None
+    assert vllm_flags(chain, "/models/drafter") == f"--speculative-config '{config}'"
+    assert sglang_flags(SpecSetting(5, 8, 32), "/d").endswith(
+        "--speculative-eagle-topk 8 --speculative-num-draft-tokens 32 "
+        "--speculative-draft-model-path /d"
+    )
+
+
+def test_vllm_gets_the_chain_equivalent_of_a_tree_and_says_so() -> None:
+    config, note = vllm_speculative_config(SpecSetting(4, 4, 16), "/d")
+    assert json.loads(config) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4}
+    assert note is not None and "chain of 4" in note
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((3, 1, 5), r"num_draft_tokens must be steps \+ 1 = 4"),
+        ((2, 2, 100), r"num_draft_tokens must be 2 to 7"),
+        ((2, 4, 0), r"must be 2 to"),
+        ((-1, 1, 0), r"steps must be 0"),
+        ((2, 0, 3), r"topk must be at least 1"),
+        ((0, 2, 1), r"no speculation"),
+    ],
+)
+def test_invalid_settings_raise(args: tuple[int, int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SpecSetting(*args)
+
+
+def test_settings_derive_chain_tokens_and_print() -> None:
+    assert SpecSetting(2).num_draft_tokens == 3
+    assert str(SpecSetting(2)) == "steps 2, topk 1, 3 draft tokens"
+    assert str(SpecSetting.baseline()) == "no speculation"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Acceptance(chain=(1.2,)), r"chain position 1 is 1.2"),
+        (lambda: Acceptance(tree=((0.7, 0.4),)), r"tree depth 1"),
+        (lambda: Acceptance(), r"neither"),
+        (lambda: Acceptance.from_chain_counts([10, 5], [11, 2]), r"accepted 11 of reached 10"),
+        (lambda: Acceptance.from_chain_counts([0], [0]), r"never reached"),
+        (lambda: CostTable(verify={}, draft_step={1: {1: 1.0}}), r"at least one batch"),
+        (lambda: CostTable(verify={1: {2: -1.0}}, draft_step={1: {1: 1.0}}), r"verify: batch 1"),
+    ],
+)
+def test_bad_tables_raise_clear_errors(make, message: str) -> None:
+    with pytest.raises(DraftsmithError, match=message):
+        make()
+
+
+def test_extrapolation_is_flagged() -> None:
+    acc = Acceptance(chain=(0.8, 0.6))
+    assert predict(seed_costs(), acc, SpecSetting(5), 1).extrapolated
+    costs = CostTable(verify={1: {1: 5.0, 4: 6.0}}, draft_step={1: {1: 0.3}})
+    assert predict(costs, Acceptance.constant(0.5), SpecSetting(6), 1).extrapolated
+    assert not predict(costs, Acceptance.constant(0.5), SpecSetting(3), 1).extrapolated
+    assert math.isfinite(predict(costs, acc, SpecSetting.baseline(), 1).tokens_per_s)
