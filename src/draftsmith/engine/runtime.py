@@ -18,7 +18,12 @@ class Runtime:
     """
 
     def __init__(
-        self, model: Transformer, max_batch: int, max_seq: int, graphs: bool | None = None
+        self,
+        model: Transformer,
+        max_batch: int,
+        max_seq: int,
+        graphs: bool | None = None,
+        compile: bool = False,
     ) -> None:
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
@@ -30,6 +35,8 @@ class Runtime:
                     torch.zeros(shape, dtype=p.dtype, device=p.device))
             for _ in model.layers
         ]
+        if compile:
+            compile_layers(model)
         use = p.device.type == "cuda" if graphs is None else graphs
         self.graphs = Graphs(p.device) if use else None
         self._static: dict[tuple, dict[str, torch.Tensor]] = {}
@@ -111,3 +118,13 @@ class Runtime:
         with torch.no_grad():
             self.graphs.capture((b, *flags), fn)
         self._static[(b, *flags)] = static
+
+
+def compile_layers(model) -> None:
+    """torch.compile each decoder layer (fusing its elementwise work); the layers share one
+    compiled artifact because parameters are graph inputs. Our own CUDA graphs wrap it."""
+    if getattr(model, "_compiled", False):
+        return
+    for layer in model.layers:
+        layer.compile(dynamic=False, fullgraph=True)
+    model._compiled = True
