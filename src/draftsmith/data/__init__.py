@@ -1,0 +1,1 @@
+"""The data pipeline: prompts -> regenerated answers -> captured hidden states in shards."""

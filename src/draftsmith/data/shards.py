@@ -1,0 +1,297 @@
+"""Dataset shards: safetensors files of concatenated samples plus a `manifest.json`.
+
+A shard holds `input_ids` int32 [N], `loss_mask` uint8 [N], `offsets` int64 [S+1],
+`aux` bf16 [N, n_aux, H] and `hidden` bf16 [N, H]. The manifest lists every finished shard
+with its counts and sha256; a shard's `file` is relative to the manifest's folder (merged
+multi-rank datasets point into `rank-R/`). Writes are atomic: tmp file, fsync, os.replace.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+FORMAT = "draftsmith-dataset"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "hidden")
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    input_ids: torch.Tensor  # [T] integer
+    loss_mask: torch.Tensor  # [T] bool
+    aux: torch.Tensor  # [T, n_aux, H]
+    hidden: torch.Tensor  # [T, H]
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no {MANIFEST} (not a draftsmith dataset folder)")
+    try:
+        m = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+    if m.get("format") != FORMAT:
+        raise DraftsmithError(f"{path}: format is {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("format_version", 0) > FORMAT_VERSION:
+        raise DraftsmithError(
+            f"{path}: format version {m['format_version']} is newer than this draftsmith "
+            f"reads ({FORMAT_VERSION})"
+        )
+    return m
+
+
+def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    lens = [int(s.input_ids.numel()) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    tensors = {
+        "input_ids": torch.cat([s.input_ids.reshape(-1) for s in samples]).to(torch.int32),
+        "loss_mask": torch.cat([s.loss_mask.reshape(-1) for s in samples]).to(torch.uint8),
+        "offsets": offsets,
+        "aux": torch.cat([s.aux for s in samples]).to(torch.bfloat16),
+        "hidden": torch.cat([s.hidden for s in samples]).to(torch.bfloat16),
+    }
+    meta = {"sample_ids": json.dumps([s.sample_id for s in samples])}
+    return {k: v.contiguous() for k, v in tensors.items()}, meta
+
+
+class ShardWriter:
+    """Writes numbered shards into `folder` and keeps its manifest true after each one.
+
+    `header` holds everything that identifies the run (target, layers, settings); reopening a
+    folder whose manifest has a different header is refused, so a resumed run cannot mix data.
+    """
+
+    def __init__(self, folder: Path, header: dict[str, Any], identity: tuple[str, ...]) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / MANIFEST
+        if path.is_file():
+            old = read_manifest(self.folder)
+            for key in identity:
+                if old.get(key) != header.get(key):
+                    raise DraftsmithError(
+                        f"{self.folder}: holds a dataset made with a different {key} "
+                        f"({old.get(key)!r} there, {header.get(key)!r} now); use another "
+                        "folder or --overwrite"
+                    )
+            self.manifest = old
+        else:
+            self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
+                             "shards": [], "complete": False}
+            self.manifest["totals"] = totals(self.manifest["shards"])
+            write_json(path, self.manifest)
+
+    def done(self) -> set[int]:
+        return {int(s["index"]) for s in self.manifest["shards"]}
+
+    def write(self, index: int, samples: list[Sample]) -> dict[str, Any]:
+        from safetensors.torch import save
+
+        if not samples:
+            raise DraftsmithError(f"shard {index}: no samples")
+        tensors, meta = pack(samples)
+        data = save(tensors, metadata=meta)
+        name = shard_name(index)
+        atomic_write(self.folder / name, data)
+        entry = {
+            "index": index,
+            "file": name,
+            "samples": len(samples),
+            "tokens": int(tensors["input_ids"].numel()),
+            "loss_tokens": int(tensors["loss_mask"].sum()),
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        shards = [s for s in self.manifest["shards"] if s["index"] != index] + [entry]
+        self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
+        self.manifest["totals"] = totals(self.manifest["shards"])
+        write_json(self.folder / MANIFEST, self.manifest)
+        return entry
+
+    def finish(self, **extra: Any) -> None:
+        self.manifest.update(extra)
+        self.manifest["complete"] = True
+        write_json(self.folder / MANIFEST, self.manifest)
+
+    def update(self, **extra: Any) -> None:
+        self.manifest.update(extra)
+        write_json(self.folder / MANIFEST, self.manifest)
+
+
+def totals(shards: list[dict[str, Any]]) -> dict[str, int]:
+    keys = ("samples", "tokens", "loss_tokens", "bytes")
+    return {k: sum(int(s[k]) for s in shards) for k in keys} | {"shards": len(shards)}
+
+
+class Dataset:
+    """Random access to the samples of a dataset folder (safetensors files are memory-mapped)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        self.shards = self.manifest["shards"]
+        self._starts = [0]
+        for s in self.shards:
+            self._starts.append(self._starts[-1] + int(s["samples"]))
+        self._open: dict[int, Any] = {}
+        self._offsets: dict[int, list[int]] = {}
+
+    @property
+    def aux_layer_ids(self) -> list[int]:
+        return list(self.manifest["aux_layer_ids"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.manifest["hidden_size"])
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = {}
+        return state
+
+    def locate(self, i: int) -> tuple[int, int]:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for a dataset of {len(self)}")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def _handle(self, k: int):
+        from safetensors import safe_open
+
+        if k not in self._open:
+            path = self.folder / self.shards[k]["file"]
+            if not path.is_file():
+                raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
+            self._open[k] = safe_open(str(path), framework="pt")
+            self._offsets[k] = self._open[k].get_tensor("offsets").tolist()
+        return self._open[k]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        k, j = self.locate(i)
+        f = self._handle(k)
+        a, b = self._offsets[k][j], self._offsets[k][j + 1]
+        return {
+            "input_ids": f.get_slice("input_ids")[a:b].long(),
+            "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
+            "aux": f.get_slice("aux")[a:b],
+            "hidden": f.get_slice("hidden")[a:b],
+        }
+
+    def sample_id(self, i: int) -> str:
+        k, j = self.locate(i)
+        return json.loads(self._handle(k).metadata()["sample_ids"])[j]
+
+    def lengths(self) -> list[int]:
+        out: list[int] = []
+        for k in range(len(self.shards)):
+            self._handle(k)
+            off = self._offsets[k]
+            out += [b - a for a, b in zip(off[:-1], off[1:], strict=True)]
+        return out
+
+    def verify(self) -> dict[str, int]:
+        return verify(self.folder)
+
+
+def verify(folder: str | Path) -> dict[str, int]:
+    """Check every shard against the manifest; raise DraftsmithError naming the first bad one."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    for s in m["shards"]:
+        _verify_shard(folder, m, s)
+    got = totals(m["shards"])
+    want = m.get("totals", got)
+    for key, value in got.items():
+        if int(want.get(key, value)) != value:
+            raise DraftsmithError(
+                f"{folder / MANIFEST}: totals.{key} is {want[key]} but the shards sum to {value}"
+            )
+    return got
+
+
+def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
+    from safetensors import safe_open
+
+    path = folder / s["file"]
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
+    digest = sha256_file(path)
+    if digest != s["sha256"]:
+        raise DraftsmithError(
+            f"{path}: sha256 {digest[:16]}... does not match the manifest's {s['sha256'][:16]}..."
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+            offsets = f.get_tensor("offsets")
+    except Exception as e:  # a corrupt header whose sha256 matched a wrong manifest
+        raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
+    n, samples = int(s["tokens"]), int(s["samples"])
+    n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
+    want = {"input_ids": (n,), "loss_mask": (n,), "offsets": (samples + 1,),
+            "aux": (n, n_aux, h), "hidden": (n, h)}
+    for key, shape in want.items():
+        if shapes.get(key) != shape:
+            raise DraftsmithError(
+                f"{path}: tensor {key} has shape {shapes.get(key)}, the manifest implies {shape}"
+            )
+    if int(offsets[0]) != 0 or int(offsets[-1]) != n or bool((offsets.diff() <= 0).any()):
+        raise DraftsmithError(f"{path}: offsets are not increasing from 0 to {n}")

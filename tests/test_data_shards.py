@@ -1,0 +1,91 @@
+"""Shard writer and Dataset reader: round trip, resume refusal, tamper detection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.data.shards import MANIFEST, Dataset, Sample, ShardWriter, verify
+from draftsmith.errors import DraftsmithError
+
+HEADER = {"aux_layer_ids": [0, 2], "hidden_size": 8, "target": {"fingerprint": "abc"}}
+IDENTITY = ("aux_layer_ids", "hidden_size", "target")
+
+
+def make_samples(n: int, seed: int = 0) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = 3 + i % 5
+        out.append(Sample(
+            f"s{seed}-{i}", torch.randint(0, 100, (t,), generator=g),
+            torch.rand(t, generator=g) > 0.5, torch.randn(t, 2, 8, generator=g),
+            torch.randn(t, 8, generator=g),
+        ))
+    return out
+
+
+def write(folder, chunks):
+    w = ShardWriter(folder, HEADER, IDENTITY)
+    for k, chunk in enumerate(chunks):
+        w.write(k, chunk)
+    w.finish()
+    return w
+
+
+def test_round_trip(tmp_path):
+    a, b = make_samples(4), make_samples(3, seed=1)
+    write(tmp_path, [a, b])
+    ds = Dataset(tmp_path)
+    assert len(ds) == 7
+    assert ds.manifest["totals"]["samples"] == 7 and ds.manifest["complete"]
+    for i, s in enumerate(a + b):
+        got = ds[i]
+        assert got["input_ids"].dtype == torch.long and torch.equal(got["input_ids"], s.input_ids)
+        assert got["loss_mask"].dtype == torch.bool and torch.equal(got["loss_mask"], s.loss_mask)
+        assert got["aux"].dtype == torch.bfloat16
+        assert torch.equal(got["aux"], s.aux.bfloat16())
+        assert torch.equal(got["hidden"], s.hidden.bfloat16())
+        assert ds.sample_id(i) == s.sample_id
+    assert ds.lengths() == [len(s.input_ids) for s in a + b]
+    assert verify(tmp_path)["tokens"] == sum(len(s.input_ids) for s in a + b)
+    with pytest.raises(IndexError):
+        ds[7]
+
+
+def test_reopen_with_other_settings_is_refused(tmp_path):
+    write(tmp_path, [make_samples(2)])
+    with pytest.raises(DraftsmithError, match="different aux_layer_ids"):
+        ShardWriter(tmp_path, {**HEADER, "aux_layer_ids": [1, 2]}, IDENTITY)
+    assert ShardWriter(tmp_path, HEADER, IDENTITY).done() == {0}
+
+
+def test_tampered_shard_is_named(tmp_path):
+    write(tmp_path, [make_samples(2), make_samples(2, seed=3)])
+    path = tmp_path / "shard-00001.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DraftsmithError, match="shard-00001.*sha256"):
+        verify(tmp_path)
+
+
+def test_missing_shard_and_wrong_counts_are_named(tmp_path):
+    write(tmp_path, [make_samples(2), make_samples(2, seed=3)])
+    m = json.loads((tmp_path / MANIFEST).read_text())
+    m["shards"][0]["tokens"] += 1
+    (tmp_path / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(DraftsmithError, match="shard-00000.*input_ids"):
+        verify(tmp_path)
+    (tmp_path / "shard-00001.safetensors").unlink()
+    m["shards"][0]["tokens"] -= 1
+    (tmp_path / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(DraftsmithError, match="shard-00001.*missing"):
+        verify(tmp_path)
+
+
+def test_not_a_dataset(tmp_path):
+    with pytest.raises(DraftsmithError, match="no manifest.json"):
+        Dataset(tmp_path)
