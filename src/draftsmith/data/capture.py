@@ -1,0 +1,297 @@
+"""Capture: a teacher-forced forward of whole conversations through the target, into shards.
+
+Kept samples (in input order) are cut into shards of `samples_per_shard`; shard k belongs to
+rank k % WORLD_SIZE. Each shard's samples are batched by similar length, right-padded, and
+written atomically; the manifest lists finished shards, so a rerun of the same command skips
+them and a kill at any moment loses at most the shard in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.data.chat import encode
+from draftsmith.data.prompts import Conversation
+from draftsmith.data.shards import MANIFEST, Sample, ShardWriter, read_manifest, totals, write_json
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
+from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+
+IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
+            "source_digest", "world_size", "rank")
+
+
+@dataclass(slots=True)
+class CaptureConfig:
+    aux_layer_ids: list[int] | None = None
+    batch_size: int = 8
+    max_len: int = 2048
+    too_long: str = "truncate"  # or "skip"
+    samples_per_shard: int = 256
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.too_long not in ("truncate", "skip"):
+            raise DraftsmithError(f"too_long must be 'truncate' or 'skip', got {self.too_long!r}")
+        for name in ("batch_size", "max_len", "samples_per_shard"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Plan:
+    kept: list[int]  # indices into the conversations, in order
+    lengths: list[int]  # stored tokens per kept sample
+    skipped: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0
+
+    def shards(self, size: int) -> list[list[int]]:
+        return [self.kept[i : i + size] for i in range(0, len(self.kept), size)]
+
+
+def dist_env() -> tuple[int, int]:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= rank < world:
+        raise DraftsmithError(f"RANK={rank} is not in [0, WORLD_SIZE={world})")
+    return rank, world
+
+
+def encode_sample(
+    tok: Any, conv: Conversation, cfg: CaptureConfig
+) -> tuple[list[int], list[bool], bool]:
+    """(ids, loss mask, truncated); raises _Skip for a sample that is not stored."""
+    ids, mask = encode(tok, conv.messages)
+    cut = len(ids) > cfg.max_len
+    if cut:
+        if cfg.too_long == "skip":
+            raise _Skip("too_long")
+        ids, mask = ids[: cfg.max_len], mask[: cfg.max_len]
+    if not any(mask):
+        raise _Skip("no_assistant_tokens")
+    return ids, mask, cut
+
+
+class _Skip(Exception):
+    pass
+
+
+def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
+    p = Plan([], [])
+    for i, conv in enumerate(convs):
+        try:
+            ids, _, cut = encode_sample(tok, conv, cfg)
+        except _Skip as e:
+            p.skipped[str(e)] = p.skipped.get(str(e), 0) + 1
+            continue
+        except DraftsmithError as e:
+            raise DraftsmithError(f"conversation {i} (id {conv.id}): {e}") from None
+        p.truncated += cut
+        p.kept.append(i)
+        p.lengths.append(len(ids))
+    return p
+
+
+def bytes_per_token(n_aux: int, hidden: int) -> int:
+    return (n_aux + 1) * hidden * 2 + 4 + 1
+
+
+def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list[int],
+           p: Plan, rank: int, world: int) -> dict[str, Any]:
+    digest = hashlib.sha256("\n".join(c.id for c in convs).encode()).hexdigest()[:16]
+    n_shards = len(p.shards(cfg.samples_per_shard))
+    return {
+        "target": {"fingerprint": target.fingerprint, "source": target.source,
+                   "tokenizer_hash": tokenizer_hash(target.tokenizer),
+                   "chat_template_hash": template_hash(target.tokenizer),
+                   "num_layers": target.cfg.num_layers},
+        "aux_layer_ids": ids,
+        "aux_convention": CANONICAL_WORDS,
+        "dtype": "bfloat16",
+        "hidden_size": target.cfg.hidden_size,
+        "vocab_size": target.cfg.vocab_size,
+        "samples_per_shard": cfg.samples_per_shard,
+        "max_len": cfg.max_len,
+        "too_long": cfg.too_long,
+        "source_digest": digest,
+        "world_size": world,
+        "rank": rank,
+        "expected": {"shards": n_shards, "samples": len(p.kept), "tokens": sum(p.lengths)},
+        "input": {"conversations": len(convs), "skipped": p.skipped, "truncated": p.truncated},
+        "compute_dtype": str(cfg.dtype).removeprefix("torch."),
+    }
+
+
+@torch.no_grad()
+def forward_shard(model: Any, tok: Any, convs: list[Conversation], idx: list[int],
+                  cfg: CaptureConfig, aux_ids: tuple[int, ...]) -> list[Sample]:
+    enc = {i: encode_sample(tok, convs[i], cfg) for i in idx}
+    order = sorted(idx, key=lambda i: -len(enc[i][0]))
+    out: dict[int, Sample] = {}
+    dev = next(model.parameters()).device
+    for b in range(0, len(order), cfg.batch_size):
+        rows = order[b : b + cfg.batch_size]
+        width = len(enc[rows[0]][0])
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, i in enumerate(rows):
+            tokens[r, : len(enc[i][0])] = torch.tensor(enc[i][0])
+        positions = torch.arange(width).expand(len(rows), width)
+        fo = model(tokens.to(dev), positions.to(dev), aux_ids=aux_ids, want_logits=False)
+        aux, hidden = fo.aux.to(torch.bfloat16).cpu(), fo.hidden.to(torch.bfloat16).cpu()
+        for r, i in enumerate(rows):
+            n = len(enc[i][0])
+            out[i] = Sample(convs[i].id, tokens[r, :n].clone(), torch.tensor(enc[i][1]),
+                            aux[r, :n].clone(), hidden[r, :n].clone())
+    return [out[i] for i in idx]
+
+
+def clean(folder: Path) -> None:
+    """Remove what a capture writes (shards, manifests, rank folders, tmp files), nothing else."""
+    if not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        if p.is_dir() and p.name.startswith("rank-"):
+            shutil.rmtree(p)
+        elif _ours(p.name):
+            p.unlink()
+
+
+def _ours(name: str) -> bool:
+    shard = name.startswith("shard-") and name.endswith(".safetensors")
+    return name == MANIFEST or shard or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def capture(
+    target: Any,
+    convs: list[Conversation],
+    out: str | Path,
+    cfg: CaptureConfig = CaptureConfig(),
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+    progress: bool = True,
+    on_shard: Callable[[int], None] | None = None,
+    model: Any = None,
+) -> dict[str, Any]:
+    """Capture `convs` into `out`; returns the manifest (merged when all ranks are done)."""
+    say = log or (lambda s: print(s, file=sys.stderr))
+    out = Path(out)
+    rank, world = dist_env()
+    ids = validate(cfg.aux_layer_ids or default_aux_layers(target.cfg.num_layers),
+                   target.cfg.num_layers)
+    tok = target.tokenizer
+    p = plan(tok, convs, cfg)
+    if not p.kept:
+        raise DraftsmithError(f"no conversation has assistant tokens to capture ({p.skipped})")
+    head = header(target, convs, cfg, ids, p, rank, world)
+    folder = out / f"rank-{rank}" if world > 1 else out
+    _drop_tmp(folder)
+    if world > 1 and _merged_done(out, head):
+        return read_manifest(out)
+    writer = ShardWriter(folder, head, IDENTITY)
+    _note_command(writer, command or "draftsmith.data.capture.capture()")
+    mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
+    todo = [(k, s) for k, s in mine if k not in writer.done()]
+    _report(say, p, head, ids, mine, todo)
+    if todo:
+        model = model if model is not None else target.build(cfg.dtype, cfg.device)
+        _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard)
+    writer.finish()
+    if world > 1:
+        return try_merge(out) or writer.manifest
+    return writer.manifest
+
+
+def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(len(s) for _, s in todo), unit="sample", disable=not progress,
+               desc="capture")
+    for k, idx in todo:
+        writer.write(k, forward_shard(model, tok, convs, idx, cfg, aux_ids))
+        bar.update(len(idx))
+        if on_shard:
+            on_shard(k)
+    bar.close()
+
+
+def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) -> None:
+    bpt = bytes_per_token(len(ids), head["hidden_size"])
+    total = sum(p.lengths)
+    length = dict(zip(p.kept, p.lengths, strict=True))
+    mine_tok = sum(length[i] for _, s in mine for i in s)
+    say(f"capture: {len(p.kept)} samples, {total} tokens, aux layers {ids} ({CANONICAL_WORDS})")
+    if p.skipped or p.truncated:
+        say(f"capture: skipped {p.skipped or 0}, truncated to max_len {p.truncated}")
+    say(f"capture: estimated storage {human_bytes(total * bpt)} ({bpt} bytes/token, bf16); "
+        f"this rank {human_bytes(mine_tok * bpt)}, {len(todo)}/{len(mine)} shards to write")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _note_command(writer: ShardWriter, command: str) -> None:
+    cmds = list(writer.manifest.get("commands", []))
+    if command not in cmds:
+        writer.update(commands=cmds + [command])
+
+
+def _drop_tmp(folder: Path) -> None:
+    if folder.is_dir():
+        for p in folder.glob(".*.tmp"):
+            p.unlink(missing_ok=True)
+
+
+def _merged_done(out: Path, head: dict[str, Any]) -> bool:
+    if not (out / MANIFEST).is_file():
+        return False
+    m = read_manifest(out)
+    keys = [k for k in IDENTITY if k != "rank"]
+    return bool(m.get("complete")) and all(m.get(k) == head.get(k) for k in keys)
+
+
+def try_merge(out: str | Path) -> dict[str, Any] | None:
+    """Merge `rank-R/` manifests into one when every rank is complete; None if not yet."""
+    out = Path(out)
+    ranks = sorted(out.glob("rank-*/" + MANIFEST))
+    if not ranks:
+        raise DraftsmithError(f"{out}: no rank-R/{MANIFEST} to merge")
+    ms = [read_manifest(p.parent) for p in ranks]
+    world = int(ms[0]["world_size"])
+    if len(ms) < world or not all(m.get("complete") for m in ms):
+        return None
+    return merge(out, ms)
+
+
+def merge(out: Path, ms: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = [k for k in IDENTITY if k != "rank"]
+    for m in ms[1:]:
+        bad = [k for k in keys if m.get(k) != ms[0].get(k)]
+        if bad:
+            raise DraftsmithError(f"{out}: rank {m['rank']} differs from rank 0 in {bad}")
+    shards = []
+    for m in ms:
+        shards += [{**s, "file": f"rank-{m['rank']}/{s['file']}"} for s in m["shards"]]
+    shards.sort(key=lambda s: s["index"])
+    want = ms[0]["expected"]["shards"]
+    if [s["index"] for s in shards] != list(range(want)):
+        raise DraftsmithError(f"{out}: the ranks hold shards {[s['index'] for s in shards]}, "
+                              f"expected 0..{want - 1}")
+    merged = {k: v for k, v in ms[0].items() if k not in ("rank", "shards", "totals")}
+    merged.update(rank=None, shards=shards, totals=totals(shards), complete=True,
+                  commands=sorted({c for m in ms for c in m.get("commands", [])}))
+    write_json(out / MANIFEST, merged)
+    return merged

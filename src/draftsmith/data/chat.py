@@ -1,0 +1,85 @@
+"""Chat-template rendering for data: assistant spans (the loss mask) and the user-turn prefix.
+
+Assistant spans are found by rendering the conversation turn by turn: the text an assistant
+message adds after the generation prompt of the turns before it. The whitespace a template puts
+after its end-of-turn marker is not part of the span (the target never generates it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+
+SENTINEL = "DRAFTSMITH_SENTINEL_5a1f"
+
+
+def render(tok: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    try:
+        return tok.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as e:  # jinja raises anything a template author chose
+        raise DraftsmithError(f"the chat template failed on this conversation: {e}") from None
+
+
+def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The full conversation text and the [start, end) character spans of assistant turns."""
+    full = render(tok, messages, False)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(tok, messages[:i], True) if i else ""
+        upto = render(tok, messages[: i + 1], False)
+        if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
+            start, end = len(before), len(upto.rstrip())
+        else:
+            start, end = _find_content(tok, full, m["content"], cursor, i)
+        if end > start:
+            spans.append((start, end))
+        cursor = max(cursor, end)
+    return full, spans
+
+
+def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tuple[int, int]:
+    # Templates that rewrite history (e.g. dropping reasoning) do not extend turn by turn:
+    # find the content itself and the end-of-turn token right after it.
+    stripped = content.strip()
+    start = full.find(stripped, cursor)
+    if start < 0:
+        raise DraftsmithError(
+            f"message {i}: the chat template does not render this assistant message's text"
+        )
+    end = start + len(stripped)
+    eos = getattr(tok, "eos_token", None)
+    if eos and full.startswith(eos, end):
+        end += len(eos)
+    return start, end
+
+
+def encode(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
+    """Token ids of the whole conversation and a mask that is True on assistant tokens."""
+    text, spans = assistant_spans(tok, messages)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    mask, k = [], 0
+    for a, _ in offsets:
+        while k < len(spans) and a >= spans[k][1]:
+            k += 1
+        mask.append(k < len(spans) and spans[k][0] <= a < spans[k][1])
+    return ids, mask
+
+
+def user_prefix(tok: Any, system: str | None = None) -> tuple[str, str]:
+    """(text before a user message's content, text right after it) in the chat template."""
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": SENTINEL}
+    ]
+    text = render(tok, msgs, False)
+    at = text.find(SENTINEL)
+    if at < 0:
+        raise DraftsmithError("the chat template does not render the user message's text")
+    return text[:at], text[at + len(SENTINEL):]

