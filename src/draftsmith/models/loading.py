@@ -10,7 +10,14 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import Transformer
-from draftsmith.models.parallel import SINGLE, TP, ColumnLinear, RowLinear, VocabEmbedding, VocabHead
+from draftsmith.models.parallel import (
+    SINGLE,
+    TP,
+    ColumnLinear,
+    RowLinear,
+    VocabEmbedding,
+    VocabHead,
+)
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _RENAME = {
@@ -72,23 +79,25 @@ def shard_state(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, to
     for mname, mod in model.named_modules():
         for pname, _ in mod.named_parameters(recurse=False):
             key = f"{mname}.{pname}" if mname else pname
-            if key not in full:
+            if full.get(key) is None:
                 raise DraftsmithError(f"weights lack {key!r}")
-            local[key] = _shard_one(mod, pname, full[key])
+            local[key] = _shard_one(mod, pname, full[key], key)
     return local
 
 
-def _shard_one(mod: nn.Module, pname: str, t: torch.Tensor) -> torch.Tensor:
+def _shard_one(mod: nn.Module, pname: str, t: torch.Tensor, key: str) -> torch.Tensor:
     tp: TP = getattr(mod, "tp", SINGLE)
     if tp.size == 1:
         return t
     if isinstance(mod, ColumnLinear):
+        if t.shape[0] != sum(mod.full_parts):
+            raise DraftsmithError(f"{key} has {t.shape[0]} rows, expected {sum(mod.full_parts)}")
         parts = t.split(mod.full_parts, dim=0)
         return torch.cat([tp.shard(p, 0) for p in parts])
     if isinstance(mod, RowLinear):
-        return tp.shard(t, 1) if pname == "weight" else t
+        return tp.shard(t, 1).contiguous() if pname == "weight" else t
     if isinstance(mod, VocabEmbedding | VocabHead):
-        return tp.shard(t, 0)
+        return tp.shard_padded(t)
     return t
 
 
@@ -104,9 +113,8 @@ def build_model(
         model = Transformer(cfg, tp)
     full = fuse_hf_names(hf_weights, cfg)
     local = {k: v.to(device=device, dtype=dtype) for k, v in shard_state(model, full).items()}
-    tied = cfg.tie_word_embeddings and local["lm_head.weight"] is not None
     model.load_state_dict(local, strict=True, assign=True)
-    if tied and tp.size == 1:
+    if cfg.tie_word_embeddings:  # under TP both hold the same vocabulary rows, so one shard serves
         model.lm_head.weight = model.embed.weight
     model.inv_freq = torch.tensor(cfg.inv_freq(), device=device, dtype=torch.float32)
     for p in model.parameters():

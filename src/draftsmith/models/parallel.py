@@ -2,14 +2,22 @@
 
 With `TP.size == 1` they are plain layers. A column layer holds a slice of every output part
 (q/k/v or gate/up are fused parts), a row layer holds a slice of its input and all-reduces.
+The vocabulary is split in `ceil(vocab / size)` rows per rank; the last rank's extra rows are
+zero and their logits are cut off after the gather.
+
+CUDA graphs: a TP forward is capturable. The collectives are NCCL kernels on the current
+stream (NCCL >= 2.9.6 supports capture; the communicator must exist before capture, which the
+warm-up forwards of `Graphs.capture` and `init_tp`'s `device_id` ensure); every buffer comes
+from the caching allocator (the graph pool during capture); nothing reads back to the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -20,33 +28,52 @@ from draftsmith.errors import DraftsmithError
 class TP:
     rank: int = 0
     size: int = 1
-    group: Any = None
+    group: Any = None  # a torch.distributed ProcessGroup; None = the default group
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise DraftsmithError(f"tensor-parallel rank {self.rank} of size {self.size}")
+        self.device = torch.device(self.device)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place."""
         if self.size > 1:
-            import torch.distributed as dist
-
             dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's x along the last dim (rank order)."""
         if self.size == 1:
             return x
-        import torch.distributed as dist
-
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
     def split(self, n: int, what: str) -> int:
         if n % self.size:
-            raise DraftsmithError(f"{what} = {n} is not divisible by tensor-parallel size {self.size}")
+            raise DraftsmithError(
+                f"{what} = {n} is not divisible by tensor-parallel size {self.size}"
+            )
         return n // self.size
+
+    def padded(self, n: int) -> int:
+        """Rows per rank when n rows are split with padding (the vocabulary)."""
+        return -(-n // self.size)
 
     def shard(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         if self.size == 1:
             return t
         return t.chunk(self.size, dim=dim)[self.rank]
+
+    def shard_padded(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of t (dim 0), zero-padded to `padded(len(t))` rows."""
+        local = self.padded(t.shape[0])
+        part = t[self.rank * local : (self.rank + 1) * local]
+        if part.shape[0] < local:
+            pad = part.new_zeros(local - part.shape[0], *t.shape[1:])
+            part = torch.cat([part, pad])
+        return part
 
 
 SINGLE = TP()
@@ -88,7 +115,8 @@ class VocabEmbedding(nn.Module):
     def __init__(self, vocab: int, dim: int, tp: TP = SINGLE) -> None:
         super().__init__()
         self.tp = tp
-        self.local = tp.split(vocab, "vocab_size")
+        self.vocab = vocab
+        self.local = tp.padded(vocab)
         self.start = tp.rank * self.local
         self.weight = nn.Parameter(torch.empty(self.local, dim))
 
@@ -97,9 +125,8 @@ class VocabEmbedding(nn.Module):
             return F.embedding(ids, self.weight)
         local = ids - self.start
         inside = (local >= 0) & (local < self.local)
-        out = F.embedding(local.clamp(0, self.local - 1), self.weight) * inside.unsqueeze(-1)
-        return self.tp.all_reduce(out)
-
+        out = F.embedding(local.clamp(0, self.local - 1), self.weight)
+        return self.tp.all_reduce(out * inside.unsqueeze(-1).to(out.dtype))
 
 
 class VocabHead(nn.Module):
@@ -108,8 +135,9 @@ class VocabHead(nn.Module):
     def __init__(self, dim: int, vocab: int, tp: TP = SINGLE) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(tp.split(vocab, "vocab_size"), dim))
+        self.vocab = vocab
+        self.weight = nn.Parameter(torch.empty(tp.padded(vocab), dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(F.linear(x, self.weight))
-
+        logits = self.tp.all_gather_last(F.linear(x, self.weight))
+        return logits if logits.shape[-1] == self.vocab else logits[..., : self.vocab]

@@ -1,0 +1,315 @@
+"""torch.distributed for tensor parallelism: start from torchrun's environment or spawn local
+processes, and NCCL settings that are explicit, validated and recorded.
+
+NVLink multicast (NVLS) stays off: every process group started here runs with
+NCCL_NVLS_ENABLE=0, and asking for NVLS in any form is a DraftsmithError.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.parallel import TP
+
+PROTOS = ("LL", "LL128", "Simple")
+ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "PAT")
+P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5")
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0"}
+
+
+# ---- NCCL settings -----------------------------------------------------------------------------
+
+def nccl_env(
+    proto: str | None = None,
+    algo: str | None = None,
+    p2p_level: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """NCCL_* variables for a run, validated; NCCL_NVLS_ENABLE is always "0"."""
+    env = {str(k): str(v) for k, v in (extra or {}).items()}
+    for key in env:
+        if not key.startswith("NCCL_"):
+            raise DraftsmithError(f"extra NCCL setting {key!r}: names must start with NCCL_")
+    if proto:
+        env["NCCL_PROTO"] = _check_list("NCCL_PROTO", proto, PROTOS)
+    if algo:
+        env["NCCL_ALGO"] = _check_algo(algo)
+    if p2p_level:
+        env["NCCL_P2P_LEVEL"] = _check_list("NCCL_P2P_LEVEL", p2p_level, P2P_LEVELS, single=True)
+    check_no_nvls(env)
+    return {**env, **NVLS_OFF}
+
+
+def check_no_nvls(env: dict[str, str]) -> None:
+    """Refuse any setting that would turn NVLink multicast on."""
+    if env.get("NCCL_NVLS_ENABLE", "0").strip() not in ("0", ""):
+        raise DraftsmithError(
+            f"NCCL_NVLS_ENABLE={env['NCCL_NVLS_ENABLE']}: draftsmith keeps NVLink multicast off "
+            "(NCCL_NVLS_ENABLE=0) on shared GPU machines"
+        )
+    if "NCCL_ALGO" in env:
+        _check_algo(env["NCCL_ALGO"], strict=False)
+
+
+def _check_list(name: str, value: str, allowed: tuple[str, ...], single: bool = False) -> str:
+    body = value[1:] if value.startswith("^") and not single else value
+    names = [v.strip() for v in body.split(",")] if not single else [value.strip()]
+    lower = {a.lower(): a for a in allowed}
+    bad = [v for v in names if v.lower() not in lower]
+    if bad or not names:
+        raise DraftsmithError(f"{name}={value!r}: unknown value {bad}; use {', '.join(allowed)}")
+    return value
+
+
+def _check_algo(value: str, strict: bool = True) -> str:
+    """NCCL_ALGO: 'Ring,Tree', '^Tree' or per collective 'allreduce:tree;allgather:ring'."""
+    for item in value.split(";"):
+        spec = item.split(":", 1)[-1].strip()
+        excluded = spec.startswith("^")
+        names = [v.strip() for v in spec.lstrip("^").split(",") if v.strip()]
+        if not excluded and any(v.lower().startswith("nvls") for v in names):
+            raise DraftsmithError(
+                f"NCCL_ALGO={value!r} asks for NVLS: draftsmith keeps NVLink multicast off"
+            )
+        known = {a.lower() for a in ALGOS} | {"nvls", "nvlstree"}
+        bad = [v for v in names if v.lower() not in known]
+        if bad and strict:
+            raise DraftsmithError(f"NCCL_ALGO={value!r}: unknown {bad}; use {', '.join(ALGOS)}")
+    return value
+
+
+def apply_nccl_env(env: dict[str, str]) -> None:
+    """Put settings into os.environ; NCCL reads them when a communicator starts."""
+    check_no_nvls(env)
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        raise DraftsmithError("NCCL settings must be applied before the process group starts")
+    os.environ.update(env)
+    os.environ.update(NVLS_OFF)
+
+
+def nccl_record() -> dict[str, Any]:
+    """Every NCCL setting in effect (environment and nccl.conf files) and the NCCL version."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+    record: dict[str, Any] = {"env": env, "nccl_version": _nccl_version()}
+    files = {str(p): _read_conf(p) for p in _conf_files() if p.is_file()}
+    if files:
+        record["conf_files"] = files
+    return record
+
+
+def _nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _conf_files() -> list[Path]:
+    conf = os.environ.get("NCCL_CONF_FILE")
+    return [Path(conf)] if conf else [Path.home() / ".nccl.conf", Path("/etc/nccl.conf")]
+
+
+def _read_conf(path: Path) -> dict[str, str]:
+    pairs = (ln.split("=", 1) for ln in path.read_text().splitlines() if "=" in ln)
+    return {k.strip(): v.strip() for k, v in pairs if not k.strip().startswith("#")}
+
+
+# ---- process groups ----------------------------------------------------------------------------
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None and default is not None:
+        return default
+    try:
+        return int(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise DraftsmithError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def pick_device(local_rank: int, device: str | None) -> torch.device:
+    """cuda:<local rank> when CUDA is there (or asked for), else cpu."""
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not device.startswith("cuda"):
+        raise DraftsmithError(f"device {device!r}: tensor parallelism runs on cpu or cuda")
+    if torch.cuda.device_count() <= local_rank:
+        raise DraftsmithError(
+            f"local rank {local_rank} needs cuda:{local_rank}, but "
+            f"{torch.cuda.device_count()} CUDA device(s) are visible"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
+    """Join (or start) the process group torchrun described and return this rank's TP.
+
+    Ranks are grouped in consecutive blocks of tp_size (tp_size=None: the whole world);
+    NCCL on CUDA, gloo on CPU. Without torchrun, tp_size must be 1.
+    """
+    if not under_torchrun():
+        if tp_size not in (None, 1):
+            raise DraftsmithError(
+                f"tensor-parallel size {tp_size} needs {tp_size} processes: run under "
+                f"`torchrun --nproc-per-node {tp_size}` or through draftsmith.dist.launch_tp"
+            )
+        return TP(device=pick_device(0, device))
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    size = world if tp_size is None else tp_size
+    if size < 1 or world % size:
+        raise DraftsmithError(f"tensor-parallel size {size} does not divide world size {world}")
+    dev = pick_device(_env_int("LOCAL_RANK", rank), device)
+    _start_group(rank, world, dev)
+    return TP(rank % size, size, _tp_group(rank, world, size), dev)
+
+
+def _start_group(rank: int, world: int, dev: torch.device) -> None:
+    if dist.is_initialized():
+        return
+    if dev.type == "cuda":
+        apply_nccl_env({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+        torch.cuda.set_device(dev)
+        # device_id starts the communicator now, not inside a CUDA-graph capture.
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _tp_group(rank: int, world: int, size: int) -> Any:
+    if size == world:
+        return dist.group.WORLD
+    mine = None
+    for start in range(0, world, size):  # every rank must create every group, in order
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            mine = group
+    return mine
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- launching ---------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *args: Any,
+    device: str | None = "cpu",
+    timeout_s: float | None = None,
+) -> list[Any]:
+    """Run fn(tp, *args) in nprocs fresh local processes (one TP group); results by rank.
+
+    fn must be importable (a module-level function); args and results travel pickled. A
+    DraftsmithError in any rank is raised here as one; other failures as RuntimeError.
+    """
+    import multiprocessing as mp
+
+    if nprocs < 1:
+        raise DraftsmithError(f"cannot spawn {nprocs} processes")
+    payload = pickle.dumps((fn, args))
+    ctx = mp.get_context("spawn")
+    results: queue.Queue = ctx.Queue()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
+    procs = [
+        ctx.Process(target=_worker, args=(r, env, device, payload, results), daemon=True)
+        for r in range(nprocs)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(procs, results, timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+
+
+def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, out) -> None:
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    n = int(env["WORLD_SIZE"])
+    try:
+        fn, args = pickle.loads(payload)
+        tp = init_tp(n, device)
+        if tp.device.type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+        out.put((rank, "ok", pickle.dumps(fn(tp, *args))))
+    except DraftsmithError as e:
+        out.put((rank, "draftsmith", str(e)))
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        shutdown()
+
+
+def _collect(procs: list, results: queue.Queue, timeout_s: float | None) -> list[Any]:
+    import time
+
+    done: dict[int, Any] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while len(done) < len(procs):
+        if deadline is not None and time.monotonic() > deadline:
+            left = sorted(set(range(len(procs))) - set(done))
+            raise RuntimeError(f"spawned ranks {left} did not finish within {timeout_s} s")
+        msg = _next_message(procs, results, done)
+        if msg is None:
+            continue
+        rank, kind, body = msg
+        if kind == "draftsmith":
+            raise DraftsmithError(f"rank {rank}: {body}")
+        if kind == "error":
+            raise RuntimeError(f"rank {rank} failed:\n{body}")
+        done[rank] = pickle.loads(body)
+    return [done[r] for r in range(len(procs))]
+
+
+def _next_message(procs: list, results: queue.Queue, done: dict[int, Any]) -> tuple | None:
+    try:
+        return results.get(timeout=1.0)
+    except queue.Empty:
+        pass
+    dead = [i for i, p in enumerate(procs) if i not in done and p.exitcode not in (None, 0)]
+    if dead:
+        raise RuntimeError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode})")
+    return None
+
+
+def launch_tp(fn: Callable[..., Any], tp_size: int, *args: Any, device: str | None = None) -> Any:
+    """fn(tp, *args) over tp_size ranks: in this process under torchrun (every rank returns its
+    own result), directly for tp_size 1, else spawned locally (rank 0's result comes back).
+
+    device None: CUDA when this host has tp_size GPUs, else CPU (gloo).
+    """
+    if tp_size < 1:
+        raise DraftsmithError(f"--tp must be >= 1, got {tp_size}")
+    if under_torchrun() or tp_size == 1:
+        return fn(init_tp(tp_size, device), *args)
+    if device is None:
+        device = "cuda" if torch.cuda.device_count() >= tp_size else "cpu"
+    return spawn(fn, tp_size, *args, device=device)[0]

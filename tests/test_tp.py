@@ -1,0 +1,128 @@
+"""Tensor parallelism on CPU over gloo: 2 and 4 processes give the single-process answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+from draftsmith.dist import launch_tp, spawn
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.config import ModelConfig
+from draftsmith.models.llama import Transformer
+from draftsmith.models.parallel import SINGLE, TP
+
+GQA8 = dict(num_attention_heads=8, num_key_value_heads=4)
+CASES = {  # name: (arch, HF config overrides, drop lm_head.weight from the checkpoint)
+    "llama": ("llama", {}, False),  # 4 heads / 2 kv heads: TP 2 only
+    "llama8": ("llama", GQA8, False),
+    "qwen2_bias": ("qwen2", GQA8, False),
+    "qwen3": ("qwen3", GQA8, False),
+    "tied_odd_vocab": ("llama", {**GQA8, "tie_word_embeddings": True, "vocab_size": 130}, True),
+}
+PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61]]
+NEW = 12
+
+
+def make_case(name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    arch, over, drop_head = CASES[name]
+    hf = tiny_hf_model(arch, seed=3, num_hidden_layers=4, **over)
+    weights = {k: v.clone() for k, v in hf.state_dict().items()}
+    if drop_head:
+        weights.pop("lm_head.weight")
+    return ModelConfig.from_hf(hf.config.to_dict()), weights
+
+
+def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict:
+    """Everything compared between TP and one process, computed on this rank."""
+    from draftsmith.engine.generate import generate
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.models.loading import build_model
+
+    model = build_model(cfg, weights, torch.float32, tp.device, tp)
+    ids = torch.arange(13).repeat(2, 1) * 7 % 97 + 3
+    pos = torch.arange(13).expand(2, 13)
+    with torch.no_grad():
+        out = model(ids, pos, aux_ids=(-1, 1, 3))
+        rt = Runtime(model, max_batch=2, max_seq=32)
+        cached = torch.cat([rt.forward(ids[:, :6], pos[:, :6]).logits,
+                            rt.forward(ids[:, 6:], pos[:, 6:]).logits], 1)
+    return {
+        "logits": out.logits, "aux": out.aux, "hidden": out.hidden, "cached": cached,
+        "tokens": generate(model, PROMPTS, NEW, eos_ids=[]),
+        "tied": model.lm_head.weight is model.embed.weight,
+        "kv_heads": model.layers[0].attn.kv_heads,
+    }
+
+
+def run_cases(tp: TP, cases: dict[str, tuple]) -> dict[str, dict]:
+    return {name: run_case(tp, *case) for name, case in cases.items()}
+
+
+def check_equal(single: dict, sharded: dict, tp_size: int) -> None:
+    for key in ("logits", "aux", "hidden", "cached"):
+        assert sharded[key].shape == single[key].shape, key
+        assert torch.allclose(sharded[key], single[key], atol=1e-5, rtol=0), key
+    assert sharded["tokens"] == single["tokens"]
+    assert sharded["tied"] == single["tied"]
+    assert sharded["kv_heads"] * tp_size == single["kv_heads"]
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, tuple]:
+    return {name: make_case(name) for name in CASES}
+
+
+@pytest.fixture(scope="module")
+def single(cases) -> dict[str, dict]:
+    return run_cases(SINGLE, cases)
+
+
+def test_tp2_through_launch_tp_matches_single_process(cases, single):
+    got = launch_tp(run_cases, 2, cases, device="cpu")
+    for name in CASES:
+        check_equal(single[name], got[name], 2)
+    assert single["tied_odd_vocab"]["tied"]
+
+
+def test_tp4_every_rank_matches_single_process(cases, single):
+    four = {k: v for k, v in cases.items() if k != "llama"}
+    ranks = spawn(run_cases, 4, four, device="cpu", timeout_s=120)
+    for out in ranks:
+        for name in four:
+            check_equal(single[name], out[name], 4)
+
+
+@pytest.mark.parametrize(
+    ("over", "size", "what"),
+    [
+        ({}, 3, "num_attention_heads = 4"),
+        ({"num_attention_heads": 8, "num_key_value_heads": 2}, 4, "num_key_value_heads = 2"),
+        ({**GQA8, "intermediate_size": 130}, 4, "intermediate_size = 130"),
+    ],
+)
+def test_indivisible_shapes_are_refused(over, size, what):
+    cfg = ModelConfig.from_hf(tiny_hf_model("llama", **over).config.to_dict())
+    with pytest.raises(DraftsmithError, match=what), torch.device("meta"):
+        Transformer(cfg, TP(1, size))
+
+
+def test_rank_errors_reach_the_caller():
+    with pytest.raises(DraftsmithError, match="rank 0: .*not divisible"):
+        spawn(_build_with_three_heads, 1, device="cpu", timeout_s=60)
+
+
+def _build_with_three_heads(tp: TP) -> None:
+    cfg = ModelConfig(arch="llama", vocab_size=16, hidden_size=12, intermediate_size=8,
+                      num_layers=1, num_heads=3, num_kv_heads=3, head_dim=4)
+    Transformer(cfg, TP(tp.rank, 2))
+
+
+def test_tp_without_torchrun_is_refused(monkeypatch):
+    from draftsmith.dist import init_tp
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(DraftsmithError, match="torchrun --nproc-per-node 2"):
+        init_tp(2)
+    assert init_tp(1, "cpu").size == 1
