@@ -67,7 +67,10 @@ class DecodeState:
         self.done.copy_(torch.isin(first, self.eos))
 
     def step(self) -> None:
-        logits = self.rt.model(self.tok, self.pos, self.caches).logits[:, -1]
+        rt = self.rt
+        graphed = rt.graphs is not None
+        logits = rt.model(self.tok, self.pos, self.caches, compiled=rt.compiled and graphed)
+        logits = logits.logits[:, -1]
         nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
         self.done |= torch.isin(nxt, self.eos)

@@ -35,6 +35,7 @@ class Runtime:
                     torch.zeros(shape, dtype=p.dtype, device=p.device))
             for _ in model.layers
         ]
+        self.compiled = compile
         if compile:
             compile_layers(model)
         use = p.device.type == "cuda" if graphs is None else graphs
@@ -112,7 +113,7 @@ class Runtime:
         def fn() -> ForwardOut:
             return self.model(
                 static["tokens"], static["positions"], caches, static.get("slots"),
-                static.get("mask"), aux_ids, None, want_logits,
+                static.get("mask"), aux_ids, None, want_logits, self.compiled,
             )
 
         with torch.no_grad():
@@ -121,10 +122,12 @@ class Runtime:
 
 
 def compile_layers(model) -> None:
-    """torch.compile each decoder layer (fusing its elementwise work); the layers share one
-    compiled artifact because parameters are graph inputs. Our own CUDA graphs wrap it."""
-    if getattr(model, "_compiled", False):
+    """torch.compile each decoder layer (fusing its elementwise work) for graphed shapes; the
+    layers share one compiled artifact because parameters are graph inputs. Eager calls
+    (prefill of any length) keep the plain layers, so they never trigger a recompile."""
+    if model.compiled:
         return
-    for layer in model.layers:
-        layer.compile(dynamic=False, fullgraph=True)
-    model._compiled = True
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    model.compiled = [torch.compile(layer, fullgraph=True) for layer in model.layers]

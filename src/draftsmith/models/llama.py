@@ -86,7 +86,7 @@ class Attention(nn.Module):
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
             out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
-            out = out.view(b, self.heads, q_len, self.d)
+            out = out.reshape(b, self.heads, q_len, self.d)
         return self.o(out.transpose(1, 2).reshape(b, q_len, self.heads * self.d))
 
 
@@ -132,6 +132,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = VocabHead(cfg.hidden_size, cfg.vocab_size, tp)
         self.register_buffer("inv_freq", torch.tensor(cfg.inv_freq()), persistent=False)
+        self.compiled: list = []  # torch.compile'd layers, used only where `compiled=True`
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.unsqueeze(-1).float() * self.inv_freq.float()
@@ -148,12 +149,14 @@ class Transformer(nn.Module):
         aux_ids: tuple[int, ...] = (),
         logits_at: torch.Tensor | None = None,
         want_logits: bool = True,
+        compiled: bool = False,
     ) -> ForwardOut:
         """tokens, positions: [B, Q]. Without caches, attention is causal over Q alone.
 
         mask: [B, 1, Q, S] bool (True = attend). With caches and no mask, token q of row b
         attends to slots <= positions[b, q]. Without caches, a mask is [B, 1, Q, Q]. logits_at: [B] index of the one position per row
-        whose logits are wanted (prefill); None gives all positions.
+        whose logits are wanted (prefill); None gives all positions. compiled: run the
+        torch.compile'd layers (for shapes that are captured into CUDA graphs).
         """
         h = self.embed(tokens)
         cos, sin = self.rope(positions, h.dtype)
@@ -167,7 +170,8 @@ class Transformer(nn.Module):
         aux: list[torch.Tensor | None] = [None] * len(aux_ids)
         if -1 in want:
             aux[want[-1]] = h
-        for j, layer in enumerate(self.layers):
+        layers = self.compiled if compiled and self.compiled else self.layers
+        for j, layer in enumerate(layers):
             cache = caches[j] if caches is not None else None
             h = layer(h, cos, sin, cache, slots, mask)
             if j in want:
