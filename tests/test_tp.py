@@ -37,6 +37,7 @@ def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     """Everything compared between TP and one process, computed on this rank."""
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.loading import build_model
 
     model = build_model(cfg, weights, torch.float32, tp.device, tp)
@@ -47,9 +48,12 @@ def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
         rt = Runtime(model, max_batch=2, max_seq=32)
         cached = torch.cat([rt.forward(ids[:, :6], pos[:, :6]).logits,
                             rt.forward(ids[:, 6:], pos[:, 6:]).logits], 1)
+    greedy = generate(model, PROMPTS, NEW, eos_ids=[])
+    torch.manual_seed(0)  # every rank draws the same noise, as a TP deployment must
+    sampled = generate(model, PROMPTS, NEW, SamplingParams(temperature=1.0), eos_ids=[])
     return {
         "logits": out.logits, "aux": out.aux, "hidden": out.hidden, "cached": cached,
-        "tokens": generate(model, PROMPTS, NEW, eos_ids=[]),
+        "tokens": greedy, "sampled": sampled,
         "tied": model.lm_head.weight is model.embed.weight,
         "kv_heads": model.layers[0].attn.kv_heads,
     }
@@ -64,6 +68,7 @@ def check_equal(single: dict, sharded: dict, tp_size: int) -> None:
         assert sharded[key].shape == single[key].shape, key
         assert torch.allclose(sharded[key], single[key], atol=1e-5, rtol=0), key
     assert sharded["tokens"] == single["tokens"]
+    assert sharded["sampled"] == single["sampled"]
     assert sharded["tied"] == single["tied"]
     assert sharded["kv_heads"] * tp_size == single["kv_heads"]
 

@@ -1,0 +1,253 @@
+"""All-reduce micro-benchmark at a model's shapes: [batch * q, hidden] activations, the tensor
+every row-parallel layer of a TP forward sums. Eager and CUDA-graphed (a batch of all-reduces
+captured in one graph, as a graphed verify step replays them), with the NCCL settings in effect.
+
+GPUs:  torchrun --nproc-per-node 8 -m draftsmith.bench.allreduce --hidden 4096 --layers 32
+       (or `draftsmith bench-allreduce --tp 8`, which spawns the ranks itself)
+CPU:   draftsmith bench-allreduce --tp 2 --device cpu   (gloo; a smoke test, eager only)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import typer
+
+from draftsmith.dist import apply_nccl_env, free_port, launch_tp, nccl_env, nccl_record
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.parallel import TP
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _slowest(tp: TP, seconds: float) -> float:
+    """The largest time over ranks: an all-reduce is done when the last rank is."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=tp.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=tp.group)
+    return float(t.item())
+
+
+def time_eager(tp: TP, x: torch.Tensor, iters: int, warmup: int = 5) -> float:
+    """Seconds per eager all-reduce of x."""
+    for _ in range(warmup):
+        dist.all_reduce(x, group=tp.group)
+    _sync(x.device)
+    dist.barrier(group=tp.group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x, group=tp.group)
+    _sync(x.device)
+    return _slowest(tp, time.perf_counter() - t0) / iters
+
+
+def time_graphed(tp: TP, x: torch.Tensor, iters: int, ops: int) -> float:
+    """Seconds per all-reduce when `ops` of them are replayed as one CUDA graph."""
+    stream = torch.cuda.Stream(x.device)
+    stream.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            dist.all_reduce(x, group=tp.group)
+    torch.cuda.current_stream(x.device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(ops):
+            dist.all_reduce(x, group=tp.group)
+    graph.replay()
+    _sync(x.device)
+    dist.barrier(group=tp.group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        graph.replay()
+    _sync(x.device)
+    elapsed = _slowest(tp, time.perf_counter() - t0)
+    del graph
+    return elapsed / (iters * ops)
+
+
+def measure(
+    tp: TP,
+    hidden: int,
+    batches: list[int],
+    qs: list[int],
+    dtype: torch.dtype = torch.bfloat16,
+    iters: int = 100,
+    graph_ops: int = 64,
+    layers: int = 32,
+) -> list[dict[str, Any]]:
+    """One row per (batch, q): µs per all-reduce eager and graphed, bus bandwidth, and the
+    all-reduce time of one forward (2 per layer + 1 for the vocab-parallel embedding)."""
+    rows = []
+    graphed = tp.device.type == "cuda"
+    for b in batches:
+        for q in qs:
+            x = torch.zeros(b * q, hidden, dtype=dtype, device=tp.device)  # zeros never overflow
+            eager = time_eager(tp, x, iters)
+            graph = time_graphed(tp, x, iters, graph_ops) if graphed else None
+            rows.append(_row(tp.size, b, q, x, eager, graph, layers))
+    return rows
+
+
+def _row(n: int, b: int, q: int, x: torch.Tensor, eager: float, graph: float | None,
+         layers: int) -> dict[str, Any]:
+    size = x.numel() * x.element_size()
+    best = graph if graph is not None else eager
+    return {
+        "batch": b, "q": q, "tokens": b * q, "bytes": size,
+        "eager_us": round(eager * 1e6, 2),
+        "graph_us": None if graph is None else round(graph * 1e6, 2),
+        "busbw_GBps": round(size / best * 2 * (n - 1) / n / 1e9, 3),
+        "per_forward_us": round(best * (2 * layers + 1) * 1e6, 1),
+    }
+
+
+@contextlib.contextmanager
+def _group(tp: TP) -> Iterator[TP]:
+    """A one-rank group when nothing else started one, so --tp 1 measures too."""
+    if dist.is_initialized():
+        yield tp
+        return
+    backend = "nccl" if tp.device.type == "cuda" else "gloo"
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    dist.init_process_group(backend, store=store, rank=0, world_size=1,
+                            device_id=tp.device if backend == "nccl" else None)
+    try:
+        yield TP(0, 1, dist.group.WORLD, tp.device)
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_rank(tp: TP, opts: dict[str, Any]) -> dict[str, Any]:
+    """What every rank runs; returns the full result (rows identical on every rank)."""
+    with _group(tp) as g:
+        rows = measure(g, opts["hidden"], opts["batches"], opts["qs"], DTYPES[opts["dtype"]],
+                       opts["iters"], opts["graph_ops"], opts["layers"])
+        return {
+            "bench": "allreduce", "world": g.size, "device": _device_name(g.device),
+            "backend": dist.get_backend(g.group), "dtype": opts["dtype"],
+            "hidden": opts["hidden"], "layers": opts["layers"], "graph_ops": opts["graph_ops"],
+            "iters": opts["iters"], "nccl": nccl_record(), "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv), "rows": rows,
+        }
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def print_result(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"all-reduce, {res['world']} x {res['device']}, {res['dtype']}, "
+                        f"hidden {res['hidden']}, NCCL {res['nccl']['env']}")
+    cols = ["batch", "q", "tokens", "bytes", "eager_us", "graph_us", "busbw_GBps",
+            "per_forward_us"]
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in res["rows"]:
+        table.add_row(*("-" if r[c] is None else str(r[c]) for c in cols))
+    Console(stderr=False).print(table)
+    print(json.dumps(res))
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise DraftsmithError(f"{what} {text!r}: expected comma-separated integers") from None
+    if not vals or min(vals) < 1:
+        raise DraftsmithError(f"{what} {text!r}: expected positive integers")
+    return vals
+
+
+def _shape_from_target(target: str) -> tuple[int, int]:
+    from draftsmith.models.config import ModelConfig
+    from draftsmith.targets import hf, load_target
+
+    path = Path(target)
+    cfg = ModelConfig.from_hf(hf.read_config(path)) if path.is_dir() else load_target(target).cfg
+    return cfg.hidden_size, cfg.num_layers
+
+
+def _extra(pairs: list[str] | None) -> dict[str, str]:
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise DraftsmithError(f"--nccl {p!r}: expected NCCL_NAME=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def allreduce_bench(
+    hidden: int = typer.Option(4096, help="Activation width (the target's hidden size)"),
+    layers: int = typer.Option(32, help="Decoder layers, for the per-forward estimate"),
+    target: str = typer.Option(None, help="Take hidden size and layers from this target"),
+    batch: str = typer.Option("1,8,32", help="Batch sizes, comma-separated"),
+    q: str = typer.Option("1,4,8,16", help="Tokens per row (1 = decode, >1 = verify)"),
+    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32"),
+    iters: int = typer.Option(100, help="Timed all-reduces (eager) or replays (graphed)"),
+    graph_ops: int = typer.Option(64, "--graph-ops", help="All-reduces captured per graph"),
+    tp: int = typer.Option(0, "--tp", help="Ranks (0 = torchrun's world or every visible GPU)"),
+    device: str = typer.Option("auto", help="cuda, cpu or auto"),
+    nccl_proto: str = typer.Option(None, "--nccl-proto", help="NCCL_PROTO, e.g. LL,LL128"),
+    nccl_algo: str = typer.Option(None, "--nccl-algo", help="NCCL_ALGO, e.g. Ring or Tree"),
+    nccl_p2p_level: str = typer.Option(None, "--nccl-p2p-level", help="NCCL_P2P_LEVEL"),
+    nccl: list[str] = typer.Option(None, "--nccl", help="Any NCCL_NAME=VALUE (repeatable)"),
+    out: Path = typer.Option(None, help="Append the JSON line to this file"),
+) -> None:
+    """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
+    if dtype not in DTYPES:
+        raise DraftsmithError(f"--dtype {dtype!r}: use one of {sorted(DTYPES)}")
+    if target:
+        hidden, layers = _shape_from_target(target)
+    opts = {"hidden": hidden, "layers": layers, "batches": _ints(batch, "--batch"),
+            "qs": _ints(q, "--q"), "dtype": dtype, "iters": iters, "graph_ops": graph_ops}
+    apply_nccl_env(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl)))
+    dev = None if device == "auto" else device
+    size = tp or _default_size(dev)
+    res = launch_tp(bench_rank, size, opts, device=dev)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print_result(res)
+        if out:
+            with out.open("a") as f:
+                f.write(json.dumps(res) + "\n")
+
+
+def _default_size(device: str | None) -> int:
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 1
+
+
+def main() -> None:
+    try:
+        typer.run(allreduce_bench)
+    except DraftsmithError as e:
+        print(f"draftsmith: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
