@@ -46,10 +46,11 @@ WORDS = {
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's usual low/mid/high choice, canonical: outputs of 1, L//2-1, L-4."""
-    if num_layers < 5:
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
+    if num_layers < 5 or len(set(ids)) < 3:  # e.g. L=6 would give [1, 2, 2]
         ids = sorted({0, max(0, num_layers // 2 - 1), max(0, num_layers - 2)})
         return validate(ids, num_layers)
-    return [1, num_layers // 2 - 1, num_layers - 4]
+    return ids
 
 
 def validate(ids: list[int], num_layers: int) -> list[int]:
