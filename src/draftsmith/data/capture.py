@@ -187,6 +187,8 @@ def capture(
     rank, world = dist_env()
     ids = validate(cfg.aux_layer_ids or default_aux_layers(target.cfg.num_layers),
                    target.cfg.num_layers)
+    if len(set(ids)) < len(ids):
+        raise DraftsmithError(f"aux layer ids {ids} repeat a layer")
     tok = target.tokenizer
     p = plan(tok, convs, cfg)
     if not p.kept:

@@ -240,3 +240,25 @@ def write_jsonl(path: str | Path, convs: Iterable[Conversation]) -> int:
     lines = [json.dumps(c.to_json(), ensure_ascii=False) for c in convs]
     atomic_write(Path(path), ("\n".join(lines) + ("\n" if lines else "")).encode())
     return len(lines)
+
+
+def read_jsonl_tail_safe(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSONL this tool appends to; a last line cut short by a kill is dropped
+    (and cut from the file, so appending continues cleanly)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    out = []
+    for i, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DraftsmithError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+    return out

@@ -1,0 +1,299 @@
+"""`draftsmith data ...`: prompts, regenerate, capture, inspect, vocab, merge, make."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from draftsmith.errors import DraftsmithError
+
+app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
+err = Console(stderr=True)
+
+TARGET = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'")
+DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)")
+STRICT = typer.Option(False, "--strict", help="Stop at the first malformed record")
+TOO_LONG = typer.Option("truncate", "--too-long", help="truncate or skip")
+
+
+def command_line() -> str:
+    return shlex.join(["draftsmith", *sys.argv[1:]])
+
+
+def say(msg: str) -> None:
+    err.print(msg, highlight=False, markup=False)
+
+
+def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
+    from draftsmith.cli import dtype_of, pick_device
+
+    dev = pick_device(device)
+    if dtype == "auto":
+        dtype = "float32" if dev == "cpu" else "bfloat16"
+    return dev, dtype_of(dtype)
+
+
+def parse_layers(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise DraftsmithError(f"--aux-layers {text!r}: expected comma-separated integers") from None
+
+
+def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
+    from draftsmith.data.prompts import load_prompts
+
+    convs, seen = [], set()
+    for src in sources:
+        ps = load_prompts(src, strict)
+        for p in ps.problems[:20]:
+            say(f"warning: skipped {p}")
+        if len(ps.problems) > 20:
+            say(f"warning: ... {len(ps.problems) - 20} more malformed records skipped")
+        new = [c for c in ps.conversations if c.id not in seen]
+        seen.update(c.id for c in new)
+        dup = ps.duplicates + len(ps.conversations) - len(new)
+        say(f"{src}: {len(new)} conversations, {len(ps.problems)} malformed skipped, "
+            f"{dup} duplicates dropped")
+        convs += new
+    if not convs:
+        raise DraftsmithError(f"no conversations in {', '.join(sources)}")
+    return convs[:limit] if limit else convs
+
+
+@app.command()
+def prompts(
+    sources: list[str] = typer.Argument(None, help="JSONL/JSON/Parquet files, datasets folders, "
+                                        "or 'humaneval'"),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL of conversations"),
+    self_made: int = typer.Option(0, "--self-made", help="Have the target write N prompts"),
+    strict: bool = STRICT,
+    limit: int = typer.Option(0, help="Keep at most this many (0: all)"),
+    target: str = TARGET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    batch_size: int = typer.Option(32, "--batch-size"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    min_chars: int = typer.Option(12, "--min-chars"),
+    max_chars: int = typer.Option(2000, "--max-chars"),
+    temperature: float = typer.Option(1.0),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    system: str = typer.Option(None, help="System message for self-made prompts"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Collect prompts from files, HumanEval, or the target itself (--self-made N)."""
+    from draftsmith.data.prompts import write_jsonl
+
+    if self_made:
+        from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+        from draftsmith.targets import load_target
+
+        dev, dt = device_dtype(device, dtype)
+        cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
+                           temperature, top_p, seed, system)
+        stats = self_made_prompts(load_target(target), out, cfg, device=dev, dtype=dt, log=say)
+        say(f"{out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+        return
+    if not sources:
+        raise DraftsmithError("give prompt sources (files, folders, 'humaneval') or --self-made N")
+    n = write_jsonl(out, read_sources(sources, strict, limit))
+    say(f"{out}: {n} conversations")
+
+
+@app.command()
+def regenerate(
+    source: str = typer.Argument(..., help="Prompts (any format `data prompts` reads)"),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (appended; reruns resume)"),
+    base_url: str = typer.Option(None, "--base-url", help="OpenAI-compatible server, e.g. "
+                                 "http://host:30000/v1 (default: the built-in engine)"),
+    model: str = typer.Option(None, "--model", help="Model name on the server"),
+    concurrency: int = typer.Option(16, help="Requests in flight (server backend)"),
+    retries: int = typer.Option(5, help="Retries per request with exponential backoff"),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY"),
+    target: str = TARGET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    batch_size: int = typer.Option(16, "--batch-size"),
+    max_len: int = typer.Option(2048, "--max-len", help="Prompt + answer tokens"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
+    temperature: float = typer.Option(0.8),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    too_long: str = TOO_LONG,
+    seed: int = typer.Option(0),
+    strict: bool = STRICT,
+    limit: int = typer.Option(0),
+) -> None:
+    """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
+    from draftsmith.data.regenerate import RegenConfig, regenerate_file
+
+    cfg = RegenConfig(max_new_tokens, max_len, too_long, batch_size, temperature, top_p, top_k,
+                      seed)
+    convs = read_sources([source], strict, limit)
+    dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
+    regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
+                    api_key, log=say)
+
+
+@app.command()
+def capture(
+    source: str = typer.Argument(..., help="Conversations JSONL (usually from `regenerate`)"),
+    out: Path = typer.Option(..., "--out", "-o", help="Dataset folder"),
+    target: str = TARGET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    batch_size: int = typer.Option(8, "--batch-size"),
+    max_len: int = typer.Option(2048, "--max-len"),
+    aux_layers: str = typer.Option(None, "--aux-layers", help="Canonical ids (output of layer "
+                                   "j, 0-based, -1 = embeddings), e.g. 1,14,26"),
+    shard_size: int = typer.Option(256, "--shard-size", help="Samples per shard"),
+    too_long: str = TOO_LONG,
+    overwrite: bool = typer.Option(False, help="Delete this folder's shards first"),
+    strict: bool = STRICT,
+) -> None:
+    """Teacher-forced capture of aux and final hidden states into shards (resumable)."""
+    from draftsmith.data.capture import CaptureConfig, clean
+    from draftsmith.data.capture import capture as run
+    from draftsmith.targets import load_target
+
+    dev, dt = device_dtype(device, dtype)
+    cfg = CaptureConfig(parse_layers(aux_layers), batch_size, max_len, too_long, shard_size,
+                        dt, dev)
+    convs = read_sources([source], strict)
+    if overwrite:
+        clean(out)
+    m = run(load_target(target), convs, out, cfg, command=command_line(), log=say)
+    say(f"{out}: {m['totals']['samples']} samples, {m['totals']['tokens']} tokens, "
+        f"{m['totals']['shards']} shards" + ("" if m.get("complete") and m.get("rank", 0) in
+                                             (0, None) else " (this rank)"))
+
+
+@app.command()
+def merge(folder: Path = typer.Argument(..., help="Capture folder holding rank-R/")) -> None:
+    """Merge the per-rank manifests of a multi-process capture into one."""
+    from draftsmith.data.capture import try_merge
+
+    m = try_merge(folder)
+    if m is None:
+        raise DraftsmithError(f"{folder}: not every rank has finished; rerun the missing ranks")
+    say(f"{folder}: merged {m['totals']['shards']} shards, {m['totals']['samples']} samples")
+
+
+@app.command()
+def inspect(
+    folder: Path = typer.Argument(..., help="Dataset folder"),
+    as_json: bool = typer.Option(False, "--json"),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the sha256 checks"),
+) -> None:
+    """Counts, token statistics, the layer convention, and a check of every shard."""
+    from draftsmith.data.shards import Dataset, verify
+
+    ds = Dataset(folder)
+    info = describe(ds)
+    if not no_verify:
+        verify(folder)
+        info["verified"] = f"all {len(ds.shards)} shards match the manifest (sha256, shapes)"
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    table = Table(title=str(folder), show_header=False)
+    for k, v in info.items():
+        table.add_row(k, v if isinstance(v, str) else json.dumps(v))
+    Console().print(table)
+
+
+def describe(ds: Any) -> dict[str, Any]:
+    from draftsmith.layers import WORDS, Convention, to_convention
+
+    m, t = ds.manifest, ds.manifest["totals"]
+    lens = ds.lengths()
+    ids, layers = m["aux_layer_ids"], m["target"]["num_layers"]
+    return {
+        "complete": m.get("complete", False),
+        "target": f"{m['target']['source']} (fingerprint {m['target']['fingerprint']})",
+        "samples": t["samples"], "shards": t["shards"], "bytes": t["bytes"],
+        "tokens": t["tokens"],
+        "loss tokens": f"{t['loss_tokens']} ({t['loss_tokens'] / max(t['tokens'], 1):.1%})",
+        "sample length": (f"min {min(lens)}, median {statistics.median(lens):g}, "
+                          f"mean {statistics.fmean(lens):.1f}, max {max(lens)}") if lens else "-",
+        "aux layer ids": f"{ids}: {m['aux_convention']}",
+        "same layers for vLLM/speculators": (f"{to_convention(ids, 'vllm', layers)} "
+                                             f"({WORDS[Convention.VLLM]})"),
+        "stored": f"aux [T, {len(ids)}, {m['hidden_size']}] and final hidden (after the final "
+                  f"norm) [T, {m['hidden_size']}], {m['dtype']}",
+        "skipped inputs": m.get("input", {}).get("skipped", {}),
+        "commands": m.get("commands", []),
+    }
+
+
+@app.command()
+def vocab(
+    source: Path = typer.Argument(..., help="Dataset folder, or conversations JSONL"),
+    size: int = typer.Option(32000, "--size", help="Draft vocabulary size"),
+    out: Path = typer.Option(None, "--out", "-o", help="Folder (default: the dataset folder)"),
+    target: str = TARGET,
+) -> None:
+    """Top-N loss-masked tokens -> draft vocabulary (d2t/t2d) and the coverage it reaches."""
+    from draftsmith.data import vocab as V
+
+    if source.is_dir():
+        from draftsmith.data.shards import read_manifest
+
+        m = read_manifest(source)
+        counts, vsize = V.count_dataset(source), int(m["vocab_size"])
+        made_from = {"dataset": str(source), "target": m["target"]["fingerprint"]}
+    else:
+        from draftsmith.data.chat import encode
+        from draftsmith.targets import load_target
+
+        t = load_target(target)
+        vsize = t.cfg.vocab_size
+        convs = read_sources([str(source)], False)
+        counts = V.count_ids((encode(t.tokenizer, c.messages) for c in convs), vsize)
+        made_from = {"conversations": str(source), "target": t.fingerprint}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        v = V.build_vocab(counts, size, vsize)
+    for w in caught:
+        say(f"warning: {w.message}")
+    path = V.save_vocab(v, out or (source if source.is_dir() else source.parent),
+                        {"made_from": made_from, "command": command_line()})
+    say(f"{path}: draft vocab {v.used.numel()} of {vsize}, coverage {v.coverage:.2%} of "
+        f"{v.counted} assistant tokens ({v.distinct} distinct)")
+    for n, c in V.coverage_table(counts, [1024, 4096, 8192, 16384, 32000, 65536]):
+        if n < vsize:
+            say(f"  top {n}: {c:.2%}")
+
+
+@app.command()
+def make(
+    out: Path = typer.Argument(..., help="Folder for prompts.jsonl, answers.jsonl, dataset/"),
+    n: int = typer.Option(2000, "--n", help="Self-made conversations"),
+    target: str = TARGET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    batch_size: int = typer.Option(32, "--batch-size"),
+    max_len: int = typer.Option(2048, "--max-len"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
+    aux_layers: str = typer.Option(None, "--aux-layers"),
+    vocab_size: int = typer.Option(32000, "--vocab-size"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume)."""
+    from draftsmith.data.pipeline import make_dataset
+
+    dev, dt = device_dtype(device, dtype)
+    make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
+                 parse_layers(aux_layers), vocab_size, seed, command_line(), say)

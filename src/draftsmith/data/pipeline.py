@@ -1,0 +1,85 @@
+"""`data make`: self-made prompts -> regenerated answers -> captured shards -> draft vocab.
+
+Every stage resumes on its own (appended JSONL, manifest of finished shards), so rerunning the
+same command skips what is finished. Stage times go to `make.json` beside the data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.data.shards import write_json
+
+
+def make_dataset(
+    out: str | Path,
+    n: int,
+    target: str = "default",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch_size: int = 32,
+    max_len: int = 2048,
+    max_new_tokens: int = 512,
+    aux_layers: list[int] | None = None,
+    vocab_size: int = 32000,
+    seed: int = 0,
+    command: str = "draftsmith.data.pipeline.make_dataset()",
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+) -> dict[str, Any]:
+    from draftsmith.data.capture import CaptureConfig, capture
+    from draftsmith.data.prompts import read_prompts
+    from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
+    from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+    from draftsmith.targets import load_target
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "make.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record.setdefault("commands", [])
+    if command not in record["commands"]:
+        record["commands"].append(command)
+    t = load_target(target)
+    model = t.build(dtype, device)
+    record.update(target=t.source, fingerprint=t.fingerprint, device=device,
+                  dtype=str(dtype).removeprefix("torch."), n=n)
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        log(f"== {name}")
+        t0 = time.perf_counter()
+        result = fn()
+        record.setdefault("stages", {})[name] = {"seconds": round(time.perf_counter() - t0, 2),
+                                                 "result": result}
+        write_json(record_path, record)
+        return result
+
+    prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
+    magpie = MagpieConfig(n, batch_size, seed=seed)
+    stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
+                                               log=log))
+    regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)
+    stage("regenerate", lambda: regenerate(read_prompts(prompts), answers,
+                                           EngineBackend(t, model, regen), t.tokenizer, regen,
+                                           progress, log))
+    cap = CaptureConfig(aux_layers, max(1, batch_size // 4), max_len, dtype=dtype, device=device)
+    m = stage("capture", lambda: capture(t, read_prompts(answers), data, cap, command, log,
+                                         progress, model=model)["totals"])
+    stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
+    log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
+    return record
+
+
+def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None]) -> dict:
+    from draftsmith.data.vocab import build_vocab, count_dataset, save_vocab
+
+    v = build_vocab(count_dataset(data, target_vocab), min(size, target_vocab), target_vocab)
+    save_vocab(v, data, {"made_from": {"dataset": str(data)}})
+    log(f"vocab: {v.used.numel()} tokens cover {v.coverage:.2%} of assistant tokens")
+    return v.summary()

@@ -1,0 +1,311 @@
+"""Regenerate: the target answers every prompt, turn by turn, so the drafter learns the target's
+own distribution. Backends: the built-in engine (batched) or any OpenAI-compatible server.
+
+Each finished conversation is appended to the output JSONL with `meta.prompt_id` and one
+`meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason);
+a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
+skipped; a later turn that no longer fits ends the conversation there. Both are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
+from draftsmith.errors import DraftsmithError
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(slots=True)
+class RegenConfig:
+    max_new_tokens: int = 512
+    max_len: int = 2048  # prompt + answer, in target tokens
+    too_long: str = "truncate"  # or "skip"
+    batch_size: int = 16
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.too_long not in ("truncate", "skip"):
+            raise DraftsmithError(f"too_long must be 'truncate' or 'skip', got {self.too_long!r}")
+        if self.max_new_tokens >= self.max_len:
+            raise DraftsmithError(
+                f"max_new_tokens {self.max_new_tokens} leaves no room for a prompt in "
+                f"max_len {self.max_len}"
+            )
+
+    @property
+    def prompt_limit(self) -> int:
+        return self.max_len - self.max_new_tokens
+
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens: int
+    finish: str  # "stop" | "length" | "error: ..."
+
+
+class EngineBackend:
+    """Batched answers from the built-in engine."""
+
+    name = "engine"
+
+    def __init__(self, target: Any, model: Any, cfg: RegenConfig) -> None:
+        from draftsmith.engine.runtime import Runtime
+        from draftsmith.engine.sampling import SamplingParams
+
+        self.target, self.cfg = target, cfg
+        self.model_name = target.source
+        self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+        self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1)
+
+    def answer(self, batch: list[Messages]) -> list[Answer]:
+        from draftsmith.engine.generate import run_generation
+
+        ids = [self.target.chat_ids(m, True) for m in batch]
+        gen = run_generation(self.rt, ids, self.cfg.max_new_tokens, self.params,
+                             self.target.eos_ids)
+        dec = self.target.tokenizer.decode
+        return [Answer(dec(t, skip_special_tokens=True).strip(), len(t),
+                       "length" if len(t) >= self.cfg.max_new_tokens else "stop")
+                for t in gen.tokens]
+
+
+class OpenAIBackend:
+    """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
+    requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, cfg: RegenConfig, concurrency: int = 8,
+                 retries: int = 5, backoff: float = 1.0, api_key: str | None = None,
+                 timeout: float = 600.0) -> None:
+        import openai
+
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
+                                    max_retries=0, timeout=timeout)
+        self.base_url, self.model_name, self.cfg = base_url, model, cfg
+        self.retries, self.backoff = retries, backoff
+        self.pool = ThreadPoolExecutor(max(1, concurrency))
+
+    def answer(self, batch: list[Messages]) -> list[Answer]:
+        return list(self.pool.map(self.one, batch))
+
+    def one(self, messages: Messages) -> Answer:
+        import openai
+
+        retry = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+                 openai.InternalServerError)
+        extra = {"top_k": self.cfg.top_k} if self.cfg.top_k else {}
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.client.chat.completions.create(
+                    model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
+                    temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                    seed=self.cfg.seed, extra_body=extra or None,
+                )
+            except retry as e:
+                if attempt == self.retries:
+                    return Answer("", 0, f"error: {type(e).__name__}: {e}")
+                time.sleep(self.backoff * 2**attempt)
+            except openai.APIStatusError as e:
+                return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
+            else:
+                choice = r.choices[0]
+                used = r.usage.completion_tokens if r.usage else 0
+                return Answer((choice.message.content or "").strip(), used,
+                              choice.finish_reason or "stop")
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
+               count: Callable[[Messages], int]) -> Conversation | None:
+    """The conversation with its first user message cut to fit `limit` tokens, or None."""
+    first = [m for m in conv.messages if m["role"] != "assistant"]
+    upto = first[: next(i for i, m in enumerate(first) if m["role"] == "user") + 1]
+    over = count(upto) - limit
+    if over <= 0:
+        return conv
+    if mode == "skip":
+        return None
+    msgs = [dict(m) for m in conv.messages]
+    k = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+    for _ in range(4):
+        toks = target_tok(msgs[k]["content"], add_special_tokens=False)["input_ids"]
+        keep = len(toks) - over - 2
+        if keep < 1:
+            return None
+        msgs[k]["content"] = target_tok.decode(toks[:keep])
+        over = count([m for m in msgs[: k + 1] if m["role"] != "assistant"]) - limit
+        if over <= 0:
+            return Conversation(msgs, conv.id, dict(conv.meta))
+    return None
+
+
+def regenerate(
+    convs: list[Conversation],
+    out: str | Path,
+    backend: EngineBackend | OpenAIBackend,
+    tokenizer: Any,
+    cfg: RegenConfig = RegenConfig(),
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, int]:
+    """Answer every conversation not yet in `out`; returns counts."""
+    from tqdm import tqdm
+
+    say = log or (lambda s: print(s, file=sys.stderr))
+    out = Path(out)
+    done = {r.get("meta", {}).get("prompt_id") for r in read_jsonl_tail_safe(out)}
+    todo = [c for c in convs if c.id not in done]
+    stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
+             "truncated": 0, "turns_cut": 0, "failed": 0, "answer_tokens": 0}
+    count = _counter(tokenizer)
+    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
+    if isinstance(backend, OpenAIBackend):
+        info["base_url"] = backend.base_url
+    bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
+               disable=not progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as f:
+        for c in range(0, len(todo), cfg.batch_size):
+            torch.manual_seed(cfg.seed * 1_000_003 + stats["done_before"] + c)
+            chunk = todo[c : c + cfg.batch_size]
+            for rec in _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats):
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.update(len(chunk))
+    bar.close()
+    say("regenerate: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return stats
+
+
+def _counter(tok: Any) -> Callable[[Messages], int]:
+    from draftsmith.data.chat import render
+
+    def count(msgs: Messages) -> int:
+        text = render(tok, msgs, True)
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> list[dict]:
+    live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
+    for conv in chunk:
+        fitted = fit_prompt(tok, conv, cfg.prompt_limit, cfg.too_long, count)
+        if fitted is None:
+            stats["skipped_too_long"] += 1
+            continue
+        stats["truncated"] += fitted is not conv
+        system = [m for m in fitted.messages[:1] if m["role"] == "system"]
+        live.append((conv, list(system), fitted.user_turns(), []))
+    failed: set[str] = set()
+    for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
+        active = []
+        for conv, msgs, users, answers in live:
+            if turn >= len(users) or len(answers) < turn or conv.id in failed:
+                continue
+            ask = msgs + [{"role": "user", "content": users[turn]}]
+            if turn and count(ask) > cfg.prompt_limit:
+                stats["turns_cut"] += 1
+                continue
+            active.append((conv, msgs, ask, answers))
+        got = backend.answer([a[2] for a in active]) if active else []
+        for (conv, msgs, ask, answers), ans in zip(active, got, strict=True):
+            if ans.finish.startswith("error"):
+                failed.add(conv.id)
+                stats["failed"] += 1
+                print(f"draftsmith: warning: prompt {conv.id}: {ans.finish}", file=sys.stderr)
+                continue
+            msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
+            answers.append({"turn": turn, **info, "tokens": ans.tokens, "finish": ans.finish})
+            stats["answer_tokens"] += ans.tokens
+    recs = []
+    for conv, msgs, _, answers in live:
+        if conv.id in failed or not answers:
+            continue
+        meta = {"prompt_id": conv.id, "answers": answers}
+        recs.append(Conversation(msgs, meta=meta).to_json())
+        stats["answered"] += 1
+    return recs
+
+
+def load_tokenizer(source: str) -> Any:
+    """The target's tokenizer without loading weights where possible (HF folders)."""
+    path = Path(source)
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise DraftsmithError(f"{path}: cannot load the tokenizer ({e})") from None
+    from draftsmith.targets import load_target
+
+    return load_target(source).tokenizer
+
+
+def regenerate_file(
+    convs: list[Conversation],
+    out: str | Path,
+    cfg: RegenConfig,
+    target: str = "default",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    base_url: str | None = None,
+    model: str | None = None,
+    concurrency: int = 16,
+    retries: int = 5,
+    api_key: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, int]:
+    """`regenerate` with the backend built from names: a server when base_url, else the engine."""
+    if base_url:
+        tok = load_tokenizer(target)
+        backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
+                                     api_key=api_key)
+        if not model:
+            backend.model_name = server_model(backend.client, base_url)
+    else:
+        from draftsmith.targets import load_target
+
+        t = load_target(target)
+        tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg)
+    try:
+        return regenerate(convs, out, backend, tok, cfg, log=log)
+    finally:
+        if isinstance(backend, OpenAIBackend):
+            backend.close()
+
+
+def server_model(client: Any, base_url: str) -> str:
+    import openai
+
+    try:
+        names = [m.id for m in client.models.list()]
+    except openai.OpenAIError as e:
+        raise DraftsmithError(f"{base_url}: cannot list models ({e}); pass --model") from None
+    if len(names) != 1:
+        raise DraftsmithError(f"{base_url} serves {names}: pass --model NAME")
+    return names[0]

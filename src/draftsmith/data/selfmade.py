@@ -1,0 +1,129 @@
+"""Self-made prompts (the Magpie technique): the target, given only the chat template's text up
+to a user message, writes the user's question itself.
+
+Batches are appended to the output JSONL as they finish, so a rerun continues; questions are
+de-duplicated (case and whitespace folded) and filtered by length; a question the target did not
+finish within `max_new_tokens` is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.data.chat import user_prefix
+from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass(slots=True)
+class MagpieConfig:
+    n: int = 100
+    batch_size: int = 16
+    max_new_tokens: int = 128
+    min_chars: int = 12
+    max_chars: int = 2000
+    temperature: float = 1.0
+    top_p: float = 0.95
+    seed: int = 0
+    system: str | None = None
+    max_batches: int = 0  # 0: 10 * n / batch_size + 10
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
+            raise DraftsmithError("n, batch_size and max_new_tokens must be >= 1")
+
+
+def fold(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def stop_ids(target: Any, suffix: str) -> list[int]:
+    """The target's eos ids plus the first token of the text that closes a user turn."""
+    ids = set(target.eos_ids)
+    closing = target.tokenizer(suffix.strip() or suffix, add_special_tokens=False)["input_ids"]
+    if closing:
+        ids.add(int(closing[0]))
+    return sorted(ids)
+
+
+def accept(text: str, cfg: MagpieConfig, seen: set[str]) -> str | None:
+    text = text.strip()
+    if not cfg.min_chars <= len(text) <= cfg.max_chars or fold(text) in seen:
+        return None
+    return text
+
+
+def self_made_prompts(
+    target: Any,
+    out: str | Path,
+    cfg: MagpieConfig = MagpieConfig(),
+    model: Any = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, int]:
+    """Append self-made user prompts to `out` (JSONL) until it holds `cfg.n`; returns counts."""
+    from tqdm import tqdm
+
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.sampling import SamplingParams
+
+    say = log or (lambda s: print(s, file=sys.stderr))
+    out = Path(out)
+    have = [Conversation(r["messages"], meta=r.get("meta", {})) for r in read_jsonl_tail_safe(out)]
+    seen = {fold(c.first_user()) for c in have}
+    stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0}
+    if len(have) >= cfg.n:
+        return stats
+    prefix, suffix = user_prefix(target.tokenizer, cfg.system)
+    ids = target.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    stops = stop_ids(target, suffix)
+    params = SamplingParams(cfg.temperature, cfg.top_p)
+    model = model if model is not None else target.build(dtype, device)
+    rt = Runtime(model, cfg.batch_size, len(ids) + cfg.max_new_tokens + 1)
+    meta = {"source": "magpie", "target": target.fingerprint, **asdict(cfg)}
+    limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
+    bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as f:
+        for round_ in range(limit):
+            if stats["kept"] >= cfg.n:
+                break
+            torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
+            gen = run_generation(rt, [ids] * cfg.batch_size, cfg.max_new_tokens, params, stops)
+            for toks in gen.tokens:
+                got = _one(target, toks, cfg, seen, stats)
+                if got is None or stats["kept"] >= cfg.n:
+                    continue
+                seen.add(fold(got))
+                conv = Conversation([{"role": "user", "content": got}], meta=meta)
+                f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+                stats["kept"] += 1
+                bar.update(1)
+            f.flush()
+    bar.close()
+    if stats["kept"] < cfg.n:
+        say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
+    return stats
+
+
+def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
+         stats: dict[str, int]) -> str | None:
+    if len(toks) >= cfg.max_new_tokens:
+        stats["unfinished"] += 1
+        return None
+    text = target.tokenizer.decode(toks, skip_special_tokens=True)
+    got = accept(text, cfg, seen)
+    if got is None:
+        key = "duplicates" if fold(text) in seen else "length_filtered"
+        stats[key] += 1
+    return got

@@ -1,0 +1,124 @@
+"""Draft vocabulary: the N most frequent loss-masked target tokens and the d2t/t2d mapping.
+
+Draft index i stands for target token `used[i]` (ascending ids), `d2t[i] = used[i] - i`
+(int64, SGLang/EAGLE-3 form: target = i + d2t[i]), `t2d` bool [vocab] marks used tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass
+class DraftVocab:
+    used: torch.Tensor  # [N] int64 ascending target ids
+    d2t: torch.Tensor  # [N] int64
+    t2d: torch.Tensor  # [vocab] bool
+    coverage: float  # share of loss-masked tokens the draft vocabulary covers
+    counted: int  # loss-masked tokens counted
+    distinct: int  # distinct loss-masked tokens seen
+
+    def summary(self) -> dict[str, Any]:
+        return {"draft_vocab_size": int(self.used.numel()), "target_vocab_size":
+                int(self.t2d.numel()), "coverage": self.coverage, "counted_tokens": self.counted,
+                "distinct_tokens": self.distinct}
+
+
+def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Tensor:
+    """Frequencies [vocab] of loss-masked tokens over every shard of a dataset folder."""
+    from safetensors import safe_open
+
+    from draftsmith.data.shards import read_manifest
+
+    folder = Path(folder)
+    m = read_manifest(folder)
+    size = int(vocab_size or m.get("vocab_size") or 0)
+    counts = torch.zeros(max(size, 1), dtype=torch.int64)
+    for s in m["shards"]:
+        with safe_open(str(folder / s["file"]), framework="pt") as f:
+            ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+        counts = _add(counts, ids)
+    return counts
+
+
+def count_ids(pairs: Iterable[tuple[list[int], list[bool]]], vocab_size: int) -> torch.Tensor:
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for ids, mask in pairs:
+        t = torch.tensor(ids, dtype=torch.long)[torch.tensor(mask, dtype=torch.bool)]
+        counts = _add(counts, t)
+    return counts
+
+
+def _add(counts: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    if ids.numel() and int(ids.max()) >= counts.numel():
+        counts = torch.cat([counts, counts.new_zeros(int(ids.max()) + 1 - counts.numel())])
+    return counts + torch.bincount(ids, minlength=counts.numel())
+
+
+def build_vocab(counts: torch.Tensor, draft_size: int, vocab_size: int | None = None) -> DraftVocab:
+    vocab_size = vocab_size or counts.numel()
+    if counts.numel() > vocab_size:
+        raise DraftsmithError(
+            f"token id {counts.nonzero().max().item()} is outside the target vocab {vocab_size}"
+        )
+    if draft_size < 1:
+        raise DraftsmithError(f"draft vocab size must be >= 1, got {draft_size}")
+    total, distinct = int(counts.sum()), int((counts > 0).sum())
+    if total == 0:
+        raise DraftsmithError("no loss-masked tokens to count: the data has no assistant tokens")
+    n = draft_size
+    if distinct < draft_size:
+        warnings.warn(f"only {distinct} distinct assistant tokens for a draft vocab of "
+                      f"{draft_size}: using {distinct}", stacklevel=2)
+        n = distinct
+    # stable sort: ties go to the lower token id, so the choice is deterministic
+    top = torch.sort(-counts, stable=True).indices[:n]
+    used = torch.sort(top).values.to(torch.int64)
+    d2t = used - torch.arange(n, dtype=torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return DraftVocab(used, d2t, t2d, float(counts[used].sum()) / total, total, distinct)
+
+
+def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    from safetensors.torch import save
+
+    from draftsmith.data.shards import atomic_write, write_json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "vocab.safetensors", save({"d2t": v.d2t, "t2d": v.t2d}))
+    write_json(folder / "vocab.json", {**v.summary(), **(extra or {})})
+    return folder / "vocab.safetensors"
+
+
+def load_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "vocab.safetensors"
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: no draft vocabulary file")
+    t = load_file(str(path))
+    return t["d2t"], t["t2d"]
+
+
+def coverage_table(counts: torch.Tensor, sizes: Iterable[int]) -> list[tuple[int, float]]:
+    """(draft size, coverage) for each size: what a smaller or larger vocabulary would reach."""
+    total = int(counts.sum())
+    s = torch.sort(counts, descending=True).values.cumsum(0)
+    return [(n, float(s[min(n, s.numel()) - 1]) / total) for n in sizes if total]
+
+
+def vocab_json(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / "vocab.json").read_text())
