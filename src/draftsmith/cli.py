@@ -18,7 +18,9 @@ from rich.table import Table
 from draftsmith.errors import DraftsmithError
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     help=__doc__.splitlines()[0],
 )
 targets_app = typer.Typer(no_args_is_help=True, help="Inspect targets.")
@@ -50,8 +52,14 @@ def _register() -> None:
 def dtype_of(name: str):
     import torch
 
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name not in table:
         raise DraftsmithError(f"unknown dtype {name!r}: use one of {sorted(table)}")
     return table[name]
@@ -119,8 +127,9 @@ def generate(
         raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
     dev = pick_device(device)
-    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
-                  "float32" if dtype == "auto" else dtype)
+    dt = dtype_of(
+        "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
+    )
     torch.manual_seed(seed)
     t = load_target(target)
     model = t.build(dt, dev)

@@ -57,6 +57,7 @@ class DecodeState:
         self.done = torch.zeros(b, dtype=torch.bool, device=dev)
         self.eos = torch.tensor(eos_ids or [-1], device=dev)
         self.caches = rt.caches_for(b)
+        self.advance_compiled = torch.compile(self.advance) if rt.compiled else self.advance
 
     def reset(self, first: torch.Tensor, lens: torch.Tensor) -> None:
         self.tok.copy_(first.view(-1, 1))
@@ -70,7 +71,10 @@ class DecodeState:
         rt = self.rt
         graphed = rt.graphs is not None
         logits = rt.model(self.tok, self.pos, self.caches, compiled=rt.compiled and graphed)
-        logits = logits.logits[:, -1]
+        advance = self.advance_compiled if rt.compiled and graphed else self.advance
+        advance(logits.logits[:, -1])
+
+    def advance(self, logits: torch.Tensor) -> None:
         nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
         self.done |= torch.isin(nxt, self.eos)

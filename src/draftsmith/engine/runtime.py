@@ -31,8 +31,10 @@ class Runtime:
         att = model.layers[0].attn
         shape = (max_batch, att.kv_heads, max_seq, att.d)
         self.caches = [
-            KVCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
-                    torch.zeros(shape, dtype=p.dtype, device=p.device))
+            KVCache(
+                torch.zeros(shape, dtype=p.dtype, device=p.device),
+                torch.zeros(shape, dtype=p.dtype, device=p.device),
+            )
             for _ in model.layers
         ]
         self.compiled = compile
@@ -67,12 +69,22 @@ class Runtime:
         bp = pad_to(b, self._batches.get(flags, [])) if logits_at is None else None
         if bp is None:
             return self.model(
-                tokens, positions, self.caches_for(b), slots, mask, tuple(aux_ids), logits_at,
+                tokens,
+                positions,
+                self.caches_for(b),
+                slots,
+                mask,
+                tuple(aux_ids),
+                logits_at,
                 want_logits,
             )
         static = self._static[(bp, *flags)]
-        for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots),
-                        ("mask", mask)):
+        for name, t in (
+            ("tokens", tokens),
+            ("positions", positions),
+            ("slots", slots),
+            ("mask", mask),
+        ):
             if t is not None:
                 static[name][:b].copy_(t)
         out = self.graphs.replay((bp, *flags))
@@ -112,8 +124,15 @@ class Runtime:
 
         def fn() -> ForwardOut:
             return self.model(
-                static["tokens"], static["positions"], caches, static.get("slots"),
-                static.get("mask"), aux_ids, None, want_logits, self.compiled,
+                static["tokens"],
+                static["positions"],
+                caches,
+                static.get("slots"),
+                static.get("mask"),
+                aux_ids,
+                None,
+                want_logits,
+                self.compiled,
             )
 
         with torch.no_grad():
@@ -130,4 +149,8 @@ def compile_layers(model) -> None:
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    model.compiled = [torch.compile(layer, fullgraph=True) for layer in model.layers]
+    model.compiled = {
+        "layers": [torch.compile(layer, fullgraph=True) for layer in model.layers],
+        "prologue": torch.compile(model.prologue, fullgraph=True),
+        "norm": torch.compile(model.norm, fullgraph=True),
+    }

@@ -97,11 +97,17 @@ class ModelConfig:
             return [f / float(scaling["factor"]) for f in base]
         if kind == "llama3":
             return _llama3_freqs(base, scaling)
-        raise DraftsmithError(f"unsupported rope scaling {kind!r}: supported default, linear, llama3")
+        raise DraftsmithError(
+            f"unsupported rope scaling {kind!r}: supported default, linear, llama3"
+        )
 
 
 def _llama3_freqs(base: list[float], s: dict[str, Any]) -> list[float]:
-    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    factor, low, high = (
+        float(s["factor"]),
+        float(s["low_freq_factor"]),
+        float(s["high_freq_factor"]),
+    )
     old = float(s["original_max_position_embeddings"])
     low_wl, high_wl = old / low, old / high
     out = []

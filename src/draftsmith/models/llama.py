@@ -13,7 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.models.config import ModelConfig
-from draftsmith.models.parallel import SINGLE, TP, ColumnLinear, RowLinear, VocabEmbedding, VocabHead
+from draftsmith.models.parallel import (
+    SINGLE,
+    TP,
+    ColumnLinear,
+    RowLinear,
+    VocabEmbedding,
+    VocabHead,
+)
 
 
 class RMSNorm(nn.Module):
@@ -75,8 +82,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                attn_mask=mask, is_causal=mask is None, enable_gqa=True,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
             )
         else:
             rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
@@ -132,9 +143,28 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = VocabHead(cfg.hidden_size, cfg.vocab_size, tp)
         self.register_buffer("inv_freq", torch.tensor(cfg.inv_freq()), persistent=False)
-        self.compiled: list = []  # torch.compile'd layers, used only where `compiled=True`
+        self.compiled: dict = {}  # torch.compile'd parts, used only where `compiled=True`
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def prologue(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        num_slots: int,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Embedding, RoPE tables and the attention mask (grouped for GQA) for one forward."""
+        h = self.embed(tokens)
+        cos, sin = self.rope(positions, h.dtype)
+        if num_slots:
+            if mask is None:
+                mask = causal_mask(positions, num_slots)
+            groups = self.cfg.num_heads // self.cfg.num_kv_heads
+            mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+        return h, cos, sin, mask
+
+    def rope(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.unsqueeze(-1).float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -154,29 +184,28 @@ class Transformer(nn.Module):
         """tokens, positions: [B, Q]. Without caches, attention is causal over Q alone.
 
         mask: [B, 1, Q, S] bool (True = attend). With caches and no mask, token q of row b
-        attends to slots <= positions[b, q]. Without caches, a mask is [B, 1, Q, Q]. logits_at: [B] index of the one position per row
-        whose logits are wanted (prefill); None gives all positions. compiled: run the
-        torch.compile'd layers (for shapes that are captured into CUDA graphs).
+        attends to slots <= positions[b, q]. Without caches, a mask is [B, 1, Q, Q].
+        logits_at: [B] index of the one position per row whose logits are wanted (prefill);
+        None gives all positions. compiled: run the torch.compile'd parts (for shapes that are
+        captured into CUDA graphs).
         """
-        h = self.embed(tokens)
-        cos, sin = self.rope(positions, h.dtype)
-        if caches is not None:
-            slots = positions if slots is None else slots
-            if mask is None:
-                mask = causal_mask(positions, caches[0].k.shape[2])
-            groups = self.cfg.num_heads // self.cfg.num_kv_heads
-            mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+        on = compiled and bool(self.compiled)
+        prologue = self.compiled["prologue"] if on else self.prologue
+        num_slots = caches[0].k.shape[2] if caches is not None else 0
+        h, cos, sin, mask = prologue(tokens, positions, num_slots, mask)
+        if caches is not None and slots is None:
+            slots = positions
         want = {j: i for i, j in enumerate(aux_ids)}
         aux: list[torch.Tensor | None] = [None] * len(aux_ids)
         if -1 in want:
             aux[want[-1]] = h
-        layers = self.compiled if compiled and self.compiled else self.layers
+        layers = self.compiled["layers"] if on else self.layers
         for j, layer in enumerate(layers):
             cache = caches[j] if caches is not None else None
             h = layer(h, cos, sin, cache, slots, mask)
             if j in want:
                 aux[want[j]] = h
-        hidden = self.norm(h)
+        hidden = self.compiled["norm"](h) if on else self.norm(h)
         logits = None
         if want_logits:
             x = hidden

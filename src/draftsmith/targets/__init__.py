@@ -44,7 +44,9 @@ class Target:
 
         return build_model(self.cfg, self.weights, dtype, device, tp or SINGLE)
 
-    def chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
