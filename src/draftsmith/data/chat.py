@@ -36,12 +36,22 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list
         upto = render(tok, messages[: i + 1], False)
         if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
             start, end = len(before), len(upto.rstrip())
+        elif full.startswith(before) and len(before) >= cursor and _eos_after(tok, full, before):
+            start, end = len(before), _eos_after(tok, full, before)
         else:
             start, end = _find_content(tok, full, m["content"], cursor, i)
         if end > start:
             spans.append((start, end))
         cursor = max(cursor, end)
     return full, spans
+
+
+def _eos_after(tok: Any, full: str, before: str) -> int:
+    # A template that rewrites earlier turns still opens the turn the same way: the span runs
+    # to the first end-of-turn marker.
+    eos = getattr(tok, "eos_token", None)
+    at = full.find(eos, len(before)) if eos else -1
+    return at + len(eos) if at >= 0 else 0
 
 
 def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tuple[int, int]:

@@ -1,0 +1,91 @@
+"""Loss masks from chat templates (tiny ChatML, SmolLM2, a history-rewriting template)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from draftsmith.data.chat import encode, user_prefix
+from draftsmith.errors import DraftsmithError
+
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Drops "<think>...</think>" from earlier assistant turns, so turns do not extend one another.
+REWRITING = (
+    "{% for m in messages %}{% set c = m['content'] %}"
+    "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ c }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CONV = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello!"},
+        {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok, more."}]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_llama_dir):
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def masked_text(tok, messages) -> list[str]:
+    ids, mask = encode(tok, messages)
+    pieces, cur = [], []
+    for i, m in zip(ids, mask, strict=True):
+        if m:
+            cur.append(i)
+        elif cur:
+            pieces.append(tok.decode(cur))
+            cur = []
+    return pieces + ([tok.decode(cur)] if cur else [])
+
+
+def test_chatml_masks_exactly_the_answers(tok):
+    assert masked_text(tok, CONV) == ["hello!<|im_end|>", "ok, more.<|im_end|>"]
+    ids, mask = encode(tok, CONV)
+    assert ids == tok(tok.apply_chat_template(CONV, tokenize=False), add_special_tokens=False)[
+        "input_ids"]
+
+
+def test_smollm2_template_with_its_default_system_prompt(tok):
+    old = tok.chat_template
+    tok.chat_template = SMOLLM2
+    try:
+        assert masked_text(tok, CONV) == ["hello!<|im_end|>", "ok, more.<|im_end|>"]
+        sys_conv = [{"role": "system", "content": "be terse"}] + CONV
+        assert masked_text(tok, sys_conv) == ["hello!<|im_end|>", "ok, more.<|im_end|>"]
+        prefix, suffix = user_prefix(tok)
+        assert prefix.endswith("SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n")
+        assert suffix == "<|im_end|>\n"
+    finally:
+        tok.chat_template = old
+
+
+def test_history_rewriting_template_falls_back_to_the_text(tok):
+    conv = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "<think>hm</think>first"},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "second"}]
+    old = tok.chat_template
+    tok.chat_template = REWRITING
+    try:
+        assert masked_text(tok, conv) == ["first<|im_end|>", "second<|im_end|>"]
+    finally:
+        tok.chat_template = old
+
+
+def test_no_assistant_turn_gives_an_empty_mask(tok):
+    ids, mask = encode(tok, CONV[:1])
+    assert len(ids) == len(mask) and not any(mask)
+
+
+def test_a_broken_template_is_a_clear_error(tok):
+    old = tok.chat_template
+    tok.chat_template = "{{ raise_exception('only user turns') }}"
+    try:
+        with pytest.raises(DraftsmithError, match="chat template failed"):
+            encode(tok, CONV)
+    finally:
+        tok.chat_template = old
