@@ -46,6 +46,7 @@ def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     with torch.no_grad():
         out = model(ids, pos, aux_ids=(-1, 1, 3))
         rt = Runtime(model, max_batch=2, max_seq=32)
+        rt.capture([2], [6, 7])  # on CUDA the cached forwards below are graph replays
         cached = torch.cat([rt.forward(ids[:, :6], pos[:, :6]).logits,
                             rt.forward(ids[:, 6:], pos[:, 6:]).logits], 1)
     greedy = generate(model, PROMPTS, NEW, eos_ids=[])
@@ -96,6 +97,49 @@ def test_tp4_every_rank_matches_single_process(cases, single):
     for out in ranks:
         for name in four:
             check_equal(single[name], out[name], 4)
+
+
+class MirrorTP(TP):
+    """Rank 0 of `size` ranks that all hold rank 0's shard: collectives without peers, so the
+    rest of the TP path (vocab masking, padded head, shapes) can be graphed on one GPU."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(self.size)
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x] * self.size, dim=-1)
+
+
+@pytest.mark.gpu
+def test_tp_path_captures_in_cuda_graphs(cases):
+    from draftsmith.engine.generate import generate
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.models.loading import build_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    cfg, weights = cases["tied_odd_vocab"]
+    model = build_model(cfg, weights, torch.float32, "cuda", MirrorTP(0, 2, None, "cuda"))
+    ids = (torch.arange(12, device="cuda").repeat(2, 1) * 7 % 97 + 3)
+    pos = torch.arange(12, device="cuda").expand(2, 12)
+    graphed, eager = Runtime(model, 2, 32), Runtime(model, 2, 32, graphs=False)
+    graphed.capture([2], [12])
+    with torch.no_grad():
+        assert torch.equal(graphed.forward(ids, pos).logits, eager.forward(ids, pos).logits)
+    assert generate(model, PROMPTS, NEW, eos_ids=[]) == generate(
+        Runtime(model, 2, 32, graphs=False), PROMPTS, NEW, eos_ids=[])
+
+
+@pytest.mark.gpu
+def test_tp2_on_gpus_with_graphed_collectives_matches_one_gpu(cases):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    one = run_cases(TP(device=torch.device("cuda", 0)), cases)
+    for out in spawn(run_cases, 2, cases, device="cuda", timeout_s=300):
+        for name in CASES:
+            for key in ("logits", "aux", "hidden", "cached"):
+                assert torch.allclose(out[name][key], one[name][key], atol=1e-4, rtol=0), key
+            assert out[name]["tokens"] == one[name]["tokens"]
 
 
 @pytest.mark.parametrize(

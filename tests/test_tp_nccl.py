@@ -78,3 +78,22 @@ def test_allreduce_bench_command_on_one_cpu_rank(tmp_path, capsys, monkeypatch):
     assert res["nccl"]["env"]["NCCL_PROTO"] == "Simple"
     assert res["backend"] == "gloo" and res["world"] == 1
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == res
+
+
+@pytest.mark.gpu
+def test_allreduce_bench_nccl_on_one_gpu(tmp_path, monkeypatch):
+    import torch
+
+    from draftsmith.bench.allreduce import allreduce_bench
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    out = tmp_path / "ar.jsonl"
+    allreduce_bench(hidden=4096, layers=2, target=None, batch="1,8", q="1,4", dtype="bf16",
+                    iters=10, graph_ops=8, tp=1, device="cuda", nccl_proto=None,
+                    nccl_algo=None, nccl_p2p_level=None, nccl=None, out=out)
+    res = json.loads(out.read_text())
+    assert res["backend"] == "nccl" and all(r["eager_us"] > 0 for r in res["rows"])

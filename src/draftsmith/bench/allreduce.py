@@ -24,7 +24,15 @@ import torch
 import torch.distributed as dist
 import typer
 
-from draftsmith.dist import apply_nccl_env, free_port, launch_tp, nccl_env, nccl_record
+from draftsmith.dist import (
+    apply_nccl_env,
+    free_port,
+    launch_tp,
+    nccl_env,
+    nccl_record,
+    shutdown,
+    under_torchrun,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.parallel import TP
 
@@ -91,9 +99,11 @@ def measure(
     layers: int = 32,
 ) -> list[dict[str, Any]]:
     """One row per (batch, q): µs per all-reduce eager and graphed, bus bandwidth, and the
-    all-reduce time of one forward (2 per layer + 1 for the vocab-parallel embedding)."""
+    all-reduce time of one forward (2 per layer + 1 for the vocab-parallel embedding).
+
+    With one rank the eager figure is the host cost of a c10d call alone (no kernel runs)."""
     rows = []
-    graphed = tp.device.type == "cuda"
+    graphed = tp.device.type == "cuda" and tp.size > 1  # one rank: NCCL launches nothing
     for b in batches:
         for q in qs:
             x = torch.zeros(b * q, hidden, dtype=dtype, device=tp.device)  # zeros never overflow
@@ -225,7 +235,11 @@ def allreduce_bench(
     apply_nccl_env(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl)))
     dev = None if device == "auto" else device
     size = tp or _default_size(dev)
-    res = launch_tp(bench_rank, size, opts, device=dev)
+    try:
+        res = launch_tp(bench_rank, size, opts, device=dev)
+    finally:
+        if under_torchrun():
+            shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
         print_result(res)
         if out:
