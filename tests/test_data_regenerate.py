@@ -1,0 +1,176 @@
+"""Regenerate with the built-in engine and against a real OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
+from draftsmith.data.regenerate import (
+    EngineBackend,
+    OpenAIBackend,
+    RegenConfig,
+    regenerate,
+    regenerate_file,
+)
+from draftsmith.targets import load_target
+
+
+def convs() -> list[Conversation]:
+    out = [Conversation([{"role": "user", "content": f"tell me about {i}"}]) for i in range(5)]
+    out.append(Conversation([{"role": "system", "content": "be kind"},
+                             {"role": "user", "content": "first?"},
+                             {"role": "assistant", "content": "an old answer"},
+                             {"role": "user", "content": "second?"}]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    return load_target(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def model(target):
+    return target.build(torch.float32)
+
+
+def test_engine_answers_turn_by_turn_and_resumes(target, model, tmp_path):
+    cfg = RegenConfig(max_new_tokens=12, max_len=96, batch_size=4, temperature=0.0)
+    out = tmp_path / "a.jsonl"
+    backend = EngineBackend(target, model, cfg)
+    first = regenerate(convs()[:3], out, backend, target.tokenizer, cfg, False, lambda s: None)
+    assert first["answered"] == 3
+    stats = regenerate(convs(), out, backend, target.tokenizer, cfg, False, lambda s: None)
+    assert stats["done_before"] == 3 and stats["answered"] == 3
+    recs = read_jsonl_tail_safe(out)
+    assert sorted(r["meta"]["prompt_id"] for r in recs) == sorted(c.id for c in convs())
+    multi = next(r for r in recs if r["meta"]["prompt_id"] == convs()[5].id)
+    roles = [m["role"] for m in multi["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    assert multi["messages"][2]["content"] != "an old answer"
+    a = multi["meta"]["answers"]
+    assert [x["turn"] for x in a] == [0, 1] and a[0]["backend"] == "engine"
+    assert a[0]["sampling"]["temperature"] == 0.0 and a[0]["model"] == target.source
+    # greedy answers are the engine's own greedy continuation of the prompt
+    from draftsmith.engine.generate import generate
+
+    ids = target.chat_ids(multi["messages"][:2])
+    want = generate(model, [ids], 12, eos_ids=target.eos_ids)[0]
+    assert multi["messages"][2]["content"] == target.tokenizer.decode(
+        want, skip_special_tokens=True).strip()
+
+
+def test_too_long_prompts_truncated_or_skipped_and_counted(target, model, tmp_path):
+    long = Conversation([{"role": "user", "content": "x" * 200}])
+    data = [long, *convs()[:2]]
+    for mode in ("skip", "truncate"):
+        cfg = RegenConfig(max_new_tokens=8, max_len=72, batch_size=4, temperature=0.0,
+                          too_long=mode)
+        out = tmp_path / f"{mode}.jsonl"
+        stats = regenerate(data, out, EngineBackend(target, model, cfg), target.tokenizer, cfg,
+                           False, lambda s: None)
+        recs = read_jsonl_tail_safe(out)
+        if mode == "skip":
+            assert stats["skipped_too_long"] == 1 and stats["answered"] == 2 and len(recs) == 2
+        else:
+            assert stats["truncated"] == 1 and stats["answered"] == 3
+            cut = next(r for r in recs if r["meta"]["prompt_id"] == long.id)
+            assert len(target.chat_ids(cut["messages"][:1])) <= 72 - 8
+            assert cut["messages"][0]["content"].startswith("xxxx")
+
+
+# --- a real OpenAI-compatible server on loopback -------------------------------------------
+
+
+def make_app(seen: list[dict], fail_first: int) -> FastAPI:
+    app = FastAPI()
+    state = {"calls": 0}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "fake-model", "object": "model",
+                                             "created": 0, "owned_by": "test"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        state["calls"] += 1
+        if state["calls"] <= fail_first:
+            return JSONResponse({"error": {"message": "busy"}}, status_code=503)
+        seen.append(body)
+        last = body["messages"][-1]["content"]
+        text = f"echo({len(body['messages'])}): {last}"
+        return {
+            "id": f"c{state['calls']}", "object": "chat.completion", "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+        }
+
+    return app
+
+
+@pytest.fixture()
+def server():
+    import uvicorn
+
+    seen: list[dict] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = uvicorn.Config(make_app(seen, fail_first=2), host="127.0.0.1", port=port,
+                         log_level="warning")
+    srv = uvicorn.Server(cfg)
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 10
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1", seen
+    srv.should_exit = True
+    th.join(5)
+
+
+def test_openai_server_backend(server, target, tmp_path):
+    url, seen = server
+    cfg = RegenConfig(max_new_tokens=16, max_len=256, batch_size=4, temperature=0.5, seed=3)
+    out = tmp_path / "s.jsonl"
+    backend = OpenAIBackend(url, "fake-model", cfg, concurrency=3, retries=4, backoff=0.01)
+    try:
+        stats = regenerate(convs(), out, backend, target.tokenizer, cfg, False, lambda s: None)
+    finally:
+        backend.close()
+    assert stats["answered"] == 6 and stats["failed"] == 0
+    assert all(b["model"] == "fake-model" and b["max_tokens"] == 16 and b["temperature"] == 0.5
+               for b in seen)
+    recs = {r["meta"]["prompt_id"]: r for r in read_jsonl_tail_safe(out)}
+    multi = recs[convs()[5].id]
+    assert [m["content"] for m in multi["messages"]] == [
+        "be kind", "first?", "echo(2): first?", "second?", "echo(4): second?"]
+    a = multi["meta"]["answers"][1]
+    assert a["backend"] == "openai" and a["model"] == "fake-model" and a["base_url"] == url
+    assert a["sampling"]["seed"] == 3 and a["tokens"] == 3 and a["finish"] == "stop"
+    # rerun: nothing left to do, nothing duplicated
+    stats = regenerate_file(convs(), out, cfg, str(target.folder), base_url=url, retries=0,
+                            log=lambda s: None)
+    assert stats["done_before"] == 6 and len(read_jsonl_tail_safe(out)) == 6
+
+
+def test_server_errors_are_counted_not_written(tmp_path, target):
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", cfg, retries=1, backoff=0.01,
+                            timeout=2)
+    stats = regenerate(convs()[:2], tmp_path / "e.jsonl", backend, target.tokenizer, cfg, False,
+                       lambda s: None)
+    assert stats["failed"] == 2 and stats["answered"] == 0
+    assert (tmp_path / "e.jsonl").read_text() == ""
+    json.dumps(stats)
