@@ -84,10 +84,29 @@ def single(cases) -> dict[str, dict]:
     return run_cases(SINGLE, cases)
 
 
-def test_tp2_through_launch_tp_matches_single_process(cases, single):
-    got = launch_tp(run_cases, 2, cases, device="cpu")
+def run_tp2(tp: TP, cases: dict[str, tuple], spec: tuple | None) -> dict:
+    return {"cases": run_cases(tp, cases), "spec": spec and run_speculative(tp, *spec)}
+
+
+@pytest.fixture(scope="module")
+def spec_args(cases) -> tuple | None:
+    try:
+        import draftsmith.engine.speculative  # noqa: F401
+    except ImportError:
+        return None
+    cfg, weights = cases["qwen2_bias"]
+    return (cfg, weights, *make_drafter(cfg))
+
+
+@pytest.fixture(scope="module")
+def tp2(cases, spec_args) -> dict:
+    """One launch of 2 ranks for every TP-2 check (process start-up dominates on CPU)."""
+    return launch_tp(run_tp2, 2, cases, spec_args, device="cpu")
+
+
+def test_tp2_through_launch_tp_matches_single_process(tp2, single):
     for name in CASES:
-        check_equal(single[name], got[name], 2)
+        check_equal(single[name], tp2["cases"][name], 2)
     assert single["tied_odd_vocab"]["tied"]
 
 
@@ -175,3 +194,42 @@ def test_tp_without_torchrun_is_refused(monkeypatch):
     with pytest.raises(DraftsmithError, match="torchrun --nproc-per-node 2"):
         init_tp(2)
     assert init_tp(1, "cpu").size == 1
+
+
+def make_drafter(cfg: ModelConfig) -> tuple[dict, dict[str, torch.Tensor]]:
+    from draftsmith.layers import default_aux_layers
+    from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter
+
+    dcfg = Eagle3Config.for_target(cfg, cfg.vocab_size, default_aux_layers(cfg.num_layers))
+    drafter = Eagle3Drafter(dcfg)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 if p.dim() > 1 else torch.ones_like(p))
+    return dcfg.to_dict(), drafter.state_dict()
+
+
+def run_speculative(tp: TP, cfg: ModelConfig, weights: dict, dcfg: dict, dsd: dict) -> dict:
+    """Greedy speculative tokens, chain and tree, with the drafter replicated on every rank."""
+    from draftsmith.engine.speculative import SpecDecoder
+    from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter
+    from draftsmith.models.loading import build_model
+
+    target = build_model(cfg, weights, torch.float32, tp.device, tp)
+    drafter = Eagle3Drafter(Eagle3Config.from_dict(dcfg))
+    drafter.load_state_dict(dsd)
+    drafter = drafter.to(tp.device).eval()
+    out = {}
+    for topk, n in ((1, None), (2, 6)):
+        dec = SpecDecoder(target, drafter, steps=3, topk=topk, num_draft_tokens=n,
+                          max_batch=2, max_seq=64)
+        out[topk] = dec.generate(PROMPTS, NEW, eos_ids=[]).tokens
+    return out
+
+
+def test_speculative_under_tp2_matches_single_process(tp2, spec_args, single):
+    if spec_args is None:
+        pytest.skip("draftsmith.engine.speculative is not there yet")
+    one = run_speculative(SINGLE, *spec_args)
+    assert tp2["spec"] == one
+    assert one[1] == one[2] == single["qwen2_bias"]["tokens"]  # speculative == plain greedy
