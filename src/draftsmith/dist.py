@@ -98,6 +98,11 @@ def apply_nccl_env(env: dict[str, str]) -> None:
     os.environ.update(NVLS_OFF)
 
 
+def ensure_nvls_off() -> None:
+    """Check the NCCL settings already in the environment and pin NCCL_NVLS_ENABLE=0."""
+    apply_nccl_env({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+
+
 def nccl_record() -> dict[str, Any]:
     """Every NCCL setting in effect (environment and nccl.conf files) and the NCCL version."""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
@@ -183,7 +188,7 @@ def _start_group(rank: int, world: int, dev: torch.device) -> None:
     if dist.is_initialized():
         return
     if dev.type == "cuda":
-        apply_nccl_env({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+        ensure_nvls_off()
         torch.cuda.set_device(dev)
         # device_id starts the communicator now, not inside a CUDA-graph capture.
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)

@@ -26,6 +26,7 @@ import typer
 
 from draftsmith.dist import (
     apply_nccl_env,
+    ensure_nvls_off,
     free_port,
     launch_tp,
     nccl_env,
@@ -133,6 +134,8 @@ def _group(tp: TP) -> Iterator[TP]:
         yield tp
         return
     backend = "nccl" if tp.device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        ensure_nvls_off()
     store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
     dist.init_process_group(backend, store=store, rank=0, world_size=1,
                             device_id=tp.device if backend == "nccl" else None)
