@@ -6,12 +6,17 @@ Inference contract (used by the speculative engine):
 - `forward(tokens, hidden, positions, caches, ...)`: the pair (token x_{t+1}, hidden h_t) sits at
   position t; returns draft-vocab logits and the pre-norm hidden to feed to the next step.
 - `to_target(draft_ids)`: draft id -> target id through d2t.
-Parameter names follow SGLang's layout (`fc`, `midlayer`, `norm`, `lm_head`, `d2t`, `t2d`).
+Module names follow SGLang's layout (`fc`, `midlayer`, `norm`, `lm_head`, `d2t`, `t2d`) with q/k/v
+and gate/up fused; `hf_state_dict` / `load_hf_state_dict` give the unfused names every engine
+reads, and `save_drafter` / `load_drafter` are the draftsmith checkpoint layout.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,9 +46,14 @@ class Eagle3Config:
     max_position_embeddings: int = 4096
     num_layers: int = 1
     norm_before_residual: bool = False  # residual is hidden_norm(h) instead of h
-    norm_before_fc: bool = False  # RMSNorm each aux state before fc
+    norm_before_fc: bool = False  # one RMSNorm over concat(aux) before fc (speculators' name)
+    fc_norm: bool = False  # an RMSNorm per aux state before fc (speculators' name)
+    norm_output: bool = False  # feed norm(h) back to the next step instead of pre-norm h
     aux_convention: str = CANONICAL_WORDS
     target_fingerprint: str = ""
+    target_num_layers: int = 0
+    target_source: str = ""  # an HF folder or hub id where known (export writes it as verifier)
+    target_architectures: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,6 +63,10 @@ class Eagle3Config:
             raise DraftsmithError(
                 f"draft_vocab_size {self.draft_vocab_size} > target vocab {self.vocab_size}"
             )
+        if self.norm_before_fc and self.fc_norm:
+            raise DraftsmithError("norm_before_fc and fc_norm are mutually exclusive")
+        if self.num_layers < 1:
+            raise DraftsmithError(f"num_layers must be >= 1, got {self.num_layers}")
 
     def layer_config(self) -> ModelConfig:
         return ModelConfig(
@@ -68,6 +82,10 @@ class Eagle3Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DraftsmithError(f"drafter config has unknown keys {unknown}")
         return cls(**d)
 
     @classmethod
@@ -75,7 +93,7 @@ class Eagle3Config:
         cls, target: ModelConfig, draft_vocab_size: int, aux_layer_ids: list[int], **over: Any
     ) -> Eagle3Config:
         """A drafter shaped like one layer of the target (the usual choice)."""
-        base = dict(
+        base: dict[str, Any] = dict(
             hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
             num_heads=target.num_heads, num_kv_heads=target.num_kv_heads,
             head_dim=target.head_dim, target_hidden_size=target.hidden_size,
@@ -83,6 +101,7 @@ class Eagle3Config:
             aux_layer_ids=list(aux_layer_ids), rms_norm_eps=target.rms_norm_eps,
             rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
             max_position_embeddings=target.max_position_embeddings,
+            target_num_layers=target.num_layers,
         )
         base.update(over)
         return cls(**base)
@@ -124,9 +143,11 @@ class Eagle3Drafter(nn.Module):
         n = len(cfg.aux_layer_ids)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.aux_norm = (
-            nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(n))
-            if cfg.norm_before_fc else None
+        eps = cfg.rms_norm_eps
+        self.input_norm = RMSNorm(n * cfg.target_hidden_size, eps) if cfg.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(cfg.target_hidden_size, eps) for _ in range(n))
+            if cfg.fc_norm else None
         )
         self.fc = nn.Linear(n * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(lc, True, cfg.norm_before_residual, tp)
@@ -147,10 +168,27 @@ class Eagle3Drafter(nn.Module):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
+    def init_weights(self, std: float = 0.02) -> None:
+        """HF-style init of the trainable weights (norms to one); uses the global RNG."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name == "embed_tokens.weight":
+                    continue
+                if name.endswith("norm.weight") or ".fc_norm." in name:
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std)
+
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        if self.aux_norm is not None:
-            aux = torch.stack([nm(aux[..., i, :]) for i, nm in enumerate(self.aux_norm)], -2)
-        return self.fc(aux.flatten(-2).to(self.fc.weight.dtype))
+        """aux [..., n_aux, target_hidden] -> fc input -> [..., hidden]."""
+        if self.fc_norm is not None:
+            aux = torch.stack([nm(aux[..., i, :]) for i, nm in enumerate(self.fc_norm)], -2)
+        x = aux.flatten(-2)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return self.fc(x.to(self.fc.weight.dtype))
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         freqs = positions.unsqueeze(-1).float() * self.inv_freq.float()
@@ -168,7 +206,8 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [B, Q]; hidden: [B, Q, hidden] (fused or fed back).
 
-        Returns (draft logits [B, Q, draft_vocab], pre-norm hidden [B, Q, hidden]).
+        Returns (draft logits [B, Q, draft_vocab], the hidden to feed back [B, Q, hidden]: pre-norm,
+        or after the final norm when `norm_output`).
         Masks and slots behave as in `Transformer.forward`.
         """
         emb = self.embed_tokens(tokens).to(hidden.dtype)
@@ -183,7 +222,12 @@ class Eagle3Drafter(nn.Module):
         for i, layer in enumerate(self.layers):
             cache = caches[i] if caches is not None else None
             h = layer(emb, h, cos, sin, cache, slots, mask)
-        return self.lm_head(self.norm(h)), h
+        return self.head(h)
+
+    def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm layer output -> (draft logits, hidden fed to the next step)."""
+        normed = self.norm(h)
+        return self.lm_head(normed), normed if self.cfg.norm_output else h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -199,3 +243,176 @@ class Eagle3Drafter(nn.Module):
             "without_embedding": total - emb,
             "without_embedding_and_lm_head": total - emb - head,
         }
+
+
+# Fused draftsmith module names inside a layer -> the unfused names every engine reads.
+_FUSED = {
+    "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+}
+_RENAMED = {"self_attn.o": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
+FORMAT = "draftsmith-drafter"
+FORMAT_VERSION = 1
+CONFIG_FILE = "draftsmith.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _layer_prefix(module_name: str) -> tuple[str, str] | None:
+    if module_name.startswith("midlayer."):
+        return "midlayer.", "midlayer."
+    if module_name.startswith("extra_layers."):
+        i, _, _ = module_name[len("extra_layers."):].partition(".")
+        return f"extra_layers.{i}.", f"layers.{int(i) + 1}."
+    return None
+
+
+def hf_state_dict(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
+    """Unfused names: `fc.weight`, `midlayer.self_attn.q_proj.weight`, ..., extra layers as
+    `layers.{i}.*` (i >= 1), `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, d2t, t2d."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in drafter.state_dict().items():
+        pre = _layer_prefix(name)
+        if pre is None:
+            out[name] = t
+            continue
+        ours, theirs = pre
+        rest = name[len(ours):]
+        mod, _, kind = rest.rpartition(".")
+        if mod in _FUSED:
+            parts = _fused_parts(drafter, ours + mod)
+            for piece, hf in zip(t.split(parts, dim=0), _FUSED[mod], strict=True):
+                out[f"{theirs}{hf}.{kind}"] = piece
+        else:
+            out[theirs + _RENAMED.get(mod, mod) + "." + kind] = t
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _fused_parts(drafter: Eagle3Drafter, module_name: str) -> list[int]:
+    return list(drafter.get_submodule(module_name).parts)
+
+
+def fuse_hf_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_state_dict`: unfused engine names -> this module's state-dict names."""
+    inverse = {v: k for k, v in _RENAMED.items()}
+    piece_of = {p: f for f, parts in _FUSED.items() for p in parts}
+    out: dict[str, torch.Tensor] = {}
+    pending: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
+    for name, t in hf.items():
+        ours = _hf_layer_to_ours(name)
+        if ours is None:
+            out[name] = t
+            continue
+        prefix, mod, kind = ours
+        if mod in piece_of:
+            pending.setdefault((prefix, piece_of[mod], kind), {})[mod] = t
+        else:
+            out[f"{prefix}{inverse.get(mod, mod)}.{kind}"] = t
+    for (prefix, fused, kind), pieces in pending.items():
+        missing = [n for n in _FUSED[fused] if n not in pieces]
+        if missing:
+            raise DraftsmithError(f"drafter weights: {prefix}* lacks {missing}")
+        out[f"{prefix}{fused}.{kind}"] = torch.cat([pieces[n] for n in _FUSED[fused]])
+    return out
+
+
+def _hf_layer_to_ours(name: str) -> tuple[str, str, str] | None:
+    if name.startswith("midlayer."):
+        prefix, rest = "midlayer.", name[len("midlayer."):]
+    elif name.startswith("layers."):
+        i, _, rest = name[len("layers."):].partition(".")
+        prefix = "midlayer." if int(i) == 0 else f"extra_layers.{int(i) - 1}."
+    else:
+        return None
+    mod, _, kind = rest.rpartition(".")
+    return prefix, mod, kind
+
+
+def load_hf_state_dict(
+    drafter: Eagle3Drafter, hf: dict[str, torch.Tensor], where: str = "weights"
+) -> None:
+    """Load unfused engine names into `drafter` (strict: every tensor present, shapes equal)."""
+    state = fuse_hf_state(hf)
+    if "d2t" in state:
+        state["d2t"] = state["d2t"].long()
+    if "t2d" in state:
+        state["t2d"] = state["t2d"].bool()
+    want = drafter.state_dict()
+    missing = sorted(set(want) - set(state))
+    extra = sorted(set(state) - set(want))
+    if missing or extra:
+        raise DraftsmithError(f"{where}: missing tensors {missing}, unexpected tensors {extra}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(want[k].shape):
+            shape = tuple(want[k].shape)
+            raise DraftsmithError(
+                f"{where}: {k} has shape {tuple(v.shape)}, the config implies {shape}"
+            )
+    drafter.load_state_dict(state, strict=True, assign=True)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    drafter.inv_freq = torch.tensor(drafter.lc.inv_freq(), device=drafter.fc.weight.device)
+
+
+def build_empty(cfg: Eagle3Config) -> Eagle3Drafter:
+    """A drafter on the meta device, to be filled by `load_hf_state_dict` (assign=True)."""
+    with torch.device("meta"):
+        return Eagle3Drafter(cfg)
+
+
+def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> Path:
+    """Write the draftsmith layout: `model.safetensors`, then `draftsmith.json` (each file
+    through a tmp name and os.replace, so a reader never sees a half-written file)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "config": drafter.cfg.to_dict(), **summary}
+    state = {k: v.detach().cpu() for k, v in hf_state_dict(drafter).items()}
+    tmp = folder / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / WEIGHTS_FILE)
+    tmp = folder / f".{CONFIG_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    os.replace(tmp, folder / CONFIG_FILE)
+    return folder
+
+
+def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no {CONFIG_FILE} (not a draftsmith drafter folder)")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise DraftsmithError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise DraftsmithError(f"{path}: format version {meta['format_version']} is too new")
+    return meta
+
+
+def load_drafter(
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    embed: torch.Tensor | None = None,
+) -> Eagle3Drafter:
+    """Read a draftsmith drafter folder; `embed` supplies the target's embedding if not stored."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = Eagle3Config.from_dict(read_drafter_meta(folder)["config"])
+    path = folder / WEIGHTS_FILE
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
+    state = load_file(str(path), device=str(device))
+    if "embed_tokens.weight" not in state:
+        if embed is None:
+            raise DraftsmithError(f"{path}: no embed_tokens.weight; pass the target's embedding")
+        state["embed_tokens.weight"] = embed.to(device)
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    drafter = build_empty(cfg)
+    load_hf_state_dict(drafter, state, str(path))
+    return drafter

@@ -1,0 +1,100 @@
+"""Export a draftsmith drafter for SGLang or speculators/vLLM; import external EAGLE-3 folders.
+
+Aux layer ids are written in each engine's own convention through `draftsmith.layers` and read
+back to canonical ids the same way; nothing here adds or subtracts one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.layout import TargetInfo, read_config
+from draftsmith.export.sglang import is_sglang, read_sglang, write_sglang
+from draftsmith.export.speculators import is_speculators, read_speculators, write_speculators
+from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, load_drafter, save_drafter
+
+FORMATS = ("sglang", "speculators")
+
+
+def target_info(drafter: Eagle3Drafter, target: str | None) -> TargetInfo:
+    """Facts about the drafter's target: from the target itself if given, else as recorded."""
+    if target is None:
+        return TargetInfo.of_drafter(drafter.cfg)
+    from draftsmith.targets import load_target
+
+    t = load_target(target)
+    want = drafter.cfg.target_fingerprint
+    if want and t.fingerprint != want:
+        raise DraftsmithError(
+            f"--target {target} has fingerprint {t.fingerprint}, but the drafter was trained "
+            f"for {want} ({drafter.cfg.target_source or 'unknown source'})"
+        )
+    if t.cfg.vocab_size != drafter.cfg.vocab_size:
+        raise DraftsmithError(f"--target {target}: vocabulary {t.cfg.vocab_size} != the "
+                              f"drafter's {drafter.cfg.vocab_size}")
+    return TargetInfo.of_target(t)
+
+
+def export_drafter(
+    drafter_dir: str | Path,
+    fmt: str,
+    out: str | Path,
+    target: str | None = None,
+    dtype: torch.dtype | None = None,
+    speculative_tokens: int = 3,
+    overwrite: bool = False,
+) -> Path:
+    """Write the drafter at `drafter_dir` (draftsmith layout) in an engine's layout at `out`."""
+    if fmt not in FORMATS:
+        raise DraftsmithError(f"unknown export format {fmt!r}: use one of {list(FORMATS)}")
+    drafter = load_drafter(drafter_dir)
+    info = target_info(drafter, target)
+    if fmt == "sglang":
+        return write_sglang(drafter, Path(out), info, dtype, overwrite)
+    return write_speculators(drafter, Path(out), info, dtype, speculative_tokens, overwrite)
+
+
+def detect_format(folder: str | Path) -> str:
+    folder = Path(folder)
+    if (folder / CONFIG_FILE).is_file():
+        return "draftsmith"
+    c = read_config(folder)
+    if is_speculators(c):
+        return "speculators"
+    if is_sglang(c):
+        return "sglang"
+    raise DraftsmithError(
+        f"{folder}/config.json: neither speculators (speculators_model_type eagle3) nor SGLang "
+        f"(architectures {c.get('architectures')}) EAGLE-3 layout"
+    )
+
+
+def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
+    """A drafter from any supported layout; `target` supplies layer count and embedding."""
+    fmt = detect_format(folder)
+    if fmt == "draftsmith":
+        return load_drafter(folder)
+    info = None
+    if target is not None:
+        from draftsmith.targets import load_target
+
+        info = TargetInfo.of_target(load_target(target))
+    if fmt == "speculators":
+        return read_speculators(Path(folder), info)
+    return read_sglang(Path(folder), info)
+
+
+def import_drafter(src: str | Path, out: str | Path, target: str | None = None) -> Path:
+    """Convert an external EAGLE-3 folder into the draftsmith layout at `out`."""
+    drafter = read_any(src, target)
+    out = Path(out)
+    if (out / CONFIG_FILE).exists():
+        raise DraftsmithError(f"{out}: already holds a drafter; choose another --out")
+    return save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
+                                                "format": detect_format(src)})
+
+
+__all__ = ["FORMATS", "detect_format", "export_drafter", "import_drafter", "read_any"]

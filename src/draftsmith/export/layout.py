@@ -1,0 +1,162 @@
+"""What the engine writers and readers share: target facts, the HF layer config, folder I/O."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.config import ModelConfig
+from draftsmith.models.eagle3 import Eagle3Config
+
+WEIGHTS = "model.safetensors"
+
+
+@dataclass
+class TargetInfo:
+    num_layers: int
+    max_position_embeddings: int
+    vocab_size: int
+    name_or_path: str = ""
+    architectures: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    embed: torch.Tensor | None = None
+
+    @classmethod
+    def of_target(cls, target: Any) -> TargetInfo:
+        from draftsmith.train.sources import target_head
+
+        return cls(
+            target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
+            str(target.folder or target.source), list(target.hf_config.get("architectures") or []),
+            target.fingerprint, target_head(target)[0],
+        )
+
+    @classmethod
+    def of_drafter(cls, cfg: Eagle3Config) -> TargetInfo:
+        if cfg.target_num_layers < 1:
+            raise DraftsmithError(
+                "the drafter does not record its target's layer count; pass --target"
+            )
+        return cls(cfg.target_num_layers, cfg.max_position_embeddings, cfg.vocab_size,
+                   cfg.target_source, list(cfg.target_architectures), cfg.target_fingerprint)
+
+
+def hf_layer_config(cfg: Eagle3Config, info: TargetInfo, num_layers: int) -> dict[str, Any]:
+    """An HF LlamaConfig dict for the drafter's decoder layer(s). Rope is written both the
+    transformers-4 way (rope_theta/rope_scaling) and the transformers-5 way (rope_parameters)."""
+    rope = dict(cfg.rope_scaling or {})
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": num_layers,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": rope or None,
+        "rope_parameters": {"rope_type": "default", **rope, "rope_theta": cfg.rope_theta},
+        "max_position_embeddings": info.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
+def model_config_of(layer: dict[str, Any]) -> ModelConfig:
+    """Parse an engine's HF-style layer config (any Llama-like model_type) with our reader."""
+    return ModelConfig.from_hf({**layer, "model_type": "llama"})
+
+
+def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    if dtype is None:
+        return tensors
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
+    return str(tensors["fc.weight"].dtype).removeprefix("torch.")
+
+
+def write_folder(
+    out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], overwrite: bool = False
+) -> Path:
+    """config.json + model.safetensors into `out`, built in a tmp folder and renamed."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise DraftsmithError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every *.safetensors (or pytorch_model*.bin) in a folder, `model.` prefixes dropped."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    if files:
+        for f in files:
+            out.update(load_file(str(f)))
+    else:
+        bins = sorted(folder.glob("pytorch_model*.bin"))
+        if not bins:
+            raise DraftsmithError(f"{folder}: no *.safetensors or pytorch_model*.bin weights")
+        for f in bins:
+            out.update(torch.load(f, map_location="cpu", weights_only=True))
+    return {k.removeprefix("model."): v for k, v in out.items()}
+
+
+def vocab_tensors(
+    w: dict[str, torch.Tensor], vocab: int, draft_vocab: int, where: str
+) -> dict[str, torch.Tensor]:
+    """d2t and t2d, derived from each other (or the identity) where a checkpoint omits them."""
+    d2t, t2d = w.get("d2t"), w.get("t2d")
+    if d2t is None and t2d is None:
+        if draft_vocab != vocab:
+            raise DraftsmithError(f"{where}: no d2t/t2d but draft vocab {draft_vocab} != {vocab}")
+        return {"d2t": torch.zeros(vocab, dtype=torch.long),
+                "t2d": torch.ones(vocab, dtype=torch.bool)}
+    if d2t is None:
+        used = torch.nonzero(t2d.bool()).flatten()
+        d2t = used - torch.arange(used.numel())
+    if t2d is None:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[d2t.long() + torch.arange(d2t.numel())] = True
+    if d2t.numel() != draft_vocab or t2d.numel() != vocab:
+        raise DraftsmithError(
+            f"{where}: d2t has {d2t.numel()} entries and t2d {t2d.numel()}; the config says "
+            f"draft vocab {draft_vocab}, vocab {vocab}"
+        )
+    return {"d2t": d2t.long(), "t2d": t2d.bool()}

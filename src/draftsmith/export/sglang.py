@@ -1,0 +1,178 @@
+"""SGLang's EAGLE-3 layout (`LlamaForCausalLMEagle3`).
+
+Matched against sgl-project/sglang `python/sglang/srt/models/llama_eagle3.py` (commits
+03d5a7771f60 and d737979cbd17): `LlamaModel` holds `embed_tokens`, `fc` (3 x target_hidden_size
+in when `target_hidden_size` is set), `midlayer` (q/k/v and gate/up loaded as shards of
+qkv_proj / gate_up_proj), `norm`; `lm_head` has `draft_vocab_size` rows; `load_weights` turns
+`d2t` into `hot_token_id`, skips `t2d`, and silently drops names it does not know. The aux ids
+are read from the nested `eagle_config.eagle_aux_hidden_state_layer_ids` in
+`python/sglang/srt/model_executor/model_runner.py` (a missing key falls back to the target's
+defaults without a word), so they are always written. The embedding is dropped: SGLang's
+`eagle_worker.py` hands the draft the target's. vLLM also loads this layout
+(`vllm/model_executor/models/llama_eagle3.py`); it reads the top-level
+`eagle_aux_hidden_state_layer_ids` in its own convention, so that is written too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.layout import (
+    TargetInfo,
+    cast,
+    dtype_name,
+    hf_layer_config,
+    model_config_of,
+    read_config,
+    read_weights,
+    vocab_tensors,
+    write_folder,
+)
+from draftsmith.layers import (
+    WORDS,
+    Convention,
+    from_convention,
+    sglang_version_dependent,
+    to_convention,
+)
+from draftsmith.models.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    build_empty,
+    hf_state_dict,
+    load_hf_state_dict,
+)
+
+ARCH = "LlamaForCausalLMEagle3"
+KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
+
+
+def check_exportable(cfg: Eagle3Config) -> None:
+    unsupported = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+                   if getattr(cfg, k)]
+    if unsupported:
+        raise DraftsmithError(f"SGLang's EAGLE-3 model has no {unsupported}; export to "
+                              "speculators instead")
+    if cfg.num_layers != 1:
+        raise DraftsmithError(
+            f"the drafter has {cfg.num_layers} decoder layers; SGLang's extra layers compute "
+            "differently (they drop the residual stream), so only 1-layer drafters are exported"
+        )
+    if len(cfg.aux_layer_ids) != 3:
+        raise DraftsmithError(f"SGLang's fc takes exactly 3 aux states, the drafter has "
+                              f"{len(cfg.aux_layer_ids)}")
+
+
+def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str) -> dict[str, Any]:
+    ids = cfg.aux_layer_ids
+    sglang_ids = to_convention(ids, Convention.SGLANG, info.num_layers)
+    if sglang_version_dependent(sglang_ids):
+        warnings.warn(
+            f"canonical aux ids {ids} are written for SGLang as {sglang_ids}; SGLang before PR "
+            "#25454 (2026-05) reads a list not starting at 1 one layer later. Prefer ids "
+            "starting at 1 (the usual [1, L//2-1, L-4])", stacklevel=2,
+        )
+    return {
+        "architectures": [ARCH],
+        **hf_layer_config(cfg, info, 1),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False,
+        "torch_dtype": dtype,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": sglang_ids,
+            "use_aux_hidden_state": True,
+        },
+        "eagle_aux_hidden_state_layer_ids": to_convention(ids, Convention.VLLM, info.num_layers),
+        "draftsmith": _provenance(cfg, info, sglang_ids),
+    }
+
+
+def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int]) -> dict[str, Any]:
+    return {
+        "aux_layer_ids_canonical": cfg.aux_layer_ids,
+        "canonical_convention": WORDS[Convention.CANONICAL],
+        "eagle_config_ids_convention": WORDS[Convention.SGLANG],
+        "top_level_ids_convention": WORDS[Convention.VLLM],
+        "eagle_config_ids": written,
+        "target_num_layers": info.num_layers,
+        "target_fingerprint": info.fingerprint or cfg.target_fingerprint,
+        "target": info.name_or_path,
+    }
+
+
+def write_sglang(
+    drafter: Eagle3Drafter,
+    out: Path,
+    info: TargetInfo,
+    dtype: torch.dtype | None = None,
+    overwrite: bool = False,
+) -> Path:
+    check_exportable(drafter.cfg)
+    tensors = cast(hf_state_dict(drafter), dtype)
+    tensors.pop("embed_tokens.weight")
+    config = sglang_config(drafter.cfg, info, dtype_name(tensors))
+    return write_folder(out, config, tensors, overwrite)
+
+
+def is_sglang(config: dict[str, Any]) -> bool:
+    return bool(set(config.get("architectures") or []) & KNOWN_ARCHS)
+
+
+def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
+    """An SGLang/SpecForge/EAGLE-reference EAGLE-3 folder -> Eagle3Drafter."""
+    folder = Path(folder)
+    c = read_config(folder)
+    w = read_weights(folder)
+    num_layers = _target_layers(c, info, folder)
+    ids = _canonical_ids(c, num_layers)
+    mc = model_config_of(c)
+    vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size") or mc.vocab_size)
+    cfg = Eagle3Config(
+        hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+        num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+        target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
+        vocab_size=vocab, draft_vocab_size=draft_vocab, aux_layer_ids=ids,
+        rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
+        max_position_embeddings=mc.max_position_embeddings, target_num_layers=num_layers,
+        target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
+        target_source=info.name_or_path if info else "",
+        target_architectures=list(info.architectures) if info else [],
+    )
+    w.update(vocab_tensors(w, vocab, draft_vocab, str(folder)))
+    _add_embedding(w, info, folder)
+    drafter = build_empty(cfg)
+    load_hf_state_dict(drafter, w, str(folder))
+    return drafter
+
+
+def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
+    if info is not None:
+        return info.num_layers
+    n = c.get("draftsmith", {}).get("target_num_layers")
+    if n:
+        return int(n)
+    raise DraftsmithError(f"{folder}: the target's layer count is needed to read the aux layer "
+                          "ids; pass --target")
+
+
+def _canonical_ids(c: dict[str, Any], num_layers: int) -> list[int]:
+    ids = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids:
+        return from_convention(list(ids), Convention.SGLANG, num_layers)
+    # No ids: SGLang captures the inputs of layers [2, L//2, L-3] (its default).
+    return from_convention([2, num_layers // 2, num_layers - 3], Convention.EAGLE, num_layers)
+
+
+def _add_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None, folder: Path) -> None:
+    if "embed_tokens.weight" in w:
+        return
+    if info is None or info.embed is None:
+        raise DraftsmithError(f"{folder}: no embed_tokens.weight (SGLang reuses the target's); "
+                              "pass --target to take it from there")
+    w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)

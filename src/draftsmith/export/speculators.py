@@ -1,0 +1,154 @@
+"""speculators' EAGLE-3 layout, which vLLM serves (`--speculative-config '{"model": DIR}'`).
+
+Matched against vllm-project/speculators `src/speculators/models/eagle3/config.py`
+(`Eagle3SpeculatorConfig`) and `src/speculators/models/eagle3/core.py` (`Eagle3DraftModel`:
+`embed_tokens`, `fc` = num_aux x hidden_size in, `layers.{i}`, `norm`, `lm_head`, buffers `d2t`,
+`t2d`, optional `input_norm` / `fc_norm.{i}`), speculators 0.9.0, and against vLLM's reader
+`vllm/transformers_utils/configs/speculators/algos.py` (`update_eagle3`: it copies the top-level
+`eagle_aux_hidden_state_layer_ids`, vLLM convention, and defaults `norm_before_residual` to
+True when absent, so both are always written). The embedding is kept: a speculators folder
+without `embed_tokens.weight` loads with uninitialised memory there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.layout import (
+    TargetInfo,
+    cast,
+    dtype_name,
+    hf_layer_config,
+    model_config_of,
+    read_config,
+    read_weights,
+    vocab_tensors,
+    write_folder,
+)
+from draftsmith.layers import WORDS, Convention, from_convention, to_convention
+from draftsmith.models.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    build_empty,
+    hf_state_dict,
+    load_hf_state_dict,
+)
+
+FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {("layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
+            for k, v in tensors.items()}
+
+
+def speculators_config(
+    cfg: Eagle3Config, info: TargetInfo, dtype: str, speculative_tokens: int
+) -> dict[str, Any]:
+    if cfg.target_hidden_size != cfg.hidden_size:
+        raise DraftsmithError(
+            f"speculators' fc takes num_aux x hidden_size inputs; this drafter's target hidden "
+            f"size {cfg.target_hidden_size} differs from its hidden size {cfg.hidden_size}"
+        )
+    if not info.name_or_path:
+        raise DraftsmithError("speculators needs the verifier's name or path; pass --target")
+    vllm_ids = to_convention(cfg.aux_layer_ids, Convention.VLLM, info.num_layers)
+    return {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": hf_layer_config(cfg, info, cfg.num_layers),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        **{k: getattr(cfg, k) for k in FLAGS},
+        "embed_requires_grad": False,
+        "eagle_aux_hidden_state_layer_ids": vllm_ids,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{
+                "proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                "verifier_accept_k": 1, "accept_tolerance": 0.0,
+            }],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": info.name_or_path, "architectures": info.architectures},
+        },
+        "tie_word_embeddings": False,
+        "dtype": dtype,
+        "draftsmith": {
+            "aux_layer_ids_canonical": cfg.aux_layer_ids,
+            "canonical_convention": WORDS[Convention.CANONICAL],
+            "written_convention": WORDS[Convention.SPECULATORS],
+            "target_num_layers": info.num_layers,
+            "target_fingerprint": info.fingerprint or cfg.target_fingerprint,
+        },
+    }
+
+
+def write_speculators(
+    drafter: Eagle3Drafter,
+    out: Path,
+    info: TargetInfo,
+    dtype: torch.dtype | None = None,
+    speculative_tokens: int = 3,
+    overwrite: bool = False,
+) -> Path:
+    tensors = speculators_names(cast(hf_state_dict(drafter), dtype))
+    config = speculators_config(drafter.cfg, info, dtype_name(tensors), speculative_tokens)
+    return write_folder(out, config, tensors, overwrite)
+
+
+def is_speculators(config: dict[str, Any]) -> bool:
+    return config.get("speculators_model_type") == "eagle3"
+
+
+def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
+    folder = Path(folder)
+    c = read_config(folder)
+    layer = c.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DraftsmithError(f"{folder}/config.json: transformer_layer_config is missing")
+    mc = model_config_of(layer)
+    num_layers = _verifier_layers(c, info, folder)
+    ids = c.get("eagle_aux_hidden_state_layer_ids") or [2, num_layers // 2, num_layers - 3]
+    vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size", 32000))
+    verifier = (c.get("speculators_config") or {}).get("verifier") or {}
+    cfg = Eagle3Config(
+        hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+        num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+        target_hidden_size=mc.hidden_size, vocab_size=vocab, draft_vocab_size=draft_vocab,
+        aux_layer_ids=from_convention(list(ids), Convention.SPECULATORS, num_layers),
+        rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
+        max_position_embeddings=mc.max_position_embeddings, num_layers=mc.num_layers,
+        **{k: bool(c.get(k, False)) for k in FLAGS},
+        target_num_layers=num_layers,
+        target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
+        target_source=str(verifier.get("name_or_path") or ""),
+        target_architectures=list(verifier.get("architectures") or []),
+    )
+    w = read_weights(folder)
+    w = {k: v for k, v in w.items() if not k.startswith("verifier_")}
+    w.update(vocab_tensors(w, vocab, draft_vocab, str(folder)))
+    if "embed_tokens.weight" not in w:
+        if info is None or info.embed is None:
+            raise DraftsmithError(f"{folder}: no embed_tokens.weight; pass --target")
+        w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
+    drafter = build_empty(cfg)
+    load_hf_state_dict(drafter, w, str(folder))
+    return drafter
+
+
+def _verifier_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
+    if info is not None:
+        return info.num_layers
+    n = c.get("draftsmith", {}).get("target_num_layers")
+    if n:
+        return int(n)
+    verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    vcfg = Path(str(verifier)) / "config.json" if verifier else None
+    if vcfg is not None and vcfg.is_file():
+        return int(read_config(vcfg.parent)["num_hidden_layers"])
+    raise DraftsmithError(f"{folder}: the target's layer count is needed to read the aux layer "
+                          "ids; pass --target")

@@ -1,0 +1,168 @@
+"""Data order and batches: a seeded permutation per epoch, packed into rows of `max_len` tokens.
+
+Rank r of W takes permutation[r::W] and packs it in order (next fit); a batch is `batch_size`
+rows. Every rank computes every rank's packing, so all agree on the steps per epoch (the
+minimum). The order is a pure function of (lengths, seed, epoch, W, batch_size, max_len), so
+a resumed run only needs the global step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.ttt import doc_causal_mask
+
+Row = list[tuple[int, int]]  # (sample index, tokens taken from its start)
+
+
+class Source(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]: ...
+
+
+def pack(order: list[int], lengths: list[int], max_len: int) -> list[Row]:
+    rows: list[Row] = []
+    cur: Row = []
+    used = 0
+    for i in order:
+        n = min(lengths[i], max_len)
+        if cur and used + n > max_len:
+            rows.append(cur)
+            cur, used = [], 0
+        cur.append((i, n))
+        used += n
+    if cur:
+        rows.append(cur)
+    return rows
+
+
+class Plan:
+    def __init__(
+        self, lengths: list[int], batch_size: int, max_len: int, world: int, rank: int, seed: int
+    ) -> None:
+        if len(lengths) < world * batch_size:
+            raise DraftsmithError(
+                f"{len(lengths)} samples cannot fill one batch of {batch_size} rows on each of "
+                f"{world} ranks"
+            )
+        self.lengths, self.batch_size, self.max_len = lengths, batch_size, max_len
+        self.world, self.rank, self.seed = world, rank, seed
+        self._steps: dict[int, int] = {}
+        self._rows: tuple[int, list[Row]] | None = None
+
+    def _pack_epoch(self, e: int) -> None:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + e)
+        perm = torch.randperm(len(self.lengths), generator=g).tolist()
+        packed = [pack(perm[r :: self.world], self.lengths, self.max_len)
+                  for r in range(self.world)]
+        steps = min(len(p) for p in packed) // self.batch_size
+        if steps == 0:
+            raise DraftsmithError(
+                f"epoch {e}: the data packs into fewer than batch_size={self.batch_size} "
+                f"rows of {self.max_len} tokens per rank; lower --batch-size"
+            )
+        self._steps[e] = steps
+        self._rows = (e, packed[self.rank])
+
+    def steps_per_epoch(self, e: int) -> int:
+        if e not in self._steps:
+            self._pack_epoch(e)
+        return self._steps[e]
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """Global step -> (epoch, batch index within the epoch)."""
+        e = 0
+        while step >= self.steps_per_epoch(e):
+            step -= self.steps_per_epoch(e)
+            e += 1
+        return e, step
+
+    def rows(self, step: int) -> tuple[int, int, list[Row]]:
+        """(epoch, batch index, this rank's rows) of a global step."""
+        e, b = self.locate(step)
+        if self._rows is None or self._rows[0] != e:
+            self._pack_epoch(e)
+        rows = self._rows[1]  # type: ignore[index]
+        return e, b, rows[b * self.batch_size : (b + 1) * self.batch_size]
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T] long
+    loss_mask: torch.Tensor  # [B, T] bool
+    positions: torch.Tensor  # [B, T] long, position within the document
+    doc: torch.Tensor  # [B, T] long, -1 = padding
+    aux: torch.Tensor | None  # [B, T, n_aux, Ht]
+    hidden: torch.Tensor | None  # [B, T, Ht] after the target's final norm
+    samples: list[int]
+
+    def to(self, device: torch.device | str) -> Batch:
+        move = {k: getattr(self, k) for k in ("tokens", "loss_mask", "positions", "doc", "aux",
+                                              "hidden")}
+        moved = {k: None if v is None else v.to(device, non_blocking=True) for k, v in move.items()}
+        return Batch(**moved, samples=self.samples)
+
+    @property
+    def tokens_used(self) -> int:
+        return int((self.doc >= 0).sum())
+
+
+def collate(source: Source, rows: list[Row]) -> Batch:
+    width = max(sum(n for _, n in row) for row in rows)
+    b = len(rows)
+    tokens = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width, dtype=torch.bool)
+    positions = torch.zeros(b, width, dtype=torch.long)
+    doc = torch.full((b, width), -1, dtype=torch.long)
+    aux: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    samples: list[int] = []
+    for r, row in enumerate(rows):
+        at = 0
+        for i, n in row:
+            s = source[i]
+            tokens[r, at : at + n] = s["input_ids"][:n]
+            mask[r, at : at + n] = s["loss_mask"][:n].bool()
+            positions[r, at : at + n] = torch.arange(n)
+            doc[r, at : at + n] = i
+            if "aux" in s:
+                if aux is None:
+                    aux = s["aux"].new_zeros(b, width, *s["aux"].shape[1:])
+                    hidden = s["hidden"].new_zeros(b, width, s["hidden"].shape[-1])
+                aux[r, at : at + n] = s["aux"][:n]
+                hidden[r, at : at + n] = s["hidden"][:n]
+            samples.append(i)
+            at += n
+    return Batch(tokens, mask, positions, doc, aux, hidden, samples)
+
+
+@torch.no_grad()
+def run_target(model: Any, batch: Batch, aux_ids: tuple[int, ...]) -> Batch:
+    """Fill aux and hidden of a token-only batch with a forward of the target (online)."""
+    out = model(batch.tokens, batch.positions, mask=doc_causal_mask(batch.doc), aux_ids=aux_ids,
+                want_logits=False)
+    batch.aux, batch.hidden = out.aux, out.hidden
+    return batch
+
+
+class TokenSource:
+    """Token-only samples (online training): ids and loss masks of tokenised conversations."""
+
+    def __init__(self, samples: list[tuple[list[int], list[bool]]]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids, mask = self.samples[i]
+        return {"input_ids": torch.tensor(ids, dtype=torch.long),
+                "loss_mask": torch.tensor(mask, dtype=torch.bool)}
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids, _ in self.samples]

@@ -1,0 +1,110 @@
+"""Training checkpoints: `OUT/checkpoints/step-NNNNNNNN/`, written whole or not at all.
+
+Each holds the drafter in the draftsmith layout (fp32 master weights), `trainer_state.pt`
+(optimizer, scheduler, step, metric accumulators) and one `rng-R.pt` per rank. A checkpoint is
+built in a dot-named tmp folder and renamed into place; older ones beyond `keep_last` go after.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import Eagle3Drafter, save_drafter
+
+CHECKPOINTS = "checkpoints"
+STATE = "trainer_state.pt"
+
+
+def checkpoint_dir(out: Path, step: int) -> Path:
+    return Path(out) / CHECKPOINTS / f"step-{step:08d}"
+
+
+def list_checkpoints(out: Path) -> list[Path]:
+    root = Path(out) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.name.startswith("step-") and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    found = list_checkpoints(out)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    out: Path,
+    step: int,
+    drafter: Eagle3Drafter,
+    trainer: dict[str, Any],
+    summary: dict[str, Any],
+    keep_last: int,
+    rank: int = 0,
+) -> Path:
+    """Every rank calls this (collective); rank 0 writes the model and trainer state."""
+    final = checkpoint_dir(out, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_drafter(drafter, tmp, **summary)
+        torch.save(trainer, tmp / STATE)
+    _barrier()
+    torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+    _barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old)
+    _barrier()
+    return final
+
+
+def load_trainer_state(folder: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(trainer state, this rank's RNG state or None when the run had fewer ranks)."""
+    try:
+        trainer = torch.load(folder / STATE, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise DraftsmithError(f"{folder / STATE}: unreadable checkpoint ({e})") from None
+    rng_path = folder / f"rng-{rank}.pt"
+    rng = torch.load(rng_path, weights_only=False) if rng_path.is_file() else None
+    return trainer, rng

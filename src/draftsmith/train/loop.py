@@ -1,0 +1,401 @@
+"""`train(TrainConfig)`: EAGLE-3 training-time-test training, offline or online, under torchrun.
+
+Writes into `out`: the drafter (`draftsmith.json` + `model.safetensors`), `train_log.jsonl`,
+`train_curves.png` and `checkpoints/`. With `resume`, the latest checkpoint's weights,
+optimizer, scheduler, data position and RNG continue the run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import (
+    CONFIG_FILE,
+    Eagle3Config,
+    Eagle3Drafter,
+    load_drafter,
+    read_drafter_meta,
+    save_drafter,
+)
+from draftsmith.train import checkpoint as ckpt
+from draftsmith.train import report
+from draftsmith.train.batches import Batch, Plan, collate, run_target
+from draftsmith.train.dist import DistCtx, setup
+from draftsmith.train.objective import Targets, chain_counts, make_targets, step_loss, summarize
+from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
+from draftsmith.train.ttt import unroll
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    data: str | None = None  # dataset folder (offline)
+    prompts: str | None = None  # conversations with answers (online)
+    target: str | None = None  # default: the dataset's target, else the embedded default
+    ttt_steps: int = 7
+    step_decay: float = 0.8
+    lr: float = 1e-4
+    min_lr: float = 0.0
+    warmup_ratio: float = 0.02
+    warmup_steps: int | None = None
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 1
+    max_len: int = 2048
+    draft_vocab_size: int = 32000
+    vocab: str | None = None  # a vocab.safetensors (d2t, t2d); default: counted from the data
+    aux_layer_ids: list[int] | None = None  # online only; offline reads the manifest
+    num_layers: int = 1
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    max_samples: int | None = None
+    seed: int = 0
+    save_every: int = 500
+    keep_last: int = 3
+    log_every: int = 10
+    device: str = "auto"
+    bf16: bool | None = None  # None: autocast to bf16 on CUDA only
+    resume: bool = False
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.prompts is None):
+            raise DraftsmithError("give exactly one of --data DATASET (offline) or --prompts FILE "
+                                  "(online)")
+        for name in ("ttt_steps", "batch_size", "max_len", "epochs", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_len < self.ttt_steps + 2:
+            raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
+
+
+# Changing these between a checkpoint and --resume would change the run: refused.
+IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
+            "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
+            "max_len", "draft_vocab_size", "vocab", "num_layers", "max_samples", "seed")
+
+
+class TTTModel(nn.Module):
+    """The drafter plus its unrolled TTT loss: one module, so DDP sees a plain forward."""
+
+    def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float) -> None:
+        super().__init__()
+        self.drafter, self.steps, self.decay = drafter, steps, decay
+
+    def forward(self, tokens, aux, positions, doc, prob, label, ok):
+        tg = Targets(prob, label, ok)
+        fused = self.drafter.fuse(aux)
+        total = torch.zeros((), device=tokens.device)
+        losses, correct, valid = [], [], []
+        steps = unroll(self.drafter, tokens, fused, positions, doc, self.steps)
+        for j, logits in enumerate(steps):
+            loss, c, v = step_loss(logits, tg, j)
+            total = total + self.decay**j * loss
+            losses.append(loss.detach().float())
+            correct.append(c)
+            valid.append(v)
+        return total, torch.stack(losses), torch.stack(correct), torch.stack(valid)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Window:
+    """Sums over one logging window (saved in checkpoints, so a resumed log is identical)."""
+
+    def __init__(self, steps: int) -> None:
+        self.n, self.loss, self.grad = 0, 0.0, 0.0
+        self.step_loss = torch.zeros(steps, dtype=torch.float64)
+        self.counts = torch.zeros(4, steps, dtype=torch.float64)
+        self.tokens, self.seconds = 0, 0.0
+
+    def state(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: DistCtx) -> None:
+        self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
+        self.target = resolve_target(cfg.target, cfg.data)
+        self.data = self._open_data()
+        found = self._find_checkpoint()
+        self.drafter = self._build_drafter(found).to(ctx.device)
+        self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
+                         cfg.seed)
+        self.total = self._total_steps()
+        self.opt, self.sched = self._optimizer()
+        self.step, self.tokens = 0, 0
+        self.window = Window(cfg.ttt_steps)
+        if found is not None:
+            self._restore(found)
+        self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay))
+        self.bf16 = ctx.device.type == "cuda" if cfg.bf16 is None else cfg.bf16
+        head_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.head = target_head(self.target)[1].to(ctx.device, head_dtype)
+        d2t = self.drafter.d2t
+        self.used = d2t + torch.arange(d2t.numel(), device=d2t.device)
+        self.target_model = (self.target.build(head_dtype, str(ctx.device))
+                             if self.data.online else None)
+
+    def say(self, msg: str) -> None:
+        if self.ctx.main:
+            print(f"draftsmith train: {msg}", file=sys.stderr)
+
+    def _open_data(self) -> Data:
+        c = self.cfg
+        if c.data:
+            return open_offline(c.data, self.target, c.max_samples)
+        return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples)
+
+    def _find_checkpoint(self) -> Path | None:
+        latest = ckpt.latest_checkpoint(self.out)
+        if self.cfg.resume:
+            if latest is None:
+                self.say(f"--resume: {self.out} holds no checkpoint yet, starting fresh")
+            return latest
+        if latest is not None or (self.out / CONFIG_FILE).exists():
+            what = latest.name if latest else "a drafter"
+            raise DraftsmithError(
+                f"{self.out} already holds a training run ({what}); pass --resume to continue "
+                "it, or choose another --out"
+            )
+        return None
+
+    def _build_drafter(self, found: Path | None) -> Eagle3Drafter:
+        if found is not None:
+            self.vocab_summary = read_drafter_meta(found).get("vocab", {})
+            return load_drafter(found)
+        embed, _ = target_head(self.target)
+        c, t = self.cfg, self.target
+        d2t, t2d = self._vocab()
+        dcfg = Eagle3Config.for_target(
+            t.cfg, len(d2t), self.data.aux_layer_ids, num_layers=c.num_layers,
+            norm_before_residual=c.norm_before_residual, norm_before_fc=c.norm_before_fc,
+            fc_norm=c.fc_norm, norm_output=c.norm_output, target_fingerprint=t.fingerprint,
+            target_source=str(t.folder or t.source),
+            target_architectures=list(t.hf_config.get("architectures") or []),
+        )
+        torch.manual_seed(c.seed)
+        drafter = Eagle3Drafter(dcfg)
+        drafter.init_weights()
+        with torch.no_grad():
+            drafter.embed_tokens.weight.copy_(embed)
+        drafter.set_vocab(d2t, t2d)
+        return drafter
+
+    def _vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from draftsmith.data.vocab import build_vocab, load_vocab
+
+        vocab = self.target.cfg.vocab_size
+        if self.cfg.vocab:
+            d2t, t2d = load_vocab(self.cfg.vocab)
+            if t2d.numel() != vocab:
+                raise DraftsmithError(f"{self.cfg.vocab}: t2d covers {t2d.numel()} tokens, the "
+                                      f"target has {vocab}")
+            self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
+            return d2t.long(), t2d.bool()
+        v = build_vocab(self.data.token_counts(vocab), min(self.cfg.draft_vocab_size, vocab), vocab)
+        self.vocab_summary = v.summary()
+        return v.d2t, v.t2d
+
+    def _total_steps(self) -> int:
+        if self.cfg.max_steps is not None:
+            return self.cfg.max_steps
+        return sum(self.plan.steps_per_epoch(e) for e in range(self.cfg.epochs))
+
+    def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        c = self.cfg
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
+        warm = c.warmup_steps if c.warmup_steps is not None else round(c.warmup_ratio * self.total)
+        warm, total, ratio = max(1, warm), self.total, c.min_lr / c.lr
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_factor(s, warm, total, ratio)
+        )
+        return opt, sched
+
+    def _wrap(self, model: TTTModel) -> nn.Module:
+        if self.ctx.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dev = self.ctx.device
+        return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                   broadcast_buffers=False)
+
+    def _restore(self, found: Path) -> None:
+        state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
+        for key in IDENTITY:
+            old, new = state["config"].get(key), getattr(self.cfg, key)
+            if old != new:
+                raise DraftsmithError(
+                    f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
+                    "with the same options (or train into another --out)"
+                )
+        if state["world"] != self.ctx.world:
+            raise DraftsmithError(
+                f"--resume from {found}: the run had {state['world']} ranks, now "
+                f"{self.ctx.world}; the data order would change"
+            )
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.window.load(state["window"])
+        if rng is not None:
+            ckpt.set_rng_state(rng)
+        if self.ctx.main:
+            report.truncate_log(self.out, self.step)
+        self.say(f"resumed from {found} at step {self.step}")
+
+    def run(self) -> Path:
+        from tqdm import tqdm
+
+        if self.ctx.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self._describe()
+        bar = tqdm(total=self.total, initial=self.step, disable=not (self.cfg.progress and
+                   self.ctx.main), desc="train", dynamic_ncols=True)
+        while self.step < self.total:
+            t0 = time.perf_counter()
+            self.train_step()
+            self.window.seconds += time.perf_counter() - t0
+            self.step += 1
+            bar.update(1)
+            if self.step % self.cfg.log_every == 0 or self.step == self.total:
+                bar.set_postfix_str(self._log())
+            if self.step % self.cfg.save_every == 0 or self.step == self.total:
+                self._checkpoint()
+        bar.close()
+        return self._finish()
+
+    def _describe(self) -> None:
+        d = self.drafter.cfg
+        self.say(
+            f"{self.data.summary['samples']} samples ({self.data.summary['kind']}), "
+            f"{self.total} steps of {self.cfg.batch_size}x{self.cfg.max_len} tokens on "
+            f"{self.ctx.world} rank(s), draft vocab {d.draft_vocab_size}, aux layers "
+            f"{d.aux_layer_ids} (canonical), {self.drafter.param_groups()['trainable']:,} "
+            f"trainable parameters"
+        )
+
+    def _batch(self) -> tuple[int, int, Batch]:
+        e, b, rows = self.plan.rows(self.step)
+        batch = collate(self.data.source, rows).to(self.ctx.device)
+        if self.target_model is not None:
+            run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
+        return e, b, batch
+
+    def train_step(self) -> None:
+        e, b, batch = self._batch()
+        tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
+        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.bf16):
+            loss, losses, correct, valid = self.model(
+                batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
+            )
+        stats = torch.cat([loss.detach().float().view(1), losses]).double()
+        self.ctx.all_reduce_sum(stats)
+        stats = stats.cpu() / self.ctx.world
+        if not torch.isfinite(stats).all():
+            self._non_finite(float(stats[0]), bool(torch.isfinite(loss)), e, b, batch)
+        loss.backward()
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        counts = self.ctx.all_reduce_sum(chain_counts(correct, valid)).cpu()
+        tokens = self.ctx.all_reduce_sum(torch.tensor(batch.tokens_used, device=loss.device))
+        w = self.window
+        w.n += 1
+        w.loss += float(stats[0])
+        w.step_loss += stats[1:]
+        w.counts += counts
+        w.grad += float(grad)
+        w.tokens += int(tokens)
+        self.tokens += int(tokens)
+
+    def _non_finite(self, value: float, local_ok: bool, e: int, b: int, batch: Batch) -> None:
+        names = self._sample_names(batch.samples)
+        where = "this rank's batch is finite" if local_ok else "this rank's batch is not finite"
+        raise DraftsmithError(
+            f"loss is {value} at step {self.step + 1} (epoch {e}, batch {b}, rank "
+            f"{self.ctx.rank}: samples {names}; {where}); check those samples' hidden states, "
+            "or lower --lr"
+        )
+
+    def _sample_names(self, samples: list[int]) -> list[str]:
+        sid = getattr(self.data.source, "sample_id", None)
+        if sid is None:
+            return [str(i) for i in samples]
+        return [f"{i} (id {sid(i)})" for i in samples]
+
+    def _log(self) -> str:
+        w = self.window
+        s = summarize(w.counts)
+        row = {
+            "step": self.step, "epoch": self.plan.locate(self.step - 1)[0],
+            "lr": self.sched.get_last_lr()[0], "loss": w.loss / w.n,
+            "step_loss": (w.step_loss / w.n).tolist(), **s, "grad_norm": w.grad / w.n,
+            "tokens": self.tokens, "tokens_per_s": w.tokens / max(w.seconds, 1e-9),
+        }
+        if self.ctx.main:
+            report.append_log(self.out, row)
+        self.window = Window(self.cfg.ttt_steps)
+        return (f"loss {row['loss']:.3f} acc0 {s['acc'][0]:.3f} "
+                f"accept {s['accept_length']:.2f} tok/s {row['tokens_per_s']:.0f}")
+
+    def _summary(self) -> dict[str, Any]:
+        rows = report.read_log(self.out) if self.ctx.main else []
+        last = rows[-1] if rows else {}
+        training = {"steps": self.step, "tokens": self.tokens, "world_size": self.ctx.world,
+                    "config": asdict(self.cfg)}
+        for key in ("loss", "acc", "cond_acc", "accept_length"):
+            if key in last:
+                training[f"last_{key}"] = last[key]
+        return {"training": training, "data": self.data.summary, "vocab": self.vocab_summary}
+
+    def _checkpoint(self) -> None:
+        state = {"step": self.step, "tokens": self.tokens, "world": self.ctx.world,
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "window": self.window.state(), "config": asdict(self.cfg)}
+        ckpt.save_checkpoint(self.out, self.step, self.drafter, state, self._summary(),
+                             self.cfg.keep_last, self.ctx.rank)
+        if self.ctx.main:
+            report.plot(self.out)
+
+    def _finish(self) -> Path:
+        if self.ctx.main:
+            save_drafter(self.drafter, self.out, **self._summary())
+            report.plot(self.out)
+            self.say(f"drafter written to {self.out}")
+        return self.out
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train a drafter as `cfg` says; under torchrun every rank calls this."""
+    ctx = setup(cfg.device)
+    try:
+        return Trainer(cfg, ctx).run()
+    finally:
+        ctx.close()

@@ -1,0 +1,57 @@
+"""Training log: one JSON line per logging window (`train_log.jsonl`) and a PNG of the curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LOG = "train_log.jsonl"
+PLOT = "train_curves.png"
+
+
+def read_log(out: Path) -> list[dict[str, Any]]:
+    path = Path(out) / LOG
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_log(out: Path, step: int) -> None:
+    """Keep the rows of steps <= `step` (a resumed run rewrites what came after)."""
+    rows = [r for r in read_log(out) if r["step"] <= step]
+    path = Path(out) / LOG
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def append_log(out: Path, row: dict[str, Any]) -> None:
+    with open(Path(out) / LOG, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def plot(out: Path) -> Path | None:
+    """Loss and per-TTT-position accuracy against the optimizer step."""
+    rows = read_log(out)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a.plot(steps, [r["loss"] for r in rows])
+    a.set(xlabel="step", ylabel="weighted TTT loss", title="loss")
+    for k in range(len(rows[0]["acc"])):
+        b.plot(steps, [r["acc"][k] for r in rows], label=f"position {k}")
+    b.plot(steps, [r["accept_length"] / (len(rows[0]["acc"]) + 1) for r in rows], "k--",
+           label="accept length / (k+1)")
+    b.set(xlabel="step", ylabel="accuracy (top-1 = target argmax)", ylim=(0, 1),
+          title="TTT per-position accuracy")
+    b.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = Path(out) / PLOT
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,151 @@
+"""Where training samples come from: a dataset folder (offline) or conversations that the target
+turns into hidden states on the fly (online)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
+from draftsmith.targets import DEFAULT_NAME, Target, load_target
+from draftsmith.train.batches import Source, TokenSource
+
+
+@dataclass
+class Data:
+    source: Source
+    lengths: list[int]
+    aux_layer_ids: list[int]
+    online: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+
+    def token_counts(self, vocab: int) -> torch.Tensor:
+        """Frequencies of the assistant tokens this run trains on (ids only, no hidden states)."""
+        from draftsmith.data.vocab import count_dataset, count_ids
+
+        if self.manifest is not None:
+            return count_dataset(self.source.folder, vocab)  # type: ignore[attr-defined]
+        items = (self.source[i] for i in range(len(self.source)))
+        return count_ids(((s["input_ids"].tolist(), s["loss_mask"].tolist()) for s in items),
+                         vocab)
+
+
+class Head:
+    """The first n samples of a source."""
+
+    def __init__(self, source: Source, n: int) -> None:
+        self.source, self.n = source, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.source[i]
+
+
+def target_of_dataset(manifest: dict[str, Any]) -> str:
+    source = str(manifest.get("target", {}).get("source", ""))
+    if not source:
+        raise DraftsmithError("the dataset manifest names no target; pass --target")
+    return "default" if source == DEFAULT_NAME else source
+
+
+def open_offline(folder: str | Path, target: Target, max_samples: int | None) -> Data:
+    from draftsmith.data.shards import Dataset
+
+    ds = Dataset(folder)
+    m = ds.manifest
+    _check_dataset(folder, m, target)
+    lengths = ds.lengths()
+    source: Source = ds
+    if max_samples is not None and max_samples < len(ds):
+        source, lengths = Head(ds, max_samples), lengths[:max_samples]
+    ids = validate(m["aux_layer_ids"], target.cfg.num_layers)
+    summary = {"kind": "offline", "folder": str(Path(folder).resolve()),
+               "samples": len(lengths), "tokens": sum(lengths),
+               "target_fingerprint": m["target"].get("fingerprint"),
+               "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
+    return Data(source, lengths, ids, False, summary, m if source is ds else None)
+
+
+def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> None:
+    got = m.get("target", {}).get("fingerprint")
+    if got and got != target.fingerprint:
+        raise DraftsmithError(
+            f"{folder}: captured from target {m['target'].get('source')!r} (fingerprint {got}), "
+            f"but the training target {target.source!r} has fingerprint {target.fingerprint}"
+        )
+    if int(m.get("hidden_size", target.cfg.hidden_size)) != target.cfg.hidden_size:
+        raise DraftsmithError(
+            f"{folder}: hidden size {m['hidden_size']} != the target's {target.cfg.hidden_size}"
+        )
+    conv = m.get("aux_convention", CANONICAL_WORDS)
+    if conv != CANONICAL_WORDS:
+        raise DraftsmithError(
+            f"{folder}: aux ids are recorded as {conv!r}; draftsmith reads only its canonical "
+            f"form ({CANONICAL_WORDS})"
+        )
+    if not m.get("shards"):
+        raise DraftsmithError(f"{folder}: the dataset has no finished shards")
+
+
+def open_online(
+    prompts: str | Path, target: Target, aux_ids: list[int] | None, max_samples: int | None
+) -> Data:
+    from draftsmith.data.chat import encode
+    from draftsmith.data.prompts import load_prompts
+
+    convs = load_prompts(prompts).conversations
+    if max_samples is not None:
+        convs = convs[:max_samples]
+    samples = []
+    for i, c in enumerate(convs):
+        try:
+            ids, mask = encode(target.tokenizer, c.messages)
+        except DraftsmithError as e:
+            raise DraftsmithError(f"{prompts}: conversation {i} (id {c.id}): {e}") from None
+        if any(mask):
+            samples.append((ids, mask))
+    if not samples:
+        raise DraftsmithError(
+            f"{prompts}: no conversation has an assistant turn; online training needs answers "
+            "(regenerate them with the target first)"
+        )
+    layers = target.cfg.num_layers
+    ids = validate(aux_ids or default_aux_layers(layers), layers)
+    src = TokenSource(samples)
+    summary = {"kind": "online", "prompts": str(prompts), "samples": len(samples),
+               "skipped_without_assistant": len(convs) - len(samples),
+               "tokens": sum(src.lengths()), "aux_layer_ids": ids}
+    return Data(src, src.lengths(), ids, True, summary)
+
+
+def resolve_target(target: str | None, data: str | None) -> Target:
+    if target:
+        return load_target(target)
+    if data:
+        from draftsmith.data.shards import read_manifest
+
+        return load_target(target_of_dataset(read_manifest(Path(data))))
+    return load_target("default")
+
+
+def target_head(target: Target) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding [V, H], lm_head [V, H]) of the target, from its HF-named weights."""
+    w = target.weights
+    if "model.embed_tokens.weight" not in w:
+        raise DraftsmithError(f"{target.source}: no model.embed_tokens.weight in the target")
+    embed = w["model.embed_tokens.weight"]
+    head = w.get("lm_head.weight")
+    if head is None:
+        if not target.cfg.tie_word_embeddings:
+            raise DraftsmithError(f"{target.source}: no lm_head.weight and embeddings not tied")
+        head = embed
+    return embed.float(), head.float()

@@ -1,0 +1,174 @@
+"""The training loop: exact resume, NaN stop, refusals, online mode, 2-process DDP over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+from test_train_helpers import AUX, one_thread, write_dataset  # noqa: F401
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import load_drafter
+from draftsmith.targets import load_target
+from draftsmith.train import TrainConfig, train
+from draftsmith.train.batches import TokenSource, collate, pack, run_target
+from draftsmith.train.checkpoint import list_checkpoints
+from draftsmith.train.loop import Trainer
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_llama_dir):
+    root = tmp_path_factory.mktemp("train")
+    target = load_target(tiny_llama_dir)
+    data = write_dataset(root / "data", target, n=24)
+    (root / "target").symlink_to(tiny_llama_dir)
+    return root, target, data
+
+
+def config(root, out, **over) -> TrainConfig:
+    base = dict(out=str(root / out), data=str(root / "data"), target=str(root / "target"),
+                max_steps=6, batch_size=2, max_len=48, ttt_steps=3, lr=3e-3, log_every=1,
+                save_every=3, keep_last=2, draft_vocab_size=64, progress=False)
+    base.update(over)
+    return TrainConfig(**base)
+
+
+def log_rows(folder):
+    rows = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("tokens_per_s")
+    return rows
+
+
+def test_resume_continues_exactly(setup, monkeypatch):
+    root, _, _ = setup
+    with pytest.warns(UserWarning, match="distinct assistant tokens"):
+        train(config(root, "straight"))
+    calls = {"n": 0}
+    real = Trainer.train_step
+
+    def dies_at_step_5(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning):
+        train(config(root, "cut"))
+    monkeypatch.setattr(Trainer, "train_step", real)
+    with pytest.raises(DraftsmithError, match="--resume"):
+        train(config(root, "cut"))
+    train(config(root, "cut", resume=True))
+
+    a, b = root / "straight", root / "cut"
+    assert [r["step"] for r in log_rows(b)] == [1, 2, 3, 4, 5, 6]
+    assert log_rows(a) == log_rows(b)
+    da, db = load_drafter(a).state_dict(), load_drafter(b).state_dict()
+    assert all(torch.equal(da[k], db[k]) for k in da)
+    assert [p.name for p in list_checkpoints(b)] == ["step-00000003", "step-00000006"]
+    assert not [p for p in (b / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert (b / "train_curves.png").stat().st_size > 0
+    losses = [r["loss"] for r in log_rows(a)]
+    assert losses[-1] < losses[0]
+    meta = json.loads((a / "draftsmith.json").read_text())
+    assert meta["config"]["aux_layer_ids"] == AUX and meta["training"]["steps"] == 6
+    with pytest.raises(DraftsmithError, match="lr was"):
+        train(config(root, "cut", resume=True, lr=1e-3))
+
+
+def test_non_finite_loss_names_step_and_samples(setup):
+    root, target, _ = setup
+    write_dataset(root / "poisoned", target, n=8, poison=5)
+    cfg = config(root, "nan", data=str(root / "poisoned"), batch_size=1, max_len=24,
+                 max_steps=8)
+    with pytest.raises(DraftsmithError, match=r"loss is nan at step \d+ .*id s5"), \
+            pytest.warns(UserWarning):
+        train(cfg)
+    assert not list_checkpoints(root / "nan") or all(
+        torch.isfinite(load_drafter(p).fc.weight).all() for p in list_checkpoints(root / "nan"))
+
+
+def test_online_aux_equals_offline_capture_of_packed_rows(setup):
+    _, target, _ = setup
+    model = target.build(torch.float32)
+    seqs = [([1, 5, 9, 30, 44, 7], [0, 0, 1, 1, 1, 1]), ([3, 8, 8, 20], [0, 1, 1, 1]),
+            ([4, 4, 60, 61, 62], [0, 0, 0, 1, 1])]
+    src = TokenSource(seqs)
+    rows = pack([0, 1, 2], src.lengths(), 11)
+    assert rows == [[(0, 6), (1, 4)], [(2, 5)]]
+    batch = run_target(model, collate(src, rows), tuple(AUX))
+    with torch.no_grad():
+        for r, row in enumerate(rows):
+            at = 0
+            for i, n in row:
+                ids = torch.tensor([seqs[i][0]])
+                fo = model(ids, torch.arange(n)[None], aux_ids=tuple(AUX), want_logits=False)
+                assert torch.allclose(batch.aux[r, at : at + n], fo.aux[0], atol=1e-5)
+                assert torch.allclose(batch.hidden[r, at : at + n], fo.hidden[0], atol=1e-5)
+                at += n
+
+
+def test_online_training_from_conversations(setup, tmp_path):
+    root, _, _ = setup
+    convs = tmp_path / "convs.jsonl"
+    lines = [{"messages": [{"role": "user", "content": f"count {i}"},
+                           {"role": "assistant", "content": "abcabc abcabc " * (1 + i % 3)}]}
+             for i in range(6)]
+    convs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.warns(UserWarning):
+        train(config(root, "online", data=None, prompts=str(convs), max_steps=2, max_len=64,
+                     aux_layer_ids=[1, 3, 4]))
+    d = load_drafter(root / "online")
+    assert d.cfg.aux_layer_ids == [1, 3, 4]
+    assert log_rows(root / "online")[-1]["step"] == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig, dump: str) -> None:
+    import warnings
+
+    from safetensors.torch import save_file
+
+    from draftsmith.train.dist import setup as dist_setup
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    ctx = dist_setup("cpu")
+    try:
+        t = Trainer(cfg, ctx)
+        t.run()
+        save_file({k: v.contiguous() for k, v in t.drafter.state_dict().items()},
+                  f"{dump}/rank{rank}.safetensors")
+    finally:
+        ctx.close()
+
+
+def test_two_process_ddp_over_gloo_keeps_ranks_identical(setup, tmp_path):
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    root, _, _ = setup
+    cfg = config(root, "ddp", max_steps=3, batch_size=1, save_every=2)
+    # fork: the children inherit the imported modules (a spawn re-imports torch and transformers)
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), cfg, str(tmp_path)), nprocs=2,
+                       join=True, start_method="fork")
+    a, b = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    saved = load_drafter(root / "ddp").state_dict()
+    assert all(torch.equal(saved[k], a[k]) for k in a)
+    state = torch.load(list_checkpoints(root / "ddp")[-1] / "trainer_state.pt",
+                       weights_only=False)
+    assert state["world"] == 2 and state["step"] == 3
+    with pytest.raises(DraftsmithError, match="2 ranks"):
+        train(config(root, "ddp", max_steps=3, batch_size=1, save_every=2, resume=True))
