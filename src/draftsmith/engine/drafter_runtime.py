@@ -1,0 +1,107 @@
+"""The drafter's runtime: a static KV cache addressed by slot, like `Runtime` for the target.
+
+The speculative engine captures whole phases (all draft steps, the re-extend) as CUDA graphs that
+call `drafter(...)` on `caches_for(b)`; `forward` and `capture` here graph single forwards for
+other users (doctor, tune), in the same shared pool when a `Graphs` object is passed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.engine.graphs import Graphs, pad_to
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import Eagle3Drafter
+from draftsmith.models.llama import KVCache
+
+
+class DrafterRuntime:
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        max_batch: int,
+        max_seq: int,
+        graphs: Graphs | bool | None = None,
+    ) -> None:
+        p = drafter.fc.weight
+        self.drafter, self.device, self.dtype = drafter, p.device, p.dtype
+        self.max_batch, self.max_seq = max_batch, max_seq
+        att = drafter.layers[0].self_attn
+        shape = (max_batch, att.kv_heads, max_seq, att.d)
+        self.caches = [
+            KVCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
+                    torch.zeros(shape, dtype=p.dtype, device=p.device))
+            for _ in drafter.layers
+        ]
+        if isinstance(graphs, Graphs):
+            self.graphs: Graphs | None = graphs
+        else:
+            use = p.device.type == "cuda" if graphs is None else graphs
+            self.graphs = Graphs(p.device) if use else None
+        self._static: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._batches: dict[tuple, list[int]] = {}
+
+    def caches_for(self, b: int) -> list[KVCache]:
+        if b > self.max_batch:
+            raise DraftsmithError(f"batch {b} exceeds the drafter's max_batch {self.max_batch}")
+        return [KVCache(c.k[:b], c.v[:b]) for c in self.caches]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft logits, hidden to feed back); replays a captured graph when one fits."""
+        b, q = tokens.shape
+        caches = self.caches_for(b)
+        flags = (q, slots is not None, mask is not None)
+        bp = pad_to(b, self._batches.get(flags, []))
+        if bp is None:
+            return self.drafter(tokens, hidden, positions, caches, slots, mask)
+        static = self._static[(bp, *flags)]
+        for name, t in (("tokens", tokens), ("hidden", hidden), ("positions", positions),
+                        ("slots", slots), ("mask", mask)):
+            if t is not None:
+                static[name][:b].copy_(t)
+        logits, h = self.graphs.replay(("drafter", id(self), bp, *flags))
+        return logits[:b], h[:b]
+
+    def capture(
+        self, batch_sizes: list[int], q_sizes: list[int], with_slots: bool = False,
+        with_mask: bool = False,
+    ) -> None:
+        if self.graphs is None:
+            return
+        for q in sorted(q_sizes, reverse=True):
+            flags = (q, with_slots, with_mask)
+            for b in sorted(batch_sizes, reverse=True):
+                self._capture_one(b, flags)
+                self._batches.setdefault(flags, []).append(b)
+
+    def _capture_one(self, b: int, flags: tuple) -> None:
+        q, with_slots, with_mask = flags
+        dev = self.device
+        static = {
+            "tokens": torch.zeros(b, q, dtype=torch.long, device=dev),
+            "hidden": torch.zeros(b, q, self.drafter.cfg.hidden_size, dtype=self.dtype, device=dev),
+            "positions": torch.arange(q, device=dev).repeat(b, 1),
+        }
+        if with_slots:
+            static["slots"] = static["positions"].clone()
+        if with_mask:
+            static["mask"] = torch.ones(b, 1, q, self.max_seq, dtype=torch.bool, device=dev)
+        caches = self.caches_for(b)
+
+        def fn() -> tuple[torch.Tensor, torch.Tensor]:
+            return self.drafter(
+                static["tokens"], static["hidden"], static["positions"], caches,
+                static.get("slots"), static.get("mask"),
+            )
+
+        with torch.no_grad():
+            self.graphs.capture(("drafter", id(self), b, *flags), fn)
+        self._static[(b, *flags)] = static

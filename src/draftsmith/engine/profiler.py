@@ -1,0 +1,126 @@
+"""Phase profiler for the speculative cycle: draft, verify, accept/bookkeeping, extend.
+
+Marks are CUDA events on CUDA (recorded between graph replays, never inside one) and
+`time.perf_counter` readings on CPU; both are read only in `summary()`, after the run. When off,
+`NullProfiler` does nothing at all. `DRAFTSMITH_PROFILE=1` turns it on where the caller passes
+`enabled=None`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PHASES = ("draft", "verify", "accept", "extend")
+LABELS = {
+    "draft": "draft steps",
+    "verify": "target verify",
+    "accept": "accept/bookkeeping",
+    "extend": "draft re-extend",
+}
+
+
+@dataclass
+class PhaseSummary:
+    cycles: int
+    ms: dict[str, float]  # mean per cycle
+    pct: dict[str, float]
+    cycle_ms: float
+    accept_length: float = 0.0
+    accept_rate: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class NullProfiler:
+    """Profiling off: every method is a no-op, nothing is created or recorded."""
+
+    enabled = False
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def summary(self) -> PhaseSummary | None:
+        return None
+
+
+class PhaseProfiler:
+    """`start()` opens a cycle; `mark(phase)` closes `phase`, which began at the previous mark."""
+
+    enabled = True
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.cycles: list[list[tuple[str, Any]]] = []
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def start(self) -> None:
+        self.cycles.append([("", self._now())])
+
+    def mark(self, phase: str) -> None:
+        self.cycles[-1].append((phase, self._now()))
+
+    def _ms(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def summary(self) -> PhaseSummary:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        total = dict.fromkeys(PHASES, 0.0)
+        for marks in self.cycles:
+            for (_, a), (name, b) in zip(marks, marks[1:], strict=False):
+                total[name] = total.get(name, 0.0) + self._ms(a, b)
+        n = max(1, len(self.cycles))
+        ms = {k: v / n for k, v in total.items()}
+        cycle = sum(ms.values())
+        pct = {k: 100.0 * v / cycle if cycle else 0.0 for k, v in ms.items()}
+        return PhaseSummary(len(self.cycles), ms, pct, cycle)
+
+
+def make_profiler(device: torch.device | str, enabled: bool | None = None):
+    """A PhaseProfiler when `enabled` (or, for None, when DRAFTSMITH_PROFILE=1), else a no-op."""
+    if enabled is None:
+        enabled = os.environ.get("DRAFTSMITH_PROFILE", "") not in ("", "0")
+    return PhaseProfiler(device) if enabled else NullProfiler()
+
+
+def table(s: PhaseSummary, title: str = "speculative cycle"):
+    """The seed's table: ms and % of the cycle per phase, accept length and rate."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column("phase")
+    t.add_column("ms / cycle", justify="right")
+    t.add_column("% of cycle", justify="right")
+    for k, v in s.ms.items():
+        t.add_row(LABELS.get(k, k), f"{v:.3f}", f"{s.pct[k]:.1f}%")
+    t.add_row("total cycle", f"{s.cycle_ms:.3f}", "100.0%", style="bold")
+    t.add_row("accept length", f"{s.accept_length:.2f}", "")
+    t.add_row("accept rate", f"{s.accept_rate:.3f}", "")
+    t.add_row("cycles", str(s.cycles), "")
+    return t
+
+
+def write_json(s: PhaseSummary, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(s.to_dict(), indent=1) + "\n")
+    return path

@@ -1,0 +1,421 @@
+"""Speculative decoding with an EAGLE-3 drafter: chains (topk 1) and EAGLE-2 dynamic trees.
+
+A cycle is four phases, each one CUDA graph on GPU and the same code eagerly on CPU:
+  draft   chain: the first token from the last extend, then S-1 drafter steps;
+          tree: top-k expansion over S depths, then the root + best N-1 nodes
+  verify  one target forward over [last token, drafts] with aux capture (a tree sits in scratch
+          slots past the committed cache, under an ancestor mask)
+  accept  greedy matching or rejection sampling; emit tokens; a tree's accepted path is copied
+          into the committed target cache by position
+  extend  the drafter re-runs over the S+1 positions from the old length with the target's aux
+          states; its output at the accept length starts the next cycle
+The host reads one flag per cycle (every row done). The target cache holds positions < L and
+the last emitted token x_L is verified at position L; the drafter pair (x_{p+1}, h_p) sits at p.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from draftsmith.engine import tree as trees
+from draftsmith.engine import verify
+from draftsmith.engine.drafter_runtime import DrafterRuntime
+from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.profiler import PHASES, PhaseSummary, make_profiler
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import validate
+from draftsmith.models.eagle3 import Eagle3Drafter
+from draftsmith.models.llama import Transformer
+
+MAX_EOS = 16
+
+
+@dataclass
+class SpecResult:
+    tokens: list[list[int]]  # new tokens per prompt, eos excluded
+    prefill_s: float
+    decode_s: float
+    cycles: int
+    steps: int
+    accept_hist: list[int]  # [k]: row-cycles that emitted k tokens (k = 0..steps+1)
+    reached: list[int]  # [i]: row-cycles in which draft position i+1 was verified
+    accepted: list[int]  # [i]: ... and accepted
+    phases: PhaseSummary | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+
+    @property
+    def mean_accept_length(self) -> float:
+        n = sum(self.accept_hist)
+        return sum(k * c for k, c in enumerate(self.accept_hist)) / n if n else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Accept length over its maximum, steps + 1 (as SGLang and the seed report it)."""
+        return self.mean_accept_length / (self.steps + 1)
+
+    @property
+    def position_rates(self) -> list[float]:
+        """P(draft position i accepted | position i reached)."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached, strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens, "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "cycles": self.cycles,
+            "mean_accept_length": self.mean_accept_length, "accept_rate": self.accept_rate,
+            "accept_hist": self.accept_hist, "reached": self.reached, "accepted": self.accepted,
+            "position_rates": self.position_rates,
+            "phases": self.phases.to_dict() if self.phases else None, **self.extra,
+        }
+
+
+class _State:
+    """Static buffers of one batch size; graph phases read and write only these."""
+
+    def __init__(self, dec: SpecDecoder, b: int) -> None:
+        dev, s, n = dec.device, dec.steps, dec.n_verify
+        cfg, ddt = dec.drafter.cfg, dec.drt.dtype
+        z = dict(dtype=torch.long, device=dev)
+        self.b = b
+        self.rows = torch.arange(b, device=dev)
+        self.tcaches, self.dcaches = dec.rt.caches_for(b), dec.drt.caches_for(b)
+        self.L, self.last, self.base, self.n, self.count = (torch.zeros(b, **z) for _ in range(5))
+        self.root_logits = torch.zeros(b, cfg.draft_vocab_size, dtype=ddt, device=dev)
+        self.root_hidden = torch.zeros(b, cfg.hidden_size, dtype=ddt, device=dev)
+        self.vtok, self.vpos = torch.zeros(b, n, **z), torch.zeros(b, n, **z)
+        self.vdraft = torch.zeros(b, s, **z)
+        sampling = not dec.params.greedy
+        self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
+                      if sampling and dec.shape is None else None)
+        self.tree = None
+        if dec.shape is not None:
+            self.tree = trees.TreeDraft(dec.shape, b, cfg.hidden_size, cfg.draft_vocab_size, ddt,
+                                        dev, sampling)
+            self.vslots = (dec.tbase + torch.arange(n, device=dev)).expand(b, n).contiguous()
+            self.vmask = torch.zeros(b, 1, n, dec.rt.max_seq, dtype=torch.bool, device=dev)
+        self.ext_tok = torch.zeros(b, s + 1, **z)
+        naux, th = len(dec.aux_ids), cfg.target_hidden_size
+        self.ext_aux = torch.zeros(b, s + 1, naux, th, dtype=dec.rt.dtype, device=dev)
+        self.out = torch.zeros(b, dec.out_width, **z)
+        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.all_done = torch.zeros((), dtype=torch.bool, device=dev)
+        self.max_new = torch.zeros((), **z)
+        self.eos = torch.full((MAX_EOS,), -1, **z)
+        self.hist = torch.zeros(s + 2, **z)
+        self.reached, self.accepted = torch.zeros(s, **z), torch.zeros(s, **z)
+        self.vout: Any = None
+
+
+class SpecDecoder:
+    """Speculative generation with a target `Runtime` and an EAGLE-3 drafter.
+
+    topk 1 drafts a chain of `steps` tokens (num_draft_tokens is steps + 1); topk > 1 drafts an
+    EAGLE-2 tree and verifies `num_draft_tokens` tokens, the root included.
+    """
+
+    def __init__(
+        self,
+        target: Runtime | Transformer,
+        drafter: Eagle3Drafter | DrafterRuntime,
+        steps: int = 3,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+        params: SamplingParams = SamplingParams(),
+        profile: bool | None = None,
+        max_batch: int = 1,
+        max_seq: int = 2048,
+    ) -> None:
+        if steps < 1 or topk < 1:
+            raise DraftsmithError(f"steps and topk must be >= 1, got steps {steps}, topk {topk}")
+        if topk == 1 and num_draft_tokens not in (None, steps + 1):
+            raise DraftsmithError(
+                f"with topk 1 num_draft_tokens is steps + 1 = {steps + 1}, got {num_draft_tokens}"
+            )
+        if topk > 1 and num_draft_tokens is None:
+            raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens")
+        self.rt = target if isinstance(target, Runtime) else Runtime(target, max_batch, max_seq)
+        self.steps, self.topk, self.params, self.profile = steps, topk, params, profile
+        self.shape = trees.TreeShape(topk, steps, num_draft_tokens) if topk > 1 else None
+        self.n_verify = steps + 1 if self.shape is None else self.shape.tokens
+        self.tbase = self.rt.max_seq - (0 if self.shape is None else self.n_verify)
+        fs = 0 if self.shape is None else self.shape.frontier_slots
+        if isinstance(drafter, DrafterRuntime):
+            self.drt = drafter
+        else:
+            self.drt = DrafterRuntime(drafter, self.rt.max_batch, self.tbase + fs,
+                                      self.rt.graphs or False)
+        self.drafter = self.drt.drafter
+        if self.drt.max_seq < self.tbase + fs:
+            raise DraftsmithError(
+                f"the drafter runtime holds {self.drt.max_seq} slots, this setting needs "
+                f"{self.tbase + fs}"
+            )
+        self._check_pair()
+        self.device = self.rt.device
+        self.graphs = self.rt.graphs
+        self.ar = torch.arange(steps + 1, device=self.device)
+        d = self.drafter.d2t
+        self.hot = torch.arange(d.shape[0], device=d.device) + d
+        self.states: dict[int, _State] = {}
+        self.out_width = self.capacity() + steps + 2
+
+    def _check_pair(self) -> None:
+        tc, dc = self.rt.model.cfg, self.drafter.cfg
+        if dc.vocab_size != tc.vocab_size or dc.target_hidden_size != tc.hidden_size:
+            raise DraftsmithError(
+                f"drafter expects vocab {dc.vocab_size} / hidden {dc.target_hidden_size}, the "
+                f"target has vocab {tc.vocab_size} / hidden {tc.hidden_size}"
+            )
+        self.aux_ids = tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """The longest prompt + max_new_tokens this decoder can run."""
+        return self.tbase - 2 * self.steps - 2
+
+    def capture(self, batch_sizes: list[int]) -> None:
+        """Allocate state and capture graphs for these batch sizes, largest first."""
+        for b in sorted(set(batch_sizes), reverse=True):
+            if b > self.rt.max_batch:
+                raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
+            self._state(b)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None
+    ) -> SpecResult:
+        eos = list(eos_ids or [])
+        self._check_inputs(prompts, max_new_tokens, eos)
+        st = self._state(len(prompts))
+        prof = make_profiler(self.device, self.profile)
+        sync(self.rt)
+        t0 = time.perf_counter()
+        self._prefill(st, prompts, max_new_tokens, eos)
+        sync(self.rt)
+        t1 = time.perf_counter()
+        cycles = 0
+        while cycles < max_new_tokens and not bool(st.all_done):  # the one read-back a cycle
+            prof.start()
+            for phase in PHASES:
+                self._run(st, phase)
+                prof.mark(phase)
+            cycles += 1
+        sync(self.rt)
+        t2 = time.perf_counter()
+        res = SpecResult(
+            _trim(st.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1, cycles,
+            self.steps, st.hist.tolist(), st.reached.tolist(), st.accepted.tolist(),
+        )
+        res.phases = prof.summary()
+        if res.phases is not None:
+            res.phases.accept_length, res.phases.accept_rate = (res.mean_accept_length,
+                                                                res.accept_rate)
+        return res
+
+    # ---- setup --------------------------------------------------------------------------------
+
+    def _check_inputs(self, prompts: list[list[int]], max_new: int, eos: list[int]) -> None:
+        if not prompts or any(not p for p in prompts):
+            raise DraftsmithError("empty prompt list or empty prompt")
+        if max_new < 1:
+            raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
+        if len(eos) > MAX_EOS:
+            raise DraftsmithError(f"at most {MAX_EOS} eos ids, got {len(eos)}")
+        if len(prompts) > self.rt.max_batch:
+            raise DraftsmithError(f"batch {len(prompts)} exceeds max_batch {self.rt.max_batch}")
+        need = max(len(p) for p in prompts) + max_new
+        if need > self.capacity():
+            raise DraftsmithError(
+                f"prompt + max_new_tokens = {need} exceeds this decoder's capacity "
+                f"{self.capacity()} (runtime max_seq {self.rt.max_seq}, steps {self.steps}, "
+                f"{self.n_verify} verify tokens)"
+            )
+
+    def _state(self, b: int) -> _State:
+        if b in self.states:
+            return self.states[b]
+        st = self.states[b] = _State(self, b)
+        if self.graphs is not None:
+            with torch.no_grad():
+                for phase in PHASES:
+                    fn = partial(getattr(self, "_" + phase), st)
+                    out = self.graphs.capture((id(self), b, phase), fn)
+                    if phase == "verify":
+                        st.vout = out
+        return st
+
+    def _run(self, st: _State, phase: str) -> None:
+        key = (id(self), st.b, phase)
+        if self.graphs is not None and key in self.graphs:
+            out = self.graphs.replay(key)
+        else:
+            out = getattr(self, "_" + phase)(st)
+        if phase == "verify":
+            st.vout = out
+
+    # ---- prefill ------------------------------------------------------------------------------
+
+    def _prefill(self, st: _State, prompts: list[list[int]], max_new: int, eos: list[int]) -> None:
+        dev, b = self.device, st.b
+        longest = max(len(p) for p in prompts)
+        tokens = torch.zeros(b, longest, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p)
+        tokens = tokens.to(dev)
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        pos = torch.arange(longest, device=dev).repeat(b, 1)
+        out = self.rt.forward(tokens, pos, aux_ids=self.aux_ids, logits_at=lens - 1)
+        first = sample(out.logits[:, 0], self.params)
+        ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
+                                                                   first[:, None])
+        self._extend_prompt(st, ext, self.drafter.fuse(out.aux), pos, lens)
+        st.L.copy_(lens)
+        st.last.copy_(first)
+        st.out.zero_()
+        st.out[:, 0] = first
+        st.count.fill_(1)
+        st.max_new.fill_(max_new)
+        st.eos.fill_(-1)
+        if eos:
+            st.eos[: len(eos)] = torch.tensor(eos, device=dev)
+        st.done.copy_(torch.isin(first, st.eos) | (st.count >= st.max_new))
+        st.all_done.copy_(st.done.all())
+        for t in (st.hist, st.reached, st.accepted):
+            t.zero_()
+
+    def _extend_prompt(self, st: _State, ext: torch.Tensor, hidden: torch.Tensor,
+                       pos: torch.Tensor, lens: torch.Tensor) -> None:
+        """The drafter over the prompt in chunks (its logits over a long prompt are large)."""
+        longest = ext.shape[1]
+        chunk = max(1, 2**25 // (st.b * self.drafter.cfg.draft_vocab_size))
+        for s in range(0, longest, chunk):
+            e = min(longest, s + chunk)
+            logits, h = self.drafter(ext[:, s:e], hidden[:, s:e], pos[:, s:e], st.dcaches)
+            idx = lens - 1 - s
+            inside = ((idx >= 0) & (idx < e - s))[:, None]
+            idx = idx.clamp(0, e - s - 1)
+            st.root_logits.copy_(torch.where(inside, logits[st.rows, idx], st.root_logits))
+            st.root_hidden.copy_(torch.where(inside, h[st.rows, idx], st.root_hidden))
+
+    # ---- the four phases (graph-captured on CUDA) ----------------------------------------------
+
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.params.greedy:
+            return logits.argmax(-1), None
+        q = probs(logits, self.params)
+        return draw(q), q
+
+    def _draft(self, st: _State) -> None:
+        if st.tree is not None:
+            return self._draft_tree(st)
+        h = st.root_hidden[:, None]
+        logits = st.root_logits
+        for k in range(self.steps):
+            if k:  # the pair (d_k, g_{k-1}) at position L + k - 1
+                logits, h = self.drafter(st.vtok[:, k : k + 1], h, (st.L + k - 1)[:, None],
+                                         st.dcaches)
+                logits = logits[:, 0]
+            ids, q = self._pick(logits)
+            st.vdraft[:, k] = ids
+            st.vtok[:, k + 1] = self.drafter.to_target(ids)
+            if q is not None:
+                st.qbank[:, k] = q
+        st.vtok[:, 0] = st.last
+        st.vpos.copy_(st.L[:, None] + self.ar)
+
+    def _draft_tree(self, st: _State) -> None:
+        t, to_target = st.tree, self.drafter.to_target
+        t.expand_root(st.root_logits, st.root_hidden, self.params, to_target)
+
+        def call(tok, hidden, pos, slots, mask):
+            return self.drafter(tok, hidden, pos, st.dcaches, slots, mask)
+
+        for d in range(1, self.steps):
+            t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, to_target)
+        t.select(st.last)
+        st.vtok.copy_(t.node_tok)
+        st.vpos.copy_(st.L[:, None] + t.node_depth)
+        st.vmask.copy_(trees.committed_mask(st.L, self.n_verify, self.rt.max_seq))
+        st.vmask[:, 0, :, self.tbase : self.tbase + self.n_verify] |= t.anc
+
+    def _verify(self, st: _State):
+        tree = st.tree is not None
+        return self.rt.model(
+            st.vtok, st.vpos, st.tcaches, st.vslots if tree else None,
+            st.vmask if tree else None, self.aux_ids, None, True,
+        )
+
+    def _accept(self, st: _State) -> None:
+        logits, aux = st.vout.logits, st.vout.aux
+        t = st.tree
+        if t is None:
+            if self.params.greedy:
+                n, bonus = verify.chain_greedy(logits, st.vtok)
+            else:
+                n, bonus = verify.chain_sampled(logits, st.vtok, st.vdraft, st.qbank, self.hot,
+                                                self.params)
+            path = self.ar.expand(st.b, -1)
+        else:
+            if self.params.greedy:
+                best, n, bonus = verify.tree_greedy(logits, t.node_tok, t.node_parent,
+                                                    t.node_depth, self.steps)
+            else:
+                best, n, bonus = verify.tree_sampled(
+                    logits, t.node_tok, t.node_draft, t.node_parent, t.node_qsrc, t.node_depth,
+                    t.qbank, self.hot, self.params)
+            path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
+            self._copy_path(st, path)
+        self._commit(st, n, bonus, path, aux)
+
+    def _copy_path(self, st: _State, path: torch.Tensor) -> None:
+        """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
+        rows = st.rows[:, None]
+        src, dst = self.tbase + path, st.L[:, None] + self.ar
+        for c in st.tcaches:
+            c.k[rows, :, dst] = c.k[rows, :, src]
+            c.v[rows, :, dst] = c.v[rows, :, src]
+
+    def _commit(self, st: _State, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
+                aux: torch.Tensor) -> None:
+        i = self.ar
+        nxt = torch.cat([st.vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
+        emit = torch.where(i < n[:, None], nxt, bonus[:, None])  # also the extend's tokens
+        act = ~st.done
+        valid = act[:, None] & (i <= n[:, None])
+        idx = torch.where(valid, st.count[:, None] + i, st.out.shape[1] - 1)
+        st.out.scatter_(1, idx, emit)
+        hit = (valid & torch.isin(emit, st.eos)).any(1)
+        st.count.add_(torch.where(act, n + 1, 0))
+        st.done.copy_(st.done | hit | (st.count >= st.max_new))
+        st.all_done.copy_(st.done.all())
+        st.hist.index_add_(0, n + 1, act.long())
+        st.accepted.add_(((n[:, None] >= i[1:]) & act[:, None]).sum(0))
+        st.reached.add_(((n[:, None] >= i[:-1]) & act[:, None]).sum(0))
+        st.base.copy_(st.L)
+        st.n.copy_(n)
+        st.ext_tok.copy_(emit)
+        st.ext_aux.copy_(aux.gather(1, path[:, :, None, None].expand_as(st.ext_aux)))
+        st.L.add_(torch.where(act, n + 1, 0))
+        st.last.copy_(torch.where(act, bonus, st.last))
+
+    def _extend(self, st: _State) -> None:
+        pos = st.base[:, None] + self.ar
+        logits, h = self.drafter(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
+        st.root_logits.copy_(logits[st.rows, st.n])
+        st.root_hidden.copy_(h[st.rows, st.n])

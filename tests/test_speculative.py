@@ -1,0 +1,220 @@
+"""Speculative decoding on CPU, fp32: output identical to plain greedy decoding, chain and tree,
+batch 1 and 4; oracle and never drafters; caches identical to a full forward's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.engine.drafter_runtime import DrafterRuntime
+from draftsmith.engine.generate import generate
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import default_aux_layers
+from draftsmith.models.config import ModelConfig
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter
+from draftsmith.models.llama import Transformer
+
+PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10, 11, 12, 13, 14], [1, 20]]
+NEW = 40
+SETTINGS = [(1, 1, None), (3, 1, None), (5, 1, None), (3, 2, 6), (4, 4, 10), (2, 3, 4)]
+
+
+def init_(module: torch.nn.Module, std: float) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.ones_like(p) if p.dim() == 1 else torch.randn_like(p) * std)
+
+
+def tiny_target(vocab: int = 128, seed: int = 0, **over) -> Transformer:
+    torch.manual_seed(seed)
+    shape = dict(hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                 num_kv_heads=2, head_dim=16)
+    shape.update(over)
+    model = Transformer(ModelConfig(arch="llama", vocab_size=vocab, **shape))
+    init_(model, 0.15)
+    return model.eval()
+
+
+def make_drafter(target: Transformer, dvocab: int, cls=None, seed: int = 1,
+                 std: float = 0.1) -> Eagle3Drafter:
+    """A random drafter over the first ids of the target vocab minus a few (d2t non-trivial)."""
+    cfg = target.cfg
+    dcfg = Eagle3Config.for_target(cfg, dvocab, default_aux_layers(cfg.num_layers))
+    torch.manual_seed(seed)
+    d = (cls or Eagle3Drafter)(dcfg)
+    init_(d, std)
+    used = torch.sort(torch.randperm(cfg.vocab_size)[:dvocab]).values
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    with torch.no_grad():
+        d.embed_tokens.weight.copy_(target.embed.weight)
+        d.set_vocab(used - torch.arange(dvocab), t2d)
+    return d.eval()
+
+
+class Steered(Eagle3Drafter):
+    """A real drafter whose logits are pushed toward (sign +1) or away from (sign -1) the target's
+    greedy continuation `seq` [B, T] at a fraction `rate` of (row, position) pairs."""
+
+    def steer(self, seq: torch.Tensor, rate: float, sign: float = 1.0) -> Steered:
+        self.seq, self.rate, self.sign, self.row0 = seq, rate, sign, 0
+        vd = self.cfg.draft_vocab_size
+        self.index = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long)
+        self.index[torch.arange(vd) + self.d2t] = torch.arange(vd)
+        return self
+
+    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None):
+        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask)
+        rows = self.row0 + torch.arange(tokens.shape[0])[:, None]
+        want = self.index[self.seq[rows, (positions + 2).clamp(max=self.seq.shape[1] - 1)]]
+        on = (((rows * 7919 + positions * 104729) % 97) < self.rate * 97) & (want >= 0)
+        bump = torch.nn.functional.one_hot(want.clamp(min=0), logits.shape[-1])
+        return logits + 30.0 * self.sign * bump * on[..., None], h
+
+
+def greedy_seq(rt: Runtime, prompts: list[list[int]], new: int) -> torch.Tensor:
+    ref = generate(rt, prompts, new, eos_ids=[])
+    seq = torch.zeros(len(prompts), max(map(len, prompts)) + new, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, ref, strict=True)):
+        seq[i, : len(p) + len(r)] = torch.tensor(p + r)
+    return seq
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def setup(one_thread):
+    target = tiny_target()
+    rt = Runtime(target, 4, 128)
+    ref = generate(rt, PROMPTS, NEW, eos_ids=[])
+    seq = greedy_seq(rt, PROMPTS, NEW + 8)
+    return target, rt, ref, seq
+
+
+@pytest.mark.parametrize("steps,topk,n", SETTINGS)
+def test_greedy_equals_plain_greedy(setup, steps, topk, n):
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    dec = SpecDecoder(rt, drafter, steps, topk, n)
+    res = dec.generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref
+    assert res.mean_accept_length > 1.2  # partial acceptance was exercised
+    one = dec.generate(PROMPTS[2:3], NEW, eos_ids=[])
+    assert one.tokens == ref[2:3]
+
+
+def test_random_drafter_and_eos(setup):
+    target, rt, ref, _ = setup
+    dec = SpecDecoder(rt, make_drafter(target, 128), 3, 2, 5)
+    cut = next(i for i in range(5, NEW) if ref[0][i] not in ref[0][:i])
+    eos = ref[0][cut]
+    got = dec.generate(PROMPTS, NEW, eos_ids=[eos]).tokens
+    want = generate(rt, PROMPTS, NEW, eos_ids=[eos])
+    assert got == want and len(got[0]) == cut
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 3, 8)])
+def test_oracle_accepts_everything(setup, steps, topk, n):
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 128, Steered).steer(seq, 1.0)
+    res = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref
+    assert sum(res.accept_hist) == res.accept_hist[steps + 1] > 0
+    assert res.accepted == res.reached and res.mean_accept_length == steps + 1
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 7)])
+def test_never_drafter_emits_one_token_per_cycle(setup, steps, topk, n):
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 128, Steered).steer(seq, 1.0, sign=-1.0)
+    res = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS[:1], NEW, eos_ids=[])
+    assert res.tokens == ref[:1]
+    assert res.cycles == NEW - 1 and res.accept_hist[1] == NEW - 1 and sum(res.accepted) == 0
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
+def test_committed_caches_equal_a_full_forward(setup, steps, topk, n):
+    """Target and drafter K/V at every committed position equal those of one forward over the
+    final sequence: the accepted path was copied by position and the drafter re-extended over
+    (x_{p+1}, aux_p) pairs."""
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    dec = SpecDecoder(rt, drafter, steps, topk, n)
+    res = dec.generate(PROMPTS, NEW, eos_ids=[])
+    full = [p + t for p, t in zip(PROMPTS, res.tokens, strict=True)]
+    ref_rt, ref_drt = Runtime(target, 4, 128), DrafterRuntime(drafter, 4, 128)
+    longest = max(map(len, full))
+    toks = torch.tensor([f + [0] * (longest - len(f)) for f in full])
+    pos = torch.arange(longest - 1).repeat(4, 1)
+    with torch.no_grad():
+        out = ref_rt.forward(toks[:, :-1], pos, aux_ids=dec.aux_ids)
+        ref_drt.forward(toks[:, 1:], drafter.fuse(out.aux), pos)
+    for got, want in ((rt.caches, ref_rt.caches), (dec.drt.caches, ref_drt.caches)):
+        for b, f in enumerate(full):
+            k = len(f) - 1
+            for g, w in zip(got, want, strict=True):
+                assert torch.allclose(g.k[b, :, :k], w.k[b, :, :k], atol=1e-4)
+                assert torch.allclose(g.v[b, :, :k], w.v[b, :, :k], atol=1e-4)
+
+
+def reference_drafts(target, drafter, seq: list[int], steps: int, row: int) -> list[int]:
+    """The chain a drafter proposes after committed tokens `seq`, recomputed without caches."""
+    drafter.row0 = row
+    with torch.no_grad():
+        ids = torch.tensor([seq])
+        aux = target(ids[:, :-1], torch.arange(len(seq) - 1)[None],
+                     aux_ids=tuple(drafter.cfg.aux_layer_ids)).aux
+        toks, hid = ids[:, 1:], drafter.fuse(aux)
+        out = []
+        for _ in range(steps):
+            logits, h = drafter(toks, hid, torch.arange(toks.shape[1])[None])
+            d = drafter.to_target(logits[:, -1].argmax(-1))
+            out.append(int(d))
+            toks, hid = torch.cat([toks, d[:, None]], 1), torch.cat([hid, h[:, -1:]], 1)
+    drafter.row0 = 0
+    return out
+
+
+def test_chain_drafts_match_a_cacheless_reference(setup):
+    target, rt, _, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    dec = SpecDecoder(rt, drafter, 4)
+    st = dec._state(2)
+    with torch.no_grad():
+        dec._prefill(st, PROMPTS[:2], NEW, [])
+        for _ in range(3):
+            dec._run(st, "draft")
+            for b in range(2):
+                committed = seq[b, : int(st.L[b]) + 1].tolist()
+                assert st.vtok[b, 1:].tolist() == reference_drafts(target, drafter, committed, 4, b)
+            for phase in ("verify", "accept", "extend"):
+                dec._run(st, phase)
+    assert int(st.hist.sum()) == 6 and int(st.accepted.sum()) > 0
+
+
+def test_bad_settings_are_clear_errors(setup):
+    target, rt, _, _ = setup
+    drafter = make_drafter(target, 96)
+    for kw in (dict(steps=0), dict(topk=2), dict(topk=1, num_draft_tokens=7),
+               dict(steps=2, topk=2, num_draft_tokens=8), dict(topk=2, num_draft_tokens=1)):
+        with pytest.raises(DraftsmithError):
+            SpecDecoder(rt, drafter, **kw)
+    dec = SpecDecoder(rt, drafter, 3)
+    with pytest.raises(DraftsmithError, match="capacity"):
+        dec.generate([[1] * 100], 40)
+    with pytest.raises(DraftsmithError):
+        dec.generate([[1], []], 4)
+    with pytest.raises(DraftsmithError, match="max_batch"):
+        dec.generate([[1]] * 5, 4)
+    other = make_drafter(tiny_target(vocab=64), 32)
+    with pytest.raises(DraftsmithError, match="vocab"):
+        SpecDecoder(rt, other, 3)
