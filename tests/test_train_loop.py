@@ -172,3 +172,35 @@ def test_two_process_ddp_over_gloo_keeps_ranks_identical(setup, tmp_path):
     assert state["world"] == 2 and state["step"] == 3
     with pytest.raises(DraftsmithError, match="2 ranks"):
         train(config(root, "ddp", max_steps=3, batch_size=1, save_every=2, resume=True))
+
+
+def test_cli_train_export_import(setup, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.export.cli import export, import_
+    from draftsmith.train.cli import train as train_cmd
+
+    root, _, _ = setup
+    app = typer.Typer()
+    app.command("train")(train_cmd)
+    app.command("export")(export)
+    app.command("import")(import_)
+    run = CliRunner().invoke
+    r = run(app, ["train", "--out", str(tmp_path / "d"), "--data", str(root / "data"),
+                  "--max-steps", "2", "--batch-size", "1", "--max-len", "32", "--ttt-steps", "2",
+                  "--draft-vocab-size", "64", "--no-progress", "--log-every", "1",
+                  "--target", str(root / "target")])
+    assert r.exit_code == 0, r.output
+    r = run(app, ["export", str(tmp_path / "d"), "--format", "sglang", "--out",
+                  str(tmp_path / "sg"), "--dtype", "bf16"])
+    assert r.exit_code == 0, r.output
+    assert "written for SGLang as [1, 2, 4]" in r.output
+    r = run(app, ["export", str(tmp_path / "d"), "-f", "speculators", "-o", str(tmp_path / "sp")])
+    assert r.exit_code == 0 and "[2, 3, 5]" in r.output, r.output
+    r = run(app, ["import", str(tmp_path / "sg"), "--out", str(tmp_path / "back"), "--target",
+                  str(root / "target")])
+    assert r.exit_code == 0, r.output
+    assert load_drafter(tmp_path / "back").cfg.aux_layer_ids == AUX
+    meta = json.loads((tmp_path / "d" / "draftsmith.json").read_text())
+    assert meta["training"]["config"]["extra"]["command"].startswith("draftsmith")

@@ -1,0 +1,71 @@
+"""`draftsmith export` and `draftsmith import`: thin typer layers over `draftsmith.export`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import typer
+
+from draftsmith.errors import DraftsmithError
+
+DTYPES = {"keep": None, "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+          "float16": "float16", "fp32": "float32", "float32": "float32"}
+
+
+def export(
+    drafter: str = typer.Argument(..., help="A draftsmith drafter folder (from `train`)"),
+    fmt: str = typer.Option(..., "--format", "-f", help="sglang or speculators (vLLM)"),
+    out: str = typer.Option(..., "--out", "-o", help="Folder to write"),
+    target: str = typer.Option(None, "--target", help="The target (layer count, max positions, "
+                               "verifier path); default: what the drafter recorded"),
+    dtype: str = typer.Option("keep", "--dtype", help="keep, bf16, fp16 or fp32"),
+    speculative_tokens: int = typer.Option(3, "--speculative-tokens",
+                                           help="speculators: default draft length"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out"),
+) -> None:
+    """Write a drafter in SGLang's or speculators' (vLLM) layout, aux ids in the engine's form."""
+    import torch
+
+    from draftsmith.export import export_drafter
+
+    if dtype not in DTYPES:
+        raise DraftsmithError(f"--dtype {dtype!r}: use one of keep, bf16, fp16, fp32")
+    dt = None if DTYPES[dtype] is None else getattr(torch, DTYPES[dtype])
+    path = export_drafter(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
+    config = json.loads((path / "config.json").read_text())
+    print(f"wrote {fmt} drafter to {path}", file=sys.stderr)
+    print(_serve_hint(fmt, path, config, speculative_tokens))
+
+
+def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
+    ds = config.get("draftsmith", {})
+    ids = ds.get("aux_layer_ids_canonical")
+    if fmt == "sglang":
+        written = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        return (f"aux layers: canonical {ids} written for SGLang as {written}\n"
+                f"SGLang: --speculative-algorithm EAGLE3 --speculative-draft-model-path "
+                f"{shlex.quote(str(path))} --speculative-num-steps {k} "
+                f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+    spec = json.dumps({"method": "eagle3", "model": str(path), "num_speculative_tokens": k})
+    return (f"aux layers: canonical {ids} written for vLLM/speculators as "
+            f"{config['eagle_aux_hidden_state_layer_ids']}\n"
+            f"vLLM: --speculative-config {shlex.quote(spec)}")
+
+
+def import_(
+    src: str = typer.Argument(..., help="An SGLang/SpecForge/EAGLE or speculators EAGLE-3 folder"),
+    out: str = typer.Option(..., "--out", "-o", help="Draftsmith drafter folder to write"),
+    target: str = typer.Option(None, "--target", help="The target: its layer count reads the aux "
+                               "ids, its embedding fills a checkpoint without one"),
+) -> None:
+    """Read an external EAGLE-3 drafter into the draftsmith layout (ids made canonical)."""
+    from draftsmith.export import detect_format, import_drafter
+    from draftsmith.models.eagle3 import read_drafter_meta
+
+    fmt = detect_format(src)
+    path = import_drafter(src, out, target)
+    cfg = read_drafter_meta(path)["config"]
+    print(f"imported {fmt} drafter {src} to {path}: aux layers {cfg['aux_layer_ids']} "
+          f"({cfg['aux_convention']}), draft vocab {cfg['draft_vocab_size']}", file=sys.stderr)

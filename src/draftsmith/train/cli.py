@@ -1,0 +1,78 @@
+"""`draftsmith train`: a thin typer layer over `draftsmith.train.train`."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import typer
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import CANONICAL_WORDS
+
+
+def _layers(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise DraftsmithError(f"--aux-layers {text!r}: expected comma-separated integers") from None
+
+
+def train(
+    out: str = typer.Option(..., "--out", "-o", help="Folder for the drafter, log, checkpoints"),
+    data: str = typer.Option(None, "--data", help="Dataset folder from `draftsmith data capture` "
+                             "(offline)"),
+    prompts: str = typer.Option(None, "--prompts", help="Conversations with answers (JSONL, ...): "
+                                "the target makes hidden states on the fly (online)"),
+    target: str = typer.Option(None, "--target", help="HF folder, .gguf or 'default' (offline: "
+                               "the dataset's target)"),
+    ttt_steps: int = typer.Option(7, "--ttt-steps", help="Unrolled training-time-test steps"),
+    step_decay: float = typer.Option(0.8, "--step-decay", help="Loss weight of step j: decay^j"),
+    lr: float = typer.Option(1e-4, "--lr"),
+    min_lr: float = typer.Option(0.0, "--min-lr", help="Floor of the cosine schedule"),
+    warmup_ratio: float = typer.Option(0.02, "--warmup-ratio"),
+    warmup_steps: int = typer.Option(None, "--warmup-steps", help="Overrides --warmup-ratio"),
+    weight_decay: float = typer.Option(0.0, "--weight-decay"),
+    grad_clip: float = typer.Option(0.5, "--grad-clip"),
+    epochs: int = typer.Option(1, "--epochs"),
+    max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps"),
+    batch_size: int = typer.Option(1, "--batch-size", help="Packed rows per step and rank"),
+    max_len: int = typer.Option(2048, "--max-len", help="Tokens per packed row"),
+    draft_vocab_size: int = typer.Option(32000, "--draft-vocab-size"),
+    vocab: str = typer.Option(None, "--vocab", help="A vocab.safetensors (d2t, t2d) to use"),
+    aux_layers: str = typer.Option(None, "--aux-layers", help="Online: comma-separated ids, "
+                                   f"canonical ({CANONICAL_WORDS})"),
+    num_layers: int = typer.Option(1, "--num-layers", help="Drafter decoder layers"),
+    norm_before_residual: bool = typer.Option(False, "--norm-before-residual"),
+    norm_before_fc: bool = typer.Option(False, "--norm-before-fc"),
+    fc_norm: bool = typer.Option(False, "--fc-norm"),
+    norm_output: bool = typer.Option(False, "--norm-output"),
+    max_samples: int = typer.Option(None, "--max-samples", help="Use the first N samples"),
+    seed: int = typer.Option(0, "--seed"),
+    save_every: int = typer.Option(500, "--save-every", help="Checkpoint every N steps"),
+    keep_last: int = typer.Option(3, "--keep-last", help="Checkpoints kept"),
+    log_every: int = typer.Option(10, "--log-every", help="Steps per train_log.jsonl row"),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (torchrun: per rank)"),
+    bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
+    from draftsmith.train import TrainConfig
+    from draftsmith.train import train as run
+
+    cfg = TrainConfig(
+        out=out, data=data, prompts=prompts, target=target, ttt_steps=ttt_steps,
+        step_decay=step_decay, lr=lr, min_lr=min_lr, warmup_ratio=warmup_ratio,
+        warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, epochs=epochs,
+        max_steps=max_steps, batch_size=batch_size, max_len=max_len,
+        draft_vocab_size=draft_vocab_size, vocab=vocab, aux_layer_ids=_layers(aux_layers),
+        num_layers=num_layers, norm_before_residual=norm_before_residual,
+        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
+        max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
+        log_every=log_every, device=device, bf16=bf16, resume=resume, progress=progress,
+        extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
+    )
+    run(cfg)

@@ -1,0 +1,273 @@
+"""Export to SGLang and speculators, import back, and the real `speculators` package's verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_drafter import random_drafter
+from test_train_helpers import AUX, one_thread  # noqa: F401
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export import detect_format, export_drafter, import_drafter, read_any
+from draftsmith.layers import Convention, from_convention, to_convention
+from draftsmith.models.eagle3 import Eagle3Config, load_drafter, save_drafter
+from draftsmith.targets import cache_dir, load_target
+from draftsmith.train.ttt import shift_left, unroll
+
+L = 6  # layers of the tiny target
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    return load_target(tiny_llama_dir)
+
+
+def make(target, folder: Path, **over) -> Path:
+    """A random drafter for the tiny target, saved in the draftsmith layout."""
+    aux = over.pop("aux", AUX)
+    base = dict(target_fingerprint=target.fingerprint, target_source=str(target.folder),
+                target_architectures=["LlamaForCausalLM"], max_position_embeddings=64)
+    base.update(over)
+    cfg = Eagle3Config.for_target(target.cfg, 40, aux, **base)
+    d = random_drafter(cfg)
+    with torch.no_grad():
+        d.embed_tokens.weight.copy_(target.weights["model.embed_tokens.weight"])
+    return save_drafter(d, folder, training={"steps": 0})
+
+
+# SGLang's LlamaForCausalLMEagle3 parameters and its load_weights name rules
+# (python/sglang/srt/models/llama_eagle3.py).
+SGLANG_PARAMS = {
+    "model.embed_tokens.weight", "model.fc.weight", "model.midlayer.self_attn.qkv_proj.weight",
+    "model.midlayer.self_attn.o_proj.weight", "model.midlayer.mlp.gate_up_proj.weight",
+    "model.midlayer.mlp.down_proj.weight", "model.midlayer.input_layernorm.weight",
+    "model.midlayer.hidden_norm.weight", "model.midlayer.post_attention_layernorm.weight",
+    "model.norm.weight", "lm_head.weight",
+}
+STACKED = [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"),
+           (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]
+
+
+def sglang_loaded(names: list[str]) -> set[str]:
+    loaded = set()
+    for name in names:
+        if "d2t" in name or "t2d" in name:
+            continue
+        for param, shard in STACKED:
+            if shard in name:
+                name = name.replace(shard, param)
+                break
+        key = name if name in SGLANG_PARAMS else f"model.{name}"
+        assert key in SGLANG_PARAMS, f"SGLang would silently drop {name}"
+        loaded.add(key)
+    return loaded
+
+
+def test_sglang_export_layout_ids_and_round_trip(target, tmp_path):
+    src = make(target, tmp_path / "d")
+    out = export_drafter(src, "sglang", tmp_path / "sg", target=str(target.folder))
+    c = json.loads((out / "config.json").read_text())
+    assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["num_hidden_layers"] == 1
+    assert c["vocab_size"] == 128 and c["draft_vocab_size"] == 40
+    assert c["target_hidden_size"] == 64 and c["tie_word_embeddings"] is False
+    assert c["max_position_embeddings"] == 512  # the target's, not the drafter's 64
+    assert c["eagle_config"]["use_aux_hidden_state"] is True
+    nested = c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert nested == to_convention(AUX, "sglang", L)
+    assert from_convention(nested, Convention.SGLANG, L) == AUX
+    assert from_convention(c["eagle_aux_hidden_state_layer_ids"], Convention.VLLM, L) == AUX
+    w = load_file(out / "model.safetensors")
+    assert "embed_tokens.weight" not in w and w["d2t"].dtype == torch.int64
+    assert w["t2d"].dtype == torch.bool
+    assert sglang_loaded(list(w)) == SGLANG_PARAMS - {"model.embed_tokens.weight"}
+
+    assert detect_format(out) == "sglang"
+    back = read_any(out, target=str(target.folder))
+    orig = load_drafter(src)
+    assert back.cfg.aux_layer_ids == AUX and back.cfg.draft_vocab_size == 40
+    for k, v in orig.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    imported = import_drafter(out, tmp_path / "imp", target=str(target.folder))
+    assert torch.equal(load_drafter(imported).fc.weight, orig.fc.weight)
+
+
+def test_speculators_export_round_trip_and_ids(target, tmp_path):
+    ids = [0, 3, 4]
+    src = make(target, tmp_path / "d", aux=ids, norm_before_residual=True, num_layers=2)
+    out = export_drafter(src, "speculators", tmp_path / "sp", target=str(target.folder),
+                         speculative_tokens=5)
+    c = json.loads((out / "config.json").read_text())
+    assert c["speculators_model_type"] == "eagle3" and c["architectures"] == ["Eagle3Speculator"]
+    assert c["eagle_aux_hidden_state_layer_ids"] == to_convention(ids, "vllm", L) == [1, 4, 5]
+    assert from_convention(c["eagle_aux_hidden_state_layer_ids"], "speculators", L) == ids
+    assert c["norm_before_residual"] is True and c["draft_vocab_size"] == 40
+    layer = c["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 2 and layer["max_position_embeddings"] == 512
+    sc = c["speculators_config"]
+    assert sc["proposal_methods"][0]["speculative_tokens"] == 5
+    assert sc["default_proposal_method"] == "greedy"
+    assert sc["verifier"] == {"name_or_path": str(target.folder),
+                              "architectures": ["LlamaForCausalLM"]}
+    names = set(load_file(out / "model.safetensors"))
+    assert {"embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "d2t", "t2d",
+            "layers.0.hidden_norm.weight", "layers.1.input_layernorm.weight"} <= names
+    assert not [n for n in names if n.startswith("midlayer.")]
+    back = read_any(out)  # layer count from the verifier folder, embedding from the file
+    orig = load_drafter(src)
+    assert back.cfg.aux_layer_ids == ids and back.cfg.num_layers == 2
+    assert back.cfg.norm_before_residual
+    for k, v in orig.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    bf16 = export_drafter(src, "speculators", tmp_path / "bf", dtype=torch.bfloat16)
+    assert load_file(bf16 / "model.safetensors")["fc.weight"].dtype == torch.bfloat16
+
+
+def test_export_refusals(target, tmp_path):
+    with pytest.raises(DraftsmithError, match="cannot be written for current SGLang"):
+        export_drafter(make(target, tmp_path / "a", aux=[0, 2, 4]), "sglang", tmp_path / "x")
+    with pytest.raises(DraftsmithError, match="norm_before_residual"):
+        export_drafter(make(target, tmp_path / "b", norm_before_residual=True), "sglang",
+                       tmp_path / "x")
+    src = make(target, tmp_path / "c")
+    with pytest.raises(DraftsmithError, match="unknown export format"):
+        export_drafter(src, "onnx", tmp_path / "x")
+    export_drafter(src, "sglang", tmp_path / "y")
+    with pytest.raises(DraftsmithError, match="--overwrite"):
+        export_drafter(src, "sglang", tmp_path / "y")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_drafter(make(target, tmp_path / "e", aux=[2, 3, 4]), "sglang", tmp_path / "z")
+    assert "PR #25454" in str(caught[0].message)
+
+
+def test_sglang_checkpoint_without_ids_or_embedding(target, tmp_path):
+    """An EAGLE-reference style folder: no eagle_config, no embedding, `model.` prefixes."""
+    out = export_drafter(make(target, tmp_path / "d"), "sglang", tmp_path / "sg")
+    c = json.loads((out / "config.json").read_text())
+    for key in ("eagle_config", "eagle_aux_hidden_state_layer_ids", "draftsmith"):
+        c.pop(key)
+    (out / "config.json").write_text(json.dumps(c))
+    w = load_file(out / "model.safetensors")
+    save_file({f"model.{k}" if k.startswith("midlayer") else k: v for k, v in w.items()},
+              out / "model.safetensors")
+    with pytest.raises(DraftsmithError, match="pass --target"):
+        read_any(out)
+    d = read_any(out, target=str(target.folder))
+    # SGLang's default without ids: the inputs of layers [2, L//2, L-3]
+    assert d.cfg.aux_layer_ids == from_convention([2, 3, 3], Convention.EAGLE, L)
+    assert torch.equal(d.embed_tokens.weight, target.weights["model.embed_tokens.weight"])
+
+
+# --- the real speculators package -------------------------------------------------------------
+
+SPEC_SCRIPT = r"""
+import sys, torch
+from safetensors.torch import load_file, save_file
+from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+spec_dir, sglang_dir, conv_dir, verifier, io_dir, steps, ids = sys.argv[1:8]
+inp = load_file(f"{io_dir}/inputs.safetensors")
+out = {}
+
+def run(model, tag):
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.detach()))
+    t = inp["next_ids"].shape[1]
+    with torch.no_grad():
+        model(hidden_states=inp["aux"], input_ids=inp["next_ids"],
+              document_ids=torch.zeros(1, t, dtype=torch.long),
+              position_ids=torch.arange(t)[None], ttt_steps=int(steps))
+    hook.remove()
+    for j, x in enumerate(logits):
+        out[f"{tag}.{j}"] = x.contiguous()
+
+run(Eagle3DraftModel.from_pretrained(spec_dir).eval(), "spec")
+Eagle3Converter().convert(sglang_dir, conv_dir, base_model=verifier, norm_before_residual=False,
+                          eagle_aux_hidden_state_layer_ids=[int(i) for i in ids.split(",")])
+conv = Eagle3DraftModel.from_pretrained(conv_dir).eval()
+conv.embed_tokens.weight.data.copy_(load_file(f"{io_dir}/inputs.safetensors")["embed"])
+run(conv, "converted")
+save_file(out, f"{io_dir}/outputs.safetensors")
+"""
+
+RECIPE = [
+    ["{py}", "-m", "venv", "{venv}"],
+    ["{pip}", "install", "torch==" + torch.__version__.split("+")[0]],
+    ["{pip}", "install", "-c", "{cons}", "--no-deps", "speculators==0.9.0"],
+    ["{pip}", "install", "-c", "{cons}", "aiohttp", "click", "datasets>=4.0.0,<=5.1.0", "httpx",
+     "huggingface-hub", "loguru>=0.7.2,<=0.7.3", "numpy>=2.0.0,<=2.5.4", "openai>=2.0.0",
+     "protobuf", "psutil", "pydantic>=2.0.0", "pydantic-settings>=2.0.0", "rich", "safetensors",
+     "tqdm>=4.66.3,<=4.70.1", "transformers>=5.0.0,<=5.19.0", "typer>=0.12.0",
+     "hs-connectors==0.9.0"],
+]
+
+
+def speculators_python() -> Path | None:
+    """The python of a venv with speculators 0.9.0 (see docs/engine-formats.md), if one exists."""
+    candidates = [os.environ.get("DRAFTSMITH_SPECULATORS_VENV"),
+                  cache_dir() / "venvs" / "speculators", "/work/venvs/speculators"]
+    for c in candidates:
+        if c and (Path(c) / "bin" / "python").is_file():
+            return Path(c) / "bin" / "python"
+    return None
+
+
+def check_against_speculators(python: Path, target, tmp: Path) -> None:
+    steps = 3
+    src = make(target, tmp / "d")
+    spec = export_drafter(src, "speculators", tmp / "spec", speculative_tokens=steps)
+    sg = export_drafter(src, "sglang", tmp / "sg")
+    d = load_drafter(src)
+    torch.manual_seed(7)
+    t = 128  # speculators' flex-attention block mask grows in blocks of 128 per TTT step
+    x, aux = torch.randint(0, 128, (1, t)), torch.randn(1, t, 3, 64)
+    save_file({"next_ids": shift_left(x, 1), "aux": aux.flatten(-2),
+               "embed": target.weights["model.embed_tokens.weight"]},
+              tmp / "inputs.safetensors")
+    ids = ",".join(map(str, to_convention(AUX, "vllm", L)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    subprocess.run([str(python), "-c", SPEC_SCRIPT, str(spec), str(sg), str(tmp / "conv"),
+                    str(target.folder), str(tmp), str(steps), ids], check=True, env=env,
+                   timeout=600)
+    got = load_file(tmp / "outputs.safetensors")
+    with torch.no_grad():
+        ours = list(unroll(d, x, d.fuse(aux), torch.arange(t)[None],
+                           torch.zeros(1, t, dtype=torch.long), steps))
+        first, _ = d(shift_left(x, 1), d.fuse(aux), torch.arange(t)[None])
+    assert torch.allclose(first, got["spec.0"], atol=1e-5)
+    for j in range(steps):  # every TTT step: same mask, positions and fed-back hidden
+        n = t - j - 1  # beyond this the step reads padding, which each side fills its own way
+        for tag in ("spec", "converted"):
+            assert torch.allclose(ours[j][:, :n], got[f"{tag}.{j}"][:, :n], atol=1e-5), (tag, j)
+
+
+def test_speculators_package_loads_export_with_identical_logits(target, tmp_path):
+    python = speculators_python()
+    if python is None:
+        pytest.skip("no speculators venv (set DRAFTSMITH_SPECULATORS_VENV, or run -m slow)")
+    check_against_speculators(python, target, tmp_path)
+
+
+@pytest.mark.slow
+def test_speculators_in_a_fresh_venv(target, tmp_path):
+    """CI: builds the venv with the recipe of docs/engine-formats.md (network), then checks."""
+    python = speculators_python()
+    if python is None:
+        venv = cache_dir() / "venvs" / "speculators"
+        cons = tmp_path / "constraints.txt"
+        cons.write_text(f"torch=={torch.__version__.split('+')[0]}\n")
+        fill = {"py": sys.executable, "venv": str(venv), "pip": str(venv / "bin" / "pip"),
+                "cons": str(cons)}
+        for cmd in RECIPE:
+            subprocess.run([c.format(**fill) for c in cmd], check=True, timeout=1800)
+        python = venv / "bin" / "python"
+    check_against_speculators(python, target, tmp_path)
