@@ -19,6 +19,16 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models are dispatch-bound: intra-op threads only add barriers (and spin under load)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
 def convs(n: int = 14) -> list[Conversation]:
     out = []
     for i in range(n):
@@ -155,8 +165,9 @@ def test_kill_9_then_resume(target, model, reference, tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
     code = KILL_SCRIPT.format(tests=str(Path(__file__).parent), target=str(tiny_llama_dir),
                               out=str(out))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         deadline = time.time() + 60
         while time.time() < deadline:

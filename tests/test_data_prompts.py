@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -85,9 +86,10 @@ def test_cli_strict_exits_2_naming_file_and_line(tmp_path):
     path = write_lines(tmp_path / "p.jsonl", [PLAIN, "{oops"])
     out = tmp_path / "o.jsonl"
     cmd = [sys.executable, "-m", "draftsmith", "data", "prompts", str(path), "-o", str(out)]
-    r = subprocess.run(cmd + ["--strict"], capture_output=True, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and f"{path}:2" in r.stderr and not out.exists()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and f"{path}:2" in r.stderr
     assert [c.first_user() for c in read_prompts(out)] == ["write a haiku"]
 

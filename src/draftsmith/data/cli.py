@@ -289,6 +289,8 @@ def make(
     max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
     aux_layers: str = typer.Option(None, "--aux-layers"),
     vocab_size: int = typer.Option(32000, "--vocab-size"),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
+                                      "prompt (longer ones are dropped)"),
     seed: int = typer.Option(0),
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume)."""
@@ -296,4 +298,4 @@ def make(
 
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
-                 parse_layers(aux_layers), vocab_size, seed, command_line(), say)
+                 parse_layers(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say)

@@ -20,7 +20,7 @@ from draftsmith.data.shards import write_json
 def make_dataset(
     out: str | Path,
     n: int,
-    target: str = "default",
+    target: Any = "default",
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     batch_size: int = 32,
@@ -29,6 +29,7 @@ def make_dataset(
     aux_layers: list[int] | None = None,
     vocab_size: int = 32000,
     seed: int = 0,
+    prompt_tokens: int = 128,
     command: str = "draftsmith.data.pipeline.make_dataset()",
     log: Callable[[str], None] = print,
     progress: bool = True,
@@ -46,7 +47,7 @@ def make_dataset(
     record.setdefault("commands", [])
     if command not in record["commands"]:
         record["commands"].append(command)
-    t = load_target(target)
+    t = target if hasattr(target, "build") else load_target(target)
     model = t.build(dtype, device)
     record.update(target=t.source, fingerprint=t.fingerprint, device=device,
                   dtype=str(dtype).removeprefix("torch."), n=n)
@@ -61,7 +62,7 @@ def make_dataset(
         return result
 
     prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
-    magpie = MagpieConfig(n, batch_size, seed=seed)
+    magpie = MagpieConfig(n, batch_size, prompt_tokens, seed=seed)
     stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
                                                log=log))
     regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)

@@ -235,7 +235,7 @@ def read_prompts(
 
 def write_jsonl(path: str | Path, convs: Iterable[Conversation]) -> int:
     """Write conversations atomically; returns how many."""
-    from draftsmith.data.shards import atomic_write
+    from draftsmith.data.atomic import atomic_write
 
     lines = [json.dumps(c.to_json(), ensure_ascii=False) for c in convs]
     atomic_write(Path(path), ("\n".join(lines) + ("\n" if lines else "")).encode())

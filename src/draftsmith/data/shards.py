@@ -11,13 +11,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftsmith.data.atomic import atomic_write, write_json
 from draftsmith.errors import DraftsmithError
 
 FORMAT = "draftsmith-dataset"
@@ -45,33 +45,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

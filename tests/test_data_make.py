@@ -1,0 +1,102 @@
+"""Self-made prompts, the one-command pipeline, and the data CLI on a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftsmith.data.cli import app
+from draftsmith.data.prompts import read_jsonl_tail_safe
+from draftsmith.data.selfmade import MagpieConfig, fold, self_made_prompts, stop_ids
+from draftsmith.data.shards import Dataset
+from draftsmith.errors import DraftsmithError
+from draftsmith.targets import load_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models are dispatch-bound: intra-op threads only add barriers (and spin under load)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    return load_target(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def model(target):
+    return target.build(torch.float32)
+
+
+def test_self_made_prompts_unique_and_resumable(target, model, tmp_path):
+    out = tmp_path / "p.jsonl"
+    cfg = MagpieConfig(n=6, batch_size=16, max_new_tokens=64, min_chars=1, seed=1)
+    stats = self_made_prompts(target, out, cfg, model, progress=False)
+    recs = read_jsonl_tail_safe(out)
+    assert stats["kept"] == 6 and len(recs) == 6
+    assert len({fold(r["messages"][0]["content"]) for r in recs}) == 6
+    assert all(r["meta"]["source"] == "magpie" and r["messages"][0]["role"] == "user"
+               for r in recs)
+    assert target.tokenizer.convert_tokens_to_ids("<|im_end|>") in stop_ids(target, "<|im_end|>\n")
+    cfg = MagpieConfig(n=8, batch_size=16, max_new_tokens=64, min_chars=1, seed=1)
+    self_made_prompts(target, out, cfg, model, progress=False)
+    again = read_jsonl_tail_safe(out)
+    assert len(again) == 8 and again[:6] == recs
+
+
+def test_make_then_rerun_reuses_every_stage(target, tmp_path):
+    from draftsmith.data.pipeline import make_dataset
+
+    logs: list[str] = []
+    kw = dict(target=target, batch_size=16, max_len=96, max_new_tokens=16, prompt_tokens=48,
+              vocab_size=40, log=logs.append, progress=False)
+    rec = make_dataset(tmp_path, 5, **kw)
+    ds = Dataset(tmp_path / "dataset")
+    assert len(ds) == 5 and ds.manifest["complete"]
+    assert set(rec["stages"]) == {"prompts", "regenerate", "capture", "vocab"}
+    assert (tmp_path / "dataset" / "vocab.safetensors").is_file()
+    shas = [s["sha256"] for s in ds.manifest["shards"]]
+    logs.clear()
+    rec = make_dataset(tmp_path, 5, **kw)
+    assert rec["stages"]["regenerate"]["result"]["done_before"] == 5
+    assert any("0/1 shards to write" in s for s in logs)
+    assert [s["sha256"] for s in Dataset(tmp_path / "dataset").manifest["shards"]] == shas
+
+
+def test_cli_capture_inspect_vocab_and_tamper(tiny_llama_dir, tmp_path):
+    convs = tmp_path / "c.jsonl"
+    convs.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"answer {i}"}]})
+        + "\n" for i in range(5)))
+    r = CliRunner()
+    data = tmp_path / "ds"
+    base = ["capture", str(convs), "-o", str(data), "--target", str(tiny_llama_dir),
+            "--device", "cpu", "--shard-size", "2", "--aux-layers", "-1,0,5"]
+    res = r.invoke(app, base)
+    assert res.exit_code == 0, res.output
+    assert "estimated storage" in res.output
+    m = Dataset(data).manifest
+    assert m["aux_layer_ids"] == [-1, 0, 5] and m["totals"]["shards"] == 3
+    assert m["commands"][0].startswith("draftsmith")
+    res = r.invoke(app, ["inspect", str(data), "--json"])
+    info = json.loads(res.stdout)
+    assert info["samples"] == 5 and "all 3 shards match" in info["verified"]
+    assert "output of decoder layer j" in info["aux layer ids"]
+    res = r.invoke(app, ["vocab", str(data), "--size", "8"])
+    assert res.exit_code == 0 and "coverage" in res.output
+    shard = data / "shard-00002.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    res = r.invoke(app, ["inspect", str(data)])
+    assert isinstance(res.exception, DraftsmithError) and "shard-00002" in str(res.exception)
+    res = r.invoke(app, base[:-2] + ["--aux-layers", "1,2,x"])
+    assert isinstance(res.exception, DraftsmithError)
