@@ -1,0 +1,162 @@
+"""`draftsmith tune`: measure costs and acceptance, predict every setting, sweep the best ones
+and their neighbours on the real engine, and recommend a setting per batch size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from draftsmith.errors import DraftsmithError
+
+console = Console()
+
+
+def tune(
+    drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
+    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    prompts: Path = typer.Option(None, "--prompts", help="JSONL of prompts (default: chat suite)"),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes"),
+    max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
+    max_topk: int = typer.Option(8, "--max-topk", help="Widest tree to consider (1 = chains)"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    top: int = typer.Option(3, help="Predicted settings to sweep (plus neighbours)"),
+    device: str = typer.Option("auto"),
+    dtype: str = typer.Option("auto"),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile the target's layers"),
+    out: Path = typer.Option(Path("runs/tune"), "--out"),
+) -> None:
+    """Pick the fastest steps/topk/draft tokens per batch size (or no speculation)."""
+    from draftsmith.cli import dtype_of, pick_device
+
+    dev = pick_device(device)
+    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
+                  "float32" if dtype == "auto" else dtype)
+    batches = sorted(int(x) for x in batch_sizes.split(","))
+    report = run_tune(drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev,
+                      dt, compile, out, max_topk)
+    for text in report["texts"]:
+        console.print(text)
+    console.print(f"wrote {out}/tune.json, tune.md, tune.png")
+
+
+def run_tune(drafter_dir, target, prompts_path, batches, max_steps, new, top, dev, dt,
+             compile, out: Path, max_topk: int = 8) -> dict:
+    from draftsmith.engine.drafter_runtime import DrafterRuntime
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.targets import load_target
+    from draftsmith.tune import measure
+    from draftsmith.tune.cost_model import SpecSetting, candidate_grid, rank_settings, recommend
+    from draftsmith.tune.flags import recommendation_text
+
+    t = load_target(target)
+    model = t.build(dt, dev)
+    drafter = load_drafter(drafter_dir, dev, dt, embed=model.embed.weight)
+    ids = [t.chat_ids([{"role": "user", "content": p}]) for p in suite(prompts_path)]
+    max_seq = max(len(p) for p in ids) + new + 64
+    rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
+    # room for the widest tree's frontier slots beyond the target's scratch region
+    drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False)
+    eng = measure.Engine(rt, drt, drafter)
+    eos = t.eos_ids
+    console.print("measuring acceptance (chain of", max_steps, "steps) ...")
+    acc = measure.chain_acceptance(eng, ids, max_steps, new, eos)
+    console.print("measuring costs ...")
+    probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids, b, 32, eos) for b in batches}
+    overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
+    costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
+    preds, meas = [], []
+    grid = [s for s in candidate_grid(max_steps) if s.topk <= max_topk and s.num_draft_tokens <= 16]
+    for b in batches:
+        ranked = rank_settings(costs, acc, b, grid)
+        preds += ranked
+        chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
+        plan = dict.fromkeys([*measure_plan(ranked, top), *chain])
+        for s in plan:
+            if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > 16:
+                continue
+            console.print(f"batch {b}: {s}")
+            meas.append(measure.run_setting(eng, s, ids, b, new, eos))
+    recs = recommend(preds, meas)
+    texts = [recommendation_text(r, str(drafter_dir)) for r in recs]
+    report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev)
+    report["texts"] = texts
+    return report
+
+
+def measure_plan(ranked, top: int):
+    from draftsmith.tune.cost_model import sweep_plan
+
+    return sweep_plan(ranked, top)
+
+
+def suite(path: Path | None) -> list[str]:
+    if path is not None:
+        from draftsmith.data.prompts import read_prompts
+
+        return [c.first_user() for c in read_prompts(path)]
+    src = Path(__file__).resolve().parents[1] / "bench" / "chat_suite.jsonl"
+    if not src.is_file():
+        raise DraftsmithError(f"{src}: the built-in chat suite is missing; pass --prompts")
+    return [json.loads(line)["prompt"] for line in src.read_text().splitlines() if line.strip()]
+
+
+def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev) -> dict:
+    from draftsmith.tune.cost_model import steps_series
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for r in recs:
+        for c in r.rows:
+            rows.append({"batch": r.batch, "setting": str(c.setting),
+                         "predicted_tok_s": c.predicted_tps, "measured_tok_s": c.measured_tps,
+                         "error_pct": c.error_pct})
+    report = {
+        "device": device_name(dev), "acceptance": acc.to_dict(), "costs": costs.to_dict(),
+        "recommendations": [
+            {"batch": r.batch, "setting": str(r.setting), "tokens_per_s": r.tokens_per_s,
+             "baseline_tok_s": r.baseline_tps, "speedup": r.speedup, "error_pct": r.error_pct,
+             "cause": r.cause, "best_measured_tok_s": best_measured(meas, r.batch)}
+            for r in recs
+        ],
+        "rows": rows,
+    }
+    (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "tune.md").write_text("\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
+    plot(out / "tune.png", {b: steps_series(preds, meas, b) for b in batches})
+    return report
+
+
+def best_measured(meas, batch: int) -> float | None:
+    vals = [m.tokens_per_s for m in meas if m.batch == batch]
+    return max(vals) if vals else None
+
+
+def device_name(dev: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
+
+
+def plot(path: Path, series: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 4), squeeze=False)
+    for ax, (b, s) in zip(axes[0], series.items(), strict=True):
+        for name, style in (("predicted", "--o"), ("measured", "-s")):
+            pts = sorted(s.get(name, []))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
+        ax.set_title(f"batch {b} (steps 0 = no speculation)")
+        ax.set_xlabel("chain steps")
+        ax.set_ylabel("tokens/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,155 @@
+"""Measure what the cost model needs on the real engine, and run the sweep.
+
+Costs are timed on the exact shapes the speculative engine uses (graphed where the engine is):
+the target's verify forward of n tokens with aux capture, one drafter step of q tokens per row,
+the drafter's re-extend over n tokens, and the bookkeeping phase from the profiler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.engine.drafter_runtime import DrafterRuntime
+from draftsmith.engine.generate import run_generation
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.models.eagle3 import Eagle3Drafter
+from draftsmith.tune.cost_model import Acceptance, CostTable, Measurement, SpecSetting
+
+VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, iters: int | None = None) -> float:
+    """Mean milliseconds per call after two warm-up calls; CUDA events on GPU."""
+    iters = iters or (20 if device.type == "cuda" else 2)
+    for _ in range(2 if device.type == "cuda" else 1):
+        fn()
+    if device.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t) / iters * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+@dataclass
+class Engine:
+    """The pieces every measurement shares: one target runtime and one drafter runtime."""
+
+    rt: Runtime
+    drt: DrafterRuntime
+    drafter: Eagle3Drafter
+
+    @property
+    def device(self) -> torch.device:
+        return self.rt.device
+
+
+def verify_costs(
+    eng: Engine, batches: list[int], max_n: int = 16
+) -> dict[int, dict[int, float]]:
+    ns = [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
+    aux = tuple(eng.drafter.cfg.aux_layer_ids)
+    out: dict[int, dict[int, float]] = {}
+    for b in batches:
+        eng.rt.capture([b], list(ns), aux_ids=aux)
+        row = {}
+        for n in ns:
+            tok = torch.zeros(b, n, dtype=torch.long, device=eng.device)
+            pos = torch.arange(64, 64 + n, device=eng.device).repeat(b, 1)
+            row[n] = time_ms(lambda t=tok, p=pos: eng.rt.forward(t, p, aux_ids=aux), eng.device)
+        out[b] = row
+    return out
+
+
+def drafter_costs(eng: Engine, batches: list[int], qs: list[int]) -> dict[int, dict[int, float]]:
+    """ms of one drafter forward of q tokens per row (a draft step of width q, or an extend)."""
+    h = eng.drafter.cfg.hidden_size
+    out: dict[int, dict[int, float]] = {}
+    for b in batches:
+        eng.drt.capture([b], qs)
+        row = {}
+        for q in qs:
+            tok = torch.zeros(b, q, dtype=torch.long, device=eng.device)
+            hid = torch.zeros(b, q, h, dtype=eng.drt.dtype, device=eng.device)
+            pos = torch.arange(64, 64 + q, device=eng.device).repeat(b, 1)
+            row[q] = time_ms(lambda t=tok, x=hid, p=pos: eng.drt.forward(t, x, p), eng.device)
+        out[b] = row
+    return out
+
+
+def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]]) -> dict[int, float]:
+    out = {}
+    for b in batches:
+        rows = [prompts[i % len(prompts)] for i in range(b)]
+        run_generation(eng.rt, rows, 16)
+        g = run_generation(eng.rt, rows, 64)
+        out[b] = g.decode_s / 63 * 1e3
+    return out
+
+
+def run_setting(
+    eng: Engine, setting: SpecSetting, prompts: list[list[int]], batch: int, new: int,
+    eos: list[int],
+) -> Measurement:
+    """Tokens/s of one setting on the real engine (baseline for steps 0), phases profiled."""
+    rows = [prompts[i % len(prompts)] for i in range(batch)]
+    if setting.is_baseline:
+        run_generation(eng.rt, rows, 8, eos_ids=eos)
+        g = run_generation(eng.rt, rows, new, eos_ids=eos)
+        return Measurement(setting, batch, g.new_tokens / (g.prefill_s + g.decode_s))
+    dec = decoder(eng, setting)
+    dec.generate(rows, 8, eos)  # warm-up and capture
+    dec.profile = False
+    res = dec.generate(rows, new, eos)
+    dec.profile = True
+    prof = dec.generate(rows, new, eos)
+    phases = dict(prof.phases.ms) if prof.phases else None
+    return Measurement(setting, batch, res.tokens_per_s, res.mean_accept_length, phases)
+
+
+def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
+    n = None if s.topk == 1 else s.num_draft_tokens
+    return SpecDecoder(eng.rt, eng.drt, s.steps, s.topk, n, profile=False)
+
+
+def chain_acceptance(
+    eng: Engine, prompts: list[list[int]], steps: int, new: int, eos: list[int]
+) -> Acceptance:
+    """Conditional per-position acceptance from a deep chain run (position k counted only
+    where positions < k were accepted)."""
+    dec = decoder(eng, SpecSetting(steps, 1, steps + 1))
+    reached = [0] * steps
+    accepted = [0] * steps
+    for i in range(0, len(prompts), eng.rt.max_batch):
+        res = dec.generate(prompts[i : i + eng.rt.max_batch], new, eos)
+        reached = [a + b for a, b in zip(reached, res.reached, strict=True)]
+        accepted = [a + b for a, b in zip(accepted, res.accepted, strict=True)]
+    return Acceptance.from_chain_counts(reached, accepted)
+
+
+def cost_table(
+    eng: Engine, batches: list[int], prompts: list[list[int]], max_topk: int, overhead: dict,
+    max_steps: int = 10,
+) -> CostTable:
+    topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
+    qs = sorted(set(topks) | set(range(2, max_steps + 2)))
+    widest = max_steps + 1 if max_topk == 1 else 16
+    drafts = drafter_costs(eng, batches, qs)
+    return CostTable(
+        verify=verify_costs(eng, batches, widest),
+        draft_step={b: {k: row[k] for k in topks} for b, row in drafts.items()},
+        extend={b: {n: row[n] for n in row if n >= 2} for b, row in drafts.items()},
+        overhead=overhead,
+        decode=decode_costs(eng, batches, prompts),
+    )
