@@ -32,18 +32,43 @@ def tune(
     from draftsmith.cli import dtype_of, pick_device
 
     dev = pick_device(device)
-    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
-                  "float32" if dtype == "auto" else dtype)
+    dt = dtype_of(
+        "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
+    )
     batches = sorted(int(x) for x in batch_sizes.split(","))
-    report = run_tune(drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev,
-                      dt, compile, out, max_topk)
+    report = run_tune(
+        drafter,
+        target,
+        prompts,
+        batches,
+        max_steps,
+        max_new_tokens,
+        top,
+        dev,
+        dt,
+        compile,
+        out,
+        max_topk,
+    )
     for text in report["texts"]:
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
 
 
-def run_tune(drafter_dir, target, prompts_path, batches, max_steps, new, top, dev, dt,
-             compile, out: Path, max_topk: int = 8) -> dict:
+def run_tune(
+    drafter_dir,
+    target,
+    prompts_path,
+    batches,
+    max_steps,
+    new,
+    top,
+    dev,
+    dt,
+    compile,
+    out: Path,
+    max_topk: int = 8,
+) -> dict:
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
     from draftsmith.models.eagle3 import load_drafter
@@ -111,15 +136,30 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev) 
     rows = []
     for r in recs:
         for c in r.rows:
-            rows.append({"batch": r.batch, "setting": str(c.setting),
-                         "predicted_tok_s": c.predicted_tps, "measured_tok_s": c.measured_tps,
-                         "error_pct": c.error_pct})
+            rows.append(
+                {
+                    "batch": r.batch,
+                    "setting": str(c.setting),
+                    "predicted_tok_s": c.predicted_tps,
+                    "measured_tok_s": c.measured_tps,
+                    "error_pct": c.error_pct,
+                }
+            )
     report = {
-        "device": device_name(dev), "acceptance": acc.to_dict(), "costs": costs.to_dict(),
+        "device": device_name(dev),
+        "acceptance": acc.to_dict(),
+        "costs": costs.to_dict(),
         "recommendations": [
-            {"batch": r.batch, "setting": str(r.setting), "tokens_per_s": r.tokens_per_s,
-             "baseline_tok_s": r.baseline_tps, "speedup": r.speedup, "error_pct": r.error_pct,
-             "cause": r.cause, "best_measured_tok_s": best_measured(meas, r.batch)}
+            {
+                "batch": r.batch,
+                "setting": str(r.setting),
+                "tokens_per_s": r.tokens_per_s,
+                "baseline_tok_s": r.baseline_tps,
+                "speedup": r.speedup,
+                "error_pct": r.error_pct,
+                "cause": r.cause,
+                "best_measured_tok_s": best_measured(meas, r.batch),
+            }
             for r in recs
         ],
         "rows": rows,

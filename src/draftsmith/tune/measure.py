@@ -55,9 +55,7 @@ class Engine:
         return self.rt.device
 
 
-def verify_costs(
-    eng: Engine, batches: list[int], max_n: int = 16
-) -> dict[int, dict[int, float]]:
+def verify_costs(eng: Engine, batches: list[int], max_n: int = 16) -> dict[int, dict[int, float]]:
     ns = [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
     aux = tuple(eng.drafter.cfg.aux_layer_ids)
     out: dict[int, dict[int, float]] = {}
@@ -99,7 +97,11 @@ def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]]) -> d
 
 
 def run_setting(
-    eng: Engine, setting: SpecSetting, prompts: list[list[int]], batch: int, new: int,
+    eng: Engine,
+    setting: SpecSetting,
+    prompts: list[list[int]],
+    batch: int,
+    new: int,
     eos: list[int],
 ) -> Measurement:
     """Tokens/s of one setting on the real engine (baseline for steps 0), phases profiled."""
@@ -139,7 +141,11 @@ def chain_acceptance(
 
 
 def cost_table(
-    eng: Engine, batches: list[int], prompts: list[list[int]], max_topk: int, overhead: dict,
+    eng: Engine,
+    batches: list[int],
+    prompts: list[list[int]],
+    max_topk: int,
+    overhead: dict,
     max_steps: int = 10,
 ) -> CostTable:
     topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
