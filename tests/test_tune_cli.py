@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import torch
-
 from conftest import write_tiny_folder
 
 
