@@ -1,0 +1,142 @@
+"""Speculative sampling keeps the target distribution: chi-square tests against exact
+distributions, on the acceptance rules alone (many draws) and end to end (tiny vocabulary)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_speculative import make_drafter, one_thread, tiny_target  # noqa: F401
+
+from draftsmith.engine import verify
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams, draw, probs
+from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.tree import draw_k
+
+V, VD = 6, 5
+HOT = torch.tensor([0, 1, 2, 4, 5])  # target id 3 is outside the draft vocabulary
+
+
+def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """p-value of counts against probabilities; cells expecting < 5 are pooled."""
+    c, e = counts.flatten().double(), expected_probs.flatten().double() * counts.sum().double()
+    big = e >= 5
+    stat = ((c[big] - e[big]) ** 2 / e[big]).sum()
+    df = int(big.sum()) - 1
+    if (~big).any() and e[~big].sum() > 0:
+        stat = stat + (c[~big].sum() - e[~big].sum()) ** 2 / e[~big].sum()
+        df += 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+def conditional_p(first: torch.Tensor, second: torch.Tensor, table: torch.Tensor) -> float:
+    """Sum of per-condition chi-squares: second | first = x against table[x]."""
+    stat, df = torch.zeros((), dtype=torch.float64), 0
+    for x in range(table.shape[0]):
+        sel = second[first == x]
+        if len(sel) < 200:
+            continue
+        c = torch.bincount(sel, minlength=V).double()
+        e = table[x].double() * len(sel)
+        big = e >= 5
+        stat += ((c[big] - e[big]) ** 2 / e[big]).sum()
+        df += int(big.sum()) - 1
+    assert df > 10
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+@pytest.fixture(scope="module")
+def tables():
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.rand(V, generator=g) ** 2
+    p1 = torch.rand(V, V, generator=g) ** 2
+    p2 = torch.rand(V, V, V, generator=g) ** 2
+    q0 = torch.rand(VD, generator=g) ** 2
+    q1 = torch.rand(V, VD, generator=g) ** 2
+    norm = lambda t: t / t.sum(-1, keepdim=True)  # noqa: E731
+    return norm(p0), norm(p1), norm(p2), norm(q0), norm(q1)
+
+
+def test_chain_rejection_sampling_is_exact(tables):
+    p0, p1, p2, q0, q1 = tables
+    torch.manual_seed(0)
+    b = 200_000
+    d1 = draw(q0.expand(b, VD))
+    d2 = draw(q1[HOT[d1]])
+    t1, t2 = HOT[d1], HOT[d2]
+    logits = torch.stack([p0.log().expand(b, V), p1[t1].log(), p2[t1, t2].log()], 1)
+    tok = torch.stack([torch.zeros_like(t1), t1, t2], 1)
+    qbank = torch.stack([q0.expand(b, VD), q1[t1]], 1)
+    n, bonus = verify.chain_sampled(logits, tok, torch.stack([d1, d2], 1), qbank, HOT,
+                                    SamplingParams(1.0))
+    e0 = torch.where(n >= 1, t1, bonus)
+    assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
+    assert chi_square_p(torch.bincount(t1, minlength=V), p0) < 1e-6  # the drafts alone differ
+    on = n >= 1
+    e1 = torch.where(n >= 2, t2, bonus)
+    assert conditional_p(e0[on], e1[on], p1) > 1e-3
+
+
+def test_tree_multi_round_rejection_is_exact(tables):
+    """Root with three children drawn i.i.d. from q0; the first has two children, the second one,
+    drawn from q1 of their parent's token."""
+    p0, p1, p2, q0, q1 = tables
+    torch.manual_seed(1)
+    b = 200_000
+    kids = draw_k(q0.expand(b, VD), 3)
+    d4, d6 = draw_k(q1[HOT[kids[:, 0]]], 2), draw_k(q1[HOT[kids[:, 1]]], 1)
+    draft = torch.cat([torch.zeros_like(kids[:, :1]), kids, d4, d6], 1)
+    tok = HOT[draft]
+    parent = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
+    depth = torch.tensor([0, 1, 1, 1, 2, 2, 2]).expand(b, 7)
+    qsrc = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
+    qbank = torch.stack([q0.expand(b, VD), q1[tok[:, 1]], q1[tok[:, 2]]], 1)
+    logits = torch.cat([p0.log().expand(b, 1, V), p1[tok[:, 1:4]].log(),
+                        p2[tok[:, parent[0, 4:]], tok[:, 4:]].log()], 1)
+    best, n, bonus = verify.tree_sampled(logits, tok, draft, parent, qsrc, depth, qbank, HOT,
+                                         SamplingParams(1.0))
+    first = torch.where(n == 2, parent.gather(1, best[:, None])[:, 0], best)
+    e0 = torch.where(n >= 1, tok.gather(1, first[:, None])[:, 0], bonus)
+    assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
+    on = n >= 1
+    e1 = torch.where(n >= 2, tok.gather(1, best[:, None])[:, 0], bonus)
+    assert conditional_p(e0[on], e1[on], p1) > 1e-3
+
+
+def exact_joint(model, prompt: list[int], params: SamplingParams, vocab: int) -> torch.Tensor:
+    """P(x1, x2, x3 | prompt) by enumerating every x1, x2."""
+    p = len(prompt)
+    with torch.no_grad():
+        pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))
+        seqs = torch.cat([torch.tensor(prompt).expand(vocab * vocab, p), pairs], 1)
+        lg = model(seqs, torch.arange(p + 2).expand(vocab * vocab, -1)).logits
+    p1 = probs(lg[0, p - 1], params)
+    p2 = probs(lg[::vocab, p], params)
+    p3 = probs(lg[:, p + 1], params).view(vocab, vocab, vocab)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.mark.parametrize("steps,topk,n,temp,top_k", [(2, 1, None, 1.0, 0), (2, 3, 5, 0.8, 6)])
+def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k):
+    """4096 draws of (x1, x2, x3); x2 and x3 come from the first speculative cycle. With these
+    sizes an acceptance test skewed by a factor 1.25 fails (p < 0.003)."""
+    vocab, b, runs = 8, 1024, 4
+    target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
+                         num_heads=2, num_kv_heads=1, head_dim=8)
+    drafter = make_drafter(target, 6, seed=6, std=0.6)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.0)
+        drafter.lm_head.weight.mul_(0.1)  # a drafter close enough to be accepted often
+    params = SamplingParams(temp, top_k=top_k)
+    prompt = [3, 1, 4]
+    dec = SpecDecoder(Runtime(target, b, 24), drafter, steps, topk, n, params)
+    torch.manual_seed(7)
+    counts = torch.zeros(vocab, vocab, vocab)
+    for _ in range(runs):
+        res = dec.generate([prompt] * b, 3, eos_ids=[])
+        for t in res.tokens:
+            counts[t[0], t[1], t[2]] += 1
+    assert res.mean_accept_length > 1.3
+    joint = exact_joint(target, prompt, params, vocab)
+    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(counts.sum(2), joint.sum(2)) > 1e-3
