@@ -31,20 +31,27 @@ console = Console()
 SUBAPPS = [
     ("draftsmith.data.cli", "app", "data"),
 ]
-COMMANDS: list[tuple[str, str, str]] = []
+COMMANDS = [
+    ("draftsmith.train.cli", "train", "train"),
+    ("draftsmith.export.cli", "export", "export"),
+    ("draftsmith.export.cli", "import_", "import"),
+    ("draftsmith.doctor", "doctor", "doctor"),
+    ("draftsmith.bench.cli", "bench", "bench"),
+    ("draftsmith.bench.allreduce", "allreduce_bench", "bench-allreduce"),
+    ("draftsmith.tune.cli", "tune", "tune"),
+    ("draftsmith.compare", "compare", "compare"),
+    ("draftsmith.serve.cli", "serve", "serve"),
+    ("draftsmith.demo", "demo", "demo"),
+]
 
 
 def _register() -> None:
     for mod, attr, name in SUBAPPS:
-        try:
-            app.add_typer(getattr(importlib.import_module(mod), attr), name=name)
-        except ModuleNotFoundError as e:
-            if not e.name or not e.name.startswith("draftsmith"):
-                raise
+        app.add_typer(getattr(importlib.import_module(mod), attr), name=name)
     for mod, attr, name in COMMANDS:
         try:
             app.command(name)(getattr(importlib.import_module(mod), attr))
-        except ModuleNotFoundError as e:
+        except ModuleNotFoundError as e:  # a stage still being built
             if not e.name or not e.name.startswith("draftsmith"):
                 raise
 
@@ -113,36 +120,49 @@ def generate(
     dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
     batch_size: int = typer.Option(16, "--batch-size"),
     seed: int = typer.Option(0),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
 ) -> None:
     """Complete prompts with the target's chat template (greedy by default)."""
-    import torch
-
-    from draftsmith.engine.generate import run_generation
+    from draftsmith.dist import launch_tp
     from draftsmith.engine.sampling import SamplingParams
-    from draftsmith.targets import load_target
 
     texts = list(prompt or []) + (_read_prompts(prompts_file) if prompts_file else [])
     if not texts:
         raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
     dev = pick_device(device)
-    dt = dtype_of(
-        "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
+    dt = "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
+    dtype_of(dt)
+    done = launch_tp(
+        _generate_rank, tp, texts, target, max_new_tokens, params, dt, batch_size, seed,
+        device=dev,
     )
+    for text, out, n in done:
+        if as_json:
+            print(json.dumps({"prompt": text, "completion": out, "tokens": n}))
+        else:
+            console.print(f"[bold]> {text}[/bold]\n{out}\n")
+
+
+def _generate_rank(tp, texts, target, new, params, dt, batch_size, seed):
+    """One rank's generation: every rank runs it, rank 0's result is printed."""
+    import torch
+
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.targets import load_target
+
     torch.manual_seed(seed)
     t = load_target(target)
-    model = t.build(dt, dev)
+    model = t.build(dtype_of(dt), str(tp.device), tp)
+    done = []
     for i in range(0, len(texts), batch_size):
         chunk = texts[i : i + batch_size]
         ids = [t.chat_ids([{"role": "user", "content": x}]) for x in chunk]
-        g = run_generation(model, ids, max_new_tokens, params, t.eos_ids)
+        g = run_generation(model, ids, new, params, t.eos_ids)
         for text, toks in zip(chunk, g.tokens, strict=True):
-            out = t.tokenizer.decode(toks, skip_special_tokens=True)
-            if as_json:
-                print(json.dumps({"prompt": text, "completion": out, "tokens": len(toks)}))
-            else:
-                console.print(f"[bold]> {text}[/bold]\n{out}\n")
+            done.append((text, t.tokenizer.decode(toks, skip_special_tokens=True), len(toks)))
+    return done
 
 
 def _read_prompts(path: Path) -> list[str]:
