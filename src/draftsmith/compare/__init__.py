@@ -1,0 +1,200 @@
+"""`draftsmith compare A B`: drafters side by side — architecture, parameter counts by
+convention, training data, and (with a target) acceptance and speed on the same prompts."""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+import typer
+
+from draftsmith.compare.describe import Description, describe
+from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
+from draftsmith.errors import DraftsmithError
+
+__all__ = ["CompareOptions", "compare", "run_compare"]
+
+
+@dataclass
+class CompareOptions:
+    drafters: list[str]
+    target: str | None = None
+    prompts: str = "builtin"
+    num_prompts: int = 8
+    max_new: int = 64
+    steps: int = 4
+    out: Path | None = None
+    claimed: dict[str, float] = field(default_factory=dict)  # label or A/B/... -> count
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if len(self.drafters) < 2:
+            raise DraftsmithError("compare needs at least two drafter folders")
+        if len(self.drafters) > len(string.ascii_uppercase):
+            raise DraftsmithError("compare takes at most 26 drafters")
+        for name in ("num_prompts", "max_new", "steps"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def labels(folders: list[str]) -> list[str]:
+    names = [Path(f).resolve().name or str(f) for f in folders]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{string.ascii_uppercase[i]}:{n}" for i, n in enumerate(names)]
+
+
+def parse_claims(items: list[str] | None) -> dict[str, float]:
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise DraftsmithError(f"--claimed {item!r}: expected NAME=COUNT, e.g. B=1e9")
+        out[name.strip()] = parse_number(value)
+    return out
+
+
+def claims(descs: list[Description], claimed: dict[str, float]) -> list[str]:
+    by_name = {d.label: d for d in descs} | {string.ascii_uppercase[i]: d
+                                             for i, d in enumerate(descs)}
+    lines = []
+    for name, value in claimed.items():
+        if name not in by_name:
+            raise DraftsmithError(f"--claimed {name}=...: no drafter called {name!r} "
+                                  f"(use A, B, ... or one of {[d.label for d in descs]})")
+        d = by_name[name]
+        conv, n, gap = likely_convention(value, d.params)
+        lines.append(f"{d.label}'s published {human(value)} most likely counts `{conv}` "
+                     f"({CONVENTIONS[conv]}): {human(n)} here ({gap:+.0%})")
+    for d in descs:
+        p = d.params
+        lines.append(f"{d.label}: {human(p.all)} counting everything, {human(p.trainable)} "
+                     f"without the frozen embedding, {human(p.core)} without embedding and "
+                     f"lm_head; published counts use any of these")
+    return lines
+
+
+def differences(descs: list[Description]) -> list[str]:
+    first, notes = descs[0], []
+    for d in descs[1:]:
+        keys = [k for k in first.arch if k != "layout" and first.arch[k] != d.arch.get(k)]
+        if keys:
+            notes.append(f"{first.label} vs {d.label}: architecture differs in " + ", ".join(
+                f"{k} ({first.arch[k]} vs {d.arch.get(k)})" for k in keys))
+        else:
+            notes.append(f"{first.label} and {d.label} have the same architecture")
+        if first.ids_canonical != d.ids_canonical:
+            notes.append(f"they read different target layers: {first.ids_canonical} vs "
+                         f"{d.ids_canonical} (canonical)")
+        notes += _data_ratio(first, d)
+    return notes
+
+
+def _data_ratio(a: Description, b: Description) -> list[str]:
+    ta, tb = ((x.data or {}).get("tokens") for x in (a, b))
+    if not ta or not tb:
+        return []
+    big, small = (a, b) if ta >= tb else (b, a)
+    ratio = max(ta, tb) / min(ta, tb)
+    return [f"{big.label} was trained on {ratio:.1f}x the tokens of {small.label} "
+            f"({max(ta, tb):,} vs {min(ta, tb):,})"]
+
+
+def run_compare(opts: CompareOptions) -> dict[str, Any]:
+    from draftsmith.targets import load_target
+
+    target = load_target(opts.target) if opts.target else None
+    layers = target.cfg.num_layers if target is not None else None
+    descs = [describe(f, n, layers) for f, n in zip(opts.drafters, labels(opts.drafters),
+                                                    strict=True)]
+    res: dict[str, Any] = {
+        "context": {"date": date.today().isoformat(), "target": target.source if target
+                    else None, "drafters": [str(Path(f)) for f in opts.drafters]},
+        "drafters": [d.to_dict() for d in descs],
+        "claims": claims(descs, opts.claimed),
+        "notes": differences(descs),
+    }
+    if target is not None:
+        res["speed"] = _speed(opts, target, descs)
+    if opts.out is not None:
+        write(res, Path(opts.out))
+    return res
+
+
+def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
+    from draftsmith.compare.speed import measure, prompt_texts
+    from draftsmith.doctor.artifacts import load_any
+
+    texts = prompt_texts(opts.prompts, opts.num_prompts)
+    if not texts:
+        raise DraftsmithError(f"--prompts {opts.prompts}: no prompts")
+    prompts = [target.chat_ids([{"role": "user", "content": t}]) for t in texts]
+    model = target.build(opts.dtype, opts.device)
+    drafters = {d.label: load_any(d.info, target, opts.device, opts.dtype) for d in descs}
+    return measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids)
+
+
+def write(res: dict[str, Any], out: Path) -> None:
+    from draftsmith.compare.report import markdown, plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    png = None
+    if res.get("speed"):
+        png = plot(res, out / "acceptance.png").name
+    (out / "compare.md").write_text(markdown(res, png))
+    (out / "compare.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+
+def show(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftsmith.compare.report import sections
+
+    con = Console()
+    for title, header, rows in sections(res):
+        tab = Table(title=title)
+        for h in header:
+            tab.add_column(h, overflow="fold")
+        for r in rows:
+            tab.add_row(*r)
+        con.print(tab)
+    for line in res["claims"] + res["notes"]:
+        con.print(f"- {line}")
+
+
+def compare(
+    drafters: list[str] = typer.Argument(..., help="Two or more drafter folders (draftsmith, "
+                                         "SGLang/SpecForge or speculators layout)"),
+    target: str = typer.Option(None, "--target", help="Run acceptance with this target"),
+    prompts: str = typer.Option("builtin", "--prompts",
+                                help="builtin, humaneval, or a prompts file (JSONL, ...)"),
+    num_prompts: int = typer.Option(8, "--num-prompts"),
+    max_new: int = typer.Option(64, "--max-new-tokens"),
+    steps: int = typer.Option(4, "--steps", help="Draft steps per cycle (chain)"),
+    out: Path = typer.Option(None, "--out", help="Write compare.md, compare.json, "
+                             "acceptance.png here"),
+    claimed: list[str] = typer.Option(None, "--claimed",
+                                      help="NAME=COUNT, a published parameter count (A=1e9)"),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
+    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+) -> None:
+    """Compare drafters: architecture, parameters by convention, data, acceptance."""
+    from draftsmith.cli import dtype_of, pick_device
+
+    dev = pick_device(device)
+    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
+                  "float32" if dtype == "auto" else dtype)
+    res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
+                                     steps, out, parse_claims(claimed), dev, dt))
+    if as_json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        show(res)

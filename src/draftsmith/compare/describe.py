@@ -1,0 +1,166 @@
+"""One drafter folder described: architecture, aux ids (as written and canonical), parameter
+counts by convention, and its training data where a manifest records it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftsmith.compare.params import ParamCounts, count
+from draftsmith.doctor.artifacts import IDS, DrafterInfo, read_drafter
+from draftsmith.doctor.engines import feed_from_written
+from draftsmith.errors import DraftsmithError
+
+NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+@dataclass
+class Description:
+    label: str
+    info: DrafterInfo
+    arch: dict[str, Any]
+    ids_written: dict[str, list[int]]
+    ids_canonical: list[int] | None
+    ids_note: str
+    params: ParamCounts
+    data: dict[str, Any] | None
+    training: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "folder": str(self.info.folder), "layout": self.info.layout,
+                "architecture": self.arch, "aux_ids_written": self.ids_written,
+                "aux_ids_canonical": self.ids_canonical, "aux_ids_note": self.ids_note,
+                "params": self.params.to_dict(), "data": self.data, "training": self.training}
+
+
+def describe(folder: str | Path, label: str, num_layers: int | None = None) -> Description:
+    info = read_drafter(folder)
+    shapes = info.shapes()
+    if "fc.weight" not in {k.removeprefix("model.") for k in shapes}:
+        raise DraftsmithError(f"{info.folder}: no fc.weight: not an EAGLE-3 drafter")
+    layers = num_layers or target_layers(info)
+    canonical, note = canonical_ids(info, layers)
+    size = sum(f.stat().st_size for f in info.weight_files())
+    params = count({k: s for k, (s, _) in shapes.items()}, info.vocab_size, info.hidden_size,
+                   size)
+    dtype = next((d for k, (_, d) in shapes.items() if k.endswith("fc.weight")), "?")
+    return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
+                       note, params, training_data(info), training_summary(info))
+
+
+def architecture(info: DrafterInfo, dtype: str) -> dict[str, Any]:
+    heads = int(info.get("num_heads"))
+    hidden = info.hidden_size
+    return {
+        "layout": info.layout,
+        "hidden_size": hidden,
+        "intermediate_size": info.get("intermediate_size"),
+        "attention heads": heads,
+        "kv heads": info.get("num_kv_heads", heads),
+        "head_dim": info.get("head_dim") or hidden // heads,
+        "decoder layers": info.get("num_layers", 1),
+        "vocab_size (target)": info.vocab_size,
+        "draft_vocab_size": info.draft_vocab_size,
+        "target_hidden_size": info.target_hidden_size,
+        "max_position_embeddings": info.max_position_embeddings,
+        "rope_theta": info.get("rope_theta"),
+        "rms_norm_eps": info.get("rms_norm_eps"),
+        **{k: bool(info.config.get(k, False)) for k in NORMS},
+        "weights dtype": dtype,
+    }
+
+
+def written_ids(info: DrafterInfo) -> dict[str, list[int]]:
+    if info.layout == "draftsmith":
+        return {"config.aux_layer_ids": info.canonical_ids() or []}
+    out = {}
+    nested = (info.config.get("eagle_config") or {}).get(IDS)
+    if nested is not None:
+        out[f"eagle_config.{IDS}"] = list(nested)
+    if info.config.get(IDS) is not None:
+        out[f"{IDS} (top level)"] = list(info.config[IDS])
+    return out
+
+
+def target_layers(info: DrafterInfo) -> int | None:
+    prov = info.config.get("draftsmith") or {}
+    n = prov.get("target_num_layers") or info.config.get("target_num_layers")
+    if n:
+        return int(n)
+    verifier = ((info.config.get("speculators_config") or {}).get("verifier") or {})
+    path = Path(str(verifier.get("name_or_path") or "")) / "config.json"
+    if verifier.get("name_or_path") and path.is_file():
+        return int(json.loads(path.read_text()).get("num_hidden_layers", 0)) or None
+    return None
+
+
+def canonical_ids(info: DrafterInfo, layers: int | None) -> tuple[list[int] | None, str]:
+    """Canonical ids as the layout's own engine reads them (SGLang: current SGLang)."""
+    if info.layout == "draftsmith":
+        return info.canonical_ids(), ""
+    engine = "sglang" if info.layout == "sglang" else "vllm"
+    written, key, note = info.written(engine)
+    notes = [note]
+    if layers is None:
+        if written is None:
+            return None, f"{note}; the target's layer count is unknown (pass --target)"
+        layers = 10**6  # unknown target depth: convert without the range check
+        notes.append("target depth unknown (pass --target): ids not range-checked")
+    feed = feed_from_written(written, engine, layers, key, note)
+    notes.append(feed.note)
+    prov = (info.config.get("draftsmith") or {}).get("aux_layer_ids_canonical")
+    if prov is not None and feed.canonical is not None and list(prov) != feed.canonical:
+        notes.append(f"the file's draftsmith record says canonical {list(prov)}")
+    return feed.canonical, "; ".join(dict.fromkeys(n for n in notes if n))
+
+
+def training_summary(info: DrafterInfo) -> dict[str, Any] | None:
+    t = info.meta.get("training")
+    if not t:
+        return None
+    keep = ("steps", "tokens", "world_size", "last_loss", "last_accept_length", "last_cond_acc")
+    return {k: t[k] for k in keep if k in t}
+
+
+def training_data(info: DrafterInfo) -> dict[str, Any] | None:
+    d = info.meta.get("data")
+    if not d:
+        imported = info.meta.get("imported")
+        return {"known": False, "note": f"imported from {imported['from']}"} if imported else None
+    out = {"known": True, "kind": d.get("kind"), "samples": d.get("samples"),
+           "tokens": d.get("tokens"), "folder": d.get("folder") or d.get("prompts")}
+    folder = Path(str(out["folder"] or ""))
+    if out["folder"] and (folder / "manifest.json").is_file():
+        out.update(manifest_summary(folder))
+    return out
+
+
+def manifest_summary(folder: Path) -> dict[str, Any]:
+    from draftsmith.data.shards import read_manifest
+
+    try:
+        m = read_manifest(folder)
+    except DraftsmithError as e:
+        return {"manifest_error": str(e)}
+    totals = m.get("totals") or {}
+    return {
+        "dataset samples": totals.get("samples"), "dataset tokens": totals.get("tokens"),
+        "loss tokens": totals.get("loss_tokens"), "sources": list(m.get("commands") or []),
+        "input conversations": (m.get("input") or {}).get("conversations"),
+        "regenerated": regenerated(folder, m),
+    }
+
+
+def regenerated(folder: Path, m: dict[str, Any]) -> bool | None:
+    """True/False where recorded; None when nothing says (captured answers as given)."""
+    if isinstance(m.get("regenerated"), bool):
+        return m["regenerated"]
+    make = folder.parent / "make.json"
+    if make.is_file():
+        stages = json.loads(make.read_text()).get("stages") or {}
+        if "regenerate" in stages:
+            return True
+    cmds = " ".join(m.get("commands") or [])
+    return True if "regenerate" in cmds or "data make" in cmds else None

@@ -1,0 +1,93 @@
+"""Parameter counts under each convention people publish, from safetensors headers alone.
+
+The frozen embedding is the target's: some layouts store it (draftsmith, speculators), SGLang's
+drops it. `all` counts it either way, `stored` counts what the files hold.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from draftsmith.errors import DraftsmithError
+
+BUFFERS = ("d2t", "t2d")
+CONVENTIONS = {
+    "stored": "every tensor in the files (d2t/t2d buffers included)",
+    "all": "all parameters, the frozen embedding counted (stored or not)",
+    "trainable": "all but the frozen embedding (lm_head counted)",
+    "core": "without the embedding and lm_head (fc, decoder layer(s), norms)",
+}
+
+
+@dataclass
+class ParamCounts:
+    stored: int
+    all: int
+    trainable: int
+    core: int
+    embedding: int
+    lm_head: int
+    buffers: int
+    embedding_stored: bool
+    bytes_on_disk: int
+
+    def by_convention(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in CONVENTIONS}
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return dict(vars(self))
+
+
+def kind(name: str) -> str:
+    base = name.removeprefix("model.")
+    if base in BUFFERS:
+        return "buffer"
+    if base.startswith("embed_tokens."):
+        return "embedding"
+    if base.startswith("lm_head."):
+        return "lm_head"
+    if base.startswith("verifier_"):
+        return "verifier"
+    return "core"
+
+
+def count(shapes: dict[str, tuple[int, ...]], vocab: int, hidden: int,
+          bytes_on_disk: int) -> ParamCounts:
+    """shapes: tensor name -> shape; vocab, hidden: the drafter's (for an absent embedding)."""
+    sums = {"buffer": 0, "embedding": 0, "lm_head": 0, "core": 0, "verifier": 0}
+    for name, shape in shapes.items():
+        sums[kind(name)] += math.prod(shape)
+    stored = sum(sums.values())
+    has_embed = sums["embedding"] > 0
+    embedding = sums["embedding"] if has_embed else vocab * hidden
+    trainable = sums["core"] + sums["lm_head"]
+    return ParamCounts(stored, trainable + embedding, trainable, sums["core"], embedding,
+                       sums["lm_head"], sums["buffer"], has_embed, bytes_on_disk)
+
+
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_number(text: str) -> float:
+    """'1e9', '1B', '2.6b', '500M', '1,200,000' -> float."""
+    t = text.strip().lower().replace(",", "").replace("_", "")
+    m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([kmbgt]?)", t)
+    if not m:
+        raise DraftsmithError(f"{text!r}: not a number (try 1e9, 1.2B, 500M)")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def likely_convention(claimed: float, counts: ParamCounts) -> tuple[str, int, float]:
+    """(convention whose count is nearest to `claimed` in log scale, that count, relative gap)."""
+    options = counts.by_convention()
+    name = min(options, key=lambda k: abs(math.log(max(options[k], 1) / claimed)))
+    return name, options[name], options[name] / claimed - 1.0
+
+
+def human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"

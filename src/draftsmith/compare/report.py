@@ -1,0 +1,142 @@
+"""The comparison as Markdown, a PNG of the acceptance curves, and rich tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from draftsmith.compare.params import CONVENTIONS, human
+from draftsmith.layers import CANONICAL_WORDS
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) if v and not isinstance(v[0], list) else str(v)
+    return str(v)
+
+
+def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) for every table of the report."""
+    ds = res["drafters"]
+    names = [d["label"] for d in ds]
+    out = [("Architecture", ["", *names], _rows(ds, "architecture")),
+           ("Aux layer ids", ["", *names], _ids(ds)),
+           ("Parameters", ["convention", *names], _params(ds)),
+           ("Training data", ["", *names], _data(ds))]
+    if res.get("speed"):
+        out.append(("Acceptance on the same prompts", ["", *names], _speed(res["speed"], names)))
+    return out
+
+
+def _rows(ds: list[dict], key: str) -> list[list[str]]:
+    keys = list(dict.fromkeys(k for d in ds for k in d[key]))
+    return [[k, *[_fmt(d[key].get(k)) for d in ds]] for k in keys]
+
+
+def _ids(ds: list[dict]) -> list[list[str]]:
+    rows = [[f"canonical ({CANONICAL_WORDS})", *[_fmt(d["aux_ids_canonical"]) for d in ds]]]
+    keys = list(dict.fromkeys(k for d in ds for k in d["aux_ids_written"]))
+    rows += [[f"as written: {k}", *[_fmt(d["aux_ids_written"].get(k)) for d in ds]] for k in keys]
+    if any(d["aux_ids_note"] for d in ds):
+        rows.append(["note", *[d["aux_ids_note"] or "" for d in ds]])
+    return rows
+
+
+def _params(ds: list[dict]) -> list[list[str]]:
+    rows = [[f"{k}: {words}", *[f"{d['params'][k]:,} ({human(d['params'][k])})" for d in ds]]
+            for k, words in CONVENTIONS.items()]
+    rows.append(["embedding (frozen, the target's)",
+                 *[f"{d['params']['embedding']:,}" + ("" if d["params"]["embedding_stored"]
+                                                     else " (not stored)") for d in ds]])
+    rows.append(["lm_head", *[f"{d['params']['lm_head']:,}" for d in ds]])
+    rows.append(["bytes on disk", *[f"{d['params']['bytes_on_disk']:,} "
+                                    f"({d['params']['bytes_on_disk'] / 2**20:.1f} MiB)"
+                                    for d in ds]])
+    return rows
+
+
+def _data(ds: list[dict]) -> list[list[str]]:
+    keys = ["kind", "samples", "tokens", "dataset samples", "dataset tokens", "loss tokens",
+            "input conversations", "regenerated", "sources", "folder", "note"]
+    rows = []
+    for k in keys:
+        vals = [(d["data"] or {}).get(k) for d in ds]
+        if any(v is not None for v in vals):
+            rows.append([k, *[_fmt(v) for v in vals]])
+    tkeys = ["steps", "tokens", "last_accept_length", "last_cond_acc"]
+    for k in tkeys:
+        vals = [(d["training"] or {}).get(k) for d in ds]
+        if any(v is not None for v in vals):
+            rows.append([f"training {k}", *[_fmt(_round(v)) for v in vals]])
+    return rows or [["(not recorded)", *["unknown" for _ in ds]]]
+
+
+def _round(v: Any) -> Any:
+    return [round(x, 3) for x in v] if isinstance(v, list) else v
+
+
+def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
+    runs = s["drafters"]
+    n = max(len(runs[k]["position_rates"]) for k in names)
+    rows = [[f"P(accept position {i} | reached)", *[
+        f"{runs[k]['position_rates'][i]:.1%}" if i < len(runs[k]["position_rates"]) else "-"
+        for k in names]] for i in range(n)]
+    rows.append(["mean accept length (tokens/cycle)",
+                 *[f"{runs[k]['mean_accept_length']:.2f}" for k in names]])
+    rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
+    rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
+                 *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
+    return rows
+
+
+def markdown(res: dict[str, Any], png: str | None) -> str:
+    names = " vs ".join(d["label"] for d in res["drafters"])
+    lines = [f"# draftsmith compare: {names}", ""]
+    lines += [f"- {k}: {v}" for k, v in res["context"].items() if v is not None]
+    lines.append("")
+    for title, header, rows in sections(res):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        lines.append("")
+        if title == "Parameters":
+            lines += [f"- {x}" for x in res["claims"]] + [""]
+        if title.startswith("Acceptance") and png:
+            lines += [f"![per-position acceptance]({png})", ""]
+    if res["notes"]:
+        lines += ["## Differences", ""] + [f"- {n}" for n in res["notes"]] + [""]
+    return "\n".join(lines)
+
+
+def plot(res: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = res["speed"]["drafters"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, r in runs.items():
+        xs = list(range(len(r["position_rates"])))
+        a.plot(xs, r["position_rates"], marker="o", label=name)
+        reach = [x / max(r["reached"][0], 1) for x in r["accepted"]]
+        b.plot(xs, reach, marker="o", label=f"{name} (accept length "
+               f"{r['mean_accept_length']:.2f})")
+    a.set(xlabel="draft position", ylabel="P(accepted | reached)", ylim=(0, 1.02),
+          title="per-position acceptance")
+    b.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1.02),
+          title="share of cycles accepting this far")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{res['speed']['prompts']} prompts, {res['speed']['steps']} steps, greedy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

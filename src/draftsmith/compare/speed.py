@@ -1,0 +1,77 @@
+"""Acceptance and speed of several drafters on the same prompts, in the same run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+BUILTIN = [
+    "Explain what a hash table is and when to use one.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Summarize the causes of the French Revolution in a short paragraph.",
+    "What is the difference between a process and a thread?",
+    "Give three tips for writing clear technical documentation.",
+    "Translate 'Good morning, how are you?' into French and Spanish.",
+    "Describe how photosynthesis works to a ten-year-old.",
+    "List the steps to make a cup of tea.",
+]
+
+
+def prompt_texts(suite: str, n: int) -> list[str]:
+    if suite == "builtin":
+        texts = BUILTIN
+    else:
+        from draftsmith.data.prompts import load_prompts
+
+        texts = [c.first_user() for c in load_prompts(suite).conversations]
+    return [t for t in texts if t][:n]
+
+
+def _accumulate(acc: dict[str, Any], r: Any) -> None:
+    for key in ("reached", "accepted", "accept_hist"):
+        acc[key] = [a + b for a, b in zip(acc.get(key) or [0] * len(getattr(r, key)),
+                                          getattr(r, key), strict=True)]
+    acc["new_tokens"] = acc.get("new_tokens", 0) + r.new_tokens
+    acc["seconds"] = acc.get("seconds", 0.0) + r.prefill_s + r.decode_s
+
+
+def _finish(acc: dict[str, Any]) -> dict[str, Any]:
+    hist = acc["accept_hist"]
+    cycles = sum(hist)
+    acc["position_rates"] = [a / r if r else 0.0 for a, r in zip(acc["accepted"], acc["reached"],
+                                                                 strict=True)]
+    acc["mean_accept_length"] = sum(k * c for k, c in enumerate(hist)) / cycles if cycles else 0.0
+    acc["tokens_per_s"] = acc["new_tokens"] / acc["seconds"] if acc["seconds"] else 0.0
+    return acc
+
+
+@torch.no_grad()
+def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], steps: int,
+            max_new: int, eos: list[int]) -> dict[str, Any]:
+    """Each prompt runs through the target alone and every drafter in turn (after a warm-up),
+    so all see the same prompts under the same conditions."""
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.speculative import SpecDecoder
+
+    max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + 8
+    decs = {k: SpecDecoder(model, d, steps=steps, max_seq=max_seq) for k, d in drafters.items()}
+    base_rt = Runtime(model, 1, max_seq)
+    warm = min(8, max_new)
+    run_generation(base_rt, prompts[:1], warm, eos_ids=eos)
+    for dec in decs.values():
+        dec.generate(prompts[:1], warm, eos)
+    acc: dict[str, dict[str, Any]] = {k: {} for k in decs}
+    base_tokens, base_s = 0, 0.0
+    for p in prompts:
+        g = run_generation(base_rt, [p], max_new, eos_ids=eos)
+        base_tokens, base_s = base_tokens + g.new_tokens, base_s + g.prefill_s + g.decode_s
+        for k, dec in decs.items():
+            _accumulate(acc[k], dec.generate([p], max_new, eos))
+    base = base_tokens / base_s if base_s else 0.0
+    out = {k: _finish(v) for k, v in acc.items()}
+    for v in out.values():
+        v["speedup"] = v["tokens_per_s"] / base if base else None
+    return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),
+            "steps": steps, "max_new_tokens": max_new, "device": str(base_rt.device)}

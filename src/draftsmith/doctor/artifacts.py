@@ -1,0 +1,176 @@
+"""A drafter folder as the doctor sees it: draftsmith layout, SGLang/SpecForge or speculators.
+
+Only the config is parsed here (sizes, and the ids exactly as each key holds them); what an
+engine makes of those ids is `engines`' job, every conversion `layers`'.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+IDS = "eagle_aux_hidden_state_layer_ids"
+LAYOUTS = ("draftsmith", "sglang", "speculators")
+
+
+@dataclass
+class DrafterInfo:
+    folder: Path
+    layout: str
+    config: dict[str, Any]  # draftsmith: Eagle3Config dict; else config.json
+    meta: dict[str, Any] = field(default_factory=dict)  # draftsmith.json, when present
+
+    # ---- sizes, whatever the layout -----------------------------------------------------------
+
+    def layer_config(self) -> dict[str, Any]:
+        if self.layout == "speculators":
+            return dict(self.config.get("transformer_layer_config") or {})
+        return self.config
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.config and self.config[key] is not None:
+            return self.config[key]
+        if self.layout == "draftsmith":
+            return default
+        aliases = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+                   "num_layers": "num_hidden_layers"}
+        value = self.layer_config().get(aliases.get(key, key))
+        return default if value is None else value
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.get("hidden_size"))
+
+    @property
+    def target_hidden_size(self) -> int:
+        return int(self.get("target_hidden_size") or self.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.get("vocab_size"))
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.get("draft_vocab_size") or self.vocab_size)
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        v = self.get("max_position_embeddings")
+        return None if v is None else int(v)
+
+    # ---- ids as written -----------------------------------------------------------------------
+
+    def canonical_ids(self) -> list[int] | None:
+        """draftsmith layout only: its ids are canonical by construction."""
+        if self.layout != "draftsmith":
+            return None
+        return list(self.config.get("aux_layer_ids") or [])
+
+    def written(self, engine: str) -> tuple[list[int] | None, str, str]:
+        """(ids at the key `engine` reads or None, that key, what the engine does if missing)."""
+        nested = (self.config.get("eagle_config") or {}).get(IDS)
+        top = self.config.get(IDS)
+        name = "config.json" if self.layout != "draftsmith" else "draftsmith.json"
+        if engine == "draftsmith":
+            return self.canonical_ids(), "config.aux_layer_ids in draftsmith.json", ""
+        if engine.startswith("sglang"):
+            note = ""
+            if nested is None:
+                note = ("SGLang reads only eagle_config." + IDS + "; "
+                        + ("a top-level key is ignored and " if top is not None else "")
+                        + "it silently uses its defaults")
+            return _ints(nested), f"eagle_config.{IDS} in {name}", note
+        note = ""
+        if top is None:
+            note = (f"vLLM reads the top-level {IDS}; "
+                    + ("only some versions fall back to eagle_config, others " if nested
+                       is not None else "")
+                    + "silently use the target's defaults (vLLM issue 50170)")
+        return _ints(top), f"{IDS} (top level) in {name}", note
+
+    # ---- tensors ------------------------------------------------------------------------------
+
+    def weight_files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.safetensors"))
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        from safetensors import safe_open
+
+        for f in self.weight_files():
+            with safe_open(str(f), framework="pt") as h:
+                if name in h.keys():  # noqa: SIM118
+                    return h.get_tensor(name)
+        return None
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, dtype) from the safetensors headers, no tensor read."""
+        from safetensors import safe_open
+
+        out = {}
+        for f in self.weight_files():
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():  # noqa: SIM118
+                    sl = h.get_slice(k)
+                    out[k] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+        return out
+
+
+def _ints(v: Any) -> list[int] | None:
+    return None if v is None else [int(x) for x in v]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_drafter(folder: str | Path) -> DrafterInfo:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DraftsmithError(f"{folder}: no such drafter folder")
+    from draftsmith.export import detect_format
+
+    layout = detect_format(folder)
+    if layout == "draftsmith":
+        from draftsmith.models.eagle3 import read_drafter_meta
+
+        meta = read_drafter_meta(folder)
+        if "config" not in meta:
+            raise DraftsmithError(f"{folder / 'draftsmith.json'}: no 'config' section")
+        info = DrafterInfo(folder, layout, dict(meta["config"]), meta)
+    else:
+        info = DrafterInfo(folder, layout, _read_json(folder / "config.json"))
+    if not info.weight_files():
+        raise DraftsmithError(f"{folder}: no *.safetensors weight file")
+    _require(info)
+    return info
+
+
+def _require(info: DrafterInfo) -> None:
+    missing = [k for k in ("hidden_size", "vocab_size") if info.get(k) is None]
+    if missing:
+        where = info.folder / ("draftsmith.json" if info.layout == "draftsmith" else
+                               "config.json")
+        raise DraftsmithError(f"{where}: missing {missing}")
+
+
+def load_any(info: DrafterInfo, target: Any, device: str, dtype: torch.dtype) -> Any:
+    """Any layout -> Eagle3Drafter on `device`; the target supplies the embedding."""
+    from draftsmith.export.layout import TargetInfo
+    from draftsmith.export.sglang import read_sglang
+    from draftsmith.export.speculators import read_speculators
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.train.sources import target_head
+
+    if info.layout == "draftsmith":
+        return load_drafter(info.folder, device, dtype, embed=target_head(target)[0])
+    read = read_sglang if info.layout == "sglang" else read_speculators
+    return read(info.folder, TargetInfo.of_target(target)).to(device, dtype)

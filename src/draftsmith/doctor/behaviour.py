@@ -1,0 +1,120 @@
+"""A short speculative run: per-position acceptance against what the training log promised."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.doctor.report import Finding
+
+PROMPTS = [
+    "Explain what a hash table is in two sentences.",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France? Answer briefly.",
+    "List three uses of speculative decoding.",
+]
+ERROR_RATIO, WARN_RATIO = 0.5, 0.8  # measured / promised at draft position 0
+
+
+def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
+    """Mean of the last `last` training-log rows: per-position conditional accuracy, accept length.
+
+    `cond_acc[k]` is the share of step-k drafts matching the target's argmax given steps < k did,
+    which is what a greedy chain's per-position acceptance measures."""
+    from draftsmith.train.report import read_log
+
+    rows = [r for r in read_log(folder) if r.get("cond_acc")]
+    if not rows:
+        return None
+    rows = rows[-last:]
+    k = min(len(r["cond_acc"]) for r in rows)
+    cond = [sum(r["cond_acc"][i] for r in rows) / len(rows) for i in range(k)]
+    accept = [r["accept_length"] for r in rows if "accept_length" in r]
+    return {"cond_acc": cond, "accept_length": sum(accept) / len(accept) if accept else None,
+            "steps": [r["step"] for r in rows], "source": str(folder / "train_log.jsonl")}
+
+
+def data_prompts(dataset: Any, n: int, max_len: int) -> list[list[int]]:
+    """Each sample's tokens before its first assistant token: the data's own template."""
+    out = []
+    for i in range(len(dataset)):
+        s = dataset[i]
+        mask = s["loss_mask"].bool()
+        if not mask.any():
+            continue
+        first = int(mask.nonzero()[0])
+        if 0 < first <= max_len:
+            out.append(s["input_ids"][:first].tolist())
+        if len(out) >= n:
+            break
+    return out
+
+
+def template_prompts(target: Any, n: int) -> list[list[int]]:
+    return [target.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS[:n]]
+
+
+@torch.no_grad()
+def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max_new: int,
+             eos: list[int], aux_ids: list[int] | None = None) -> dict[str, Any]:
+    """Greedy chain decoding one prompt at a time; `aux_ids` overrides what the drafter is fed."""
+    from draftsmith.engine.speculative import SpecDecoder
+
+    cfg = drafter.cfg
+    if aux_ids is not None:
+        drafter.cfg = replace(cfg, aux_layer_ids=list(aux_ids))
+    try:
+        max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + 8
+        dec = SpecDecoder(model, drafter, steps=steps, max_seq=max_seq)
+        reached, accepted, lengths, new, secs = [0] * steps, [0] * steps, [], 0, 0.0
+        for p in prompts:
+            r = dec.generate([p], max_new, eos)
+            reached = [a + b for a, b in zip(reached, r.reached, strict=True)]
+            accepted = [a + b for a, b in zip(accepted, r.accepted, strict=True)]
+            lengths.append((r.mean_accept_length, r.cycles))
+            new, secs = new + r.new_tokens, secs + r.prefill_s + r.decode_s
+    finally:
+        drafter.cfg = cfg
+    cycles = sum(c for _, c in lengths)
+    return {
+        "aux_layer_ids": list(aux_ids if aux_ids is not None else cfg.aux_layer_ids),
+        "prompts": len(prompts), "steps": steps, "new_tokens": new,
+        "position_rates": [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)],
+        "mean_accept_length": sum(m * c for m, c in lengths) / cycles if cycles else 0.0,
+        "tokens_per_s": new / secs if secs else 0.0,
+    }
+
+
+def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None,
+                 where: str) -> list[Finding]:
+    """The first run is the drafter as configured; later ones (other layer sets) explain a gap."""
+    label, run = next(iter(runs.items()))
+    if promise is None or not run["position_rates"] or not promise["cond_acc"]:
+        return []
+    got, want = run["position_rates"][0], promise["cond_acc"][0]
+    if want <= 0.05:
+        return []
+    ratio = got / want
+    what = (f"{label}, draft position 0 was accepted {got:.1%} of the time, the training log "
+            f"promised {want:.1%} (accept length {run['mean_accept_length']:.2f} vs "
+            f"{promise['accept_length'] or 0:.2f})")
+    if ratio < ERROR_RATIO:
+        return [Finding("error", "behaviour", what + ": a gap this large is usually wiring "
+                        "(wrong hidden states) or a different chat template" + _explained(
+                            runs, want), where, "fix the wiring findings above; check the data "
+                        "and the serving template hash")]
+    if ratio < WARN_RATIO:
+        return [Finding("warning", "behaviour", what, where, "compare prompts like the training "
+                        "data; a modest gap is normal on new prompts")]
+    return []
+
+
+def _explained(runs: dict[str, dict[str, Any]], want: float) -> str:
+    for label, r in list(runs.items())[1:]:
+        if r["position_rates"] and r["position_rates"][0] >= WARN_RATIO * want:
+            return (f"; {label} {r['aux_layer_ids']} it reaches {r['position_rates'][0]:.1%}:"
+                    " the wiring is the cause")
+    return ""

@@ -1,0 +1,258 @@
+"""Consistency checks between the data manifest, the drafter and the live target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.doctor.artifacts import DrafterInfo
+from draftsmith.doctor.report import Finding
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import CANONICAL_WORDS, engine_limits
+
+COVERAGE_WARN = 0.9
+
+
+def _manifest_path(data: Path) -> str:
+    return str(data / "manifest.json")
+
+
+def _cfg_path(info: DrafterInfo) -> str:
+    return str(info.folder / ("draftsmith.json" if info.layout == "draftsmith" else "config.json"))
+
+
+def target_identity(target: Any, manifest: dict | None, data: Path | None,
+                    info: DrafterInfo | None) -> list[Finding]:
+    from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+
+    out: list[Finding] = []
+    live = {"fingerprint": target.fingerprint, "tokenizer_hash": tokenizer_hash(target.tokenizer),
+            "chat_template_hash": template_hash(target.tokenizer)}
+    if manifest is not None and data is not None:
+        out += _hashes(manifest.get("target") or {}, live, target.source, "data",
+                       _manifest_path(data))
+    if info is not None and info.layout == "draftsmith":
+        fp = info.config.get("target_fingerprint")
+        if fp and fp != live["fingerprint"]:
+            out.append(Finding(
+                "error", "target", f"the drafter was trained for target fingerprint {fp}, the "
+                f"live target {target.source!r} has {live['fingerprint']}", _cfg_path(info),
+                "pass the drafter's own target with --target, or retrain for this one"))
+        trained = (info.meta.get("data") or {}).get("target_fingerprint")
+        if manifest is not None and trained and trained != (manifest.get("target") or {}).get(
+                "fingerprint"):
+            out.append(Finding(
+                "error", "target", f"the drafter was trained on data of target {trained}, "
+                f"the given data is of {(manifest.get('target') or {}).get('fingerprint')}",
+                _cfg_path(info), "check the pair: --data and --drafter belong to different "
+                "targets"))
+        out += _training_data_hashes(info, live, target.source)
+    return out
+
+
+def _hashes(recorded: dict, live: dict, source: str, who: str, where: str) -> list[Finding]:
+    fixes = {
+        "fingerprint": f"pass the {who}'s target with --target ({recorded.get('source')!r}), "
+                       "or recapture with this one",
+        "tokenizer_hash": "the token ids mean different text for this target: recapture the data "
+                          "with this target's tokenizer",
+        "chat_template_hash": "the drafter learns the template's tokens too: recapture with the "
+                              "template you serve, or serve with the one the data used",
+    }
+    out = []
+    for key, fix in fixes.items():
+        got = recorded.get(key)
+        if got and got != live[key]:
+            words = key.replace("_hash", "").replace("_", " ")
+            out.append(Finding(
+                "error", "target", f"{who} {words} {got} differs from the live target's "
+                f"{live[key]} ({source!r})", where, fix))
+    return out
+
+
+def _training_data_hashes(info: DrafterInfo, live: dict, source: str) -> list[Finding]:
+    from draftsmith.data.shards import read_manifest
+
+    folder = (info.meta.get("data") or {}).get("folder")
+    if not folder or not (Path(folder) / "manifest.json").is_file():
+        return []
+    try:
+        m = read_manifest(Path(folder))
+    except DraftsmithError:
+        return []
+    rec = {k: v for k, v in (m.get("target") or {}).items() if k != "fingerprint"}
+    return _hashes(rec, live, source, "the drafter's training data", str(Path(folder)))
+
+
+def sizes(target: Any, manifest: dict | None, data: Path | None,
+          info: DrafterInfo | None, data_ids: list[int] | None) -> list[Finding]:
+    c, out = target.cfg, []
+    if manifest is not None and data is not None:
+        where = _manifest_path(data)
+        for key, live in (("hidden_size", c.hidden_size), ("vocab_size", c.vocab_size)):
+            if manifest.get(key) is not None and int(manifest[key]) != live:
+                out.append(Finding("error", "sizes", f"data {key} {manifest[key]} != target's "
+                           f"{live}", where, "recapture the data with this target"))
+        layers = (manifest.get("target") or {}).get("num_layers")
+        if layers is not None and int(layers) != c.num_layers:
+            out.append(Finding("error", "sizes", f"data was captured from a {layers}-layer "
+                       f"target, this one has {c.num_layers}", where, "use the data's target"))
+    if info is not None:
+        out += _drafter_sizes(target, info, data_ids)
+    return out
+
+
+def _drafter_sizes(target: Any, info: DrafterInfo, data_ids: list[int] | None) -> list[Finding]:
+    c, out, where = target.cfg, [], _cfg_path(info)
+    pairs = [("target_hidden_size", info.target_hidden_size, c.hidden_size),
+             ("vocab_size", info.vocab_size, c.vocab_size)]
+    if info.layout == "draftsmith" and info.config.get("target_num_layers"):
+        pairs.append(("target_num_layers", int(info.config["target_num_layers"]), c.num_layers))
+    for key, got, live in pairs:
+        if got != live:
+            out.append(Finding("error", "sizes", f"drafter {key} {got} != the target's {live}",
+                               where, "this drafter belongs to another target"))
+    fc = info.shapes().get("fc.weight")
+    if fc is not None and data_ids is not None:
+        n = fc[0][1] // max(1, info.target_hidden_size)
+        if n != len(data_ids):
+            out.append(Finding("error", "sizes", f"fc.weight {list(fc[0])} reads {n} aux states,"
+                               f" the data holds {len(data_ids)}", where,
+                               "retrain on this data (the fc input width cannot change)"))
+    return out
+
+
+def draft_vocab(info: DrafterInfo, vocab: int, data: Path | None) -> list[Finding]:
+    d2t, t2d, where = info.tensor("d2t"), info.tensor("t2d"), _cfg_path(info)
+    if d2t is None:
+        if info.draft_vocab_size != info.vocab_size:
+            return [Finding("error", "vocab", f"no d2t tensor but draft vocab "
+                            f"{info.draft_vocab_size} != vocab {info.vocab_size}", where,
+                            "re-export the drafter with its d2t mapping")]
+        return []
+    used = torch.arange(d2t.numel()) + d2t.long()
+    out = []
+    if d2t.numel() != info.draft_vocab_size:
+        out.append(Finding("error", "vocab", f"d2t has {d2t.numel()} entries, draft_vocab_size "
+                           f"is {info.draft_vocab_size}", where, "re-export the drafter"))
+    bad = ((used < 0) | (used >= vocab)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        out.append(Finding("error", "vocab", f"{bad.numel()} draft ids map outside the target "
+                           f"vocab [0, {vocab}), e.g. draft {i} -> {int(used[i])}", where,
+                           "rebuild the draft vocabulary for this target"))
+    elif used.unique().numel() != used.numel():
+        out.append(Finding("error", "vocab", "d2t maps several draft ids to one target id",
+                           where, "rebuild the draft vocabulary"))
+    elif t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[used].all())
+                              or int(t2d.bool().sum()) != used.numel()):
+        out.append(Finding("warning", "vocab", "t2d does not mark exactly the d2t targets",
+                           where, "SGLang and vLLM ignore t2d; rebuild it from d2t for others"))
+    if not bad.numel() and data is not None:
+        out += _coverage(used, vocab, data)
+    return out
+
+
+def _coverage(used: torch.Tensor, vocab: int, data: Path) -> list[Finding]:
+    from draftsmith.data.vocab import count_dataset
+
+    counts = count_dataset(data, vocab)
+    if counts.numel() > vocab:
+        over = int(counts[vocab:].nonzero().flatten()[0]) + vocab
+        return [Finding("error", "vocab", f"the data holds token id {over} >= target vocab "
+                        f"{vocab}", _manifest_path(data), "recapture with this target")]
+    total = int(counts.sum())
+    cov = float(counts[used].sum()) / total if total else 1.0
+    if cov < COVERAGE_WARN:
+        return [Finding("warning", "vocab", f"the draft vocab covers {cov:.1%} of the data's "
+                        "assistant tokens; the rest can never be drafted", _manifest_path(data),
+                        "train with a larger --draft-vocab-size")]
+    return []
+
+
+def data_files(data: Path, manifest: dict) -> list[Finding]:
+    from draftsmith.data.shards import verify
+
+    where, out = _manifest_path(data), []
+    try:
+        verify(data)
+    except DraftsmithError as e:
+        out.append(Finding("error", "shards", f"shard does not match the manifest: {e}", where,
+                           "recapture into a fresh folder (or drop that shard's entry from "
+                           "manifest.json and rerun the same capture command to rewrite it)"))
+    out += _dtypes(data, manifest)
+    if not manifest.get("complete", True):
+        out.append(Finding("warning", "shards", "the capture is not complete", where,
+                           "rerun the capture command (it resumes)"))
+    conv = manifest.get("aux_convention")
+    if conv and conv != CANONICAL_WORDS:
+        out.append(Finding("warning", "shards", f"aux ids recorded as {conv!r}", where,
+                           f"draftsmith records {CANONICAL_WORDS!r}; the live match decides"))
+    return out
+
+
+def _dtypes(data: Path, manifest: dict) -> list[Finding]:
+    from safetensors import safe_open
+
+    want = {"aux": manifest.get("dtype", "bfloat16"), "hidden": manifest.get("dtype", "bfloat16"),
+            "input_ids": "int32", "loss_mask": "uint8", "offsets": "int64"}
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "I32": "int32",
+             "U8": "uint8", "I64": "int64"}
+    out = []
+    for s in manifest.get("shards", [])[:8]:
+        path = data / s["file"]
+        if not path.is_file():
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                got = {k: names.get(str(f.get_slice(k).get_dtype()), str(
+                    f.get_slice(k).get_dtype())) for k in f.keys()}  # noqa: SIM118
+        except Exception:
+            continue
+        bad = {k: got.get(k) for k, v in want.items() if got.get(k) not in (v, None)}
+        if bad:
+            out.append(Finding("error", "dtype", f"{s['file']}: dtypes {bad}, the manifest says "
+                               f"{ {k: want[k] for k in bad} }", str(path), "recapture"))
+    return out
+
+
+def positions(target: Any, info: DrafterInfo) -> list[Finding]:
+    mine, theirs = info.max_position_embeddings, target.cfg.max_position_embeddings
+    out = []
+    if mine is not None and mine < theirs:
+        out.append(Finding(
+            "error", "positions", f"drafter max_position_embeddings {mine} < the target's "
+            f"{theirs}: acceptance collapses on longer prompts (SpecForge issues 249/271)",
+            _cfg_path(info), f"set max_position_embeddings to {theirs} (no retraining)"))
+    theta = info.get("rope_theta")
+    if theta is not None and float(theta) != float(target.cfg.rope_theta):
+        out.append(Finding("warning", "positions", f"drafter rope_theta {theta} != the target's "
+                           f"{target.cfg.rope_theta}", _cfg_path(info),
+                           "fine only if it was trained that way; engines use the config's"))
+    return out
+
+
+def capturable(ids: list[int], num_layers: int, engine: str | None, where: str) -> list[Finding]:
+    notes = engine_limits(ids, num_layers)
+    if engine == "vllm":
+        notes = [f"id {num_layers - 1} (last layer output) needs vLLM id {num_layers}, which only"
+                 " newer vLLM model files capture"] if num_layers - 1 in ids else []
+    sev = "error" if engine and engine.startswith("sglang") else "warning"
+    return [Finding(sev, "capturable", n, where, "retrain on layers every engine can capture "
+                    "(default: `draftsmith data capture` without --aux-layers)") for n in notes]
+
+
+def training_ids(info: DrafterInfo) -> list[Finding]:
+    """The drafter config against the ids its own training data recorded (the seed's edit)."""
+    if info.layout != "draftsmith":
+        return []
+    trained = (info.meta.get("data") or {}).get("aux_layer_ids")
+    mine = info.canonical_ids()
+    if trained is None or list(trained) == mine:
+        return []
+    return [Finding("error", "wiring", f"the drafter config says aux layers {mine} but it was "
+                    f"trained on data recorded as {list(trained)} ({CANONICAL_WORDS})",
+                    _cfg_path(info), f"set config.aux_layer_ids to {list(trained)} (confirm "
+                    "with --data: the doctor matches the data against the live target)")]

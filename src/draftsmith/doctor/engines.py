@@ -1,0 +1,128 @@
+"""What each engine will feed a drafter: where it reads the ids, how it reads them, its defaults.
+
+Every id conversion goes through `draftsmith.layers`; this module only knows which key each
+engine reads and what it does when the key is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import (
+    Convention,
+    engine_limits,
+    from_convention,
+    sglang_version_dependent,
+    to_convention,
+)
+
+ENGINES = ("draftsmith", "sglang", "sglang-legacy", "vllm")
+CONVENTION = {
+    "draftsmith": Convention.CANONICAL,
+    "sglang": Convention.SGLANG,
+    "sglang-legacy": Convention.SGLANG_LEGACY,
+    "vllm": Convention.VLLM,
+}
+KEY = {
+    "draftsmith": "config.aux_layer_ids in draftsmith.json",
+    "sglang": "eagle_config.eagle_aux_hidden_state_layer_ids in config.json",
+    "sglang-legacy": "eagle_config.eagle_aux_hidden_state_layer_ids in config.json",
+    "vllm": "eagle_aux_hidden_state_layer_ids (top level) in config.json",
+}
+ENGINE_NAMES = {"speculators": "vllm", "sglang-new": "sglang", "sglang-old": "sglang-legacy"}
+
+
+def engine_name(name: str) -> str:
+    name = ENGINE_NAMES.get(name.lower(), name.lower())
+    if name not in ENGINES:
+        raise DraftsmithError(f"--engine {name!r}: use one of {', '.join(ENGINES)}")
+    return name
+
+
+def engine_defaults(num_layers: int) -> list[int]:
+    """SGLang's and vLLM's ids when none are given: inputs of 2, L//2, L-3, in canonical form."""
+    return from_convention([2, num_layers // 2, num_layers - 3], Convention.VLLM, num_layers)
+
+
+@dataclass
+class Feed:
+    engine: str
+    key: str
+    written: list[int] | None  # ids as the config holds them for this engine (None: missing)
+    canonical: list[int] | None  # what the engine captures, canonical, in the order it feeds them
+    note: str = ""
+    version_dependent: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def feed_from_canonical(ids: list[int], engine: str, num_layers: int) -> Feed:
+    """A draftsmith drafter exported for `engine`: export writes `to_convention(ids)`."""
+    try:
+        written = to_convention(ids, CONVENTION[engine], num_layers)
+    except DraftsmithError as e:
+        return Feed(engine, KEY[engine], None, None, f"cannot be written: {e}")
+    return feed_from_written(written, engine, num_layers, KEY[engine])
+
+
+def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
+                      key: str | None = None, missing_note: str = "") -> Feed:
+    """`written`: the ids at the key `engine` reads (None when the key is missing)."""
+    key = key or KEY[engine]
+    if written is None:
+        if engine == "draftsmith":
+            return Feed(engine, key, None, None, "no aux layer ids in the drafter config")
+        ids = engine_defaults(num_layers)
+        note = missing_note or f"key missing: {engine} silently uses its defaults"
+        return Feed(engine, key, None, _order(ids, engine), note)
+    try:
+        ids = from_convention(written, CONVENTION[engine], num_layers)
+    except DraftsmithError as e:
+        return Feed(engine, key, list(written), None, f"out of range for this target: {e}")
+    limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
+    dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
+    note = "; ".join(limits)
+    if dep:
+        legacy = from_convention(written, Convention.SGLANG_LEGACY, num_layers)
+        current = from_convention(written, Convention.SGLANG, num_layers)
+        note = "; ".join(filter(None, [note, (
+            f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as outputs "
+            f"of layers {legacy}, later versions as outputs of {current}")]))
+    return Feed(engine, key, list(written), _order(ids, engine), note, dep)
+
+
+def _order(ids: list[int], engine: str) -> list[int]:
+    # SGLang and vLLM append captured states while walking the layers: always ascending.
+    return list(ids) if engine == "draftsmith" else sorted(ids)
+
+
+def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[list[int] | None,
+                                                                               str]:
+    """(ids to write for `engine` so it feeds `true_ids`, or None; words for the fix)."""
+    key = KEY[engine]
+    if engine != "draftsmith" and list(true_ids) != sorted(true_ids):
+        return None, (
+            f"the drafter was trained on layers {true_ids} in that order, but {engine} feeds "
+            f"them ascending: permute the {len(true_ids)} column blocks of fc.weight to "
+            f"ascending layer order (no retraining), then write the sorted ids"
+        )
+    limits = engine_limits(true_ids, num_layers) if engine.startswith("sglang") else []
+    try:
+        written = to_convention(true_ids, CONVENTION[engine], num_layers)
+    except DraftsmithError as e:
+        limits.append(str(e))
+        written = None
+    if limits or written is None:
+        return None, (f"{engine} cannot capture canonical layers {true_ids} ({'; '.join(limits)})"
+                      ": retrain on layers it can capture, e.g. "
+                      f"`draftsmith data capture --aux-layers "
+                      f"{','.join(map(str, engine_defaults(num_layers)))}`")
+    words = f"write {key}: {written}"
+    if engine.startswith("sglang") and sglang_version_dependent(written):
+        legacy = to_convention(true_ids, Convention.SGLANG_LEGACY, num_layers)
+        words += (f" for SGLang after PR #25454 (2026-05); SGLang before it needs {legacy} "
+                  "(this list does not start at 1, so its meaning depends on the version)")
+    return written, words

@@ -1,0 +1,122 @@
+"""The doctor's report as rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from draftsmith.doctor.report import Report
+
+STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def show(rep: Report, console: Console | None = None) -> None:
+    con = console or Console()
+    _context(con, rep.context)
+    if rep.wiring:
+        con.print(matrix_table(rep.wiring))
+        _verdict(con, rep)
+    if rep.engines:
+        con.print(engines_table(rep.engines))
+    if rep.behaviour:
+        con.print(behaviour_table(rep.behaviour))
+    if rep.findings:
+        con.print(findings_table(rep))
+    for s in rep.skipped:
+        con.print(f"[dim]skipped {s}[/dim]")
+    n_err, n_warn = len(rep.errors()), sum(f.severity == "warning" for f in rep.findings)
+    if rep.ok and not n_warn:
+        con.print(f"[bold green]OK[/bold green]: {len(rep.passed)} checks passed, no findings")
+    else:
+        style = "bold red" if n_err else "yellow"
+        con.print(f"[{style}]{n_err} error(s), {n_warn} warning(s)[/{style}]; "
+                  f"passed: {', '.join(rep.passed) or 'none'}")
+
+
+def _context(con: Console, ctx: dict[str, Any]) -> None:
+    t = ctx.get("target", {})
+    con.print(f"target: {t.get('source')} ({t.get('layers')} layers, hidden "
+              f"{t.get('hidden_size')}, fingerprint {t.get('fingerprint')}; from {t.get('from')})")
+    for key in ("data", "drafter"):
+        if key in ctx:
+            con.print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in ctx[key].items()))
+
+
+def matrix_table(w: dict[str, Any]) -> Table:
+    tab = Table(title=f"stored vs live: median relative error / mean cosine over "
+                f"{w['tokens']} {w['token_set']} tokens of samples {w['samples']}")
+    tab.add_column("live (canonical id)")
+    best = {(s["best"], i) for i, s in enumerate(w["slots"])}
+    for col, s in zip(w["cols"], w["slots"], strict=True):
+        claimed = "" if s["claimed"] is None else f" (manifest: {s['claimed']})"
+        tab.add_column(col + claimed, justify="right")
+    for r, (name, rid) in enumerate(zip(w["rows"], w["row_ids"], strict=True)):
+        label = name if rid is None else f"{name} ({rid})"
+        cells = []
+        for c in range(len(w["cols"])):
+            cell = f"{w['rel_err'][r][c]:.3g} / {w['cosine'][r][c]:.3f}"
+            cells.append(f"[bold green]{cell}[/bold green]" if (name, c) in best else cell)
+        tab.add_row(label, *cells)
+    return tab
+
+
+def _verdict(con: Console, rep: Report) -> None:
+    w = rep.wiring or {}
+    true = w.get("true_ids")
+    if true and None not in true:
+        con.print(f"[bold]the data holds canonical layers {true}[/bold] ({w['convention']})")
+        conv = rep.context.get("in_each_convention") or {}
+        con.print("  as each convention writes them: " + ", ".join(
+            f"{k} {v}" for k, v in conv.items() if k != "draftsmith"))
+    else:
+        con.print("[bold red]some stored aux states match no live layer clearly[/bold red]")
+
+
+def engines_table(rows: list[dict[str, Any]]) -> Table:
+    tab = Table(title="what each engine reads")
+    for c in ("engine", "key", "write (for the data's layers)", "the drafter's config feeds",
+              "note"):
+        tab.add_column(c, overflow="fold")
+    for r in rows:
+        feed = r.get("feed") or {}
+        write = "" if "how" not in r else (str(r["write"]) if r["write"] is not None
+                                           else "cannot")
+        fed = "" if not feed else f"{feed.get('written')} -> canonical {feed.get('canonical')}"
+        note = "; ".join(filter(None, [feed.get("note", ""), r.get("how", "")
+                                       if r.get("write") is None else ""]))
+        tab.add_row(r["engine"], r["key"], write, fed, note)
+    return tab
+
+
+def behaviour_table(b: dict[str, Any]) -> Table:
+    runs = b["runs"]
+    promise = b.get("promised") or {}
+    tab = Table(title=f"speculative run ({b['prompts']} prompts): per-position acceptance")
+    tab.add_column("draft position")
+    tab.add_column("promised (train log)", justify="right")
+    for label in runs:
+        tab.add_column(f"{label} {runs[label]['aux_layer_ids']}", justify="right")
+    n = max(len(r["position_rates"]) for r in runs.values())
+    cond = promise.get("cond_acc") or []
+    for i in range(n):
+        cells = [f"{r['position_rates'][i]:.1%}" if i < len(r["position_rates"]) else ""
+                 for r in runs.values()]
+        tab.add_row(str(i), f"{cond[i]:.1%}" if i < len(cond) else "-", *cells)
+    acc = promise.get("accept_length")
+    tab.add_row("accept length", f"{acc:.2f}" if acc else "-",
+                *[f"{r['mean_accept_length']:.2f}" for r in runs.values()])
+    tab.add_row("tokens/s", "", *[f"{r['tokens_per_s']:.1f}" for r in runs.values()])
+    return tab
+
+
+def findings_table(rep: Report) -> Table:
+    tab = Table(title="findings", show_lines=True)
+    for c in ("severity", "check", "what", "where", "fix"):
+        tab.add_column(c, overflow="fold")
+    order = {"error": 0, "warning": 1, "info": 2}
+    for f in sorted(rep.findings, key=lambda f: order[f.severity]):
+        s = STYLE[f.severity]
+        tab.add_row(f"[{s}]{f.severity}[/{s}]", f.check, f.what, f.where, f.fix)
+    return tab

@@ -1,0 +1,183 @@
+"""`run_doctor(DoctorOptions) -> Report`: every check the doctor makes, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.doctor import behaviour, checks, verdict, wiring
+from draftsmith.doctor.artifacts import DrafterInfo, load_any, read_drafter
+from draftsmith.doctor.engines import engine_name
+from draftsmith.doctor.report import Finding, Report
+from draftsmith.errors import DraftsmithError
+from draftsmith.layers import CANONICAL_WORDS
+
+
+@dataclass
+class DoctorOptions:
+    data: Path | None = None
+    drafter: Path | None = None
+    target: str | None = None
+    engine: str | None = None
+    samples: int = 4
+    max_tokens: int = 256
+    all_tokens: bool = False
+    run: bool = True
+    prompts: int = 4
+    max_new: int = 32
+    steps: int | None = None
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.data is None and self.drafter is None:
+            raise DraftsmithError("give --data DIR and/or --drafter DIR to examine")
+        if self.engine:
+            self.engine = engine_name(self.engine)
+        for name in ("samples", "max_tokens", "prompts", "max_new"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def resolve_target(opts: DoctorOptions, manifest: dict | None,
+                   info: DrafterInfo | None) -> tuple[Any, str]:
+    from draftsmith.targets import load_target
+    from draftsmith.train.sources import target_of_dataset
+
+    if opts.target:
+        return load_target(opts.target), "--target"
+    if manifest is not None and (manifest.get("target") or {}).get("source"):
+        return load_target(target_of_dataset(manifest)), "the data manifest"
+    src = (info.config.get("target_source") if info and info.layout == "draftsmith" else None)
+    if src:
+        return load_target(src), "the drafter config"
+    raise DraftsmithError("no target known: pass --target PATH (or 'default')")
+
+
+def run_doctor(opts: DoctorOptions) -> Report:
+    from draftsmith.data.shards import Dataset
+
+    rep = Report()
+    ds = Dataset(opts.data) if opts.data is not None else None
+    manifest = ds.manifest if ds is not None else None
+    info = read_drafter(opts.drafter) if opts.drafter is not None else None
+    target, how = resolve_target(opts, manifest, info)
+    rep.context = _context(opts, target, how, ds, info)
+    model = target.build(opts.dtype, opts.device)
+    true_ids = _data_checks(rep, opts, target, model, ds) if ds is not None else None
+    rep.add("sizes", checks.sizes(target, manifest, opts.data, info,
+                                  true_ids or (ds.aux_layer_ids if ds else None)))
+    layers = target.cfg.num_layers
+    if info is not None:
+        _drafter_checks(rep, opts, target, info, true_ids)
+    ids = true_ids or (info.canonical_ids() if info else None)
+    if ids:
+        where = str(opts.data or opts.drafter)
+        rep.add("capturable", checks.capturable(ids, layers, opts.engine, where))
+        rep.context["true_aux_layer_ids"] = true_ids
+        rep.context["in_each_convention"] = verdict.conventions(ids, layers)
+    rep.engines = verdict.engine_rows(true_ids, info, layers)
+    if info is not None:
+        _behaviour(rep, opts, target, model, info, ds, true_ids)
+    return rep
+
+
+def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
+             info: DrafterInfo | None) -> dict[str, Any]:
+    ctx: dict[str, Any] = {
+        "target": {"source": target.source, "from": how, "fingerprint": target.fingerprint,
+                   "layers": target.cfg.num_layers, "hidden_size": target.cfg.hidden_size},
+        "engine": opts.engine, "convention": CANONICAL_WORDS,
+    }
+    if ds is not None:
+        ctx["data"] = {"folder": str(opts.data), "samples": len(ds),
+                       "aux_layer_ids (manifest)": ds.aux_layer_ids}
+    if info is not None:
+        ctx["drafter"] = {"folder": str(info.folder), "layout": info.layout,
+                          "aux_layer_ids (canonical)": info.canonical_ids()}
+    return ctx
+
+
+def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
+                 ds: Any) -> list[int] | None:
+    rep.add("shards", checks.data_files(opts.data, ds.manifest))
+    rep.add("target", checks.target_identity(target, ds.manifest, opts.data, None))
+    if len(ds) == 0:
+        rep.skipped.append("wiring: the dataset has no samples")
+        return None
+    try:
+        mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
+                          not opts.all_tokens)
+    except (DraftsmithError, RuntimeError, ValueError, IndexError) as e:
+        rep.add("wiring: data", [Finding("error", "wiring", f"cannot compare the stored states "
+                                         f"with the live target: {e}", str(opts.data),
+                                         "fix the shard findings; check --target")])
+        return None
+    rep.wiring = mm.to_dict()
+    rep.add("wiring: data", verdict.data_findings(mm, opts.data))
+    true = mm.true_ids()
+    return None if None in true else [int(i) for i in true]  # type: ignore[misc]
+
+
+def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: DrafterInfo,
+                    true_ids: list[int] | None) -> None:
+    layers = target.cfg.num_layers
+    if opts.data is None:
+        rep.add("target", checks.target_identity(target, None, None, info))
+    else:
+        rep.add("target: drafter", checks.target_identity(target, None, None, info))
+    rep.add("vocab", checks.draft_vocab(info, target.cfg.vocab_size, opts.data))
+    rep.add("positions", checks.positions(target, info))
+    rep.add("wiring: drafter vs its training data", checks.training_ids(info))
+    engines = verdict.default_engines(info, opts.engine)
+    rep.context["checked_engines"] = engines
+    rep.add("wiring: drafter", verdict.drafter_findings(true_ids, info, engines, layers))
+
+
+def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: DrafterInfo,
+               ds: Any, true_ids: list[int] | None) -> None:
+    if not opts.run:
+        rep.skipped.append("behaviour: --no-run")
+        return
+    try:
+        drafter = load_any(info, target, opts.device, opts.dtype)
+    except (DraftsmithError, ImportError) as e:
+        rep.skipped.append(f"behaviour: cannot load the drafter ({e})")
+        return
+    promise = behaviour.promised(info.folder)
+    steps = opts.steps or (min(len(promise["cond_acc"]), 5) if promise else 3)
+    prompts = (behaviour.data_prompts(ds, opts.prompts, 512) if ds is not None else []) or \
+        behaviour.template_prompts(target, opts.prompts)
+    runs = _runs(info, opts.engine, target.cfg.num_layers, len(drafter.cfg.aux_layer_ids),
+                 true_ids)
+    if not runs:
+        rep.skipped.append("behaviour: no aux layer set of the drafter's width to feed")
+        return
+    out = {"prompts": "data" if ds is not None else "built-in, target chat template",
+           "promised": promise, "runs": {}}
+    for label, ids in runs.items():
+        out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps, opts.max_new,
+                                                target.eos_ids, ids)
+    rep.behaviour = out
+    rep.add("behaviour", behaviour.gap_findings(out["runs"], promise, str(info.folder)))
+
+
+def _runs(info: DrafterInfo, engine: str | None, layers: int, n_aux: int,
+          true_ids: list[int] | None) -> dict[str, list[int]]:
+    """Aux layer sets to run the drafter with: as configured / as each engine feeds it, and
+    with the layers the data really holds (each set once)."""
+    runs: dict[str, list[int]] = {}
+
+    def add(label: str, ids: list[int] | None) -> None:
+        if ids and len(ids) == n_aux and list(ids) not in runs.values():
+            runs[label] = list(ids)
+
+    if info.layout == "draftsmith":
+        add("as configured", info.canonical_ids())
+    for e in verdict.default_engines(info, engine):
+        add(f"as {e} feeds it", verdict.drafter_feed(info, e, layers).canonical)
+    add("with the data's layers", true_ids)
+    return runs

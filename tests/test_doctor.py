@@ -1,0 +1,285 @@
+"""The doctor on a tiny 8-layer target: the seed's wiring bug, engine readings, each consistency
+check, the behaviour gap, and a clean run with no findings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_tiny_folder
+
+from draftsmith.data.capture import CaptureConfig, capture
+from draftsmith.data.prompts import Conversation
+from draftsmith.doctor import DoctorOptions, run_doctor
+from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
+from draftsmith.targets import load_target
+from draftsmith.train.sources import target_head
+
+TRUE = [1, 3, 5]  # outputs of these layers are what the data holds
+
+
+def convs(n: int = 6) -> list[Conversation]:
+    return [Conversation([{"role": "user", "content": f"q{i}: why is the sky blue?"},
+                          {"role": "assistant", "content": f"answer {i}: light scatters. " * 2}])
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return write_tiny_folder(tmp_path_factory.mktemp("t8"), "llama", num_hidden_layers=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; spinning ones suffer on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return load_target(target_dir)
+
+
+@pytest.fixture(scope="module")
+def data_dir(target, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    cfg = CaptureConfig(aux_layer_ids=TRUE, batch_size=6, samples_per_shard=3, max_len=96)
+    capture(target, convs(), out, cfg, progress=False, log=lambda s: None)
+    return out
+
+
+def make_drafter(folder: Path, target, ids: list[int], trained_on: list[int] | None = None,
+                 **over) -> Path:
+    from draftsmith.data.vocab import count_dataset
+
+    counts = count_dataset(Path(folder).parent / "data", target.cfg.vocab_size) \
+        if (Path(folder).parent / "data").exists() else torch.ones(target.cfg.vocab_size)
+    used = counts.nonzero().flatten()
+    d2t = used - torch.arange(used.numel())
+    t2d = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    base = dict(target_fingerprint=target.fingerprint, target_source=str(target.folder))
+    cfg = Eagle3Config.for_target(target.cfg, used.numel(), ids, **(base | over))
+    torch.manual_seed(0)
+    d = Eagle3Drafter(cfg)
+    d.init_weights()
+    with torch.no_grad():
+        d.embed_tokens.weight.copy_(target_head(target)[0])
+    d.set_vocab(d2t, t2d)
+    data = {"kind": "offline", "aux_layer_ids": trained_on or ids,
+            "target_fingerprint": target.fingerprint}
+    return save_drafter(d, folder, data=data)
+
+
+@pytest.fixture(scope="module")
+def work(data_dir, tmp_path_factory) -> Path:
+    w = tmp_path_factory.mktemp("work")
+    shutil.copytree(data_dir, w / "data")
+    return w
+
+
+def doctor(**kw):
+    kw.setdefault("run", False)
+    kw.setdefault("samples", 2)
+    return run_doctor(DoctorOptions(**kw))
+
+
+def errors(rep, check: str | None = None) -> list:
+    return [f for f in rep.errors() if check is None or f.check == check]
+
+
+# ---- the seed -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong", [[0, 2, 4], [2, 4, 6]])
+def test_seed_wrong_config_names_true_layers_and_fix(work, target, target_dir, wrong):
+    folder = make_drafter(work / f"wrong{wrong[0]}", target, wrong, trained_on=None)
+    rep = doctor(data=work / "data", drafter=folder, target=str(target_dir))
+    assert rep.wiring["true_ids"] == TRUE
+    assert [s["status"] for s in rep.wiring["slots"]] == ["exact"] * 4
+    wiring = [f for f in errors(rep, "wiring") if "will feed" in f.what]
+    assert len(wiring) == 1
+    f = wiring[0]
+    assert str(wrong) in f.what and "[1, 3, 5]" in f.what
+    assert f.fix == "write config.aux_layer_ids in draftsmith.json: [1, 3, 5]"
+    assert rep.exit_code() == 1
+    rep = doctor(data=work / "data", drafter=folder, engine="sglang")
+    (f,) = rep.errors()
+    assert f.fix.endswith("then writes for sglang: eagle_config.eagle_aux_hidden_state_layer_ids"
+                          " in config.json: [1, 3, 5]")
+
+
+def test_seed_edited_config_caught_without_data(work, target, target_dir):
+    folder = make_drafter(work / "edited", target, [0, 2, 4], trained_on=TRUE)
+    rep = doctor(drafter=folder, target=str(target_dir))
+    f = errors(rep, "wiring")[0]
+    assert "trained on data recorded as [1, 3, 5]" in f.what and "[1, 3, 5]" in f.fix
+
+
+def test_correct_config_is_clean_with_a_speculative_run(work, target, data_dir):
+    folder = make_drafter(work / "good", target, TRUE)
+    rep = doctor(data=data_dir, drafter=folder, run=True, prompts=2, max_new=8)
+    assert rep.problems() == [], rep.findings
+    assert rep.exit_code(strict=True) == 0
+    run = rep.behaviour["runs"]["as configured"]
+    assert run["aux_layer_ids"] == TRUE and len(run["position_rates"]) == 3
+    assert {"shards", "target", "wiring: data", "sizes", "vocab", "positions"} <= set(rep.passed)
+    assert rep.context["in_each_convention"]["vllm"] == [2, 4, 6]
+
+
+def test_mislabelled_manifest(work, target, target_dir):
+    bad = work / "relabelled"
+    shutil.copytree(work / "data", bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["aux_layer_ids"] = [2, 4, 6]  # as if the capture script's "layer 3" meant output of 3
+    (bad / "manifest.json").write_text(json.dumps(m))
+    rep = doctor(data=bad, target=str(target_dir))
+    f = [f for f in errors(rep, "wiring") if "manifest says" in f.what][0]
+    assert "[2, 4, 6]" in f.what and "[1, 3, 5]" in f.fix
+
+
+# ---- engines --------------------------------------------------------------------------------
+
+def sglang_folder(root: Path, src: Path, nested: list[int] | None, top: list[int] | None) -> Path:
+    from safetensors.torch import save_file
+
+    from draftsmith.models.eagle3 import hf_state_dict, load_drafter
+
+    out = root / f"sglang-{nested}-{top}"
+    d = load_drafter(src)
+    tensors = {k: v for k, v in hf_state_dict(d).items() if k != "embed_tokens.weight"}
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    c = d.cfg
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+           "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+           "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+           "head_dim": c.head_dim, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
+           "draft_vocab_size": c.draft_vocab_size, "max_position_embeddings": 512,
+           "rms_norm_eps": c.rms_norm_eps, "tie_word_embeddings": False}
+    if nested is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": nested}
+    if top is not None:
+        cfg["eagle_aux_hidden_state_layer_ids"] = top
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def good(work, target) -> Path:
+    return make_drafter(work / "good-src", target, TRUE)
+
+
+def test_sglang_version_dependent_ids(work, good, data_dir):
+    folder = sglang_folder(work, good, [2, 4, 6], None)  # the seed's style of config
+    new = doctor(data=data_dir, drafter=folder, engine="sglang")
+    assert new.ok and any("version dependent" in f.what for f in new.findings)
+    old = doctor(data=data_dir, drafter=folder, engine="sglang-legacy")
+    f = [f for f in errors(old, "wiring") if "will feed" in f.what][0]
+    assert "[2, 4, 6]" in f.what
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids in config.json: [1, 3, 5]" in f.fix
+
+
+def test_sglang_ignores_top_level_ids(work, good, data_dir):
+    folder = sglang_folder(work, good, None, [2, 4, 6])
+    rep = doctor(data=data_dir, drafter=folder, engine="sglang")
+    f = [f for f in errors(rep, "wiring") if "will feed" in f.what][0]
+    assert "[1, 3, 4]" in f.what  # SGLang's defaults: inputs of 2, L//2, L-3
+    assert any("silently uses its defaults" in x.what for x in rep.findings)
+    assert doctor(data=data_dir, drafter=folder, engine="vllm").ok
+
+
+def test_sglang_cannot_capture_last_layer(target, target_dir, tmp_path):
+    out = tmp_path / "d"
+    capture(target, convs(2), out, CaptureConfig(aux_layer_ids=[1, 3, 7], max_len=64),
+            progress=False, log=lambda s: None)
+    rep = doctor(data=out, target=str(target_dir), engine="sglang")
+    assert any(f.check == "capturable" for f in rep.errors())
+    row = next(r for r in rep.engines if r["engine"] == "sglang")
+    assert row["write"] is None and "retrain" in row["how"]
+
+
+# ---- consistency ----------------------------------------------------------------------------
+
+def test_tampered_shard(work, target_dir):
+    bad = work / "tampered"
+    shutil.copytree(work / "data", bad)
+    shard = bad / "shard-00001.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[-100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    rep = doctor(data=bad, target=str(target_dir))
+    f = errors(rep, "shards")[0]
+    assert "sha256" in f.what and "shard-00001" in f.what
+
+
+def test_different_target(work, data_dir, tmp_path):
+    other = write_tiny_folder(tmp_path / "other", "llama", seed=1, num_hidden_layers=8)
+    rep = doctor(data=data_dir, target=str(other))
+    whats = " ".join(f.what for f in errors(rep, "target"))
+    assert "fingerprint" in whats
+    assert rep.wiring["true_ids"] == [None, None, None]
+
+
+def test_different_tokenizer_and_template(work, target_dir, data_dir, tmp_path):
+    other = tmp_path / "retok"
+    shutil.copytree(target_dir, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = "a", "b"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (other / "chat_template.jinja").unlink(missing_ok=True)
+    rep = doctor(data=data_dir, target=str(other))
+    whats = [f.what for f in errors(rep, "target")]
+    assert any("tokenizer" in w for w in whats) and any("chat template" in w for w in whats)
+
+
+def test_drafter_inconsistencies(work, target, data_dir):
+    folder = make_drafter(work / "short", target, TRUE, max_position_embeddings=128)
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(folder / "model.safetensors"))
+    w["d2t"][-1] = 10_000
+    save_file(w, str(folder / "model.safetensors"))
+    rep = doctor(data=data_dir, drafter=folder)
+    fixes = {f.check: f for f in rep.errors()}
+    assert "set max_position_embeddings to 512" in fixes["positions"].fix
+    assert "outside the target vocab" in fixes["vocab"].what
+
+
+def test_behaviour_gap_is_flagged(work, target, data_dir):
+    folder = make_drafter(work / "promised", target, TRUE)
+    rows = [{"step": s, "loss": 1.0, "acc": [0.9, 0.8, 0.7], "cond_acc": [0.9, 0.85, 0.8],
+             "accept_length": 3.3} for s in (10, 20)]
+    (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = doctor(data=data_dir, drafter=folder, run=True, prompts=2, max_new=6)
+    f = errors(rep, "behaviour")[0]
+    assert "promised 90.0%" in f.what and "wiring" in f.what
+    assert rep.behaviour["promised"]["accept_length"] == pytest.approx(3.3)
+
+
+def test_cli_json_and_exit_code(work, target, data_dir):
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.doctor import doctor as command
+
+    app = typer.Typer()
+    app.command()(command)
+    app.command("other")(lambda: None)
+    folder = make_drafter(work / "cli", target, [0, 2, 4], trained_on=None)
+    res = CliRunner().invoke(app, ["doctor", "--data", str(data_dir), "--drafter", str(folder),
+                                   "--json", "--no-run", "--samples", "1"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.output)
+    assert out["ok"] is False and out["wiring"]["true_ids"] == TRUE
+    assert {"severity", "what", "where", "fix"} <= set(out["findings"][0])
