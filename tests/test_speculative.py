@@ -59,15 +59,16 @@ class Steered(Eagle3Drafter):
     greedy continuation `seq` [B, T] at a fraction `rate` of (row, position) pairs."""
 
     def steer(self, seq: torch.Tensor, rate: float, sign: float = 1.0) -> Steered:
-        self.seq, self.rate, self.sign, self.row0 = seq, rate, sign, 0
+        dev = self.fc.weight.device
+        self.seq, self.rate, self.sign, self.row0 = seq.to(dev), rate, sign, 0
         vd = self.cfg.draft_vocab_size
-        self.index = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long)
-        self.index[torch.arange(vd) + self.d2t] = torch.arange(vd)
+        self.index = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long, device=dev)
+        self.index[torch.arange(vd, device=dev) + self.d2t] = torch.arange(vd, device=dev)
         return self
 
     def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None):
         logits, h = super().forward(tokens, hidden, positions, caches, slots, mask)
-        rows = self.row0 + torch.arange(tokens.shape[0])[:, None]
+        rows = self.row0 + torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         want = self.index[self.seq[rows, (positions + 2).clamp(max=self.seq.shape[1] - 1)]]
         on = (((rows * 7919 + positions * 104729) % 97) < self.rate * 97) & (want >= 0)
         bump = torch.nn.functional.one_hot(want.clamp(min=0), logits.shape[-1])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from time import perf_counter as clock
 from typing import Any
 
 import torch
@@ -67,7 +67,7 @@ class PhaseProfiler:
 
     def _now(self) -> Any:
         if not self.cuda:
-            return time.perf_counter()
+            return clock()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream(self.device))
         return ev
