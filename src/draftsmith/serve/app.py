@@ -1,0 +1,208 @@
+"""The FastAPI app: OpenAI-compatible routes over one `Scheduler`.
+
+Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE streams), GET
+/v1/models, /v1/models/{id}, /health, /metrics. Every error is OpenAI's JSON error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from draftsmith.serve import protocol as P
+from draftsmith.serve.engine import ServeEngine
+from draftsmith.serve.scheduler import Job, Scheduler
+
+MAX_BODY = 16 << 20
+
+
+def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
+    sched = Scheduler(engine, cfg.max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sched.start()
+        yield
+        await run_in_threadpool(sched.stop)
+
+    app = FastAPI(title="draftsmith", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.scheduler, app.state.engine, app.state.config = sched, engine, cfg
+    _errors(app, sched)
+    _auth(app, cfg)
+    _info_routes(app, engine, cfg, sched)
+    _generation_routes(app, engine, cfg, sched)
+    return app
+
+
+def _error(status: int, body: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+def _errors(app: FastAPI, sched: Scheduler) -> None:
+    @app.exception_handler(P.ApiError)
+    async def api_error(_: Request, e: P.ApiError) -> JSONResponse:
+        if e.status < 500:
+            sched.metrics.add(rejected=1)
+        return _error(e.status, e.body())
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, P.error_body(str(e.detail), "invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def any_error(_: Request, e: Exception) -> JSONResponse:
+        msg = f"internal error: {type(e).__name__}: {e}"
+        return _error(500, P.error_body(msg, "server_error"))
+
+
+def _auth(app: FastAPI, cfg: P.ServeConfig) -> None:
+    if not cfg.api_key:
+        return
+    want = f"Bearer {cfg.api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        got = request.headers.get("authorization", "").encode()
+        if request.url.path.startswith("/v1") and not hmac.compare_digest(got, want):
+            body = P.error_body("invalid or missing API key (Authorization: Bearer KEY)",
+                                "invalid_request_error", code="invalid_api_key")
+            return _error(401, body)
+        return await call_next(request)
+
+
+def _model_card(engine: ServeEngine, cfg: P.ServeConfig) -> dict[str, Any]:
+    return {"id": cfg.model_name, "object": "model", "created": 0, "owned_by": "draftsmith",
+            "max_model_len": engine.max_len, "draftsmith": cfg.info}
+
+
+def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: Scheduler) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not sched.alive:
+            return _error(503, {"status": "error", "reason": "the engine worker is not running"})
+        return JSONResponse({"status": "ok", "model": cfg.model_name, "queued": sched.queued()})
+
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        return JSONResponse({**sched.metrics.snapshot(sched.queued()), "model": cfg.model_name,
+                             **cfg.info})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [_model_card(engine, cfg)]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        if not cfg.knows(model):
+            raise P.ApiError(404, f"The model '{model}' does not exist", "model",
+                             "model_not_found")
+        return JSONResponse(_model_card(engine, cfg))
+
+
+async def _json(request: Request) -> Any:
+    size = request.headers.get("content-length", "0")
+    if not size.isdigit() or int(size) > MAX_BODY:
+        raise P.ApiError(413, f"the request body is over {MAX_BODY >> 20} MiB", None,
+                         "body_too_large")
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise P.ApiError(400, f"the request body is not valid JSON: {e}", None,
+                         "invalid_json") from None
+
+
+def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
+                       sched: Scheduler) -> None:
+    async def serve(req: P.GenRequest):
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        job = Job(req, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
+        sched.submit(job)
+        try:
+            first = await q.get()
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
+        if first[0] == "error":
+            raise P.ApiError(first[1], first[2])
+        if req.stream:
+            return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint),
+                                     media_type="text/event-stream")
+        return JSONResponse(await _collect(req, job, q, first, cfg.fingerprint))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _json(request)
+        return await serve(await run_in_threadpool(P.parse_chat, body, cfg, engine))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _json(request)
+        return await serve(await run_in_threadpool(P.parse_completion, body, cfg, engine))
+
+
+async def _collect(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
+                   fingerprint: str) -> dict[str, Any]:
+    choices = [P.Choice() for _ in range(req.rows)]
+    try:
+        while ev[0] != "done":
+            if ev[0] == "error":
+                raise P.ApiError(ev[1], ev[2])
+            if ev[0] == "finish":
+                choices[ev[1]] = ev[2]
+            ev = await q.get()
+    except asyncio.CancelledError:
+        job.cancelled = True
+        raise
+    return P.response(req, choices, fingerprint)
+
+
+def _sse_line(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
+               fingerprint: str) -> AsyncIterator[str]:
+    """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle)."""
+    done = False
+    try:
+        if req.kind == "chat":
+            for i in range(req.rows):
+                yield _sse_line(P.chunk(req, i, None, role=True, fingerprint=fingerprint))
+        while True:
+            kind = ev[0]
+            if kind == "delta":
+                yield _sse_line(P.chunk(req, ev[1], ev[2], fingerprint=fingerprint))
+            elif kind == "finish":
+                yield _sse_line(P.chunk(req, ev[1], None, ev[2].finish_reason,
+                                        fingerprint=fingerprint))
+            elif kind == "done":
+                if req.include_usage:
+                    yield _sse_line(P.usage_chunk(req, ev[1], fingerprint))
+                break
+            else:
+                yield _sse_line(P.ApiError(ev[1], ev[2]).body())
+                break
+            ev = await q.get()
+        done = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            job.cancelled = True
+
+
+def run_server(engine: ServeEngine, cfg: P.ServeConfig, host: str, port: int,
+               log_level: str = "info") -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(engine, cfg), host=host, port=port, log_level=log_level)

@@ -1,0 +1,95 @@
+"""`draftsmith serve`: the typer command (registered by `draftsmith.cli`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from draftsmith.errors import DraftsmithError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(
+    target: str = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'"),
+    drafter: Path = typer.Option(None, "--drafter", help="A draftsmith drafter folder: "
+                                 "speculative decoding (baseline decoding without it)"),
+    steps: int = typer.Option(3, "--steps", help="Draft steps per cycle"),
+    topk: int = typer.Option(1, "--topk", help="1 = chain; > 1 = EAGLE-2 tree"),
+    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
+                                         help="Tokens verified per cycle (tree; chain: steps+1)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)"),
+    port: int = typer.Option(8000, "--port"),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto"),
+    dtype: str = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    max_batch: int = typer.Option(8, "--max-batch", help="Rows in one engine batch"),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit",
+                                         help="Largest max_tokens a request may ask for"),
+    max_prompt_tokens: int = typer.Option(2048, "--max-prompt-tokens",
+                                          help="Longest prompt (after the chat template)"),
+    max_queue: int = typer.Option(256, "--max-queue", help="Queued requests before 429"),
+    served_model_name: str = typer.Option(None, "--served-model-name",
+                                          help="Model id clients use (default: the target's)"),
+    api_key: str = typer.Option(None, "--api-key", envvar="DRAFTSMITH_API_KEY",
+                                help="Require 'Authorization: Bearer KEY' on /v1"),
+    warmup: bool = typer.Option(None, "--warmup/--no-warmup",
+                                help="Run every batch size once before serving (default: on GPU)"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve the target over an OpenAI-compatible HTTP API (speculative with --drafter)."""
+    try:
+        from draftsmith.serve.app import run_server
+    except ModuleNotFoundError as e:
+        raise DraftsmithError(
+            f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
+            "(fastapi, uvicorn)") from None
+    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.serve.engine import EngineConfig, load_engine
+
+    dev = pick_device(device)
+    dt = dtype_of("float32" if dtype == "auto" and dev == "cpu" else
+                  "bfloat16" if dtype == "auto" else dtype)
+    if topk > 1 and num_draft_tokens is None:
+        raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
+    ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
+                        num_draft_tokens)
+    engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
+    if warmup if warmup is not None else dev != "cpu":
+        _say(f"warming up batch sizes 1..{max_batch}")
+        engine.warmup()
+    cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter)
+    if host not in LOOPBACK and not api_key:
+        _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
+    mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
+    _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt})")
+    run_server(engine, cfg, host, port, log_level)
+
+
+def server_config(engine, target: str, name: str | None, api_key: str | None,
+                  max_queue: int, drafter: Path | None = None):
+    from draftsmith.serve.protocol import ServeConfig
+
+    t, c = engine.target, engine.cfg
+    model_name = name or _default_name(t, target)
+    aliases = tuple(a for a in {target, t.source, "default" if t.kind == "default" else ""} if a)
+    spec = engine.speculative
+    info = {"speculative": spec, "drafter": str(drafter) if drafter else None,
+            "steps": c.steps if spec else None, "topk": c.topk if spec else None,
+            "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
+            "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
+            "target_fingerprint": t.fingerprint}
+    return ServeConfig(model_name, aliases, c.max_tokens, c.max_prompt_tokens, c.max_batch,
+                       max_queue, api_key, t.fingerprint, info)
+
+
+def _default_name(t, target: str) -> str:
+    if t.kind == "default":
+        return t.source.split(" ")[0]
+    p = Path(target)
+    return p.stem if p.suffix == ".gguf" else p.resolve().name
+
+
+def _say(msg: str) -> None:
+    print(f"draftsmith serve: {msg}", file=sys.stderr)

@@ -1,0 +1,238 @@
+"""The server's adapter over the engine: one target runtime, baseline or speculative decoding,
+driven step by step so a caller can watch tokens as they come and stop a batch early.
+
+The baseline driver is `run_generation`'s loop with a watch point added; the speculative driver
+is `SpecDecoder.generate`'s loop (prefill, then the four phases a cycle) through its internal
+`_state/_prefill/_run`, since the engine has no public step API yet. If those names go away it
+falls back to `generate()` and the watcher sees the whole completion at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.engine.generate import decoder, prefill
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.errors import DraftsmithError
+
+CHECK_EVERY = 16  # as run_generation: read the done flags every 16 steps
+MAX_DECODERS = 4  # sampling settings kept warm (buffers and CUDA graphs) besides greedy
+STEP_API = ("_state", "_prefill", "_run", "_check_inputs")
+
+# Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
+Watch = Callable[[list[list[int]]], bool]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_batch: int = 8
+    max_prompt_tokens: int = 2048
+    max_tokens: int = 1024
+    steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_prompt_tokens", "max_tokens", "steps", "topk"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def spec_margin(self) -> int:
+        """Cache slots a speculative decoder needs beyond prompt + completion."""
+        verify = self.num_draft_tokens or self.steps + 1
+        return 2 * self.steps + 3 + verify
+
+
+@dataclass
+class RunResult:
+    rows: list[list[int]]  # per row: tokens generated (eos and what follows not trimmed)
+    seconds: float
+    accept_hist: list[int] | None = None  # speculative: row-cycles that emitted k tokens
+
+
+class ServeEngine:
+    """Target + optional drafter; `run` executes one static batch. Not thread-safe: one worker
+    thread calls `run`; `chat_ids` / `text_ids` / `decode` may be called from any thread."""
+
+    def __init__(self, target: Any, model: Any, drafter: Any = None,
+                 cfg: EngineConfig | None = None) -> None:
+        self.target, self.cfg, self.drafter = target, cfg or EngineConfig(), drafter
+        c = self.cfg
+        self.eos = list(target.eos_ids)
+        margin = c.spec_margin if drafter is not None else 1
+        self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin)
+        self.vocab_size = target.cfg.vocab_size
+        self._tok_lock = threading.Lock()
+        self._spec: OrderedDict[SamplingParams, Any] = OrderedDict()
+        self._drt = None
+        if drafter is not None:
+            self._spec_for(SamplingParams())
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None
+
+    @property
+    def max_len(self) -> int:
+        return self.cfg.max_prompt_tokens + self.cfg.max_tokens
+
+    # ---- text ----------------------------------------------------------------------------------
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        with self._tok_lock:
+            return self.target.chat_ids(messages, True)
+
+    def text_ids(self, text: str) -> list[int]:
+        with self._tok_lock:
+            return self.target.tokenizer(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def run(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
+            watch: Watch | None = None, every: int = 1) -> RunResult:
+        """Generate for one batch; `watch` sees the rows every `every` steps (or cycles)."""
+        if len(prompts) > self.cfg.max_batch:
+            raise DraftsmithError(f"batch {len(prompts)} exceeds max_batch {self.cfg.max_batch}")
+        t0 = time.perf_counter()
+        if self.speculative:
+            rows, hist = self._run_spec(prompts, max_new, params, watch, every)
+        else:
+            rows, hist = self._run_baseline(prompts, max_new, params, watch, every), None
+        return RunResult(rows, time.perf_counter() - t0, hist)
+
+    def warmup(self, batch_sizes: list[int] | None = None) -> None:
+        """Run every batch size once greedily (on CUDA this captures the graphs up front)."""
+        for b in sorted(batch_sizes or range(1, self.cfg.max_batch + 1), reverse=True):
+            self.run([[self.eos[0] if self.eos else 0]] * b, 2, SamplingParams())
+
+    @torch.no_grad()
+    def _run_baseline(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
+                      watch: Watch | None, every: int) -> list[list[int]]:
+        rt, eos = self.rt, self.eos
+        need = max(len(p) for p in prompts) + max_new
+        if need > rt.max_seq:
+            raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+        self._keep_baseline(params)
+        state, step = decoder(rt, len(prompts), eos, params)
+        logits, lens = prefill(rt, prompts)
+        state.reset(sample(logits, params), lens)
+        n = 1
+        for i in range(1, max_new):
+            if watch is not None and i % every == 0 and watch(state.out[:, :n].tolist()):
+                break
+            step()
+            n += 1
+            if i % CHECK_EVERY == 0 and eos and bool(state.done.all()):
+                break
+        return state.out[:, :n].tolist()
+
+    @torch.no_grad()
+    def _run_spec(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
+                  watch: Watch | None, every: int) -> tuple[list[list[int]], list[int]]:
+        from draftsmith.engine.profiler import PHASES
+
+        dec, eos = self._spec_for(params), self.eos
+        if not all(hasattr(dec, name) for name in STEP_API):
+            res = dec.generate(prompts, max_new, eos)
+            return res.tokens, res.accept_hist
+        dec._check_inputs(prompts, max_new, eos)
+        st = dec._state(len(prompts))
+        dec._prefill(st, prompts, max_new, eos)
+        cycles = 0
+        while cycles < max_new and not bool(st.all_done):  # the engine's one read-back a cycle
+            for phase in PHASES:
+                dec._run(st, phase)
+            cycles += 1
+            if watch is not None and cycles % every == 0 and watch(_spec_rows(st, max_new)):
+                break
+        return _spec_rows(st, max_new), st.hist.tolist()
+
+    # ---- decoders per sampling setting ---------------------------------------------------------
+
+    def _spec_for(self, params: SamplingParams) -> Any:
+        from draftsmith.engine.speculative import SpecDecoder
+
+        if params in self._spec:
+            self._spec.move_to_end(params)
+            return self._spec[params]
+        c = self.cfg
+        dec = SpecDecoder(self.rt, self._drt or self.drafter, c.steps, c.topk,
+                          c.num_draft_tokens, params)
+        if dec.capacity() < self.max_len:
+            raise DraftsmithError(
+                f"the speculative decoder holds {dec.capacity()} tokens, the server's limits need "
+                f"{self.max_len} (--max-prompt-tokens + --max-tokens-limit)"
+            )
+        self._drt = dec.drt
+        self._spec[params] = dec
+        while len(self._spec) > MAX_DECODERS + 1:
+            self._evict_spec()
+        return dec
+
+    def _evict_spec(self) -> None:
+        params = next(p for p in self._spec if p != SamplingParams())
+        dec = self._spec.pop(params)
+        self._forget_graphs(lambda k: k[0] == id(dec))
+
+    def _keep_baseline(self, params: SamplingParams) -> None:
+        """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key)."""
+        cache: dict = getattr(self.rt, "_decoders", {})
+        keys = [k for k in cache if k[3] != SamplingParams() and k[3] != params]
+        settings = list(dict.fromkeys(k[3] for k in keys))
+        for old in settings[: max(0, len(settings) - MAX_DECODERS + 1)]:
+            for k in [k for k in keys if k[3] == old]:
+                cache.pop(k)
+                self._forget_graphs(lambda g, k=k: g == k)
+
+    def _forget_graphs(self, match: Callable[[Any], bool]) -> None:
+        graphs = self.rt.graphs
+        if graphs is not None:
+            for k in [k for k in graphs.graphs if isinstance(k, tuple) and match(k)]:
+                del graphs.graphs[k]
+
+
+def _spec_rows(st: Any, max_new: int) -> list[list[int]]:
+    out, counts = st.out[:, :max_new].tolist(), st.count.tolist()
+    return [r[: min(c, max_new)] for r, c in zip(out, counts, strict=True)]
+
+
+def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:
+    """Tokens before the first eos, and whether an eos was there."""
+    cut = next((i for i, t in enumerate(row) if t in eos), None)
+    return (row, False) if cut is None else (row[:cut], True)
+
+
+def load_engine(target: str, drafter: str | Path | None, device: str, dtype: torch.dtype,
+                cfg: EngineConfig, log: Callable[[str], None] = print) -> ServeEngine:
+    from draftsmith.targets import load_target
+
+    t = load_target(target)
+    most = t.cfg.max_position_embeddings
+    if most and cfg.max_prompt_tokens + cfg.max_tokens > most:
+        raise DraftsmithError(
+            f"--max-prompt-tokens + --max-tokens-limit = {cfg.max_prompt_tokens + cfg.max_tokens}"
+            f" exceeds the target's max_position_embeddings {most}")
+    model = t.build(dtype, device)
+    d = None
+    if drafter is not None:
+        from draftsmith.models.eagle3 import load_drafter
+
+        d = load_drafter(drafter, device, dtype, embed=model.embed.weight)
+        fp = d.cfg.target_fingerprint
+        if fp and fp != t.fingerprint:
+            log(f"warning: {drafter} was trained for target {fp}, this target is {t.fingerprint}")
+    return ServeEngine(t, model, d, cfg)

@@ -1,0 +1,357 @@
+"""The OpenAI wire format: request validation (with OpenAI's error shape) and response bodies.
+
+Plain Python, no web framework: `parse_chat` / `parse_completion` turn a decoded JSON body into a
+`GenRequest` of token ids or raise `ApiError(status, reason)`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from draftsmith.engine.sampling import SamplingParams
+
+MAX_STOP = 16
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    model_name: str
+    aliases: tuple[str, ...] = ()
+    max_tokens: int = 1024
+    max_prompt_tokens: int = 2048
+    max_batch: int = 8
+    max_queue: int = 256
+    api_key: str | None = None
+    fingerprint: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def knows(self, model: str) -> bool:
+        return model == self.model_name or model in self.aliases
+
+
+class Prompter(Protocol):
+    vocab_size: int
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def text_ids(self, text: str) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class GenRequest:
+    kind: str  # "chat" | "completion"
+    model: str
+    prompts: list[list[int]]
+    max_tokens: int
+    params: SamplingParams = SamplingParams()
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+        self.id = self.id or prefix + uuid.uuid4().hex[:24]
+        self.created = self.created or int(time.time())
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def key(self) -> tuple:
+        """Requests with equal keys may share a batch."""
+        return (self.params, None if self.params.greedy else self.seed)
+
+
+# ---- field checks --------------------------------------------------------------------------
+
+_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+          list: "an array", dict: "an object"}
+
+
+def _get(body: dict, name: str, kind: type, default: Any = None) -> Any:
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = isinstance(v, kind) and not (kind in (int, float) and isinstance(v, bool))
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if not ok:
+        raise ApiError(400, f"'{name}' must be {_NAMES[kind]}, got {type(v).__name__}: {v!r:.60}",
+                       name, "invalid_type")
+    return v
+
+
+def _bounded(body: dict, name: str, kind: type, default: Any, lo: float, hi: float) -> Any:
+    v = _get(body, name, kind, default)
+    if not lo <= v <= hi:
+        raise ApiError(400, f"'{name}' must be in [{lo}, {hi}], got {v}", name, "invalid_value")
+    return v
+
+
+def _unsupported(body: dict) -> None:
+    """Reject features this server does not implement instead of silently ignoring them."""
+    checks = {
+        "logprobs": lambda v: v not in (None, False, 0),
+        "top_logprobs": lambda v: v not in (None, 0),
+        "echo": lambda v: v not in (None, False),
+        "best_of": lambda v: v not in (None, 1),
+        "suffix": lambda v: v not in (None, ""),
+        "logit_bias": lambda v: bool(v),
+        "tools": lambda v: bool(v),
+        "functions": lambda v: bool(v),
+        "presence_penalty": lambda v: v not in (None, 0),
+        "frequency_penalty": lambda v: v not in (None, 0),
+        "response_format": lambda v: v not in (None, {"type": "text"}),
+    }
+    for name, bad in checks.items():
+        if name in body and bad(body[name]):
+            raise ApiError(400, f"'{name}' is not supported by this server", name, "unsupported")
+
+
+def _model(body: dict, cfg: ServeConfig) -> str:
+    model = _get(body, "model", str, cfg.model_name)
+    if not cfg.knows(model):
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves "
+                       f"'{cfg.model_name}'", "model", "model_not_found")
+    return cfg.model_name
+
+
+def _stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    stops = [v] if isinstance(v, str) else v
+    if stops is None:
+        return []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, "'stop' must be a non-empty string or an array of them", "stop",
+                       "invalid_type")
+    if len(stops) > MAX_STOP:
+        raise ApiError(400, f"'stop' holds at most {MAX_STOP} strings", "stop", "invalid_value")
+    return stops
+
+
+def _sampling(body: dict) -> tuple[SamplingParams, int | None]:
+    temperature = _bounded(body, "temperature", float, 1.0, 0.0, 2.0)
+    top_p = _get(body, "top_p", float, 1.0)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p", "invalid_value")
+    top_k = _bounded(body, "top_k", int, 0, -1, 1 << 30)
+    seed = _get(body, "seed", int)
+    return SamplingParams(temperature, top_p, max(top_k, 0)), seed
+
+
+def _common(body: Any, cfg: ServeConfig, kind: str, prompts: list[list[int]],
+            tokens_key: str) -> GenRequest:
+    default = cfg.max_tokens if kind == "chat" else min(COMPLETION_DEFAULT_TOKENS, cfg.max_tokens)
+    max_tokens = _get(body, tokens_key, int, None)
+    if max_tokens is None:
+        max_tokens = _get(body, "max_tokens", int, default)
+        tokens_key = "max_tokens"
+    if not 1 <= max_tokens <= cfg.max_tokens:
+        raise ApiError(400, f"'{tokens_key}' must be in [1, {cfg.max_tokens}] (the server's "
+                       f"--max-tokens-limit), got {max_tokens}", tokens_key, "invalid_value")
+    params, seed = _sampling(body)
+    n = _bounded(body, "n", int, 1, 1, cfg.max_batch)
+    if len(prompts) * n > cfg.max_batch:
+        raise ApiError(400, f"{len(prompts)} prompts x n={n} exceeds the server's --max-batch "
+                       f"{cfg.max_batch}", "n", "invalid_value")
+    stream = _get(body, "stream", bool, False)
+    opts = _get(body, "stream_options", dict, {})
+    usage = bool(stream and _get(opts, "include_usage", bool, False))
+    return GenRequest(kind, _model(body, cfg), prompts, max_tokens, params, n, seed, _stop(body),
+                      stream, usage)
+
+
+def _check_lengths(prompts: list[list[int]], cfg: ServeConfig, param: str) -> None:
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ApiError(400, "the prompt is empty after tokenization", param, "invalid_value")
+        if len(p) > cfg.max_prompt_tokens:
+            where = f" (prompt {i})" if len(prompts) > 1 else ""
+            raise ApiError(400, f"the prompt{where} is {len(p)} tokens, over the server's "
+                           f"--max-prompt-tokens {cfg.max_prompt_tokens}", param,
+                           "context_length_exceeded")
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# ---- chat ----------------------------------------------------------------------------------
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if c is None:
+        raise ApiError(400, f"messages[{i}].content is required", f"messages[{i}].content")
+    if isinstance(c, list):
+        texts = []
+        for part in c:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                part.get("text"), str
+            ):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported",
+                               f"messages[{i}].content", "unsupported")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ApiError(400, f"messages[{i}].content must be a string or an array of text parts",
+                   f"messages[{i}].content", "invalid_type")
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    if "messages" not in body:
+        raise ApiError(400, "'messages' is required", "messages", "missing_required_parameter")
+    raw = body["messages"]
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "'messages' must be a non-empty array", "messages", "invalid_type")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a string 'role'",
+                           f"messages[{i}]", "invalid_type")
+        if m.get("tool_calls"):
+            raise ApiError(400, "tool calls are not supported", f"messages[{i}]", "unsupported")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _content(m, i)})
+    return out
+
+
+def parse_chat(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
+    body = _object(body)
+    _unsupported(body)
+    messages = _messages(body)
+    try:
+        ids = prompter.chat_ids(messages)
+    except Exception as e:  # the template's own complaint (roles must alternate, ...)
+        raise ApiError(400, f"cannot apply the chat template: {e}", "messages") from None
+    _check_lengths([ids], cfg, "messages")
+    return _common(body, cfg, "chat", [ids], "max_completion_tokens")
+
+
+# ---- completions ---------------------------------------------------------------------------
+
+def _is_ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def _prompts(body: dict, prompter: Prompter) -> list[list[int]]:
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter")
+    p = body["prompt"]
+    if isinstance(p, str):
+        items: list[Any] = [p]
+    elif _is_ids(p):
+        items = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, str) or _is_ids(x) for x in p):
+        items = p
+    else:
+        raise ApiError(400, "'prompt' must be a string, an array of strings, an array of token "
+                       "ids, or an array of such arrays", "prompt", "invalid_type")
+    out = []
+    for x in items:
+        ids = prompter.text_ids(x) if isinstance(x, str) else x
+        bad = [t for t in ids if not 0 <= t < prompter.vocab_size]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
+                           f"[0, {prompter.vocab_size})", "prompt", "invalid_value")
+        out.append(ids)
+    return out
+
+
+def parse_completion(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
+    body = _object(body)
+    _unsupported(body)
+    prompts = _prompts(body, prompter)
+    _check_lengths(prompts, cfg, "prompt")
+    return _common(body, cfg, "completion", prompts, "max_tokens")
+
+
+# ---- responses -----------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    tokens: int = 0
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _head(req: GenRequest, obj: str, fingerprint: str) -> dict[str, Any]:
+    return {"id": req.id, "object": obj, "created": req.created, "model": req.model,
+            "system_fingerprint": fingerprint or None}
+
+
+def response(req: GenRequest, choices: list[Choice], fingerprint: str = "") -> dict[str, Any]:
+    chat = req.kind == "chat"
+    out = _head(req, "chat.completion" if chat else "text_completion", fingerprint)
+    out["choices"] = [
+        {"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+         "finish_reason": c.finish_reason} if chat else
+        {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        for i, c in enumerate(choices)
+    ]
+    out["usage"] = usage(sum(len(p) for p in req.prompts), sum(c.tokens for c in choices))
+    return out
+
+
+def chunk(req: GenRequest, index: int, text: str | None, finish: str | None = None,
+          role: bool = False, fingerprint: str = "") -> dict[str, Any]:
+    """One streamed chunk: a text delta (or the role, or the finish reason) of one choice."""
+    chat = req.kind == "chat"
+    out = _head(req, "chat.completion.chunk" if chat else "text_completion", fingerprint)
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text:
+            delta["content"] = text
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+    out["choices"] = [choice]
+    if req.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(req: GenRequest, completion_tokens: int, fingerprint: str = "") -> dict:
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    out = _head(req, obj, fingerprint)
+    out["choices"] = []
+    out["usage"] = usage(sum(len(p) for p in req.prompts), completion_tokens)
+    return out

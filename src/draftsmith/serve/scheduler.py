@@ -1,0 +1,271 @@
+"""One engine worker thread: a FIFO queue of jobs, batched by sampling settings.
+
+The oldest job always runs next (no starvation); queued jobs with the same sampling settings
+join its static batch up to `max_batch` rows. A job reports through `sink(event)`, called on the
+worker thread: ("delta", index, text), ("finish", index, Choice), ("done", completion_tokens),
+("error", status, message). An engine exception fails only that batch: its jobs that have sent
+nothing yet are rerun one by one, so only the culprit gets the error.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from draftsmith.serve.engine import CHECK_EVERY, ServeEngine, trim
+from draftsmith.serve.protocol import ApiError, Choice, GenRequest
+from draftsmith.serve.text import ChoiceText
+
+BATCH_WAIT_S = 0.005  # how long the worker waits for same-setting requests to fill a batch
+
+
+class Job:
+    def __init__(self, req: GenRequest, sink: Callable[[tuple], None]) -> None:
+        self.req, self._sink = req, sink
+        self.cancelled = False
+        self.solo = False
+        self.sent = False  # a delta or a finish went out: a rerun would repeat it
+        self.queued_at = time.perf_counter()
+
+    @property
+    def key(self) -> tuple:
+        return ("solo", id(self)) if self.solo else self.req.key
+
+    def emit(self, event: tuple) -> None:
+        self.sent |= event[0] in ("delta", "finish")
+        try:
+            self._sink(event)
+        except RuntimeError:  # the client's event loop is gone
+            self.cancelled = True
+
+
+class Row:
+    """One choice of one job inside a batch."""
+
+    def __init__(self, job: Job, index: int, prompt: list[int], eos: list[int],
+                 decode: Callable[[list[int]], str]) -> None:
+        self.job, self.index, self.prompt, self.eos = job, index, prompt, eos
+        self.limit = job.req.max_tokens
+        self.text = ChoiceText(decode, job.req.stop, job.req.stream)
+        self.tokens: list[int] = []
+        self.finished = False
+
+    def feed(self, raw: list[int], final: bool) -> None:
+        if self.finished:
+            return
+        if self.job.cancelled:
+            self.finished = True
+            return
+        toks, eos_hit = trim(raw, self.eos)
+        self.tokens = toks[: self.limit]
+        done = final or eos_hit or len(toks) >= self.limit
+        delta = self.text.feed(self.tokens, done)
+        if delta and self.job.req.stream:
+            self.job.emit(("delta", self.index, delta))
+        if done or self.text.stopped:
+            self.finished = True
+            stop = eos_hit or self.text.stopped or len(self.tokens) < self.limit
+            text = "" if self.job.req.stream else self.text.text
+            self.job.emit(("finish", self.index, Choice(text, "stop" if stop else "length",
+                                                        len(self.tokens))))
+
+
+class Metrics:
+    def __init__(self, speculative: bool) -> None:
+        self.speculative = speculative
+        self.started = time.time()
+        self.lock = threading.Lock()
+        self.counts = dict.fromkeys(
+            ("requests", "completed", "rejected", "failed", "cancelled", "batches", "batch_rows",
+             "prompt_tokens", "completion_tokens"), 0)
+        self.engine_s = 0.0
+        self.queue_s = 0.0
+        self.accept_hist: list[int] = []
+
+    def add(self, **kv: int) -> None:
+        with self.lock:
+            for k, v in kv.items():
+                self.counts[k] += v
+
+    def batch(self, rows: int, seconds: float, hist: list[int] | None, waited: float) -> None:
+        with self.lock:
+            self.queue_s += waited
+            self.counts["batches"] += 1
+            self.counts["batch_rows"] += rows
+            self.engine_s += seconds
+            if hist:
+                if len(self.accept_hist) < len(hist):
+                    self.accept_hist += [0] * (len(hist) - len(self.accept_hist))
+                for k, c in enumerate(hist):
+                    self.accept_hist[k] += c
+
+    def snapshot(self, queued: int) -> dict[str, Any]:
+        with self.lock:
+            c = dict(self.counts)
+            out: dict[str, Any] = {**c, "queued": queued, "uptime_s": time.time() - self.started,
+                                   "engine_busy_s": self.engine_s}
+            out["tokens_generated"] = c["completion_tokens"]
+            out["tokens_per_s"] = c["completion_tokens"] / self.engine_s if self.engine_s else 0.0
+            out["mean_batch_rows"] = c["batch_rows"] / c["batches"] if c["batches"] else 0.0
+            out["mean_queue_wait_s"] = self.queue_s / c["batch_rows"] if c["batch_rows"] else 0.0
+            out["speculative"] = self.speculative
+            if self.speculative:
+                n = sum(self.accept_hist)
+                mean = sum(k * v for k, v in enumerate(self.accept_hist)) / n if n else 0.0
+                out["mean_accept_length"] = mean
+                out["accept_hist"] = list(self.accept_hist)
+            return out
+
+
+class Scheduler:
+    def __init__(self, engine: ServeEngine, max_queue: int = 256,
+                 batch_wait: float = BATCH_WAIT_S) -> None:
+        self.engine, self.max_queue, self.batch_wait = engine, max_queue, batch_wait
+        self.max_batch = engine.cfg.max_batch
+        self.metrics = Metrics(engine.speculative)
+        self._queue: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="draftsmith-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for job in left:
+            job.emit(("error", 503, "the server is shutting down"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._stopping or not self.alive:
+                raise ApiError(503, "the server is shutting down", code="unavailable")
+            if len(self._queue) >= self.max_queue:
+                raise ApiError(429, f"the queue is full ({self.max_queue} requests); retry later",
+                               code="queue_full", kind="rate_limit_error")
+            self._queue.append(job)
+            self._cv.notify_all()
+        self.metrics.add(requests=1)
+
+    # ---- worker --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except Exception as e:  # never let the worker die
+                self._fail(batch, e)
+
+    def _take(self) -> list[Job] | None:
+        with self._cv:
+            while True:
+                while not self._queue and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return None
+                head = self._queue[0]
+                self._cv.wait_for(lambda h=head: self._stopping or self._rows(h) >= self.max_batch,
+                                  self.batch_wait)
+                batch = self._select()
+                if batch:
+                    return batch
+
+    def _rows(self, head: Job) -> int:
+        return sum(j.req.rows for j in self._queue if j.key == head.key)
+
+    def _select(self) -> list[Job]:
+        live = [j for j in self._queue if not j.cancelled]
+        self.metrics.add(cancelled=len(self._queue) - len(live))
+        self._queue = deque(live)
+        if not live:
+            return []
+        batch, rows = [live[0]], live[0].req.rows
+        for j in live[1:]:
+            if j.key == live[0].key and rows + j.req.rows <= self.max_batch:
+                batch.append(j)
+                rows += j.req.rows
+        self._queue = deque(j for j in live if j not in batch)
+        return batch
+
+    def _rows_of(self, batch: list[Job]) -> list[Row]:
+        eng = self.engine
+        rows = []
+        for job in batch:
+            req = job.req
+            for p, prompt in enumerate(req.prompts):
+                for k in range(req.n):
+                    rows.append(Row(job, p * req.n + k, prompt, eng.eos, eng.decode))
+        return rows
+
+    def _run(self, batch: list[Job]) -> None:
+        rows = self._rows_of(batch)
+        req = batch[0].req
+        watching = any(j.req.stream or j.req.stop for j in batch) or len(
+            {j.req.max_tokens for j in batch}) > 1
+
+        def watch(raw: list[list[int]]) -> bool:
+            for r, toks in zip(rows, raw, strict=True):
+                r.feed(toks, False)
+            return all(r.finished for r in rows)
+
+        if req.seed is not None and not req.params.greedy:
+            torch.manual_seed(req.seed)
+        now = time.perf_counter()
+        waited = sum((now - j.queued_at) * j.req.rows for j in batch)
+        every = 1 if any(j.req.stream for j in batch) else CHECK_EVERY
+        res = self.engine.run([r.prompt for r in rows], max(j.req.max_tokens for j in batch),
+                              req.params, watch if watching else None, every)
+        for r, toks in zip(rows, res.rows, strict=True):
+            r.feed(toks, True)
+        self.metrics.batch(len(rows), res.seconds, res.accept_hist, waited)
+        self._finish(batch, rows)
+
+    def _finish(self, batch: list[Job], rows: list[Row]) -> None:
+        for job in batch:
+            mine = [r for r in rows if r.job is job]
+            used = sum(len(r.tokens) for r in mine)
+            self.metrics.add(completed=1, completion_tokens=used,
+                             prompt_tokens=sum(len(p) for p in job.req.prompts))
+            job.emit(("done", used))
+
+    def _fail(self, batch: list[Job], e: Exception) -> None:
+        print(f"draftsmith serve: engine error on a batch of {len(batch)} request(s):",
+              file=sys.stderr)
+        traceback.print_exception(e, file=sys.stderr)
+        retry = [j for j in batch if len(batch) > 1 and not j.sent and not j.cancelled]
+        for job in batch:
+            if job not in retry:
+                self.metrics.add(failed=1)
+                job.emit(("error", 500, f"engine error: {type(e).__name__}: {e}"))
+        with self._cv:
+            for job in reversed(retry):
+                job.solo = True
+                job.queued_at = time.perf_counter()
+                self._queue.appendleft(job)
+            self._cv.notify_all()

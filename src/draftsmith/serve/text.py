@@ -1,0 +1,53 @@
+"""Text of one growing completion: incremental detokenization and stop strings.
+
+Streaming decodes only a window of recent tokens (vLLM's prefix/read offsets), so a partial
+UTF-8 sequence or a tokenizer's clean-up never changes text already sent; text that could still
+become the start of a stop string is held back. Non-streaming text is `decode(all tokens)`, the
+same string `draftsmith generate` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class ChoiceText:
+    def __init__(self, decode: Callable[[list[int]], str], stop: list[str], stream: bool) -> None:
+        self.decode, self.stop, self.stream = decode, stop, stream
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+        self._tokens: list[int] = []
+        self._p = self._r = 0
+
+    def feed(self, tokens: list[int], final: bool = False) -> str:
+        """The row's tokens so far (eos excluded); returns the text now safe to send."""
+        if self.stopped:
+            return ""
+        self._tokens = tokens
+        if self.stream:
+            self._advance(final)
+        else:
+            self.text = self.decode(tokens)
+        cut = self._find_stop()
+        if cut is not None:
+            self.text, self.stopped, final = self.text[:cut], True, True
+        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+    def _advance(self, final: bool) -> None:
+        toks = self._tokens
+        if len(toks) <= self._r:
+            return
+        prefix = self.decode(toks[self._p : self._r])
+        new = self.decode(toks[self._p :])
+        if len(new) > len(prefix) and (final or not new.endswith("\ufffd")):
+            self.text += new[len(prefix) :]
+            self._p, self._r = self._r, len(toks)
+
+    def _find_stop(self) -> int | None:
+        start = max(0, self.sent - self.hold)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None

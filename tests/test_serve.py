@@ -1,0 +1,367 @@
+"""`draftsmith serve` end to end: a real uvicorn server on a free port, the real `openai` client."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from conftest import write_tiny_folder  # noqa: E402
+
+from draftsmith.engine.generate import generate  # noqa: E402
+from draftsmith.serve.cli import server_config  # noqa: E402
+from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
+
+LIMITS = dict(max_batch=8, max_prompt_tokens=96, max_tokens=40)
+PROMPTS = ["hello", "What is 2+2?", "Tell me a story", "xyz", "abc def", "Why?", "ok", "12345"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls; extra threads only spin on a shared machine
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return write_tiny_folder(tmp_path_factory.mktemp("serve_target"), "llama", seed=2)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path) -> ServeEngine:
+    return load_engine(str(tiny_dir), None, "cpu", torch.float32, EngineConfig(**LIMITS))
+
+
+@contextmanager
+def live(engine: ServeEngine, target: str, **over) -> Iterator[dict]:
+    import uvicorn
+
+    from draftsmith.serve.app import create_app
+
+    cfg = server_config(engine, target, over.pop("name", None), over.pop("api_key", None), 64)
+    app = create_app(engine, cfg)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "the server did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    try:
+        yield {"url": url, "client": client, "model": cfg.model_name, "app": app}
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def srv(engine: ServeEngine, tiny_dir: Path) -> Iterator[dict]:
+    with live(engine, str(tiny_dir)) as s:
+        yield s
+
+
+def chat_ids(engine: ServeEngine, text: str) -> list[int]:
+    return engine.target.chat_ids([{"role": "user", "content": text}])
+
+
+def reference(engine: ServeEngine, ids: list[int], n: int) -> str:
+    """What `draftsmith generate` prints: engine greedy generation alone, decoded."""
+    t = engine.target
+    toks = generate(engine.rt.model, [ids], n, eos_ids=t.eos_ids)[0]
+    return t.tokenizer.decode(toks, skip_special_tokens=True)
+
+
+def ask(srv: dict, text: str, n: int = 24, **kw):
+    return srv["client"].chat.completions.create(
+        model=srv["model"], messages=[{"role": "user", "content": text}], max_tokens=n,
+        temperature=0, **kw)
+
+
+def streamed(srv: dict, text: str, n: int = 24, **kw) -> tuple[str, list]:
+    chunks = list(ask(srv, text, n, stream=True, **kw))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+# ---- basics --------------------------------------------------------------------------------
+
+
+def test_models_health_metrics(srv: dict) -> None:
+    assert [m.id for m in srv["client"].models.list()] == [srv["model"]]
+    assert httpx.get(srv["url"] + "/health").json()["status"] == "ok"
+    m = httpx.get(srv["url"] + "/metrics").json()
+    for key in ("requests", "tokens_generated", "tokens_per_s", "speculative", "queued"):
+        assert key in m
+    assert m["speculative"] is False
+
+
+def test_chat_greedy_equals_generate(srv: dict, engine: ServeEngine) -> None:
+    for text in PROMPTS[:4]:
+        r = ask(srv, text)
+        assert r.choices[0].message.content == reference(engine, chat_ids(engine, text), 24)
+        ids = chat_ids(engine, text)
+        assert r.usage.prompt_tokens == len(ids)
+        want = "length" if r.usage.completion_tokens == 24 else "stop"
+        assert r.choices[0].finish_reason == want
+        assert r.model == srv["model"] and r.object == "chat.completion"
+
+
+def test_greedy_equals_generate_cli(srv: dict, tiny_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    args = ["generate", "--target", str(tiny_dir), "--device", "cpu", "-n", "24", "--json"]
+    for p in PROMPTS[:3]:
+        args += ["-p", p]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 3
+    for line in lines:
+        assert ask(srv, line["prompt"]).choices[0].message.content == line["completion"]
+
+
+def test_chat_stream(srv: dict) -> None:
+    for text in PROMPTS[:3]:
+        full = ask(srv, text).choices[0].message.content
+        got, chunks = streamed(srv, text, stream_options={"include_usage": True})
+        assert got == full
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+    raw = httpx.post(srv["url"] + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True,
+        "temperature": 0})
+    lines = [x for x in raw.text.split("\n\n") if x]
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]" and all(x.startswith("data: ") for x in lines)
+
+
+def test_completions(srv: dict, engine: ServeEngine) -> None:
+    c = srv["client"]
+    text = "Once upon a time"
+    ids = engine.text_ids(text)
+    r = c.completions.create(model=srv["model"], prompt=text, max_tokens=20, temperature=0)
+    assert r.choices[0].text == reference(engine, ids, 20)
+    r2 = c.completions.create(model=srv["model"], prompt=ids, max_tokens=20, temperature=0)
+    assert r2.choices[0].text == r.choices[0].text
+    many = c.completions.create(model=srv["model"], prompt=[text, "abc"], max_tokens=20,
+                                temperature=0)
+    assert [x.index for x in many.choices] == [0, 1]
+    assert many.choices[0].text == r.choices[0].text
+    parts = list(c.completions.create(model=srv["model"], prompt=text, max_tokens=20,
+                                      temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
+    assert parts[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_sampling_and_n(srv: dict) -> None:
+    c = srv["client"]
+    r = c.chat.completions.create(model=srv["model"], messages=[{"role": "user", "content": "x"}],
+                                  max_tokens=12, temperature=0.9, top_p=0.9, seed=3, n=3)
+    assert len(r.choices) == 3 and r.usage.completion_tokens > 0
+    again = c.chat.completions.create(
+        model=srv["model"], messages=[{"role": "user", "content": "x"}], max_tokens=12,
+        temperature=0.9, top_p=0.9, seed=3, n=3)
+    assert [x.message.content for x in again.choices] == [x.message.content for x in r.choices]
+
+
+def test_stop_strings(srv: dict) -> None:
+    full = ask(srv, "hello").choices[0].message.content
+    assert len(full) > 6
+    stop = full[3:5]
+    cut = full[: full.index(stop)]
+    r = ask(srv, "hello", stop=[stop, "never-there"])
+    assert r.choices[0].message.content == cut and r.choices[0].finish_reason == "stop"
+    got, chunks = streamed(srv, "hello", stop=stop)
+    assert got == cut and chunks[-1].choices[0].finish_reason == "stop"
+
+
+# ---- bad requests --------------------------------------------------------------------------
+
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    ("chat", b"{not json", 400, "JSON"),
+    ("chat", b"[1, 2]", 400, "object"),
+    ("chat", {"model": "m"}, 400, "messages"),
+    ("chat", {"messages": "hi"}, 400, "messages"),
+    ("chat", {"messages": []}, 400, "messages"),
+    ("chat", {"messages": [{"content": "hi"}]}, 400, "role"),
+    ("chat", {"messages": [{"role": "user", "content": 3}]}, 400, "content"),
+    ("chat", {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
+    ("chat", {"messages": MSG, "temperature": 5}, 400, "temperature"),
+    ("chat", {"messages": MSG, "max_tokens": "10"}, 400, "max_tokens"),
+    ("chat", {"messages": MSG, "max_tokens": True}, 400, "max_tokens"),
+    ("chat", {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("chat", {"messages": MSG, "max_tokens": 41}, 400, "max-tokens-limit"),
+    ("chat", {"messages": MSG, "max_completion_tokens": 1000}, 400, "max_completion_tokens"),
+    ("chat", {"messages": [{"role": "user", "content": "x" * 200}]}, 400, "max-prompt-tokens"),
+    ("chat", {"messages": MSG, "model": "gpt-4o"}, 404, "gpt-4o"),
+    ("chat", {"messages": MSG, "n": 9}, 400, "n"),
+    ("chat", {"messages": MSG, "stream": "yes"}, 400, "stream"),
+    ("chat", {"messages": MSG, "stop": 5}, 400, "stop"),
+    ("chat", {"messages": MSG, "logprobs": True}, 400, "logprobs"),
+    ("chat", {"messages": MSG, "top_p": 0}, 400, "top_p"),
+    ("completions", {"prompt": 5}, 400, "prompt"),
+    ("completions", {"prompt": [1, 2, 9999]}, 400, "vocabulary"),
+    ("completions", {"prompt": "y" * 97}, 400, "max-prompt-tokens"),
+    ("completions", {"prompt": ["a", "b", "c"], "n": 3}, 400, "max-batch"),
+    ("completions", {}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "word"), BAD)
+def test_bad_requests(srv: dict, route: str, body, status: int, word: str) -> None:
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{srv['url']}/v1/{route.replace('chat', 'chat/completions')}", **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert word in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_bad_requests_through_openai(srv: dict) -> None:
+    with pytest.raises(openai.BadRequestError, match="max-tokens-limit"):
+        ask(srv, "hi", n=1000)
+    with pytest.raises(openai.NotFoundError):
+        srv["client"].chat.completions.create(model="nope", messages=MSG)
+    r = httpx.get(srv["url"] + "/v1/nothing-here")
+    assert r.status_code == 404 and "error" in r.json()
+    assert httpx.get(srv["url"] + "/health").status_code == 200
+
+
+# ---- concurrency and failures --------------------------------------------------------------
+
+
+def test_sixteen_concurrent_requests(srv: dict, engine: ServeEngine) -> None:
+    jobs = [(PROMPTS[i % 8] + " " * (i // 8), 12 + i, i % 3 == 0) for i in range(16)]
+    before = httpx.get(srv["url"] + "/metrics").json()
+
+    def one(job: tuple[str, int, bool]) -> str:
+        text, n, stream = job
+        return streamed(srv, text, n)[0] if stream else ask(srv, text, n).choices[0].message.content
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, jobs))
+    for (text, n, _), out in zip(jobs, got, strict=True):
+        assert out == reference(engine, chat_ids(engine, text), n), text
+    after = httpx.get(srv["url"] + "/metrics").json()
+    assert after["completed"] - before["completed"] == 16
+    assert after["batches"] - before["batches"] < 16  # some requests shared a batch
+
+
+def test_engine_error_is_one_500(srv: dict, engine: ServeEngine, monkeypatch) -> None:
+    poison = chat_ids(engine, "poison")
+    real = engine.run
+
+    def run(prompts, *a, **kw):
+        if poison in prompts:
+            raise RuntimeError("boom")
+        return real(prompts, *a, **kw)
+
+    monkeypatch.setattr(engine, "run", run)
+    with ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(ask, srv, t, 8) for t in ("poison", "hello", "abc def", "ok")]
+        with pytest.raises(openai.InternalServerError, match="boom"):
+            futs[0].result()
+        assert all(f.result().choices[0].message.content is not None for f in futs[1:])
+    assert httpx.get(srv["url"] + "/health").json()["status"] == "ok"
+    monkeypatch.undo()
+    assert ask(srv, "hello", 8).choices[0].finish_reason
+
+
+def test_api_key(engine: ServeEngine, tiny_dir: Path) -> None:
+    with live(engine, str(tiny_dir), api_key="sekret", name="tiny") as s:
+        with pytest.raises(openai.AuthenticationError):
+            s["client"].models.list()
+        ok = openai.OpenAI(base_url=s["url"] + "/v1", api_key="sekret", max_retries=0)
+        assert [m.id for m in ok.models.list()] == ["tiny"]
+        assert httpx.get(s["url"] + "/health").status_code == 200
+
+
+# ---- speculative ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(engine: ServeEngine, tmp_path_factory) -> Path:
+    from draftsmith.layers import default_aux_layers
+    from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
+
+    t = engine.target
+    cfg = Eagle3Config.for_target(t.cfg, t.cfg.vocab_size, default_aux_layers(t.cfg.num_layers),
+                                  target_fingerprint=t.fingerprint)
+    torch.manual_seed(0)
+    d = Eagle3Drafter(cfg)
+    d.init_weights()
+    d.embed_tokens.weight.data.copy_(engine.rt.model.embed.weight)
+    d.set_vocab(torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
+                torch.ones(cfg.vocab_size, dtype=torch.bool))
+    return save_drafter(d, tmp_path_factory.mktemp("drafter"))
+
+
+@pytest.mark.parametrize(("topk", "ndt"), [(1, None), (2, 6)])
+def test_speculative_server(engine: ServeEngine, tiny_dir: Path, drafter_dir: Path, topk: int,
+                            ndt: int | None) -> None:
+    cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32, steps=3, topk=topk,
+                       num_draft_tokens=ndt)
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    with live(spec, str(tiny_dir)) as s:
+        with ThreadPoolExecutor(3) as pool:
+            outs = list(pool.map(lambda p: ask(s, p, 20), PROMPTS[:3]))
+        for p, r in zip(PROMPTS[:3], outs, strict=True):
+            assert r.choices[0].message.content == reference(engine, chat_ids(engine, p), 20)
+        assert streamed(s, PROMPTS[0], 20)[0] == outs[0].choices[0].message.content
+        m = httpx.get(s["url"] + "/metrics").json()
+        assert m["speculative"] is True and m["mean_accept_length"] >= 1.0
+        assert m["steps"] == 3 and m["topk"] == topk
+
+
+# ---- the data pipeline against the server --------------------------------------------------
+
+
+def test_data_regenerate_against_server(srv: dict, engine: ServeEngine, tiny_dir: Path,
+                                        tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "messages": [
+        {"role": "user", "content": p}]}) + "\n" for i, p in enumerate(PROMPTS[:4])))
+    out = tmp_path / "answers.jsonl"
+    args = ["regenerate", str(src), "--out", str(out), "--base-url", srv["url"] + "/v1",
+            "--target", str(tiny_dir), "--max-new-tokens", "16", "--max-len", "96",
+            "--temperature", "0", "--concurrency", "4"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(recs) == 4
+    for rec in recs:
+        user, answer = rec["messages"][0]["content"], rec["messages"][-1]["content"]
+        assert answer == reference(engine, chat_ids(engine, user), 16).strip()
+        meta = rec["meta"]["answers"][0]
+        assert meta["backend"] == "openai" and meta["model"] == srv["model"]
+    sampled = CliRunner().invoke(app, [*args[:3], str(tmp_path / "sampled.jsonl"),
+                                       *args[4:-4], "--concurrency", "4"])
+    assert sampled.exit_code == 0, sampled.output
+    assert len((tmp_path / "sampled.jsonl").read_text().splitlines()) == 4

@@ -1,0 +1,231 @@
+"""Serve pieces without a server: text streaming, request parsing, the scheduler, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from draftsmith.engine.sampling import SamplingParams
+from draftsmith.serve.engine import RunResult
+from draftsmith.serve.protocol import ApiError, ServeConfig, parse_chat, parse_completion
+from draftsmith.serve.scheduler import Job, Scheduler
+from draftsmith.serve.text import ChoiceText
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+def utf8_decode(ids: list[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def stream_all(ct: ChoiceText, ids: list[int]) -> str:
+    out = "".join(ct.feed(ids[:i]) for i in range(1, len(ids) + 1))
+    return out + ct.feed(ids, final=True)
+
+
+def test_stream_never_splits_a_character() -> None:
+    ids = list("héllo wörld ✓".encode())
+    ct = ChoiceText(utf8_decode, [], stream=True)
+    pieces = [ct.feed(ids[:i]) for i in range(1, len(ids) + 1)]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) + ct.feed(ids, True) == "héllo wörld ✓"
+
+
+def test_stop_string_held_back_and_cut() -> None:
+    ids = list(b"abc STOP def")
+    ct = ChoiceText(utf8_decode, ["STOP", "zz"], stream=True)
+    sent = ""
+    for i in range(1, len(ids) + 1):
+        sent += ct.feed(ids[:i])
+        assert "S" not in sent
+        if ct.stopped:
+            break
+    assert sent == "abc " and ct.stopped
+    whole = ChoiceText(utf8_decode, ["STOP"], stream=False)
+    assert whole.feed(ids, True) == "abc " and whole.stopped
+
+
+def test_no_stop_streams_everything() -> None:
+    ids = list(b"plain text")
+    assert stream_all(ChoiceText(utf8_decode, [], True), ids) == "plain text"
+    assert stream_all(ChoiceText(utf8_decode, ["xyz"], True), ids) == "plain text"
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+
+class FakePrompter:
+    vocab_size = 256
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        if [m["role"] for m in messages][-1:] == ["assistant"]:
+            raise ValueError("the last message must not be the assistant's")
+        return list("".join(m["content"] for m in messages).encode())
+
+    def text_ids(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+CFG = ServeConfig("tiny", ("alias",), max_tokens=32, max_prompt_tokens=20, max_batch=4)
+
+
+def test_parse_chat_defaults_and_fields() -> None:
+    r = parse_chat({"messages": [{"role": "developer", "content": "be brief"},
+                                 {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                    "model": "alias", "temperature": 0, "max_completion_tokens": 5, "n": 2,
+                    "stop": "x", "stream": True, "stream_options": {"include_usage": True}},
+                   CFG, FakePrompter())
+    assert r.model == "tiny" and r.max_tokens == 5 and r.n == 2 and r.rows == 2
+    assert r.params == SamplingParams() and r.stop == ["x"] and r.stream and r.include_usage
+    assert r.prompts == [list(b"be briefhi")]
+    d = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, CFG, FakePrompter())
+    assert d.max_tokens == 32 and d.params.temperature == 1.0 and not d.stream
+
+
+def test_parse_errors_name_the_field() -> None:
+    with pytest.raises(ApiError, match="chat template") as e:
+        parse_chat({"messages": [{"role": "assistant", "content": "x"}]}, CFG, FakePrompter())
+    assert e.value.status == 400 and e.value.param == "messages"
+    with pytest.raises(ApiError, match="image|text parts"):
+        parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, CFG,
+                   FakePrompter())
+    with pytest.raises(ApiError, match="seed"):
+        parse_completion({"prompt": "a", "seed": 1.5}, CFG, FakePrompter())
+    with pytest.raises(ApiError, match="empty"):
+        parse_completion({"prompt": ""}, CFG, FakePrompter())
+    c = parse_completion({"prompt": [[1, 2], [3]]}, CFG, FakePrompter())
+    assert c.prompts == [[1, 2], [3]] and c.max_tokens == 16
+
+
+# ---- scheduler -------------------------------------------------------------------------------
+
+
+class FakeEngine:
+    """Echoes each prompt's first token as the whole completion; records batches."""
+
+    def __init__(self, max_batch: int = 4) -> None:
+        self.cfg = SimpleNamespace(max_batch=max_batch)
+        self.speculative, self.eos = False, [0]
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(96 + i) for i in ids)
+
+    def run(self, prompts, max_new, params, watch=None, every=1) -> RunResult:
+        self.gate.wait(10)
+        self.batches.append(len(prompts))
+        return RunResult([[p[0]] * max_new for p in prompts], 0.01)
+
+
+def job(text: str, events: list, temperature: float = 0.0, n: int = 1) -> Job:
+    req = parse_completion({"prompt": text, "max_tokens": 3, "temperature": temperature, "n": n},
+                           CFG, FakePrompter())
+    req.prompts = [[ord(text[0]) - 96]]
+    return Job(req, events.append)
+
+
+def wait_done(events: list, count: int) -> None:
+    deadline = time.time() + 10
+    while sum(e[0] in ("done", "error") for e in events) < count:
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+def test_scheduler_batches_same_settings_fifo() -> None:
+    eng = FakeEngine(max_batch=4)
+    s = Scheduler(eng, max_queue=8)
+    with pytest.raises(ApiError) as e:
+        s.submit(job("a", []))
+    assert e.value.status == 503  # not started
+    s.start()
+    eng.gate.clear()
+    events: list = []
+    s.submit(job("a", events))
+    time.sleep(0.05)  # the worker holds "a" at the gate
+    for text, temp in [("b", 0.0), ("c", 0.7), ("d", 0.0), ("e", 0.0), ("f", 0.0), ("g", 0.0)]:
+        s.submit(job(text, events, temp))
+    with pytest.raises(ApiError) as e:
+        for _ in range(8):
+            s.submit(job("z", []))
+    assert e.value.status == 429
+    with s._cv:
+        s._queue = type(s._queue)(j for j in s._queue if j.req.prompts != [[26]])
+    eng.gate.set()
+    wait_done(events, 7)
+    s.stop()
+    assert eng.batches == [1, 4, 1, 1]  # a | b d e f | c | g
+    texts = [e[2].text for e in events if e[0] == "finish"]
+    assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
+
+
+def test_scheduler_isolates_engine_errors() -> None:
+    eng = FakeEngine(max_batch=4)
+    real = eng.run
+
+    def run(prompts, *a, **kw):
+        if [2] in prompts:
+            raise RuntimeError("bad row")
+        return real(prompts, *a, **kw)
+
+    eng.run = run
+    s = Scheduler(eng, max_queue=8)
+    s.start()
+    eng.gate.clear()
+    events: dict[str, list] = {t: [] for t in "xabc"}
+    s.submit(job("x", events["x"]))
+    time.sleep(0.05)
+    for t in "abc":
+        s.submit(job(t, events[t]))
+    eng.gate.set()
+    for ev in events.values():
+        wait_done(ev, 1)
+    s.stop()
+    assert events["b"][-1][:2] == ("error", 500) and "bad row" in events["b"][-1][2]
+    assert all(events[t][-1][0] == "done" for t in "xac")
+    assert s.metrics.snapshot(0)["failed"] == 1
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+
+def test_draftsmith_imports_without_fastapi() -> None:
+    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
+            "import draftsmith.cli, draftsmith.serve.cli, draftsmith.serve.scheduler\n"
+            "from typer.testing import CliRunner\n"
+            "import typer\n"
+            "app = typer.Typer(); app.command()(draftsmith.serve.cli.serve)\n"
+            "r = CliRunner().invoke(app, [])\n"
+            "assert 'fastapi' in str(r.exception), r.exception\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    import draftsmith.serve.app as app_mod
+    from draftsmith.serve.cli import serve
+
+    seen = {}
+    monkeypatch.setattr(app_mod, "run_server", lambda engine, cfg, host, port, level: seen.update(
+        engine=engine, cfg=cfg, host=host, port=port))
+    app = typer.Typer()
+    app.command()(serve)
+    r = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
+                                 "--max-batch", "2", "--max-tokens-limit", "16",
+                                 "--max-prompt-tokens", "32", "--port", "8123"])
+    assert r.exit_code == 0, r.output
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
+    assert seen["cfg"].model_name == tiny_llama_dir.name and seen["cfg"].max_tokens == 16
+    assert seen["engine"].rt.max_batch == 2 and not seen["engine"].speculative
+    bad = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
+                                   "--max-prompt-tokens", "600"])
+    assert "max_position_embeddings" in str(bad.exception)
