@@ -283,3 +283,18 @@ def test_cli_json_and_exit_code(work, target, data_dir):
     out = json.loads(res.output)
     assert out["ok"] is False and out["wiring"]["true_ids"] == TRUE
     assert {"severity", "what", "where", "fix"} <= set(out["findings"][0])
+
+
+def test_exported_folders_pass_for_their_engines(work, good, data_dir, target_dir):
+    from draftsmith.export import export_drafter
+
+    sg = export_drafter(good, "sglang", work / "exp-sglang", target=str(target_dir))
+    sp = export_drafter(good, "speculators", work / "exp-spec", target=str(target_dir))
+    for folder, engine in ((sg, "sglang"), (sg, "sglang-legacy"), (sg, "vllm"), (sp, "vllm")):
+        rep = doctor(data=data_dir, drafter=folder, engine=engine)
+        assert rep.problems() == [], (engine, rep.findings)
+    rep = doctor(data=data_dir, drafter=sp, engine="sglang")
+    assert "does not load the speculators layout" in rep.errors()[0].what
+    rep = doctor(data=data_dir, drafter=sg, run=True, prompts=1, max_new=4)  # target from file
+    assert rep.context["target"]["from"] == "the data manifest"
+    assert list(rep.behaviour["runs"]) == ["as sglang feeds it"]

@@ -38,14 +38,14 @@ class Description:
 def describe(folder: str | Path, label: str, num_layers: int | None = None) -> Description:
     info = read_drafter(folder)
     shapes = info.shapes()
-    if "fc.weight" not in {k.removeprefix("model.") for k in shapes}:
+    if "fc.weight" not in shapes:
         raise DraftsmithError(f"{info.folder}: no fc.weight: not an EAGLE-3 drafter")
     layers = num_layers or target_layers(info)
     canonical, note = canonical_ids(info, layers)
     size = sum(f.stat().st_size for f in info.weight_files())
     params = count({k: s for k, (s, _) in shapes.items()}, info.vocab_size, info.hidden_size,
                    size)
-    dtype = next((d for k, (_, d) in shapes.items() if k.endswith("fc.weight")), "?")
+    dtype = shapes["fc.weight"][1]
     return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
                        note, params, training_data(info), training_summary(info))
 

@@ -104,12 +104,14 @@ class DrafterInfo:
 
         for f in self.weight_files():
             with safe_open(str(f), framework="pt") as h:
-                if name in h.keys():  # noqa: SIM118
-                    return h.get_tensor(name)
+                keys = set(h.keys())
+                for key in (name, "model." + name):
+                    if key in keys:
+                        return h.get_tensor(key)
         return None
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """name -> (shape, dtype) from the safetensors headers, no tensor read."""
+        """name (without a `model.` prefix) -> (shape, dtype) from the safetensors headers."""
         from safetensors import safe_open
 
         out = {}
@@ -117,7 +119,7 @@ class DrafterInfo:
             with safe_open(str(f), framework="pt") as h:
                 for k in h.keys():  # noqa: SIM118
                     sl = h.get_slice(k)
-                    out[k] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+                    out[k.removeprefix("model.")] = (tuple(sl.get_shape()), str(sl.get_dtype()))
         return out
 
 

@@ -51,10 +51,19 @@ def resolve_target(opts: DoctorOptions, manifest: dict | None,
         return load_target(opts.target), "--target"
     if manifest is not None and (manifest.get("target") or {}).get("source"):
         return load_target(target_of_dataset(manifest)), "the data manifest"
-    src = (info.config.get("target_source") if info and info.layout == "draftsmith" else None)
+    src = _drafter_target(info) if info is not None else None
     if src:
         return load_target(src), "the drafter config"
     raise DraftsmithError("no target known: pass --target PATH (or 'default')")
+
+
+def _drafter_target(info: DrafterInfo) -> str | None:
+    c = info.config
+    if info.layout == "draftsmith":
+        return c.get("target_source") or None
+    verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    src = (c.get("draftsmith") or {}).get("target") or verifier
+    return src if src and Path(str(src)).exists() else None
 
 
 def run_doctor(opts: DoctorOptions) -> Report:

@@ -105,6 +105,11 @@ def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: lis
             return base
         out += base
     for name in others:
+        if name.startswith("sglang") and info.layout == "speculators":
+            out.append(Finding("error", "wiring", "SGLang does not load the speculators layout",
+                               str(info.folder), "export the drafter with `draftsmith export "
+                               "--format sglang`, or serve this folder with vLLM"))
+            continue
         out += _feed_findings(true_ids, drafter_feed(info, name, num_layers), info, num_layers)
     return out
 
