@@ -1,5 +1,5 @@
 PY ?= python3
-.PHONY: setup demo test test-all lint
+.PHONY: setup demo test test-slow lint
 
 setup:
 	@bash scripts/setup.sh
@@ -10,8 +10,8 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-test-all: setup
-	$(PY) -m pytest -q -m "slow or not slow"
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 lint:
 	$(PY) -m ruff check src tests

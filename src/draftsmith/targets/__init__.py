@@ -161,6 +161,7 @@ def _load_gguf(path: Path) -> Target:
 def _convert_gguf(path: Path) -> Target:
     from draftsmith.targets import gguf_file
 
+    gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
     hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
     cfg = ModelConfig.from_hf(hf_cfg)
     weights = gguf_file.read_tensors(path, cfg.arch, cfg.num_heads, cfg.num_kv_heads)
