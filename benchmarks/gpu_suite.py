@@ -1,0 +1,242 @@
+"""One GPU run that makes every figure the benchmarks need, stage by stage, saving as it goes.
+
+data (2,000 self-made conversations, throughput vs HF generate at batch 64) -> train (TTT curve,
+tokens/s) -> speculative bench (batch 1/8/32, chain steps 1-7, two trees, HumanEval and chat;
+greedy agreement) -> doctor -> tune. A failing stage is recorded and the next one runs.
+
+Usage (device): OUT=... python benchmarks/gpu_suite.py ; env N, NEW, TARGET, DEVICE override.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+OUT = Path(os.environ.get("OUT", "/tmp/gpu_out"))
+WORK = Path(os.environ.get("WORK", "/tmp/gpu_work"))
+N = int(os.environ.get("N", "2000"))
+NEW = int(os.environ.get("NEW", "128"))
+TARGET = os.environ.get("TARGET", "default")
+DEVICE = os.environ.get("DEVICE", "cuda")
+DT = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")
+results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+                 "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
+
+
+def save() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gpu_suite.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+def stage(name: str, fn) -> None:
+    if name not in STAGES:
+        return
+    print(f"== {name}", flush=True)
+    t = time.perf_counter()
+    try:
+        results[name] = {"result": fn()}
+    except Exception:  # noqa: BLE001 - record and go on: later stages still give figures
+        results[name] = {"error": traceback.format_exc()[-3000:]}
+        print(results[name]["error"], flush=True)
+    results[name]["seconds"] = round(time.perf_counter() - t, 1)
+    print(json.dumps({name: results[name]}, default=str)[:3000], flush=True)
+    save()
+
+
+def target_and_model():
+    from draftsmith.targets import load_target
+
+    t = load_target(TARGET)
+    return t, t.build(DT, DEVICE)
+
+
+def data_stage() -> dict:
+    from draftsmith.data.pipeline import make_dataset
+
+    rec = make_dataset(WORK, N, TARGET, DEVICE, DT, batch_size=64, max_len=1024,
+                       max_new_tokens=192, vocab_size=8192, command="benchmarks/gpu_suite.py",
+                       progress=False)
+    shutil.copy(WORK / "make.json", OUT / "data_make.json")
+    return rec
+
+
+def hf_stage() -> dict:
+    """Regenerate throughput at batch 64: our engine vs HF generate, same prompts, same run."""
+    import transformers as tf
+
+    from draftsmith.data.prompts import read_prompts
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.runtime import Runtime
+
+    t, model = target_and_model()
+    convs = list(read_prompts(WORK / "prompts.jsonl"))[:64]
+    ids = [t.chat_ids([{"role": "user", "content": c.first_user()}]) for c in convs]
+    rt = Runtime(model, 64, max(map(len, ids)) + NEW + 8)
+    run_generation(rt, ids, 8)
+    g = run_generation(rt, ids, NEW)
+    ours = len(ids) * NEW / (g.prefill_s + g.decode_s)
+    hf = tf.AutoModelForCausalLM.from_pretrained(t.folder, dtype=DT).to(DEVICE).eval()
+    tok = t.tokenizer
+    tok.padding_side = "left"
+    enc = tok([tok.decode(x) for x in ids], return_tensors="pt", padding=True,
+              add_special_tokens=False).to(DEVICE)
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+              pad_token_id=tok.pad_token_id or 0)
+    hf.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=kw["pad_token_id"])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    hf.generate(**enc, **kw)
+    torch.cuda.synchronize()
+    hf_tps = len(ids) * NEW / (time.perf_counter() - t0)
+    return {"batch": len(ids), "new_tokens": NEW, "draftsmith_tok_s": ours, "hf_tok_s": hf_tps,
+            "ratio": ours / hf_tps}
+
+
+def train_stage() -> dict:
+    from draftsmith.train import TrainConfig, train
+
+    vocab = next(WORK.rglob("vocab*.safetensors"), None)
+    out = WORK / "drafter"
+    train(TrainConfig(out=str(out), data=str(WORK / "dataset"), epochs=3, lr=2e-4,
+                      batch_size=16, max_len=1024, draft_vocab_size=8192,
+                      vocab=str(vocab) if vocab else None, device=DEVICE, save_every=10**6,
+                      progress=False, log_every=10))
+    keep = OUT / "drafter"
+    keep.mkdir(parents=True, exist_ok=True)
+    for f in out.iterdir():
+        if f.is_file() and f.suffix in (".json", ".jsonl", ".png", ".md"):
+            shutil.copy(f, keep / f.name)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(out / "model.safetensors"))
+    state.pop("embed_tokens.weight", None)  # the target's, frozen: not worth carrying back
+    save_file(state, str(keep / "model.safetensors"))
+    return json.loads((out / "draftsmith.json").read_text()).get("training", {})
+
+
+def suites(t) -> dict[str, list[list[int]]]:
+    from draftsmith.bench.suites import suite_messages
+
+    return {name: [t.chat_ids(m) for m in suite_messages(name, 16)]
+            for name in ("chat", "humaneval")}
+
+
+def spec_stage() -> dict:
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.speculative import SpecDecoder
+    from draftsmith.models.eagle3 import load_drafter
+
+    t, model = target_and_model()
+    drafter = load_drafter(WORK / "drafter", DEVICE, DT, embed=model.embed.weight)
+    rt = Runtime(model, 32, 1024)
+    rows = []
+    for suite, prompts in suites(t).items():
+        for b in (1, 8, 32) if suite == "chat" else (1,):
+            groups = batches(prompts, b)
+            base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
+            rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
+            print(json.dumps(rows[-1]), flush=True)
+            for steps, topk, n in settings(b):
+                dec = SpecDecoder(rt, drafter, steps, topk, n)
+                dec.generate(groups[0], 8, t.eos_ids)
+                r = measure(lambda g, d=dec: d.generate(g, NEW, t.eos_ids), groups)
+                dec.profile = True
+                prof = dec.generate(groups[0], NEW, t.eos_ids)
+                r["phases"] = prof.phases.to_dict() if prof.phases else None
+                r["speedup"] = r["tok_s"] / base["tok_s"]
+                if b == 1:
+                    r["greedy_agreement"] = agreement(model, prompts, base["tokens"], r["tokens"])
+                rows.append({"suite": suite, "batch": b, "setting": f"{steps}/{topk}/{n}", **r})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
+    for r in rows:
+        r.pop("tokens", None)
+    return {"new_tokens": NEW, "rows": rows}
+
+
+def settings(b: int) -> list[tuple[int, int, int]]:
+    chain = [(s, 1, s + 1) for s in ((1, 2, 3, 4, 5, 6, 7) if b == 1 else (2, 3, 5))]
+    return chain + [(3, 4, 8), (5, 8, 16)]
+
+
+def batches(prompts: list[list[int]], b: int) -> list[list[list[int]]]:
+    rows = [prompts[i % len(prompts)] for i in range(max(b, len(prompts)))]
+    return [rows[i : i + b] for i in range(0, len(rows) - b + 1, b)]
+
+
+def measure(fn, groups) -> dict:
+    toks, secs, out, hist, reached, accepted = 0, 0.0, [], None, None, None
+    for g in groups:
+        r = fn(g)
+        toks += sum(len(x) for x in r.tokens)
+        secs += r.prefill_s + r.decode_s
+        out += r.tokens
+        if hasattr(r, "accept_hist"):
+            hist = add(hist, r.accept_hist)
+            reached, accepted = add(reached, r.reached), add(accepted, r.accepted)
+    res = {"tok_s": toks / secs, "tokens": out}
+    if hist:
+        n = sum(hist)
+        res["accept_length"] = sum(k * c for k, c in enumerate(hist)) / n
+        res["accept_hist"] = hist
+        res["position_acceptance"] = [a / r if r else 0 for a, r in zip(accepted, reached,
+                                                                         strict=True)]
+    return res
+
+
+def add(a, b):
+    return list(b) if a is None else [x + y for x, y in zip(a, b, strict=True)]
+
+
+def agreement(model, prompts, base, spec) -> dict:
+    """Divergences of speculative from plain greedy output, each with the top-2 logit gap of the
+    target at the first differing position (bf16 near-ties explain divergence)."""
+    gaps = []
+    for p, a, b in zip(prompts, base, spec, strict=False):
+        i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if i is None:
+            continue
+        ids = torch.tensor([p + a[:i]], device=DEVICE)
+        pos = torch.arange(ids.shape[1], device=DEVICE).unsqueeze(0)
+        with torch.no_grad():
+            top = model(ids, pos).logits[0, -1].float().topk(2).values
+        gaps.append(round(float(top[0] - top[1]), 4))
+    return {"prompts": len(base), "diverged": len(gaps), "top2_gaps_at_divergence": gaps}
+
+
+def doctor_stage() -> dict:
+    from draftsmith.doctor import DoctorOptions, run_doctor
+    from draftsmith.doctor.render import show
+
+    rep = run_doctor(DoctorOptions(WORK / "dataset", WORK / "drafter", TARGET, "sglang",
+                                   device=DEVICE, dtype=DT))
+    show(rep)
+    d = rep.to_dict()
+    (OUT / "doctor.json").write_text(json.dumps(d, indent=1, default=str))
+    return {"exit_code": rep.exit_code(False)}
+
+
+def tune_stage() -> dict:
+    from draftsmith.tune.cli import run_tune
+
+    src = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
+    rep = run_tune(WORK / "drafter", TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, False,
+                   OUT / "tune", max_topk=4)
+    return {k: v for k, v in rep.items() if k != "costs"}
+
+
+if __name__ == "__main__":
+    save()
+    stage("data", data_stage)
+    stage("hf", hf_stage)
+    stage("train", train_stage)
+    stage("spec", spec_stage)
+    stage("doctor", doctor_stage)
+    stage("tune", tune_stage)

@@ -1,0 +1,231 @@
+"""`draftsmith demo`: the whole pipeline on the embedded default target, in one command.
+
+self-made prompts -> regenerated answers -> captured hidden states -> trained drafter ->
+doctor -> baseline vs speculative benchmark -> exports -> a short report. Finished stages are
+reused on a rerun (the data stages resume; a trained drafter is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+# Held out from training: the data is self-made by the target, these are written by hand.
+EVAL_PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a hash table is in two sentences.",
+    "Give me three tips for a good night's sleep.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize why the sky is blue.",
+    "Write a short poem about the ocean.",
+    "How do I reverse a string in Python?",
+    "What are the benefits of regular exercise?",
+]
+
+
+@dataclass
+class DemoConfig:
+    out: Path
+    device: str
+    conversations: int
+    answer_tokens: int
+    epochs: int
+    draft_vocab: int
+    steps: int
+    batch_size: int
+    eval_tokens: int
+
+    @classmethod
+    def for_device(cls, out: Path, device: str) -> DemoConfig:
+        if device.startswith("cuda"):
+            return cls(out, device, 2000, 256, 4, 8192, 3, 64, 256)
+        return cls(out, device, 96, 96, 6, 2048, 3, 32, 64)
+
+
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Folder for every artifact"),
+    device: str = typer.Option("auto", help="cpu, cuda or auto"),
+    conversations: int = typer.Option(None, "--conversations", help="Self-made conversations"),
+    epochs: int = typer.Option(None, "--epochs"),
+    steps: int = typer.Option(None, "--steps", help="Draft steps for the benchmark"),
+) -> None:
+    """The whole pipeline on the embedded default target, ending with a short report."""
+    from draftsmith.cli import pick_device
+
+    cfg = DemoConfig.for_device(out, pick_device(device))
+    for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
+        if val is not None:
+            setattr(cfg, name, val)
+    report = run_demo(cfg)
+    show(report)
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    import torch
+
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16 if cfg.device.startswith("cuda") else torch.float32
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    data = stage("data", times, lambda: make_data(cfg, dtype))
+    drafter_dir = stage("train", times, lambda: train_drafter(cfg, data))
+    doctor = stage("doctor", times, lambda: run_doctor(cfg, data, drafter_dir))
+    bench = stage("bench", times, lambda: benchmark(cfg, drafter_dir, dtype))
+    exports = stage("export", times, lambda: export_all(cfg, drafter_dir))
+    times["total"] = round(time.perf_counter() - t0, 1)
+    report = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "seconds": times,
+              "data": data["summary"], "doctor": doctor, "bench": bench, "exports": exports,
+              "artifacts": {"data": str(data["dir"]), "drafter": str(drafter_dir),
+                            **{k: v["path"] for k, v in exports.items()}}}
+    (cfg.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+def stage(name: str, times: dict, fn):
+    console.rule(f"[bold]{name}")
+    t = time.perf_counter()
+    result = fn()
+    times[name] = round(time.perf_counter() - t, 1)
+    return result
+
+
+def make_data(cfg: DemoConfig, dtype) -> dict:
+    from draftsmith.data.pipeline import make_dataset
+
+    rec = make_dataset(
+        cfg.out / "data", cfg.conversations, "default", cfg.device, dtype, cfg.batch_size,
+        max_len=1024, max_new_tokens=cfg.answer_tokens, vocab_size=cfg.draft_vocab,
+        command="draftsmith demo", log=console.print,
+    )
+    cap = rec.get("stages", {}).get("capture", {}).get("result", {})
+    return {"dir": cfg.out / "data" / "dataset", "summary": cap}
+
+
+def train_drafter(cfg: DemoConfig, data: dict) -> Path:
+    from draftsmith.train import TrainConfig, train
+
+    out = cfg.out / "drafter"
+    if (out / "draftsmith.json").is_file():
+        console.print(f"{out}: trained drafter found, reused")
+        return out
+    vocab = data["dir"].parent / "vocab.safetensors"
+    tc = TrainConfig(
+        out=str(out), data=str(data["dir"]), epochs=cfg.epochs, lr=3e-4 if cfg.device == "cpu"
+        else 2e-4, batch_size=4 if cfg.device == "cpu" else 16, max_len=1024,
+        draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
+        device=cfg.device, save_every=10_000, progress=True,
+        extra={"command": "draftsmith demo"},
+    )
+    train(tc)
+    return out
+
+
+def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:
+    from draftsmith.doctor import DoctorOptions, run_doctor
+    from draftsmith.doctor.render import show as show_doctor
+
+    rep = run_doctor(DoctorOptions(data["dir"], drafter_dir, "default", "sglang", run=False,
+                                   device=cfg.device))
+    show_doctor(rep)
+    d = rep.to_dict()
+    (cfg.out / "doctor.json").write_text(json.dumps(d, indent=1, default=str))
+    return {"exit_code": rep.exit_code(False), "findings": len(d.get("findings", []))}
+
+
+def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.speculative import SpecDecoder
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.targets import load_target
+
+    t = load_target("default")
+    model = t.build(dtype, cfg.device)
+    drafter = load_drafter(drafter_dir, cfg.device, dtype, embed=model.embed.weight)
+    prompts = [t.chat_ids([{"role": "user", "content": p}]) for p in EVAL_PROMPTS]
+    b = 1
+    rt = Runtime(model, len(prompts), 1024)
+    dec = SpecDecoder(rt, drafter, cfg.steps, profile=True)
+    run_generation(rt, prompts[:b], 4)
+    dec.generate(prompts[:b], 4, t.eos_ids)
+    base_tok, base_s, spec = 0, 0.0, []
+    for p in prompts:
+        g = run_generation(rt, [p], cfg.eval_tokens, eos_ids=t.eos_ids)
+        base_tok += g.new_tokens
+        base_s += g.prefill_s + g.decode_s
+        spec.append(dec.generate([p], cfg.eval_tokens, t.eos_ids))
+    return summarize(cfg, base_tok / base_s, spec)
+
+
+def summarize(cfg: DemoConfig, base_tps: float, runs: list) -> dict:
+    tok = sum(r.new_tokens for r in runs)
+    secs = sum(r.prefill_s + r.decode_s for r in runs)
+    hist = [sum(col) for col in zip(*(r.accept_hist for r in runs), strict=True)]
+    reached = [sum(col) for col in zip(*(r.reached for r in runs), strict=True)]
+    accepted = [sum(col) for col in zip(*(r.accepted for r in runs), strict=True)]
+    n = sum(hist)
+    phases = {}
+    for r in runs:
+        for k, v in (r.phases.ms if r.phases else {}).items():
+            phases[k] = phases.get(k, 0.0) + v / len(runs)
+    cycle = sum(phases.values()) or 1.0
+    return {
+        "device": cfg.device, "batch": 1, "steps": cfg.steps,
+        "baseline_tok_s": base_tps, "speculative_tok_s": tok / secs,
+        "speedup": tok / secs / base_tps,
+        "accept_length": sum(k * c for k, c in enumerate(hist)) / n if n else 0.0,
+        "accept_hist": hist,
+        "position_acceptance": [a / r if r else 0.0 for a, r in zip(accepted, reached,
+                                                                     strict=True)],
+        "phases_ms": phases, "phases_pct": {k: 100 * v / cycle for k, v in phases.items()},
+    }
+
+
+def export_all(cfg: DemoConfig, drafter_dir: Path) -> dict:
+    from draftsmith.export import export_drafter
+    from draftsmith.tune.cost_model import SpecSetting
+    from draftsmith.tune.flags import sglang_flags, vllm_flags
+
+    setting = SpecSetting(cfg.steps, 1, cfg.steps + 1)
+    out = {}
+    for fmt in ("sglang", "speculators"):
+        path = cfg.out / f"export-{fmt}"
+        export_drafter(drafter_dir, fmt, path, "default", speculative_tokens=cfg.steps,
+                       overwrite=True)
+        flags = (sglang_flags(setting, path) if fmt == "sglang" else vllm_flags(setting, path))
+        out[fmt] = {"path": str(path), "flags": flags}
+    return out
+
+
+def show(report: dict) -> None:
+    b = report["bench"]
+    table = Table(title="draftsmith demo: SmolLM2-135M-Instruct + its EAGLE-3 drafter")
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("device", str(b["device"]))
+    table.add_row("data", f"{report['data'].get('samples', '?')} conversations, "
+                          f"{report['data'].get('tokens', '?')} tokens")
+    table.add_row("tokens/s baseline", f"{b['baseline_tok_s']:.1f}")
+    table.add_row("tokens/s speculative", f"{b['speculative_tok_s']:.1f} "
+                                          f"({b['speedup']:.2f}x, steps {b['steps']})")
+    table.add_row("accept length", f"{b['accept_length']:.2f}")
+    table.add_row("per-position acceptance",
+                  " ".join(f"{p:.2f}" for p in b["position_acceptance"]))
+    table.add_row("phases (ms / cycle)", ", ".join(
+        f"{k} {v:.2f} ({b['phases_pct'][k]:.0f}%)" for k, v in b["phases_ms"].items()))
+    table.add_row("doctor", f"exit {report['doctor']['exit_code']}, "
+                            f"{report['doctor']['findings']} findings")
+    for k, v in report["artifacts"].items():
+        table.add_row(f"artifact: {k}", v)
+    for k, v in report["exports"].items():
+        table.add_row(f"deploy with {k}", v["flags"])
+    table.add_row("stage seconds", json.dumps(report["seconds"]))
+    console.print(table)
