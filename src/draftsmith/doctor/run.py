@@ -105,8 +105,13 @@ def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
         ctx["data"] = {"folder": str(opts.data), "samples": len(ds),
                        "aux_layer_ids (manifest)": ds.aux_layer_ids}
     if info is not None:
-        ctx["drafter"] = {"folder": str(info.folder), "layout": info.layout,
-                          "aux_layer_ids (canonical)": info.canonical_ids()}
+        ctx["drafter"] = {"folder": str(info.folder), "layout": info.layout}
+        if info.layout == "draftsmith":
+            ctx["drafter"]["aux_layer_ids (canonical)"] = info.canonical_ids()
+        for engine in ("sglang", "vllm"):
+            written, key, _ = info.written(engine)
+            if info.layout != "draftsmith" and written is not None:
+                ctx["drafter"][key] = written
     return ctx
 
 
