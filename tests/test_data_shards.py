@@ -89,3 +89,19 @@ def test_missing_shard_and_wrong_counts_are_named(tmp_path):
 def test_not_a_dataset(tmp_path):
     with pytest.raises(DraftsmithError, match="no manifest.json"):
         Dataset(tmp_path)
+
+
+def test_many_shards_keep_few_files_open(tmp_path, monkeypatch):
+    import draftsmith.data.shards as shards
+
+    monkeypatch.setattr(shards, "OPEN_SHARDS", 2)
+    samples = make_samples(5)
+    write(tmp_path, [[s] for s in samples])
+    ds = Dataset(tmp_path)
+    for i in (0, 1, 2, 3, 4, 0, 4):
+        assert torch.equal(ds[i]["input_ids"], samples[i].input_ids)
+        assert len(ds._open) <= 2
+    import pickle
+
+    again = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(again[3]["hidden"], samples[3].hidden.bfloat16())

@@ -66,6 +66,12 @@ def dist_env() -> tuple[int, int]:
     return rank, world
 
 
+def rank_device(device: str) -> str:
+    """Under torchrun, a bare "cuda" means this process's own GPU (LOCAL_RANK)."""
+    local = os.environ.get("LOCAL_RANK")
+    return f"cuda:{local}" if device == "cuda" and local is not None else device
+
+
 def encode_sample(
     tok: Any, conv: Conversation, cfg: CaptureConfig
 ) -> tuple[list[int], list[bool], bool]:
@@ -204,7 +210,7 @@ def capture(
     todo = [(k, s) for k, s in mine if k not in writer.done()]
     _report(say, p, head, ids, mine, todo)
     if todo:
-        model = model if model is not None else target.build(cfg.dtype, cfg.device)
+        model = model if model is not None else target.build(cfg.dtype, rank_device(cfg.device))
         _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard)
     writer.finish()
     if world > 1:

@@ -24,6 +24,7 @@ FORMAT = "draftsmith-dataset"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "hidden")
+OPEN_SHARDS = 64  # memory-mapped shard files a Dataset keeps open at once
 
 
 @dataclass
@@ -189,12 +190,16 @@ class Dataset:
     def _handle(self, k: int):
         from safetensors import safe_open
 
-        if k not in self._open:
-            path = self.folder / self.shards[k]["file"]
-            if not path.is_file():
-                raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
-            self._open[k] = safe_open(str(path), framework="pt")
-            self._offsets[k] = self._open[k].get_tensor("offsets").tolist()
+        if k in self._open:
+            self._open[k] = self._open.pop(k)  # most recently used last
+            return self._open[k]
+        path = self.folder / self.shards[k]["file"]
+        if not path.is_file():
+            raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
+        if len(self._open) >= OPEN_SHARDS:
+            self._open.pop(next(iter(self._open)))
+        self._open[k] = safe_open(str(path), framework="pt")
+        self._offsets.setdefault(k, self._open[k].get_tensor("offsets").tolist())
         return self._open[k]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
