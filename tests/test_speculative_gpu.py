@@ -62,12 +62,18 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n):
     assert res.mean_accept_length >= 1
 
 
-def test_bf16_greedy_agrees_with_plain_greedy():
+def test_bf16_greedy_divergences_sit_at_near_ties():
+    """bf16 speculative vs plain greedy: rows may diverge, but only where the two candidate
+    logits are within numerical noise of each other."""
+    from draftsmith.bench.run import agreement
+
     target = cast(tiny_target(), torch.bfloat16)
     rt = Runtime(target, 4, 160, graphs=True)
     ref = generate(rt, PROMPTS, NEW, eos_ids=[])
     drafter = cast(make_drafter(target, 96, Steered), torch.bfloat16)
     drafter.steer(greedy_seq(rt, PROMPTS, NEW + 8), 0.7)
     res = SpecDecoder(rt, drafter, 3, 2, 6).generate(PROMPTS, NEW, eos_ids=[])
-    same = sum(a == b for a, b in zip(res.tokens, ref, strict=True))
-    assert same >= 3 and res.mean_accept_length > 1.2  # bf16 may diverge at a near-tie
+    report = agreement(target, [PROMPTS], ref, res.tokens, [])
+    print(report)
+    assert res.mean_accept_length > 1.2
+    assert all(d["relative_gap"] < 0.1 for d in report["divergences"])

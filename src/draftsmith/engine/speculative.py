@@ -294,7 +294,7 @@ class SpecDecoder:
         st.eos.fill_(-1)
         if eos:
             st.eos[: len(eos)] = torch.tensor(eos, device=dev)
-        st.done.copy_(torch.isin(first, st.eos) | (st.count >= st.max_new))
+        st.done.copy_((first[:, None] == st.eos).any(-1) | (st.count >= st.max_new))
         st.all_done.copy_(st.done.all())
         for t in (st.hist, st.reached, st.accepted):
             t.zero_()
@@ -400,7 +400,7 @@ class SpecDecoder:
         valid = act[:, None] & (i <= n[:, None])
         idx = torch.where(valid, st.count[:, None] + i, st.out.shape[1] - 1)
         st.out.scatter_(1, idx, emit)
-        hit = (valid & torch.isin(emit, st.eos)).any(1)
+        hit = (valid & (emit[..., None] == st.eos).any(-1)).any(1)  # isin may sync
         st.count.add_(torch.where(act, n + 1, 0))
         st.done.copy_(st.done | hit | (st.count >= st.max_new))
         st.all_done.copy_(st.done.all())

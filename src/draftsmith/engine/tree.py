@@ -125,6 +125,11 @@ class TreeDraft:
             torch.zeros(b, n, **z) for _ in range(5))
         self.anc = torch.zeros(b, n, n, dtype=torch.bool, device=device)
         self.ar_k = torch.arange(k, device=device)
+        # own[d][j]: frontier node j at depth d+1 sits in scratch slot d*k + j (static, so no
+        # host value is copied inside a graph)
+        self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
+        for d in range(shape.steps - 1):
+            self.own[d, torch.arange(k), d * k + torch.arange(k)] = True
 
     def expand_root(self, logits: torch.Tensor, hidden: torch.Tensor, params: SamplingParams,
                     to_target: Callable) -> None:
@@ -140,9 +145,7 @@ class TreeDraft:
         self.f_tok.copy_(self.tok[:, :k])
         self.f_score.copy_(score)
         self.f_hidden.copy_(hidden[:, None].expand_as(self.f_hidden))
-        self.f_anc.zero_()
-        if self.shape.frontier_slots:
-            self.f_anc[:, self.ar_k, self.ar_k] = True
+        self.f_anc.copy_(self.own[0].expand_as(self.f_anc))
 
     def step(self, d: int, call: DrafterCall, lengths: torch.Tensor, base: int, total: int,
              params: SamplingParams, to_target: Callable) -> None:
@@ -168,9 +171,7 @@ class TreeDraft:
             return
         v, sel = score.topk(k, dim=1)
         j = sel // k
-        anc = self.f_anc.gather(1, j[..., None].expand(b, k, fs))
-        anc[:, self.ar_k, d * k + self.ar_k] = True
-        self.f_anc.copy_(anc)
+        self.f_anc.copy_(self.f_anc.gather(1, j[..., None].expand(b, k, fs)) | self.own[d])
         self.f_flat.copy_(blk.start + 1 + sel)
         self.f_tok.copy_(self.tok[:, blk].gather(1, sel))
         self.f_score.copy_(v)

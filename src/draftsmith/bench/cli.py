@@ -1,0 +1,69 @@
+"""`draftsmith bench`: baseline vs speculative decoding on prompt suites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from draftsmith.errors import DraftsmithError
+
+
+def int_list(text: str, what: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise DraftsmithError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if any(x < 1 for x in out):
+        raise DraftsmithError(f"{what}: every value must be >= 1, got {text!r}")
+    return out
+
+
+def bench(
+    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    drafter: str = typer.Option("", help="draftsmith drafter folder, or 'random'"),
+    suite: list[str] = typer.Option(["chat"], "--suite",
+                                    help="humaneval, chat, or a prompt file (repeatable)"),
+    num_prompts: int = typer.Option(16, "--num-prompts", help="prompts per suite; 0 = all"),
+    steps: str = typer.Option("1,3,5", help="draft steps, e.g. 1,3,5"),
+    topk: str = typer.Option("1", help="1 = chain; >1 = tree (comma-separated list)"),
+    num_draft_tokens: str = typer.Option("", "--num-draft-tokens",
+                                         help="tree tokens verified, root included (list)"),
+    batch_size: str = typer.Option("1", "--batch-size", help="batch sizes, e.g. 1,8,32"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
+    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="phase profiler (also DRAFTSMITH_PROFILE=1)"),
+    out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
+    from draftsmith.bench.report import print_report, write_json, write_png
+    from draftsmith.bench.run import BenchConfig, run_bench
+    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.engine.sampling import SamplingParams
+
+    if max_new_tokens < 1:
+        raise DraftsmithError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    dev = pick_device(device)
+    auto = "bfloat16" if dev != "cpu" else "float32"
+    cfg = BenchConfig(
+        target=target, drafter=drafter, suites=list(suite), num_prompts=num_prompts,
+        steps=int_list(steps, "--steps"), topk=int_list(topk, "--topk"),
+        num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens"),
+        batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
+        params=SamplingParams(temperature, top_p, top_k), device=dev,
+        dtype=dtype_of(auto if dtype == "auto" else dtype), profile=True if profile else None,
+        seed=seed,
+    )
+    console = Console(stderr=True)
+    report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
+    write_json(report, out / "bench.json")
+    write_png(report, out / "bench.png")
+    print_report(report, Console(width=max(Console().width, 150)))
+    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")

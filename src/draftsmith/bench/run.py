@@ -1,0 +1,207 @@
+"""`draftsmith bench` as a function: the baseline engine and speculative settings side by side.
+
+Every setting decodes the same full batches of the same prompts; warm-up runs capture the CUDA
+graphs before anything is timed. Tokens/s counts prefill and decode. In greedy mode each
+speculative completion is compared with the baseline's, and every divergence is located and
+measured (the gap between the two candidate logits there, from one full forward).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draftsmith.bench.suites import fill_batches, suite_label, suite_messages
+from draftsmith.engine.drafter_runtime import DrafterRuntime
+from draftsmith.engine.generate import run_generation
+from draftsmith.engine.profiler import PhaseSummary
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.tree import TreeShape
+from draftsmith.errors import DraftsmithError
+
+Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
+
+
+@dataclass
+class BenchConfig:
+    target: str = "default"
+    drafter: str = ""  # a draftsmith drafter folder, or "random" (a machinery check)
+    suites: list[str] = field(default_factory=lambda: ["chat"])
+    num_prompts: int = 16
+    steps: list[int] = field(default_factory=lambda: [1, 3, 5])
+    topk: list[int] = field(default_factory=lambda: [1])
+    num_draft_tokens: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    max_new_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    profile: bool | None = None
+    seed: int = 0
+
+    def settings(self) -> list[Setting]:
+        out: list[Setting] = []
+        for s in self.steps:
+            for k in self.topk:
+                if k == 1:
+                    out.append((s, 1, s + 1))
+                    continue
+                if not self.num_draft_tokens:
+                    raise DraftsmithError(f"topk {k} drafts a tree: give --num-draft-tokens")
+                for n in self.num_draft_tokens:
+                    if n <= 1 + TreeShape(k, s, 2).candidates:
+                        out.append((s, k, n))
+        if not out:
+            raise DraftsmithError("no valid speculative setting in this steps/topk/tokens grid")
+        return list(dict.fromkeys(out))
+
+
+def setting_name(s: Setting) -> str:
+    return f"chain {s[0]}" if s[1] == 1 else f"tree {s[0]}/{s[1]}/{s[2]}"
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from draftsmith.bench.drafters import get_drafter
+    from draftsmith.targets import load_target
+
+    torch.manual_seed(cfg.seed)
+    target = load_target(cfg.target)
+    model = target.build(cfg.dtype, cfg.device)
+    drafter, warnings = get_drafter(cfg.drafter, target, model)
+    for w in warnings:
+        log(f"warning: {w}")
+    suites = {suite_label(s): [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
+              for s in cfg.suites}
+    settings = cfg.settings()
+    rt, drt = _runtimes(model, drafter, suites, cfg, settings)
+    eos = target.eos_ids
+    rows: list[dict[str, Any]] = []
+    for name, prompts in suites.items():
+        for b in sorted(cfg.batch_sizes, reverse=True):
+            batches = fill_batches(prompts, b)
+            log(f"{name}: batch {b}, {len(batches)} batches, baseline")
+            base, base_tokens = _baseline(rt, batches, cfg, eos)
+            rows.append({"suite": name, "batch": b, "setting": "baseline", **base})
+            for s in settings:
+                log(f"{name}: batch {b}, {setting_name(s)}")
+                row, tokens = _speculative(rt, drt, s, batches, cfg, eos)
+                row["speedup"] = row["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)
+                if cfg.params.greedy:
+                    row["agreement"] = agreement(model, batches, base_tokens, tokens, eos)
+                rows.append({"suite": name, "batch": b, "setting": setting_name(s),
+                             "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **row})
+    return {"meta": _meta(cfg, target, drafter, warnings), "results": rows}
+
+
+def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting]):
+    longest = max(len(p) for ps in suites.values() for p in ps)
+    s_max, n_max = max(s[0] for s in settings), max(s[2] for s in settings)
+    max_seq = longest + cfg.max_new_tokens + 2 * s_max + 2 + n_max
+    rt = Runtime(model, max(cfg.batch_sizes), max_seq)
+    fs = max((0 if s[1] == 1 else TreeShape(*s).frontier_slots) for s in settings)
+    return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False)
+
+
+def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
+    run_generation(rt, batches[0], min(8, cfg.max_new_tokens), cfg.params, eos)  # capture
+    tokens, secs, toks = 0, 0.0, []
+    for batch in batches:
+        g = run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos)
+        tokens, secs = tokens + g.new_tokens, secs + g.prefill_s + g.decode_s
+        toks += g.tokens
+    row = {"new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9)}
+    return row, toks
+
+
+def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
+    steps, topk, n = s
+    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, cfg.profile)
+    dec.capture([len(batches[0])])
+    dec.generate(batches[0], min(8, cfg.max_new_tokens), eos)
+    results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
+    tokens = sum(r.new_tokens for r in results)
+    secs = sum(r.prefill_s + r.decode_s for r in results)
+    hist = [sum(col) for col in zip(*(r.accept_hist for r in results), strict=True)]
+    reached = [sum(col) for col in zip(*(r.reached for r in results), strict=True)]
+    accepted = [sum(col) for col in zip(*(r.accepted for r in results), strict=True)]
+    cycles = sum(hist)
+    mean = sum(k * c for k, c in enumerate(hist)) / cycles if cycles else 0.0
+    row: dict[str, Any] = {
+        "new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
+        "mean_accept_length": mean, "accept_rate": mean / (steps + 1), "accept_hist": hist,
+        "reached": reached, "accepted": accepted,
+        "position_rates": [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)],
+        "phases": merge_phases([r.phases for r in results], mean, steps),
+    }
+    return row, [t for r in results for t in r.tokens]
+
+
+def merge_phases(parts: list[PhaseSummary | None], accept_length: float,
+                 steps: int) -> dict[str, Any] | None:
+    parts = [p for p in parts if p is not None and p.cycles]
+    if not parts:
+        return None
+    cycles = sum(p.cycles for p in parts)
+    ms = {k: sum(p.ms[k] * p.cycles for p in parts) / cycles for k in parts[0].ms}
+    total = sum(ms.values())
+    pct = {k: 100 * v / total if total else 0.0 for k, v in ms.items()}
+    return PhaseSummary(cycles, ms, pct, total, accept_length,
+                        accept_length / (steps + 1)).to_dict()
+
+
+@torch.no_grad()
+def agreement(model, batches, base: list[list[int]], spec: list[list[int]],
+              eos: list[int]) -> dict[str, Any]:
+    """Greedy speculative vs baseline completions: identical count, and at each first
+    divergence the two candidates' logit gap (a near-tie shows up as a tiny gap)."""
+    prompts = [p for batch in batches for p in batch]
+    divergent = []
+    for i, (p, a, b) in enumerate(zip(prompts, base, spec, strict=True)):
+        if a == b:
+            continue
+        j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                 min(len(a), len(b)))
+        divergent.append({"prompt": i, "position": j, **_gap(model, p + a[:j], a, b, j, eos)})
+    return {"prompts": len(prompts), "identical": len(prompts) - len(divergent),
+            "max_gap": max((d["gap"] for d in divergent), default=0.0),
+            "divergences": divergent[:20]}
+
+
+def _gap(model, prefix: list[int], a: list[int], b: list[int], j: int,
+         eos: list[int]) -> dict[str, float]:
+    dev = model.embed.weight.device
+    ids = torch.tensor([prefix], device=dev)
+    logits = model(ids, torch.arange(len(prefix), device=dev)[None]).logits[0, -1].float()
+    top = logits.topk(2).values
+
+    def pick(seq: list[int]) -> float:
+        if j < len(seq):
+            return float(logits[seq[j]])
+        return float(logits[eos].max()) if eos else float("nan")
+
+    gap = abs(pick(a) - pick(b))
+    return {"gap": gap, "top2_gap": float(top[0] - top[1]),
+            "relative_gap": gap / max(float(logits.std()), 1e-9)}
+
+
+def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, Any]:
+    dev = torch.device(cfg.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": name or dev.type, "dtype": str(cfg.dtype).replace("torch.", ""),
+        "torch": torch.__version__, "target": target.source,
+        "target_fingerprint": target.fingerprint, "drafter": cfg.drafter or "",
+        "aux_layer_ids": list(drafter.cfg.aux_layer_ids),
+        "params": {"temperature": cfg.params.temperature, "top_p": cfg.params.top_p,
+                   "top_k": cfg.params.top_k},
+        "max_new_tokens": cfg.max_new_tokens, "num_prompts": cfg.num_prompts,
+        "suites": cfg.suites, "warnings": warnings,
+    }

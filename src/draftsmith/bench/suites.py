@@ -1,0 +1,38 @@
+"""Prompt suites for `draftsmith bench`: HumanEval, the built-in chat suite, or any prompt file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+CHAT_SUITE = Path(__file__).with_name("chat_suite.jsonl")
+
+
+def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
+    """The first turn (system message kept) of up to `limit` conversations of a suite:
+    'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads."""
+    from draftsmith.data.prompts import read_prompts
+
+    source = CHAT_SUITE if name == "chat" else name
+    out = []
+    for conv in read_prompts(source):
+        turn = [m for m in conv.messages[:1] if m["role"] == "system"]
+        user = next((m for m in conv.messages if m["role"] == "user"), None)
+        if user is not None:
+            out.append([*turn, user])
+    if not out:
+        raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
+    return out[:limit] if limit > 0 else out
+
+
+def suite_label(name: str) -> str:
+    return Path(name).stem if name not in ("chat", "humaneval") else name
+
+
+def fill_batches(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+    """Full batches only (one captured shape): the last is topped up from the start."""
+    n = max(len(prompts), batch)
+    n = -(-n // batch) * batch
+    rows = [prompts[i % len(prompts)] for i in range(n)]
+    return [rows[i : i + batch] for i in range(0, n, batch)]

@@ -1,0 +1,78 @@
+"""`draftsmith bench` end to end on a tiny target and a saved drafter (CPU, fp32)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from test_speculative import one_thread  # noqa: F401
+from typer.testing import CliRunner
+
+from draftsmith.bench.cli import bench, int_list
+from draftsmith.bench.drafters import random_drafter
+from draftsmith.bench.suites import fill_batches, suite_messages
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import save_drafter
+from draftsmith.targets import load_target
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tiny_llama_dir, tmp_path_factory):
+    t = load_target(tiny_llama_dir)
+    d = random_drafter(t.cfg, torch.device("cpu"), torch.float32, seed=3)
+    with torch.no_grad():
+        d.lm_head.weight.mul_(50)  # some accepted drafts on a target this random
+    d.cfg.target_fingerprint = t.fingerprint
+    return save_drafter(d, tmp_path_factory.mktemp("drafter") / "d")
+
+
+def invoke(*args: str):
+    app = typer.Typer()
+    app.command()(bench)
+    return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+
+def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "abc def"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    res = invoke(
+        "--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--suite", "chat",
+        "--suite", str(prompts), "--num-prompts", "3", "--steps", "1,2", "--topk", "1,2",
+        "--num-draft-tokens", "4", "--batch-size", "1,2", "--max-new-tokens", "6",
+        "--device", "cpu", "--profile", "--out", str(tmp_path / "out"),
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = report["results"]
+    assert len(rows) == 2 * 2 * (1 + 3)  # suites x batches x (baseline + 3 settings)
+    spec = [r for r in rows if r["setting"] != "baseline"]
+    assert {r["setting"] for r in spec} == {"chain 1", "chain 2", "tree 2/2/4"}
+    for r in spec:
+        assert r["agreement"]["identical"] == r["agreement"]["prompts"]  # fp32 greedy
+        assert r["phases"]["cycles"] > 0 and r["mean_accept_length"] >= 1
+        assert 0 < sum(r["accept_hist"]) <= r["phases"]["cycles"] * r["batch"]
+    assert "target verify" in res.output and "speedup" in res.output
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["results"] == rows
+    assert (tmp_path / "out" / "bench.png").stat().st_size > 10_000
+
+
+def test_bench_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
+    res = invoke("--target", str(tiny_llama_dir), "--device", "cpu", "--out", str(tmp_path))
+    assert isinstance(res.exception, DraftsmithError) and "--drafter" in str(res.exception)
+    res = invoke("--target", str(tiny_llama_dir), "--drafter", "random", "--topk", "2",
+                 "--device", "cpu", "--out", str(tmp_path))
+    assert isinstance(res.exception, DraftsmithError) and "num-draft-tokens" in str(res.exception)
+    with pytest.raises(DraftsmithError):
+        int_list("1,x", "--steps")
+    with pytest.raises(DraftsmithError):
+        int_list("0,2", "--steps")
+
+
+def test_suites_and_batches():
+    assert len(suite_messages("chat", 0)) >= 20
+    he = suite_messages("humaneval", 2)
+    assert len(he) == 2 and "def " in he[0][-1]["content"]
+    assert fill_batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]
+    assert fill_batches([[1]], 3) == [[[1], [1], [1]]]
