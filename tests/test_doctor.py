@@ -298,3 +298,26 @@ def test_exported_folders_pass_for_their_engines(work, good, data_dir, target_di
     rep = doctor(data=data_dir, drafter=sg, run=True, prompts=1, max_new=4)  # target from file
     assert rep.context["target"]["from"] == "the data manifest"
     assert list(rep.behaviour["runs"]) == ["as sglang feeds it"]
+
+
+def test_shard_dtype_differs_from_manifest(work, target_dir):
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    bad = work / "fp32"
+    shutil.copytree(work / "data", bad)
+    path = bad / "shard-00000.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
+    tensors["aux"] = tensors["aux"].float()
+    raw = save(tensors, metadata=meta)
+    path.write_bytes(raw)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["shards"][0].update(sha256=hashlib.sha256(raw).hexdigest(), bytes=len(raw))
+    m["totals"]["bytes"] = sum(s["bytes"] for s in m["shards"])
+    (bad / "manifest.json").write_text(json.dumps(m))
+    rep = doctor(data=bad, target=str(target_dir))
+    (f,) = rep.errors()
+    assert f.check == "dtype" and "'aux': 'float32'" in f.what and "bfloat16" in f.what
