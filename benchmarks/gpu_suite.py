@@ -25,6 +25,9 @@ NEW = int(os.environ.get("NEW", "128"))
 TARGET = os.environ.get("TARGET", "default")
 DEVICE = os.environ.get("DEVICE", "cuda")
 DT = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+SPEC_BATCHES = [int(x) for x in os.environ.get("SPEC_BATCHES", "1,8,32").split(",")]
+EPOCHS = int(os.environ.get("EPOCHS", "3"))
+ANSWER = int(os.environ.get("ANSWER", "192"))
 STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
@@ -61,7 +64,7 @@ def data_stage() -> dict:
     from draftsmith.data.pipeline import make_dataset
 
     rec = make_dataset(WORK, N, TARGET, DEVICE, DT, batch_size=64, max_len=1024,
-                       max_new_tokens=192, vocab_size=8192, command="benchmarks/gpu_suite.py",
+                       max_new_tokens=ANSWER, vocab_size=8192, command="benchmarks/gpu_suite.py",
                        progress=False)
     shutil.copy(WORK / "make.json", OUT / "data_make.json")
     return rec
@@ -104,7 +107,7 @@ def train_stage() -> dict:
 
     vocab = next(WORK.rglob("vocab*.safetensors"), None)
     out = WORK / "drafter"
-    train(TrainConfig(out=str(out), data=str(WORK / "dataset"), epochs=3, lr=2e-4,
+    train(TrainConfig(out=str(out), data=str(WORK / "dataset"), epochs=EPOCHS, lr=2e-4,
                       batch_size=16, max_len=1024, draft_vocab_size=8192,
                       vocab=str(vocab) if vocab else None, device=DEVICE, save_every=10**6,
                       progress=False, log_every=10))
@@ -124,8 +127,9 @@ def train_stage() -> dict:
 def suites(t) -> dict[str, list[list[int]]]:
     from draftsmith.bench.suites import suite_messages
 
-    return {name: [t.chat_ids(m) for m in suite_messages(name, 16)]
-            for name in ("chat", "humaneval")}
+    n = int(os.environ.get("PROMPTS", "8"))
+    names = os.environ.get("SUITES", "chat,humaneval").split(",")
+    return {name: [t.chat_ids(m) for m in suite_messages(name, n)] for name in names}
 
 
 def spec_stage() -> dict:
@@ -139,7 +143,7 @@ def spec_stage() -> dict:
     rt = Runtime(model, 32, 1024)
     rows = []
     for suite, prompts in suites(t).items():
-        for b in (1, 8, 32) if suite == "chat" else (1,):
+        for b in SPEC_BATCHES if suite == "chat" else (1,):
             groups = batches(prompts, b)
             base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
             rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
@@ -162,8 +166,10 @@ def spec_stage() -> dict:
 
 
 def settings(b: int) -> list[tuple[int, int, int]]:
-    chain = [(s, 1, s + 1) for s in ((1, 2, 3, 4, 5, 6, 7) if b == 1 else (2, 3, 5))]
-    return chain + [(3, 4, 8), (5, 8, 16)]
+    steps = os.environ.get("CHAIN", "1,2,3,4,5,6,7" if b == 1 else "2,3,5")
+    chain = [(int(s), 1, int(s) + 1) for s in steps.split(",")]
+    trees = os.environ.get("TREES", "3/4/8,5/8/16")
+    return chain + [tuple(int(x) for x in t.split("/")) for t in trees.split(",") if t]
 
 
 def batches(prompts: list[list[int]], b: int) -> list[list[list[int]]]:
