@@ -59,7 +59,7 @@ def ours(target, prompts, new, batch, compile: bool) -> dict:
     model = target.build(torch.bfloat16, "cuda")
     rt = Runtime(model, batch, 512, compile=compile)
     rows = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
-    groups = [rows[i : i + batch] for i in range(0, len(rows), batch)]
+    groups = [rows[i : i + batch] for i in range(0, len(rows) - batch + 1, batch)]
     run_generation(rt, groups[0], new)  # warm-up + capture
     toks, secs = 0, 0.0
     for g in groups:
