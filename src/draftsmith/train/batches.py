@@ -8,6 +8,7 @@ a resumed run only needs the global step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -107,6 +108,12 @@ class Batch:
         moved = {k: None if v is None else v.to(device, non_blocking=True) for k, v in move.items()}
         return Batch(**moved, samples=self.samples)
 
+    def pin_memory(self) -> Batch:
+        move = {k: getattr(self, k) for k in ("tokens", "loss_mask", "positions", "doc", "aux",
+                                              "hidden")}
+        return Batch(**{k: None if v is None else v.pin_memory() for k, v in move.items()},
+                     samples=self.samples)
+
     @property
     def tokens_used(self) -> int:
         return int((self.doc >= 0).sum())
@@ -139,6 +146,39 @@ def collate(source: Source, rows: list[Row]) -> Batch:
             samples.append(i)
             at += n
     return Batch(tokens, mask, positions, doc, aux, hidden, samples)
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Item k = the batch of global step start + k, as (epoch, batch index, Batch)."""
+
+    def __init__(self, plan: Plan, source: Source, start: int, total: int) -> None:
+        self.plan, self.source, self.start, self.total = plan, source, start, total
+
+    def __len__(self) -> int:
+        return self.total - self.start
+
+    def __getitem__(self, k: int) -> tuple[int, int, Batch]:
+        e, b, rows = self.plan.rows(self.start + k)
+        return e, b, collate(self.source, rows)
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4,
+            pin: bool = False) -> Iterator[tuple[int, int, Batch]]:
+    """The batches of steps start..total-1 in order. Worker processes read ahead: reading
+    memory-mapped shards is page faults and copies, which neither the GPU nor threads hide."""
+    ds = StepBatches(plan, source, start, total)
+    if workers == 0:
+        yield from (ds[k] for k in range(len(ds)))
+        return
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=workers, collate_fn=_as_is, pin_memory=pin,
+        prefetch_factor=4, multiprocessing_context="fork",
+    )
+    yield from loader
 
 
 @torch.no_grad()

@@ -55,6 +55,8 @@ def train(
     keep_last: int = typer.Option(3, "--keep-last", help="Checkpoints kept"),
     log_every: int = typer.Option(10, "--log-every", help="Steps per train_log.jsonl row"),
     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (torchrun: per rank)"),
+    loader_workers: int = typer.Option(None, "--loader-workers",
+                                       help="Processes reading batches ahead (default: auto)"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -72,7 +74,8 @@ def train(
         num_layers=num_layers, norm_before_residual=norm_before_residual,
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
-        log_every=log_every, device=device, bf16=bf16, resume=resume, progress=progress,
+        log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
+        resume=resume, progress=progress,
         extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)

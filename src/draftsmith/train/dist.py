@@ -40,7 +40,7 @@ def setup(device: str = "auto") -> DistCtx:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
-    dev = torch.device(f"cuda:{local}" if device == "cuda" and world > 1 else device)
+    dev = torch.device(f"cuda:{local}" if device == "cuda" else device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     owns = False

@@ -8,6 +8,7 @@ optimizer, scheduler, data position and RNG continue the run exactly.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,7 @@ from draftsmith.models.eagle3 import (
 )
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
-from draftsmith.train.batches import Batch, Plan, collate, run_target
+from draftsmith.train.batches import Batch, Plan, batches, run_target
 from draftsmith.train.dist import DistCtx, setup
 from draftsmith.train.objective import Targets, chain_counts, make_targets, step_loss, summarize
 from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
@@ -67,6 +68,7 @@ class TrainConfig:
     keep_last: int = 3
     log_every: int = 10
     device: str = "auto"
+    loader_workers: int | None = None  # processes reading ahead; 0: none; None: cores // 2, <= 4
     bf16: bool | None = None  # None: autocast to bf16 on CUDA only
     resume: bool = False
     progress: bool = True
@@ -276,17 +278,25 @@ class Trainer:
         self._describe()
         bar = tqdm(total=self.total, initial=self.step, disable=not (self.cfg.progress and
                    self.ctx.main), desc="train", dynamic_ncols=True)
-        while self.step < self.total:
-            t0 = time.perf_counter()
-            self.train_step()
-            self.window.seconds += time.perf_counter() - t0
-            self.step += 1
-            bar.update(1)
-            if self.step % self.cfg.log_every == 0 or self.step == self.total:
-                bar.set_postfix_str(self._log())
-            if self.step % self.cfg.save_every == 0 or self.step == self.total:
-                self._checkpoint()
-        bar.close()
+        workers = self.cfg.loader_workers
+        if workers is None:
+            workers = min(4, (os.cpu_count() or 1) // 2)
+        self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
+                              pin=self.ctx.device.type == "cuda")
+        try:
+            while self.step < self.total:
+                t0 = time.perf_counter()
+                self.train_step()
+                self.window.seconds += time.perf_counter() - t0
+                self.step += 1
+                bar.update(1)
+                if self.step % self.cfg.log_every == 0 or self.step == self.total:
+                    bar.set_postfix_str(self._log())
+                if self.step % self.cfg.save_every == 0 or self.step == self.total:
+                    self._checkpoint()
+        finally:
+            self.loader.close()
+            bar.close()
         return self._finish()
 
     def _describe(self) -> None:
@@ -300,8 +310,8 @@ class Trainer:
         )
 
     def _batch(self) -> tuple[int, int, Batch]:
-        e, b, rows = self.plan.rows(self.step)
-        batch = collate(self.data.source, rows).to(self.ctx.device)
+        e, b, batch = next(self.loader)
+        batch = batch.to(self.ctx.device)
         if self.target_model is not None:
             run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
         return e, b, batch
