@@ -219,3 +219,21 @@ def test_bad_settings_are_clear_errors(setup):
     other = make_drafter(tiny_target(vocab=64), 32)
     with pytest.raises(DraftsmithError, match="vocab"):
         SpecDecoder(rt, other, 3)
+
+
+def test_drafter_runtime_cached_forward_matches_uncached(setup):
+    target, _, _, _ = setup
+    drafter = make_drafter(target, 96)
+    drt = DrafterRuntime(drafter, 2, 32)
+    torch.manual_seed(2)
+    tok = torch.randint(0, 128, (2, 10))
+    hid = torch.randn(2, 10, drafter.cfg.hidden_size)
+    pos = torch.arange(10).repeat(2, 1)
+    with torch.no_grad():
+        full, fh = drafter(tok, hid, pos)
+        a, ah = drt.forward(tok[:, :6], hid[:, :6], pos[:, :6])
+        b, bh = drt.forward(tok[:, 6:], hid[:, 6:], pos[:, 6:])
+    assert torch.allclose(torch.cat([a, b], 1), full, atol=1e-5)
+    assert torch.allclose(torch.cat([ah, bh], 1), fh, atol=1e-5)
+    with pytest.raises(DraftsmithError, match="max_batch"):
+        drt.caches_for(3)

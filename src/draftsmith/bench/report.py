@@ -21,7 +21,8 @@ def results_table(report: dict[str, Any]) -> Table:
     show = min(npos, 4)
     profiled = any(r.get("phases") for r in rows)
     t = Table(title=f"draftsmith bench · {report['meta']['device']} · {report['meta']['dtype']}")
-    for col in ("suite", "batch", "setting", "tok/s", "speedup", "accept len", "rate"):
+    for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s", "accept len",
+                "rate"):
         t.add_column(col, justify="left" if col in ("suite", "setting") else "right")
     for i in range(show):
         t.add_column(f"p{i + 1}", justify="right")
@@ -34,7 +35,7 @@ def results_table(report: dict[str, Any]) -> Table:
     for r in rows:
         base = r["setting"] == "baseline"
         cells = [r["suite"], str(r["batch"]), r["setting"], f"{r['tokens_per_s']:.1f}",
-                 "1.00x" if base else f"{r['speedup']:.2f}x",
+                 "1.00x" if base else f"{r['speedup']:.2f}x", f"{r['decode_tokens_per_s']:.1f}",
                  "" if base else f"{r['mean_accept_length']:.2f}",
                  "" if base else f"{r['accept_rate']:.2f}"]
         rates = r.get("position_rates", [])
@@ -108,7 +109,7 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     for r in fastest(report):
         h = r["accept_hist"]
         total = max(1, sum(h))
-        ax[0, 1].plot(range(len(h)), [c / total for c in h], marker="o",
+        ax[0, 1].plot(range(1, len(h)), [c / total for c in h[1:]], marker="o",
                       label=f"{r['suite']} b{r['batch']} {r['setting']}")
         ax[1, 0].plot(range(1, len(r["position_rates"]) + 1), r["position_rates"], marker="o",
                       label=f"{r['suite']} b{r['batch']} {r['setting']}")
