@@ -1,0 +1,41 @@
+"""The stages agree with each other: a drafter trained by `train` on data made by `data` is
+accepted by `SpecDecoder` on the same conversations (train and inference wire alike)."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import write_tiny_folder
+
+
+def test_overfit_drafter_is_accepted_by_the_engine(tmp_path):
+    from draftsmith.data.capture import CaptureConfig, capture
+    from draftsmith.data.prompts import Conversation
+    from draftsmith.engine.generate import generate
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.speculative import SpecDecoder
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.targets import load_target
+    from draftsmith.train import TrainConfig, train
+
+    t = load_target(write_tiny_folder(tmp_path / "t", "llama", num_hidden_layers=8))
+    model = t.build(torch.float32)
+    users = ["hello there", "what is two", "abc", "tell me"]
+    prompts = [t.chat_ids([{"role": "user", "content": u}]) for u in users]
+    answers = generate(model, prompts, 24)  # the target's own greedy answers
+    convs = [
+        Conversation([{"role": "user", "content": u},
+                      {"role": "assistant", "content": t.tokenizer.decode(a)}])
+        for u, a in zip(users, answers, strict=True)
+    ]
+    capture(t, convs, tmp_path / "data", CaptureConfig(None, 4, 256), progress=False,
+            model=model)
+    train(TrainConfig(out=str(tmp_path / "d"), data=str(tmp_path / "data"), epochs=150,
+                      lr=3e-3, warmup_steps=5, batch_size=4, max_len=64, draft_vocab_size=128,
+                      ttt_steps=3, device="cpu", save_every=10**6, progress=False,
+                      loader_workers=0, log_every=50))
+    drafter = load_drafter(tmp_path / "d")
+    dec = SpecDecoder(Runtime(model, 4, 128), drafter, steps=3)
+    res = dec.generate(prompts, 24)
+    assert res.tokens == [a[:24] for a in answers]  # lossless
+    assert res.mean_accept_length > 2.0, res.to_dict()  # memorised drafts get accepted
