@@ -46,8 +46,8 @@ class DemoConfig:
     @classmethod
     def for_device(cls, out: Path, device: str) -> DemoConfig:
         if device.startswith("cuda"):
-            return cls(out, device, 2000, 256, 4, 8192, 3, 64, 256)
-        return cls(out, device, 96, 96, 6, 2048, 3, 32, 64)
+            return cls(out, device, 2000, 256, 8, 8192, 3, 64, 256)
+        return cls(out, device, 96, 96, 8, 2048, 3, 32, 64)
 
 
 def demo(
@@ -117,9 +117,10 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
         console.print(f"{out}: trained drafter found, reused")
         return out
     vocab = data["dir"].parent / "vocab.safetensors"
+    # small data: short packed rows so an epoch is many optimizer steps
     tc = TrainConfig(
-        out=str(out), data=str(data["dir"]), epochs=cfg.epochs, lr=3e-4 if cfg.device == "cpu"
-        else 2e-4, batch_size=4 if cfg.device == "cpu" else 16, max_len=1024,
+        out=str(out), data=str(data["dir"]), epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
+        batch_size=1 if cfg.device == "cpu" else 4, max_len=512 if cfg.device == "cpu" else 1024,
         draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
         device=cfg.device, save_every=10_000, progress=True,
         extra={"command": "draftsmith demo"},
