@@ -77,7 +77,7 @@ class DecodeState:
     def advance(self, logits: torch.Tensor) -> None:
         nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
-        self.done |= torch.isin(nxt, self.eos)
+        self.done |= (nxt.unsqueeze(1) == self.eos).any(-1)  # isin may sync inside a graph
         self.tok.copy_(nxt.unsqueeze(1))
         self.pos.add_(1)
         self.step_i.add_(1)
