@@ -127,7 +127,7 @@ class Window:
         self.n, self.loss, self.grad = 0, 0.0, 0.0
         self.step_loss = torch.zeros(steps, dtype=torch.float64)
         self.counts = torch.zeros(4, steps, dtype=torch.float64)
-        self.tokens, self.seconds = 0, 0.0
+        self.tokens, self.seconds, self.lr = 0, 0.0, 0.0
 
     def state(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -331,6 +331,7 @@ class Trainer:
         loss.backward()
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        self.window.lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -365,7 +366,7 @@ class Trainer:
         s = summarize(w.counts)
         row = {
             "step": self.step, "epoch": self.plan.locate(self.step - 1)[0],
-            "lr": self.sched.get_last_lr()[0], "loss": w.loss / w.n,
+            "lr": w.lr, "loss": w.loss / w.n,
             "step_loss": (w.step_loss / w.n).tolist(), **s, "grad_norm": w.grad / w.n,
             "tokens": self.tokens, "tokens_per_s": w.tokens / max(w.seconds, 1e-9),
         }
