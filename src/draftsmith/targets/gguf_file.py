@@ -67,7 +67,7 @@ def read_tensors(path: Path, arch: str, heads: int, kv_heads: int) -> dict[str, 
                 f"{path}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
                 "which the gguf package cannot dequantize"
             ) from None
-        w = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
         if arch == "llama" and name.endswith("q_proj.weight"):
             w = unpermute(w, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
