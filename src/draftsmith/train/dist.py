@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from draftsmith.dist import ensure_nvls_off
 from draftsmith.errors import DraftsmithError
 
 
@@ -41,10 +42,16 @@ def setup(device: str = "auto") -> DistCtx:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
     dev = torch.device(f"cuda:{local}" if device == "cuda" else device)
+    if world > 1 and dev.type == "cuda" and dev.index != local:
+        raise DraftsmithError(f"--device {device}: under torchrun rank {rank} uses cuda:{local}")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     owns = False
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        if dev.type == "cuda":
+            ensure_nvls_off()  # NVLink multicast stays off on shared machines
+            dist.init_process_group("nccl", device_id=dev)
+        else:
+            dist.init_process_group("gloo")
         owns = True
     return DistCtx(rank, world, dev, owns)
