@@ -92,6 +92,18 @@ def test_non_finite_loss_names_step_and_samples(setup):
         torch.isfinite(load_drafter(p).fc.weight).all() for p in list_checkpoints(root / "nan"))
 
 
+def test_pread_reader_equals_the_dataset(setup):
+    from draftsmith.data.shards import Dataset
+    from draftsmith.train.reader import ShardReader
+
+    ds = Dataset(setup[2])
+    reader = ShardReader(ds)
+    for i in range(len(ds)):
+        a, b = ds[i], reader[i]
+        for k in a:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (i, k)
+
+
 def test_online_aux_equals_offline_capture_of_packed_rows(setup):
     _, target, _ = setup
     model = target.build(torch.float32)

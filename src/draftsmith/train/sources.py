@@ -13,6 +13,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
 from draftsmith.targets import DEFAULT_NAME, Target, load_target
 from draftsmith.train.batches import Source, TokenSource
+from draftsmith.train.reader import ShardReader
 
 
 @dataclass
@@ -64,15 +65,16 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
     m = ds.manifest
     _check_dataset(folder, m, target)
     lengths = ds.lengths()
-    source: Source = ds
+    reader = ShardReader(ds)
+    source: Source = reader
     if max_samples is not None and max_samples < len(ds):
-        source, lengths = Head(ds, max_samples), lengths[:max_samples]
+        source, lengths = Head(reader, max_samples), lengths[:max_samples]
     ids = validate(m["aux_layer_ids"], target.cfg.num_layers)
     summary = {"kind": "offline", "folder": str(Path(folder).resolve()),
                "samples": len(lengths), "tokens": sum(lengths),
                "target_fingerprint": m["target"].get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
-    return Data(source, lengths, ids, False, summary, m if source is ds else None)
+    return Data(source, lengths, ids, False, summary, m if source is reader else None)
 
 
 def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> None:

@@ -1,0 +1,78 @@
+"""Samples of a dataset folder read with one `pread` per tensor slice.
+
+`data.shards.Dataset` memory-maps the shards; a training step then faults in tens of MB one
+page at a time, which on some VMs (the lent GPU machines) costs more than the step's compute.
+This reader follows the same shard contract (docs/structure.md) and safetensors' layout: an
+8-byte little-endian header length, a JSON header of dtype/shape/data_offsets, then the data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+TENSORS = ("input_ids", "loss_mask", "aux", "hidden")
+
+
+class ShardReader:
+    """`[i] -> dict(input_ids, loss_mask, aux, hidden)` like `Dataset`, for the same folder."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.ds = dataset
+        self.folder = dataset.folder
+        self.shards = dataset.shards
+        self._meta: dict[int, tuple[int, dict[str, Any], int, list[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_meta": {}}  # file descriptors stay with their process
+
+    def sample_id(self, i: int) -> str:
+        return self.ds.sample_id(i)
+
+    def _shard(self, k: int) -> tuple[int, dict[str, Any], int, list[int]]:
+        if k not in self._meta:
+            path = Path(self.folder) / self.shards[k]["file"]
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise DraftsmithError(f"{path}: cannot open the shard ({e.strerror})") from None
+            n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+            header = json.loads(os.pread(fd, n, 8))
+            offsets = _read(fd, header["offsets"], 8 + n, 0, header["offsets"]["shape"][0])
+            self._meta[k] = (fd, header, 8 + n, offsets.tolist())
+        return self._meta[k]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        k, j = self.ds.locate(i)
+        fd, header, start, offsets = self._shard(k)
+        a, b = offsets[j], offsets[j + 1]
+        out = {name: _read(fd, header[name], start, a, b) for name in TENSORS}
+        out["input_ids"] = out["input_ids"].long()
+        out["loss_mask"] = out["loss_mask"].bool()
+        return out
+
+
+def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int) -> torch.Tensor:
+    """Rows a..b of a tensor stored at info['data_offsets'] after `start`."""
+    dtype = DTYPES[info["dtype"]]
+    shape = info["shape"]
+    row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
+    buf = bytearray(os.pread(fd, (b - a) * row, start + info["data_offsets"][0] + a * row))
+    if len(buf) != (b - a) * row:
+        raise DraftsmithError(f"shard read came back short ({len(buf)} of {(b - a) * row} bytes)")
+    if not buf:
+        return torch.empty(0, *shape[1:], dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype).view(b - a, *shape[1:])
