@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 import typer
-from test_speculative import one_thread  # noqa: F401
 from typer.testing import CliRunner
 
 from draftsmith.bench.cli import bench, int_list

@@ -33,13 +33,6 @@ def hand_counts(inter: int, dv: int, embed_stored: bool) -> dict[str, int]:
             "stored": stored}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; spinning ones suffer on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,6 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models are dispatch-bound: intra-op threads only add barriers (and spin under load)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 def convs(n: int = 14) -> list[Conversation]:
     out = []
     for i in range(n):

@@ -23,16 +23,6 @@ from draftsmith.data.regenerate import (
 from draftsmith.targets import load_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models are dispatch-bound: intra-op threads only add barriers (and spin under load)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 def convs() -> list[Conversation]:
     out = [Conversation([{"role": "user", "content": f"tell me about {i}"}]) for i in range(5)]
     out.append(Conversation([{"role": "system", "content": "be kind"},

@@ -32,13 +32,6 @@ def target_dir(tmp_path_factory) -> Path:
     return write_tiny_folder(tmp_path_factory.mktemp("t8"), "llama", num_hidden_layers=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; spinning ones suffer on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from test_train_helpers import one_thread  # noqa: F401
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import (

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_drafter import random_drafter
-from test_train_helpers import AUX, one_thread  # noqa: F401
+from test_train_helpers import AUX
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import detect_format, export_drafter, import_drafter, read_any

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import FAMILIES, write_tiny_folder
+
 from draftsmith.targets import load_target
 
 

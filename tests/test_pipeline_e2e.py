@@ -4,7 +4,6 @@ accepted by `SpecDecoder` on the same conversations (train and inference wire al
 from __future__ import annotations
 
 import torch
-
 from conftest import write_tiny_folder
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from rich.console import Console
-from test_speculative import PROMPTS, make_drafter, one_thread, tiny_target  # noqa: F401
+from test_speculative import PROMPTS, make_drafter, tiny_target
 
 from draftsmith.engine import profiler
 from draftsmith.engine.runtime import Runtime

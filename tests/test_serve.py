@@ -29,12 +29,6 @@ LIMITS = dict(max_batch=8, max_prompt_tokens=96, max_tokens=40)
 PROMPTS = ["hello", "What is 2+2?", "Tell me a story", "xyz", "abc def", "Why?", "ok", "12345"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls; extra threads only spin on a shared machine
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

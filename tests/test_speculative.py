@@ -83,17 +83,10 @@ def greedy_seq(rt: Runtime, prompts: list[list[int]], new: int) -> torch.Tensor:
     return seq
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
-def setup(one_thread):
+def setup():
     target = tiny_target()
     rt = Runtime(target, 4, 128)
     ref = generate(rt, PROMPTS, NEW, eos_ids=[])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_speculative import make_drafter, one_thread, tiny_target  # noqa: F401
+from test_speculative import make_drafter, tiny_target
 
 from draftsmith.engine import verify
 from draftsmith.engine.runtime import Runtime

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import write_tiny_folder
+
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from conftest import write_tiny_folder
 
@@ -15,13 +14,6 @@ from draftsmith.targets import Target, load_target
 AUX = [1, 2, 4]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core runner, OpenMP spinning makes tiny ops 40x slower."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def tiny_target(folder: Path, **over) -> Target:

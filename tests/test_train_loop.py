@@ -8,7 +8,7 @@ import socket
 
 import pytest
 import torch
-from test_train_helpers import AUX, one_thread, write_dataset  # noqa: F401
+from test_train_helpers import AUX, write_dataset
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import load_drafter

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from test_drafter import random_drafter, tiny_cfg
-from test_train_helpers import one_thread  # noqa: F401
 
 from draftsmith.models.llama import KVCache
 from draftsmith.train.objective import (

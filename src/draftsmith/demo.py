@@ -42,12 +42,15 @@ class DemoConfig:
     steps: int
     batch_size: int
     eval_tokens: int
+    prompt_tokens: int = 128
+    train_len: int = 1024
 
     @classmethod
     def for_device(cls, out: Path, device: str) -> DemoConfig:
         if device.startswith("cuda"):
             return cls(out, device, 2000, 256, 8, 8192, 3, 64, 256)
-        return cls(out, device, 96, 96, 8, 2048, 3, 32, 64)
+        # 2 CPU cores: small enough to finish in minutes; the drafter will be weak
+        return cls(out, device, 48, 64, 3, 2048, 3, 48, 48, prompt_tokens=64, train_len=256)
 
 
 def demo(
@@ -103,7 +106,7 @@ def make_data(cfg: DemoConfig, dtype) -> dict:
     rec = make_dataset(
         cfg.out / "data", cfg.conversations, "default", cfg.device, dtype, cfg.batch_size,
         max_len=1024, max_new_tokens=cfg.answer_tokens, vocab_size=cfg.draft_vocab,
-        command="draftsmith demo", log=console.print,
+        command="draftsmith demo", log=console.print, prompt_tokens=cfg.prompt_tokens,
     )
     cap = rec.get("stages", {}).get("capture", {}).get("result", {})
     return {"dir": cfg.out / "data" / "dataset", "summary": cap}
@@ -120,7 +123,7 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     # small data: short packed rows so an epoch is many optimizer steps
     tc = TrainConfig(
         out=str(out), data=str(data["dir"]), epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
-        batch_size=1 if cfg.device == "cpu" else 4, max_len=512 if cfg.device == "cpu" else 1024,
+        batch_size=1 if cfg.device == "cpu" else 4, max_len=cfg.train_len,
         draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
         device=cfg.device, save_every=10_000, progress=True,
         extra={"command": "draftsmith demo"},
