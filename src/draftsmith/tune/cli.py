@@ -74,7 +74,13 @@ def run_tune(
     from draftsmith.models.eagle3 import load_drafter
     from draftsmith.targets import load_target
     from draftsmith.tune import measure
-    from draftsmith.tune.cost_model import SpecSetting, candidate_grid, rank_settings, recommend
+    from draftsmith.tune.cost_model import (
+        SpecSetting,
+        candidate_grid,
+        rank_settings,
+        recommend,
+        sweep_plan,
+    )
     from draftsmith.tune.flags import recommendation_text
 
     t = load_target(target)
@@ -99,7 +105,7 @@ def run_tune(
         ranked = rank_settings(costs, acc, b, grid)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
-        plan = dict.fromkeys([*measure_plan(ranked, top), *chain])
+        plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
         for s in plan:
             if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > 16:
                 continue
@@ -110,12 +116,6 @@ def run_tune(
     report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev)
     report["texts"] = texts
     return report
-
-
-def measure_plan(ranked, top: int):
-    from draftsmith.tune.cost_model import sweep_plan
-
-    return sweep_plan(ranked, top)
 
 
 def suite(path: Path | None) -> list[str]:
