@@ -53,6 +53,16 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return ids
 
 
+def parse_ids(text: str | None, flag: str = "--aux-layers") -> list[int] | None:
+    """'1,14,26' -> [1, 14, 26]; None or '' -> None (the default ids)."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise DraftsmithError(f"{flag} {text!r}: expected comma-separated integers") from None
+
+
 def validate(ids: list[int], num_layers: int) -> list[int]:
     ids = [int(i) for i in ids]
     if not ids:

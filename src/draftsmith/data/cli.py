@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers import parse_ids
 
 app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
 err = Console(stderr=True)
@@ -43,13 +44,6 @@ def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return dev, dtype_of(dtype)
 
 
-def parse_layers(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise DraftsmithError(f"--aux-layers {text!r}: expected comma-separated integers") from None
 
 
 def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
@@ -169,7 +163,7 @@ def capture(
     from draftsmith.targets import load_target
 
     dev, dt = device_dtype(device, dtype)
-    cfg = CaptureConfig(parse_layers(aux_layers), batch_size, max_len, too_long, shard_size,
+    cfg = CaptureConfig(parse_ids(aux_layers), batch_size, max_len, too_long, shard_size,
                         dt, dev)
     convs = read_sources([source], strict)
     if overwrite:
@@ -298,4 +292,4 @@ def make(
 
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
-                 parse_layers(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say)
+                 parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say)

@@ -14,6 +14,7 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
+from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
 
 WEIGHTS = "model.safetensors"
 
@@ -109,14 +110,6 @@ def write_folder(
     return out
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise DraftsmithError(f"{folder}: no config.json")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

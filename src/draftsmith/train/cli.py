@@ -7,17 +7,7 @@ import sys
 
 import typer
 
-from draftsmith.errors import DraftsmithError
-from draftsmith.layers import CANONICAL_WORDS
-
-
-def _layers(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise DraftsmithError(f"--aux-layers {text!r}: expected comma-separated integers") from None
+from draftsmith.layers import CANONICAL_WORDS, parse_ids
 
 
 def train(
@@ -70,7 +60,7 @@ def train(
         step_decay=step_decay, lr=lr, min_lr=min_lr, warmup_ratio=warmup_ratio,
         warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, epochs=epochs,
         max_steps=max_steps, batch_size=batch_size, max_len=max_len,
-        draft_vocab_size=draft_vocab_size, vocab=vocab, aux_layer_ids=_layers(aux_layers),
+        draft_vocab_size=draft_vocab_size, vocab=vocab, aux_layer_ids=parse_ids(aux_layers),
         num_layers=num_layers, norm_before_residual=norm_before_residual,
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
