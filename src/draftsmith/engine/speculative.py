@@ -201,20 +201,15 @@ class SpecDecoder:
         self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None
     ) -> SpecResult:
         eos = list(eos_ids or [])
-        self._check_inputs(prompts, max_new_tokens, eos)
-        st = self._state(len(prompts))
         prof = make_profiler(self.device, self.profile)
         sync(self.rt)
         t0 = time.perf_counter()
-        self._prefill(st, prompts, max_new_tokens, eos)
+        st = self.start(prompts, max_new_tokens, eos)
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
-        while cycles < max_new_tokens and not bool(st.all_done):  # the one read-back a cycle
-            prof.start()
-            for phase in PHASES:
-                self._run(st, phase)
-                prof.mark(phase)
+        while cycles < max_new_tokens and not self.finished(st):
+            self.cycle(st, prof)
             cycles += 1
         sync(self.rt)
         t2 = time.perf_counter()
@@ -227,6 +222,28 @@ class SpecDecoder:
             res.phases.accept_length, res.phases.accept_rate = (res.mean_accept_length,
                                                                 res.accept_rate)
         return res
+
+    # ---- step API (generate, and callers that stream per cycle) --------------------------------
+
+    def start(self, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> _State:
+        """Check the inputs, take this batch size's static state and prefill it."""
+        self._check_inputs(prompts, max_new_tokens, eos)
+        st = self._state(len(prompts))
+        self._prefill(st, prompts, max_new_tokens, eos)
+        return st
+
+    def cycle(self, st: _State, prof=None) -> None:
+        """One speculative cycle: draft, verify, accept, extend (each a graph on CUDA)."""
+        if prof is not None:
+            prof.start()
+        for phase in PHASES:
+            self._run(st, phase)
+            if prof is not None:
+                prof.mark(phase)
+
+    def finished(self, st: _State) -> bool:
+        """Every row done: the cycle's one read-back."""
+        return bool(st.all_done)
 
     # ---- setup --------------------------------------------------------------------------------
 

@@ -2,9 +2,7 @@
 driven step by step so a caller can watch tokens as they come and stop a batch early.
 
 The baseline driver is `run_generation`'s loop with a watch point added; the speculative driver
-is `SpecDecoder.generate`'s loop (prefill, then the four phases a cycle) through its internal
-`_state/_prefill/_run`, since the engine has no public step API yet. If those names go away it
-falls back to `generate()` and the watcher sees the whole completion at once.
+is `SpecDecoder`'s step API (`start`, `cycle`, `finished`) with the same watch point per cycle.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from draftsmith.errors import DraftsmithError
 
 CHECK_EVERY = 16  # as run_generation: read the done flags every 16 steps
 MAX_DECODERS = 4  # sampling settings kept warm (buffers and CUDA graphs) besides greedy
-STEP_API = ("_state", "_prefill", "_run", "_check_inputs")
 
 # Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
 Watch = Callable[[list[list[int]]], bool]
@@ -143,19 +140,11 @@ class ServeEngine:
     @torch.no_grad()
     def _run_spec(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
                   watch: Watch | None, every: int) -> tuple[list[list[int]], list[int]]:
-        from draftsmith.engine.profiler import PHASES
-
         dec, eos = self._spec_for(params), self.eos
-        if not all(hasattr(dec, name) for name in STEP_API):
-            res = dec.generate(prompts, max_new, eos)
-            return res.tokens, res.accept_hist
-        dec._check_inputs(prompts, max_new, eos)
-        st = dec._state(len(prompts))
-        dec._prefill(st, prompts, max_new, eos)
+        st = dec.start(prompts, max_new, eos)
         cycles = 0
-        while cycles < max_new and not bool(st.all_done):  # the engine's one read-back a cycle
-            for phase in PHASES:
-                dec._run(st, phase)
+        while cycles < max_new and not dec.finished(st):
+            dec.cycle(st)
             cycles += 1
             if watch is not None and cycles % every == 0 and watch(_spec_rows(st, max_new)):
                 break
