@@ -121,8 +121,11 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
         return out
     vocab = data["dir"].parent / "vocab.safetensors"
     # small data: short packed rows so an epoch is many optimizer steps
+    # GPU: online (the target recomputes hidden states, faster than reading shards there)
+    source = ({"prompts": str(data["dir"].parent / "answers.jsonl"), "target": "default"}
+              if cfg.device.startswith("cuda") else {"data": str(data["dir"])})
     tc = TrainConfig(
-        out=str(out), data=str(data["dir"]), epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
+        out=str(out), **source, epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
         batch_size=1 if cfg.device == "cpu" else 4, max_len=cfg.train_len,
         draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
         device=cfg.device, save_every=10_000, progress=True,
