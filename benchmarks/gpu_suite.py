@@ -118,7 +118,8 @@ def train_stage() -> dict:
     # Online (the target recomputes hidden states): ~5x the offline rate on the lent H200, whose
     # page faults slow shard reads. Rows of 1,024 tokens, 4 per step: ~120 steps an epoch at 2,000.
     train(TrainConfig(out=str(out), prompts=str(WORK / "answers.jsonl"), target=TARGET,
-                      epochs=EPOCHS, lr=3e-4, warmup_ratio=0.03, batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
+                      epochs=EPOCHS, lr=3e-4, warmup_ratio=0.03, batch_size=TRAIN_BATCH,
+                      max_len=TRAIN_LEN,
                       draft_vocab_size=8192, vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=10**6, progress=False, log_every=20))
     keep = OUT / "drafter"
