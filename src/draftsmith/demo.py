@@ -44,6 +44,7 @@ class DemoConfig:
     eval_tokens: int
     prompt_tokens: int = 128
     train_len: int = 1024
+    target: str = "default"
 
     @classmethod
     def for_device(cls, out: Path, device: str) -> DemoConfig:
@@ -59,11 +60,13 @@ def demo(
     conversations: int = typer.Option(None, "--conversations", help="Self-made conversations"),
     epochs: int = typer.Option(None, "--epochs"),
     steps: int = typer.Option(None, "--steps", help="Draft steps for the benchmark"),
+    target: str = typer.Option("default", help="Another target (HF folder or .gguf) instead"),
 ) -> None:
     """The whole pipeline on the embedded default target, ending with a short report."""
     from draftsmith.cli import pick_device
 
     cfg = DemoConfig.for_device(out, pick_device(device))
+    cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
         if val is not None:
             setattr(cfg, name, val)
@@ -84,7 +87,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     bench = stage("bench", times, lambda: benchmark(cfg, drafter_dir, dtype))
     exports = stage("export", times, lambda: export_all(cfg, drafter_dir))
     times["total"] = round(time.perf_counter() - t0, 1)
-    report = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "seconds": times,
+    report = {"target": cfg.target, "config": {k: str(v) for k, v in asdict(cfg).items()},
+              "seconds": times,
               "data": data["summary"], "doctor": doctor, "bench": bench, "exports": exports,
               "artifacts": {"data": str(data["dir"]), "drafter": str(drafter_dir),
                             **{k: v["path"] for k, v in exports.items()}}}
@@ -104,7 +108,7 @@ def make_data(cfg: DemoConfig, dtype) -> dict:
     from draftsmith.data.pipeline import make_dataset
 
     rec = make_dataset(
-        cfg.out / "data", cfg.conversations, "default", cfg.device, dtype, cfg.batch_size,
+        cfg.out / "data", cfg.conversations, cfg.target, cfg.device, dtype, cfg.batch_size,
         max_len=1024, max_new_tokens=cfg.answer_tokens, vocab_size=cfg.draft_vocab,
         command="draftsmith demo", log=console.print, prompt_tokens=cfg.prompt_tokens,
     )
@@ -122,7 +126,7 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     vocab = data["dir"].parent / "vocab.safetensors"
     # small data: short packed rows so an epoch is many optimizer steps
     # GPU: online (the target recomputes hidden states, faster than reading shards there)
-    source = ({"prompts": str(data["dir"].parent / "answers.jsonl"), "target": "default"}
+    source = ({"prompts": str(data["dir"].parent / "answers.jsonl"), "target": cfg.target}
               if cfg.device.startswith("cuda") else {"data": str(data["dir"])})
     tc = TrainConfig(
         out=str(out), **source, epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
@@ -139,7 +143,7 @@ def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:
     from draftsmith.doctor import DoctorOptions, run_doctor
     from draftsmith.doctor.render import show as show_doctor
 
-    rep = run_doctor(DoctorOptions(data["dir"], drafter_dir, "default", "sglang", run=False,
+    rep = run_doctor(DoctorOptions(data["dir"], drafter_dir, cfg.target, "sglang", run=False,
                                    device=cfg.device))
     show_doctor(rep)
     d = rep.to_dict()
@@ -154,7 +158,7 @@ def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
     from draftsmith.models.eagle3 import load_drafter
     from draftsmith.targets import load_target
 
-    t = load_target("default")
+    t = load_target(cfg.target)
     model = t.build(dtype, cfg.device)
     drafter = load_drafter(drafter_dir, cfg.device, dtype, embed=model.embed.weight)
     prompts = [t.chat_ids([{"role": "user", "content": p}]) for p in EVAL_PROMPTS]
@@ -205,7 +209,7 @@ def export_all(cfg: DemoConfig, drafter_dir: Path) -> dict:
     out = {}
     for fmt in ("sglang", "speculators"):
         path = cfg.out / f"export-{fmt}"
-        export_drafter(drafter_dir, fmt, path, "default", speculative_tokens=cfg.steps,
+        export_drafter(drafter_dir, fmt, path, cfg.target, speculative_tokens=cfg.steps,
                        overwrite=True)
         flags = (sglang_flags(setting, path) if fmt == "sglang" else vllm_flags(setting, path))
         out[fmt] = {"path": str(path), "flags": flags}
@@ -214,7 +218,8 @@ def export_all(cfg: DemoConfig, drafter_dir: Path) -> dict:
 
 def show(report: dict) -> None:
     b = report["bench"]
-    table = Table(title="draftsmith demo: SmolLM2-135M-Instruct + its EAGLE-3 drafter")
+    name = "SmolLM2-135M-Instruct" if report["target"] == "default" else report["target"]
+    table = Table(title=f"draftsmith demo: {name} + its EAGLE-3 drafter")
     table.add_column("what")
     table.add_column("value")
     table.add_row("device", str(b["device"]))

@@ -1,0 +1,29 @@
+"""The README's main job end to end, on a tiny target so it fits the default suite."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from conftest import write_tiny_folder
+
+
+def test_demo_runs_every_stage_and_reuses_them(tmp_path):
+    from draftsmith.demo import DemoConfig, run_demo, show
+
+    target = write_tiny_folder(tmp_path / "t", "llama", num_hidden_layers=8)
+    cfg = replace(DemoConfig.for_device(tmp_path / "demo", "cpu"), target=str(target),
+                  conversations=6, answer_tokens=16, epochs=1, draft_vocab=64, steps=2,
+                  batch_size=16, eval_tokens=8, prompt_tokens=48, train_len=64)
+    report = run_demo(cfg)
+    show(report)
+    saved = json.loads((tmp_path / "demo" / "report.json").read_text())
+    assert saved["doctor"]["exit_code"] == 0  # the data and the drafter agree
+    bench = saved["bench"]
+    assert bench["baseline_tok_s"] > 0 and bench["speculative_tok_s"] > 0
+    assert bench["accept_length"] >= 1 and len(bench["position_acceptance"]) == 2
+    assert set(bench["phases_ms"]) == {"draft", "verify", "accept", "extend"}
+    for fmt in ("sglang", "speculators"):
+        assert (tmp_path / "demo" / f"export-{fmt}" / "config.json").is_file()
+    again = run_demo(cfg)  # a rerun reuses the data and the trained drafter
+    assert again["seconds"]["train"] < 5 and again["data"] == report["data"]
