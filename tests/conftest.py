@@ -59,3 +59,16 @@ def write_tiny_folder(path: Path, arch: str = "llama", seed: int = 0, **over) ->
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return write_tiny_folder(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    """The tiny llama as a `Target` (a module may define its own `target` instead)."""
+    from draftsmith.targets import load_target
+
+    return load_target(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def model(target):
+    return target.build(torch.float32)

@@ -15,7 +15,6 @@ from draftsmith.compare.describe import describe
 from draftsmith.compare.params import likely_convention, parse_number
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, hf_state_dict, save_drafter
-from draftsmith.targets import load_target
 from draftsmith.train.sources import target_head
 
 V, H, HEADS, KV, HD = 128, 64, 4, 2, 16  # the tiny target: vocab, hidden, heads, kv heads
@@ -34,10 +33,6 @@ def hand_counts(inter: int, dv: int, embed_stored: bool) -> dict[str, int]:
 
 
 
-
-@pytest.fixture(scope="module")
-def target(tiny_llama_dir):
-    return load_target(tiny_llama_dir)
 
 
 def build(target, inter: int, dv: int, ids: list[int], seed: int) -> Eagle3Drafter:

@@ -16,7 +16,6 @@ from draftsmith.data.capture import CaptureConfig, capture
 from draftsmith.data.prompts import Conversation
 from draftsmith.data.shards import Dataset, read_manifest, verify
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target
 
 
 def convs(n: int = 14) -> list[Conversation]:
@@ -31,14 +30,6 @@ def convs(n: int = 14) -> list[Conversation]:
     return out
 
 
-@pytest.fixture(scope="module")
-def target(tiny_llama_dir):
-    return load_target(tiny_llama_dir)
-
-
-@pytest.fixture(scope="module")
-def model(target):
-    return target.build(torch.float32)
 
 
 CFG = CaptureConfig(aux_layer_ids=[-1, 1, 4], batch_size=3, samples_per_shard=4, max_len=200)

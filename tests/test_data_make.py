@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import torch
 from typer.testing import CliRunner
 
 from draftsmith.data.cli import app
@@ -13,17 +11,6 @@ from draftsmith.data.prompts import read_jsonl_tail_safe
 from draftsmith.data.selfmade import MagpieConfig, fold, self_made_prompts, stop_ids
 from draftsmith.data.shards import Dataset
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target
-
-
-@pytest.fixture(scope="module")
-def target(tiny_llama_dir):
-    return load_target(tiny_llama_dir)
-
-
-@pytest.fixture(scope="module")
-def model(target):
-    return target.build(torch.float32)
 
 
 def test_self_made_prompts_unique_and_resumable(target, model, tmp_path):

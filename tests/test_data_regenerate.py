@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -20,7 +19,6 @@ from draftsmith.data.regenerate import (
     regenerate,
     regenerate_file,
 )
-from draftsmith.targets import load_target
 
 
 def convs() -> list[Conversation]:
@@ -32,14 +30,6 @@ def convs() -> list[Conversation]:
     return out
 
 
-@pytest.fixture(scope="module")
-def target(tiny_llama_dir):
-    return load_target(tiny_llama_dir)
-
-
-@pytest.fixture(scope="module")
-def model(target):
-    return target.build(torch.float32)
 
 
 def test_engine_answers_turn_by_turn_and_resumes(target, model, tmp_path):

@@ -19,15 +19,11 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export import detect_format, export_drafter, import_drafter, read_any
 from draftsmith.layers import Convention, from_convention, to_convention
 from draftsmith.models.eagle3 import Eagle3Config, load_drafter, save_drafter
-from draftsmith.targets import cache_dir, load_target
+from draftsmith.targets import cache_dir
 from draftsmith.train.ttt import shift_left, unroll
 
 L = 6  # layers of the tiny target
 
-
-@pytest.fixture(scope="module")
-def target(tiny_llama_dir):
-    return load_target(tiny_llama_dir)
 
 
 def make(target, folder: Path, **over) -> Path:
