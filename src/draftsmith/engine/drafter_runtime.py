@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.engine.graphs import Graphs, pad_to
+from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import KVCache
@@ -63,10 +63,8 @@ class DrafterRuntime:
         if bp is None:
             return self.drafter(tokens, hidden, positions, caches, slots, mask)
         static = self._static[(bp, *flags)]
-        for name, t in (("tokens", tokens), ("hidden", hidden), ("positions", positions),
-                        ("slots", slots), ("mask", mask)):
-            if t is not None:
-                static[name][:b].copy_(t)
+        fill(static, b, tokens=tokens, hidden=hidden, positions=positions, slots=slots,
+             mask=mask)
         logits, h = self.graphs.replay(("drafter", id(self), bp, *flags))
         return logits[:b], h[:b]
 
@@ -84,16 +82,9 @@ class DrafterRuntime:
 
     def _capture_one(self, b: int, flags: tuple) -> None:
         q, with_slots, with_mask = flags
-        dev = self.device
-        static = {
-            "tokens": torch.zeros(b, q, dtype=torch.long, device=dev),
-            "hidden": torch.zeros(b, q, self.drafter.cfg.hidden_size, dtype=self.dtype, device=dev),
-            "positions": torch.arange(q, device=dev).repeat(b, 1),
-        }
-        if with_slots:
-            static["slots"] = static["positions"].clone()
-        if with_mask:
-            static["mask"] = torch.ones(b, 1, q, self.max_seq, dtype=torch.bool, device=dev)
+        static = static_inputs(b, q, self.max_seq, self.device, with_slots, with_mask)
+        static["hidden"] = torch.zeros(b, q, self.drafter.cfg.hidden_size, dtype=self.dtype,
+                                       device=self.device)
         caches = self.caches_for(b)
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,3 +46,25 @@ def pad_to(n: int, sizes: list[int]) -> int | None:
     """The smallest captured size >= n, or None."""
     fits = [s for s in sorted(sizes) if s >= n]
     return fits[0] if fits else None
+
+
+def static_inputs(
+    b: int, q: int, max_seq: int, device: torch.device, with_slots: bool, with_mask: bool
+) -> dict[str, torch.Tensor]:
+    """The static input buffers of a graphed forward of q tokens for b rows."""
+    static = {
+        "tokens": torch.zeros(b, q, dtype=torch.long, device=device),
+        "positions": torch.arange(q, device=device).repeat(b, 1),
+    }
+    if with_slots:
+        static["slots"] = static["positions"].clone()
+    if with_mask:
+        static["mask"] = torch.ones(b, 1, q, max_seq, dtype=torch.bool, device=device)
+    return static
+
+
+def fill(static: dict[str, torch.Tensor], b: int, **inputs: torch.Tensor | None) -> None:
+    """Copy a call's inputs into the first b rows of a graph's static buffers."""
+    for name, t in inputs.items():
+        if t is not None:
+            static[name][:b].copy_(t)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.engine.graphs import Graphs, pad_to
+from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
 
@@ -79,14 +79,7 @@ class Runtime:
                 want_logits,
             )
         static = self._static[(bp, *flags)]
-        for name, t in (
-            ("tokens", tokens),
-            ("positions", positions),
-            ("slots", slots),
-            ("mask", mask),
-        ):
-            if t is not None:
-                static[name][:b].copy_(t)
+        fill(static, b, tokens=tokens, positions=positions, slots=slots, mask=mask)
         out = self.graphs.replay((bp, *flags))
         return ForwardOut(*(None if t is None else t[:b] for t in out))
 
@@ -111,15 +104,7 @@ class Runtime:
 
     def _capture_one(self, b: int, flags: tuple) -> None:
         q, aux_ids, with_slots, with_mask, want_logits = flags
-        dev = self.device
-        static = {
-            "tokens": torch.zeros(b, q, dtype=torch.long, device=dev),
-            "positions": torch.arange(q, device=dev).repeat(b, 1),
-        }
-        if with_slots:
-            static["slots"] = static["positions"].clone()
-        if with_mask:
-            static["mask"] = torch.ones(b, 1, q, self.max_seq, dtype=torch.bool, device=dev)
+        static = static_inputs(b, q, self.max_seq, self.device, with_slots, with_mask)
         caches = self.caches_for(b)
 
         def fn() -> ForwardOut:
