@@ -153,3 +153,11 @@ def vocab_tensors(
             f"draft vocab {draft_vocab}, vocab {vocab}"
         )
     return {"d2t": d2t.long(), "t2d": t2d.bool()}
+
+
+def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | None:
+    """The target's layer count: from the live target, else as draftsmith recorded it."""
+    if info is not None:
+        return info.num_layers
+    n = config.get("draftsmith", {}).get("target_num_layers")
+    return int(n) if n else None

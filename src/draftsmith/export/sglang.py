@@ -30,6 +30,7 @@ from draftsmith.export.layout import (
     model_config_of,
     read_config,
     read_weights,
+    recorded_layers,
     vocab_tensors,
     write_folder,
 )
@@ -152,11 +153,9 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
 
 
 def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
-    if info is not None:
-        return info.num_layers
-    n = c.get("draftsmith", {}).get("target_num_layers")
+    n = recorded_layers(c, info)
     if n:
-        return int(n)
+        return n
     raise DraftsmithError(f"{folder}: the target's layer count is needed to read the aux layer "
                           "ids; pass --target")
 

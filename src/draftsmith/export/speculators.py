@@ -26,6 +26,7 @@ from draftsmith.export.layout import (
     model_config_of,
     read_config,
     read_weights,
+    recorded_layers,
     vocab_tensors,
     write_folder,
 )
@@ -141,11 +142,9 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
 
 
 def _verifier_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
-    if info is not None:
-        return info.num_layers
-    n = c.get("draftsmith", {}).get("target_num_layers")
+    n = recorded_layers(c, info)
     if n:
-        return int(n)
+        return n
     verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     vcfg = Path(str(verifier)) / "config.json" if verifier else None
     if vcfg is not None and vcfg.is_file():
