@@ -9,8 +9,9 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
   2. carry [".m2", ".whl"]: cat /tmp/m/part0 .m2/part1 > /tmp/m/S.gguf && pip install --no-index
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
-Env overrides: N, ANSWER, EPOCHS, TRAIN_BATCH, TRAIN_LEN, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN,
-TREES, STAGES, TARGET, DEVICE. Results land in $OUT/gpu_suite.json after every stage.
+Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, N, ANSWER, EPOCHS, TRAIN_BATCH,
+TRAIN_LEN, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
+Results land in $OUT/gpu_suite.json after every stage.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 
 OUT = Path(os.environ.get("OUT", "/tmp/gpu_out"))
-WORK = Path(os.environ.get("WORK", "/tmp/gpu_work"))
+WORK = Path(os.environ.get("WORK", "/tmp/gpu_work"))  # data stage output: prompts, answers, dataset
+DRAFTER = Path(os.environ.get("DRAFTER", WORK / "drafter"))  # e.g. runs/demo/drafter after a demo
 N = int(os.environ.get("N", "2000"))
 NEW = int(os.environ.get("NEW", "128"))
 TARGET = os.environ.get("TARGET", "default")
@@ -114,7 +116,7 @@ def train_stage() -> dict:
     from draftsmith.train import TrainConfig, train
 
     vocab = next(WORK.rglob("vocab*.safetensors"), None)
-    out = WORK / "drafter"
+    out = DRAFTER
     # Online (the target recomputes hidden states): ~5x the offline rate on the lent H200, whose
     # page faults slow shard reads. Rows of 1,024 tokens, 4 per step: ~120 steps an epoch at 2,000.
     train(TrainConfig(out=str(out), prompts=str(WORK / "answers.jsonl"), target=TARGET,
@@ -150,7 +152,7 @@ def spec_stage() -> dict:
     from draftsmith.models.eagle3 import load_drafter
 
     t, model = target_and_model()
-    drafter = load_drafter(WORK / "drafter", DEVICE, DT, embed=model.embed.weight)
+    drafter = load_drafter(DRAFTER, DEVICE, DT, embed=model.embed.weight)
     rt = Runtime(model, 32, 1024)
     rows = []
     for suite, prompts in suites(t).items():
@@ -232,7 +234,7 @@ def doctor_stage() -> dict:
     from draftsmith.doctor import DoctorOptions, run_doctor
     from draftsmith.doctor.render import show
 
-    rep = run_doctor(DoctorOptions(WORK / "dataset", WORK / "drafter", TARGET, "sglang",
+    rep = run_doctor(DoctorOptions(WORK / "dataset", DRAFTER, TARGET, "sglang",
                                    device=DEVICE, dtype=DT))
     show(rep)
     d = rep.to_dict()
@@ -244,7 +246,7 @@ def tune_stage() -> dict:
     from draftsmith.tune.cli import run_tune
 
     src = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
-    rep = run_tune(WORK / "drafter", TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, False,
+    rep = run_tune(DRAFTER, TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, False,
                    OUT / "tune", max_topk=4)
     return {k: v for k, v in rep.items() if k != "costs"}
 
