@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The lent-H200 runs behind the committed benchmarks, one verb per device call.
+# Call 0 (carry [".m1"]): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/   (see ../shared/device/README.md)
+# Then, while the machine is warm, carry [".m2", ".whl"] and run one of:
+#   bash benchmarks/h200.sh demo      # `draftsmith demo` (2,000 self-made conversations, trains)
+#   bash benchmarks/h200.sh suite     # gpu_suite.py stages hf,spec,doctor,tune on the demo's output
+#   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
+# The demo's folders (runs/demo, git-ignored) stay on the machine between warm calls.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+gguf=/tmp/m/S.gguf
+if [ ! -f "$gguf" ]; then
+    [ -f /tmp/m/part0 ] || { echo "/tmp/m/part0 missing: the machine went cold, redo call 0"; exit 3; }
+    cat /tmp/m/part0 .m2/part1 > "$gguf"
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD/src DRAFTSMITH_DEFAULT_GGUF=$gguf PYTHONUNBUFFERED=1
+export DRAFTSMITH_CACHE=/tmp/dcache
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+date -u | tee -a "$OUT/device.txt"
+
+case "${1:-}" in
+demo)
+    start=$SECONDS
+    timeout "${LIMIT:-540}" python3 -m draftsmith demo --device cuda --out runs/demo 2>&1 \
+        | tee "$OUT/demo_log.txt"
+    echo "demo wall: $((SECONDS - start)) s" | tee -a "$OUT/demo_log.txt"
+    tar czf "$OUT/demo.tgz" --exclude='*.safetensors' --exclude=dataset --exclude='*.pt' \
+        runs/demo 2>/dev/null
+    python3 - <<'PY'
+import os
+from safetensors.torch import load_file, save_file
+state = load_file("runs/demo/drafter/model.safetensors")
+state.pop("embed_tokens.weight", None)
+keys = sorted(state)
+half = len(keys) // 2
+for name, part in (("a", keys[:half]), ("b", keys[half:])):
+    save_file({k: state[k].bfloat16().contiguous() for k in part},
+              f"{os.environ.get('OUT', '/tmp/out')}/drafter_{name}.safetensors")
+PY
+    ;;
+suite)
+    WORK=runs/demo/data DRAFTER=runs/demo/drafter STAGES=${STAGES:-hf,spec,doctor,tune} \
+        timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
+    ;;
+baseline)
+    timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 | tee "$OUT/baseline_log.txt"
+    ;;
+*)
+    echo "usage: benchmarks/h200.sh demo|suite|baseline"; exit 2
+    ;;
+esac
