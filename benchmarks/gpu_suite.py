@@ -38,7 +38,7 @@ EPOCHS = int(os.environ.get("EPOCHS", "6"))
 TRAIN_BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 TRAIN_LEN = int(os.environ.get("TRAIN_LEN", "1024"))
 ANSWER = int(os.environ.get("ANSWER", "192"))
-STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")
+STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # or gen
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
 
@@ -80,6 +80,29 @@ def data_stage() -> dict:
     return rec
 
 
+def gen_stage() -> dict:
+    """Prompts and answers only (no capture), at batch GEN_BATCH: data for online training."""
+    from draftsmith.data.prompts import read_prompts
+    from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
+    from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+
+    t, model = target_and_model()
+    WORK.mkdir(parents=True, exist_ok=True)
+    b = int(os.environ.get("GEN_BATCH", "256"))
+    t0 = time.perf_counter()
+    made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128), model,
+                             progress=False)
+    t1 = time.perf_counter()
+    temp = float(os.environ.get("TEMP", "0.8"))
+    regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp)
+    answered = regenerate(read_prompts(WORK / "prompts.jsonl"), WORK / "answers.jsonl",
+                          EngineBackend(t, model, regen), t.tokenizer, regen, False)
+    t2 = time.perf_counter()
+    return {"batch": b, "temperature": regen.temperature, "prompts": made, "answers": answered,
+            "prompt_seconds": t1 - t0, "answer_seconds": t2 - t1,
+            "answer_tok_s": answered.get("answer_tokens", 0) / (t2 - t1)}
+
+
 def hf_stage() -> dict:
     """Regenerate throughput at batch 64: our engine vs HF generate, same prompts, same run."""
     import transformers as tf
@@ -98,6 +121,8 @@ def hf_stage() -> dict:
     hf = tf.AutoModelForCausalLM.from_pretrained(t.folder, dtype=DT).to(DEVICE).eval()
     tok = t.tokenizer
     tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     enc = tok([tok.decode(x) for x in ids], return_tensors="pt", padding=True,
               add_special_tokens=False).to(DEVICE)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
@@ -120,8 +145,8 @@ def train_stage() -> dict:
     # Online (the target recomputes hidden states): ~5x the offline rate on the lent H200, whose
     # page faults slow shard reads. Rows of 1,024 tokens, 4 per step: ~120 steps an epoch at 2,000.
     train(TrainConfig(out=str(out), prompts=str(WORK / "answers.jsonl"), target=TARGET,
-                      epochs=EPOCHS, lr=3e-4, warmup_ratio=0.03, batch_size=TRAIN_BATCH,
-                      max_len=TRAIN_LEN,
+                      epochs=EPOCHS, lr=float(os.environ.get("LR", "5e-4")), warmup_ratio=0.03,
+                      batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
                       draft_vocab_size=8192, vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=10**6, progress=False, log_every=20))
     keep = OUT / "drafter"
@@ -133,7 +158,11 @@ def train_stage() -> dict:
 
     state = load_file(str(out / "model.safetensors"))
     state.pop("embed_tokens.weight", None)  # the target's, frozen: not worth carrying back
-    save_file(state, str(keep / "model.safetensors"))
+    # bf16 floats (ints such as d2t kept) in two files: each file that comes back is <= 16 MiB
+    state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}
+    keys = sorted(state)
+    for name, part in (("a", keys[: len(keys) // 2]), ("b", keys[len(keys) // 2 :])):
+        save_file({k: state[k].contiguous() for k in part}, str(keep / f"model_{name}.safetensors"))
     return json.loads((out / "draftsmith.json").read_text()).get("training", {})
 
 
@@ -254,6 +283,7 @@ def tune_stage() -> dict:
 if __name__ == "__main__":
     save()
     stage("data", data_stage)
+    stage("gen", gen_stage)
     stage("hf", hf_stage)
     stage("train", train_stage)
     stage("spec", spec_stage)
