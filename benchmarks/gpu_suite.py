@@ -9,8 +9,9 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
   2. carry [".m2", ".whl"]: cat /tmp/m/part0 .m2/part1 > /tmp/m/S.gguf && pip install --no-index
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
-Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, N, ANSWER, EPOCHS, TRAIN_BATCH,
-TRAIN_LEN, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
+Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, GEN_BATCH, TEMP, LR, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN,
+TREES, STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -41,6 +42,11 @@ ANSWER = int(os.environ.get("ANSWER", "192"))
 STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # or gen
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def save() -> None:
@@ -128,10 +134,10 @@ def hf_stage() -> dict:
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
               pad_token_id=tok.pad_token_id or 0)
     hf.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=kw["pad_token_id"])
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     hf.generate(**enc, **kw)
-    torch.cuda.synchronize()
+    sync()
     hf_tps = len(ids) * NEW / (time.perf_counter() - t0)
     return {"batch": len(ids), "new_tokens": NEW, "draftsmith_tok_s": ours, "hf_tok_s": hf_tps,
             "ratio": ours / hf_tps}
@@ -148,7 +154,13 @@ def train_stage() -> dict:
                       epochs=EPOCHS, lr=float(os.environ.get("LR", "5e-4")), warmup_ratio=0.03,
                       batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
                       draft_vocab_size=8192, vocab=str(vocab) if vocab else None, device=DEVICE,
-                      save_every=10**6, progress=False, log_every=20))
+                      save_every=200, resume=True, progress=False, log_every=20,
+                      time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
+                      os.environ else None))
+    if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again
+        from draftsmith.train.checkpoint import latest_checkpoint
+
+        return {"stopped_at": str(latest_checkpoint(out))}
     keep = OUT / "drafter"
     keep.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():

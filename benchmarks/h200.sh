@@ -4,7 +4,8 @@
 # Then, while the machine is warm, carry [".m2", ".whl"] and run one of:
 #   bash benchmarks/h200.sh demo      # `draftsmith demo` (2,000 self-made conversations, trains)
 #   bash benchmarks/h200.sh suite     # gpu_suite.py stages hf,spec,doctor,tune on the demo's output
-#   bash benchmarks/h200.sh big       # 16,000 prompts+answers at batch 256, online training
+#   bash benchmarks/h200.sh gen       # 16,000 prompts+answers at batch 256 into runs/big
+#   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 # The demo's folders (runs/demo, git-ignored) stay on the machine between warm calls.
 set -uo pipefail
@@ -43,10 +44,15 @@ for name, part in (("a", keys[:half]), ("b", keys[half:])):
               f"{os.environ.get('OUT', '/tmp/out')}/drafter_{name}.safetensors")
 PY
     ;;
-big)
-    WORK=runs/big DRAFTER=runs/big/drafter STAGES=gen,train N=${N:-16000} ANSWER=${ANSWER:-256} \
-        EPOCHS=${EPOCHS:-2} TEMP=${TEMP:-0.8} timeout "${LIMIT:-570}" python3 benchmarks/gpu_suite.py \
-        2>&1 | tee "$OUT/big_log.txt"
+gen)
+    WORK=runs/big STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=${TEMP:-0.8} \
+        timeout "${LIMIT:-570}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
+    ;;
+train)
+    # resumes from the last checkpoint: call again until the log says the drafter was written
+    WORK=${WORK:-runs/big} DRAFTER=${DRAFTER:-runs/big/drafter} STAGES=train EPOCHS=${EPOCHS:-3} \
+        TRAIN_SECONDS=${TRAIN_SECONDS:-480} timeout "${LIMIT:-570}" python3 benchmarks/gpu_suite.py \
+        2>&1 | tee "$OUT/train_log.txt"
     ;;
 suite)
     WORK=${WORK:-runs/demo/data} DRAFTER=${DRAFTER:-runs/demo/drafter} \
@@ -57,6 +63,6 @@ baseline)
     timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 | tee "$OUT/baseline_log.txt"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|big|suite|baseline"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline"; exit 2
     ;;
 esac

@@ -25,5 +25,7 @@ def test_demo_runs_every_stage_and_reuses_them(tmp_path):
     assert set(bench["phases_ms"]) == {"draft", "verify", "accept", "extend"}
     for fmt in ("sglang", "speculators"):
         assert (tmp_path / "demo" / f"export-{fmt}" / "config.json").is_file()
+    meta = json.loads((tmp_path / "demo" / "drafter" / "draftsmith.json").read_text())
+    assert meta["training"]["config"]["vocab"].endswith("dataset/vocab.safetensors")  # data's
     again = run_demo(cfg)  # a rerun reuses the data and the trained drafter
     assert again["seconds"]["train"] < 5 and again["data"] == report["data"]

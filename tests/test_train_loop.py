@@ -80,6 +80,23 @@ def test_resume_continues_exactly(setup, monkeypatch):
         train(config(root, "cut", resume=True, lr=1e-3))
 
 
+def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup):
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "whole", save_every=100))
+    stale = root / "timed"
+    stale.mkdir()
+    (stale / "train_log.jsonl").write_text('{"step": 40, "loss": 9.0}\n')  # a killed run's row
+    with pytest.warns(UserWarning):
+        train(config(root, "timed", save_every=100, time_limit=0.0))
+    assert [p.name for p in list_checkpoints(stale)] == ["step-00000001"]
+    assert not (stale / "draftsmith.json").exists()  # no final drafter from a stopped run
+    train(config(root, "timed", save_every=100, resume=True, time_limit=3600.0))
+    assert log_rows(stale) == log_rows(root / "whole")
+    da, db = load_drafter(root / "whole").state_dict(), load_drafter(stale).state_dict()
+    assert all(torch.equal(da[k], db[k]) for k in da)
+
+
 def test_non_finite_loss_names_step_and_samples(setup):
     root, target, _ = setup
     write_dataset(root / "poisoned", target, n=8, poison=5)

@@ -123,7 +123,7 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     if (out / "draftsmith.json").is_file():
         console.print(f"{out}: trained drafter found, reused")
         return out
-    vocab = data["dir"].parent / "vocab.safetensors"
+    vocab = data["dir"] / "vocab.safetensors"  # counted by the data stage
     # small data: short packed rows so an epoch is many optimizer steps
     # GPU: online (the target recomputes hidden states, faster than reading shards there)
     source = ({"prompts": str(data["dir"].parent / "answers.jsonl"), "target": cfg.target}

@@ -49,6 +49,8 @@ def train(
                                        help="Processes reading batches ahead (default: auto)"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint"),
+    time_limit: float = typer.Option(None, "--time-limit", help="Seconds; then stop at a "
+                                     "checkpoint (rerun with --resume to continue)"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
@@ -65,7 +67,7 @@ def train(
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
-        resume=resume, progress=progress,
+        resume=resume, time_limit=time_limit, progress=progress,
         extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)

@@ -71,6 +71,7 @@ class TrainConfig:
     loader_workers: int | None = None  # processes reading ahead; 0: none; None: cores // 2, <= 4
     bf16: bool | None = None  # None: autocast to bf16 on CUDA only
     resume: bool = False
+    time_limit: float | None = None  # seconds: then stop at a checkpoint (resume continues)
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -283,6 +284,9 @@ class Trainer:
             workers = min(4, (os.cpu_count() or 1) // 2)
         self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
                               pin=self.ctx.device.type == "cuda")
+        if self.step == 0 and self.ctx.main:
+            report.truncate_log(self.out, 0)  # rows of an earlier run that left no checkpoint
+        start = time.perf_counter()
         try:
             while self.step < self.total:
                 t0 = time.perf_counter()
@@ -292,12 +296,26 @@ class Trainer:
                 bar.update(1)
                 if self.step % self.cfg.log_every == 0 or self.step == self.total:
                     bar.set_postfix_str(self._log())
-                if self.step % self.cfg.save_every == 0 or self.step == self.total:
+                saved = self.step % self.cfg.save_every == 0 or self.step == self.total
+                if saved:
                     self._checkpoint()
+                if self.step < self.total and self._out_of_time(start):
+                    if not saved:
+                        self._checkpoint()
+                    self.say(f"time limit ({self.cfg.time_limit:g} s): stopped at step "
+                             f"{self.step} of {self.total} with a checkpoint; the same command "
+                             "with --resume continues")
+                    return self.out
         finally:
             self.loader.close()
             bar.close()
         return self._finish()
+
+    def _out_of_time(self, start: float) -> bool:
+        if self.cfg.time_limit is None:
+            return False
+        late = torch.tensor(float(time.perf_counter() - start >= self.cfg.time_limit))
+        return bool(self.ctx.all_reduce_sum(late.to(self.ctx.device)) > 0)  # every rank stops
 
     def _describe(self) -> None:
         d = self.drafter.cfg

@@ -92,7 +92,7 @@ def run_tune(
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False)
     eng = measure.Engine(rt, drt, drafter)
-    eos = t.eos_ids
+    eos: list[int] = []  # fixed-length rows: full batches every step, as the model assumes
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
     acc = measure.chain_acceptance(eng, ids, max_steps, new, eos)
     console.print("measuring costs ...")

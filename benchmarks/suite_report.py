@@ -1,0 +1,82 @@
+"""Markdown tables and a plot from a gpu_suite.json (the spec stage): speedup over the same run's
+baseline, accept length, per-position acceptance, phase split and greedy agreement.
+
+Usage: python benchmarks/suite_report.py RUN/gpu_suite.json OUT_DIR
+Writes OUT_DIR/speculative_tables.md and OUT_DIR/speculative.png.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def phase_cells(r: dict) -> tuple[str, str]:
+    ph = r.get("phases") or {}
+    ms, pct = ph.get("ms") or {}, ph.get("pct") or {}
+    if not ms:
+        return "", ""
+    split = " / ".join(f"{ms[k]:.2f}" for k in ("draft", "verify", "accept", "extend"))
+    return split, f"{pct.get('draft', 0):.0f}%"
+
+
+def agreement_cell(r: dict) -> str:
+    g = r.get("greedy_agreement")
+    if not g:
+        return ""
+    gaps = g["top2_gaps_at_divergence"]
+    return f"{g['diverged']}/{g['prompts']}" + (f" (gaps {max(gaps):g} max)" if gaps else "")
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| suite | batch | steps/topk/tokens | tok/s | speedup | accept length | "
+            "per-position acceptance | ms draft / verify / accept / extend | draft share | "
+            "diverged from greedy |")
+    out = [head, "|" + "---|" * 10]
+    for r in rows:
+        split, share = phase_cells(r)
+        pos = " ".join(f"{p:.2f}" for p in r.get("position_acceptance", []))
+        acc = f"{r['accept_length']:.2f}" if "accept_length" in r else ""
+        out.append(f"| {r['suite']} | {r['batch']} | {r['setting']} | {r['tok_s']:.0f} | "
+                   f"{r.get('speedup', 1.0):.2f}x | {acc} | {pos} | {split} | {share} | "
+                   f"{agreement_cell(r)} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    keys = sorted({(r["suite"], r["batch"]) for r in rows})
+    for suite, b in keys:
+        chain = [r for r in rows if (r["suite"], r["batch"]) == (suite, b)
+                 and r["setting"] != "baseline" and r["setting"].split("/")[1] == "1"]
+        xs = [int(r["setting"].split("/")[0]) for r in chain]
+        ax.plot(xs, [r["speedup"] for r in chain], marker="o", label=f"{suite}, batch {b}")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("chain steps (topk 1)")
+    ax.set_ylabel("speedup over the same run's baseline")
+    ax.set_title("Speculative decoding, default target + its drafter")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    src, out = Path(sys.argv[1]), Path(sys.argv[2])
+    res = json.loads(src.read_text())
+    rows = res["spec"]["result"]["rows"]
+    out.mkdir(parents=True, exist_ok=True)
+    text = (f"Device {res['device']}, torch {res['torch']}, {res['date']}, "
+            f"{res['spec']['result']['new_tokens']} new tokens per prompt.\n\n{table(rows)}\n")
+    (out / "speculative_tables.md").write_text(text)
+    plot(rows, out / "speculative.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
