@@ -97,16 +97,19 @@ def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup
     assert all(torch.equal(da[k], db[k]) for k in da)
 
 
-def test_non_finite_loss_names_step_and_samples(setup):
+@pytest.mark.parametrize("log_every", [1, 100])  # 100: the check runs a step late
+def test_non_finite_loss_names_step_and_samples(setup, log_every):
     root, target, _ = setup
-    write_dataset(root / "poisoned", target, n=8, poison=5)
-    cfg = config(root, "nan", data=str(root / "poisoned"), batch_size=1, max_len=24,
-                 max_steps=8)
+    if not (root / "poisoned").exists():
+        write_dataset(root / "poisoned", target, n=8, poison=5)
+    cfg = config(root, f"nan{log_every}", data=str(root / "poisoned"), batch_size=1, max_len=24,
+                 max_steps=8, log_every=log_every)
     with pytest.raises(DraftsmithError, match=r"loss is nan at step \d+ .*id s5"), \
             pytest.warns(UserWarning):
         train(cfg)
-    assert not list_checkpoints(root / "nan") or all(
-        torch.isfinite(load_drafter(p).fc.weight).all() for p in list_checkpoints(root / "nan"))
+    out = root / f"nan{log_every}"
+    assert not list_checkpoints(out) or all(
+        torch.isfinite(load_drafter(p).fc.weight).all() for p in list_checkpoints(out))
 
 
 def test_pread_reader_equals_the_dataset(setup):

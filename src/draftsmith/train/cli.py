@@ -49,8 +49,9 @@ def train(
                                        help="Processes reading batches ahead (default: auto)"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint"),
-    time_limit: float = typer.Option(None, "--time-limit", help="Seconds; then stop at a "
-                                     "checkpoint (rerun with --resume to continue)"),
+    time_limit: float = typer.Option(None, "--time-limit", help="Seconds (checked every "
+                                     "--log-every steps); then stop at a checkpoint (rerun "
+                                     "with --resume to continue)"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""

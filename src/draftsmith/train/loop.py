@@ -71,7 +71,7 @@ class TrainConfig:
     loader_workers: int | None = None  # processes reading ahead; 0: none; None: cores // 2, <= 4
     bf16: bool | None = None  # None: autocast to bf16 on CUDA only
     resume: bool = False
-    time_limit: float | None = None  # seconds: then stop at a checkpoint (resume continues)
+    time_limit: float | None = None  # seconds, checked at log steps: then stop at a checkpoint
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +137,28 @@ class Window:
         vars(self).update(state)
 
 
+@dataclass
+class Pending:
+    """One step's statistics on their way to the host (copied without blocking)."""
+
+    reduced: torch.Tensor  # [loss, step losses, grad norm, tokens, counts] summed over ranks
+    local_loss: torch.Tensor
+    event: torch.cuda.Event | None
+    where: tuple[int, int, int, list[int]]  # step, epoch, batch index, samples
+
+    @classmethod
+    def of(cls, vec: torch.Tensor, loss: torch.Tensor, where: tuple) -> Pending:
+        if vec.device.type != "cuda":
+            return cls(vec, loss, None, where)
+        host = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
+        host.copy_(vec, non_blocking=True)
+        local = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        local.copy_(loss, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, local, event, where)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistCtx) -> None:
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
@@ -150,6 +172,7 @@ class Trainer:
         self.opt, self.sched = self._optimizer()
         self.step, self.tokens = 0, 0
         self.window = Window(cfg.ttt_steps)
+        self.pending: Pending | None = None
         if found is not None:
             self._restore(found)
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay))
@@ -291,17 +314,20 @@ class Trainer:
             while self.step < self.total:
                 t0 = time.perf_counter()
                 self.train_step()
-                self.window.seconds += time.perf_counter() - t0
                 self.step += 1
-                bar.update(1)
-                if self.step % self.cfg.log_every == 0 or self.step == self.total:
-                    bar.set_postfix_str(self._log())
+                log = self.step % self.cfg.log_every == 0 or self.step == self.total
                 saved = self.step % self.cfg.save_every == 0 or self.step == self.total
+                if log or saved:
+                    self._flush()  # the host waits here only
+                self.window.seconds += time.perf_counter() - t0
+                bar.update(1)
+                if log:
+                    bar.set_postfix_str(self._log())
                 if saved:
                     self._checkpoint()
-                if self.step < self.total and self._out_of_time(start):
+                if log and self.step < self.total and self._out_of_time(start):
                     if not saved:
-                        self._checkpoint()
+                        self._checkpoint()  # pending stats were flushed at the log step
                     self.say(f"time limit ({self.cfg.time_limit:g} s): stopped at step "
                              f"{self.step} of {self.total} with a checkpoint; the same command "
                              "with --resume continues")
@@ -335,17 +361,15 @@ class Trainer:
         return e, b, batch
 
     def train_step(self) -> None:
+        """One optimizer step. Its statistics reach the host one step later (`_account`), so
+        the host never waits for the GPU inside the loop; a non-finite loss still stops the
+        run before any log row or checkpoint is written after it."""
         e, b, batch = self._batch()
         tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
         with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.bf16):
             loss, losses, correct, valid = self.model(
                 batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
             )
-        stats = torch.cat([loss.detach().float().view(1), losses]).double()
-        self.ctx.all_reduce_sum(stats)
-        stats = stats.cpu() / self.ctx.world
-        if not torch.isfinite(stats).all():
-            self._non_finite(float(stats[0]), bool(torch.isfinite(loss)), e, b, batch)
         loss.backward()
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
@@ -353,22 +377,46 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        counts = self.ctx.all_reduce_sum(chain_counts(correct, valid)).cpu()
-        tokens = self.ctx.all_reduce_sum(torch.tensor(batch.tokens_used, device=loss.device))
+        dev = loss.device
+        vec = torch.cat([
+            loss.detach().float().view(1), losses, grad.detach().float().view(1).to(dev),
+            torch.tensor([float(batch.tokens_used)], device=dev),
+            chain_counts(correct, valid).flatten().float(),
+        ]).double()
+        self.ctx.all_reduce_sum(vec)
+        prev, self.pending = self.pending, Pending.of(vec, loss.detach(),
+                                                     (self.step + 1, e, b, batch.samples))
+        if prev is not None:
+            self._account(prev)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            p, self.pending = self.pending, None
+            self._account(p)
+
+    def _account(self, p: Pending) -> None:
+        if p.event is not None:
+            p.event.synchronize()
+        v, s, world = p.reduced, self.cfg.ttt_steps, self.ctx.world
+        if not torch.isfinite(v[: s + 1]).all():
+            step, e, b, samples = p.where
+            self._non_finite(float(v[0] / world), bool(torch.isfinite(p.local_loss)), step, e, b,
+                             samples)
         w = self.window
         w.n += 1
-        w.loss += float(stats[0])
-        w.step_loss += stats[1:]
-        w.counts += counts
-        w.grad += float(grad)
-        w.tokens += int(tokens)
-        self.tokens += int(tokens)
+        w.loss += float(v[0] / world)
+        w.step_loss += v[1 : s + 1] / world
+        w.grad += float(v[s + 1] / world)
+        w.tokens += int(v[s + 2])
+        w.counts += v[s + 3 :].view(4, s)
+        self.tokens += int(v[s + 2])
 
-    def _non_finite(self, value: float, local_ok: bool, e: int, b: int, batch: Batch) -> None:
-        names = self._sample_names(batch.samples)
+    def _non_finite(self, value: float, local_ok: bool, step: int, e: int, b: int,
+                    samples: list[int]) -> None:
+        names = self._sample_names(samples)
         where = "this rank's batch is finite" if local_ok else "this rank's batch is not finite"
         raise DraftsmithError(
-            f"loss is {value} at step {self.step + 1} (epoch {e}, batch {b}, rank "
+            f"loss is {value} at step {step} (epoch {e}, batch {b}, rank "
             f"{self.ctx.rank}: samples {names}; {where}); check those samples' hidden states, "
             "or lower --lr"
         )
