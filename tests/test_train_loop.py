@@ -97,6 +97,23 @@ def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup
     assert all(torch.equal(da[k], db[k]) for k in da)
 
 
+def test_profiled_steps_write_phases_and_change_nothing(setup):
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "plain", save_every=100))
+    with pytest.warns(UserWarning):
+        train(config(root, "profiled", save_every=100, profile_steps=2))
+    assert log_rows(root / "plain") == log_rows(root / "profiled")
+    rep = json.loads((root / "profiled" / "profile.json").read_text())
+    assert rep["steps"] == 2 and rep["wall_ms_per_step"] > 0
+    assert set(rep["phase_ms"]) == {"batch", "target", "targets", "forward", "backward",
+                                    "optimizer", "stats"}
+    assert 0.5 * rep["wall_ms_per_step"] < sum(rep["phase_ms"].values()) <= rep[
+        "wall_ms_per_step"] * 1.01
+    assert "aten::" in (root / "profiled" / "profile.txt").read_text()
+    assert not (root / "plain" / "profile.json").exists()
+
+
 @pytest.mark.parametrize("log_every", [1, 100])  # 100: the check runs a step late
 def test_non_finite_loss_names_step_and_samples(setup, log_every):
     root, target, _ = setup

@@ -52,6 +52,8 @@ def train(
     time_limit: float = typer.Option(None, "--time-limit", help="Seconds (checked every "
                                      "--log-every steps); then stop at a checkpoint (rerun "
                                      "with --resume to continue)"),
+    profile_steps: int = typer.Option(0, "--profile-steps", help="Profile that many steps "
+                                      "(after 3 warm-up steps): profile.json/.txt in --out"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
@@ -68,7 +70,7 @@ def train(
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
-        resume=resume, time_limit=time_limit, progress=progress,
+        resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
         extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)

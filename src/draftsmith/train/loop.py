@@ -32,6 +32,7 @@ from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
 from draftsmith.train.dist import DistCtx, setup
 from draftsmith.train.objective import Targets, chain_counts, make_targets, step_loss, summarize
+from draftsmith.train.profile import StepProfiler
 from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
 from draftsmith.train.ttt import unroll
 
@@ -72,6 +73,7 @@ class TrainConfig:
     bf16: bool | None = None  # None: autocast to bf16 on CUDA only
     resume: bool = False
     time_limit: float | None = None  # seconds, checked at log steps: then stop at a checkpoint
+    profile_steps: int = 0  # > 0: profile.json/.txt of that many steps after 3 warm-up steps
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -173,6 +175,7 @@ class Trainer:
         self.step, self.tokens = 0, 0
         self.window = Window(cfg.ttt_steps)
         self.pending: Pending | None = None
+        self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
             self._restore(found)
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay))
@@ -356,27 +359,34 @@ class Trainer:
     def _batch(self) -> tuple[int, int, Batch]:
         e, b, batch = next(self.loader)
         batch = batch.to(self.ctx.device)
+        self.prof.mark("batch")
         if self.target_model is not None:
             run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
+        self.prof.mark("target")
         return e, b, batch
 
     def train_step(self) -> None:
         """One optimizer step. Its statistics reach the host one step later (`_account`), so
         the host never waits for the GPU inside the loop; a non-finite loss still stops the
         run before any log row or checkpoint is written after it."""
+        self.prof.begin()
         e, b, batch = self._batch()
         tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
+        self.prof.mark("targets")
         with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.bf16):
             loss, losses, correct, valid = self.model(
                 batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
             )
+        self.prof.mark("forward")
         loss.backward()
+        self.prof.mark("backward")
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         self.window.lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+        self.prof.mark("optimizer")
         dev = loss.device
         vec = torch.cat([
             loss.detach().float().view(1), losses, grad.detach().float().view(1).to(dev),
@@ -388,6 +398,8 @@ class Trainer:
                                                      (self.step + 1, e, b, batch.samples))
         if prev is not None:
             self._account(prev)
+        self.prof.mark("stats")
+        self.prof.end()
 
     def _flush(self) -> None:
         if self.pending is not None:
