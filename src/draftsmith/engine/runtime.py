@@ -29,14 +29,11 @@ class Runtime:
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.max_batch, self.max_seq = max_batch, max_seq
         att = model.layers[0].attn
-        shape = (max_batch, att.kv_heads, max_seq, att.d)
-        self.caches = [
-            KVCache(
-                torch.zeros(shape, dtype=p.dtype, device=p.device),
-                torch.zeros(shape, dtype=p.dtype, device=p.device),
-            )
-            for _ in model.layers
-        ]
+        # one pool [layer, k/v, batch, kv_heads, seq, head_dim]: each layer's K and V are
+        # contiguous views, and a tree's accepted path moves in all layers with one copy
+        self.kv = torch.zeros((len(model.layers), 2, max_batch, att.kv_heads, max_seq, att.d),
+                              dtype=p.dtype, device=p.device)
+        self.caches = [KVCache(layer[0], layer[1]) for layer in self.kv]
         self.compiled = compile
         if compile:
             compile_layers(model)
@@ -47,6 +44,10 @@ class Runtime:
 
     def caches_for(self, b: int) -> list[KVCache]:
         return [KVCache(c.k[:b], c.v[:b]) for c in self.caches]
+
+    def pool_for(self, b: int) -> torch.Tensor:
+        """[layers, 2, b, kv_heads, seq, head_dim]: every cache of the first b rows."""
+        return self.kv[:, :, :b]
 
     def check(self, b: int, positions: torch.Tensor | None = None) -> None:
         if b > self.max_batch:

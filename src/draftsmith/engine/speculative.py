@@ -94,6 +94,7 @@ class _State:
         self.b = b
         self.rows = torch.arange(b, device=dev)
         self.tcaches, self.dcaches = dec.rt.caches_for(b), dec.drt.caches_for(b)
+        self.tpool = dec.rt.pool_for(b)
         self.L, self.last, self.base, self.n, self.count = (torch.zeros(b, **z) for _ in range(5))
         self.root_logits = torch.zeros(b, cfg.draft_vocab_size, dtype=ddt, device=dev)
         self.root_hidden = torch.zeros(b, cfg.hidden_size, dtype=ddt, device=dev)
@@ -404,9 +405,7 @@ class SpecDecoder:
         """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
         rows = st.rows[:, None]
         src, dst = self.tbase + path, st.L[:, None] + self.ar
-        for c in st.tcaches:
-            c.k[rows, :, dst] = c.k[rows, :, src]
-            c.v[rows, :, dst] = c.v[rows, :, src]
+        st.tpool[:, :, rows, :, dst] = st.tpool[:, :, rows, :, src]  # all layers, K and V
 
     def _commit(self, st: _State, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
                 aux: torch.Tensor) -> None:
