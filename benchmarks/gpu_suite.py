@@ -10,8 +10,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
-EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, GEN_BATCH, TEMP, LR, NEW, PROMPTS, SPEC_BATCHES,
-SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, TEMP, LR, NEW, PROMPTS,
+SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -156,6 +156,7 @@ def train_stage() -> dict:
                       draft_vocab_size=8192, vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=200, resume=True, progress=False, log_every=20,
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),
+                      init_head=os.environ.get("INIT_HEAD", "random"),
                       time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
                       os.environ else None))
     if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again

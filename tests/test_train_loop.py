@@ -16,6 +16,7 @@ from draftsmith.targets import load_target
 from draftsmith.train import TrainConfig, train
 from draftsmith.train.batches import TokenSource, collate, pack, run_target
 from draftsmith.train.checkpoint import list_checkpoints
+from draftsmith.train.dist import setup as setup_ctx
 from draftsmith.train.loop import Trainer
 
 
@@ -95,6 +96,20 @@ def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup
     assert log_rows(stale) == log_rows(root / "whole")
     da, db = load_drafter(root / "whole").state_dict(), load_drafter(stale).state_dict()
     assert all(torch.equal(da[k], db[k]) for k in da)
+
+
+def test_init_head_from_target_starts_from_its_readout(setup):
+    root, target, _ = setup
+    cfg = config(root, "inithead", max_steps=1, init_head="target")
+    with pytest.warns(UserWarning):
+        trainer = Trainer(cfg, setup_ctx("cpu"))
+    d = trainer.drafter
+    used = d.d2t + torch.arange(d.d2t.numel())
+    head = target.weights.get("lm_head.weight", target.weights["model.embed_tokens.weight"])
+    assert torch.equal(d.lm_head.weight, head.float()[used])
+    assert torch.equal(d.norm.weight, target.weights["model.norm.weight"].float())
+    with pytest.raises(DraftsmithError, match="init_head"):
+        config(root, "bad", init_head="zeros")
 
 
 def test_profiled_steps_write_phases_and_change_nothing(setup):

@@ -63,6 +63,7 @@ class TrainConfig:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    init_head: str = "random"  # or "target": lm_head = the target's rows, norm = its final norm
     max_samples: int | None = None
     seed: int = 0
     save_every: int = 500
@@ -84,6 +85,8 @@ class TrainConfig:
         for name in ("ttt_steps", "batch_size", "max_len", "epochs", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.init_head not in ("random", "target"):
+            raise DraftsmithError(f"init_head must be 'random' or 'target', got {self.init_head!r}")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -91,7 +94,8 @@ class TrainConfig:
 # Changing these between a checkpoint and --resume would change the run: refused.
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
-            "max_len", "draft_vocab_size", "vocab", "num_layers", "max_samples", "seed")
+            "max_len", "draft_vocab_size", "vocab", "num_layers", "init_head", "max_samples",
+            "seed")
 
 
 class TTTModel(nn.Module):
@@ -215,7 +219,7 @@ class Trainer:
         if found is not None:
             self.vocab_summary = read_drafter_meta(found).get("vocab", {})
             return load_drafter(found)
-        embed, _ = target_head(self.target)
+        embed, head = target_head(self.target)
         c, t = self.cfg, self.target
         d2t, t2d = self._vocab()
         dcfg = Eagle3Config.for_target(
@@ -230,6 +234,9 @@ class Trainer:
         drafter.init_weights()
         with torch.no_grad():
             drafter.embed_tokens.weight.copy_(embed)
+            if c.init_head == "target":  # start from the target's own token readout
+                drafter.lm_head.weight.copy_(head[d2t + torch.arange(len(d2t))])
+                drafter.norm.weight.copy_(t.weights["model.norm.weight"].float())
         drafter.set_vocab(d2t, t2d)
         return drafter
 
@@ -276,7 +283,8 @@ class Trainer:
     def _restore(self, found: Path) -> None:
         state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
         for key in IDENTITY:
-            old, new = state["config"].get(key), getattr(self.cfg, key)
+            default = TrainConfig.__dataclass_fields__[key].default  # runs saved before the key
+            old, new = state["config"].get(key, default), getattr(self.cfg, key)
             if old != new:
                 raise DraftsmithError(
                     f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
