@@ -10,8 +10,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
-EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, TEMP, LR, NEW, PROMPTS,
-SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on), TEMP,
+LR, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -102,7 +102,8 @@ def gen_stage() -> dict:
     temp = float(os.environ.get("TEMP", "0.8"))
     regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp)
     answered = regenerate(read_prompts(WORK / "prompts.jsonl"), WORK / "answers.jsonl",
-                          EngineBackend(t, model, regen), t.tokenizer, regen, False)
+                          EngineBackend(t, model, regen, os.environ.get("GEN_COMPILE") == "1"),
+                          t.tokenizer, regen, False)
     t2 = time.perf_counter()
     return {"batch": b, "temperature": regen.temperature, "prompts": made, "answers": answered,
             "prompt_seconds": t1 - t0, "answer_seconds": t2 - t1,
@@ -120,10 +121,13 @@ def hf_stage() -> dict:
     t, model = target_and_model()
     convs = list(read_prompts(WORK / "prompts.jsonl"))[:64]
     ids = [t.chat_ids([{"role": "user", "content": c.first_user()}]) for c in convs]
-    rt = Runtime(model, 64, max(map(len, ids)) + NEW + 8)
-    run_generation(rt, ids, 8)
-    g = run_generation(rt, ids, NEW)
-    ours = len(ids) * NEW / (g.prefill_s + g.decode_s)
+    ours = {}
+    for compiled in (False, True):  # same prompts, fixed length, both runtimes
+        rt = Runtime(model, 64, max(map(len, ids)) + NEW + 8, compile=compiled)
+        run_generation(rt, ids, 8)
+        g = run_generation(rt, ids, NEW)
+        ours["compiled" if compiled else "eager_kernels"] = len(ids) * NEW / (g.prefill_s +
+                                                                            g.decode_s)
     hf = tf.AutoModelForCausalLM.from_pretrained(t.folder, dtype=DT).to(DEVICE).eval()
     tok = t.tokenizer
     tok.padding_side = "left"
@@ -140,7 +144,7 @@ def hf_stage() -> dict:
     sync()
     hf_tps = len(ids) * NEW / (time.perf_counter() - t0)
     return {"batch": len(ids), "new_tokens": NEW, "draftsmith_tok_s": ours, "hf_tok_s": hf_tps,
-            "ratio": ours / hf_tps}
+            "ratio": {k: v / hf_tps for k, v in ours.items()}}
 
 
 def train_stage() -> dict:

@@ -129,6 +129,8 @@ def regenerate(
     seed: int = typer.Option(0),
     strict: bool = STRICT,
     limit: int = typer.Option(0),
+    compile: bool = typer.Option(False, "--compile", help="Engine: torch.compile the target's "
+                                 "layers (GPU; faster decode after a one-off compile)"),
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.regenerate import RegenConfig, regenerate_file
@@ -138,7 +140,7 @@ def regenerate(
     convs = read_sources([source], strict, limit)
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
     regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
-                    api_key, log=say)
+                    api_key, log=say, compile=compile)
 
 
 @app.command()
@@ -286,10 +288,13 @@ def make(
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
                                       "prompt (longer ones are dropped)"),
     seed: int = typer.Option(0),
+    compile: bool = typer.Option(False, "--compile", help="Engine: torch.compile the target's "
+                                 "layers (GPU; faster decode after a one-off compile)"),
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume)."""
     from draftsmith.data.pipeline import make_dataset
 
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
-                 parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say)
+                 parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say,
+                 compile=compile)

@@ -33,6 +33,7 @@ def make_dataset(
     command: str = "draftsmith.data.pipeline.make_dataset()",
     log: Callable[[str], None] = print,
     progress: bool = True,
+    compile: bool = False,
 ) -> dict[str, Any]:
     from draftsmith.data.capture import CaptureConfig, capture
     from draftsmith.data.prompts import read_prompts
@@ -66,9 +67,9 @@ def make_dataset(
     stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
                                                log=log))
     regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)
-    stage("regenerate", lambda: regenerate(read_prompts(prompts), answers,
-                                           EngineBackend(t, model, regen), t.tokenizer, regen,
-                                           progress, log))
+    engine = EngineBackend(t, model, regen, compile)
+    stage("regenerate", lambda: regenerate(read_prompts(prompts), answers, engine, t.tokenizer,
+                                           regen, progress, log))
     cap = CaptureConfig(aux_layers, max(1, batch_size // 4), max_len, dtype=dtype, device=device)
     m = stage("capture", lambda: capture(t, read_prompts(answers), data, cap, command, log,
                                          progress, model=model)["totals"])

@@ -67,14 +67,14 @@ class EngineBackend:
 
     name = "engine"
 
-    def __init__(self, target: Any, model: Any, cfg: RegenConfig) -> None:
+    def __init__(self, target: Any, model: Any, cfg: RegenConfig, compile: bool = False) -> None:
         from draftsmith.engine.runtime import Runtime
         from draftsmith.engine.sampling import SamplingParams
 
         self.target, self.cfg = target, cfg
         self.model_name = target.source
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
-        self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1)
+        self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1, compile=compile)
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         from draftsmith.engine.generate import run_generation
@@ -279,6 +279,7 @@ def regenerate_file(
     retries: int = 5,
     api_key: str | None = None,
     log: Callable[[str], None] | None = None,
+    compile: bool = False,
 ) -> dict[str, int]:
     """`regenerate` with the backend built from names: a server when base_url, else the engine."""
     if base_url:
@@ -291,7 +292,7 @@ def regenerate_file(
         from draftsmith.targets import load_target
 
         t = load_target(target)
-        tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg)
+        tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg, compile)
     try:
         return regenerate(convs, out, backend, tok, cfg, log=log)
     finally:
