@@ -7,7 +7,8 @@
 #   bash benchmarks/h200.sh gen       # 16,000 prompts+answers at batch 256 into runs/big
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
-# The demo's folders (runs/demo, git-ignored) stay on the machine between warm calls.
+# runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
+# about 30 s after a call: chain the calls (gen -> train -> train ... -> suite) without pauses.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -60,7 +61,8 @@ suite)
         timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
     ;;
 baseline)
-    timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 | tee "$OUT/baseline_log.txt"
+    timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 \
+        | tee "$OUT/baseline_log.txt"
     ;;
 *)
     echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline"; exit 2
