@@ -129,6 +129,21 @@ def test_profiled_steps_write_phases_and_change_nothing(setup):
     assert not (root / "plain" / "profile.json").exists()
 
 
+def test_a_run_ending_inside_the_profiled_window_writes_no_profile(setup):
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "shortprof", max_steps=4, save_every=100, profile_steps=5))
+    assert (root / "shortprof" / "draftsmith.json").exists()
+    assert not (root / "shortprof" / "profile.json").exists()
+
+
+def test_device_busy_time_is_the_union_of_kernel_spans():
+    from draftsmith.train.profile import union_us
+
+    assert union_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25  # overlap counted once
+    assert union_us([]) == 0
+
+
 @pytest.mark.parametrize("log_every", [1, 100])  # 100: the check runs a step late
 def test_non_finite_loss_names_step_and_samples(setup, log_every):
     root, target, _ = setup

@@ -346,6 +346,7 @@ class Trainer:
         finally:
             self.loader.close()
             bar.close()
+            self.prof.close()
         return self._finish()
 
     def _out_of_time(self, start: float) -> bool:
@@ -396,11 +397,11 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.prof.mark("optimizer")
         dev = loss.device
-        vec = torch.cat([
-            loss.detach().float().view(1), losses, grad.detach().float().view(1).to(dev),
-            torch.tensor([float(batch.tokens_used)], device=dev),
-            chain_counts(correct, valid).flatten().float(),
-        ]).double()
+        vec = torch.cat([  # float64 on the device: nothing here may make the host wait
+            loss.detach().double().view(1), losses.double(),
+            grad.detach().double().view(1).to(dev), (batch.doc >= 0).sum().double().view(1),
+            chain_counts(correct, valid).flatten().double(),
+        ])
         self.ctx.all_reduce_sum(vec)
         prev, self.pending = self.pending, Pending.of(vec, loss.detach(),
                                                      (self.step + 1, e, b, batch.samples))

@@ -92,9 +92,9 @@ def run_tune(
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False)
     eng = measure.Engine(rt, drt, drafter)
-    eos: list[int] = []  # fixed-length rows: full batches every step, as the model assumes
+    eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
-    acc = measure.chain_acceptance(eng, ids, max_steps, new, eos)
+    acc = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers only
     console.print("measuring costs ...")
     probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids, b, 32, eos) for b in batches}
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
