@@ -14,4 +14,4 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 lint:
-	$(PY) -m ruff check src tests
+	$(PY) -m ruff check src tests benchmarks
