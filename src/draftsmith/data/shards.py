@@ -19,6 +19,7 @@ import torch
 
 from draftsmith.data.atomic import atomic_write, write_json
 from draftsmith.errors import DraftsmithError
+from draftsmith.jsonfile import read_versioned
 
 FORMAT = "draftsmith-dataset"
 FORMAT_VERSION = 1
@@ -49,21 +50,8 @@ def sha256_file(path: Path) -> str:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise DraftsmithError(f"{folder}: no {MANIFEST} (not a draftsmith dataset folder)")
-    try:
-        m = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
-    if m.get("format") != FORMAT:
-        raise DraftsmithError(f"{path}: format is {m.get('format')!r}, expected {FORMAT!r}")
-    if m.get("format_version", 0) > FORMAT_VERSION:
-        raise DraftsmithError(
-            f"{path}: format version {m['format_version']} is newer than this draftsmith "
-            f"reads ({FORMAT_VERSION})"
-        )
-    return m
+    return read_versioned(Path(folder) / MANIFEST, "not a draftsmith dataset folder", FORMAT,
+                          FORMAT_VERSION)
 
 
 def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

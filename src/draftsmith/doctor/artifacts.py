@@ -6,7 +6,6 @@ engine makes of those ids is `engines`' job, every conversion `layers`'.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets.hf import read_config
 
 IDS = "eagle_aux_hidden_state_layer_ids"
 LAYOUTS = ("draftsmith", "sglang", "speculators")
@@ -127,13 +127,6 @@ def _ints(v: Any) -> list[int] | None:
     return None if v is None else [int(x) for x in v]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
-
-
 def read_drafter(folder: str | Path) -> DrafterInfo:
     folder = Path(folder)
     if not folder.is_dir():
@@ -149,7 +142,7 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
             raise DraftsmithError(f"{folder / 'draftsmith.json'}: no 'config' section")
         info = DrafterInfo(folder, layout, dict(meta["config"]), meta)
     else:
-        info = DrafterInfo(folder, layout, _read_json(folder / "config.json"))
+        info = DrafterInfo(folder, layout, read_config(folder))
     if not info.weight_files():
         raise DraftsmithError(f"{folder}: no *.safetensors weight file")
     _require(info)

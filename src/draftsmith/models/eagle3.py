@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.jsonfile import read_versioned
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
@@ -378,18 +379,8 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
 
 
 def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise DraftsmithError(f"{folder}: no {CONFIG_FILE} (not a draftsmith drafter folder)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise DraftsmithError(f"{path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise DraftsmithError(f"{path}: format version {meta['format_version']} is too new")
-    return meta
+    return read_versioned(Path(folder) / CONFIG_FILE, "not a draftsmith drafter folder", FORMAT,
+                          FORMAT_VERSION)
 
 
 def load_drafter(

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.jsonfile import read_json
 
 
 def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise DraftsmithError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+    return read_json(Path(folder) / "config.json", "not a Hugging Face checkpoint folder")
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
