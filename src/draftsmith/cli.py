@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import DEVICE, DTYPE, TARGET
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -111,13 +112,13 @@ def targets_show(
 def generate(
     prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A user message (repeatable)"),
     prompts_file: Path = typer.Option(None, "--prompts", help="JSONL of prompts"),
-    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    target: str = TARGET,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k"),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     batch_size: int = typer.Option(16, "--batch-size"),
     seed: int = typer.Option(0),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),

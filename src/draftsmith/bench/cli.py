@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import DEVICE, DTYPE, TARGET
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -21,7 +22,7 @@ def int_list(text: str, what: str) -> list[int]:
 
 
 def bench(
-    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    target: str = TARGET,
     drafter: str = typer.Option("", help="draftsmith drafter folder, or 'random'"),
     suite: list[str] = typer.Option(["chat"], "--suite",
                                     help="humaneval, chat, or a prompt file (repeatable)"),
@@ -35,8 +36,8 @@ def bench(
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k"),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     profile: bool = typer.Option(False, "--profile",
                                  help="phase profiler (also DRAFTSMITH_PROFILE=1)"),
     out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),

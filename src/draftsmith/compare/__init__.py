@@ -16,6 +16,7 @@ import typer
 from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import DEVICE, DTYPE
 
 __all__ = ["CompareOptions", "compare", "run_compare"]
 
@@ -182,8 +183,8 @@ def compare(
                              "acceptance.png here"),
     claimed: list[str] = typer.Option(None, "--claimed",
                                       help="NAME=COUNT, a published parameter count (A=1e9)"),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("auto", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
 ) -> None:
     """Compare drafters: architecture, parameters by convention, data, acceptance."""

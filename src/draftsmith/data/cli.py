@@ -16,13 +16,11 @@ from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import parse_ids
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
 
 app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
 err = Console(stderr=True)
 
-TARGET = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'")
-DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
-DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)")
 STRICT = typer.Option(False, "--strict", help="Stop at the first malformed record")
 TOO_LONG = typer.Option("truncate", "--too-long", help="truncate or skip")
 
@@ -129,8 +127,7 @@ def regenerate(
     seed: int = typer.Option(0),
     strict: bool = STRICT,
     limit: int = typer.Option(0),
-    compile: bool = typer.Option(False, "--compile", help="Engine: torch.compile the target's "
-                                 "layers (GPU; faster decode after a one-off compile)"),
+    compile: bool = COMPILE,
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.regenerate import RegenConfig, regenerate_file
@@ -288,8 +285,7 @@ def make(
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
                                       "prompt (longer ones are dropped)"),
     seed: int = typer.Option(0),
-    compile: bool = typer.Option(False, "--compile", help="Engine: torch.compile the target's "
-                                 "layers (GPU; faster decode after a one-off compile)"),
+    compile: bool = COMPILE,
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume)."""
     from draftsmith.data.pipeline import make_dataset

@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import DEVICE, DTYPE, TARGET
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def serve(
-    target: str = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'"),
+    target: str = TARGET,
     drafter: Path = typer.Option(None, "--drafter", help="A draftsmith drafter folder: "
                                  "speculative decoding (baseline decoding without it)"),
     steps: int = typer.Option(3, "--steps", help="Draft steps per cycle"),
@@ -22,8 +23,8 @@ def serve(
                                          help="Tokens verified per cycle (tree; chain: steps+1)"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)"),
     port: int = typer.Option(8000, "--port"),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     max_batch: int = typer.Option(8, "--max-batch", help="Rows in one engine batch"),
     max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit",
                                          help="Largest max_tokens a request may ask for"),

@@ -10,21 +10,22 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import DEVICE, DTYPE, TARGET
 
 console = Console()
 
 
 def tune(
     drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
-    target: str = typer.Option("default", help="HF folder, .gguf file, or 'default'"),
+    target: str = TARGET,
     prompts: Path = typer.Option(None, "--prompts", help="JSONL of prompts (default: chat suite)"),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes"),
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
     max_topk: int = typer.Option(8, "--max-topk", help="Widest tree to consider (1 = chains)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     top: int = typer.Option(3, help="Predicted settings to sweep (plus neighbours)"),
-    device: str = typer.Option("auto"),
-    dtype: str = typer.Option("auto"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     compile: bool = typer.Option(False, "--compile", help="torch.compile the target's layers"),
     out: Path = typer.Option(Path("runs/tune"), "--out"),
 ) -> None:
