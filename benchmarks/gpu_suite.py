@@ -39,7 +39,7 @@ EPOCHS = int(os.environ.get("EPOCHS", "6"))
 TRAIN_BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 TRAIN_LEN = int(os.environ.get("TRAIN_LEN", "1024"))
 ANSWER = int(os.environ.get("ANSWER", "192"))
-STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # or gen
+STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # or gen, keep
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
 
@@ -167,21 +167,27 @@ def train_stage() -> dict:
         from draftsmith.train.checkpoint import latest_checkpoint
 
         return {"stopped_at": str(latest_checkpoint(out))}
-    keep = OUT / "drafter"
-    keep.mkdir(parents=True, exist_ok=True)
-    for f in out.iterdir():
-        if f.is_file() and f.suffix in (".json", ".jsonl", ".png", ".md", ".txt"):
-            shutil.copy(f, keep / f.name)
+    keep_stage()
+    return json.loads((out / "draftsmith.json").read_text()).get("training", {})
+
+
+def keep_stage() -> dict:
+    """DRAFTER's small files and its weights (embedding left out) into $OUT/drafter: floats as
+    bf16, ints such as d2t kept, in two files, as each file that comes back is <= 16 MiB."""
     from safetensors.torch import load_file, save_file
 
-    state = load_file(str(out / "model.safetensors"))
+    keep = OUT / "drafter"
+    keep.mkdir(parents=True, exist_ok=True)
+    for f in DRAFTER.iterdir():
+        if f.is_file() and f.suffix in (".json", ".jsonl", ".png", ".md", ".txt"):
+            shutil.copy(f, keep / f.name)
+    state = load_file(str(DRAFTER / "model.safetensors"))
     state.pop("embed_tokens.weight", None)  # the target's, frozen: not worth carrying back
-    # bf16 floats (ints such as d2t kept) in two files: each file that comes back is <= 16 MiB
     state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}
     keys = sorted(state)
     for name, part in (("a", keys[: len(keys) // 2]), ("b", keys[len(keys) // 2 :])):
         save_file({k: state[k].contiguous() for k in part}, str(keep / f"model_{name}.safetensors"))
-    return json.loads((out / "draftsmith.json").read_text()).get("training", {})
+    return {"kept": sorted(p.name for p in keep.iterdir())}
 
 
 def suites(t) -> dict[str, list[list[int]]]:
@@ -307,3 +313,4 @@ if __name__ == "__main__":
     stage("spec", spec_stage)
     stage("doctor", doctor_stage)
     stage("tune", tune_stage)
+    stage("keep", keep_stage)

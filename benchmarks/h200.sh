@@ -33,17 +33,7 @@ demo)
     echo "demo wall: $((SECONDS - start)) s" | tee -a "$OUT/demo_log.txt"
     tar czf "$OUT/demo.tgz" --exclude='*.safetensors' --exclude=dataset --exclude='*.pt' \
         runs/demo 2>/dev/null
-    python3 - <<'PY'
-import os
-from safetensors.torch import load_file, save_file
-state = load_file("runs/demo/drafter/model.safetensors")
-state.pop("embed_tokens.weight", None)
-keys = sorted(state)
-half = len(keys) // 2
-for name, part in (("a", keys[:half]), ("b", keys[half:])):
-    save_file({k: state[k].bfloat16().contiguous() for k in part},
-              f"{os.environ.get('OUT', '/tmp/out')}/drafter_{name}.safetensors")
-PY
+    DRAFTER=runs/demo/drafter STAGES=keep python3 benchmarks/gpu_suite.py  # weights come back
     ;;
 gen)
     WORK=runs/big STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=${TEMP:-0.8} \
