@@ -39,7 +39,7 @@ EPOCHS = int(os.environ.get("EPOCHS", "6"))
 TRAIN_BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 TRAIN_LEN = int(os.environ.get("TRAIN_LEN", "1024"))
 ANSWER = int(os.environ.get("ANSWER", "192"))
-STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # or gen, keep
+STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # +gen,keep,restore
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
 
@@ -190,6 +190,27 @@ def keep_stage() -> dict:
     return {"kept": sorted(p.name for p in keep.iterdir())}
 
 
+def restore_stage() -> dict:
+    """DRAFTER rebuilt from what keep_stage brought back (KEPT, default .drafter/): the small
+    files as they were, the two weight files merged, the embedding taken from the target."""
+    from safetensors.torch import load_file, save_file
+
+    kept = Path(os.environ.get("KEPT", ".drafter"))
+    if (DRAFTER / "model.safetensors").is_file() or not kept.is_dir():
+        return {"restored": False, "drafter": str(DRAFTER)}
+    DRAFTER.mkdir(parents=True, exist_ok=True)
+    state: dict = {}
+    for f in sorted(kept.iterdir()):
+        if f.name.startswith("model_") and f.suffix == ".safetensors":
+            state.update(load_file(str(f)))
+        elif f.is_file():
+            shutil.copy(f, DRAFTER / f.name)
+    t, model = target_and_model()
+    state["embed_tokens.weight"] = model.embed.weight.detach().to("cpu", torch.bfloat16)
+    save_file(state, str(DRAFTER / "model.safetensors"))
+    return {"restored": True, "drafter": str(DRAFTER), "tensors": len(state)}
+
+
 def suites(t) -> dict[str, list[list[int]]]:
     from draftsmith.bench.suites import suite_messages
 
@@ -306,6 +327,7 @@ def tune_stage() -> dict:
 
 if __name__ == "__main__":
     save()
+    stage("restore", restore_stage)
     stage("data", data_stage)
     stage("gen", gen_stage)
     stage("hf", hf_stage)

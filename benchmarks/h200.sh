@@ -7,6 +7,9 @@
 #   bash benchmarks/h200.sh gen       # 16,000 prompts+answers at batch 256 into runs/big
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
+#   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of one decode step) + GPU tests
+# A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
+# .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
 # about 30 s after a call: chain the calls (gen -> train -> train ... -> suite) without pauses.
 set -uo pipefail
@@ -47,8 +50,16 @@ train)
     ;;
 suite)
     WORK=${WORK:-runs/demo/data} DRAFTER=${DRAFTER:-runs/demo/drafter} \
-        STAGES=${STAGES:-hf,spec,doctor,tune} \
+        STAGES=${STAGES:-restore,hf,spec,doctor,tune} \
         timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
+    ;;
+probe)
+    python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
+        | tee "$OUT/probe_log.txt"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+    timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+        tests/test_speculative_gpu.py tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
+        | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;
 baseline)
     timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 \
