@@ -41,8 +41,8 @@ def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     from draftsmith.models.loading import build_model
 
     model = build_model(cfg, weights, torch.float32, tp.device, tp)
-    ids = torch.arange(13).repeat(2, 1) * 7 % 97 + 3
-    pos = torch.arange(13).expand(2, 13)
+    ids = (torch.arange(13).repeat(2, 1) * 7 % 97 + 3).to(tp.device)
+    pos = torch.arange(13).expand(2, 13).to(tp.device)
     with torch.no_grad():
         out = model(ids, pos, aux_ids=(-1, 1, 3))
         rt = Runtime(model, max_batch=2, max_seq=32)
@@ -52,8 +52,9 @@ def run_case(tp: TP, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict
     greedy = generate(model, PROMPTS, NEW, eos_ids=[])
     torch.manual_seed(0)  # every rank draws the same noise, as a TP deployment must
     sampled = generate(model, PROMPTS, NEW, SamplingParams(temperature=1.0), eos_ids=[])
-    return {
-        "logits": out.logits, "aux": out.aux, "hidden": out.hidden, "cached": cached,
+    return {  # on the CPU: results of spawned CUDA ranks come back pickled
+        "logits": out.logits.cpu(), "aux": out.aux.cpu(), "hidden": out.hidden.cpu(),
+        "cached": cached.cpu(),
         "tokens": greedy, "sampled": sampled,
         "tied": model.lm_head.weight is model.embed.weight,
         "kv_heads": model.layers[0].attn.kv_heads,
