@@ -144,7 +144,45 @@ def hf_stage() -> dict:
     sync()
     hf_tps = len(ids) * NEW / (time.perf_counter() - t0)
     return {"batch": len(ids), "new_tokens": NEW, "draftsmith_tok_s": ours, "hf_tok_s": hf_tps,
-            "ratio": {k: v / hf_tps for k, v in ours.items()}}
+            "ratio": {k: v / hf_tps for k, v in ours.items()},
+            "regenerate": regen_vs_hf(t, model, hf, enc, convs)}
+
+
+def regen_vs_hf(t, model, hf, enc, convs) -> dict:
+    """The regenerate stage itself (greedy answers stopping at EOS, finished rows idle in the
+    static batch) against HF generate on the same 64 prompts stopping at EOS the same way."""
+    from draftsmith.data.prompts import read_prompts
+    from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
+
+    cfg = RegenConfig(NEW, 1024, batch_size=len(convs), temperature=0.0)
+    warm = list(read_prompts(WORK / "prompts.jsonl"))[64:128] or convs
+    res: dict = {}
+    for compiled in (False, True):
+        backend = EngineBackend(t, model, cfg, compiled)
+        tmp = OUT / f"regen_{compiled}.jsonl"
+        regenerate(warm, tmp, backend, t.tokenizer, cfg, False)  # graphs and compile: once
+        tmp.unlink()
+        sync()
+        t0 = time.perf_counter()
+        stats = regenerate(convs, tmp, backend, t.tokenizer, cfg, False)
+        sync()
+        secs = time.perf_counter() - t0
+        tmp.unlink()
+        res["compiled" if compiled else "eager_kernels"] = {
+            "answer_tokens": stats["answer_tokens"], "seconds": secs,
+            "tok_s": stats["answer_tokens"] / secs}
+    eos = list(t.eos_ids)
+    sync()
+    t0 = time.perf_counter()
+    out = hf.generate(**enc, max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                      pad_token_id=t.tokenizer.pad_token_id or 0)
+    sync()
+    secs = time.perf_counter() - t0
+    new = out[:, enc["input_ids"].shape[1]:].tolist()
+    toks = sum(next((i for i, x in enumerate(r) if x in eos), len(r)) for r in new)
+    res["hf"] = {"answer_tokens": toks, "seconds": secs, "tok_s": toks / secs}
+    res["ratio"] = {k: res[k]["tok_s"] / res["hf"]["tok_s"] for k in ("eager_kernels", "compiled")}
+    return res
 
 
 def train_stage() -> dict:

@@ -27,7 +27,8 @@ def test_graphed_decode_equals_eager(tmp_path, compile):
     assert generate(rt, prompts, 48) == eager
 
 
-def test_graphed_q_forward_equals_eager(tmp_path):
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphed_q_forward_equals_eager(tmp_path, compile):
     from draftsmith.engine.runtime import Runtime
     from draftsmith.targets import load_target
 
@@ -36,7 +37,7 @@ def test_graphed_q_forward_equals_eager(tmp_path):
     ids = torch.randint(5, 100, (3, 20), device="cuda")
     pos = torch.arange(20, device="cuda").repeat(3, 1)
     ref = Runtime(model, 4, 64, graphs=False)
-    rt = Runtime(model, 4, 64, graphs=True)
+    rt = Runtime(model, 4, 64, graphs=True, compile=compile)
     rt.capture([4], [4, 16], aux_ids=(0, 3))
     for r in (ref, rt):
         r.forward(ids[:, :16], pos[:, :16], aux_ids=(0, 3))

@@ -46,6 +46,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache(NamedTuple):
     k: torch.Tensor  # [B, Hkv, S, D]
     v: torch.Tensor
+    kv: torch.Tensor | None = None  # [2, B, Hkv, S, D] whose [0], [1] are k, v: one write for both
+
+
+# Graphed forwards of at most this many query rows (batch x tokens) attend with plain reductions
+# when compiled: inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us
+# a layer at decode shapes (H200 profile, benchmarks/decode_kernels.md).
+SMALL_ATTENTION_ROWS = 32
+
+
+def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    ) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) | mask) v in float32, written as reductions (no matmul).
+    q: [B, H, Q, D]; k, v: [B, H, S, D]; mask: [B, 1 or H, Q, S] bool."""
+    s = (q.float().unsqueeze(-2) * k.float().unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
+    p = s.masked_fill(~mask, float("-inf")).softmax(-1)
+    return (p.unsqueeze(-1) * v.float().unsqueeze(-3)).sum(-2).to(q.dtype)
 
 
 class Attention(nn.Module):
@@ -91,12 +107,18 @@ class Attention(nn.Module):
             )
         else:
             rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
-            cache.k[rows, :, slots] = k
-            cache.v[rows, :, slots] = v
+            if cache.kv is not None:
+                cache.kv[:, rows, :, slots] = torch.stack((k, v), dim=2)
+            else:
+                cache.k[rows, :, slots] = k
+                cache.v[rows, :, slots] = v
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
-            out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
+            if x.is_cuda and torch.compiler.is_compiling() and b * q_len <= SMALL_ATTENTION_ROWS:
+                out = small_attention(qg, cache.k, cache.v, mask)
+            else:
+                out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
             out = out.reshape(b, self.heads, q_len, self.d)
         return self.o(out.transpose(1, 2).reshape(b, q_len, self.heads * self.d))
 
@@ -123,8 +145,17 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, tp)
 
     def forward(self, h, cos, sin, cache, slots, mask) -> torch.Tensor:
+        h, delta = self.split(h, None, cos, sin, cache, slots, mask)
+        return h + delta
+
+    def split(self, h, delta, cos, sin, cache, slots, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer with its last residual add left to the caller: h + delta enters, and the
+        stream leaving is the sum of the pair returned. The next layer (or the final norm) does
+        that add in the kernel of its own norm, one launch less a layer when compiled."""
+        if delta is not None:
+            h = h + delta
         h = h + self.attn(self.input_norm(h), cos, sin, cache, slots, mask)
-        return h + self.mlp(self.post_norm(h))
+        return h, self.mlp(self.post_norm(h))
 
 
 class ForwardOut(NamedTuple):
@@ -161,6 +192,10 @@ class Transformer(nn.Module):
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
         return h, cos, sin, mask
+
+    def finish(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's residual add and the final norm (one kernel when compiled)."""
+        return self.norm(h if delta is None else h + delta)
 
     def rope(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -199,13 +234,14 @@ class Transformer(nn.Module):
         aux: list[torch.Tensor | None] = [None] * len(aux_ids)
         if -1 in want:
             aux[want[-1]] = h
-        layers = self.compiled["layers"] if on else self.layers
+        layers = self.compiled["layers"] if on else [layer.split for layer in self.layers]
+        delta = None
         for j, layer in enumerate(layers):
             cache = caches[j] if caches is not None else None
-            h = layer(h, cos, sin, cache, slots, mask)
+            h, delta = layer(h, delta, cos, sin, cache, slots, mask)
             if j in want:
-                aux[want[j]] = h
-        hidden = self.compiled["norm"](h) if on else self.norm(h)
+                aux[want[j]] = h + delta
+        hidden = self.compiled["finish"](h, delta) if on else self.finish(h, delta)
         logits = None
         if want_logits:
             x = hidden
