@@ -11,7 +11,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on), TEMP,
-LR, NEW, PROMPTS, SPEC_BATCHES, SUITES, CHAIN, TREES, STAGES, TARGET, DEVICE.
+LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
+STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -39,6 +40,7 @@ EPOCHS = int(os.environ.get("EPOCHS", "6"))
 TRAIN_BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 TRAIN_LEN = int(os.environ.get("TRAIN_LEN", "1024"))
 ANSWER = int(os.environ.get("ANSWER", "192"))
+COMPILE = os.environ.get("COMPILE") == "1"  # spec and tune: the target's layers compiled
 STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # +gen,keep,restore
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
@@ -265,7 +267,7 @@ def spec_stage() -> dict:
 
     t, model = target_and_model()
     drafter = load_drafter(DRAFTER, DEVICE, DT, embed=model.embed.weight)
-    rt = Runtime(model, 32, 1024)
+    rt = Runtime(model, max(SPEC_BATCHES), 1024, compile=COMPILE)
     rows = []
     for suite, prompts in suites(t).items():
         for b in SPEC_BATCHES if suite == "chat" else (1,):
@@ -287,7 +289,7 @@ def spec_stage() -> dict:
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
     for r in rows:
         r.pop("tokens", None)
-    return {"new_tokens": NEW, "rows": rows}
+    return {"new_tokens": NEW, "compile": COMPILE, "rows": rows}
 
 
 def settings(b: int) -> list[tuple[int, int, int]]:
@@ -358,7 +360,7 @@ def tune_stage() -> dict:
     from draftsmith.tune.cli import run_tune
 
     src = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
-    rep = run_tune(DRAFTER, TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, False,
+    rep = run_tune(DRAFTER, TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, COMPILE,
                    OUT / "tune", max_topk=4)
     return {k: v for k, v in rep.items() if k != "costs"}
 

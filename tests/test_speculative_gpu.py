@@ -52,6 +52,15 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
     assert ph is not None and all(ph.ms[k] > 0 for k in ("draft", "verify", "accept", "extend"))
 
 
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
+def test_compiled_verify_equals_plain_greedy(pair, steps, topk, n):
+    target, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
+    dec.capture([4, 1])
+    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
 def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n):
     target, drafter, _ = pair

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -38,6 +38,7 @@ def bench(
     top_k: int = typer.Option(0, "--top-k"),
     device: str = DEVICE,
     dtype: str = DTYPE,
+    compile: bool = COMPILE,
     profile: bool = typer.Option(False, "--profile",
                                  help="phase profiler (also DRAFTSMITH_PROFILE=1)"),
     out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),
@@ -60,7 +61,7 @@ def bench(
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
         params=SamplingParams(temperature, top_p, top_k), device=dev,
         dtype=dtype_of(auto if dtype == "auto" else dtype), profile=True if profile else None,
-        seed=seed,
+        seed=seed, compile=compile,
     )
     console = Console(stderr=True)
     report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))

@@ -45,6 +45,7 @@ class BenchConfig:
     dtype: torch.dtype = torch.float32
     profile: bool | None = None
     seed: int = 0
+    compile: bool = False  # torch.compile the target's layers: baseline and verify alike
 
     def settings(self) -> list[Setting]:
         out: list[Setting] = []
@@ -106,7 +107,7 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
     longest = max(len(p) for ps in suites.values() for p in ps)
     s_max, n_max = max(s[0] for s in settings), max(s[2] for s in settings)
     max_seq = longest + cfg.max_new_tokens + 2 * s_max + 2 + n_max
-    rt = Runtime(model, max(cfg.batch_sizes), max_seq)
+    rt = Runtime(model, max(cfg.batch_sizes), max_seq, compile=cfg.compile)
     fs = max((0 if s[1] == 1 else TreeShape(*s).frontier_slots) for s in settings)
     return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False)
 
@@ -203,6 +204,7 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": name or dev.type, "dtype": str(cfg.dtype).replace("torch.", ""),
+        "compile": cfg.compile,
         "torch": torch.__version__, "target": target.source,
         "target_fingerprint": target.fingerprint, "drafter": cfg.drafter or "",
         "aux_layer_ids": list(drafter.cfg.aux_layer_ids),

@@ -377,6 +377,7 @@ class SpecDecoder:
         return self.rt.model(
             st.vtok, st.vpos, st.tcaches, st.vslots if tree else None,
             st.vmask if tree else None, self.aux_ids, None, True,
+            self.rt.compiled and self.graphs is not None,
         )
 
     def _accept(self, st: _State) -> None:
