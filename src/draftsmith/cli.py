@@ -40,6 +40,7 @@ COMMANDS = [
     ("draftsmith.bench.cli", "bench", "bench"),
     ("draftsmith.bench.allreduce", "allreduce_bench", "bench-allreduce"),
     ("draftsmith.tune.cli", "tune", "tune"),
+    ("draftsmith.tune.cli", "tune_nccl", "tune-nccl"),
     ("draftsmith.compare", "compare", "compare"),
     ("draftsmith.serve.cli", "serve", "serve"),
     ("draftsmith.demo", "demo", "demo"),

@@ -201,3 +201,43 @@ def plot(path: Path, series: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def tune_nccl(
+    tp: int = typer.Option(2, "--tp", help="Tensor-parallel size (ranks spawned per setting)"),
+    target: str = typer.Option(
+        "random-8b", "--target",
+        help="default, random-8b (Llama-3-8B shape, random weights: timing only) or a path"),
+    grid: str = typer.Option("full", "--grid", help="full (14 settings) or quick (6)"),
+    batch_sizes: str = typer.Option("1,8", "--batch-sizes"),
+    tokens: str = typer.Option("1,4,8", "--tokens", help="Verify widths to time"),
+    iters: int = typer.Option(20, "--iters", help="Timed forwards per repeat (3 repeats)"),
+    noise_pct: float = typer.Option(3.0, "--noise-pct",
+                                    help="Least gain over defaults that counts"),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per setting"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    out: Path = typer.Option(Path("runs/tune_nccl"), "--out"),
+) -> None:
+    """Sweep NCCL protocol/algorithm/P2P level under TP, each in fresh processes (NVLS off)."""
+    import torch
+
+    from draftsmith.tune import nccl
+
+    dev = device if device != "auto" else (
+        "cuda" if torch.cuda.device_count() >= tp else "cpu")
+    dt = {"auto": "bf16" if dev == "cuda" else "fp32", "bfloat16": "bf16", "float16": "fp16",
+          "float32": "fp32"}.get(dtype, dtype)
+    shapes = [(b, n) for b in _ints(batch_sizes) for n in _ints(tokens)]
+    report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
+                                 timeout, out,
+                                 log=lambda line: console.print(line, markup=False))
+    nccl.print_report(report)
+    console.print(f"wrote {out}/nccl.json, nccl.md")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DraftsmithError(f"{text!r}: expected comma-separated integers") from None
