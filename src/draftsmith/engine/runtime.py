@@ -33,7 +33,7 @@ class Runtime:
         # contiguous views, and a tree's accepted path moves in all layers with one copy
         self.kv = torch.zeros((len(model.layers), 2, max_batch, att.kv_heads, max_seq, att.d),
                               dtype=p.dtype, device=p.device)
-        self.caches = [KVCache(layer[0], layer[1], layer) for layer in self.kv]
+        self.caches = [KVCache(layer[0], layer[1]) for layer in self.kv]
         self.compiled = compile
         if compile:
             compile_layers(model)
@@ -43,7 +43,7 @@ class Runtime:
         self._batches: dict[tuple, list[int]] = {}
 
     def caches_for(self, b: int) -> list[KVCache]:
-        return [KVCache(c.k[:b], c.v[:b], c.kv[:, :b]) for c in self.caches]
+        return [KVCache(c.k[:b], c.v[:b]) for c in self.caches]
 
     def pool_for(self, b: int) -> torch.Tensor:
         """[layers, 2, b, kv_heads, seq, head_dim]: every cache of the first b rows."""

@@ -46,13 +46,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache(NamedTuple):
     k: torch.Tensor  # [B, Hkv, S, D]
     v: torch.Tensor
-    kv: torch.Tensor | None = None  # [2, B, Hkv, S, D] whose [0], [1] are k, v: one write for both
 
 
 # Graphed forwards of at most this many query rows (batch x tokens) attend with plain reductions
 # when compiled: inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us
 # a layer at decode shapes (H200 profile, benchmarks/decode_kernels.md).
-SMALL_ATTENTION_ROWS = 32
+SMALL_ATTENTION_ROWS = 16
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -107,11 +106,8 @@ class Attention(nn.Module):
             )
         else:
             rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
-            if cache.kv is not None:
-                cache.kv[:, rows, :, slots] = torch.stack((k, v), dim=2)
-            else:
-                cache.k[rows, :, slots] = k
-                cache.v[rows, :, slots] = v
+            cache.k[rows, :, slots] = k
+            cache.v[rows, :, slots] = v
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
