@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import write_tiny_folder
 
@@ -35,3 +36,58 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )
+
+
+def _tiny_pair(tmp_path):
+    from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
+    from draftsmith.targets import load_target
+
+    folder = write_tiny_folder(tmp_path / "t", "llama")
+    target = load_target(folder)
+    torch.manual_seed(0)
+    cfg = Eagle3Config.for_target(target.cfg, 64, [0, 2, 4])
+    drafter = Eagle3Drafter(cfg)
+    drafter.set_vocab(torch.zeros(64, dtype=torch.long), torch.arange(128) < 64)
+    drafter.embed_tokens.weight.data.copy_(target.weights["model.embed_tokens.weight"])
+    save_drafter(drafter, tmp_path / "d")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"hello {i}"}) for i in range(3)))
+    return folder, prompts
+
+
+def invoke_tune(*args: str):
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.tune.cli import tune
+
+    app = typer.Typer()
+    app.command()(tune)
+    return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+
+@pytest.mark.slow
+def test_tune_under_tp2_recommends_and_sweeps_nccl_in_fresh_processes(tmp_path):
+    folder, prompts = _tiny_pair(tmp_path)
+    out = tmp_path / "tune"
+    res = invoke_tune(*[
+        "--drafter", str(tmp_path / "d"), "--target", str(folder), "--prompts",
+        str(prompts), "--batch-sizes", "1,2", "--max-steps", "2", "--max-new-tokens", "4",
+        "--top", "1", "--max-topk", "2", "--device", "cpu", "--tp", "2", "--nccl-sweep",
+        "--out", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    report = json.loads((out / "tune.json").read_text())
+    assert [r["batch"] for r in report["recommendations"]] == [1, 2]
+    assert report["tp"] == 2
+    sweep = json.loads((out / "nccl" / "nccl.json").read_text())
+    widths = {(r["batch"], r["verify_tokens"]) for r in report["recommendations"]}
+    assert widths <= {tuple(s) for s in sweep["shapes"]}
+    pids = [r["ranks"][0]["pid"] for r in sweep["results"] if r.get("ranks")]
+    assert len(pids) == len(set(pids)) > 1  # every setting ran in its own processes
+
+
+def test_tune_refuses_an_nccl_sweep_without_tp(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    res = invoke_tune("--drafter", str(tmp_path), "--nccl-sweep")
+    assert isinstance(res.exception, DraftsmithError) and "--nccl-sweep" in str(res.exception)

@@ -27,33 +27,57 @@ def tune(
     device: str = DEVICE,
     dtype: str = DTYPE,
     compile: bool = typer.Option(False, "--compile", help="torch.compile the target's layers"),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks (spawned; the drafter is "
+                           "replicated on each)"),
+    nccl_sweep: bool = typer.Option(False, "--nccl-sweep", help="With --tp: then time the chosen "
+                                    "verify shapes under NCCL settings, each in fresh processes"),
+    nccl_grid: str = typer.Option("quick", "--nccl-grid", help="quick (6 settings) or full (14)"),
     out: Path = typer.Option(Path("runs/tune"), "--out"),
 ) -> None:
     """Pick the fastest steps/topk/draft tokens per batch size (or no speculation)."""
     from draftsmith.cli import dtype_of, pick_device
 
+    if tp < 1 or (nccl_sweep and tp < 2):
+        raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
     dev = pick_device(device)
     dt = dtype_of(
         "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
     )
     batches = sorted(int(x) for x in batch_sizes.split(","))
-    report = run_tune(
-        drafter,
-        target,
-        prompts,
-        batches,
-        max_steps,
-        max_new_tokens,
-        top,
-        dev,
-        dt,
-        compile,
-        out,
-        max_topk,
-    )
+    args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
+            out, max_topk)
+    if tp == 1:
+        report = run_tune(*args)
+    else:
+        from draftsmith.dist import launch_tp
+
+        report = launch_tp(_tune_rank, tp, *args, device=dev)
     for text in report["texts"]:
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
+    if nccl_sweep:
+        _nccl_for(report, tp, target, dev, str(dt).replace("torch.", ""), nccl_grid, out / "nccl")
+
+
+def _tune_rank(tp, *args) -> dict:
+    """One TP rank of `tune`: every rank measures the same settings in step (the collectives
+    pair up); rank 0 prints and writes the report."""
+    console.quiet = tp.rank != 0
+    return run_tune(*args, tp=tp)
+
+
+def _nccl_for(report: dict, tp: int, target: str, dev: str, dt: str, kind: str,
+              out: Path) -> dict:
+    """The NCCL settings sweep on the verify shapes the recommendations use."""
+    from draftsmith.tune import nccl
+
+    shapes = sorted({(r["batch"], r["verify_tokens"]) for r in report["recommendations"]})
+    dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dt]
+    res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, dt, 20, nccl.NOISE_PCT,
+                              300.0, out, log=lambda line: console.print(line, markup=False))
+    nccl.print_report(res)
+    console.print(f"wrote {out}/nccl.json, nccl.md")
+    return res
 
 
 def run_tune(
@@ -69,6 +93,7 @@ def run_tune(
     compile,
     out: Path,
     max_topk: int = 8,
+    tp=None,
 ) -> dict:
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
@@ -85,8 +110,13 @@ def run_tune(
     from draftsmith.tune.flags import recommendation_text
 
     t = load_target(target)
-    model = t.build(dt, dev)
-    drafter = load_drafter(drafter_dir, dev, dt, embed=model.embed.weight)
+    if tp is not None:
+        dev = str(tp.device)
+    model = t.build(dt, dev, tp)
+    # under TP the target's embedding is sharded: the drafter takes the whole one
+    embed = model.embed.weight if tp is None or tp.size == 1 else t.weights.get(
+        "model.embed_tokens.weight")
+    drafter = load_drafter(drafter_dir, dev, dt, embed=embed)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in suite(prompts_path)]
     max_seq = max(len(p) for p in ids) + new + 64
     rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
@@ -100,6 +130,8 @@ def run_tune(
     probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids, b, 32, eos) for b in batches}
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
     costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
+    if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
+        costs = _from_rank0(tp, costs)  # or their sweeps (and collectives) would part ways
     preds, meas = [], []
     grid = [s for s in candidate_grid(max_steps) if s.topk <= max_topk and s.num_draft_tokens <= 16]
     for b in batches:
@@ -114,9 +146,20 @@ def run_tune(
             meas.append(measure.run_setting(eng, s, ids, b, new, eos))
     recs = recommend(preds, meas)
     texts = [recommendation_text(r, str(drafter_dir)) for r in recs]
-    report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev)
+    if tp is not None and tp.rank != 0:
+        return {"texts": texts}  # launch_tp hands back rank 0's report
+    report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
+                          1 if tp is None else tp.size)
     report["texts"] = texts
     return report
+
+
+def _from_rank0(tp, obj):
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=tp.group)
+    return box[0]
 
 
 def suite(path: Path | None) -> list[str]:
@@ -130,7 +173,8 @@ def suite(path: Path | None) -> list[str]:
     return [json.loads(line)["prompt"] for line in src.read_text().splitlines() if line.strip()]
 
 
-def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev) -> dict:
+def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
+                 tp_size: int = 1) -> dict:
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
@@ -148,12 +192,14 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev) 
             )
     report = {
         "device": device_name(dev),
+        "tp": tp_size,
         "acceptance": acc.to_dict(),
         "costs": costs.to_dict(),
         "recommendations": [
             {
                 "batch": r.batch,
                 "setting": str(r.setting),
+                "verify_tokens": 1 if r.setting.is_baseline else r.setting.num_draft_tokens,
                 "tokens_per_s": r.tokens_per_s,
                 "baseline_tok_s": r.baseline_tps,
                 "speedup": r.speedup,
