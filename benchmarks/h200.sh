@@ -8,6 +8,7 @@
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of one decode step) + GPU tests
+#   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
@@ -61,11 +62,15 @@ probe)
         tests/test_speculative_gpu.py tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
         | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;
+tp)
+    timeout "${LIMIT:-560}" python3 benchmarks/tp_bench.py --out "$OUT/tp" 2>&1 \
+        | tee "$OUT/tp_log.txt"
+    ;;
 baseline)
     timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 \
         | tee "$OUT/baseline_log.txt"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp"; exit 2
     ;;
 esac

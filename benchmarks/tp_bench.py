@@ -33,7 +33,7 @@ from draftsmith.tune.cost_model import Acceptance, CostTable, SpecSetting, predi
 from draftsmith.tune.tp_targets import TargetSpec, check_split
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_ACCEPTANCE = ROOT / "benchmarks" / "tune_default_h200" / "tune.json"
+DEFAULT_ACCEPTANCE = ROOT / "benchmarks" / "tune_default_h200_run2" / "tune.json"
 FIXED_CHAIN = (0.7, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35)
 MAX_STEPS = 7
 SPEC_STEPS = 3
