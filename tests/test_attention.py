@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -20,3 +21,33 @@ def test_small_attention_equals_sdpa_with_gqa_rows_and_a_mask():
     assert torch.allclose(out, ref, atol=1e-5)
     mask[0, 0, 0, 5] = False  # the mask is applied: row 0 loses the one slot it attended last
     assert not torch.allclose(small_attention(qg, k, v, mask)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_compiled_parts_equal_eager_on_cpu(tmp_path):
+    """The torch.compile'd layer split, final norm and aux sums (inductor's CPU backend here;
+    CUDA graphs run the same parts on GPU) give the eager forward's logits, aux and caches."""
+    from conftest import write_tiny_folder
+
+    from draftsmith.engine.runtime import compile_layers
+    from draftsmith.models.llama import KVCache
+    from draftsmith.targets import load_target
+
+    model = load_target(write_tiny_folder(tmp_path, "qwen3")).build(torch.float32, "cpu")
+    compile_layers(model)
+    att = model.layers[0].attn
+    ids, pos = torch.randint(5, 100, (2, 7)), torch.arange(7).expand(2, 7)
+    outs = []
+    for compiled in (False, True):
+        caches = [KVCache(torch.zeros(2, att.kv_heads, 16, att.d),
+                          torch.zeros(2, att.kv_heads, 16, att.d)) for _ in model.layers]
+        with torch.no_grad():
+            first = model(ids[:, :4], pos[:, :4], caches, aux_ids=(-1, 0, 3), compiled=compiled)
+            last = model(ids[:, 4:], pos[:, 4:], caches, aux_ids=(-1, 0, 3), compiled=compiled)
+        outs.append((first, last, caches))
+    (f0, l0, c0), (f1, l1, c1) = outs
+    for a, b in ((f0, f1), (l0, l1)):
+        assert torch.allclose(a.logits, b.logits, atol=1e-5)
+        assert torch.allclose(a.aux, b.aux, atol=1e-5)
+    assert all(torch.allclose(x.k, y.k, atol=1e-5) and torch.allclose(x.v, y.v, atol=1e-5)
+               for x, y in zip(c0, c1, strict=True))

@@ -161,6 +161,11 @@ class SpecDecoder:
             self.drt = DrafterRuntime(drafter, self.rt.max_batch, self.tbase + fs,
                                       self.rt.graphs or False)
         self.drafter = self.drt.drafter
+        # graphed phases run the drafter compiled when the target's layers are (eager prefill not)
+        self.compiled = self.rt.compiled and self.rt.graphs is not None
+        self.draft_fn = self.drafter
+        if self.compiled:
+            self.draft_fn = torch.compile(self.drafter, fullgraph=True)
         if self.drt.max_seq < self.tbase + fs:
             raise DraftsmithError(
                 f"the drafter runtime holds {self.drt.max_seq} slots, this setting needs "
@@ -346,8 +351,8 @@ class SpecDecoder:
         logits = st.root_logits
         for k in range(self.steps):
             if k:  # the pair (d_k, g_{k-1}) at position L + k - 1
-                logits, h = self.drafter(st.vtok[:, k : k + 1], h, (st.L + k - 1)[:, None],
-                                         st.dcaches)
+                logits, h = self.draft_fn(st.vtok[:, k : k + 1], h, (st.L + k - 1)[:, None],
+                                          st.dcaches)
                 logits = logits[:, 0]
             ids, q = self._pick(logits)
             st.vdraft[:, k] = ids
@@ -362,7 +367,7 @@ class SpecDecoder:
         t.expand_root(st.root_logits, st.root_hidden, self.params, to_target)
 
         def call(tok, hidden, pos, slots, mask):
-            return self.drafter(tok, hidden, pos, st.dcaches, slots, mask)
+            return self.draft_fn(tok, hidden, pos, st.dcaches, slots, mask)
 
         for d in range(1, self.steps):
             t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, to_target)
@@ -376,8 +381,7 @@ class SpecDecoder:
         tree = st.tree is not None
         return self.rt.model(
             st.vtok, st.vpos, st.tcaches, st.vslots if tree else None,
-            st.vmask if tree else None, self.aux_ids, None, True,
-            self.rt.compiled and self.graphs is not None,
+            st.vmask if tree else None, self.aux_ids, None, True, self.compiled,
         )
 
     def _accept(self, st: _State) -> None:
@@ -433,6 +437,6 @@ class SpecDecoder:
 
     def _extend(self, st: _State) -> None:
         pos = st.base[:, None] + self.ar
-        logits, h = self.drafter(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
+        logits, h = self.draft_fn(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
         st.root_logits.copy_(logits[st.rows, st.n])
         st.root_hidden.copy_(h[st.rows, st.n])
