@@ -45,3 +45,20 @@ def test_graphed_q_forward_equals_eager(tmp_path, compile):
     b = rt.forward(ids[:, 16:], pos[:, 16:], aux_ids=(0, 3))
     assert torch.allclose(a.logits, b.logits, atol=1e-4)
     assert torch.allclose(a.aux, b.aux, atol=1e-4)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphed_refill_equals_each_prompt_alone(tmp_path, compile):
+    from draftsmith.engine.generate import generate
+    from draftsmith.engine.refill import generate_refill
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.targets import load_target
+
+    model = load_target(write_tiny_folder(tmp_path, "llama")).build(torch.float32, "cuda")
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10, 11, 12], [3], [1, 2, 3, 4]]
+    free = generate(Runtime(model, 1, 128, graphs=False), [prompts[0]], 24, eos_ids=[])[0]
+    eos = [free[5]]  # a token the answers really produce: rows end early and are refilled
+    alone = [generate(Runtime(model, 1, 128, graphs=False), [p], 24, eos_ids=eos)[0]
+             for p in prompts]
+    rt = Runtime(model, 2, 128, graphs=True, compile=compile)
+    assert generate_refill(rt, prompts, 24, eos_ids=eos, rows=2, check_every=3) == alone

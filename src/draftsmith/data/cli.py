@@ -128,12 +128,14 @@ def regenerate(
     strict: bool = STRICT,
     limit: int = typer.Option(0),
     compile: bool = COMPILE,
+    refill: bool = typer.Option(True, "--refill/--no-refill", help="Engine: a row whose answer "
+                                "ended takes the next prompt (off: static batches)"),
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.regenerate import RegenConfig, regenerate_file
 
     cfg = RegenConfig(max_new_tokens, max_len, too_long, batch_size, temperature, top_p, top_k,
-                      seed)
+                      seed, refill)
     convs = read_sources([source], strict, limit)
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
     regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,

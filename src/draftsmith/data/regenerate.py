@@ -24,6 +24,9 @@ from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
 from draftsmith.errors import DraftsmithError
 
 Messages = list[dict[str, str]]
+# With refill the engine takes this many batches' prompts at once (the records of a chunk are
+# written together: a killed run redoes at most one chunk) so that finished rows have a next one.
+REFILL_CHUNK = 8
 
 
 @dataclass(slots=True)
@@ -36,6 +39,7 @@ class RegenConfig:
     top_p: float = 0.95
     top_k: int = 0
     seed: int = 0
+    refill: bool = True  # engine: a row whose answer ended takes the next prompt
 
     def __post_init__(self) -> None:
         if self.too_long not in ("truncate", "skip"):
@@ -78,14 +82,20 @@ class EngineBackend:
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         from draftsmith.engine.generate import run_generation
+        from draftsmith.engine.refill import generate_refill
 
         ids = [self.target.chat_ids(m, True) for m in batch]
-        gen = run_generation(self.rt, ids, self.cfg.max_new_tokens, self.params,
-                             self.target.eos_ids)
+        new, eos = self.cfg.max_new_tokens, self.target.eos_ids
+        if self.cfg.refill:
+            tokens = generate_refill(self.rt, ids, new, self.params, eos, self.cfg.batch_size)
+        else:
+            tokens = [t for c in range(0, len(ids), self.cfg.batch_size) for t in
+                      run_generation(self.rt, ids[c : c + self.cfg.batch_size], new,
+                                     self.params, eos).tokens]
         dec = self.target.tokenizer.decode
         return [Answer(dec(t, skip_special_tokens=True).strip(), len(t),
-                       "length" if len(t) >= self.cfg.max_new_tokens else "stop")
-                for t in gen.tokens]
+                       "length" if len(t) >= new else "stop")
+                for t in tokens]
 
 
 class OpenAIBackend:
@@ -188,9 +198,10 @@ def regenerate(
                disable=not progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a", encoding="utf-8") as f:
-        for c in range(0, len(todo), cfg.batch_size):
+        step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
+        for c in range(0, len(todo), step):
             torch.manual_seed(cfg.seed * 1_000_003 + stats["done_before"] + c)
-            chunk = todo[c : c + cfg.batch_size]
+            chunk = todo[c : c + step]
             for rec in _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats):
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             f.flush()
@@ -198,6 +209,10 @@ def regenerate(
     bar.close()
     say("regenerate: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return stats
+
+
+def _refills(backend: Any) -> bool:
+    return isinstance(backend, EngineBackend) and backend.cfg.refill
 
 
 def _counter(tok: Any) -> Callable[[Messages], int]:

@@ -1,0 +1,141 @@
+"""Batched generation that keeps every row busy: a row whose answer ended takes the next prompt.
+
+A static batch idles a row from its EOS until the longest answer ends; here the host looks at
+the `done` flags every `check_every` steps, harvests the finished rows, prefills the next
+prompts together (into a scratch cache sized to them, then copied into those rows of the pool)
+and decoding goes on. The decode step (forward, sample, per-row append and advance) is one CUDA
+graph on GPU, as in `generate.py`; rows are independent, so a greedy answer is the one a
+prompt gets alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.llama import KVCache
+
+
+class RefillState:
+    """Static per-row buffers of one decode step over `rows` rows."""
+
+    def __init__(self, rt: Runtime, rows: int, max_new: int, eos: list[int],
+                 params: SamplingParams) -> None:
+        dev = rt.device
+        self.rt, self.rows, self.max_new, self.params = rt, rows, max_new, params
+        z = dict(dtype=torch.long, device=dev)
+        self.tok, self.pos = torch.zeros(rows, 1, **z), torch.zeros(rows, 1, **z)
+        self.count, self.out = torch.zeros(rows, **z), torch.zeros(rows, max_new, **z)
+        self.done = torch.ones(rows, dtype=torch.bool, device=dev)  # a row without a prompt
+        self.eos = torch.tensor(eos or [-1], device=dev)
+        self.ar = torch.arange(rows, device=dev)
+        self.caches = rt.caches_for(rows)
+
+    def step(self) -> None:
+        rt = self.rt
+        on = rt.compiled and rt.graphs is not None
+        logits = rt.model(self.tok, self.pos, self.caches, compiled=on).logits[:, -1]
+        nxt, live = sample(logits, self.params), ~self.done
+        col = self.count.clamp(max=self.max_new - 1)
+        self.out[self.ar, col] = torch.where(live, nxt, self.out[self.ar, col])
+        self.count.add_(live.long())
+        ended = (nxt.unsqueeze(1) == self.eos).any(-1) | (self.count >= self.max_new)
+        self.done |= live & ended
+        self.tok.copy_(torch.where(live, nxt, self.tok[:, 0]).unsqueeze(1))
+        self.pos.add_(live.long().unsqueeze(1))
+
+    def start(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """Prefill `prompts` into `rows` (any rows, in one forward) and sample their first token."""
+        rt, b, longest = self.rt, len(rows), max(len(p) for p in prompts)
+        tokens = torch.zeros(b, longest, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = torch.tensor(p)
+        lens = torch.tensor([len(p) for p in prompts], device=rt.device)
+        pool = rt.kv
+        scratch = torch.zeros((pool.shape[0], 2, b, pool.shape[3], longest, pool.shape[5]),
+                              dtype=pool.dtype, device=pool.device)
+        caches = [KVCache(layer[0], layer[1]) for layer in scratch]
+        positions = torch.arange(longest, device=rt.device).repeat(b, 1)
+        out = rt.model(tokens.to(rt.device), positions, caches, logits_at=lens - 1)
+        idx = torch.tensor(rows, device=rt.device)
+        pool[:, :, idx, :, :longest] = scratch
+        first = sample(out.logits[:, 0], self.params)
+        self.tok[idx] = first.unsqueeze(1)
+        self.pos[idx] = lens.unsqueeze(1)
+        self.out[idx, 0] = first
+        self.count[idx] = 1
+        self.done[idx] = (first.unsqueeze(1) == self.eos).any(-1) | (self.max_new <= 1)
+
+
+def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
+    key = ("refill", rows, max_new, tuple(eos), params)
+    cached = getattr(rt, "_refillers", {})
+    rt._refillers = cached
+    if key not in cached:
+        state = RefillState(rt, rows, max_new, eos, params)
+        fn = state.step
+        if rt.graphs is not None:
+            with torch.no_grad():
+                rt.graphs.capture(key, state.step)
+            fn = lambda: rt.graphs.replay(key)  # noqa: E731
+        cached[key] = (state, fn)
+    return cached[key]
+
+
+@torch.no_grad()
+def generate_refill(
+    rt: Runtime,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    eos_ids: list[int] | None = None,
+    rows: int | None = None,
+    check_every: int = 16,
+) -> list[list[int]]:
+    """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight."""
+    rows = min(rows or rt.max_batch, rt.max_batch, len(prompts))
+    _check(rt, prompts, max_new_tokens)
+    eos = list(eos_ids or [])
+    state, step = _refiller(rt, rows, max_new_tokens, eos, params)
+    state.done.fill_(True)
+    queue = deque(enumerate(prompts))
+    owner: list[int | None] = [None] * rows
+    results: list[list[int]] = [[] for _ in prompts]
+    _assign(state, list(range(rows)), owner, queue)
+    while any(o is not None for o in owner):
+        for _ in range(check_every):
+            step()
+        done = state.done.tolist()
+        ended = [r for r, o in enumerate(owner) if o is not None and done[r]]
+        if ended:
+            idx = torch.tensor(ended, device=rt.device)
+            counts, outs = state.count[idx].tolist(), state.out[idx].tolist()
+            for r, c, o in zip(ended, counts, outs, strict=True):
+                results[owner[r]] = _trim([o[:c]], eos)[0]
+                owner[r] = None
+            _assign(state, ended, owner, queue)
+    sync(rt)
+    return results
+
+
+def _assign(state: RefillState, free: list[int], owner: list[int | None], queue: deque) -> None:
+    take = [(r, queue.popleft()) for r in free[: len(queue)]]
+    if take:
+        for r, (i, _) in take:
+            owner[r] = i
+        state.start([r for r, _ in take], [p for _, (_, p) in take])
+
+
+def _check(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
+    if not prompts or any(not p for p in prompts):
+        raise DraftsmithError("empty prompt list or empty prompt")
+    if max_new < 1:
+        raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
+    need = max(len(p) for p in prompts) + max_new
+    if need > rt.max_seq:
+        raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")

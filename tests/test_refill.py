@@ -1,0 +1,69 @@
+"""Refill generation: every row stays busy, and each prompt gets the answer it gets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_speculative import tiny_target
+
+from draftsmith.engine.generate import generate
+from draftsmith.engine.refill import generate_refill
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams
+from draftsmith.errors import DraftsmithError
+
+PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10, 11, 12, 13, 14], [1, 20],
+           [3, 4], [1, 2, 3, 4, 5, 6], [9], [1, 40, 41, 42]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_target(vocab=128, seed=1)
+
+
+def alone(model, eos: list[int], new: int) -> list[list[int]]:
+    return [generate(Runtime(model, 1, 64, graphs=False), [p], new, eos_ids=eos)[0]
+            for p in PROMPTS]
+
+
+def stop_tokens(model) -> list[int]:
+    """Two tokens the greedy answers really produce, so some rows stop early, at different
+    steps, and free their row for the next prompt."""
+    free = alone(model, [], 20)
+    return sorted({free[0][3], free[2][7]})
+
+
+@pytest.mark.parametrize(("rows", "check_every"), [(3, 1), (3, 4), (8, 16), (1, 2)])
+def test_greedy_answers_equal_each_prompt_alone(model, rows, check_every):
+    eos = stop_tokens(model)
+    want = alone(model, eos, 20)
+    assert len({len(w) for w in want}) > 2  # the stops really vary the lengths
+    rt = Runtime(model, 8, 64, graphs=False)
+    got = generate_refill(rt, PROMPTS, 20, eos_ids=eos, rows=rows, check_every=check_every)
+    assert got == want
+
+
+def test_a_second_call_reuses_rows_without_stale_state(model):
+    eos = stop_tokens(model)
+    rt = Runtime(model, 3, 64, graphs=False)
+    generate_refill(rt, PROMPTS[::-1], 12, eos_ids=eos, rows=3)
+    assert generate_refill(rt, PROMPTS, 20, eos_ids=eos, rows=3) == alone(model, eos, 20)
+
+
+def test_sampled_answers_are_seeded_and_bounded(model):
+    rt = Runtime(model, 4, 64, graphs=False)
+    params = SamplingParams(temperature=1.0)
+    torch.manual_seed(7)
+    a = generate_refill(rt, PROMPTS, 10, params, eos_ids=[5], rows=4)
+    torch.manual_seed(7)
+    b = generate_refill(rt, PROMPTS, 10, params, eos_ids=[5], rows=4)
+    assert a == b and all(len(x) <= 10 and 5 not in x for x in a)
+    assert len({tuple(x) for x in a}) > 4  # sampled, not one answer repeated
+
+
+@pytest.mark.parametrize(("prompts", "new", "what"), [
+    ([[1, 2], []], 4, "empty prompt"), ([[1] * 60], 8, "exceeds max_seq"),
+    ([[1, 2]], 0, "max_new_tokens must be >= 1")])
+def test_bad_input_is_refused(model, prompts, new, what):
+    with pytest.raises(DraftsmithError, match=what):
+        generate_refill(Runtime(model, 2, 64, graphs=False), prompts, new)
