@@ -109,7 +109,8 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
     max_seq = longest + cfg.max_new_tokens + 2 * s_max + 2 + n_max
     rt = Runtime(model, max(cfg.batch_sizes), max_seq, compile=cfg.compile)
     fs = max((0 if s[1] == 1 else TreeShape(*s).frontier_slots) for s in settings)
-    return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False)
+    return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False,
+                              compile=cfg.compile)
 
 
 def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):

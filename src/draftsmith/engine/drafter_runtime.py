@@ -22,9 +22,11 @@ class DrafterRuntime:
         max_batch: int,
         max_seq: int,
         graphs: Graphs | bool | None = None,
+        compile: bool = False,
     ) -> None:
         p = drafter.fc.weight
         self.drafter, self.device, self.dtype = drafter, p.device, p.dtype
+        self.fn = drafter  # what graphed forwards call: the drafter, or its compiled wrapper
         self.max_batch, self.max_seq = max_batch, max_seq
         att = drafter.layers[0].self_attn
         shape = (max_batch, att.kv_heads, max_seq, att.d)
@@ -40,6 +42,18 @@ class DrafterRuntime:
             self.graphs = Graphs(p.device) if use else None
         self._static: dict[tuple, dict[str, torch.Tensor]] = {}
         self._batches: dict[tuple, list[int]] = {}
+        if compile:
+            self.compile()
+
+    @property
+    def compiled(self) -> bool:
+        return self.fn is not self.drafter
+
+    def compile(self) -> None:
+        """torch.compile the drafter for graphed shapes, once per runtime (eager calls of other
+        shapes keep the plain module, so they never recompile it)."""
+        if not self.compiled:
+            self.fn = torch.compile(self.drafter, fullgraph=True)
 
     def caches_for(self, b: int) -> list[KVCache]:
         if b > self.max_batch:
@@ -88,7 +102,7 @@ class DrafterRuntime:
         caches = self.caches_for(b)
 
         def fn() -> tuple[torch.Tensor, torch.Tensor]:
-            return self.drafter(
+            return self.fn(
                 static["tokens"], static["hidden"], static["positions"], caches,
                 static.get("slots"), static.get("mask"),
             )

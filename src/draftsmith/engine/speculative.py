@@ -163,9 +163,9 @@ class SpecDecoder:
         self.drafter = self.drt.drafter
         # graphed phases run the drafter compiled when the target's layers are (eager prefill not)
         self.compiled = self.rt.compiled and self.rt.graphs is not None
-        self.draft_fn = self.drafter
         if self.compiled:
-            self.draft_fn = torch.compile(self.drafter, fullgraph=True)
+            self.drt.compile()
+        self.draft_fn = self.drt.fn if self.compiled else self.drafter
         if self.drt.max_seq < self.tbase + fs:
             raise DraftsmithError(
                 f"the drafter runtime holds {self.drt.max_seq} slots, this setting needs "

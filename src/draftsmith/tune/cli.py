@@ -4,6 +4,7 @@ and their neighbours on the real engine, and recommend a setting per batch size.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -51,7 +52,12 @@ def tune(
     else:
         from draftsmith.dist import launch_tp
 
+        if nccl_sweep and "WORLD_SIZE" in os.environ:
+            raise DraftsmithError("--nccl-sweep spawns fresh processes per setting: run "
+                                  "`draftsmith tune --tp N --nccl-sweep` without torchrun")
         report = launch_tp(_tune_rank, tp, *args, device=dev)
+        if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
+            return
     for text in report["texts"]:
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
@@ -121,7 +127,8 @@ def run_tune(
     max_seq = max(len(p) for p in ids) + new + 64
     rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
     # room for the widest tree's frontier slots beyond the target's scratch region
-    drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False)
+    drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
+                         compile=compile)
     eng = measure.Engine(rt, drt, drafter)
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
@@ -131,7 +138,7 @@ def run_tune(
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
     costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
-        costs = _from_rank0(tp, costs)  # or their sweeps (and collectives) would part ways
+        costs, acc = _from_rank0(tp, (costs, acc))  # or their sweeps (and collectives) would part
     preds, meas = [], []
     grid = [s for s in candidate_grid(max_steps) if s.topk <= max_topk and s.num_draft_tokens <= 16]
     for b in batches:
@@ -158,7 +165,7 @@ def _from_rank0(tp, obj):
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0, group=tp.group)
+    dist.broadcast_object_list(box, src=dist.get_global_rank(tp.group, 0), group=tp.group)
     return box[0]
 
 
