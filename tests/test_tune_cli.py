@@ -33,6 +33,10 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
         assert r["tokens_per_s"] > 0 and r["best_measured_tok_s"] is not None
         assert r["tokens_per_s"] == r["best_measured_tok_s"]  # measured best wins
     assert (out / "tune.png").stat().st_size > 1000
+    spec = [r for r in report["phases"] if r["setting"] != "no speculation"]
+    assert spec and all(r["measured_phases_ms"].get("verify", 0) > 0 for r in spec)
+    assert all(r["measured_cycle_ms"] > 0 for r in spec if r["measured_accept"])
+    assert any(r["predicted_phases_ms"] for r in spec)
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )

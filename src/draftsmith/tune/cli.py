@@ -217,11 +217,31 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
             for r in recs
         ],
         "rows": rows,
+        "phases": _phase_rows(preds, meas),
     }
     (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "tune.md").write_text("\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
     plot(out / "tune.png", {b: steps_series(preds, meas, b) for b in batches})
     return report
+
+
+def _phase_rows(preds, meas) -> list[dict]:
+    """Per measured setting: predicted and profiled ms per cycle by phase, tokens per cycle
+    (row-cycle) predicted and measured, and the cycle the measured tokens/s implies: where the
+    model and the engine part ways."""
+    pred = {(p.batch, p.setting): p for p in preds}
+    out = []
+    for m in meas:
+        p = pred.get((m.batch, m.setting))
+        row = {"batch": m.batch, "setting": str(m.setting),
+               "measured_phases_ms": dict(m.phases or {}), "measured_accept": m.accept_length,
+               "predicted_phases_ms": dict(p.phases) if p else None,
+               "predicted_tokens_per_cycle": p.tokens_per_cycle if p else None,
+               "predicted_cycle_ms": p.cycle_ms if p else None}
+        if m.accept_length:
+            row["measured_cycle_ms"] = 1e3 * m.accept_length * m.batch / m.tokens_per_s
+        out.append(row)
+    return out
 
 
 def best_measured(meas, batch: int) -> float | None:
