@@ -79,6 +79,10 @@ class EngineBackend:
         self.model_name = target.source
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1, compile=compile)
+        if cfg.refill:  # before regenerate's first per-chunk seed
+            from draftsmith.engine.refill import prepare
+
+            prepare(self.rt, cfg.batch_size, cfg.max_new_tokens, target.eos_ids, self.params)
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         from draftsmith.engine.generate import run_generation

@@ -72,6 +72,13 @@ class RefillState:
         self.done[idx] = (first.unsqueeze(1) == self.eos).any(-1) | (self.max_new <= 1)
 
 
+def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
+    """Build (and on GPU capture) the step for these settings now: capture's warm-up steps
+    draw random numbers, so a caller that seeds per chunk prepares before its first seed and
+    a resumed run samples what an uninterrupted one does."""
+    return _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
+
+
 def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
     key = ("refill", rows, max_new, tuple(eos), params)
     cached = getattr(rt, "_refillers", {})
@@ -97,8 +104,9 @@ def generate_refill(
     rows: int | None = None,
     check_every: int = 16,
 ) -> list[list[int]]:
-    """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight."""
-    rows = min(rows or rt.max_batch, rt.max_batch, len(prompts))
+    """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight
+    (fewer prompts than rows leave rows idle: one captured step serves every call)."""
+    rows = min(rows or rt.max_batch, rt.max_batch)
     _check(rt, prompts, max_new_tokens)
     eos = list(eos_ids or [])
     state, step = _refiller(rt, rows, max_new_tokens, eos, params)
