@@ -9,6 +9,7 @@
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of one decode step) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
+#   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
@@ -59,8 +60,13 @@ probe)
         | tee "$OUT/probe_log.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
-        tests/test_speculative_gpu.py tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
+        tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \
+        tests/test_tp_nccl.py 2>&1 \
         | tail -15 | tee -a "$OUT/probe_log.txt"
+    ;;
+refill)
+    timeout "${LIMIT:-400}" python3 benchmarks/refill_bench.py --device cuda --batch 64 \
+        --new 256 --rounds 2 --out "$OUT/refill.json" 2>&1 | tee "$OUT/refill_log.txt"
     ;;
 tp)
     timeout "${LIMIT:-560}" python3 benchmarks/tp_bench.py --out "$OUT/tp" 2>&1 \
@@ -71,6 +77,6 @@ baseline)
         | tee "$OUT/baseline_log.txt"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill"; exit 2
     ;;
 esac
