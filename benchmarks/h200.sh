@@ -66,7 +66,7 @@ probe)
     ;;
 refill)
     timeout "${LIMIT:-400}" python3 benchmarks/refill_bench.py --device cuda --batch 64 \
-        --new 256 --rounds 2 --out "$OUT/refill.json" 2>&1 | tee "$OUT/refill_log.txt"
+        --new 256 --rounds 2 --humaneval 164 --n 512 --out "$OUT/refill.json" 2>&1 | tee "$OUT/refill_log.txt"
     ;;
 tp)
     timeout "${LIMIT:-560}" python3 benchmarks/tp_bench.py --out "$OUT/tp" 2>&1 \

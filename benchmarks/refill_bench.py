@@ -3,8 +3,9 @@
 Usage: python benchmarks/refill_bench.py [--device cpu|cuda] [--batch 8] [--new 96]
        [--rounds 2] [--out FILE.json]
 Greedy, so both ways must give every prompt the same answer (checked); the prompts are the
-built-in chat suite (22) and HumanEval's first 10, all from the embedded default target's
-chat template. Prints a table and one JSON line.
+built-in chat suite (22) and HumanEval's first `--humaneval` (10), cycled up to `--n` (default:
+all of them once), in the embedded default target's chat template. Prints a table and one
+JSON line.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--humaneval", type=int, default=10)
+    ap.add_argument("--n", type=int, default=0, help="prompts, cycling the suites (0 = once)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dt = torch.bfloat16 if args.device == "cuda" else torch.float32
     t = load_target("default")
     model = t.build(dt, args.device)
-    msgs = suite_messages("chat", 0) + suite_messages("humaneval", 10)
+    msgs = suite_messages("chat", 0) + suite_messages("humaneval", args.humaneval)
+    msgs = [msgs[i % len(msgs)] for i in range(args.n or len(msgs))]
     res: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda"
                  else platform.processor() or "cpu", "torch": torch.__version__,
                  "threads": torch.get_num_threads(), "prompts": len(msgs), "batch": args.batch,
