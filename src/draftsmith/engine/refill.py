@@ -115,8 +115,9 @@ def generate_refill(
     owner: list[int | None] = [None] * rows
     results: list[list[int]] = [[] for _ in prompts]
     _assign(state, list(range(rows)), owner, queue)
+    every = max(1, min(check_every, max_new_tokens // 4))  # short answers: look more often
     while any(o is not None for o in owner):
-        for _ in range(check_every):
+        for _ in range(every):
             step()
         done = state.done.tolist()
         ended = [r for r, o in enumerate(owner) if o is not None and done[r]]
