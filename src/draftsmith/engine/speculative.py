@@ -16,9 +16,7 @@ the last emitted token x_L is verified at position L; the drafter pair (x_{p+1},
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import torch
 
@@ -26,100 +24,14 @@ from draftsmith.engine import tree as trees
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, sync
-from draftsmith.engine.profiler import PHASES, PhaseSummary, make_profiler
+from draftsmith.engine.profiler import PHASES, make_profiler
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
+from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import Transformer
-
-MAX_EOS = 16
-
-
-@dataclass
-class SpecResult:
-    tokens: list[list[int]]  # new tokens per prompt, eos excluded
-    prefill_s: float
-    decode_s: float
-    cycles: int
-    steps: int
-    accept_hist: list[int]  # [k]: row-cycles that emitted k tokens (k = 0..steps+1)
-    reached: list[int]  # [i]: row-cycles in which draft position i+1 was verified
-    accepted: list[int]  # [i]: ... and accepted
-    phases: PhaseSummary | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / max(self.prefill_s + self.decode_s, 1e-9)
-
-    @property
-    def mean_accept_length(self) -> float:
-        n = sum(self.accept_hist)
-        return sum(k * c for k, c in enumerate(self.accept_hist)) / n if n else 0.0
-
-    @property
-    def accept_rate(self) -> float:
-        """Accept length over its maximum, steps + 1 (as SGLang and the seed report it)."""
-        return self.mean_accept_length / (self.steps + 1)
-
-    @property
-    def position_rates(self) -> list[float]:
-        """P(draft position i accepted | position i reached)."""
-        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached, strict=True)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "new_tokens": self.new_tokens, "prefill_s": self.prefill_s,
-            "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "cycles": self.cycles,
-            "mean_accept_length": self.mean_accept_length, "accept_rate": self.accept_rate,
-            "accept_hist": self.accept_hist, "reached": self.reached, "accepted": self.accepted,
-            "position_rates": self.position_rates,
-            "phases": self.phases.to_dict() if self.phases else None, **self.extra,
-        }
-
-
-class _State:
-    """Static buffers of one batch size; graph phases read and write only these."""
-
-    def __init__(self, dec: SpecDecoder, b: int) -> None:
-        dev, s, n = dec.device, dec.steps, dec.n_verify
-        cfg, ddt = dec.drafter.cfg, dec.drt.dtype
-        z = dict(dtype=torch.long, device=dev)
-        self.b = b
-        self.rows = torch.arange(b, device=dev)
-        self.tcaches, self.dcaches = dec.rt.caches_for(b), dec.drt.caches_for(b)
-        self.tpool = dec.rt.pool_for(b)
-        self.L, self.last, self.base, self.n, self.count = (torch.zeros(b, **z) for _ in range(5))
-        self.root_logits = torch.zeros(b, cfg.draft_vocab_size, dtype=ddt, device=dev)
-        self.root_hidden = torch.zeros(b, cfg.hidden_size, dtype=ddt, device=dev)
-        self.vtok, self.vpos = torch.zeros(b, n, **z), torch.zeros(b, n, **z)
-        self.vdraft = torch.zeros(b, s, **z)
-        sampling = not dec.params.greedy
-        self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
-                      if sampling and dec.shape is None else None)
-        self.tree = None
-        if dec.shape is not None:
-            self.tree = trees.TreeDraft(dec.shape, b, cfg.hidden_size, cfg.draft_vocab_size, ddt,
-                                        dev, sampling)
-            self.vslots = (dec.tbase + torch.arange(n, device=dev)).expand(b, n).contiguous()
-            self.vmask = torch.zeros(b, 1, n, dec.rt.max_seq, dtype=torch.bool, device=dev)
-        self.ext_tok = torch.zeros(b, s + 1, **z)
-        naux, th = len(dec.aux_ids), cfg.target_hidden_size
-        self.ext_aux = torch.zeros(b, s + 1, naux, th, dtype=dec.rt.dtype, device=dev)
-        self.out = torch.zeros(b, dec.out_width, **z)
-        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
-        self.all_done = torch.zeros((), dtype=torch.bool, device=dev)
-        self.max_new = torch.zeros((), **z)
-        self.eos = torch.full((MAX_EOS,), -1, **z)
-        self.hist = torch.zeros(s + 2, **z)
-        self.reached, self.accepted = torch.zeros(s, **z), torch.zeros(s, **z)
-        self.vout: Any = None
 
 
 class SpecDecoder:
@@ -177,7 +89,7 @@ class SpecDecoder:
         self.ar = torch.arange(steps + 1, device=self.device)
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
-        self.states: dict[int, _State] = {}
+        self.states: dict[int, SpecState] = {}
         self.out_width = self.capacity() + steps + 2
 
     def _check_pair(self) -> None:
@@ -231,14 +143,14 @@ class SpecDecoder:
 
     # ---- step API (generate, and callers that stream per cycle) --------------------------------
 
-    def start(self, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> _State:
+    def start(self, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> SpecState:
         """Check the inputs, take this batch size's static state and prefill it."""
         self._check_inputs(prompts, max_new_tokens, eos)
         st = self._state(len(prompts))
         self._prefill(st, prompts, max_new_tokens, eos)
         return st
 
-    def cycle(self, st: _State, prof=None) -> None:
+    def cycle(self, st: SpecState, prof=None) -> None:
         """One speculative cycle: draft, verify, accept, extend (each a graph on CUDA)."""
         if prof is not None:
             prof.start()
@@ -247,7 +159,7 @@ class SpecDecoder:
             if prof is not None:
                 prof.mark(phase)
 
-    def finished(self, st: _State) -> bool:
+    def finished(self, st: SpecState) -> bool:
         """Every row done: the cycle's one read-back."""
         return bool(st.all_done)
 
@@ -270,10 +182,10 @@ class SpecDecoder:
                 f"{self.n_verify} verify tokens)"
             )
 
-    def _state(self, b: int) -> _State:
+    def _state(self, b: int) -> SpecState:
         if b in self.states:
             return self.states[b]
-        st = self.states[b] = _State(self, b)
+        st = self.states[b] = SpecState(self, b)
         if self.graphs is not None:
             with torch.no_grad():
                 for phase in PHASES:
@@ -283,7 +195,7 @@ class SpecDecoder:
                         st.vout = out
         return st
 
-    def _run(self, st: _State, phase: str) -> None:
+    def _run(self, st: SpecState, phase: str) -> None:
         key = (id(self), st.b, phase)
         if self.graphs is not None and key in self.graphs:
             out = self.graphs.replay(key)
@@ -294,7 +206,8 @@ class SpecDecoder:
 
     # ---- prefill ------------------------------------------------------------------------------
 
-    def _prefill(self, st: _State, prompts: list[list[int]], max_new: int, eos: list[int]) -> None:
+    def _prefill(self, st: SpecState, prompts: list[list[int]], max_new: int,
+                 eos: list[int]) -> None:
         dev, b = self.device, st.b
         longest = max(len(p) for p in prompts)
         tokens = torch.zeros(b, longest, dtype=torch.long)
@@ -322,7 +235,7 @@ class SpecDecoder:
         for t in (st.hist, st.reached, st.accepted):
             t.zero_()
 
-    def _extend_prompt(self, st: _State, ext: torch.Tensor, hidden: torch.Tensor,
+    def _extend_prompt(self, st: SpecState, ext: torch.Tensor, hidden: torch.Tensor,
                        pos: torch.Tensor, lens: torch.Tensor) -> None:
         """The drafter over the prompt in chunks (its logits over a long prompt are large)."""
         longest = ext.shape[1]
@@ -344,7 +257,7 @@ class SpecDecoder:
         q = probs(logits, self.params)
         return draw(q), q
 
-    def _draft(self, st: _State) -> None:
+    def _draft(self, st: SpecState) -> None:
         if st.tree is not None:
             return self._draft_tree(st)
         h = st.root_hidden[:, None]
@@ -362,7 +275,7 @@ class SpecDecoder:
         st.vtok[:, 0] = st.last
         st.vpos.copy_(st.L[:, None] + self.ar)
 
-    def _draft_tree(self, st: _State) -> None:
+    def _draft_tree(self, st: SpecState) -> None:
         t, to_target = st.tree, self.drafter.to_target
         t.expand_root(st.root_logits, st.root_hidden, self.params, to_target)
 
@@ -377,14 +290,14 @@ class SpecDecoder:
         st.vmask.copy_(trees.committed_mask(st.L, self.n_verify, self.rt.max_seq))
         st.vmask[:, 0, :, self.tbase : self.tbase + self.n_verify] |= t.anc
 
-    def _verify(self, st: _State):
+    def _verify(self, st: SpecState):
         tree = st.tree is not None
         return self.rt.model(
             st.vtok, st.vpos, st.tcaches, st.vslots if tree else None,
             st.vmask if tree else None, self.aux_ids, None, True, self.compiled,
         )
 
-    def _accept(self, st: _State) -> None:
+    def _accept(self, st: SpecState) -> None:
         logits, aux = st.vout.logits, st.vout.aux
         t = st.tree
         if t is None:
@@ -406,13 +319,13 @@ class SpecDecoder:
             self._copy_path(st, path)
         self._commit(st, n, bonus, path, aux)
 
-    def _copy_path(self, st: _State, path: torch.Tensor) -> None:
+    def _copy_path(self, st: SpecState, path: torch.Tensor) -> None:
         """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
         rows = st.rows[:, None]
         src, dst = self.tbase + path, st.L[:, None] + self.ar
         st.tpool[:, :, rows, :, dst] = st.tpool[:, :, rows, :, src]  # all layers, K and V
 
-    def _commit(self, st: _State, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
+    def _commit(self, st: SpecState, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
                 aux: torch.Tensor) -> None:
         i = self.ar
         nxt = torch.cat([st.vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
@@ -435,7 +348,7 @@ class SpecDecoder:
         st.L.add_(torch.where(act, n + 1, 0))
         st.last.copy_(torch.where(act, bonus, st.last))
 
-    def _extend(self, st: _State) -> None:
+    def _extend(self, st: SpecState) -> None:
         pos = st.base[:, None] + self.ar
         logits, h = self.draft_fn(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
         st.root_logits.copy_(logits[st.rows, st.n])

@@ -1,0 +1,102 @@
+"""What a speculative run returns (`SpecResult`) and the static buffers of one batch size
+(`SpecState`) that the graphed phases of `SpecDecoder` read and write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from draftsmith.engine import tree as trees
+from draftsmith.engine.profiler import PhaseSummary
+
+if TYPE_CHECKING:
+    from draftsmith.engine.speculative import SpecDecoder
+
+MAX_EOS = 16
+
+
+@dataclass
+class SpecResult:
+    tokens: list[list[int]]  # new tokens per prompt, eos excluded
+    prefill_s: float
+    decode_s: float
+    cycles: int
+    steps: int
+    accept_hist: list[int]  # [k]: row-cycles that emitted k tokens (k = 0..steps+1)
+    reached: list[int]  # [i]: row-cycles in which draft position i+1 was verified
+    accepted: list[int]  # [i]: ... and accepted
+    phases: PhaseSummary | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+
+    @property
+    def mean_accept_length(self) -> float:
+        n = sum(self.accept_hist)
+        return sum(k * c for k, c in enumerate(self.accept_hist)) / n if n else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Accept length over its maximum, steps + 1 (as SGLang and the seed report it)."""
+        return self.mean_accept_length / (self.steps + 1)
+
+    @property
+    def position_rates(self) -> list[float]:
+        """P(draft position i accepted | position i reached)."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached, strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens, "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "cycles": self.cycles,
+            "mean_accept_length": self.mean_accept_length, "accept_rate": self.accept_rate,
+            "accept_hist": self.accept_hist, "reached": self.reached, "accepted": self.accepted,
+            "position_rates": self.position_rates,
+            "phases": self.phases.to_dict() if self.phases else None, **self.extra,
+        }
+
+
+class SpecState:
+    """Static buffers of one batch size; graph phases read and write only these."""
+
+    def __init__(self, dec: SpecDecoder, b: int) -> None:
+        dev, s, n = dec.device, dec.steps, dec.n_verify
+        cfg, ddt = dec.drafter.cfg, dec.drt.dtype
+        z = dict(dtype=torch.long, device=dev)
+        self.b = b
+        self.rows = torch.arange(b, device=dev)
+        self.tcaches, self.dcaches = dec.rt.caches_for(b), dec.drt.caches_for(b)
+        self.tpool = dec.rt.pool_for(b)
+        self.L, self.last, self.base, self.n, self.count = (torch.zeros(b, **z) for _ in range(5))
+        self.root_logits = torch.zeros(b, cfg.draft_vocab_size, dtype=ddt, device=dev)
+        self.root_hidden = torch.zeros(b, cfg.hidden_size, dtype=ddt, device=dev)
+        self.vtok, self.vpos = torch.zeros(b, n, **z), torch.zeros(b, n, **z)
+        self.vdraft = torch.zeros(b, s, **z)
+        sampling = not dec.params.greedy
+        self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
+                      if sampling and dec.shape is None else None)
+        self.tree = None
+        if dec.shape is not None:
+            self.tree = trees.TreeDraft(dec.shape, b, cfg.hidden_size, cfg.draft_vocab_size, ddt,
+                                        dev, sampling)
+            self.vslots = (dec.tbase + torch.arange(n, device=dev)).expand(b, n).contiguous()
+            self.vmask = torch.zeros(b, 1, n, dec.rt.max_seq, dtype=torch.bool, device=dev)
+        self.ext_tok = torch.zeros(b, s + 1, **z)
+        naux, th = len(dec.aux_ids), cfg.target_hidden_size
+        self.ext_aux = torch.zeros(b, s + 1, naux, th, dtype=dec.rt.dtype, device=dev)
+        self.out = torch.zeros(b, dec.out_width, **z)
+        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.all_done = torch.zeros((), dtype=torch.bool, device=dev)
+        self.max_new = torch.zeros((), **z)
+        self.eos = torch.full((MAX_EOS,), -1, **z)
+        self.hist = torch.zeros(s + 2, **z)
+        self.reached, self.accepted = torch.zeros(s, **z), torch.zeros(s, **z)
+        self.vout: Any = None
