@@ -7,7 +7,9 @@ the `done` flags every `check_every` steps.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,16 +34,24 @@ def prefill(rt: Runtime, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.
     """Write every prompt into the cache; return last-position logits [B, V] and lengths [B]."""
     if any(not p for p in prompts):
         raise DraftsmithError("empty prompt")
-    b, longest = len(prompts), max(len(p) for p in prompts)
+    longest = max(len(p) for p in prompts)
     if longest > rt.max_seq:
         raise DraftsmithError(f"prompt of {longest} tokens exceeds max_seq {rt.max_seq}")
+    tokens, lens, positions = padded(prompts, rt.device)
+    out = rt.forward(tokens, positions, logits_at=lens - 1)
+    return out.logits[:, 0], lens
+
+
+def padded(prompts: list[list[int]], device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts right-padded into one batch on `device`: tokens [B, longest], lengths [B] and
+    positions [B, longest]."""
+    b, longest = len(prompts), max(len(p) for p in prompts)
     tokens = torch.zeros(b, longest, dtype=torch.long)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = torch.tensor(p)
-    lens = torch.tensor([len(p) for p in prompts], device=rt.device)
-    positions = torch.arange(longest, device=rt.device).repeat(b, 1)
-    out = rt.forward(tokens.to(rt.device), positions, logits_at=lens - 1)
-    return out.logits[:, 0], lens
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    return tokens.to(device), lens, torch.arange(longest, device=device).repeat(b, 1)
 
 
 class DecodeState:
@@ -69,9 +79,8 @@ class DecodeState:
 
     def step(self) -> None:
         rt = self.rt
-        graphed = rt.graphs is not None
-        logits = rt.model(self.tok, self.pos, self.caches, compiled=rt.compiled and graphed)
-        advance = self.advance_compiled if rt.compiled and graphed else self.advance
+        logits = rt.model(self.tok, self.pos, self.caches, compiled=rt.graph_compiled)
+        advance = self.advance_compiled if rt.graph_compiled else self.advance
         advance(logits.logits[:, -1])
 
     def advance(self, logits: torch.Tensor) -> None:
@@ -85,11 +94,17 @@ class DecodeState:
 
 def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams):
     """A (state, step function) pair; the step is a captured CUDA graph where possible."""
-    key = ("decode", b, tuple(eos_ids), params)
-    cached = getattr(rt, "_decoders", {})
-    rt._decoders = cached
+    return graphed_step(rt, ("decode", b, tuple(eos_ids), params),
+                        lambda: DecodeState(rt, b, eos_ids, params))
+
+
+def graphed_step(rt: Runtime, key: tuple, make: Callable[[], Any]) -> tuple[Any, Callable]:
+    """(state, step function) for `key`, made once per runtime: `make()` builds a state whose
+    `step()` reads and writes only its static buffers; on GPU the step is captured as a CUDA
+    graph and the function replays it."""
+    cached = rt.__dict__.setdefault("_steps", {})
     if key not in cached:
-        state = DecodeState(rt, b, eos_ids, params)
+        state = make()
         fn = state.step
         if rt.graphs is not None:
             with torch.no_grad():
@@ -122,9 +137,7 @@ def run_generation(
 ) -> Generation:
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     eos = list(eos_ids or [])
-    need = max(len(p) for p in prompts) + max_new_tokens
-    if need > rt.max_seq:
-        raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+    check_request(rt, prompts, max_new_tokens)
     state, step = decoder(rt, len(prompts), eos, params)
     sync(rt)
     t0 = time.perf_counter()
@@ -139,6 +152,15 @@ def run_generation(
     sync(rt)
     t2 = time.perf_counter()
     return Generation(_trim(state.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1)
+
+
+def check_request(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
+    """Every prompt non-empty, and the longest plus max_new within the runtime's slots."""
+    if not prompts or any(not p for p in prompts):
+        raise DraftsmithError("empty prompt list or empty prompt")
+    need = max(len(p) for p in prompts) + max_new
+    if need > rt.max_seq:
+        raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
 
 
 def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:

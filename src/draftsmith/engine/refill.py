@@ -14,7 +14,7 @@ from collections import deque
 
 import torch
 
-from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.generate import _trim, check_request, graphed_step, padded, sync
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -38,8 +38,8 @@ class RefillState:
 
     def step(self) -> None:
         rt = self.rt
-        on = rt.compiled and rt.graphs is not None
-        logits = rt.model(self.tok, self.pos, self.caches, compiled=on).logits[:, -1]
+        out = rt.model(self.tok, self.pos, self.caches, compiled=rt.graph_compiled)
+        logits = out.logits[:, -1]
         nxt, live = sample(logits, self.params), ~self.done
         col = self.count.clamp(max=self.max_new - 1)
         self.out[self.ar, col] = torch.where(live, nxt, self.out[self.ar, col])
@@ -51,17 +51,13 @@ class RefillState:
 
     def start(self, rows: list[int], prompts: list[list[int]]) -> None:
         """Prefill `prompts` into `rows` (any rows, in one forward) and sample their first token."""
-        rt, b, longest = self.rt, len(rows), max(len(p) for p in prompts)
-        tokens = torch.zeros(b, longest, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = torch.tensor(p)
-        lens = torch.tensor([len(p) for p in prompts], device=rt.device)
-        pool = rt.kv
+        rt = self.rt
+        tokens, lens, positions = padded(prompts, rt.device)
+        pool, (b, longest) = rt.kv, tokens.shape
         scratch = torch.zeros((pool.shape[0], 2, b, pool.shape[3], longest, pool.shape[5]),
                               dtype=pool.dtype, device=pool.device)
         caches = [KVCache(layer[0], layer[1]) for layer in scratch]
-        positions = torch.arange(longest, device=rt.device).repeat(b, 1)
-        out = rt.model(tokens.to(rt.device), positions, caches, logits_at=lens - 1)
+        out = rt.model(tokens, positions, caches, logits_at=lens - 1)
         idx = torch.tensor(rows, device=rt.device)
         pool[:, :, idx, :, :longest] = scratch
         first = sample(out.logits[:, 0], self.params)
@@ -80,18 +76,8 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
 
 
 def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
-    key = ("refill", rows, max_new, tuple(eos), params)
-    cached = getattr(rt, "_refillers", {})
-    rt._refillers = cached
-    if key not in cached:
-        state = RefillState(rt, rows, max_new, eos, params)
-        fn = state.step
-        if rt.graphs is not None:
-            with torch.no_grad():
-                rt.graphs.capture(key, state.step)
-            fn = lambda: rt.graphs.replay(key)  # noqa: E731
-        cached[key] = (state, fn)
-    return cached[key]
+    return graphed_step(rt, ("refill", rows, max_new, tuple(eos), params),
+                        lambda: RefillState(rt, rows, max_new, eos, params))
 
 
 @torch.no_grad()
@@ -141,10 +127,6 @@ def _assign(state: RefillState, free: list[int], owner: list[int | None], queue:
 
 
 def _check(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
-    if not prompts or any(not p for p in prompts):
-        raise DraftsmithError("empty prompt list or empty prompt")
     if max_new < 1:
         raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
-    need = max(len(p) for p in prompts) + max_new
-    if need > rt.max_seq:
-        raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+    check_request(rt, prompts, max_new)

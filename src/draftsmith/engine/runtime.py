@@ -42,6 +42,11 @@ class Runtime:
         self._static: dict[tuple, dict[str, torch.Tensor]] = {}
         self._batches: dict[tuple, list[int]] = {}
 
+    @property
+    def graph_compiled(self) -> bool:
+        """Graphed steps run the torch.compile'd layers (eager calls never do)."""
+        return self.compiled and self.graphs is not None
+
     def caches_for(self, b: int) -> list[KVCache]:
         return [KVCache(c.k[:b], c.v[:b]) for c in self.caches]
 

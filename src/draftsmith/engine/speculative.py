@@ -23,7 +23,7 @@ import torch
 from draftsmith.engine import tree as trees
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.profiler import PHASES, make_profiler
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
@@ -74,7 +74,7 @@ class SpecDecoder:
                                       self.rt.graphs or False)
         self.drafter = self.drt.drafter
         # graphed phases run the drafter compiled when the target's layers are (eager prefill not)
-        self.compiled = self.rt.compiled and self.rt.graphs is not None
+        self.compiled = self.rt.graph_compiled
         if self.compiled:
             self.drt.compile()
         self.draft_fn = self.drt.fn if self.compiled else self.drafter
@@ -208,14 +208,8 @@ class SpecDecoder:
 
     def _prefill(self, st: SpecState, prompts: list[list[int]], max_new: int,
                  eos: list[int]) -> None:
-        dev, b = self.device, st.b
-        longest = max(len(p) for p in prompts)
-        tokens = torch.zeros(b, longest, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = torch.tensor(p)
-        tokens = tokens.to(dev)
-        lens = torch.tensor([len(p) for p in prompts], device=dev)
-        pos = torch.arange(longest, device=dev).repeat(b, 1)
+        dev = self.device
+        tokens, lens, pos = padded(prompts, dev)
         out = self.rt.forward(tokens, pos, aux_ids=self.aux_ids, logits_at=lens - 1)
         first = sample(out.logits[:, 0], self.params)
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],

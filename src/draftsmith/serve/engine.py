@@ -178,9 +178,11 @@ class ServeEngine:
         self._forget_graphs(lambda k: k[0] == id(dec))
 
     def _keep_baseline(self, params: SamplingParams) -> None:
-        """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key)."""
-        cache: dict = getattr(self.rt, "_decoders", {})
-        keys = [k for k in cache if k[3] != SamplingParams() and k[3] != params]
+        """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key,
+        ("decode", batch, eos, params), among the runtime's graphed steps)."""
+        cache: dict = getattr(self.rt, "_steps", {})
+        keys = [k for k in cache
+                if k[0] == "decode" and k[3] != SamplingParams() and k[3] != params]
         settings = list(dict.fromkeys(k[3] for k in keys))
         for old in settings[: max(0, len(settings) - MAX_DECODERS + 1)]:
             for k in [k for k in keys if k[3] == old]:
