@@ -245,8 +245,10 @@ def restore_stage() -> dict:
             state.update(load_file(str(f)))
         elif f.is_file():
             shutil.copy(f, DRAFTER / f.name)
-    t, model = target_and_model()
-    state["embed_tokens.weight"] = model.embed.weight.detach().to("cpu", torch.bfloat16)
+    from draftsmith.targets import load_target
+
+    embed = load_target(TARGET).weights["model.embed_tokens.weight"]  # no model build needed
+    state["embed_tokens.weight"] = embed.to(torch.bfloat16)
     save_file(state, str(DRAFTER / "model.safetensors"))
     return {"restored": True, "drafter": str(DRAFTER), "tensors": len(state)}
 

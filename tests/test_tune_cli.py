@@ -9,10 +9,10 @@ import torch
 from conftest import write_tiny_folder
 
 
-def test_tune_writes_a_recommendation_per_batch(tmp_path):
+def _tiny_pair(tmp_path):
+    """A tiny target folder, a random drafter for it in tmp_path / "d", and a prompt file."""
     from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
     from draftsmith.targets import load_target
-    from draftsmith.tune.cli import run_tune
 
     folder = write_tiny_folder(tmp_path / "t", "llama")
     target = load_target(folder)
@@ -24,6 +24,13 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     save_drafter(drafter, tmp_path / "d")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"hello {i}"}) for i in range(3)))
+    return folder, prompts
+
+
+def test_tune_writes_a_recommendation_per_batch(tmp_path):
+    from draftsmith.tune.cli import run_tune
+
+    folder, prompts = _tiny_pair(tmp_path)
     out = tmp_path / "tune"
     report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 4, 1, "cpu",
                       torch.float32, False, out, max_topk=2)
@@ -40,23 +47,6 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )
-
-
-def _tiny_pair(tmp_path):
-    from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
-    from draftsmith.targets import load_target
-
-    folder = write_tiny_folder(tmp_path / "t", "llama")
-    target = load_target(folder)
-    torch.manual_seed(0)
-    cfg = Eagle3Config.for_target(target.cfg, 64, [0, 2, 4])
-    drafter = Eagle3Drafter(cfg)
-    drafter.set_vocab(torch.zeros(64, dtype=torch.long), torch.arange(128) < 64)
-    drafter.embed_tokens.weight.data.copy_(target.weights["model.embed_tokens.weight"])
-    save_drafter(drafter, tmp_path / "d")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"hello {i}"}) for i in range(3)))
-    return folder, prompts
 
 
 def invoke_tune(*args: str):

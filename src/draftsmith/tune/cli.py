@@ -62,7 +62,7 @@ def tune(
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
     if nccl_sweep:
-        _nccl_for(report, tp, target, dev, str(dt).replace("torch.", ""), nccl_grid, out / "nccl")
+        _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl")
 
 
 def _tune_rank(tp, *args) -> dict:
@@ -72,14 +72,14 @@ def _tune_rank(tp, *args) -> dict:
     return run_tune(*args, tp=tp)
 
 
-def _nccl_for(report: dict, tp: int, target: str, dev: str, dt: str, kind: str,
+def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
               out: Path) -> dict:
     """The NCCL settings sweep on the verify shapes the recommendations use."""
     from draftsmith.tune import nccl
 
     shapes = sorted({(r["batch"], r["verify_tokens"]) for r in report["recommendations"]})
-    dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dt]
-    res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, dt, 20, nccl.NOISE_PCT,
+    res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, nccl.dtype_key(dt), 20,
+                              nccl.NOISE_PCT,
                               300.0, out, log=lambda line: console.print(line, markup=False))
     nccl.print_report(res)
     console.print(f"wrote {out}/nccl.json, nccl.md")
@@ -295,12 +295,13 @@ def tune_nccl(
     """Sweep NCCL protocol/algorithm/P2P level under TP, each in fresh processes (NVLS off)."""
     import torch
 
+    from draftsmith.cli import dtype_of
     from draftsmith.tune import nccl
 
     dev = device if device != "auto" else (
         "cuda" if torch.cuda.device_count() >= tp else "cpu")
-    dt = {"auto": "bf16" if dev == "cuda" else "fp32", "bfloat16": "bf16", "float16": "fp16",
-          "float32": "fp32"}.get(dtype, dtype)
+    dt = nccl.dtype_key(dtype_of(("bf16" if dev == "cuda" else "fp32") if dtype == "auto"
+                                 else dtype))
     shapes = [(b, n) for b in _ints(batch_sizes) for n in _ints(tokens)]
     report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
                                  timeout, out,

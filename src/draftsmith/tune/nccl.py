@@ -35,6 +35,11 @@ from draftsmith.tune.tp_targets import TargetSpec, check_split, quiet_twin
 
 SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def dtype_key(dtype: torch.dtype) -> str:
+    """DTYPES' name for a torch dtype (what a sweep job carries to its ranks)."""
+    return next(k for k, v in DTYPES.items() if v == dtype)
 NOISE_PCT = 3.0
 VERIFY_SEQ = 128  # slots of the timing runtime; verify positions start at 64
 GLOO_NOTE = ("backend gloo (no NCCL): the settings were applied and recorded but have no "
