@@ -10,7 +10,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
-EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on), TEMP,
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
+REFILL (0 = static batches), TEMP,
 LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
 STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
@@ -102,12 +103,14 @@ def gen_stage() -> dict:
                              progress=False)
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
-    regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp)
+    regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp,
+                        refill=os.environ.get("REFILL", "1") == "1")
     answered = regenerate(read_prompts(WORK / "prompts.jsonl"), WORK / "answers.jsonl",
                           EngineBackend(t, model, regen, os.environ.get("GEN_COMPILE") == "1"),
                           t.tokenizer, regen, False)
     t2 = time.perf_counter()
-    return {"batch": b, "temperature": regen.temperature, "prompts": made, "answers": answered,
+    return {"batch": b, "temperature": regen.temperature, "refill": regen.refill,
+            "compile": os.environ.get("GEN_COMPILE") == "1", "prompts": made, "answers": answered,
             "prompt_seconds": t1 - t0, "answer_seconds": t2 - t1,
             "answer_tok_s": answered.get("answer_tokens", 0) / (t2 - t1)}
 

@@ -10,6 +10,8 @@
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of one decode step) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
+#   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
+#                                     # call it again while warm: each call goes on where it stopped
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
@@ -76,7 +78,47 @@ baseline)
     timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 \
         | tee "$OUT/baseline_log.txt"
     ;;
+bigrun)
+    W=runs/big D=runs/big/drafter start=$SECONDS
+    left() { echo $(( ${BUDGET:-575} - (SECONDS - start) )); }
+    ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
+    if [ ! -f $W/gen_done ]; then
+        WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
+            timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
+        if ! ok "$OUT/gen" gen; then  # the refilled, compiled engine failed: static batches, eager
+            WORK=$W OUT=$OUT/gen2 STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 REFILL=0 \
+                timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen2_log.txt"
+            ok "$OUT/gen2" gen || exit 4
+        fi
+        touch $W/gen_done
+    fi
+    if [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
+        if [ ! -f runs/tests_started ]; then  # every GPU test, beside the training
+            touch runs/tests_started
+            t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
+            timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+                tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
+        fi
+        WORK=$W DRAFTER=$D OUT=$OUT/train STAGES=train EPOCHS=${EPOCHS:-4} \
+            TRAIN_BATCH=${TRAIN_BATCH:-8} TRAIN_SECONDS=$(( $(left) - 100 )) \
+            timeout "$(( $(left) - 15 ))" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/train_log.txt"
+        cp $D/train_log.jsonl $D/profile.* "$OUT/train/" 2>/dev/null
+        wait
+    fi
+    if [ -f $D/draftsmith.json ]; then
+        for run in c1:1:1 e:0:1,8,32 c832:1:8,32; do
+            IFS=: read -r name comp batches <<< "$run"
+            [ -f "runs/spec_$name" ] && continue
+            [ "$(left)" -gt 90 ] || break
+            WORK=$W DRAFTER=$D OUT=$OUT/spec_$name STAGES=spec COMPILE=$comp SPEC_BATCHES=$batches \
+                timeout "$(( $(left) - 30 ))" python3 benchmarks/gpu_suite.py 2>&1 \
+                | tee "$OUT/spec_${name}_log.txt"
+            ok "$OUT/spec_$name" spec && touch "runs/spec_$name"
+        done
+        [ -f runs/kept ] || { DRAFTER=$D STAGES=keep python3 benchmarks/gpu_suite.py > /dev/null && touch runs/kept; }
+    fi
+    ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill|bigrun"; exit 2
     ;;
 esac
