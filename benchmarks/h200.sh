@@ -12,6 +12,8 @@
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
+#   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
+#                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
@@ -118,7 +120,25 @@ bigrun)
         [ -f runs/kept ] || { DRAFTER=$D STAGES=keep python3 benchmarks/gpu_suite.py > /dev/null && touch runs/kept; }
     fi
     ;;
+respec)
+    R=/tmp/r W=runs/big D=runs/big/drafter start=$SECONDS
+    left() { echo $(( ${BUDGET:-540} - (SECONDS - start) )); }
+    mkdir -p $R
+    WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
+    for run in c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::; do
+        IFS=: read -r name rows batches chain trees <<< "$run"
+        [ "$(left)" -gt 100 ] || break
+        env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
+            WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
+            DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
+            python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
+    done
+    [ "$(left)" -gt 70 ] && timeout "$(( $(left) - 20 ))" python3 -m pytest -v -p no:cacheprovider \
+        -m gpu tests/test_gpu.py tests/test_speculative_gpu.py tests/test_data_gpu.py \
+        > $R/probe_log.txt 2>&1
+    tar czf "$OUT/respec.tgz" -C /tmp r
+    ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill|bigrun"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill|bigrun|respec"; exit 2
     ;;
 esac

@@ -6,6 +6,7 @@ K/V; by default slot == position. Attention reads the whole static cache under a
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -48,10 +49,11 @@ class KVCache(NamedTuple):
     v: torch.Tensor
 
 
-# Graphed forwards of at most this many query rows (batch x tokens) attend with plain reductions
-# when compiled: inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us
-# a layer at decode shapes (H200 profile, benchmarks/decode_kernels.md).
-SMALL_ATTENTION_ROWS = 16
+# Graphed one-token steps of at most this many rows attend with plain reductions when compiled:
+# inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us a layer at
+# decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
+# were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
+SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16"))
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -111,7 +113,8 @@ class Attention(nn.Module):
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
-            if x.is_cuda and torch.compiler.is_compiling() and b * q_len <= SMALL_ATTENTION_ROWS:
+            if (x.is_cuda and torch.compiler.is_compiling() and q_len == 1
+                    and b <= SMALL_ATTENTION_ROWS):
                 out = small_attention(qg, cache.k, cache.v, mask)
             else:
                 out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
