@@ -8,7 +8,9 @@ import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import generate
+from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import default_aux_layers
@@ -230,3 +232,30 @@ def test_drafter_runtime_cached_forward_matches_uncached(setup):
     assert torch.allclose(torch.cat([ah, bh], 1), fh, atol=1e-5)
     with pytest.raises(DraftsmithError, match="max_batch"):
         drt.caches_for(3)
+
+
+def test_late_flag_reads_the_previous_post():
+    flag = torch.tensor(False)
+    late, now = LateFlag(flag), LateFlag(flag, late=False)
+    assert late.seen() is False  # nothing posted before
+    flag.fill_(True)
+    assert now.seen() is True and late.seen() is False  # the late one saw the old value
+    assert late.seen() is True
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
+def test_late_done_check_changes_nothing(setup, steps, topk, n):
+    """The timed loop reads 'all done' a cycle late and runs one inert cycle at the end; the
+    profiled loop reads it at once. Same tokens, cycles and accept counts, sampled with EOS."""
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    eos = [ref[0][7], ref[3][20]]  # rows stop at different cycles
+    runs = []
+    for profile in (False, True):
+        torch.manual_seed(11)
+        dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.7), profile=profile)
+        runs.append(dec.generate(PROMPTS, NEW, eos_ids=eos))
+    late, exact = runs
+    assert late.tokens == exact.tokens and late.cycles == exact.cycles
+    assert late.accept_hist == exact.accept_hist and late.accepted == exact.accepted
+    assert len(late.tokens[0]) < NEW and exact.phases.cycles == exact.cycles

@@ -1,7 +1,7 @@
 """Baseline batched generation: one prefill, then decode steps that never leave the device.
 
-A decode step (forward, sample, append, advance) is one CUDA graph on GPU; the host only reads
-the `done` flags every `check_every` steps.
+A decode step (forward, sample, append, advance) is one CUDA graph on GPU; the host reads one
+all-rows-done flag a step late (`LateFlag`), so the GPU always has the next step queued.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -65,6 +66,7 @@ class DecodeState:
         self.out = torch.zeros(b, rt.max_seq, dtype=torch.long, device=dev)
         self.step_i = torch.zeros(1, dtype=torch.long, device=dev)
         self.done = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.all_done = torch.zeros((), dtype=torch.bool, device=dev)
         self.eos = torch.tensor(eos_ids or [-1], device=dev)
         self.caches = rt.caches_for(b)
         self.advance_compiled = torch.compile(self.advance) if rt.compiled else self.advance
@@ -76,6 +78,7 @@ class DecodeState:
         self.out[:, 0] = first
         self.step_i.fill_(1)
         self.done.copy_(torch.isin(first, self.eos))
+        self.all_done.copy_(self.done.all())
 
     def step(self) -> None:
         rt = self.rt
@@ -87,6 +90,7 @@ class DecodeState:
         nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
         self.done |= (nxt.unsqueeze(1) == self.eos).any(-1)  # isin may sync inside a graph
+        self.all_done.copy_(self.done.all())
         self.tok.copy_(nxt.unsqueeze(1))
         self.pos.add_(1)
         self.step_i.add_(1)
@@ -121,9 +125,8 @@ def generate(
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),
     eos_ids: list[int] | None = None,
-    check_every: int = 16,
 ) -> list[list[int]]:
-    return run_generation(model, prompts, max_new_tokens, params, eos_ids, check_every).tokens
+    return run_generation(model, prompts, max_new_tokens, params, eos_ids).tokens
 
 
 @torch.no_grad()
@@ -133,7 +136,6 @@ def run_generation(
     max_new_tokens: int,
     params: SamplingParams = SamplingParams(),
     eos_ids: list[int] | None = None,
-    check_every: int = 16,
 ) -> Generation:
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     eos = list(eos_ids or [])
@@ -145,9 +147,11 @@ def run_generation(
     state.reset(sample(logits, params), lens)
     sync(rt)
     t1 = time.perf_counter()
-    for i in range(1, max_new_tokens):
+    late = LateFlag(state.all_done)
+    late.seen()  # the first token's flag
+    for _ in range(1, max_new_tokens):
         step()
-        if i % check_every == 0 and eos and bool(state.done.all()):
+        if eos and late.seen():  # done before this step, which then changed no output
             break
     sync(rt)
     t2 = time.perf_counter()

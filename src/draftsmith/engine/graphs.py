@@ -68,3 +68,34 @@ def fill(static: dict[str, torch.Tensor], b: int, **inputs: torch.Tensor | None)
     for name, t in inputs.items():
         if t is not None:
             static[name][:b].copy_(t)
+
+
+class LateFlag:
+    """A device flag the host reads one step late, so that reading it never drains the queue.
+
+    Each `seen()` returns the value posted by the previous call and posts the current one (a
+    non-blocking copy into pinned memory plus an event on CUDA). A loop that launches step k,
+    then asks `seen()`, learns whether the rows were all done *before* step k while step k runs;
+    when they were, step k changed nothing that callers read (finished rows are inert).
+    `late=False` reads the current value instead (profiled runs: no inert step to account for)."""
+
+    def __init__(self, flag: torch.Tensor, late: bool = True) -> None:
+        self.flag, self.late = flag, late
+        cuda = flag.is_cuda
+        self.host = torch.zeros((), dtype=torch.bool, pin_memory=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+        self.posted = False
+
+    def seen(self) -> bool:
+        if not self.late:
+            return bool(self.flag)
+        was = False
+        if self.posted:
+            if self.event is not None:
+                self.event.synchronize()
+            was = bool(self.host)
+        self.host.copy_(self.flag, non_blocking=self.event is not None)
+        if self.event is not None:
+            self.event.record()
+        self.posted = True
+        return was

@@ -9,7 +9,8 @@ A cycle is four phases, each one CUDA graph on GPU and the same code eagerly on 
           into the committed target cache by position
   extend  the drafter re-runs over the S+1 positions from the old length with the target's aux
           states; its output at the accept length starts the next cycle
-The host reads one flag per cycle (every row done). The target cache holds positions < L and
+The host reads one flag per cycle (every row done), a cycle late, so the next cycle is always
+queued behind the one it checks. The target cache holds positions < L and
 the last emitted token x_L is verified at position L; the drafter pair (x_{p+1}, h_p) sits at p.
 """
 
@@ -24,6 +25,7 @@ from draftsmith.engine import tree as trees
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
+from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_profiler
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
@@ -126,9 +128,14 @@ class SpecDecoder:
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
-        while cycles < max_new_tokens and not self.finished(st):
+        late = LateFlag(st.all_done, late=not prof.enabled)  # profiled runs: exact cycles
+        done = late.seen()  # a late flag posts the prefill's flag here and says False
+        while not done and cycles < max_new_tokens:
             self.cycle(st, prof)
             cycles += 1
+            done = late.seen()
+            if done and late.late:  # it was done before this cycle, which changed nothing
+                cycles -= 1
         sync(self.rt)
         t2 = time.perf_counter()
         res = SpecResult(
