@@ -11,7 +11,7 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
-REFILL (0 = static batches), TEMP,
+REFILL (0 = static batches), OPENINGS (builtin or a file), TEMP,
 LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
 STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
@@ -93,14 +93,15 @@ def gen_stage() -> dict:
     """Prompts and answers only (no capture), at batch GEN_BATCH: data for online training."""
     from draftsmith.data.prompts import read_prompts
     from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
-    from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+    from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
 
     t, model = target_and_model()
     WORK.mkdir(parents=True, exist_ok=True)
     b = int(os.environ.get("GEN_BATCH", "256"))
     t0 = time.perf_counter()
-    made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128), model,
-                             progress=False)
+    opens = openings_from(os.environ.get("OPENINGS"))  # 'builtin': code, reasoning, writing
+    made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128, openings=opens),
+                             model, progress=False)
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
     regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp,

@@ -77,3 +77,27 @@ def test_cli_capture_inspect_vocab_and_tamper(tiny_llama_dir, tmp_path):
     assert isinstance(res.exception, DraftsmithError) and "shard-00002" in str(res.exception)
     res = r.invoke(app, base[:-2] + ["--aux-layers", "1,2,x"])
     assert isinstance(res.exception, DraftsmithError)
+
+
+def test_self_made_prompts_start_with_the_openings(target, model, tmp_path):
+    out = tmp_path / "p.jsonl"
+    opens = ("Explain why", "Write a Python function that")
+    cfg = MagpieConfig(n=6, batch_size=8, max_new_tokens=48, min_chars=1, seed=2, openings=opens)
+    assert self_made_prompts(target, out, cfg, model, progress=False)["kept"] == 6
+    recs = read_jsonl_tail_safe(out)
+    texts = [r["messages"][0]["content"] for r in recs]
+    assert all(t.startswith(r["meta"]["opening"]) for t, r in zip(texts, recs, strict=True))
+    assert {r["meta"]["opening"] for r in recs} == set(opens)
+    assert all(len(t) > len(r["meta"]["opening"]) for t, r in zip(texts, recs, strict=True))
+    assert "openings" not in recs[0]["meta"]
+
+
+def test_openings_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "p.jsonl"
+    res = runner.invoke(app, ["prompts", "--self-made", "4", "--openings", str(tmp_path / "no"),
+                              "--target", str(tiny_llama_dir), "--out", str(out)])
+    assert res.exit_code != 0 and "neither 'builtin' nor a file" in str(res.exception)
+    res = runner.invoke(app, ["prompts", "humaneval", "--openings", "builtin", "--out", str(out)])
+    assert res.exit_code != 0 and "give it with --self-made" in str(res.exception)
+    assert not out.exists()

@@ -83,21 +83,25 @@ def prompts(
     temperature: float = typer.Option(1.0),
     top_p: float = typer.Option(0.95, "--top-p"),
     system: str = typer.Option(None, help="System message for self-made prompts"),
+    openings: str = typer.Option(None, "--openings", help="Self-made prompts start with these: "
+                                 "'builtin' (code, reasoning, writing) or a file, one a line"),
     seed: int = typer.Option(0),
 ) -> None:
     """Collect prompts from files, HumanEval, or the target itself (--self-made N)."""
     from draftsmith.data.prompts import write_jsonl
 
     if self_made:
-        from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+        from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
         from draftsmith.targets import load_target
 
         dev, dt = device_dtype(device, dtype)
         cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
-                           temperature, top_p, seed, system)
+                           temperature, top_p, seed, system, openings=openings_from(openings))
         stats = self_made_prompts(load_target(target), out, cfg, device=dev, dtype=dt, log=say)
         say(f"{out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
         return
+    if openings:
+        raise DraftsmithError("--openings shapes self-made prompts: give it with --self-made N")
     if not sources:
         raise DraftsmithError("give prompt sources (files, folders, 'humaneval') or --self-made N")
     n = write_jsonl(out, read_sources(sources, strict, limit))

@@ -3,7 +3,9 @@ to a user message, writes the user's question itself.
 
 Batches are appended to the output JSONL as they finish, so a rerun continues; questions are
 de-duplicated (case and whitespace folded) and filtered by length; a question the target did not
-finish within `max_new_tokens` is dropped.
+finish within `max_new_tokens` is dropped. With `openings`, row i of a batch starts the user's
+message with opening i (round robin) and the target finishes it: a small target left alone asks a
+narrow range of questions, and a drafter trained on its answers generalises only as far as they.
 """
 
 from __future__ import annotations
@@ -34,10 +36,39 @@ class MagpieConfig:
     seed: int = 0
     system: str | None = None
     max_batches: int = 0  # 0: 10 * n / batch_size + 10
+    openings: tuple[str, ...] = ()  # the user message starts with one of these (round robin)
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
             raise DraftsmithError("n, batch_size and max_new_tokens must be >= 1")
+
+
+# Starts of user messages across code, reasoning, writing and structured requests.
+BUILTIN_OPENINGS = (
+    "Write a Python function that", "Fix the bug in this Python code:", "Implement a class",
+    "Write a SQL query that", "Explain what this code does:", "Write a JavaScript function",
+    "Write a bash script that", "Complete the following function:", "What is the time complexity",
+    "Solve for x:", "Calculate", "A train leaves", "Prove that", "Explain why", "Explain how",
+    "Compare", "Summarize", "List", "Give me a step-by-step", "Write a short story about",
+    "Write an email to", "Translate into French:", "What are the pros and cons of",
+    "Create a table of", "Rewrite this paragraph", "How do I", "What is the difference between",
+    "Write a poem about", "Give three examples of", "Plan a",
+)
+
+
+def openings_from(spec: str | None) -> tuple[str, ...]:
+    """'builtin', a text file with one opening a line, or None / '' (no openings)."""
+    if not spec:
+        return ()
+    if spec == "builtin":
+        return BUILTIN_OPENINGS
+    path = Path(spec)
+    if not path.is_file():
+        raise DraftsmithError(f"--openings {spec!r}: neither 'builtin' nor a file")
+    lines = tuple(x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip())
+    if not lines:
+        raise DraftsmithError(f"--openings {spec}: the file holds no openings")
+    return lines
 
 
 def fold(text: str) -> str:
@@ -85,12 +116,14 @@ def self_made_prompts(
     if len(have) >= cfg.n:
         return stats
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
-    ids = target.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    opens = cfg.openings or ("",)
+    starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
     stops = stop_ids(target, suffix)
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
-    rt = Runtime(model, cfg.batch_size, len(ids) + cfg.max_new_tokens + 1)
-    meta = {"source": "magpie", "target": target.fingerprint, **asdict(cfg)}
+    rt = Runtime(model, cfg.batch_size, max(map(len, starts)) + cfg.max_new_tokens + 1)
+    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
+    meta = {"source": "magpie", "target": target.fingerprint, **conf}
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,13 +132,15 @@ def self_made_prompts(
             if stats["kept"] >= cfg.n:
                 break
             torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
-            gen = run_generation(rt, [ids] * cfg.batch_size, cfg.max_new_tokens, params, stops)
-            for toks in gen.tokens:
-                got = _one(target, toks, cfg, seen, stats)
+            pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
+            gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
+            for k, toks in zip(pick, gen.tokens, strict=True):
+                got = _one(target, toks, cfg, seen, stats, opens[k])
                 if got is None or stats["kept"] >= cfg.n:
                     continue
                 seen.add(fold(got))
-                conv = Conversation([{"role": "user", "content": got}], meta=meta)
+                rec = {**meta, "opening": opens[k]} if cfg.openings else meta
+                conv = Conversation([{"role": "user", "content": got}], meta=rec)
                 f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
                 stats["kept"] += 1
                 bar.update(1)
@@ -117,11 +152,11 @@ def self_made_prompts(
 
 
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
-         stats: dict[str, int]) -> str | None:
+         stats: dict[str, int], opening: str = "") -> str | None:
     if len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
         return None
-    text = target.tokenizer.decode(toks, skip_special_tokens=True)
+    text = opening + target.tokenizer.decode(toks, skip_special_tokens=True)
     got = accept(text, cfg, seen)
     if got is None:
         key = "duplicates" if fold(text) in seen else "length_filtered"
