@@ -119,6 +119,11 @@ bigrun)
         done
         [ -f runs/kept ] || { DRAFTER=$D STAGES=keep python3 benchmarks/gpu_suite.py > /dev/null && touch runs/kept; }
     fi
+    # the device returns only a few files a call: everything but the weights in one archive
+    cp $D/train_log.jsonl $D/train_curves.png "$OUT/" 2>/dev/null
+    (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' . \
+        && find . -type f ! -name '*.safetensors' ! -name device.txt -delete \
+        && mv /tmp/bigrun.tgz .)
     ;;
 respec)
     R=/tmp/r W=runs/big D=runs/big/drafter start=$SECONDS
