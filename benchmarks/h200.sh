@@ -81,20 +81,22 @@ baseline)
         | tee "$OUT/baseline_log.txt"
     ;;
 bigrun)
-    W=runs/big D=runs/big/drafter start=$SECONDS
-    left() { echo $(( ${BUDGET:-575} - (SECONDS - start) )); }
+    W=runs/big D=runs/big/drafter
+    left() { echo $(( ${BUDGET:-575} - SECONDS )); }  # SECONDS: since this script started
     ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
     if [ ! -f $W/gen_done ]; then
         WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
             timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
-        if ! ok "$OUT/gen" gen; then  # the refilled, compiled engine failed: static batches, eager
+        rc=${PIPESTATUS[0]}  # 124: out of time, not failed: the next call resumes gen
+        if ok "$OUT/gen" gen; then
+            touch $W/gen_done
+        elif [ "$rc" != 124 ] && [ "$(left)" -gt 120 ]; then  # failed: static batches, eager
             WORK=$W OUT=$OUT/gen2 STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 REFILL=0 \
                 timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen2_log.txt"
-            ok "$OUT/gen2" gen || exit 4
+            ok "$OUT/gen2" gen && touch $W/gen_done
         fi
-        touch $W/gen_done
     fi
-    if [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
+    if [ -f $W/gen_done ] && [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
         if [ ! -f runs/tests_started ]; then  # every GPU test, beside the training
             touch runs/tests_started
             t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
@@ -117,18 +119,19 @@ bigrun)
                 | tee "$OUT/spec_${name}_log.txt"
             ok "$OUT/spec_$name" spec && touch "runs/spec_$name"
         done
-        [ -f runs/kept ] || { DRAFTER=$D STAGES=keep python3 benchmarks/gpu_suite.py > /dev/null && touch runs/kept; }
+        [ -f runs/kept ] || { DRAFTER=$D STAGES=keep timeout 60 python3 benchmarks/gpu_suite.py \
+            > /dev/null && touch runs/kept; }
     fi
-    # the device returns only a few files a call: everything but the weights in one archive
-    cp $D/train_log.jsonl $D/train_curves.png "$OUT/" 2>/dev/null
+    # the device returns only a few files a call: one archive, the kept weights and their config
+    # (drafter/: carry it back as .drafter for `restore`)
     (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' . \
-        && find . -type f ! -name '*.safetensors' ! -name device.txt -delete \
-        && mv /tmp/bigrun.tgz .)
+        && find . -type f ! -name '*.safetensors' ! -name device.txt \
+            ! -path ./drafter/draftsmith.json -delete && mv /tmp/bigrun.tgz .)
     ;;
 respec)
-    R=/tmp/r W=runs/big D=runs/big/drafter start=$SECONDS
-    left() { echo $(( ${BUDGET:-540} - (SECONDS - start) )); }
-    mkdir -p $R
+    R=/tmp/r W=runs/big D=runs/big/drafter
+    left() { echo $(( ${BUDGET:-540} - SECONDS )); }
+    rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
     for run in c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::; do
         IFS=: read -r name rows batches chain trees <<< "$run"

@@ -101,3 +101,18 @@ def test_openings_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     res = runner.invoke(app, ["prompts", "humaneval", "--openings", "builtin", "--out", str(out)])
     assert res.exit_code != 0 and "give it with --self-made" in str(res.exception)
     assert not out.exists()
+
+
+def test_continuation_keeps_the_space_a_sentencepiece_decoder_strips():
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from draftsmith.data.selfmade import _continuation
+
+    vocab = {"<unk>": 0, "▁Write": 1, "▁a": 2, "▁function": 3, "▁that": 4, "▁takes": 5, "▁x": 6}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.decoder = decoders.Metaspace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    assert tok.decode([5, 6]) == "takes x"  # alone, the first token loses its space
+    assert "Write a function that" + _continuation(tok, [1, 2, 3, 4], [5, 6]) == (
+        "Write a function that takes x")

@@ -135,7 +135,7 @@ def self_made_prompts(
             pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
             gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
             for k, toks in zip(pick, gen.tokens, strict=True):
-                got = _one(target, toks, cfg, seen, stats, opens[k])
+                got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
                 if got is None or stats["kept"] >= cfg.n:
                     continue
                 seen.add(fold(got))
@@ -151,12 +151,20 @@ def self_made_prompts(
     return stats
 
 
+def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:
+    """The text `toks` add after `start`: decoded together, so a tokenizer that strips the
+    leading space of a first token (SentencePiece) keeps the space at the join."""
+    head = tok.decode(start, skip_special_tokens=True)
+    full = tok.decode(start + toks, skip_special_tokens=True)
+    return full[len(head):] if full.startswith(head) else tok.decode(toks, skip_special_tokens=True)
+
+
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
-         stats: dict[str, int], opening: str = "") -> str | None:
+         stats: dict[str, int], opening: str = "", start: list[int] | None = None) -> str | None:
     if len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
         return None
-    text = opening + target.tokenizer.decode(toks, skip_special_tokens=True)
+    text = opening + _continuation(target.tokenizer, start or [], toks)
     got = accept(text, cfg, seen)
     if got is None:
         key = "duplicates" if fold(text) in seen else "length_filtered"

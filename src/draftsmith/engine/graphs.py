@@ -96,6 +96,6 @@ class LateFlag:
             was = bool(self.host)
         self.host.copy_(self.flag, non_blocking=self.event is not None)
         if self.event is not None:
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(self.flag.device))
         self.posted = True
         return was

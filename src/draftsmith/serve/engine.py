@@ -22,7 +22,7 @@ from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
 
-CHECK_EVERY = 16  # as run_generation: read the done flags every 16 steps
+CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
 MAX_DECODERS = 4  # sampling settings kept warm (buffers and CUDA graphs) besides greedy
 
 # Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
