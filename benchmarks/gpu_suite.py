@@ -11,7 +11,7 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
-REFILL (0 = static batches), OPENINGS (builtin or a file), TEMP,
+REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
 STAGES, TARGET, DEVICE.
 Results land in $OUT/gpu_suite.json after every stage.
@@ -101,7 +101,7 @@ def gen_stage() -> dict:
     t0 = time.perf_counter()
     opens = openings_from(os.environ.get("OPENINGS"))  # 'builtin': code, reasoning, writing
     made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128, openings=opens),
-                             model, progress=False)
+                             model, progress=False, compile=os.environ.get("GEN_COMPILE") == "1")
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
     regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp,

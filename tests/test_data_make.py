@@ -92,12 +92,19 @@ def test_self_made_prompts_start_with_the_openings(target, model, tmp_path):
     assert "openings" not in recs[0]["meta"]
 
 
+def test_mixed_openings_leave_half_the_rows_free():
+    from draftsmith.data.selfmade import BUILTIN_OPENINGS, openings_from
+
+    mixed = openings_from("mixed")
+    assert set(mixed) == set(BUILTIN_OPENINGS) | {""} and mixed.count("") == len(mixed) // 2
+
+
 def test_openings_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     runner = CliRunner()
     out = tmp_path / "p.jsonl"
     res = runner.invoke(app, ["prompts", "--self-made", "4", "--openings", str(tmp_path / "no"),
                               "--target", str(tiny_llama_dir), "--out", str(out)])
-    assert res.exit_code != 0 and "neither 'builtin' nor a file" in str(res.exception)
+    assert res.exit_code != 0 and "neither 'builtin', 'mixed' nor a file" in str(res.exception)
     res = runner.invoke(app, ["prompts", "humaneval", "--openings", "builtin", "--out", str(out)])
     assert res.exit_code != 0 and "give it with --self-made" in str(res.exception)
     assert not out.exists()

@@ -84,7 +84,8 @@ def prompts(
     top_p: float = typer.Option(0.95, "--top-p"),
     system: str = typer.Option(None, help="System message for self-made prompts"),
     openings: str = typer.Option(None, "--openings", help="Self-made prompts start with these: "
-                                 "'builtin' (code, reasoning, writing) or a file, one a line"),
+                                 "'builtin' (code, reasoning, writing), 'mixed' (half builtin, "
+                                 "half free) or a file, one a line"),
     seed: int = typer.Option(0),
 ) -> None:
     """Collect prompts from files, HumanEval, or the target itself (--self-made N)."""

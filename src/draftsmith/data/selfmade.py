@@ -57,14 +57,17 @@ BUILTIN_OPENINGS = (
 
 
 def openings_from(spec: str | None) -> tuple[str, ...]:
-    """'builtin', a text file with one opening a line, or None / '' (no openings)."""
+    """'builtin', 'mixed' (half the rows builtin openings, half free), a text file with one
+    opening a line, or None / '' (no openings)."""
     if not spec:
         return ()
     if spec == "builtin":
         return BUILTIN_OPENINGS
+    if spec == "mixed":
+        return BUILTIN_OPENINGS + ("",) * len(BUILTIN_OPENINGS)
     path = Path(spec)
     if not path.is_file():
-        raise DraftsmithError(f"--openings {spec!r}: neither 'builtin' nor a file")
+        raise DraftsmithError(f"--openings {spec!r}: neither 'builtin', 'mixed' nor a file")
     lines = tuple(x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip())
     if not lines:
         raise DraftsmithError(f"--openings {spec}: the file holds no openings")
@@ -100,8 +103,10 @@ def self_made_prompts(
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    compile: bool = False,
 ) -> dict[str, int]:
-    """Append self-made user prompts to `out` (JSONL) until it holds `cfg.n`; returns counts."""
+    """Append self-made user prompts to `out` (JSONL) until it holds `cfg.n`; returns counts.
+    `compile`: the decode step runs torch.compile'd layers (GPU)."""
     from tqdm import tqdm
 
     from draftsmith.engine.generate import run_generation
@@ -121,7 +126,8 @@ def self_made_prompts(
     stops = stop_ids(target, suffix)
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
-    rt = Runtime(model, cfg.batch_size, max(map(len, starts)) + cfg.max_new_tokens + 1)
+    rt = Runtime(model, cfg.batch_size, max(map(len, starts)) + cfg.max_new_tokens + 1,
+                 compile=compile)
     conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
     meta = {"source": "magpie", "target": target.fingerprint, **conf}
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
