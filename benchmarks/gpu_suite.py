@@ -104,7 +104,9 @@ def gen_stage() -> dict:
                              model, progress=False, compile=os.environ.get("GEN_COMPILE") == "1")
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
-    regen = RegenConfig(ANSWER, 1024, batch_size=b, temperature=temp,
+    # The static cache is read whole at every step: size it to these prompts (<= 128 generated
+    # tokens + the template + an opening) plus the answer, not to 1,024.
+    regen = RegenConfig(ANSWER, ANSWER + 224, batch_size=b, temperature=temp,
                         refill=os.environ.get("REFILL", "1") == "1")
     answered = regenerate(read_prompts(WORK / "prompts.jsonl"), WORK / "answers.jsonl",
                           EngineBackend(t, model, regen, os.environ.get("GEN_COMPILE") == "1"),
