@@ -37,20 +37,12 @@ def prompt_sets(t, model, n: int, work: Path) -> dict[str, list[list[int]]]:
 
 
 def measure(dec, prompts: list[list[int]], new: int, eos: list[int], batch: int) -> dict:
-    reached = accepted = None
-    hist: list[int] = []
-    for i in range(0, len(prompts), batch):
-        r = dec.generate(prompts[i : i + batch], new, eos)
-        reached = r.reached if reached is None else [a + b for a, b in zip(reached, r.reached,
-                                                                           strict=True)]
-        accepted = r.accepted if accepted is None else [a + b for a, b in zip(accepted, r.accepted,
-                                                                              strict=True)]
-        hist = r.accept_hist if not hist else [a + b for a, b in zip(hist, r.accept_hist,
-                                                                     strict=True)]
-    pos = [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]
-    cycles = sum(hist)
-    return {"prompts": len(prompts), "cycles": cycles, "position_acceptance": pos,
-            "accept_length": sum(k * c for k, c in enumerate(hist)) / max(1, cycles)}
+    from draftsmith.engine.spec_state import SpecResult
+
+    m = SpecResult.merged([dec.generate(prompts[i : i + batch], new, eos)
+                           for i in range(0, len(prompts), batch)])
+    return {"prompts": len(prompts), "cycles": sum(m.accept_hist),
+            "position_acceptance": m.position_rates, "accept_length": m.mean_accept_length}
 
 
 def report(res: dict, out: Path) -> str:

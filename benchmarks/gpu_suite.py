@@ -314,27 +314,17 @@ def batches(prompts: list[list[int]], b: int) -> list[list[list[int]]]:
 
 
 def measure(fn, groups) -> dict:
-    toks, secs, out, hist, reached, accepted = 0, 0.0, [], None, None, None
-    for g in groups:
-        r = fn(g)
-        toks += sum(len(x) for x in r.tokens)
-        secs += r.prefill_s + r.decode_s
-        out += r.tokens
-        if hasattr(r, "accept_hist"):
-            hist = add(hist, r.accept_hist)
-            reached, accepted = add(reached, r.reached), add(accepted, r.accepted)
-    res = {"tok_s": toks / secs, "tokens": out}
-    if hist:
-        n = sum(hist)
-        res["accept_length"] = sum(k * c for k, c in enumerate(hist)) / n
-        res["accept_hist"] = hist
-        res["position_acceptance"] = [a / r if r else 0 for a, r in zip(accepted, reached,
-                                                                         strict=True)]
+    from draftsmith.engine.spec_state import SpecResult
+
+    runs = [fn(g) for g in groups]
+    toks = sum(len(x) for r in runs for x in r.tokens)
+    secs = sum(r.prefill_s + r.decode_s for r in runs)
+    res = {"tok_s": toks / secs, "tokens": [x for r in runs for x in r.tokens]}
+    if isinstance(runs[0], SpecResult):
+        m = SpecResult.merged(runs)
+        res.update(accept_length=m.mean_accept_length, accept_hist=m.accept_hist,
+                   position_acceptance=m.position_rates)
     return res
-
-
-def add(a, b):
-    return list(b) if a is None else [x + y for x, y in zip(a, b, strict=True)]
 
 
 def agreement(model, prompts, base, spec) -> dict:

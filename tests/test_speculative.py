@@ -11,6 +11,7 @@ from draftsmith.engine.generate import generate
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import default_aux_layers
@@ -259,3 +260,15 @@ def test_late_done_check_changes_nothing(setup, steps, topk, n):
     assert late.tokens == exact.tokens and late.cycles == exact.cycles
     assert late.accept_hist == exact.accept_hist and late.accepted == exact.accepted
     assert len(late.tokens[0]) < NEW and exact.phases.cycles == exact.cycles
+
+
+def test_merged_results_add_up(setup):
+    target, rt, ref, seq = setup
+    dec = SpecDecoder(rt, make_drafter(target, 96, Steered).steer(seq, 0.7), 3)
+    parts = [dec.generate(PROMPTS[:2], NEW, eos_ids=[]), dec.generate(PROMPTS[2:], NEW, eos_ids=[])]
+    m = SpecResult.merged(parts)
+    assert m.tokens == ref and m.cycles == sum(p.cycles for p in parts)
+    assert m.accept_hist == [a + b for a, b in zip(*(p.accept_hist for p in parts), strict=True)]
+    assert m.reached == [a + b for a, b in zip(*(p.reached for p in parts), strict=True)]
+    whole = dec.generate(PROMPTS, NEW, eos_ids=[])
+    assert sum(m.accepted) > 0 and m.new_tokens == whole.new_tokens

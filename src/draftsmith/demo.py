@@ -180,12 +180,10 @@ def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
 
 
 def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> dict:
-    tok = sum(r.new_tokens for r in runs)
-    secs = sum(r.prefill_s + r.decode_s for r in runs)
-    hist = [sum(col) for col in zip(*(r.accept_hist for r in runs), strict=True)]
-    reached = [sum(col) for col in zip(*(r.reached for r in runs), strict=True)]
-    accepted = [sum(col) for col in zip(*(r.accepted for r in runs), strict=True)]
-    n = sum(hist)
+    from draftsmith.engine.spec_state import SpecResult
+
+    m = SpecResult.merged(runs)
+    tok, secs = m.new_tokens, m.prefill_s + m.decode_s
     phases = {}
     for r in profiled:
         for k, v in (r.phases.ms if r.phases else {}).items():
@@ -195,10 +193,8 @@ def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> d
         "device": cfg.device, "batch": 1, "steps": cfg.steps,
         "baseline_tok_s": base_tps, "speculative_tok_s": tok / secs,
         "speedup": tok / secs / base_tps,
-        "accept_length": sum(k * c for k, c in enumerate(hist)) / n if n else 0.0,
-        "accept_hist": hist,
-        "position_acceptance": [a / r if r else 0.0 for a, r in zip(accepted, reached,
-                                                                     strict=True)],
+        "accept_length": m.mean_accept_length, "accept_hist": m.accept_hist,
+        "position_acceptance": m.position_rates,
         "phases_ms": phases, "phases_pct": {k: 100 * v / cycle for k, v in phases.items()},
     }
 

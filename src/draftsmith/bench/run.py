@@ -22,6 +22,7 @@ from draftsmith.engine.generate import run_generation
 from draftsmith.engine.profiler import PhaseSummary
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.engine.tree import TreeShape
 from draftsmith.errors import DraftsmithError
@@ -133,22 +134,15 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     dec.capture([len(batches[0])])
     dec.generate(batches[0], min(8, cfg.max_new_tokens), eos)
     results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
-    tokens = sum(r.new_tokens for r in results)
-    secs = sum(r.prefill_s + r.decode_s for r in results)
-    decode = sum(r.decode_s for r in results)
-    hist = [sum(col) for col in zip(*(r.accept_hist for r in results), strict=True)]
-    reached = [sum(col) for col in zip(*(r.reached for r in results), strict=True)]
-    accepted = [sum(col) for col in zip(*(r.accepted for r in results), strict=True)]
-    cycles = sum(hist)
-    mean = sum(k * c for k, c in enumerate(hist)) / cycles if cycles else 0.0
+    m = SpecResult.merged(results)
     row: dict[str, Any] = {
-        **_speed(tokens, secs, decode), "mean_accept_length": mean,
-        "accept_rate": mean / (steps + 1), "accept_hist": hist, "reached": reached,
-        "accepted": accepted,
-        "position_rates": [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)],
-        "phases": merge_phases([r.phases for r in results], mean, steps),
+        **_speed(m.new_tokens, m.prefill_s + m.decode_s, m.decode_s),
+        "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
+        "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
+        "position_rates": m.position_rates,
+        "phases": merge_phases([r.phases for r in results], m.mean_accept_length, steps),
     }
-    return row, [t for r in results for t in r.tokens]
+    return row, m.tokens
 
 
 def merge_phases(parts: list[PhaseSummary | None], accept_length: float,

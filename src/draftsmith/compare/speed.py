@@ -28,22 +28,15 @@ def prompt_texts(suite: str, n: int) -> list[str]:
     return [t for t in texts if t][:n]
 
 
-def _accumulate(acc: dict[str, Any], r: Any) -> None:
-    for key in ("reached", "accepted", "accept_hist"):
-        acc[key] = [a + b for a, b in zip(acc.get(key) or [0] * len(getattr(r, key)),
-                                          getattr(r, key), strict=True)]
-    acc["new_tokens"] = acc.get("new_tokens", 0) + r.new_tokens
-    acc["seconds"] = acc.get("seconds", 0.0) + r.prefill_s + r.decode_s
+def _finish(runs: list[Any]) -> dict[str, Any]:
+    from draftsmith.engine.spec_state import SpecResult
 
-
-def _finish(acc: dict[str, Any]) -> dict[str, Any]:
-    hist = acc["accept_hist"]
-    cycles = sum(hist)
-    acc["position_rates"] = [a / r if r else 0.0 for a, r in zip(acc["accepted"], acc["reached"],
-                                                                 strict=True)]
-    acc["mean_accept_length"] = sum(k * c for k, c in enumerate(hist)) / cycles if cycles else 0.0
-    acc["tokens_per_s"] = acc["new_tokens"] / acc["seconds"] if acc["seconds"] else 0.0
-    return acc
+    m = SpecResult.merged(runs)
+    secs = m.prefill_s + m.decode_s
+    return {"reached": m.reached, "accepted": m.accepted, "accept_hist": m.accept_hist,
+            "new_tokens": m.new_tokens, "seconds": secs, "position_rates": m.position_rates,
+            "mean_accept_length": m.mean_accept_length,
+            "tokens_per_s": m.new_tokens / secs if secs else 0.0}
 
 
 @torch.no_grad()
@@ -62,15 +55,15 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     run_generation(base_rt, prompts[:1], warm, eos_ids=eos)
     for dec in decs.values():
         dec.generate(prompts[:1], warm, eos)
-    acc: dict[str, dict[str, Any]] = {k: {} for k in decs}
+    runs: dict[str, list[Any]] = {k: [] for k in decs}
     base_tokens, base_s = 0, 0.0
     for p in prompts:
         g = run_generation(base_rt, [p], max_new, eos_ids=eos)
         base_tokens, base_s = base_tokens + g.new_tokens, base_s + g.prefill_s + g.decode_s
         for k, dec in decs.items():
-            _accumulate(acc[k], dec.generate([p], max_new, eos))
+            runs[k].append(dec.generate([p], max_new, eos))
     base = base_tokens / base_s if base_s else 0.0
-    out = {k: _finish(v) for k, v in acc.items()}
+    out = {k: _finish(v) for k, v in runs.items()}
     for v in out.values():
         v["speedup"] = v["tokens_per_s"] / base if base else None
     return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),

@@ -166,11 +166,11 @@ def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:
 
 
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
-         stats: dict[str, int], opening: str = "", start: list[int] | None = None) -> str | None:
+         stats: dict[str, int], opening: str, start: list[int]) -> str | None:
     if len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
         return None
-    text = opening + _continuation(target.tokenizer, start or [], toks)
+    text = opening + _continuation(target.tokenizer, start, toks)
     got = accept(text, cfg, seen)
     if got is None:
         key = "duplicates" if fold(text) in seen else "length_filtered"

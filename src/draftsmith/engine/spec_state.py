@@ -30,6 +30,18 @@ class SpecResult:
     phases: PhaseSummary | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def merged(cls, parts: list[SpecResult]) -> SpecResult:
+        """One result over several runs of one decoder: tokens and times added up, histogram
+        and position counts summed column by column (phases are left to the caller)."""
+
+        def summed(key: str) -> list[int]:
+            return [sum(c) for c in zip(*(getattr(p, key) for p in parts), strict=True)]
+
+        return cls([t for p in parts for t in p.tokens], sum(p.prefill_s for p in parts),
+                   sum(p.decode_s for p in parts), sum(p.cycles for p in parts), parts[0].steps,
+                   summed("accept_hist"), summed("reached"), summed("accepted"))
+
     @property
     def new_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
