@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.engine.generate import decoder, prefill
+from draftsmith.engine.generate import check_request, decoder, prefill
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -120,9 +120,7 @@ class ServeEngine:
     def _run_baseline(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
                       watch: Watch | None, every: int) -> list[list[int]]:
         rt, eos = self.rt, self.eos
-        need = max(len(p) for p in prompts) + max_new
-        if need > rt.max_seq:
-            raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+        check_request(rt, prompts, max_new)
         self._keep_baseline(params)
         state, step = decoder(rt, len(prompts), eos, params)
         logits, lens = prefill(rt, prompts)
