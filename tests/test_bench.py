@@ -9,11 +9,12 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from draftsmith.bench.cli import bench, int_list
+from draftsmith.bench.cli import bench
 from draftsmith.bench.drafters import random_drafter
 from draftsmith.bench.suites import fill_batches, suite_messages
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import save_drafter
+from draftsmith.options import int_list
 from draftsmith.targets import load_target
 
 

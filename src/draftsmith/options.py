@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import typer
 
+from draftsmith.errors import DraftsmithError
+
 TARGET = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'")
 DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)")
 COMPILE = typer.Option(False, "--compile", help="torch.compile the target's layers (GPU; faster "
                        "decode after a one-off compile)")
+
+
+def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
+    """A comma-separated list of positive integers from option `what`, or a clear error."""
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise DraftsmithError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if (not out and not empty_ok) or any(x < 1 for x in out):
+        raise DraftsmithError(f"{what}: expected positive integers, got {text!r}")
+    return out

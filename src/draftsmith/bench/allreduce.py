@@ -36,6 +36,7 @@ from draftsmith.dist import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.parallel import TP
+from draftsmith.options import int_list
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -182,16 +183,6 @@ def print_result(res: dict[str, Any]) -> None:
     print(json.dumps(res))
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise DraftsmithError(f"{what} {text!r}: expected comma-separated integers") from None
-    if not vals or min(vals) < 1:
-        raise DraftsmithError(f"{what} {text!r}: expected positive integers")
-    return vals
-
-
 def _shape_from_target(target: str) -> tuple[int, int]:
     from draftsmith.models.config import ModelConfig
     from draftsmith.targets import hf, load_target
@@ -233,8 +224,8 @@ def allreduce_bench(
         raise DraftsmithError(f"--dtype {dtype!r}: use one of {sorted(DTYPES)}")
     if target:
         hidden, layers = _shape_from_target(target)
-    opts = {"hidden": hidden, "layers": layers, "batches": _ints(batch, "--batch"),
-            "qs": _ints(q, "--q"), "dtype": dtype, "iters": iters, "graph_ops": graph_ops}
+    opts = {"hidden": hidden, "layers": layers, "batches": int_list(batch, "--batch"),
+            "qs": int_list(q, "--q"), "dtype": dtype, "iters": iters, "graph_ops": graph_ops}
     apply_nccl_env(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl)))
     dev = None if device == "auto" else device
     size = tp or _default_size(dev)

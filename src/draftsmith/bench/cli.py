@@ -8,17 +8,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
-
-
-def int_list(text: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise DraftsmithError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if any(x < 1 for x in out):
-        raise DraftsmithError(f"{what}: every value must be >= 1, got {text!r}")
-    return out
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, int_list
 
 
 def bench(
@@ -57,7 +47,7 @@ def bench(
     cfg = BenchConfig(
         target=target, drafter=drafter, suites=list(suite), num_prompts=num_prompts,
         steps=int_list(steps, "--steps"), topk=int_list(topk, "--topk"),
-        num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens"),
+        num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens", empty_ok=True),
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
         params=SamplingParams(temperature, top_p, top_k), device=dev,
         dtype=dtype_of(auto if dtype == "auto" else dtype), profile=True if profile else None,

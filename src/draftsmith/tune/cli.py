@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET
+from draftsmith.options import DEVICE, DTYPE, TARGET, int_list
 
 console = Console()
 
@@ -44,7 +44,7 @@ def tune(
     dt = dtype_of(
         "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
     )
-    batches = sorted(int(x) for x in batch_sizes.split(","))
+    batches = sorted(int_list(batch_sizes, "--batch-sizes"))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk)
     if tp == 1:
@@ -302,16 +302,10 @@ def tune_nccl(
         "cuda" if torch.cuda.device_count() >= tp else "cpu")
     dt = nccl.dtype_key(dtype_of(("bf16" if dev == "cuda" else "fp32") if dtype == "auto"
                                  else dtype))
-    shapes = [(b, n) for b in _ints(batch_sizes) for n in _ints(tokens)]
+    shapes = [(b, n) for b in int_list(batch_sizes, "--batch-sizes")
+              for n in int_list(tokens, "--tokens")]
     report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
                                  timeout, out,
                                  log=lambda line: console.print(line, markup=False))
     nccl.print_report(report)
     console.print(f"wrote {out}/nccl.json, nccl.md")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DraftsmithError(f"{text!r}: expected comma-separated integers") from None
