@@ -10,6 +10,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -84,6 +85,19 @@ def pick_device(device: str | None) -> str:
     return device
 
 
+def dtype_name(dev: str, dtype: str) -> str:
+    """--dtype with `auto` resolved (float32 on CPU, bfloat16 on a GPU), checked."""
+    name = ("float32" if dev == "cpu" else "bfloat16") if dtype == "auto" else dtype
+    dtype_of(name)
+    return name
+
+
+def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
+    """--device and --dtype resolved: (device, torch dtype)."""
+    dev = pick_device(device)
+    return dev, dtype_of(dtype_name(dev, dtype))
+
+
 @targets_app.command("show")
 def targets_show(
     path: str = typer.Argument("default", help="HF folder, .gguf file, or 'default'"),
@@ -134,8 +148,7 @@ def generate(
         raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
     dev = pick_device(device)
-    dt = "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
-    dtype_of(dt)
+    dt = dtype_name(dev, dtype)
     done = launch_tp(
         _generate_rank, tp, texts, target, max_new_tokens, params, dt, batch_size, seed,
         device=dev,

@@ -37,20 +37,19 @@ def bench(
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
     from draftsmith.bench.run import BenchConfig, run_bench
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype
     from draftsmith.engine.sampling import SamplingParams
 
     if max_new_tokens < 1:
         raise DraftsmithError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    dev = pick_device(device)
-    auto = "bfloat16" if dev != "cpu" else "float32"
+    dev, dt = device_dtype(device, dtype)
     cfg = BenchConfig(
         target=target, drafter=drafter, suites=list(suite), num_prompts=num_prompts,
         steps=int_list(steps, "--steps"), topk=int_list(topk, "--topk"),
         num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens", empty_ok=True),
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
         params=SamplingParams(temperature, top_p, top_k), device=dev,
-        dtype=dtype_of(auto if dtype == "auto" else dtype), profile=True if profile else None,
+        dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile,
     )
     console = Console(stderr=True)

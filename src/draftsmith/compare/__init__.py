@@ -188,11 +188,9 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
 ) -> None:
     """Compare drafters: architecture, parameters by convention, data, acceptance."""
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype
 
-    dev = pick_device(device)
-    dt = dtype_of("bfloat16" if dtype == "auto" and dev != "cpu" else
-                  "float32" if dtype == "auto" else dtype)
+    dev, dt = device_dtype(device, dtype)
     res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
                                      steps, out, parse_claims(claimed), dev, dt))
     if as_json:

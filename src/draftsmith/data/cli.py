@@ -34,12 +34,9 @@ def say(msg: str) -> None:
 
 
 def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype as resolve  # lazily: draftsmith.cli loads this module
 
-    dev = pick_device(device)
-    if dtype == "auto":
-        dtype = "float32" if dev == "cpu" else "bfloat16"
-    return dev, dtype_of(dtype)
+    return resolve(device, dtype)
 
 
 

@@ -46,12 +46,10 @@ def serve(
         raise DraftsmithError(
             f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
             "(fastapi, uvicorn)") from None
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype
     from draftsmith.serve.engine import EngineConfig, load_engine
 
-    dev = pick_device(device)
-    dt = dtype_of("float32" if dtype == "auto" and dev == "cpu" else
-                  "bfloat16" if dtype == "auto" else dtype)
+    dev, dt = device_dtype(device, dtype)
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,

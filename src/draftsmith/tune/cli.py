@@ -36,14 +36,11 @@ def tune(
     out: Path = typer.Option(Path("runs/tune"), "--out"),
 ) -> None:
     """Pick the fastest steps/topk/draft tokens per batch size (or no speculation)."""
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype
 
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
-    dev = pick_device(device)
-    dt = dtype_of(
-        "bfloat16" if dtype == "auto" and dev != "cpu" else "float32" if dtype == "auto" else dtype
-    )
+    dev, dt = device_dtype(device, dtype)
     batches = sorted(int_list(batch_sizes, "--batch-sizes"))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk)
@@ -295,13 +292,12 @@ def tune_nccl(
     """Sweep NCCL protocol/algorithm/P2P level under TP, each in fresh processes (NVLS off)."""
     import torch
 
-    from draftsmith.cli import dtype_of
+    from draftsmith.cli import dtype_name, dtype_of
     from draftsmith.tune import nccl
 
     dev = device if device != "auto" else (
         "cuda" if torch.cuda.device_count() >= tp else "cpu")
-    dt = nccl.dtype_key(dtype_of(("bf16" if dev == "cuda" else "fp32") if dtype == "auto"
-                                 else dtype))
+    dt = nccl.dtype_key(dtype_of(dtype_name(dev, dtype)))
     shapes = [(b, n) for b in int_list(batch_sizes, "--batch-sizes")
               for n in int_list(tokens, "--tokens")]
     report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
