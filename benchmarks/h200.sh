@@ -35,6 +35,8 @@ export DRAFTSMITH_CACHE=/tmp/dcache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 date -u | tee -a "$OUT/device.txt"
 
+left() { echo $(( BUDGET - SECONDS )); }  # seconds left of this call (SECONDS: since start)
+
 case "${1:-}" in
 demo)
     start=$SECONDS
@@ -82,8 +84,7 @@ baseline)
         | tee "$OUT/baseline_log.txt"
     ;;
 bigrun)
-    W=runs/big D=runs/big/drafter
-    left() { echo $(( ${BUDGET:-575} - SECONDS )); }  # SECONDS: since this script started
+    W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-575}
     ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
     if [ ! -f $W/gen_done ]; then
         WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
@@ -130,8 +131,7 @@ bigrun)
             ! -path ./drafter/draftsmith.json -delete && mv /tmp/bigrun.tgz .)
     ;;
 respec)
-    R=/tmp/r W=runs/big D=runs/big/drafter
-    left() { echo $(( ${BUDGET:-540} - SECONDS )); }
+    R=/tmp/r W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
     for run in c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::; do
