@@ -98,10 +98,11 @@ def gen_stage() -> dict:
     t, model = target_and_model()
     WORK.mkdir(parents=True, exist_ok=True)
     b = int(os.environ.get("GEN_BATCH", "256"))
+    compiled = os.environ.get("GEN_COMPILE") == "1"
     t0 = time.perf_counter()
     opens = openings_from(os.environ.get("OPENINGS"))  # 'builtin': code, reasoning, writing
     made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128, openings=opens),
-                             model, progress=False, compile=os.environ.get("GEN_COMPILE") == "1")
+                             model, progress=False, compile=compiled)
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
     # The static cache is read whole at every step: size it to these prompts (<= 128 generated
@@ -109,11 +110,11 @@ def gen_stage() -> dict:
     regen = RegenConfig(ANSWER, ANSWER + 224, batch_size=b, temperature=temp,
                         refill=os.environ.get("REFILL", "1") == "1")
     answered = regenerate(read_prompts(WORK / "prompts.jsonl"), WORK / "answers.jsonl",
-                          EngineBackend(t, model, regen, os.environ.get("GEN_COMPILE") == "1"),
+                          EngineBackend(t, model, regen, compiled),
                           t.tokenizer, regen, False)
     t2 = time.perf_counter()
     return {"batch": b, "temperature": regen.temperature, "refill": regen.refill,
-            "compile": os.environ.get("GEN_COMPILE") == "1", "prompts": made, "answers": answered,
+            "compile": compiled, "prompts": made, "answers": answered,
             "prompt_seconds": t1 - t0, "answer_seconds": t2 - t1,
             "answer_tok_s": answered.get("answer_tokens", 0) / (t2 - t1)}
 
