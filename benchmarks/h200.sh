@@ -12,7 +12,8 @@
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
-#                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET)
+#                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET,
+#                                     # SPECS: name:compile:batches runs, GEN_BATCH, TREES)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
@@ -112,7 +113,7 @@ bigrun)
         wait
     fi
     if [ -f $D/draftsmith.json ]; then
-        for run in c1:1:1 e:0:1,8,32 c832:1:8,32; do
+        for run in ${SPECS:-c1:1:1 e:0:1,8,32 c832:1:8,32}; do
             IFS=: read -r name comp batches <<< "$run"
             [ -f "runs/spec_$name" ] && continue
             [ "$(left)" -gt 90 ] || break
