@@ -13,7 +13,7 @@ Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
-STAGES, TARGET, DEVICE.
+STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -42,7 +42,8 @@ TRAIN_BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 TRAIN_LEN = int(os.environ.get("TRAIN_LEN", "1024"))
 ANSWER = int(os.environ.get("ANSWER", "192"))
 COMPILE = os.environ.get("COMPILE") == "1"  # spec and tune: the target's layers compiled
-STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")  # +gen,keep,restore
+# also: gen, keep, restore, pack, unpack
+STAGES = os.environ.get("STAGES", "data,hf,train,spec,doctor,tune").split(",")
 results: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
                  "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "n": N}
 
@@ -237,6 +238,46 @@ def keep_stage() -> dict:
     return {"kept": sorted(p.name for p in keep.iterdir())}
 
 
+PART_BYTES = 15 * 2**20  # each file that comes back from the device is <= 16 MiB
+
+
+def pack_stage() -> dict:
+    """WORK/answers.jsonl, xz-compressed, into $OUT/answers.jsonl.xz.00, .01, ...: generated data
+    that outlives the machine (it goes cold 30 s after a call, and runs/ with it)."""
+    import lzma
+    import subprocess
+
+    src = WORK / "answers.jsonl"
+    if shutil.which("xz"):  # all cores: the lent machine has 16
+        blob = subprocess.run(["xz", "-T0", "-6", "-c", str(src)], check=True,
+                              capture_output=True).stdout
+    else:
+        blob = lzma.compress(src.read_bytes(), preset=6)
+    parts = [blob[i : i + PART_BYTES] for i in range(0, len(blob), PART_BYTES)]
+    for i, part in enumerate(parts):
+        (OUT / f"answers.jsonl.xz.{i:02d}").write_bytes(part)
+    return {"parts": len(parts), "bytes": len(blob)}
+
+
+def unpack_stage() -> dict:
+    """The reverse of pack: parts found in DATA_PARTS (folders, ':'-separated) joined in name
+    order into WORK/answers.jsonl, unless it is there already."""
+    import lzma
+
+    dest = WORK / "answers.jsonl"
+    dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
+    parts = sorted((f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")),
+                   key=lambda f: f.name)
+    if dest.is_file() or not parts:
+        return {"unpacked": False, "parts": len(parts)}
+    data = lzma.decompress(b"".join(f.read_bytes() for f in parts))  # raises if one is missing
+    WORK.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+    return {"unpacked": True, "parts": len(parts), "conversations": data.count(b"\n")}
+
+
 def restore_stage() -> dict:
     """DRAFTER rebuilt from what keep_stage brought back (KEPT, default .drafter/): the small
     files as they were, the two weight files merged, the embedding taken from the target."""
@@ -293,6 +334,7 @@ def spec_stage() -> dict:
                 prof = dec.generate(groups[0], NEW, t.eos_ids)
                 r["phases"] = prof.phases.to_dict() if prof.phases else None
                 r["speedup"] = r["tok_s"] / base["tok_s"]
+                r["decode_speedup"] = r["decode_tok_s"] / base["decode_tok_s"]
                 if b == 1:
                     r["greedy_agreement"] = agreement(model, prompts, base["tokens"], r["tokens"])
                 rows.append({"suite": suite, "batch": b, "setting": f"{steps}/{topk}/{n}", **r})
@@ -319,8 +361,11 @@ def measure(fn, groups) -> dict:
 
     runs = [fn(g) for g in groups]
     toks = sum(len(x) for r in runs for x in r.tokens)
-    secs = sum(r.prefill_s + r.decode_s for r in runs)
-    res = {"tok_s": toks / secs, "tokens": [x for r in runs for x in r.tokens]}
+    pre, dec = sum(r.prefill_s for r in runs), sum(r.decode_s for r in runs)
+    # decode_tok_s: the tokens after the first over decode time alone (prefill is not a cycle)
+    res = {"tok_s": toks / (pre + dec), "prefill_ms": 1e3 * pre / len(runs),
+           "decode_tok_s": (toks - sum(len(r.tokens) for r in runs)) / dec,
+           "tokens": [x for r in runs for x in r.tokens]}
     if isinstance(runs[0], SpecResult):
         m = SpecResult.merged(runs)
         res.update(accept_length=m.mean_accept_length, accept_hist=m.accept_hist,
@@ -368,8 +413,10 @@ def tune_stage() -> dict:
 if __name__ == "__main__":
     save()
     stage("restore", restore_stage)
+    stage("unpack", unpack_stage)
     stage("data", data_stage)
     stage("gen", gen_stage)
+    stage("pack", pack_stage)
     stage("hf", hf_stage)
     stage("train", train_stage)
     stage("spec", spec_stage)

@@ -13,11 +13,15 @@
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
 #                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET,
-#                                     # SPECS: name:compile:batches runs, GEN_BATCH, TREES)
+#                                     # SPECS: name:compile:batches runs, GEN_BATCH, TREES,
+#                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
+# bigrun's generated answers come back as $OUT/answers.jsonl.xz.NN (<= 15 MiB each): carry them
+# as .data/ (or split over .dataA/ with call 0, copied to /tmp/data, and .dataB/) and bigrun
+# trains on them instead of generating again.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
 # about 30 s after a call: chain the calls (gen -> train -> train ... -> suite) without pauses.
 set -uo pipefail
@@ -87,20 +91,30 @@ baseline)
 bigrun)
     W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-575}
     ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
+    # answers packed by an earlier lease (answers.jsonl.xz.NN) carried in .data*/ or copied to
+    # /tmp/data by call 0: no second generation after the machine went cold
+    if [ ! -f $W/gen_done ] && ls /tmp/data/answers.jsonl.xz.* .data*/answers.jsonl.xz.* \
+            > /dev/null 2>&1; then
+        WORK=$W OUT=$OUT/unpack STAGES=unpack DATA_PARTS=$(echo /tmp/data .data* | tr ' ' :) \
+            python3 benchmarks/gpu_suite.py 2>&1 | tail -1 | tee "$OUT/unpack_log.txt"
+        ok "$OUT/unpack" unpack && [ -f $W/answers.jsonl ] && touch $W/gen_done
+    fi
     if [ ! -f $W/gen_done ]; then
         WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
             timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
         rc=${PIPESTATUS[0]}  # 124: out of time, not failed: the next call resumes gen
         if ok "$OUT/gen" gen; then
             touch $W/gen_done
+            WORK=$W STAGES=pack timeout 120 python3 benchmarks/gpu_suite.py > /dev/null 2>&1  # -> $OUT
         elif [ "$rc" != 124 ] && [ "$(left)" -gt 120 ]; then  # failed: static batches, eager
             WORK=$W OUT=$OUT/gen2 STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 REFILL=0 \
                 timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen2_log.txt"
-            ok "$OUT/gen2" gen && touch $W/gen_done
+            ok "$OUT/gen2" gen && touch $W/gen_done && WORK=$W STAGES=pack timeout 120 \
+                python3 benchmarks/gpu_suite.py > /dev/null 2>&1
         fi
     fi
     if [ -f $W/gen_done ] && [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
-        if [ ! -f runs/tests_started ]; then  # every GPU test, beside the training
+        if [ "${TESTS:-1}" = 1 ] && [ ! -f runs/tests_started ]; then  # GPU tests beside training
             touch runs/tests_started
             t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
             timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
@@ -127,8 +141,8 @@ bigrun)
     fi
     # the device returns only a few files a call: one archive, the kept weights and their config
     # (drafter/: carry it back as .drafter for `restore`)
-    (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' . \
-        && find . -type f ! -name '*.safetensors' ! -name device.txt \
+    (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' --exclude='answers.jsonl.xz.*' . \
+        && find . -type f ! -name '*.safetensors' ! -name device.txt ! -name 'answers.jsonl.xz.*' \
             ! -path ./drafter/draftsmith.json -delete && mv /tmp/bigrun.tgz .)
     ;;
 respec)
