@@ -12,7 +12,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
-LR, NEW, PROMPTS, SPEC_BATCHES, COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
+LR, NEW, PROMPTS, REPEATS (spec: each group timed that often), SPEC_BATCHES,
+COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
 STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
 Results land in $OUT/gpu_suite.json after every stage.
 """
@@ -321,7 +322,7 @@ def spec_stage() -> dict:
     rows = []
     for suite, prompts in suites(t).items():
         for b in SPEC_BATCHES if suite == "chat" else (1,):
-            groups = batches(prompts, b)
+            groups = batches(prompts, b) * int(os.environ.get("REPEATS", "1"))  # less noise
             run_generation(rt, groups[0], 8, eos_ids=t.eos_ids)  # capture (and compile) first
             base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
             rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
