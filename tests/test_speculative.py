@@ -272,3 +272,18 @@ def test_merged_results_add_up(setup):
     assert m.reached == [a + b for a, b in zip(*(p.reached for p in parts), strict=True)]
     whole = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert sum(m.accepted) > 0 and m.new_tokens == whole.new_tokens
+
+
+@pytest.mark.slow
+def test_compiled_tree_bookkeeping_equals_plain_greedy(setup):
+    """The torch.compile'd children / frontier / node selection (what the GPU's compiled engine
+    runs) give the same tokens as plain greedy decoding, and the same trees as the eager code."""
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    eager, fused = SpecDecoder(rt, drafter, 4, 4, 10), SpecDecoder(rt, drafter, 4, 4, 10)
+    fused._state(len(PROMPTS)).tree.compile()
+    assert fused.states[len(PROMPTS)].tree.grow_greedy is not eager._state(4).tree.grow_greedy
+    res = fused.generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref
+    want = eager.generate(PROMPTS, NEW, eos_ids=[])
+    assert res.accept_hist == want.accept_hist and res.accepted == want.accepted

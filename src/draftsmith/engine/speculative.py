@@ -193,6 +193,8 @@ class SpecDecoder:
         if b in self.states:
             return self.states[b]
         st = self.states[b] = SpecState(self, b)
+        if st.tree is not None and self.compiled:
+            st.tree.compile()
         if self.graphs is not None:
             with torch.no_grad():
                 for phase in PHASES:
@@ -277,14 +279,14 @@ class SpecDecoder:
         st.vpos.copy_(st.L[:, None] + self.ar)
 
     def _draft_tree(self, st: SpecState) -> None:
-        t, to_target = st.tree, self.drafter.to_target
-        t.expand_root(st.root_logits, st.root_hidden, self.params, to_target)
+        t, d2t = st.tree, self.drafter.d2t
+        t.expand_root(st.root_logits, st.root_hidden, self.params, d2t)
 
         def call(tok, hidden, pos, slots, mask):
             return self.draft_fn(tok, hidden, pos, st.dcaches, slots, mask)
 
         for d in range(1, self.steps):
-            t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, to_target)
+            t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, d2t)
         t.select(st.last)
         st.vtok.copy_(t.node_tok)
         st.vpos.copy_(st.L[:, None] + t.node_depth)

@@ -106,90 +106,140 @@ def committed_mask(lengths: torch.Tensor, rows: int, total: int) -> torch.Tensor
 
 
 class TreeDraft:
-    """Buffers for one batch size and the expansion that fills them (graph-safe)."""
+    """One batch size's tree expansion. Only what the accept phase reads lives in buffers (the
+    selected nodes, their ancestry, sampling's q bank); the frontier and the candidate blocks
+    pass from depth to depth as values, so a graphed draft phase copies nothing it need not."""
 
     def __init__(self, shape: TreeShape, b: int, hidden: int, dvocab: int, dtype: torch.dtype,
                  device: torch.device, sampling: bool) -> None:
-        k, m, n, fs = shape.topk, shape.candidates, shape.tokens, shape.frontier_slots
+        k, n, fs = shape.topk, shape.tokens, shape.frontier_slots
         self.shape, self.b = shape, b
         self.cand_depth, self.cand_qsrc = shape.static(device)
         z = dict(dtype=torch.long, device=device)
-        self.tok, self.draft, self.parent = (torch.zeros(b, m, **z) for _ in range(3))
-        self.score = torch.zeros(b, m, dtype=torch.float64, device=device)
-        self.f_flat, self.f_tok = torch.zeros(b, k, **z), torch.zeros(b, k, **z)
-        self.f_score = torch.zeros(b, k, dtype=torch.float64, device=device)
-        self.f_hidden = torch.zeros(b, k, hidden, dtype=dtype, device=device)
-        self.f_anc = torch.zeros(b, k, fs, dtype=torch.bool, device=device)
         self.qbank = (torch.zeros(b, 1 + fs, dvocab, device=device) if sampling else None)
         self.node_tok, self.node_draft, self.node_depth, self.node_parent, self.node_qsrc = (
             torch.zeros(b, n, **z) for _ in range(5))
         self.anc = torch.zeros(b, n, n, dtype=torch.bool, device=device)
         self.ar_k = torch.arange(k, device=device)
+        self.grow_greedy, self.pick_nodes = grow_greedy, pick_nodes  # compile() swaps them
         # own[d][j]: frontier node j at depth d+1 sits in scratch slot d*k + j (static, so no
         # host value is copied inside a graph)
         self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
         for d in range(shape.steps - 1):
             self.own[d, torch.arange(k), d * k + torch.arange(k)] = True
+        self.blocks: list[tuple[torch.Tensor, ...]] = []  # per depth: (draft, tok, score, parent)
+        self.front: tuple[torch.Tensor, ...] = ()  # (ancestry, flat id, token, score, hidden)
+        self.committed: torch.Tensor | None = None
 
     def expand_root(self, logits: torch.Tensor, hidden: torch.Tensor, params: SamplingParams,
-                    to_target: Callable) -> None:
-        k = self.shape.topk
+                    d2t: torch.Tensor) -> None:
+        k, b = self.shape.topk, self.b
         ids, score, q = children(logits, k, params)
         if q is not None:
             self.qbank[:, 0] = q
-        self.draft[:, :k] = ids
-        self.tok[:, :k] = to_target(ids)
-        self.score[:, :k] = score
-        self.parent[:, :k] = 0
-        self.f_flat.copy_(1 + self.ar_k.expand(self.b, k))
-        self.f_tok.copy_(self.tok[:, :k])
-        self.f_score.copy_(score)
-        self.f_hidden.copy_(hidden[:, None].expand_as(self.f_hidden))
-        self.f_anc.copy_(self.own[0].expand_as(self.f_anc))
+        tok = ids + d2t[ids]
+        self.blocks = [(ids, tok, score, torch.zeros_like(ids))]
+        self.front = (self.own[0].expand(b, k, -1), 1 + self.ar_k.expand(b, k), tok, score,
+                      hidden[:, None].expand(b, k, hidden.shape[-1]))
+        self.committed = None
 
     def step(self, d: int, call: DrafterCall, lengths: torch.Tensor, base: int, total: int,
-             params: SamplingParams, to_target: Callable) -> None:
+             params: SamplingParams, d2t: torch.Tensor) -> None:
         """Run the drafter on the depth-d frontier (positions L+d-1, scratch slots from `base`);
-        store its k*k children and pick the next frontier."""
+        keep its k*k children and pick the next frontier."""
         k, s, b = self.shape.topk, self.shape.steps, self.b
         fs = self.shape.frontier_slots
+        f_anc, f_flat, f_tok, f_score, f_hidden = self.front
+        if self.committed is None:  # the same for every depth of a cycle
+            self.committed = committed_mask(lengths, k, total)
+        mask = self.committed.clone()
+        mask[:, 0, :, base : base + fs] = f_anc  # scratch slots lie above every committed one
         pos = (lengths + d - 1)[:, None].expand(b, k)
         slots = (base + (d - 1) * k + self.ar_k).expand(b, k)
-        mask = committed_mask(lengths, k, total)
-        mask[:, 0, :, base : base + fs] |= self.f_anc
-        logits, h = call(self.f_tok, self.f_hidden, pos, slots, mask)
-        ids, inc, q = children(logits, k, params)
-        if q is not None:
+        logits, h = call(f_tok, f_hidden, pos, slots, mask)
+        start, last, own = k + (d - 1) * k * k, d == s - 1, self.own[min(d, s - 2)]
+        if params.greedy:
+            ids, inc, *grown = self.grow_greedy(logits, h, f_score, f_flat, f_anc, own, d2t,
+                                                start, last)
+        else:
+            ids, inc, q = children(logits, k, params)
             self.qbank[:, 1 + (d - 1) * k : 1 + d * k] = q
-        score = (self.f_score[:, :, None] + inc).flatten(1)
-        blk = slice(k + (d - 1) * k * k, k + d * k * k)
-        self.draft[:, blk] = ids.flatten(1)
-        self.tok[:, blk] = to_target(ids).flatten(1)
-        self.score[:, blk] = score
-        self.parent[:, blk] = self.f_flat[:, :, None].expand(b, k, k).flatten(1)
-        if d == s - 1:
-            return
-        v, sel = score.topk(k, dim=1)
-        j = sel // k
-        self.f_anc.copy_(self.f_anc.gather(1, j[..., None].expand(b, k, fs)) | self.own[d])
-        self.f_flat.copy_(blk.start + 1 + sel)
-        self.f_tok.copy_(self.tok[:, blk].gather(1, sel))
-        self.f_score.copy_(v)
-        self.f_hidden.copy_(h.gather(1, j[..., None].expand_as(self.f_hidden)))
+            grown = frontier(ids, inc, ids + d2t[ids], h, f_score, f_flat, f_anc, own, start,
+                             last)
+        tok, score, parent, *nxt = grown
+        self.blocks.append((ids.flatten(1), tok, score, parent))
+        self.front = tuple(nxt)
 
     def select(self, last: torch.Tensor) -> None:
         """The root plus the best N-1 candidates, in candidate (depth-major) order."""
-        n, s = self.shape.tokens, self.shape.steps
-        sel = self.score.topk(n - 1, dim=1).indices.sort(dim=1).values
-        zero = torch.zeros_like(sel[:, :1])
-        flat = torch.cat([zero, sel + 1], 1)
-        self.node_tok.copy_(torch.cat([last[:, None], self.tok.gather(1, sel)], 1))
-        self.node_draft.copy_(torch.cat([zero, self.draft.gather(1, sel)], 1))
-        self.node_depth.copy_(torch.cat([zero, self.cand_depth[sel]], 1))
-        self.node_qsrc.copy_(torch.cat([zero, self.cand_qsrc[sel]], 1))
-        node_of = torch.zeros(self.b, self.shape.candidates + 1, dtype=torch.long,
-                              device=sel.device)
-        node_of.scatter_(1, flat, torch.arange(n, device=sel.device).expand(self.b, n))
-        pflat = torch.cat([zero, self.parent.gather(1, sel)], 1)
-        self.node_parent.copy_(node_of.gather(1, pflat))
-        self.anc.copy_(ancestors(self.node_parent, s))
+        picked = self.pick_nodes(last, self.blocks, self.cand_depth, self.cand_qsrc,
+                                 self.shape.tokens, self.shape.steps)
+        for buf, new in zip((self.node_tok, self.node_draft, self.node_depth, self.node_qsrc,
+                             self.node_parent, self.anc), picked, strict=True):
+            buf.copy_(new)
+        self.blocks, self.front, self.committed = [], (), None
+
+    def compile(self) -> None:
+        """Greedy bookkeeping (children, next frontier, node selection) as torch.compile'd pure
+        functions: a handful of fused kernels in place of ~45 small ones per depth."""
+        self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
+
+
+def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.Tensor,
+             f_score: torch.Tensor, f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor,
+             start: int, last: bool) -> tuple[torch.Tensor, ...]:
+    """The k*k children of a depth as flat (tok, score, parent) blocks and, unless it is the last
+    depth, the next frontier (ancestry, flat id, token, score, hidden). Pure: no buffer written."""
+    b, k = f_score.shape
+    score = (f_score[:, :, None] + inc).flatten(1)
+    parent = f_flat[:, :, None].expand(b, k, k).flatten(1)
+    tok = tok.flatten(1)
+    if last:
+        return tok, score, parent
+    v, sel = score.topk(k, dim=1)
+    j = sel // k
+    anc = f_anc.gather(1, j[..., None].expand(b, k, f_anc.shape[2])) | own
+    hid = h.gather(1, j[..., None].expand(b, k, h.shape[-1]))
+    return tok, score, parent, anc, start + 1 + sel, tok.gather(1, sel), v, hid
+
+
+def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
+                f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
+                start: int, last: bool) -> tuple[torch.Tensor, ...]:
+    """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
+    ids, inc, _ = children(logits, f_score.shape[1], SamplingParams(0.0))
+    tok = ids + d2t[ids]
+    return (ids, inc, *frontier(ids, inc, tok, h, f_score, f_flat, f_anc, own, start, last))
+
+
+def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
+               cand_depth: torch.Tensor, cand_qsrc: torch.Tensor, n: int,
+               steps: int) -> tuple[torch.Tensor, ...]:
+    """(token, draft id, depth, q source, parent node, ancestry) of the root plus the best n-1
+    candidates (blocks: per depth (draft, tok, score, parent)), in candidate order. Pure."""
+    draft, tok, score, parent = (torch.cat(x, 1) for x in zip(*blocks, strict=True))
+    b = score.shape[0]
+    sel = score.topk(n - 1, dim=1).indices.sort(dim=1).values
+    zero = torch.zeros_like(sel[:, :1])
+    flat = torch.cat([zero, sel + 1], 1)
+    node_of = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=sel.device)
+    node_of = node_of.scatter(1, flat, torch.arange(n, device=sel.device).expand(b, n))
+    node_parent = node_of.gather(1, torch.cat([zero, parent.gather(1, sel)], 1))
+    return (torch.cat([last[:, None], tok.gather(1, sel)], 1),
+            torch.cat([zero, draft.gather(1, sel)], 1),
+            torch.cat([zero, cand_depth[sel]], 1),
+            torch.cat([zero, cand_qsrc[sel]], 1),
+            node_parent,
+            ancestors(node_parent, steps))
+
+
+_COMPILED: tuple[Callable, Callable] | None = None
+
+
+def compiled_bookkeeping() -> tuple[Callable, Callable]:
+    """One compiled pair per process (dynamo specializes it per shape and depth)."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = (torch.compile(grow_greedy, fullgraph=True),
+                     torch.compile(pick_nodes, fullgraph=True))
+    return _COMPILED
