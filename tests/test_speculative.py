@@ -275,15 +275,19 @@ def test_merged_results_add_up(setup):
 
 
 @pytest.mark.slow
-def test_compiled_tree_bookkeeping_equals_plain_greedy(setup):
-    """The torch.compile'd children / frontier / node selection (what the GPU's compiled engine
-    runs) give the same tokens as plain greedy decoding, and the same trees as the eager code."""
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
+def test_compiled_bookkeeping_equals_plain_greedy(setup, steps, topk, n):
+    """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
+    runs) give the same tokens as plain greedy decoding and the same cycles as the eager code."""
     target, rt, ref, seq = setup
     drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
-    eager, fused = SpecDecoder(rt, drafter, 4, 4, 10), SpecDecoder(rt, drafter, 4, 4, 10)
-    fused._state(len(PROMPTS)).tree.compile()
-    assert fused.states[len(PROMPTS)].tree.grow_greedy is not eager._state(4).tree.grow_greedy
+    eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
+    fused.compile_bookkeeping()
+    assert fused.commit_values is not eager.commit_values
     res = fused.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref
+    if topk > 1:
+        assert fused.states[len(PROMPTS)].tree.pick_nodes is not eager._state(4).tree.pick_nodes
     want = eager.generate(PROMPTS, NEW, eos_ids=[])
-    assert res.accept_hist == want.accept_hist and res.accepted == want.accepted
+    assert (res.accept_hist, res.accepted, res.reached) == (want.accept_hist, want.accepted,
+                                                            want.reached)

@@ -93,6 +93,11 @@ class SpecDecoder:
         self.hot = torch.arange(d.shape[0], device=d.device) + d
         self.states: dict[int, SpecState] = {}
         self.out_width = self.capacity() + steps + 2
+        self.chain_pick, self.tree_pick, self.commit_values = (verify.chain_greedy, tree_pick,
+                                                               commit_values)
+        self.bookkeeping_compiled = False
+        if self.compiled and params.greedy:
+            self.compile_bookkeeping()
 
     def _check_pair(self) -> None:
         tc, dc = self.rt.model.cfg, self.drafter.cfg
@@ -193,7 +198,7 @@ class SpecDecoder:
         if b in self.states:
             return self.states[b]
         st = self.states[b] = SpecState(self, b)
-        if st.tree is not None and self.compiled:
+        if st.tree is not None and self.bookkeeping_compiled:
             st.tree.compile()
         if self.graphs is not None:
             with torch.no_grad():
@@ -305,22 +310,32 @@ class SpecDecoder:
         t = st.tree
         if t is None:
             if self.params.greedy:
-                n, bonus = verify.chain_greedy(logits, st.vtok)
+                n, bonus = self.chain_pick(logits, st.vtok)
             else:
                 n, bonus = verify.chain_sampled(logits, st.vtok, st.vdraft, st.qbank, self.hot,
                                                 self.params)
             path = self.ar.expand(st.b, -1)
         else:
             if self.params.greedy:
-                best, n, bonus = verify.tree_greedy(logits, t.node_tok, t.node_parent,
-                                                    t.node_depth, self.steps)
+                n, bonus, path = self.tree_pick(logits, t.node_tok, t.node_parent, t.node_depth,
+                                                t.anc, self.steps)
             else:
                 best, n, bonus = verify.tree_sampled(
                     logits, t.node_tok, t.node_draft, t.node_parent, t.node_qsrc, t.node_depth,
                     t.qbank, self.hot, self.params)
-            path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
+                path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
             self._copy_path(st, path)
         self._commit(st, n, bonus, path, aux)
+
+    def compile_bookkeeping(self) -> None:
+        """The greedy accept's arithmetic (and the trees' draft bookkeeping) torch.compile'd: a few
+        fused kernels instead of ~50-80 small ones. The compiled engine does this on its own;
+        tests call it to check the compiled functions on CPU."""
+        self.chain_pick, self.tree_pick, self.commit_values = compiled_accept()
+        for st in self.states.values():
+            if st.tree is not None:
+                st.tree.compile()
+        self.bookkeeping_compiled = True
 
     def _copy_path(self, st: SpecState, path: torch.Tensor) -> None:
         """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
@@ -330,29 +345,67 @@ class SpecDecoder:
 
     def _commit(self, st: SpecState, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
                 aux: torch.Tensor) -> None:
-        i = self.ar
-        nxt = torch.cat([st.vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
-        emit = torch.where(i < n[:, None], nxt, bonus[:, None])  # also the extend's tokens
-        act = ~st.done
-        valid = act[:, None] & (i <= n[:, None])
-        idx = torch.where(valid, st.count[:, None] + i, st.out.shape[1] - 1)
+        idx, emit, count, done, hist_at, act, accepted, reached, ext_aux, new_l, last = (
+            self.commit_values(st.vtok, path, n, bonus, st.done, st.count, st.max_new, st.eos,
+                               st.L, st.last, aux, self.ar, st.out.shape[1]))
         st.out.scatter_(1, idx, emit)
-        hit = (valid & (emit[..., None] == st.eos).any(-1)).any(1)  # isin may sync
-        st.count.add_(torch.where(act, n + 1, 0))
-        st.done.copy_(st.done | hit | (st.count >= st.max_new))
-        st.all_done.copy_(st.done.all())
-        st.hist.index_add_(0, n + 1, act.long())
-        st.accepted.add_(((n[:, None] >= i[1:]) & act[:, None]).sum(0))
-        st.reached.add_(((n[:, None] >= i[:-1]) & act[:, None]).sum(0))
+        st.count.copy_(count)
+        st.done.copy_(done)
+        st.all_done.copy_(done.all())
+        st.hist.index_add_(0, hist_at, act)
+        st.accepted.add_(accepted)
+        st.reached.add_(reached)
         st.base.copy_(st.L)
         st.n.copy_(n)
         st.ext_tok.copy_(emit)
-        st.ext_aux.copy_(aux.gather(1, path[:, :, None, None].expand_as(st.ext_aux)))
-        st.L.add_(torch.where(act, n + 1, 0))
-        st.last.copy_(torch.where(act, bonus, st.last))
+        st.ext_aux.copy_(ext_aux)
+        st.L.copy_(new_l)
+        st.last.copy_(last)
 
     def _extend(self, st: SpecState) -> None:
         pos = st.base[:, None] + self.ar
         logits, h = self.draft_fn(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
         st.root_logits.copy_(logits[st.rows, st.n])
         st.root_hidden.copy_(h[st.rows, st.n])
+
+
+def tree_pick(logits: torch.Tensor, node_tok: torch.Tensor, node_parent: torch.Tensor,
+              node_depth: torch.Tensor, anc: torch.Tensor,
+              steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy tree verification: (accepted count, bonus token, accepted path by depth)."""
+    best, n, bonus = verify.tree_greedy(logits, node_tok, node_parent, node_depth, steps)
+    rows = torch.arange(anc.shape[0], device=anc.device)
+    return n, bonus, trees.path_from(anc[rows, best], node_depth, steps)
+
+
+def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus: torch.Tensor,
+                  done: torch.Tensor, count: torch.Tensor, max_new: torch.Tensor,
+                  eos: torch.Tensor, length: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,
+                  ar: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
+    """What one cycle's accept writes, as values (pure): output slots and tokens, new counts and
+    done flags, histogram and per-position statistics, the extend's inputs, new lengths."""
+    nxt = torch.cat([vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
+    emit = torch.where(ar < n[:, None], nxt, bonus[:, None])  # also the extend's tokens
+    act = ~done
+    valid = act[:, None] & (ar <= n[:, None])
+    idx = torch.where(valid, count[:, None] + ar, width - 1)
+    hit = (valid & (emit[..., None] == eos).any(-1)).any(1)  # isin may sync
+    new_count = count + torch.where(act, n + 1, 0)
+    new_done = done | hit | (new_count >= max_new)
+    accepted = ((n[:, None] >= ar[1:]) & act[:, None]).sum(0)
+    reached = ((n[:, None] >= ar[:-1]) & act[:, None]).sum(0)
+    ext_aux = aux.gather(1, path[:, :, None, None].expand(*path.shape, *aux.shape[2:]))
+    return (idx, emit, new_count, new_done, n + 1, act.long(), accepted, reached, ext_aux,
+            length + torch.where(act, n + 1, 0), torch.where(act, bonus, last))
+
+
+_COMPILED_ACCEPT: tuple | None = None
+
+
+def compiled_accept() -> tuple:
+    """One compiled set per process (dynamo specializes per shape)."""
+    global _COMPILED_ACCEPT
+    if _COMPILED_ACCEPT is None:
+        _COMPILED_ACCEPT = tuple(torch.compile(f, fullgraph=True)
+                                 for f in (verify.chain_greedy, tree_pick, commit_values))
+    return _COMPILED_ACCEPT
