@@ -13,7 +13,8 @@ Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, NEW, PROMPTS, REPEATS (spec: each group timed that often), SPEC_BATCHES,
-COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES,
+COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
+setting also with eager bookkeeping),
 STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
 Results land in $OUT/gpu_suite.json after every stage.
 """
@@ -327,8 +328,8 @@ def spec_stage() -> dict:
             base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
             rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
             print(json.dumps(rows[-1]), flush=True)
-            for steps, topk, n in settings(b):
-                dec = SpecDecoder(rt, drafter, steps, topk, n)
+            for steps, topk, n, fuse in variants(settings(b)):
+                dec = SpecDecoder(rt, drafter, steps, topk, n, fuse_bookkeeping=fuse)
                 dec.generate(groups[0], 8, t.eos_ids)
                 r = measure(lambda g, d=dec: d.generate(g, NEW, t.eos_ids), groups)
                 dec.profile = True
@@ -338,7 +339,8 @@ def spec_stage() -> dict:
                 r["decode_speedup"] = r["decode_tok_s"] / base["decode_tok_s"]
                 if b == 1:
                     r["greedy_agreement"] = agreement(model, prompts, base["tokens"], r["tokens"])
-                rows.append({"suite": suite, "batch": b, "setting": f"{steps}/{topk}/{n}", **r})
+                name = f"{steps}/{topk}/{n}" + (" eager-bk" if fuse is False else "")
+                rows.append({"suite": suite, "batch": b, "setting": name, **r})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
     for r in rows:
         r.pop("tokens", None)
@@ -350,6 +352,13 @@ def settings(b: int) -> list[tuple[int, int, int]]:
     chain = [(int(s), 1, int(s) + 1) for s in steps.split(",")]
     trees = os.environ.get("TREES", "3/4/8,5/8/16")
     return chain + [tuple(int(x) for x in t.split("/")) for t in trees.split(",") if t]
+
+
+def variants(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int, bool | None]]:
+    """Each setting as the engine runs it; with BOOKKEEPING_AB=1 also with eager bookkeeping
+    (compiled engines only), right after it in the same process."""
+    ab = COMPILE and os.environ.get("BOOKKEEPING_AB") == "1"
+    return [v for s in base for v in ([(*s, None), (*s, False)] if ab else [(*s, None)])]
 
 
 def batches(prompts: list[list[int]], b: int) -> list[list[list[int]]]:

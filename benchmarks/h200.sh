@@ -17,6 +17,7 @@
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
+#                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # bigrun's generated answers come back as $OUT/answers.jsonl.xz.NN (<= 15 MiB each): carry them

@@ -58,7 +58,8 @@ def plot(rows: list[dict], path: Path) -> None:
     keys = sorted({(r["suite"], r["batch"]) for r in rows})
     for suite, b in keys:
         chain = [r for r in rows if (r["suite"], r["batch"]) == (suite, b)
-                 and r["setting"] != "baseline" and r["setting"].split("/")[1] == "1"]
+                 and r["setting"] != "baseline" and r["setting"].split("/")[1] == "1"
+                 and not r["setting"].endswith("eager-bk")]
         xs = [int(r["setting"].split("/")[0]) for r in chain]
         ax.plot(xs, [r["speedup"] for r in chain], marker="o", label=f"{suite}, batch {b}")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")

@@ -54,7 +54,10 @@ class SpecDecoder:
         profile: bool | None = None,
         max_batch: int = 1,
         max_seq: int = 2048,
+        fuse_bookkeeping: bool | None = None,
     ) -> None:
+        """fuse_bookkeeping: torch.compile the greedy accept arithmetic and tree bookkeeping;
+        None = whenever the engine runs compiled graphs (False: the eager ops, for an A/B)."""
         if steps < 1 or topk < 1:
             raise DraftsmithError(f"steps and topk must be >= 1, got steps {steps}, topk {topk}")
         if topk == 1 and num_draft_tokens not in (None, steps + 1):
@@ -96,7 +99,7 @@ class SpecDecoder:
         self.chain_pick, self.tree_pick, self.commit_values = (verify.chain_greedy, tree_pick,
                                                                commit_values)
         self.bookkeeping_compiled = False
-        if self.compiled and params.greedy:
+        if (self.compiled if fuse_bookkeeping is None else fuse_bookkeeping) and params.greedy:
             self.compile_bookkeeping()
 
     def _check_pair(self) -> None:
