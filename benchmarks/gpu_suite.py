@@ -379,7 +379,8 @@ def measure(fn, groups) -> dict:
     if isinstance(runs[0], SpecResult):
         m = SpecResult.merged(runs)
         res.update(accept_length=m.mean_accept_length, accept_hist=m.accept_hist,
-                   position_acceptance=m.position_rates)
+                   position_acceptance=m.position_rates,
+                   wall_cycle_ms=1e3 * dec / max(m.cycles, 1))  # vs the phases' cycle_ms
     return res
 
 

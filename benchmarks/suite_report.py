@@ -32,15 +32,16 @@ def agreement_cell(r: dict) -> str:
 def table(rows: list[dict]) -> str:
     split_time = any("decode_tok_s" in r for r in rows)  # runs before 2026-12-01 lack it
     head = ("| suite | batch | steps/topk/tokens | tok/s | speedup | "
-            + ("prefill ms | decode-only speedup | " if split_time else "")
+            + ("prefill ms | decode-only speedup | wall ms a cycle | " if split_time else "")
             + "accept length | per-position acceptance | ms draft / verify / accept / extend | "
             "draft share | diverged from greedy |")
-    out = [head, "|" + "---|" * (12 if split_time else 10)]
+    out = [head, "|" + "---|" * (13 if split_time else 10)]
     for r in rows:
         split, share = phase_cells(r)
         pos = " ".join(f"{p:.2f}" for p in r.get("position_acceptance", []))
         acc = f"{r['accept_length']:.2f}" if "accept_length" in r else ""
-        times = (f"{r['prefill_ms']:.1f} | {r.get('decode_speedup', 1.0):.2f}x | "
+        wall = f"{r['wall_cycle_ms']:.2f}" if "wall_cycle_ms" in r else ""
+        times = (f"{r['prefill_ms']:.1f} | {r.get('decode_speedup', 1.0):.2f}x | {wall} | "
                  if split_time else "")
         out.append(f"| {r['suite']} | {r['batch']} | {r['setting']} | {r['tok_s']:.0f} | "
                    f"{r.get('speedup', 1.0):.2f}x | {times}{acc} | {pos} | {split} | {share} | "
