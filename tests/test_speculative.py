@@ -274,20 +274,98 @@ def test_merged_results_add_up(setup):
     assert sum(m.accepted) > 0 and m.new_tokens == whole.new_tokens
 
 
+def _compiled_entries(fn) -> int:
+    import torch._dynamo.eval_frame as ef
+
+    return len(ef._debug_get_cache_entry_list(fn.__code__))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_compiled_bookkeeping_equals_plain_greedy(setup, steps, topk, n):
+@pytest.mark.parametrize("steps,topk,n,rows", [(3, 1, None, 4), (4, 4, 10, 4), (2, 3, 4, 1)])
+def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows):
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
-    runs) give the same tokens as plain greedy decoding and the same cycles as the eager code."""
-    target, rt, ref, seq = setup
-    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    runs) build the same trees and commit the same tokens as the eager code at every cycle, with
+    a random drafter whose hidden states shape the trees, and equal plain greedy decoding."""
+    from draftsmith.engine import speculative, tree
+
+    target, rt, _, _ = setup
+    drafter = make_drafter(target, 96)
     eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
     fused.compile_bookkeeping()
-    assert fused.commit_values is not eager.commit_values
-    res = fused.generate(PROMPTS, NEW, eos_ids=[])
-    assert res.tokens == ref
+    prompts = PROMPTS[:rows]
+    torch.set_grad_enabled(False)  # as generate() runs; the step API leaves it to the caller
+    try:
+        _lockstep(eager, fused, prompts, topk)
+    finally:
+        torch.set_grad_enabled(True)
+    assert _compiled_entries(speculative.commit_values) > 0
     if topk > 1:
-        assert fused.states[len(PROMPTS)].tree.pick_nodes is not eager._state(4).tree.pick_nodes
-    want = eager.generate(PROMPTS, NEW, eos_ids=[])
-    assert (res.accept_hist, res.accepted, res.reached) == (want.accept_hist, want.accepted,
-                                                            want.reached)
+        assert _compiled_entries(tree.grow_greedy) > 0 and _compiled_entries(tree.pick_nodes) > 0
+    ref_rows = generate(rt, prompts, NEW, eos_ids=[])
+    assert fused.generate(prompts, NEW, eos_ids=[]).tokens == ref_rows
+
+
+def _lockstep(eager: SpecDecoder, fused: SpecDecoder, prompts: list, topk: int) -> None:
+    a, b = eager.start(prompts, NEW, []), fused.start(prompts, NEW, [])
+    names = ["out", "L", "count", "done", "hist", "accepted", "reached", "last", "root_hidden"]
+    nodes = ["node_tok", "node_parent", "node_depth", "anc"] if topk > 1 else []
+    for _ in range(NEW):
+        eager.cycle(a), fused.cycle(b)
+        for name in nodes:
+            assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
+        for name in names:
+            assert torch.allclose(getattr(a, name), getattr(b, name), atol=1e-5), name
+        if eager.finished(a):
+            break
+    assert fused.finished(b)
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, (tuple, list)):
+        return len(x) == len(y) and all(_same(a, c) for a, c in zip(x, y, strict=True))
+    return torch.allclose(x, y, atol=1e-6) if x.is_floating_point() else torch.equal(x, y)
+
+
+@pytest.mark.slow
+def test_compiled_pure_functions_equal_eager_on_random_inputs():
+    """Each function the compiled engine wraps in torch.compile returns exactly what the eager
+    one does, on random inputs where every output matters (trees shaped by random scores)."""
+    from draftsmith.engine import speculative, tree
+
+    grow, pick = tree.compiled_bookkeeping()
+    chain_pick, tree_pick, commit = speculative.compiled_accept()
+    g = torch.Generator().manual_seed(3)
+    b, k, v, h, fs, steps, n = 3, 4, 50, 8, 8, 3, 8
+    d2t = torch.randint(0, 5, (v,), generator=g)
+    own = torch.rand(k, fs, generator=g) < 0.3
+    for last in (False, True):
+        args = (torch.randn(b, k, v, generator=g), torch.randn(b, k, h, generator=g),
+                -torch.rand(b, k, generator=g, dtype=torch.float64) * 3,
+                torch.randint(1, 9, (b, k), generator=g), torch.rand(b, k, fs, generator=g) < 0.5,
+                own, d2t, 5, last)
+        assert _same(grow(*args), tree.grow_greedy(*args))
+    blocks = [(torch.randint(0, v, (b, w), generator=g), torch.randint(0, v, (b, w), generator=g),
+               -torch.rand(b, w, generator=g, dtype=torch.float64) * (i + 1),
+               torch.randint(0, w, (b, w), generator=g) * 0) for i, w in enumerate((k, k * k))]
+    depth, qsrc = tree.TreeShape(k, 2, n).static(torch.device("cpu"))
+    last_tok = torch.randint(0, v, (b,), generator=g)
+    assert _same(pick(last_tok, blocks, depth, qsrc, n, 2), tree.pick_nodes(last_tok, blocks,
+                                                                            depth, qsrc, n, 2))
+    logits, tok = torch.randn(b, steps + 1, v, generator=g), torch.randint(0, v, (b, steps + 1),
+                                                                          generator=g)
+    tok[:, 1] = logits[:, 0].argmax(-1)  # some acceptance
+    assert _same(chain_pick(logits, tok), speculative.verify.chain_greedy(logits, tok))
+    node_parent = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3]]).expand(b, n).contiguous()
+    node_depth = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3]]).expand(b, n).contiguous()
+    anc = tree.ancestors(node_parent, steps)
+    tl = torch.randn(b, n, v, generator=g)
+    targs = (tl, torch.randint(0, v, (b, n), generator=g), node_parent, node_depth, anc, steps)
+    assert _same(tree_pick(*targs), speculative.tree_pick(*targs))
+    n_acc = torch.tensor([0, 2, 3])
+    path = torch.arange(steps + 1).expand(b, -1)
+    cargs = (tok, path, n_acc, torch.randint(0, v, (b,), generator=g),
+             torch.tensor([False, False, True]), torch.tensor([1, 5, 9]), torch.tensor(8),
+             torch.tensor([tok[1, 2].item(), -1]), torch.tensor([7, 9, 11]),
+             torch.tensor([1, 2, 3]), torch.randn(b, steps + 1, 3, h, generator=g),
+             torch.arange(steps + 1), 40)
+    assert _same(commit(*cargs), speculative.commit_values(*cargs))

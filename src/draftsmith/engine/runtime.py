@@ -137,9 +137,9 @@ def compile_layers(model) -> None:
     (prefill of any length) keep the plain layers, so they never trigger a recompile."""
     if model.compiled:
         return
-    import torch._dynamo
+    from draftsmith.engine.tree import raise_recompile_limit
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    raise_recompile_limit()
     model.compiled = {
         "layers": [torch.compile(layer.split, fullgraph=True) for layer in model.layers],
         "prologue": torch.compile(model.prologue, fullgraph=True),

@@ -409,6 +409,7 @@ def compiled_accept() -> tuple:
     """One compiled set per process (dynamo specializes per shape)."""
     global _COMPILED_ACCEPT
     if _COMPILED_ACCEPT is None:
+        trees.raise_recompile_limit()
         _COMPILED_ACCEPT = tuple(torch.compile(f, fullgraph=True)
                                  for f in (verify.chain_greedy, tree_pick, commit_values))
     return _COMPILED_ACCEPT

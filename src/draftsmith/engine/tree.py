@@ -139,8 +139,9 @@ class TreeDraft:
             self.qbank[:, 0] = q
         tok = ids + d2t[ids]
         self.blocks = [(ids, tok, score, torch.zeros_like(ids))]
-        self.front = (self.own[0].expand(b, k, -1), 1 + self.ar_k.expand(b, k), tok, score,
-                      hidden[:, None].expand(b, k, hidden.shape[-1]))
+        # contiguous, as every later depth's are: a stride change would recompile the drafter
+        self.front = (self.own[0].expand(b, k, -1).contiguous(), 1 + self.ar_k.expand(b, k), tok,
+                      score, hidden[:, None].expand(b, k, hidden.shape[-1]).contiguous())
         self.committed = None
 
     def step(self, d: int, call: DrafterCall, lengths: torch.Tensor, base: int, total: int,
@@ -236,10 +237,19 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
 _COMPILED: tuple[Callable, Callable] | None = None
 
 
+def raise_recompile_limit(at_least: int = 64) -> None:
+    """Each setting and batch size specializes these functions once (fullgraph: hitting
+    dynamo's default limit of 8 would raise, not fall back)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, at_least)
+
+
 def compiled_bookkeeping() -> tuple[Callable, Callable]:
     """One compiled pair per process (dynamo specializes it per shape and depth)."""
     global _COMPILED
     if _COMPILED is None:
+        raise_recompile_limit()
         _COMPILED = (torch.compile(grow_greedy, fullgraph=True),
                      torch.compile(pick_nodes, fullgraph=True))
     return _COMPILED
