@@ -94,8 +94,8 @@ bigrun)
     ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
     # answers packed by an earlier lease (answers.jsonl.xz.NN) carried in .data*/ or copied to
     # /tmp/data by call 0: no second generation after the machine went cold
-    if [ ! -f $W/gen_done ] && ls /tmp/data/answers.jsonl.xz.* .data*/answers.jsonl.xz.* \
-            > /dev/null 2>&1; then
+    parts=$(ls /tmp/data/answers.jsonl.xz.* .data*/answers.jsonl.xz.* 2>/dev/null)
+    if [ ! -f $W/gen_done ] && [ -n "$parts" ]; then
         WORK=$W OUT=$OUT/unpack STAGES=unpack DATA_PARTS=$(echo /tmp/data .data* | tr ' ' :) \
             python3 benchmarks/gpu_suite.py 2>&1 | tail -1 | tee "$OUT/unpack_log.txt"
         ok "$OUT/unpack" unpack && [ -f $W/answers.jsonl ] && touch $W/gen_done
