@@ -312,6 +312,7 @@ def suites(t) -> dict[str, list[list[int]]]:
 
 
 def spec_stage() -> dict:
+    os.environ.setdefault("DRAFTSMITH_HOST_TIMING", "1")  # a clock read per step, no sync
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -372,10 +373,15 @@ def measure(fn, groups) -> dict:
     runs = [fn(g) for g in groups]
     toks = sum(len(x) for r in runs for x in r.tokens)
     pre, dec = sum(r.prefill_s for r in runs), sum(r.decode_s for r in runs)
+    host = [h for r in runs if (h := r.extra.get("host") if isinstance(r, SpecResult) else r.host)]
     # decode_tok_s: the tokens after the first over decode time alone (prefill is not a cycle)
     res = {"tok_s": toks / (pre + dec), "prefill_ms": 1e3 * pre / len(runs),
            "decode_tok_s": (toks - sum(len(r.tokens) for r in runs)) / dec,
            "tokens": [x for r in runs for x in r.tokens]}
+    if host:  # DRAFTSMITH_HOST_TIMING=1: host ms a step launching graphs / waiting on the device
+        n = sum(h["iterations"] for h in host)
+        for key in ("launch_ms", "wait_ms"):
+            res[f"host_{key}"] = sum(h.get(key, 0) * h["iterations"] for h in host) / max(n, 1)
     if isinstance(runs[0], SpecResult):
         m = SpecResult.merged(runs)
         res.update(accept_length=m.mean_accept_length, accept_hist=m.accept_hist,

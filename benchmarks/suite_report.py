@@ -32,7 +32,8 @@ def agreement_cell(r: dict) -> str:
 def table(rows: list[dict]) -> str:
     split_time = any("decode_tok_s" in r for r in rows)  # runs before 2026-12-01 lack it
     head = ("| suite | batch | steps/topk/tokens | tok/s | speedup | "
-            + ("prefill ms | decode-only speedup | wall ms a cycle | " if split_time else "")
+            + ("prefill ms | decode-only speedup | wall ms a cycle or step | " if split_time
+               else "")
             + "accept length | per-position acceptance | ms draft / verify / accept / extend | "
             "draft share | diverged from greedy |")
     out = [head, "|" + "---|" * (13 if split_time else 10)]
@@ -41,6 +42,8 @@ def table(rows: list[dict]) -> str:
         pos = " ".join(f"{p:.2f}" for p in r.get("position_acceptance", []))
         acc = f"{r['accept_length']:.2f}" if "accept_length" in r else ""
         wall = f"{r['wall_cycle_ms']:.2f}" if "wall_cycle_ms" in r else ""
+        if "host_launch_ms" in r:  # host ms a step: replaying graphs / blocked on the device
+            wall += f" (host {r['host_launch_ms']:.2f} launch, {r['host_wait_ms']:.2f} wait)"
         times = (f"{r['prefill_ms']:.1f} | {r.get('decode_speedup', 1.0):.2f}x | {wall} | "
                  if split_time else "")
         out.append(f"| {r['suite']} | {r['batch']} | {r['setting']} | {r['tok_s']:.0f} | "

@@ -34,6 +34,7 @@ def counting_clock(monkeypatch) -> list[int]:
 
 def test_off_creates_nothing(monkeypatch, decoder_parts):
     monkeypatch.delenv("DRAFTSMITH_PROFILE", raising=False)
+    monkeypatch.delenv("DRAFTSMITH_HOST_TIMING", raising=False)
     calls = counting_clock(monkeypatch)
     assert isinstance(profiler.make_profiler("cpu"), profiler.NullProfiler)
     rt, drafter = decoder_parts
@@ -44,6 +45,7 @@ def test_off_creates_nothing(monkeypatch, decoder_parts):
 @pytest.mark.parametrize("how", ["argument", "environment"])
 def test_on_times_every_phase(monkeypatch, tmp_path, decoder_parts, how):
     rt, drafter = decoder_parts
+    monkeypatch.delenv("DRAFTSMITH_HOST_TIMING", raising=False)
     if how == "environment":
         monkeypatch.setenv("DRAFTSMITH_PROFILE", "1")
     calls = counting_clock(monkeypatch)
@@ -60,6 +62,28 @@ def test_on_times_every_phase(monkeypatch, tmp_path, decoder_parts, how):
     assert "target verify" in text and "accept rate" in text
     saved = json.loads(profiler.write_json(ph, tmp_path / "p.json").read_text())
     assert saved["cycles"] == res.cycles and set(saved["ms"]) == set(profiler.PHASES)
+
+
+def test_host_clock_splits_each_step_into_launch_and_wait(monkeypatch, decoder_parts):
+    """DRAFTSMITH_HOST_TIMING=1: one launch and one wait lap per cycle (speculative) or per step
+    after the first token (plain), on top of the unchanged output; off, nothing is recorded."""
+    from draftsmith.engine.generate import run_generation
+
+    rt, drafter = decoder_parts
+    monkeypatch.delenv("DRAFTSMITH_HOST_TIMING", raising=False)
+    dec = SpecDecoder(rt, drafter, 3, 2, 5)
+    plain_off, spec_off = run_generation(rt, PROMPTS, 12), dec.generate(PROMPTS, 12, eos_ids=[])
+    assert plain_off.host is None and "host" not in spec_off.extra
+    monkeypatch.setenv("DRAFTSMITH_HOST_TIMING", "1")
+    plain, spec = run_generation(rt, PROMPTS, 12), dec.generate(PROMPTS, 12, eos_ids=[])
+    assert plain.tokens == plain_off.tokens and spec.tokens == spec_off.tokens
+    # + at most one inert cycle: the late done flag is read one cycle behind
+    assert plain.host["iterations"] == 11
+    assert spec.cycles <= spec.extra["host"]["iterations"] <= spec.cycles + 1
+    for h in (plain.host, spec.extra["host"]):
+        assert h["launch_ms"] > 0 and h["wait_ms"] >= 0
+        assert (h["launch_ms"] + h["wait_ms"]) * h["iterations"] <= 1e3 * (
+            plain.decode_s if h is plain.host else spec.decode_s)
 
 
 def test_cuda_marks_are_events(monkeypatch):

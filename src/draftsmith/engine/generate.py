@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.profiler import make_clock
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -25,6 +26,7 @@ class Generation:
     tokens: list[list[int]]  # new tokens per prompt, eos excluded
     prefill_s: float
     decode_s: float
+    host: dict | None = None  # HostClock summary (DRAFTSMITH_HOST_TIMING=1)
 
     @property
     def new_tokens(self) -> int:
@@ -147,15 +149,20 @@ def run_generation(
     state.reset(sample(logits, params), lens)
     sync(rt)
     t1 = time.perf_counter()
-    late = LateFlag(state.all_done)
+    late, host = LateFlag(state.all_done), make_clock()
     late.seen()  # the first token's flag
     for _ in range(1, max_new_tokens):
+        host.start()
         step()
-        if eos and late.seen():  # done before this step, which then changed no output
+        host.lap("launch")
+        done = eos and late.seen()  # done before this step, which then changed no output
+        host.lap("wait")
+        if done:
             break
     sync(rt)
     t2 = time.perf_counter()
-    return Generation(_trim(state.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1)
+    return Generation(_trim(state.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1,
+                      host.summary())
 
 
 def check_request(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:

@@ -95,6 +95,50 @@ class PhaseProfiler:
         return PhaseSummary(len(self.cycles), ms, pct, cycle)
 
 
+class HostClock:
+    """Where the host's time goes in a decode loop, without adding a sync: `lap(name)` adds the
+    time since the previous lap to `name` ("launch": replaying a step's graphs; "wait": blocked
+    on the late done flag, i.e. on the device). Wall time a step that is mostly "wait" means the
+    device is the bottleneck; mostly "launch" means the host is."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.laps: dict[str, int] = {}
+        self.last = clock()
+
+    def start(self) -> None:
+        self.last = clock()
+
+    def lap(self, name: str) -> None:
+        now = clock()
+        self.totals[name] = self.totals.get(name, 0.0) + now - self.last
+        self.laps[name] = self.laps.get(name, 0) + 1
+        self.last = now
+
+    def summary(self) -> dict[str, Any]:
+        """{"iterations": n, "<name>_ms": mean ms a lap}."""
+        n = max(self.laps.values(), default=0)
+        return {"iterations": n, **{f"{k}_ms": 1e3 * v / max(self.laps[k], 1)
+                                    for k, v in self.totals.items()}}
+
+
+class NullClock:
+    def start(self) -> None:
+        pass
+
+    def lap(self, name: str) -> None:
+        pass
+
+    def summary(self) -> None:
+        return None
+
+
+def make_clock() -> HostClock | NullClock:
+    """A HostClock when DRAFTSMITH_HOST_TIMING=1, else a no-op."""
+    return HostClock() if os.environ.get("DRAFTSMITH_HOST_TIMING", "") not in ("", "0") else (
+        NullClock())
+
+
 def make_profiler(device: torch.device | str, enabled: bool | None = None):
     """A PhaseProfiler when `enabled` (or, for None, when DRAFTSMITH_PROFILE=1), else a no-op."""
     if enabled is None:

@@ -26,7 +26,7 @@ from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
-from draftsmith.engine.profiler import PHASES, make_profiler
+from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
@@ -138,10 +138,14 @@ class SpecDecoder:
         cycles = 0
         late = LateFlag(st.all_done, late=not prof.enabled)  # profiled runs: exact cycles
         done = late.seen()  # a late flag posts the prefill's flag here and says False
+        host = make_clock()
         while not done and cycles < max_new_tokens:
+            host.start()
             self.cycle(st, prof)
+            host.lap("launch")
             cycles += 1
             done = late.seen()
+            host.lap("wait")
             if done and late.late:  # it was done before this cycle, which changed nothing
                 cycles -= 1
         sync(self.rt)
@@ -151,6 +155,8 @@ class SpecDecoder:
             self.steps, st.hist.tolist(), st.reached.tolist(), st.accepted.tolist(),
         )
         res.phases = prof.summary()
+        if (clocked := host.summary()) is not None:
+            res.extra["host"] = clocked
         if res.phases is not None:
             res.phases.accept_length, res.phases.accept_rate = (res.mean_accept_length,
                                                                 res.accept_rate)
