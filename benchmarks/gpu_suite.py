@@ -10,7 +10,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
-EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, GEN_BATCH, GEN_COMPILE (1 = on),
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
+GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, NEW, PROMPTS, REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
@@ -207,7 +208,9 @@ def train_stage() -> dict:
     train(TrainConfig(out=str(out), prompts=str(WORK / "answers.jsonl"), target=TARGET,
                       epochs=EPOCHS, lr=float(os.environ.get("LR", "5e-4")), warmup_ratio=0.03,
                       batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
-                      draft_vocab_size=8192, vocab=str(vocab) if vocab else None, device=DEVICE,
+                      draft_vocab_size=int(os.environ.get("DRAFT_VOCAB", "8192")),
+                      num_layers=int(os.environ.get("DRAFT_LAYERS", "1")),
+                      vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=200, resume=True, progress=False, log_every=20,
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),
                       init_head=os.environ.get("INIT_HEAD", "random"),
