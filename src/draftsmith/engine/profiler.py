@@ -133,16 +133,19 @@ class NullClock:
         return None
 
 
+def env_on(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def make_clock() -> HostClock | NullClock:
     """A HostClock when DRAFTSMITH_HOST_TIMING=1, else a no-op."""
-    return HostClock() if os.environ.get("DRAFTSMITH_HOST_TIMING", "") not in ("", "0") else (
-        NullClock())
+    return HostClock() if env_on("DRAFTSMITH_HOST_TIMING") else NullClock()
 
 
 def make_profiler(device: torch.device | str, enabled: bool | None = None):
     """A PhaseProfiler when `enabled` (or, for None, when DRAFTSMITH_PROFILE=1), else a no-op."""
     if enabled is None:
-        enabled = os.environ.get("DRAFTSMITH_PROFILE", "") not in ("", "0")
+        enabled = env_on("DRAFTSMITH_PROFILE")
     return PhaseProfiler(device) if enabled else NullProfiler()
 
 

@@ -131,14 +131,20 @@ class Runtime:
         self._static[(b, *flags)] = static
 
 
+def raise_recompile_limit(at_least: int = 64) -> None:
+    """Each setting and batch size specializes the engine's compiled functions once (fullgraph:
+    hitting dynamo's default limit of 8 would raise, not fall back)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, at_least)
+
+
 def compile_layers(model) -> None:
     """torch.compile each decoder layer (fusing its elementwise work) for graphed shapes; the
     layers share one compiled artifact because parameters are graph inputs. Eager calls
     (prefill of any length) keep the plain layers, so they never trigger a recompile."""
     if model.compiled:
         return
-    from draftsmith.engine.tree import raise_recompile_limit
-
     raise_recompile_limit()
     model.compiled = {
         "layers": [torch.compile(layer.split, fullgraph=True) for layer in model.layers],

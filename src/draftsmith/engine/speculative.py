@@ -17,7 +17,7 @@ the last emitted token x_L is verified at position L; the drafter pair (x_{p+1},
 from __future__ import annotations
 
 import time
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -27,7 +27,7 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.runtime import Runtime, raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
@@ -408,14 +408,9 @@ def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus
             length + torch.where(act, n + 1, 0), torch.where(act, bonus, last))
 
 
-_COMPILED_ACCEPT: tuple | None = None
-
-
+@cache
 def compiled_accept() -> tuple:
     """One compiled set per process (dynamo specializes per shape)."""
-    global _COMPILED_ACCEPT
-    if _COMPILED_ACCEPT is None:
-        trees.raise_recompile_limit()
-        _COMPILED_ACCEPT = tuple(torch.compile(f, fullgraph=True)
-                                 for f in (verify.chain_greedy, tree_pick, commit_values))
-    return _COMPILED_ACCEPT
+    raise_recompile_limit()
+    return tuple(torch.compile(f, fullgraph=True)
+                 for f in (verify.chain_greedy, tree_pick, commit_values))

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
+from draftsmith.engine.runtime import raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, probs
 from draftsmith.errors import DraftsmithError
 
@@ -234,22 +236,8 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
             ancestors(node_parent, steps))
 
 
-_COMPILED: tuple[Callable, Callable] | None = None
-
-
-def raise_recompile_limit(at_least: int = 64) -> None:
-    """Each setting and batch size specializes these functions once (fullgraph: hitting
-    dynamo's default limit of 8 would raise, not fall back)."""
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, at_least)
-
-
+@cache
 def compiled_bookkeeping() -> tuple[Callable, Callable]:
     """One compiled pair per process (dynamo specializes it per shape and depth)."""
-    global _COMPILED
-    if _COMPILED is None:
-        raise_recompile_limit()
-        _COMPILED = (torch.compile(grow_greedy, fullgraph=True),
-                     torch.compile(pick_nodes, fullgraph=True))
-    return _COMPILED
+    raise_recompile_limit()
+    return (torch.compile(grow_greedy, fullgraph=True), torch.compile(pick_nodes, fullgraph=True))
