@@ -316,6 +316,7 @@ def suites(t) -> dict[str, list[list[int]]]:
 
 def spec_stage() -> dict:
     os.environ.setdefault("DRAFTSMITH_HOST_TIMING", "1")  # a clock read per step, no sync
+    from draftsmith.bench.run import warm_each
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -328,13 +329,13 @@ def spec_stage() -> dict:
     for suite, prompts in suites(t).items():
         for b in SPEC_BATCHES if suite == "chat" else (1,):
             groups = batches(prompts, b) * int(os.environ.get("REPEATS", "1"))  # less noise
-            run_generation(rt, groups[0], 8, eos_ids=t.eos_ids)  # capture (and compile) first
+            warm_each(lambda g: run_generation(rt, g, 8, eos_ids=t.eos_ids), groups)
             base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
             rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
             print(json.dumps(rows[-1]), flush=True)
             for steps, topk, n, fuse in variants(settings(b)):
                 dec = SpecDecoder(rt, drafter, steps, topk, n, fuse_bookkeeping=fuse)
-                dec.generate(groups[0], 8, t.eos_ids)
+                warm_each(lambda g, d=dec: d.generate(g, 8, t.eos_ids), groups)
                 r = measure(lambda g, d=dec: d.generate(g, NEW, t.eos_ids), groups)
                 dec.profile = True
                 prof = dec.generate(groups[0], NEW, t.eos_ids)

@@ -17,7 +17,8 @@
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
-#                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping)
+#                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
+#                                     # RUNS: name:rows:batches:chain:trees list; TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
 # .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
 # bigrun's generated answers come back as $OUT/answers.jsonl.xz.NN (<= 15 MiB each): carry them
@@ -152,7 +153,7 @@ respec)
     R=/tmp/r W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    for run in c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::; do
+    for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do  # name:rows:batches:chain:trees
         IFS=: read -r name rows batches chain trees <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
@@ -160,7 +161,7 @@ respec)
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
     done
-    [ "$(left)" -gt 70 ] && timeout "$(( $(left) - 20 ))" python3 -m pytest -v -p no:cacheprovider \
+    [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && timeout "$(( $(left) - 20 ))" python3 -m pytest -v -p no:cacheprovider \
         -m gpu tests/test_gpu.py tests/test_speculative_gpu.py tests/test_data_gpu.py \
         > $R/probe_log.txt 2>&1
     tar czf "$OUT/respec.tgz" -C /tmp r

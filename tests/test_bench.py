@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from draftsmith.bench.cli import bench
 from draftsmith.bench.drafters import random_drafter
+from draftsmith.bench.run import warm_each
 from draftsmith.bench.suites import fill_batches, suite_messages
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import save_drafter
@@ -76,3 +77,10 @@ def test_suites_and_batches():
     assert len(he) == 2 and "def " in he[0][-1]["content"]
     assert fill_batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]
     assert fill_batches([[1]], 3) == [[[1], [1], [1]]]
+
+
+def test_warm_each_runs_every_distinct_batch_once():
+    calls = []
+    batches = [[[1, 2]], [[3]], [[1, 2]], [[3, 4, 5]], [[3]]]
+    assert warm_each(calls.append, batches) == 3
+    assert calls == [[[1, 2]], [[3]], [[3, 4, 5]]]  # first-seen order, repeats skipped
