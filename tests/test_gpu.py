@@ -48,6 +48,30 @@ def test_graphed_q_forward_equals_eager(tmp_path, compile):
 
 
 @pytest.mark.parametrize("compile", [False, True])
+def test_graphed_prompt_equals_exact_eager(tmp_path, compile):
+    """Bucketed, graphed prefill: logits, aux and caches of the exact eager prompt forward, on
+    first capture and on a replay with other prompts of the same bucket."""
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.targets import load_target
+
+    model = load_target(write_tiny_folder(tmp_path, "llama")).build(torch.float32, "cuda")
+    ref = Runtime(model, 3, 128, graphs=False)
+    rt = Runtime(model, 3, 128, graphs=True, compile=compile)
+    assert rt.prompt_buckets and not ref.prompt_buckets
+    for n, seed in ((20, 0), (22, 1)):  # both pad to 24: the second call replays
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(5, 100, (3, n), generator=g).cuda()
+        lens = torch.tensor([n, n - 3, 7], device="cuda")
+        a, b = ref.prompt(ids, lens, (0, 2)), rt.prompt(ids, lens, (0, 2))
+        assert torch.allclose(a.logits, b.logits, atol=1e-4)
+        assert torch.allclose(a.aux, b.aux, atol=1e-4)
+        for c, d in zip(ref.caches, rt.caches, strict=True):
+            for row, k in enumerate(lens.tolist()):
+                assert torch.allclose(c.k[row, :, :k], d.k[row, :, :k], atol=1e-4)
+    assert ("prompt", 3, 24, (0, 2)) in rt.graphs
+
+
+@pytest.mark.parametrize("compile", [False, True])
 def test_graphed_refill_equals_each_prompt_alone(tmp_path, compile):
     from draftsmith.engine.generate import generate
     from draftsmith.engine.refill import generate_refill

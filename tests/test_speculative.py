@@ -369,3 +369,34 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
              torch.tensor([1, 2, 3]), torch.randn(b, steps + 1, 3, h, generator=g),
              torch.arange(steps + 1), 40)
     assert _same(commit(*cargs), speculative.commit_values(*cargs))
+
+
+def test_prompt_bucket_lengths():
+    target = tiny_target()
+    rt = Runtime(target, 4, 128, prompt_buckets=True)
+    assert [rt.bucket(1, n) for n in (1, 16, 17, 33, 100, 128)] == [16, 16, 24, 48, 128, 128]
+    assert rt.bucket(1, 129) is None  # longer than the cache: the exact path says why
+    big = Runtime(target, 256, 128, prompt_buckets=True)
+    assert big.bucket(128, 100) == 128 and big.bucket(129, 100) is None  # > 16,384 tokens: exact
+    assert Runtime(target, 4, 128).bucket(1, 5) is None  # CPU default: buckets off
+
+
+def test_bucketed_prompts_equal_exact_ones(setup):
+    """A prompt padded to its bucket gives the exact prompt's logits, aux states and caches, and
+    every decoder on it the same greedy output (CPU runs the padded forward eagerly; the GPU
+    replays a graph of the same forward)."""
+    target, _, ref, seq = setup
+    exact, padded_rt = Runtime(target, 4, 128), Runtime(target, 4, 128, prompt_buckets=True)
+    toks = torch.tensor([p + [0] * (9 - len(p)) for p in PROMPTS])
+    lens = torch.tensor([len(p) for p in PROMPTS])
+    a, b = exact.prompt(toks, lens, (0, 2)), padded_rt.prompt(toks, lens, (0, 2))
+    assert padded_rt.bucket(4, 9) == 16 and b.aux.shape == a.aux.shape
+    assert torch.allclose(a.logits, b.logits, atol=1e-5) and torch.allclose(a.aux, b.aux, atol=1e-5)
+    for c, d in zip(exact.caches, padded_rt.caches, strict=True):
+        for row, n in enumerate(lens.tolist()):
+            assert torch.allclose(c.k[row, :, :n], d.k[row, :, :n], atol=1e-5)
+    assert generate(padded_rt, PROMPTS, NEW, eos_ids=[]) == ref
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    for steps, topk, n in ((3, 1, None), (3, 2, 6)):
+        assert SpecDecoder(padded_rt, drafter, steps, topk, n).generate(
+            PROMPTS, NEW, eos_ids=[]).tokens == ref

@@ -40,9 +40,8 @@ def prefill(rt: Runtime, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.
     longest = max(len(p) for p in prompts)
     if longest > rt.max_seq:
         raise DraftsmithError(f"prompt of {longest} tokens exceeds max_seq {rt.max_seq}")
-    tokens, lens, positions = padded(prompts, rt.device)
-    out = rt.forward(tokens, positions, logits_at=lens - 1)
-    return out.logits[:, 0], lens
+    tokens, lens, _ = padded(prompts, rt.device)
+    return rt.prompt(tokens, lens).logits[:, 0], lens
 
 
 def padded(prompts: list[list[int]], device: torch.device

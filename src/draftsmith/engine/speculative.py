@@ -233,7 +233,7 @@ class SpecDecoder:
                  eos: list[int]) -> None:
         dev = self.device
         tokens, lens, pos = padded(prompts, dev)
-        out = self.rt.forward(tokens, pos, aux_ids=self.aux_ids, logits_at=lens - 1)
+        out = self.rt.prompt(tokens, lens, self.aux_ids)
         first = sample(out.logits[:, 0], self.params)
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
                                                                    first[:, None])
