@@ -13,7 +13,8 @@ Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
 GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
-LR, NEW, PROMPTS, REPEATS (spec: each group timed that often), SPEC_BATCHES,
+LR, MAX_SAMPLES (train on the first N conversations), NEW, PROMPTS,
+REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
 setting also with eager bookkeeping),
 STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
@@ -214,6 +215,8 @@ def train_stage() -> dict:
                       save_every=200, resume=True, progress=False, log_every=20,
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),
                       init_head=os.environ.get("INIT_HEAD", "random"),
+                      max_samples=int(os.environ["MAX_SAMPLES"]) if "MAX_SAMPLES" in os.environ
+                      else None,
                       time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
                       os.environ else None))
     if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again

@@ -13,7 +13,8 @@
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
 #                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET,
-#                                     # SPECS: name:compile:batches runs, GEN_BATCH, TREES,
+#                                     # SPECS: name:compile:batches runs or none, GEN_BATCH, TREES,
+#                                     # MAX_SAMPLES: train on the first N conversations,
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
@@ -25,7 +26,9 @@
 # as .data/ (or split over .dataA/ with call 0, copied to /tmp/data, and .dataB/) and bigrun
 # trains on them instead of generating again.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
-# about 30 s after a call: chain the calls (gen -> train -> train ... -> suite) without pauses.
+# about 30 s after a call. On 2026-12-01 every call that followed a long one (with files to bring
+# back) found a fresh machine, three times of three: plan each long call to stand alone (call 0,
+# then one call that carries its inputs and returns what the next needs: answers, kept drafter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -132,6 +135,7 @@ bigrun)
     fi
     if [ -f $D/draftsmith.json ]; then
         for run in ${SPECS:-c1:1:1 e:0:1,8,32 c832:1:8,32}; do
+            [ "$run" = none ] && continue  # SPECS=none: train and keep only
             IFS=: read -r name comp batches <<< "$run"
             [ -f "runs/spec_$name" ] && continue
             [ "$(left)" -gt 90 ] || break
