@@ -13,7 +13,8 @@ Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
 GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
-LR, MAX_SAMPLES (train on the first N conversations), NEW, PROMPTS,
+LR, MAX_SAMPLES (train on the first N conversations), INIT_FROM (a drafter folder whose
+weights start training), NEW, PROMPTS,
 REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
 setting also with eager bookkeeping),
@@ -216,7 +217,7 @@ def train_stage() -> dict:
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),
                       init_head=os.environ.get("INIT_HEAD", "random"),
                       max_samples=int(os.environ["MAX_SAMPLES"]) if "MAX_SAMPLES" in os.environ
-                      else None,
+                      else None, init_from=os.environ.get("INIT_FROM"),
                       time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
                       os.environ else None))
     if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again

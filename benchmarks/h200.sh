@@ -15,6 +15,7 @@
 #                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET,
 #                                     # SPECS: name:compile:batches runs or none, GEN_BATCH, TREES,
 #                                     # MAX_SAMPLES: train on the first N conversations,
+#                                     # INIT_KEPT=dir of a kept drafter: train from its weights,
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
@@ -127,6 +128,11 @@ bigrun)
             timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
                 tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
         fi
+        if [ -n "${INIT_KEPT:-}" ] && [ ! -f runs/init/draftsmith.json ]; then  # warm start
+            KEPT=$INIT_KEPT DRAFTER=runs/init OUT=$OUT/init STAGES=restore \
+                python3 benchmarks/gpu_suite.py > "$OUT/init_log.txt" 2>&1
+        fi
+        [ -n "${INIT_KEPT:-}" ] && export INIT_FROM=runs/init
         WORK=$W DRAFTER=$D OUT=$OUT/train STAGES=train EPOCHS=${EPOCHS:-4} \
             TRAIN_BATCH=${TRAIN_BATCH:-8} TRAIN_SECONDS=$(( $(left) - 100 )) \
             timeout "$(( $(left) - 15 ))" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/train_log.txt"

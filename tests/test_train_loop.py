@@ -112,6 +112,25 @@ def test_init_head_from_target_starts_from_its_readout(setup):
         config(root, "bad", init_head="zeros")
 
 
+def test_init_from_starts_a_fresh_run_from_a_drafters_weights(setup):
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "base"))
+    warm = Trainer(config(root, "warm", init_from=str(root / "base")), setup_ctx("cpu"))
+    base = load_drafter(root / "base").state_dict()
+    got = warm.drafter.state_dict()
+    assert all(torch.equal(got[k], base[k].to(got[k].dtype)) for k in base)
+    assert warm.step == 0 and not warm.opt.state  # a fresh optimizer, from step 0
+    train(config(root, "warm", init_from=str(root / "base")))  # its vocab: no recount
+    first = [log_rows(root / d)[0]["loss"] for d in ("base", "warm")]
+    assert first[1] < first[0]  # it starts where the base run got to, not from random weights
+    with pytest.raises(DraftsmithError, match="decoder layers 1"):
+        Trainer(config(root, "wide", init_from=str(root / "base"), num_layers=2),
+                setup_ctx("cpu"))
+    with pytest.raises(DraftsmithError, match="init-head"):
+        config(root, "both", init_from=str(root / "base"), init_head="target")
+
+
 def test_profiled_steps_write_phases_and_change_nothing(setup):
     root, _, _ = setup
     with pytest.warns(UserWarning):

@@ -41,6 +41,8 @@ def train(
     norm_output: bool = typer.Option(False, "--norm-output"),
     init_head: str = typer.Option("random", "--init-head", help="random, or target: start the "
                                   "draft lm_head and final norm from the target's"),
+    init_from: str = typer.Option(None, "--init-from", help="Start from this drafter's weights "
+                                  "(a fresh optimizer and schedule): more epochs or more data"),
     max_samples: int = typer.Option(None, "--max-samples", help="Use the first N samples"),
     seed: int = typer.Option(0, "--seed"),
     save_every: int = typer.Option(500, "--save-every", help="Checkpoint every N steps"),
@@ -70,7 +72,7 @@ def train(
         draft_vocab_size=draft_vocab_size, vocab=vocab, aux_layer_ids=parse_ids(aux_layers),
         num_layers=num_layers, norm_before_residual=norm_before_residual,
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
-        init_head=init_head,
+        init_head=init_head, init_from=init_from,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,

@@ -64,6 +64,7 @@ class TrainConfig:
     fc_norm: bool = False
     norm_output: bool = False
     init_head: str = "random"  # or "target": lm_head = the target's rows, norm = its final norm
+    init_from: str | None = None  # a drafter folder (or checkpoint) whose weights start the run
     max_samples: int | None = None
     seed: int = 0
     save_every: int = 500
@@ -87,6 +88,10 @@ class TrainConfig:
                 raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.init_head not in ("random", "target"):
             raise DraftsmithError(f"init_head must be 'random' or 'target', got {self.init_head!r}")
+        if self.init_from and self.init_head != "random":
+            raise DraftsmithError("--init-from starts from a drafter's own head: leave --init-head")
+        if self.init_from and self.vocab:
+            raise DraftsmithError("--init-from brings its drafter's vocab: leave --vocab out")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -94,8 +99,8 @@ class TrainConfig:
 # Changing these between a checkpoint and --resume would change the run: refused.
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
-            "max_len", "draft_vocab_size", "vocab", "num_layers", "init_head", "max_samples",
-            "seed")
+            "max_len", "draft_vocab_size", "vocab", "num_layers", "init_head", "init_from",
+            "max_samples", "seed")
 
 
 class TTTModel(nn.Module):
@@ -220,6 +225,8 @@ class Trainer:
             self.vocab_summary = read_drafter_meta(found).get("vocab", {})
             return load_drafter(found)
         embed, head = target_head(self.target)
+        if self.cfg.init_from:
+            return self._warm_start(Path(self.cfg.init_from), embed)
         c, t = self.cfg, self.target
         d2t, t2d = self._vocab()
         dcfg = Eagle3Config.for_target(
@@ -238,6 +245,26 @@ class Trainer:
                 drafter.lm_head.weight.copy_(head[d2t + torch.arange(len(d2t))])
                 drafter.norm.weight.copy_(t.weights["model.norm.weight"].float())
         drafter.set_vocab(d2t, t2d)
+        return drafter
+
+    def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:
+        """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
+        same target, aux layers and shape: more epochs or more data after a finished run."""
+        drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
+        d, c, t = drafter.cfg, self.cfg, self.target
+        clashes = [
+            (what, old, new) for what, old, new in (
+                ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
+                ("decoder layers", d.num_layers, c.num_layers),
+                ("target", d.target_fingerprint or t.fingerprint, t.fingerprint),
+            ) if old != new
+        ]
+        if clashes:
+            raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
+                f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
+        self.vocab_summary = {**read_drafter_meta(folder).get("vocab", {}),
+                              "init_from": str(folder)}
+        self.say(f"weights from {folder} (fresh optimizer and schedule)")
         return drafter
 
     def _vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
