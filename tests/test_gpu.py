@@ -25,6 +25,8 @@ def test_graphed_decode_equals_eager(tmp_path, compile):
     rt = Runtime(model, 4, 128, graphs=True, compile=compile)
     rt.capture([4, 2, 1], list(range(1, 17)))
     assert generate(rt, prompts, 48) == eager
+    long = [[1, *range(10, 40)], [1, 2, 3]]  # a second prompt bucket (32), after the first
+    assert generate(rt, long, 48) == generate(Runtime(model, 2, 128, graphs=False), long, 48)
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -68,6 +70,7 @@ def test_graphed_prompt_equals_exact_eager(tmp_path, compile):
         for c, d in zip(ref.caches, rt.caches, strict=True):
             for row, k in enumerate(lens.tolist()):
                 assert torch.allclose(c.k[row, :, :k], d.k[row, :, :k], atol=1e-4)
+                assert torch.allclose(c.v[row, :, :k], d.v[row, :, :k], atol=1e-4)
     assert ("prompt", 3, 24, (0, 2)) in rt.graphs
 
 

@@ -376,8 +376,8 @@ def test_prompt_bucket_lengths():
     rt = Runtime(target, 4, 128, prompt_buckets=True)
     assert [rt.bucket(1, n) for n in (1, 16, 17, 33, 100, 128)] == [16, 16, 24, 48, 128, 128]
     assert rt.bucket(1, 129) is None  # longer than the cache: the exact path says why
-    big = Runtime(target, 256, 128, prompt_buckets=True)
-    assert big.bucket(128, 100) == 128 and big.bucket(129, 100) is None  # > 16,384 tokens: exact
+    big = Runtime(target, 64, 128, prompt_buckets=True)
+    assert big.bucket(32, 100) == 128 and big.bucket(33, 100) is None  # > 4,096 tokens: exact
     assert Runtime(target, 4, 128).bucket(1, 5) is None  # CPU default: buckets off
 
 

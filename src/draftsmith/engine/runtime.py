@@ -9,10 +9,11 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
 
 # Prompt lengths a prefill is padded to (graphed on GPU): steps of 1.5x, so at most a third of a
-# padded prompt is padding. Batches over PROMPT_GRAPH_TOKENS padded tokens run eagerly and exact.
+# padded prompt is padding. Batches over PROMPT_GRAPH_TOKENS padded tokens run eagerly and exact:
+# they are compute-bound, and each graph keeps its outputs (aux states [b, q, k, H]) for good.
 PROMPT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
-                  4096, 6144, 8192)
-PROMPT_GRAPH_TOKENS = 16384
+                  4096)
+PROMPT_GRAPH_TOKENS = 4096
 
 
 class Runtime:
@@ -109,7 +110,9 @@ class Runtime:
         batch-1 prefill on the H200, run 4, for a 1 ms decode step). With buckets on, the prompt
         is padded to the next bucket length and, with graphs, replays a graph captured for that
         (batch, bucket) on first use. Slots past a row's length get pad tokens' K/V either way;
-        they lie ahead of every real position, and decoding overwrites each before reading it."""
+        they lie ahead of every real position, and decoding overwrites each before reading it.
+        Like every graphed forward's, the outputs are static: read them before any other graph
+        of this runtime replays (they may share the pool's memory)."""
         b, n = tokens.shape
         self.check(b)
         q = self.bucket(b, n)
@@ -199,8 +202,9 @@ def raise_recompile_limit(at_least: int = 64) -> None:
 
 def compile_layers(model) -> None:
     """torch.compile each decoder layer (fusing its elementwise work) for graphed shapes; the
-    layers share one compiled artifact because parameters are graph inputs. Eager calls
-    (prefill of any length) keep the plain layers, so they never trigger a recompile."""
+    layers share one compiled artifact because parameters are graph inputs. Eager calls (a
+    prompt that fits no bucket) keep the plain layers, so they never trigger a recompile;
+    bucketed prompts compile once per new length until dynamo makes the length dynamic."""
     if model.compiled:
         return
     raise_recompile_limit()

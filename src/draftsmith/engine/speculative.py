@@ -78,7 +78,8 @@ class SpecDecoder:
             self.drt = DrafterRuntime(drafter, self.rt.max_batch, self.tbase + fs,
                                       self.rt.graphs or False)
         self.drafter = self.drt.drafter
-        # graphed phases run the drafter compiled when the target's layers are (eager prefill not)
+        # graphed phases run the drafter compiled when the target's layers are (its prompt pass,
+        # _extend_prompt, stays eager)
         self.compiled = self.rt.graph_compiled
         if self.compiled:
             self.drt.compile()

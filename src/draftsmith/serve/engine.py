@@ -67,7 +67,10 @@ class ServeEngine:
         c = self.cfg
         self.eos = list(target.eos_ids)
         margin = c.spec_margin if drafter is not None else 1
-        self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin)
+        # prompts prefill eagerly here: a bucket graph captured on its first use would stall a
+        # live request, and the cache is sized up front with no room for graphs' outputs
+        self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin,
+                          prompt_buckets=False)
         self.vocab_size = target.cfg.vocab_size
         self._tok_lock = threading.Lock()
         self._spec: OrderedDict[SamplingParams, Any] = OrderedDict()
