@@ -30,6 +30,14 @@
 # about 30 s after a call. On 2026-12-01 every call that followed a long one (with files to bring
 # back) found a fresh machine, three times of three: plan each long call to stand alone (call 0,
 # then one call that carries its inputs and returns what the next needs: answers, kept drafter).
+# A training segment that must fit one fresh machine (64 MiB of carry a call, the GGUF half
+# 49.2 MB of it): the answers as one xz -9e part (7.6 MB for 48,000) and the kept drafter as
+# one xz'd tar (13.9 MB for 19.7 MB of bf16 weights), each split between the two calls:
+#   call 0 (carry .m1 .dataA .kA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ &&
+#          cp .dataA/* /tmp/data/ && cp .kA/* /tmp/
+#   call 1 (carry .m2 .whl .kB):  cat /tmp/kept16.txz.aa .kB/kept16.txz.ab | xz -dc | tar x -C /tmp
+#          && N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept16 BUDGET=590
+#          bash benchmarks/h200.sh bigrun      # 1,796 steps from the kept weights; keeps the result
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
