@@ -50,8 +50,12 @@ def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
     assert len(rows) == 2 * 2 * (1 + 3)  # suites x batches x (baseline + 3 settings)
     spec = [r for r in rows if r["setting"] != "baseline"]
     assert {r["setting"] for r in spec} == {"chain 1", "chain 2", "tree 2/2/4"}
+    base = {(r["suite"], r["batch"]): r for r in rows if r["setting"] == "baseline"}
     for r in spec:
         assert r["agreement"]["identical"] == r["agreement"]["prompts"]  # fp32 greedy
+        b = base[(r["suite"], r["batch"])]
+        assert r["decode_speedup"] == pytest.approx(
+            r["decode_tokens_per_s"] / b["decode_tokens_per_s"])
         assert r["phases"]["cycles"] > 0 and r["mean_accept_length"] >= 1
         assert 0 < sum(r["accept_hist"]) <= r["phases"]["cycles"] * r["batch"]
     assert "target verify" in res.output and "speedup" in res.output

@@ -21,8 +21,8 @@ def results_table(report: dict[str, Any]) -> Table:
     show = min(npos, 4)
     profiled = any(r.get("phases") for r in rows)
     t = Table(title=f"draftsmith bench · {report['meta']['device']} · {report['meta']['dtype']}")
-    for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s", "accept len",
-                "rate"):
+    for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
+                "decode speedup", "accept len", "rate"):
         t.add_column(col, justify="left" if col in ("suite", "setting") else "right")
     for i in range(show):
         t.add_column(f"p{i + 1}", justify="right")
@@ -36,6 +36,7 @@ def results_table(report: dict[str, Any]) -> Table:
         base = r["setting"] == "baseline"
         cells = [r["suite"], str(r["batch"]), r["setting"], f"{r['tokens_per_s']:.1f}",
                  "1.00x" if base else f"{r['speedup']:.2f}x", f"{r['decode_tokens_per_s']:.1f}",
+                 "1.00x" if base else f"{r['decode_speedup']:.2f}x",
                  "" if base else f"{r['mean_accept_length']:.2f}",
                  "" if base else f"{r['accept_rate']:.2f}"]
         rates = r.get("position_rates", [])
