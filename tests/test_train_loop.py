@@ -116,19 +116,45 @@ def test_init_from_starts_a_fresh_run_from_a_drafters_weights(setup):
     root, _, _ = setup
     with pytest.warns(UserWarning):
         train(config(root, "base"))
-    warm = Trainer(config(root, "warm", init_from=str(root / "base")), setup_ctx("cpu"))
+    keep = dict(init_from=str(root / "base"), draft_vocab_size=None)  # the drafter's vocab
+    warm = Trainer(config(root, "warm", **keep), setup_ctx("cpu"))
     base = load_drafter(root / "base").state_dict()
     got = warm.drafter.state_dict()
     assert all(torch.equal(got[k], base[k].to(got[k].dtype)) for k in base)
     assert warm.step == 0 and not warm.opt.state  # a fresh optimizer, from step 0
-    train(config(root, "warm", init_from=str(root / "base")))  # its vocab: no recount
+    train(config(root, "warm", **keep))  # its vocab: no recount, no warning
     first = [log_rows(root / d)[0]["loss"] for d in ("base", "warm")]
     assert first[1] < first[0]  # it starts where the base run got to, not from random weights
     with pytest.raises(DraftsmithError, match="decoder layers 1"):
-        Trainer(config(root, "wide", init_from=str(root / "base"), num_layers=2),
+        Trainer(config(root, "wide", **keep, num_layers=2),
                 setup_ctx("cpu"))
     with pytest.raises(DraftsmithError, match="init-head"):
         config(root, "both", init_from=str(root / "base"), init_head="target")
+
+
+def test_init_from_regrows_the_draft_vocab(setup):
+    """A larger draft vocab than the drafter's: every weight kept, each head row moved to its
+    token's new row, rows of new tokens fresh; the run then trains."""
+    root, _, _ = setup
+    train(config(root, "small", draft_vocab_size=16))
+    old = load_drafter(root / "small")
+    with pytest.warns(UserWarning, match="distinct assistant tokens"):
+        grown = Trainer(config(root, "grown", init_from=str(root / "small"), draft_vocab_size=64),
+                        setup_ctx("cpu")).drafter
+    assert grown.cfg.draft_vocab_size == 31 and old.cfg.draft_vocab_size == 16
+    new_ids = grown.to_target(torch.arange(31)).tolist()
+    old_row = {t: i for i, t in enumerate(old.to_target(torch.arange(16)).tolist())}
+    assert set(old_row) < set(new_ids)
+    for i, t in enumerate(new_ids):
+        if t in old_row:
+            assert torch.equal(grown.lm_head.weight[i], old.lm_head.weight[old_row[t]])
+        else:
+            assert not any(torch.equal(grown.lm_head.weight[i], r) for r in old.lm_head.weight)
+    a, b = old.state_dict(), grown.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if k not in ("lm_head.weight", "d2t", "t2d"))
+    with pytest.warns(UserWarning, match="distinct assistant tokens"):
+        train(config(root, "grown", init_from=str(root / "small"), draft_vocab_size=64))
+    assert load_drafter(root / "grown").cfg.draft_vocab_size == 31
 
 
 def test_profiled_steps_write_phases_and_change_nothing(setup):

@@ -30,7 +30,8 @@ def train(
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps"),
     batch_size: int = typer.Option(1, "--batch-size", help="Packed rows per step and rank"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per packed row"),
-    draft_vocab_size: int = typer.Option(32000, "--draft-vocab-size"),
+    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Draft vocab "
+                                         "(default 32000; with --init-from: that drafter's)"),
     vocab: str = typer.Option(None, "--vocab", help="A vocab.safetensors (d2t, t2d) to use"),
     aux_layers: str = typer.Option(None, "--aux-layers", help="Online: comma-separated ids, "
                                    f"canonical ({CANONICAL_WORDS})"),

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ class TrainConfig:
     max_steps: int | None = None
     batch_size: int = 1
     max_len: int = 2048
-    draft_vocab_size: int = 32000
+    draft_vocab_size: int | None = None  # None: 32,000, or with init_from that drafter's vocab
     vocab: str | None = None  # a vocab.safetensors (d2t, t2d); default: counted from the data
     aux_layer_ids: list[int] | None = None  # online only; offline reads the manifest
     num_layers: int = 1
@@ -90,8 +90,8 @@ class TrainConfig:
             raise DraftsmithError(f"init_head must be 'random' or 'target', got {self.init_head!r}")
         if self.init_from and self.init_head != "random":
             raise DraftsmithError("--init-from starts from a drafter's own head: leave --init-head")
-        if self.init_from and self.vocab:
-            raise DraftsmithError("--init-from brings its drafter's vocab: leave --vocab out")
+        if self.draft_vocab_size is None and not self.init_from:
+            self.draft_vocab_size = 32000
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -249,7 +249,8 @@ class Trainer:
 
     def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:
         """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
-        same target, aux layers and shape: more epochs or more data after a finished run."""
+        same target, aux layers and shape: more epochs or more data after a finished run. A
+        --vocab file or a --draft-vocab-size other than the drafter's regrows its vocab."""
         drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
         d, c, t = drafter.cfg, self.cfg, self.target
         clashes = [
@@ -262,10 +263,35 @@ class Trainer:
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
-        self.vocab_summary = {**read_drafter_meta(folder).get("vocab", {}),
-                              "init_from": str(folder)}
+        size = self.cfg.draft_vocab_size
+        if self.cfg.vocab or (size is not None and size != d.draft_vocab_size):
+            drafter = self._regrow(drafter)
+        else:
+            self.vocab_summary = read_drafter_meta(folder).get("vocab", {})
+        self.vocab_summary["init_from"] = str(folder)
         self.say(f"weights from {folder} (fresh optimizer and schedule)")
         return drafter
+
+    def _regrow(self, old: Eagle3Drafter) -> Eagle3Drafter:
+        """`old` with this run's draft vocab: every weight kept, each head row moved to its
+        token's new row; rows of tokens new to the vocab start as a fresh head's do."""
+        d2t, t2d = self._vocab()
+        torch.manual_seed(self.cfg.seed)
+        new = Eagle3Drafter(replace(old.cfg, draft_vocab_size=len(d2t)))
+        new.init_weights()
+        state = {k: v for k, v in old.state_dict().items() if k not in ("lm_head.weight", "d2t")}
+        new.load_state_dict(state, strict=False)
+        new.set_vocab(d2t, t2d)
+        row = torch.full((old.cfg.vocab_size,), -1, dtype=torch.long)
+        row[old.to_target(torch.arange(old.cfg.draft_vocab_size))] = torch.arange(
+            old.cfg.draft_vocab_size)
+        src = row[new.to_target(torch.arange(len(d2t)))]
+        kept = src >= 0
+        with torch.no_grad():
+            new.lm_head.weight[kept] = old.lm_head.weight[src[kept]]
+        self.say(f"draft vocab regrown {old.cfg.draft_vocab_size} -> {len(d2t)}: "
+                 f"{int(kept.sum())} head rows kept")
+        return new
 
     def _vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
         from draftsmith.data.vocab import build_vocab, load_vocab
