@@ -224,14 +224,19 @@ def train_stage() -> dict:
         from draftsmith.train.checkpoint import latest_checkpoint
 
         return {"stopped_at": str(latest_checkpoint(out))}
-    keep_stage()
+    if os.environ.get("KEEP", "1") == "1":  # bigrun keeps once, at its end
+        keep_stage()
     return json.loads((out / "draftsmith.json").read_text()).get("training", {})
 
 
+PART_BYTES = 15 * 2**20  # each file that comes back from the device is <= 16 MiB
+
+
 def keep_stage() -> dict:
-    """DRAFTER's small files and its weights (embedding left out) into $OUT/drafter: floats as
-    bf16, ints such as d2t kept, in two files, as each file that comes back is <= 16 MiB."""
-    from safetensors.torch import load_file, save_file
+    """DRAFTER's small files and its weights (embedding left out; floats as bf16, ints such as
+    d2t kept) into $OUT/drafter: the weights as one xz-compressed safetensors blob in parts of
+    at most PART_BYTES, as each file that comes back is <= 16 MiB (bf16 loses ~30 % to xz)."""
+    from safetensors.torch import load_file, save
 
     keep = OUT / "drafter"
     keep.mkdir(parents=True, exist_ok=True)
@@ -240,46 +245,54 @@ def keep_stage() -> dict:
             shutil.copy(f, keep / f.name)
     state = load_file(str(DRAFTER / "model.safetensors"))
     state.pop("embed_tokens.weight", None)  # the target's, frozen: not worth carrying back
-    state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}
-    keys = sorted(state)
-    for name, part in (("a", keys[: len(keys) // 2]), ("b", keys[len(keys) // 2 :])):
-        save_file({k: state[k].contiguous() for k in part}, str(keep / f"model_{name}.safetensors"))
-    return {"kept": sorted(p.name for p in keep.iterdir())}
+    state = {k: (v.bfloat16() if v.is_floating_point() else v).contiguous()
+             for k, v in state.items()}
+    parts = write_parts(xz(save(state)), keep, "weights.safetensors.xz")
+    return {"kept": sorted(p.name for p in keep.iterdir()), "weight_parts": parts}
 
 
-PART_BYTES = 15 * 2**20  # each file that comes back from the device is <= 16 MiB
+def xz(blob: bytes) -> bytes:
+    import lzma
+    import subprocess
+
+    if shutil.which("xz"):  # all cores: the lent machine has 16
+        return subprocess.run(["xz", "-T0", "-6", "-c"], input=blob, check=True,
+                              capture_output=True).stdout
+    return lzma.compress(blob, preset=6)
+
+
+def write_parts(blob: bytes, folder: Path, stem: str) -> int:
+    """`blob` as folder/stem.00, .01, ... of at most PART_BYTES each; returns how many."""
+    parts = [blob[i : i + PART_BYTES] for i in range(0, len(blob), PART_BYTES)]
+    for i, part in enumerate(parts):
+        (folder / f"{stem}.{i:02d}").write_bytes(part)
+    return len(parts)
+
+
+def read_parts(files: list[Path]) -> bytes:
+    """The reverse of xz + write_parts: parts joined in name order, then decompressed."""
+    import lzma
+
+    return lzma.decompress(b"".join(f.read_bytes() for f in sorted(files, key=lambda f: f.name)))
 
 
 def pack_stage() -> dict:
     """WORK/answers.jsonl, xz-compressed, into $OUT/answers.jsonl.xz.00, .01, ...: generated data
     that outlives the machine (it goes cold 30 s after a call, and runs/ with it)."""
-    import lzma
-    import subprocess
-
-    src = WORK / "answers.jsonl"
-    if shutil.which("xz"):  # all cores: the lent machine has 16
-        blob = subprocess.run(["xz", "-T0", "-6", "-c", str(src)], check=True,
-                              capture_output=True).stdout
-    else:
-        blob = lzma.compress(src.read_bytes(), preset=6)
-    parts = [blob[i : i + PART_BYTES] for i in range(0, len(blob), PART_BYTES)]
-    for i, part in enumerate(parts):
-        (OUT / f"answers.jsonl.xz.{i:02d}").write_bytes(part)
-    return {"parts": len(parts), "bytes": len(blob)}
+    blob = xz((WORK / "answers.jsonl").read_bytes())
+    return {"parts": write_parts(blob, OUT, "answers.jsonl.xz"), "bytes": len(blob)}
 
 
 def unpack_stage() -> dict:
     """The reverse of pack: parts found in DATA_PARTS (folders, ':'-separated) joined in name
     order into WORK/answers.jsonl, unless it is there already."""
-    import lzma
-
     dest = WORK / "answers.jsonl"
     dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
     parts = sorted((f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")),
                    key=lambda f: f.name)
     if dest.is_file() or not parts:
         return {"unpacked": False, "parts": len(parts)}
-    data = lzma.decompress(b"".join(f.read_bytes() for f in parts))  # raises if one is missing
+    data = read_parts(parts)  # raises if one is missing
     WORK.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
     tmp.write_bytes(data)
@@ -289,8 +302,9 @@ def unpack_stage() -> dict:
 
 def restore_stage() -> dict:
     """DRAFTER rebuilt from what keep_stage brought back (KEPT, default .drafter/): the small
-    files as they were, the two weight files merged, the embedding taken from the target."""
-    from safetensors.torch import load_file, save_file
+    files as they were, the weight parts joined (or, from leases before 2026-12-01, the two
+    model_a/b files merged), the embedding taken from the target."""
+    from safetensors.torch import load, load_file, save_file
 
     kept = Path(os.environ.get("KEPT", ".drafter"))
     if (DRAFTER / "model.safetensors").is_file() or not kept.is_dir():
@@ -300,8 +314,10 @@ def restore_stage() -> dict:
     for f in sorted(kept.iterdir()):
         if f.name.startswith("model_") and f.suffix == ".safetensors":
             state.update(load_file(str(f)))
-        elif f.is_file():
+        elif f.is_file() and not f.name.startswith("weights.safetensors.xz."):
             shutil.copy(f, DRAFTER / f.name)
+    if parts := list(kept.glob("weights.safetensors.xz.*")):
+        state.update(load(read_parts(parts)))
     from draftsmith.targets import load_target
 
     embed = load_target(TARGET).weights["model.embed_tokens.weight"]  # no model build needed

@@ -21,8 +21,9 @@
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees list; TESTS=0: no tests)
-# A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter) travels back as
-# .drafter/ (carry it): `restore` rebuilds DRAFTER from it before the suite's stages.
+# A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
+# weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
+# calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
 # bigrun's generated answers come back as $OUT/answers.jsonl.xz.NN (<= 15 MiB each): carry them
 # as .data/ (or split over .dataA/ with call 0, copied to /tmp/data, and .dataB/) and bigrun
 # trains on them instead of generating again.
@@ -142,7 +143,7 @@ bigrun)
                 python3 benchmarks/gpu_suite.py > "$OUT/init_log.txt" 2>&1
         fi
         [ -n "${INIT_KEPT:-}" ] && export INIT_FROM=runs/init
-        WORK=$W DRAFTER=$D OUT=$OUT/train STAGES=train EPOCHS=${EPOCHS:-4} \
+        KEEP=0 WORK=$W DRAFTER=$D OUT=$OUT/train STAGES=train EPOCHS=${EPOCHS:-4} \
             TRAIN_BATCH=${TRAIN_BATCH:-8} TRAIN_SECONDS=$(( $(left) - 100 )) \
             timeout "$(( $(left) - 15 ))" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/train_log.txt"
         cp $D/train_log.jsonl $D/profile.* "$OUT/train/" 2>/dev/null
@@ -162,10 +163,10 @@ bigrun)
         [ -f runs/kept ] || { DRAFTER=$D STAGES=keep timeout 60 python3 benchmarks/gpu_suite.py \
             > /dev/null && touch runs/kept; }
     fi
-    # the device returns only a few files a call: one archive, the kept weights and their config
-    # (drafter/: carry it back as .drafter for `restore`)
-    (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' --exclude='answers.jsonl.xz.*' . \
-        && find . -type f ! -name '*.safetensors' ! -name device.txt ! -name 'answers.jsonl.xz.*' \
+    # the device returns only 8 files a call: one archive, the kept weights' xz parts and their
+    # config (drafter/: carry it back as .drafter for `restore`), the packed answers
+    (cd "$OUT" && tar czf /tmp/bigrun.tgz --exclude='*.safetensors' --exclude='*.xz.[0-9][0-9]' . \
+        && find . -type f ! -name device.txt ! -name '*.xz.[0-9][0-9]' \
             ! -path ./drafter/draftsmith.json -delete && mv /tmp/bigrun.tgz .)
     ;;
 respec)

@@ -1,0 +1,97 @@
+"""What travels to and from the lent GPU (benchmarks/gpu_suite.py): a kept drafter and packed
+answers come back in parts small enough for the device's file limit and are rebuilt exactly."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.bench.drafters import random_drafter
+from draftsmith.models.eagle3 import load_drafter, save_drafter
+from draftsmith.targets import load_target
+
+SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.py"
+
+
+@pytest.fixture
+def suite(monkeypatch, tmp_path, tiny_llama_dir):
+    monkeypatch.setenv("DEVICE", "cpu")
+    monkeypatch.setenv("TARGET", str(tiny_llama_dir))
+    spec = importlib.util.spec_from_file_location("gpu_suite_under_test", SUITE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "OUT", tmp_path / "out")
+    monkeypatch.setattr(mod, "PART_BYTES", 40_000)  # several parts from a tiny drafter
+    (tmp_path / "out").mkdir()
+    return mod
+
+
+@pytest.fixture
+def drafter_dir(tmp_path, tiny_llama_dir):
+    t = load_target(tiny_llama_dir)
+    embed = t.weights["model.embed_tokens.weight"].float()
+    d = random_drafter(t.cfg, torch.device("cpu"), torch.float32, embed=embed, seed=5)
+    return save_drafter(d, tmp_path / "drafter")
+
+
+def same_weights(a: Path, b: Path) -> None:
+    x, y = load_drafter(a).state_dict(), load_drafter(b).state_dict()
+    assert x.keys() == y.keys()
+    for k in x:
+        want = x[k].bfloat16() if x[k].is_floating_point() else x[k]  # kept as bf16
+        assert torch.equal(y[k].to(want.dtype), want), k
+
+
+def test_kept_drafter_comes_back_in_parts_and_restores(suite, drafter_dir, tmp_path,
+                                                       monkeypatch):
+    monkeypatch.setattr(suite, "DRAFTER", drafter_dir)
+    res = suite.keep_stage()
+    kept = tmp_path / "out" / "drafter"
+    parts = sorted(kept.glob("weights.safetensors.xz.*"))
+    assert res["weight_parts"] == len(parts) >= 2
+    assert all(p.stat().st_size <= 40_000 for p in parts)
+    monkeypatch.setenv("KEPT", str(kept))
+    monkeypatch.setattr(suite, "DRAFTER", tmp_path / "restored")
+    assert suite.restore_stage()["restored"]
+    same_weights(drafter_dir, tmp_path / "restored")
+    parts[-1].unlink()  # a part lost on the way: a clear failure, not a wrong drafter
+    monkeypatch.setattr(suite, "DRAFTER", tmp_path / "again")
+    with pytest.raises(Exception, match="[Cc]ompressed|[Ii]nput|end"):
+        suite.restore_stage()
+
+
+def test_restore_still_reads_the_two_file_layout(suite, drafter_dir, tmp_path, monkeypatch):
+    state = load_drafter(drafter_dir).state_dict()
+    state.pop("embed_tokens.weight")
+    state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}
+    old = tmp_path / "old"
+    old.mkdir()
+    keys = sorted(state)
+    for name, part in (("a", keys[: len(keys) // 2]), ("b", keys[len(keys) // 2 :])):
+        save_file({k: state[k].contiguous() for k in part}, str(old / f"model_{name}.safetensors"))
+    (old / "draftsmith.json").write_text((drafter_dir / "draftsmith.json").read_text())
+    monkeypatch.setenv("KEPT", str(old))
+    monkeypatch.setattr(suite, "DRAFTER", tmp_path / "restored")
+    assert suite.restore_stage()["restored"]
+    same_weights(drafter_dir, tmp_path / "restored")
+
+
+def test_packed_answers_unpack_byte_for_byte(suite, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    rng = random.Random(0)
+    text = "".join(f'{{"id": "{i}", "messages": [{{"role": "user", "content": '
+                   f'"{rng.getrandbits(128):x}"}}]}}\n' for i in range(3000))
+    (work / "answers.jsonl").write_text(text)
+    monkeypatch.setattr(suite, "WORK", work)
+    res = suite.pack_stage()
+    assert res["parts"] >= 2
+    monkeypatch.setattr(suite, "WORK", tmp_path / "work2")
+    monkeypatch.setenv("DATA_PARTS", str(tmp_path / "out"))
+    assert suite.unpack_stage()["conversations"] == 3000
+    assert (tmp_path / "work2" / "answers.jsonl").read_text() == text
