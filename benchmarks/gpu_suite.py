@@ -200,6 +200,13 @@ def regen_vs_hf(t, model, hf, enc, convs) -> dict:
     return res
 
 
+def draft_vocab() -> int | None:
+    """DRAFT_VOCAB, else 8,192; with INIT_FROM, else that drafter's own (None)."""
+    if v := os.environ.get("DRAFT_VOCAB"):
+        return int(v)
+    return None if os.environ.get("INIT_FROM") else 8192
+
+
 def train_stage() -> dict:
     from draftsmith.train import TrainConfig, train
 
@@ -210,7 +217,7 @@ def train_stage() -> dict:
     train(TrainConfig(out=str(out), prompts=str(WORK / "answers.jsonl"), target=TARGET,
                       epochs=EPOCHS, lr=float(os.environ.get("LR", "5e-4")), warmup_ratio=0.03,
                       batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
-                      draft_vocab_size=int(os.environ.get("DRAFT_VOCAB", "8192")),
+                      draft_vocab_size=draft_vocab(),
                       num_layers=int(os.environ.get("DRAFT_LAYERS", "1")),
                       vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=200, resume=True, progress=False, log_every=20,

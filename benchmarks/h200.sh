@@ -138,7 +138,7 @@ bigrun)
             timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
                 tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
         fi
-        if [ -n "${INIT_KEPT:-}" ] && [ ! -f runs/init/draftsmith.json ]; then  # warm start
+        if [ -n "${INIT_KEPT:-}" ] && [ ! -f runs/init/model.safetensors ]; then  # warm start
             KEPT=$INIT_KEPT DRAFTER=runs/init OUT=$OUT/init STAGES=restore \
                 python3 benchmarks/gpu_suite.py > "$OUT/init_log.txt" 2>&1
         fi
@@ -149,7 +149,9 @@ bigrun)
         cp $D/train_log.jsonl $D/profile.* "$OUT/train/" 2>/dev/null
         wait
     fi
-    if [ -f $D/draftsmith.json ]; then
+    if [ -f $D/draftsmith.json ]; then  # keep first: the weights must come back before any spec
+        [ -f runs/kept ] || { DRAFTER=$D STAGES=keep timeout 60 python3 benchmarks/gpu_suite.py \
+            > /dev/null && touch runs/kept; }
         for run in ${SPECS:-c1:1:1 e:0:1,8,32 c832:1:8,32}; do
             [ "$run" = none ] && continue  # SPECS=none: train and keep only
             IFS=: read -r name comp batches <<< "$run"
@@ -160,8 +162,6 @@ bigrun)
                 | tee "$OUT/spec_${name}_log.txt"
             ok "$OUT/spec_$name" spec && touch "runs/spec_$name"
         done
-        [ -f runs/kept ] || { DRAFTER=$D STAGES=keep timeout 60 python3 benchmarks/gpu_suite.py \
-            > /dev/null && touch runs/kept; }
     fi
     # the device returns only 8 files a call: one archive, the kept weights' xz parts and their
     # config (drafter/: carry it back as .drafter for `restore`), the packed answers

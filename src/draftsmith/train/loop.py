@@ -280,7 +280,10 @@ class Trainer:
         new = Eagle3Drafter(replace(old.cfg, draft_vocab_size=len(d2t)))
         new.init_weights()
         state = {k: v for k, v in old.state_dict().items() if k not in ("lm_head.weight", "d2t")}
-        new.load_state_dict(state, strict=False)
+        missing, unexpected = new.load_state_dict(state, strict=False)
+        if set(missing) != {"lm_head.weight", "d2t"} or unexpected:
+            raise DraftsmithError(f"regrowing the vocab of {self.cfg.init_from}: weights missing "
+                                  f"{sorted(missing)}, unexpected {sorted(unexpected)}")
         new.set_vocab(d2t, t2d)
         row = torch.full((old.cfg.vocab_size,), -1, dtype=torch.long)
         row[old.to_target(torch.arange(old.cfg.draft_vocab_size))] = torch.arange(
