@@ -7,7 +7,8 @@
 #   bash benchmarks/h200.sh gen       # 16,000 prompts+answers at batch 256 into runs/big
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
-#   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of one decode step) + GPU tests
+#   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
+#                                     # verify attention sdpa and matmul) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -20,7 +21,8 @@
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
-#                                     # RUNS: name:rows:batches:chain:trees list; TESTS=0: no tests)
+#                                     # RUNS: name:rows:batches:chain:trees[:matmul] list; TESTS=0:
+#                                     # no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -86,6 +88,8 @@ suite)
 probe)
     python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
         | tee "$OUT/probe_log.txt"
+    DRAFTSMITH_VERIFY_ATTENTION=matmul python3 benchmarks/decode_kernels.py \
+        --out "$OUT/decode_kernels_matmul.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \
@@ -173,10 +177,12 @@ respec)
     R=/tmp/r W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do  # name:rows:batches:chain:trees
-        IFS=: read -r name rows batches chain trees <<< "$run"
+    # name:rows:batches:chain:trees[:verify attention]
+    for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
+        IFS=: read -r name rows batches chain trees vattn <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-sdpa} \
             WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.models.llama import causal_mask, small_attention
+from draftsmith.models.llama import causal_mask, matmul_attention, small_attention
 
 
 def test_small_attention_equals_sdpa_with_gqa_rows_and_a_mask():
@@ -21,6 +21,24 @@ def test_small_attention_equals_sdpa_with_gqa_rows_and_a_mask():
     assert torch.allclose(out, ref, atol=1e-5)
     mask[0, 0, 0, 5] = False  # the mask is applied: row 0 loses the one slot it attended last
     assert not torch.allclose(small_attention(qg, k, v, mask)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
+    g = torch.Generator().manual_seed(1)
+    b, kv_heads, groups, q, s, d = 2, 3, 3, 8, 64, 16
+    qg = torch.randn(b, kv_heads, groups * q, d, generator=g).to(dtype)
+    k = torch.randn(b, kv_heads, s, d, generator=g).to(dtype)
+    v = torch.randn(b, kv_heads, s, d, generator=g).to(dtype)
+    positions = torch.arange(q).repeat(b, 1) + torch.tensor([[10], [40]])
+    mask = causal_mask(positions, s).repeat(1, 1, groups, 1)
+    mask[1, 0, 5, 41] = False  # a tree-like hole: not plain causal
+    ref = F.scaled_dot_product_attention(qg.float(), k.float(), v.float(), attn_mask=mask)
+    out = matmul_attention(qg, k, v, mask)
+    assert out.dtype == dtype and torch.allclose(out.float(), ref, atol=atol)
+    mask[0, 0, 0, 10] = False  # the mask is applied
+    assert not torch.allclose(matmul_attention(qg, k, v, mask)[0, 0, 0].float(), ref[0, 0, 0],
+                              atol=1e-3)
 
 
 @pytest.mark.slow

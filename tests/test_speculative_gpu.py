@@ -61,6 +61,20 @@ def test_compiled_verify_equals_plain_greedy(pair, steps, topk, n):
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
+def test_matmul_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n):
+    """DRAFTSMITH_VERIFY_ATTENTION=matmul (compiled verify shapes): still plain greedy's output."""
+    from draftsmith.models import llama
+
+    _, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    monkeypatch.setattr(llama, "VERIFY_ATTENTION", "matmul")
+    target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced with matmul
+    dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
+    dec.capture([4, 1])
+    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
 def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n):
     target, drafter, _ = pair

@@ -54,6 +54,11 @@ class KVCache(NamedTuple):
 # decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
 # were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
 SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16"))
+# Graphed multi-token steps (verify: 2-32 tokens a row) attend with SDPA (cuDNN on the H200:
+# ~12.5 us a layer with its prep kernels) unless this is "matmul": two batched GEMMs around one
+# fused masked softmax. Run 4 measured a verify of 2-16 tokens at 1.38 decode steps; this is
+# the A/B for the next lease (decode_kernels.py times both), not a claim.
+VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "sdpa")
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -63,6 +68,15 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     s = (q.float().unsqueeze(-2) * k.float().unsqueeze(-3)).sum(-1) * q.shape[-1] ** -0.5
     p = s.masked_fill(~mask, float("-inf")).softmax(-1)
     return (p.unsqueeze(-1) * v.float().unsqueeze(-3)).sum(-2).to(q.dtype)
+
+
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     ) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) | mask) v as two matmuls in the inputs' dtype around a float32
+    softmax. q: [B, H, Q, D]; k, v: [B, H, S, D]; mask: [B, 1 or H, Q, S] bool."""
+    s = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    p = s.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.matmul(p.to(v.dtype), v)
 
 
 class Attention(nn.Module):
@@ -113,9 +127,11 @@ class Attention(nn.Module):
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
-            if (x.is_cuda and torch.compiler.is_compiling() and q_len == 1
-                    and b <= SMALL_ATTENTION_ROWS):
+            graphed = x.is_cuda and torch.compiler.is_compiling()
+            if graphed and q_len == 1 and b <= SMALL_ATTENTION_ROWS:
                 out = small_attention(qg, cache.k, cache.v, mask)
+            elif graphed and VERIFY_ATTENTION == "matmul" and 1 < q_len <= 32:
+                out = matmul_attention(qg, cache.k, cache.v, mask)
             else:
                 out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
             out = out.reshape(b, self.heads, q_len, self.d)
