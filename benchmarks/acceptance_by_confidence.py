@@ -23,19 +23,22 @@ import torch
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0001)
 
 
-def answers(t, model, suites: list[str], n: int, new: int) -> list[list[int]]:
-    """Prompt + greedy answer of the target for n prompts of each suite."""
+def answers(t, model, suites: list[str], n: int, new: int
+            ) -> dict[str, list[tuple[int, list[int]]]]:
+    """Per suite, (prompt length, prompt + greedy answer) of the target for n of its prompts,
+    in batches of 8 (also used by draft_vocab_coverage.py)."""
     from draftsmith.bench.suites import suite_messages
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime
 
-    prompts = [t.chat_ids(m) for s in suites for m in suite_messages(s, n)]
-    rt = Runtime(model, 8, max(map(len, prompts)) + new + 1)
-    seqs = []
-    for i in range(0, len(prompts), 8):
-        batch = prompts[i : i + 8]
-        for p, a in zip(batch, generate(rt, batch, new, eos_ids=t.eos_ids), strict=True):
-            seqs.append((len(p), p + a))
+    prompts = {s: [t.chat_ids(m) for m in suite_messages(s, n)] for s in suites}
+    rt = Runtime(model, 8, max(len(p) for ps in prompts.values() for p in ps) + new + 1)
+    seqs: dict[str, list[tuple[int, list[int]]]] = {s: [] for s in suites}
+    for s, ps in prompts.items():
+        for i in range(0, len(ps), 8):
+            batch = ps[i : i + 8]
+            for p, a in zip(batch, generate(rt, batch, new, eos_ids=t.eos_ids), strict=True):
+                seqs[s].append((len(p), p + a))
     return seqs
 
 
@@ -130,7 +133,8 @@ def main() -> None:
     t0 = time.time()
     t = load_target("default")
     model = t.build(torch.float32, "cpu")
-    seqs = answers(t, model, args.suites.split(","), args.n, args.new)
+    seqs = [x for v in answers(t, model, args.suites.split(","), args.n, args.new).values()
+            for x in v]
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
            "suites": args.suites, "n": args.n, "new": args.new, "drafters": {}}
     for d in args.drafter:

@@ -47,6 +47,12 @@ def kernel_table(step, steps: int) -> tuple[list[dict], int, float]:
     return rows, count, busy
 
 
+def print_kernels(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['per_step']:6.1f} x {r['us_each']:7.2f} us = {r['us_per_step']:8.1f}  "
+              f"{r['kernel']}")
+
+
 def graphed_ms(fn, iters: int = 300) -> float:
     for _ in range(10):
         fn()
@@ -87,9 +93,7 @@ def main() -> None:
            "graphed_step_ms": step_ms, "graphed_forward_ms": fwd_ms, "kernels": rows[:40]}
     print(f"kernels per decode step: {count} ({count / len(model.layers):.1f} a layer), "
           f"GPU busy {busy:.0f} us; graphed step {step_ms:.3f} ms, forward {fwd_ms:.3f} ms")
-    for r in rows[:40]:
-        print(f"{r['per_step']:6.1f} x {r['us_each']:7.2f} us = {r['us_per_step']:8.1f}  "
-              f"{r['kernel']}")
+    print_kernels(rows[:40])
     if not args.no_phases:
         settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8)}
         res["phases"] = {name: phase_kernels(rt, target, prompt, model, *setting)
@@ -116,9 +120,7 @@ def phase_kernels(rt: Runtime, target, prompt: list[int], model, steps: int, top
         out[phase] = {"kernels": count, "kernel_us": busy, "graphed_ms": ms, "top": rows[:25]}
         print(f"{steps}/{topk}/{n or steps + 1} {phase}: {count} kernels, GPU busy {busy:.0f} us,"
               f" graphed {ms:.3f} ms")
-        for r in rows[:25]:
-            print(f"{r['per_step']:6.1f} x {r['us_each']:7.2f} us = {r['us_per_step']:8.1f}  "
-                  f"{r['kernel']}")
+        print_kernels(rows[:25])
     return out
 
 

@@ -29,20 +29,15 @@ def assistant_counts(target, convs, vocab: int) -> torch.Tensor:
     return count_ids((encode(target.tokenizer, c.messages) for c in convs), vocab)
 
 
-def suite_counts(target, suites: list[str], n: int, new: int, vocab: int) -> torch.Tensor:
-    """Frequencies of the target's greedy answer tokens to n prompts of each suite."""
-    from draftsmith.bench.suites import suite_messages
-    from draftsmith.engine.generate import generate
-    from draftsmith.engine.runtime import Runtime
+def suite_counts(target, suites: list[str], n: int, new: int, vocab: int
+                 ) -> dict[str, torch.Tensor]:
+    """Per suite, frequencies of the target's greedy answer tokens to n of its prompts."""
+    from acceptance_by_confidence import answers
 
     model = target.build(torch.float32, "cpu")
-    prompts = [target.chat_ids(m) for s in suites for m in suite_messages(s, n)]
-    rt = Runtime(model, 8, max(map(len, prompts)) + new + 1)
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for i in range(0, len(prompts), 8):
-        for a in generate(rt, prompts[i : i + 8], new, eos_ids=target.eos_ids):
-            counts += torch.bincount(torch.tensor(a, dtype=torch.long), minlength=vocab)
-    return counts
+    return {s: sum((torch.bincount(torch.tensor(seq[plen:], dtype=torch.long), minlength=vocab)
+                    for plen, seq in runs), torch.zeros(vocab, dtype=torch.long))
+            for s, runs in answers(target, model, suites, n, new).items()}
 
 
 def coverage(train: torch.Tensor, sizes: list[int], sets: dict[str, torch.Tensor]) -> list[dict]:
@@ -104,8 +99,9 @@ def main() -> None:
     sets = {"training conversations": train,
             f"held-out conversations ({args.holdout})": assistant_counts(
                 target, convs[-args.holdout :], vocab)}
-    for s in args.suites.split(","):
-        sets[f"{s}, greedy answers"] = suite_counts(target, [s], args.n, args.new, vocab)
+    for s, counts in suite_counts(target, args.suites.split(","), args.n, args.new,
+                                  vocab).items():
+        sets[f"{s}, greedy answers"] = counts
     sizes = [int(x) for x in args.sizes.split(",")]
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "answers": args.answers,
            "conversations": len(convs), "holdout": args.holdout, "n": args.n, "new": args.new,
