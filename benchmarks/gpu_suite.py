@@ -231,7 +231,7 @@ def train_stage() -> dict:
         from draftsmith.train.checkpoint import latest_checkpoint
 
         return {"stopped_at": str(latest_checkpoint(out))}
-    if os.environ.get("KEEP", "1") == "1":  # bigrun keeps once, at its end
+    if os.environ.get("KEEP", "1") == "1":  # bigrun keeps once, itself, right after training
         keep_stage()
     return json.loads((out / "draftsmith.json").read_text()).get("training", {})
 
@@ -295,11 +295,10 @@ def unpack_stage() -> dict:
     order into WORK/answers.jsonl, unless it is there already."""
     dest = WORK / "answers.jsonl"
     dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
-    parts = sorted((f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")),
-                   key=lambda f: f.name)
+    parts = [f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")]
     if dest.is_file() or not parts:
         return {"unpacked": False, "parts": len(parts)}
-    data = read_parts(parts)  # raises if one is missing
+    data = read_parts(parts)  # in name order; raises if one is missing
     WORK.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
     tmp.write_bytes(data)
