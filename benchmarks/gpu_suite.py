@@ -291,11 +291,14 @@ def pack_stage() -> dict:
 
 
 def unpack_stage() -> dict:
-    """The reverse of pack: parts found in DATA_PARTS (folders, ':'-separated) joined in name
-    order into WORK/answers.jsonl, unless it is there already."""
+    """The reverse of pack: parts found in DATA_PARTS (folders, ':'-separated; the first folder
+    holding a name wins) joined in name order into WORK/answers.jsonl, unless it is there
+    already."""
     dest = WORK / "answers.jsonl"
     dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
-    parts = [f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")]
+    # a part found in two folders (copied by call 0 and still carried) is read once
+    found = [f for d in dirs if d.is_dir() for f in sorted(d.glob("answers.jsonl.xz.*"))]
+    parts = list({f.name: f for f in reversed(found)}.values())
     if dest.is_file() or not parts:
         return {"unpacked": False, "parts": len(parts)}
     data = read_parts(parts)  # in name order; raises if one is missing

@@ -8,7 +8,7 @@
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
-#                                     # verify attention sdpa and matmul) + GPU tests
+#                                     # verify attention matmul (default) and sdpa) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -21,7 +21,7 @@
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
-#                                     # RUNS: name:rows:batches:chain:trees[:matmul] list; TESTS=0:
+#                                     # RUNS: name:rows:batches:chain:trees[:sdpa] list; TESTS=0:
 #                                     # no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
@@ -33,15 +33,16 @@
 # about 30 s after a call. On 2026-12-01 every call that followed a long one (with files to bring
 # back) found a fresh machine, three times of three: plan each long call to stand alone (call 0,
 # then one call that carries its inputs and returns what the next needs: answers, kept drafter).
-# A training segment that must fit one fresh machine (64 MiB of carry a call, the GGUF half
-# 49.2 MB of it): the answers as one xz -9e part (7.6 MB for 48,000) and the kept drafter as
-# one xz'd tar (13.9 MB for 19.7 MB of bf16 weights), each split between the two calls:
-#   call 0 (carry .m1 .dataA .kA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ &&
-#          cp .dataA/* /tmp/data/ && cp .kA/* /tmp/
-#   call 1 (carry .m2 .whl .kB):  cat /tmp/kept16.txz.aa .kB/kept16.txz.ab | xz -dc | tar x -C /tmp
-#          && N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept16 BUDGET=590
-#          bash benchmarks/h200.sh bigrun      # 1,796 steps from the kept weights; keeps the result
-#          (DRAFT_VOCAB=24576 there regrows the kept drafter's 8,192-token head: 99.2 % coverage)
+# A training segment on one fresh machine (64 MiB of carry a call, the GGUF half 49.2 MB of it):
+# the answers as one xz -9e part (7.6 MB for 48,000) in call 0, the kept drafter in its own call.
+# 898 steps of 16 x 1,024 (one epoch of 48,000) took 305 s on 2026-12-01; two epochs do not fit.
+#   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
+#   call 0b (carry .kept24):    mkdir -p /tmp/kept && cp .kept24/* /tmp/kept/   # run 5's drafter, 27.3 MB
+#   call 1  (carry .m2 .whl):   N=48000 EPOCHS=1 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
+#           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
+# (DRAFT_VOCAB=N there regrows the kept drafter's head; run 5 went 8,192 -> 24,576: 99.2 % coverage)
+# While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
+# `respec` measures runs/big/drafter, the drafter just trained (run 5 did so three times).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -88,8 +89,8 @@ suite)
 probe)
     python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
         | tee "$OUT/probe_log.txt"
-    DRAFTSMITH_VERIFY_ATTENTION=matmul python3 benchmarks/decode_kernels.py \
-        --out "$OUT/decode_kernels_matmul.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
+        --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \
@@ -182,7 +183,7 @@ respec)
         IFS=: read -r name rows batches chain trees vattn <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-sdpa} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} \
             WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

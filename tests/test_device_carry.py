@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,4 +95,23 @@ def test_packed_answers_unpack_byte_for_byte(suite, tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "WORK", tmp_path / "work2")
     monkeypatch.setenv("DATA_PARTS", str(tmp_path / "out"))
     assert suite.unpack_stage()["conversations"] == 3000
+    assert (tmp_path / "work2" / "answers.jsonl").read_text() == text
+
+
+def test_a_part_found_in_two_folders_is_read_once(suite, tmp_path, monkeypatch):
+    """Call 0 copies a part to /tmp/data and the device keeps the carried copy too: the answers
+    must not come back twice (2026-12-01: 96,000 conversations unpacked from 48,000)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    text = "".join(f'{{"id": "{i}", "messages": []}}\n' for i in range(50))
+    (work / "answers.jsonl").write_text(text)
+    monkeypatch.setattr(suite, "WORK", work)
+    assert suite.pack_stage()["parts"] == 1
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(tmp_path / "out" / "answers.jsonl.xz.00", copy)
+    monkeypatch.setattr(suite, "WORK", tmp_path / "work2")
+    monkeypatch.setenv("DATA_PARTS", f"{copy}:{tmp_path / 'out'}")
+    res = suite.unpack_stage()
+    assert (res["parts"], res["conversations"]) == (1, 50)
     assert (tmp_path / "work2" / "answers.jsonl").read_text() == text

@@ -54,11 +54,14 @@ class KVCache(NamedTuple):
 # decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
 # were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
 SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16"))
-# Graphed multi-token steps (verify: 2-32 tokens a row) attend with SDPA (cuDNN on the H200:
-# ~12.5 us a layer with its prep kernels) unless this is "matmul": two batched GEMMs around one
-# fused masked softmax. Run 4 measured a verify of 2-16 tokens at 1.38 decode steps; this is
-# the A/B for the next lease (decode_kernels.py times both), not a claim.
-VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "sdpa")
+# Graphed multi-token steps (verify: 2-32 tokens a row) attend as two batched GEMMs around one
+# fused masked softmax ("matmul"), or with SDPA ("sdpa": cuDNN on the H200, ~12.5 us a layer
+# with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
+# decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
+# (benchmarks/speculative_default.md).
+VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "matmul")
+if VERIFY_ATTENTION not in ("matmul", "sdpa"):
+    raise ValueError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
