@@ -7,6 +7,8 @@
 #   bash benchmarks/h200.sh gen       # 16,000 prompts+answers at batch 256 into runs/big
 #   bash benchmarks/h200.sh train     # online training on runs/big, 8 min a call, resumable
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
+#   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
+#                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # verify attention matmul (default) and sdpa) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
@@ -105,6 +107,12 @@ tp)
     timeout "${LIMIT:-560}" python3 benchmarks/tp_bench.py --out "$OUT/tp" 2>&1 \
         | tee "$OUT/tp_log.txt"
     ;;
+trainbench)
+    timeout "${LIMIT:-420}" python3 benchmarks/train_throughput.py --preset smollm \
+        --modes online,online-compiled-loss --batch-size 16 --max-len 1024 \
+        --draft-vocab-size 24576 --steps 15 --warmup 5 --samples 800 2>&1 \
+        | tee "$OUT/train_throughput_log.txt"
+    ;;
 baseline)
     timeout "${LIMIT:-500}" python3 benchmarks/baseline_decode.py --new "${NEW:-256}" 2>&1 \
         | tee "$OUT/baseline_log.txt"
@@ -194,6 +202,6 @@ respec)
     tar czf "$OUT/respec.tgz" -C /tmp r
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|probe|tp|refill|bigrun|respec"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|probe|tp|refill|bigrun|respec"; exit 2
     ;;
 esac

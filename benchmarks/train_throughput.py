@@ -3,6 +3,7 @@ folder) and online (the target computes them per batch), on a random target.
 
 Usage: python benchmarks/train_throughput.py [--preset smollm|tiny] [--max-len 2048]
        [--batch-size 4] [--steps 10] [--warmup 3] [--samples 64] [--device auto] [--out DIR]
+       [--modes offline,online,online-compiled-loss] [--draft-vocab-size 32000]
 The `smollm` preset has SmolLM2-135M's shapes (the default target): 30 layers, hidden 576,
 9 heads (3 KV), vocab 49152; the drafter is one such layer with a 32000-token draft vocab.
 Prints a table, then one JSON line. Random weights: the speed is real, the accuracy is not.
@@ -133,7 +134,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--modes", default="offline,online")
+    ap.add_argument("--modes", default="offline,online",
+                    help="offline, online, online-compiled-loss (online with --compile-loss)")
+    ap.add_argument("--draft-vocab-size", type=int, default=32000)
     ap.add_argument("--loader-workers", type=int, default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -147,24 +150,27 @@ def main() -> None:
     base = dict(target=str(root / "target"), max_steps=a.warmup + a.steps, log_every=1,
                 save_every=10**9, batch_size=a.batch_size, max_len=a.max_len,
                 ttt_steps=a.ttt_steps, device=device, progress=False,
-                loader_workers=a.loader_workers)
+                loader_workers=a.loader_workers, draft_vocab_size=a.draft_vocab_size)
     results = {}
     if "offline" in a.modes:
         capture(target, samples, root / "data", device)
         cfg = TrainConfig(out=str(root / "offline"), data=str(root / "data"), **base)
         results["offline"] = measure(Trainer, cfg, a.warmup)
-    if "online" in a.modes:
-        OnlineTrainer.samples = samples
-        cfg = TrainConfig(out=str(root / "online"), prompts="(in memory)", **base)
-        results["online"] = measure(OnlineTrainer, cfg, a.warmup)
+    OnlineTrainer.samples = samples
+    for mode in ("online", "online-compiled-loss"):  # one process: a side-by-side A/B
+        if mode in a.modes.split(","):
+            cfg = TrainConfig(out=str(root / mode), prompts="(in memory)",
+                              compile_loss=mode.endswith("compiled-loss"), **base)
+            results[mode] = measure(OnlineTrainer, cfg, a.warmup)
     dev = torch.cuda.get_device_name() if device.startswith("cuda") else cpu_name()
-    print(f"{'mode':<8} {'tokens/s':>10} {'s/step':>8} {'tokens/step':>12} {'peak GiB':>9}")
+    print(f"{'mode':<20} {'tokens/s':>10} {'s/step':>8} {'tokens/step':>12} {'peak GiB':>9}")
     for mode, r in results.items():
-        print(f"{mode:<8} {r['tokens_per_s']:>10.0f} {r['s_per_step']:>8.3f} "
+        print(f"{mode:<20} {r['tokens_per_s']:>10.0f} {r['s_per_step']:>8.3f} "
               f"{r['tokens_per_step']:>12.0f} {r.get('peak_gib', float('nan')):>9.2f}")
     print(json.dumps({"bench": "train_throughput", "preset": a.preset, "device": dev,
                       "threads": torch.get_num_threads(), "max_len": a.max_len,
                       "batch_size": a.batch_size, "ttt_steps": a.ttt_steps,
+                      "draft_vocab_size": a.draft_vocab_size,
                       "loader_workers": a.loader_workers,
                       "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                       **{m: r for m, r in results.items()}}))

@@ -89,3 +89,29 @@ def test_graphed_refill_equals_each_prompt_alone(tmp_path, compile):
              for p in prompts]
     rt = Runtime(model, 2, 128, graphs=True, compile=compile)
     assert generate_refill(rt, prompts, 24, eos_ids=eos, rows=2, check_every=3) == alone
+
+
+def test_compiled_loss_equals_eager_on_cuda_bf16():
+    """train --compile-loss on the GPU (bf16 logits, as under autocast): the eager loss and
+    gradients, at every TTT step and at two batch widths (one graph, symbolic in the width)."""
+    from draftsmith.train.objective import compiled_step_loss, make_targets, step_loss
+
+    torch.manual_seed(3)
+    fn = compiled_step_loss()
+    for width in (96, 90):
+        b, dv, v = 3, 512, 2048
+        head = torch.randn(v, 64, device="cuda")
+        hidden = torch.randn(b, width, 64, device="cuda")
+        used = torch.sort(torch.randperm(v, device="cuda")[:dv]).values
+        mask = torch.rand(b, width, device="cuda") < 0.8
+        doc = torch.zeros(b, width, dtype=torch.long, device="cuda")
+        tg = make_targets(hidden, head, used, mask, doc)
+        for j in range(4):
+            base = torch.randn(b, width, dv, device="cuda", dtype=torch.bfloat16)
+            x, y = base.clone().requires_grad_(), base.clone().requires_grad_()
+            want, got = step_loss(x, tg, j), fn(y, tg, j)
+            assert torch.allclose(got[0], want[0], rtol=1e-4)
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+            want[0].backward()
+            got[0].backward()
+            assert torch.allclose(y.grad.float(), x.grad.float(), atol=1e-5, rtol=1e-2)

@@ -174,6 +174,23 @@ def test_profiled_steps_write_phases_and_change_nothing(setup):
     assert not (root / "plain" / "profile.json").exists()
 
 
+def test_compiled_loss_trains_the_same_run(setup):
+    """--compile-loss changes how the loss is computed, not the run: the same losses,
+    accuracies and gradient norms step by step (float rounding aside)."""
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "eager_loss", save_every=100, max_steps=3))
+    with pytest.warns(UserWarning):
+        train(config(root, "compiled_loss", save_every=100, max_steps=3, compile_loss=True))
+    a, b = log_rows(root / "eager_loss"), log_rows(root / "compiled_loss")
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b, strict=True):
+        assert x["tokens"] == y["tokens"]
+        for key in ("loss", "grad_norm", "accept_length"):
+            assert y[key] == pytest.approx(x[key], rel=1e-4), key
+        assert y["acc"] == pytest.approx(x["acc"], abs=1e-6)
+
+
 def test_a_run_ending_inside_the_profiled_window_writes_no_profile(setup):
     root, _, _ = setup
     with pytest.warns(UserWarning):

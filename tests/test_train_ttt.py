@@ -8,7 +8,6 @@ from test_drafter import random_drafter, tiny_cfg
 
 from draftsmith.models.llama import KVCache
 from draftsmith.train.objective import (
-    Targets,
     accept_length,
     chain_counts,
     make_targets,
@@ -97,12 +96,15 @@ def test_targets_are_the_renormalised_target_distribution_with_masks():
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1, 1]], dtype=torch.bool)
     doc = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1]])
     tg = make_targets(hidden, head, used, loss_mask, doc)
-    assert torch.allclose(tg.prob[0], torch.softmax(full[:, used], -1), atol=1e-6)
     arg = full.argmax(-1)
     want = torch.tensor([int((used == a).nonzero()[0]) if a in used else -1 for a in arg])
     assert torch.equal(tg.label[0], want)
     # u counts when token u+1 is an assistant token of u's own document
     assert tg.ok[0].tolist() == [False, True, True, True, False, True, True, True, False]
+    counted = tg.ok[0] & (want >= 0)
+    assert 0 < counted.sum() < t
+    want_prob = torch.where(counted[:, None], torch.softmax(full[:, used], -1), 0.0)
+    assert torch.allclose(tg.prob[0], want_prob, atol=1e-6)  # zero where u does not count
 
     logits = torch.randn(1, t, dv, requires_grad=True)
     loss, correct, valid = step_loss(logits, tg, 1)
@@ -119,13 +121,51 @@ def test_targets_are_the_renormalised_target_distribution_with_masks():
 
 
 def test_non_finite_targets_at_masked_positions_do_not_poison_the_loss():
-    prob = torch.full((1, 5, 4), 0.25)
-    prob[0, 0] = float("nan")
-    tg = Targets(prob, torch.tensor([[1, 1, 1, 1, -1]]), torch.tensor([[0, 1, 1, 1, 0]]).bool())
-    logits = torch.randn(1, 5, 4, requires_grad=True)
-    loss, _, _ = step_loss(logits, tg, 0)
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    """A NaN hidden state where nothing counts (here: a position whose next token is not the
+    assistant's) reaches neither the loss nor the gradient of any step."""
+    torch.manual_seed(4)
+    v, t, dv = 20, 6, 8
+    head, hidden = torch.randn(v, 16), torch.randn(1, t, 16)
+    hidden[0, 0] = float("nan")
+    used = torch.arange(dv) * 2
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1]], dtype=torch.bool)  # u = 0 does not count
+    tg = make_targets(hidden, head, used, loss_mask, torch.zeros(1, t, dtype=torch.long))
+    assert torch.isfinite(tg.prob).all() and tg.prob[0, 0].eq(0).all()
+    for j in range(3):
+        logits = torch.randn(1, t, dv, requires_grad=True)
+        loss, _, _ = step_loss(logits, tg, j)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+
+
+def test_compiled_loss_equals_eager_loss_and_gradients():
+    """--compile-loss (inductor's CPU backend here) gives the eager loss, statistics and
+    gradients at every TTT step."""
+    from draftsmith.train.objective import compiled_step_loss
+
+    torch.manual_seed(8)
+    b, t, dv, v = 2, 12, 16, 40
+    head, hidden = torch.randn(v, 8), torch.randn(b, t, 8)
+    used = torch.sort(torch.randperm(v)[:dv]).values
+    loss_mask = torch.rand(b, t) < 0.7
+    doc = torch.tensor([[0] * 7 + [1] * 5, [0] * 12])
+    tg = make_targets(hidden, head, used, loss_mask, doc)
+    fn = compiled_step_loss()
+    for j in range(3):
+        base = torch.randn(b, t, dv)
+        eager_in, comp_in = base.clone().requires_grad_(), base.clone().requires_grad_()
+        want, got = step_loss(eager_in, tg, j), fn(comp_in, tg, j)
+        assert torch.allclose(got[0], want[0], atol=1e-5)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        want[0].backward()
+        got[0].backward()
+        assert torch.allclose(comp_in.grad, eager_in.grad, atol=1e-6)
+    # a corrupt logit row where nothing counts (step 0 at i is scored at u = i + 1): the loss
+    # must still show it
+    i = int((~(tg.ok[1, 1:] & (tg.label[1, 1:] >= 0))).nonzero()[0])
+    bad = torch.randn(b, t, dv)
+    bad[1, i] = float("nan")
+    assert step_loss(bad, tg, 0)[0].isnan() and fn(bad, tg, 0)[0].isnan()
 
 
 def test_accept_length_uses_conditional_acceptance():

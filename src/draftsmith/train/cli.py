@@ -59,6 +59,9 @@ def train(
                                      "with --resume to continue)"),
     profile_steps: int = typer.Option(0, "--profile-steps", help="Profile that many steps "
                                       "(after 3 warm-up steps): profile.json/.txt in --out"),
+    compile_loss: bool = typer.Option(False, "--compile-loss/--no-compile-loss",
+                                      help="torch.compile the TTT loss (one fused pass over the "
+                                      "draft-vocab logits per step)"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
@@ -77,6 +80,6 @@ def train(
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
-        extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
+        compile_loss=compile_loss, extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)

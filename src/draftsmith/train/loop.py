@@ -31,7 +31,14 @@ from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
 from draftsmith.train.dist import DistCtx, setup
-from draftsmith.train.objective import Targets, chain_counts, make_targets, step_loss, summarize
+from draftsmith.train.objective import (
+    Targets,
+    chain_counts,
+    compiled_step_loss,
+    make_targets,
+    step_loss,
+    summarize,
+)
 from draftsmith.train.profile import StepProfiler
 from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
 from draftsmith.train.ttt import unroll
@@ -77,6 +84,7 @@ class TrainConfig:
     time_limit: float | None = None  # seconds, checked at log steps: then stop at a checkpoint
     profile_steps: int = 0  # > 0: profile.json/.txt of that many steps after 3 warm-up steps
     progress: bool = True
+    compile_loss: bool = False  # torch.compile'd step_loss: same loss, fewer passes over logits
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,9 +114,11 @@ IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmu
 class TTTModel(nn.Module):
     """The drafter plus its unrolled TTT loss: one module, so DDP sees a plain forward."""
 
-    def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float) -> None:
+    def __init__(self, drafter: Eagle3Drafter, steps: int, decay: float,
+                 compile_loss: bool = False) -> None:
         super().__init__()
         self.drafter, self.steps, self.decay = drafter, steps, decay
+        self.loss_fn = compiled_step_loss() if compile_loss else step_loss
 
     def forward(self, tokens, aux, positions, doc, prob, label, ok):
         tg = Targets(prob, label, ok)
@@ -117,7 +127,7 @@ class TTTModel(nn.Module):
         losses, correct, valid = [], [], []
         steps = unroll(self.drafter, tokens, fused, positions, doc, self.steps)
         for j, logits in enumerate(steps):
-            loss, c, v = step_loss(logits, tg, j)
+            loss, c, v = self.loss_fn(logits, tg, j)
             total = total + self.decay**j * loss
             losses.append(loss.detach().float())
             correct.append(c)
@@ -187,7 +197,8 @@ class Trainer:
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
             self._restore(found)
-        self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay))
+        self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
+                                            cfg.compile_loss))
         self.bf16 = ctx.device.type == "cuda" if cfg.bf16 is None else cfg.bf16
         head_dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.head = target_head(self.target)[1].to(ctx.device, head_dtype)
@@ -475,10 +486,10 @@ class Trainer:
         if p.event is not None:
             p.event.synchronize()
         v, s, world = p.reduced, self.cfg.ttt_steps, self.ctx.world
-        if not torch.isfinite(v[: s + 1]).all():
+        if not torch.isfinite(v[: s + 2]).all():  # the losses and the gradient norm
             step, e, b, samples = p.where
-            self._non_finite(float(v[0] / world), bool(torch.isfinite(p.local_loss)), step, e, b,
-                             samples)
+            self._non_finite(float(v[0] / world), float(v[s + 1] / world),
+                             bool(torch.isfinite(p.local_loss)), step, e, b, samples)
         w = self.window
         w.n += 1
         w.loss += float(v[0] / world)
@@ -488,12 +499,13 @@ class Trainer:
         w.counts += v[s + 3 :].view(4, s)
         self.tokens += int(v[s + 2])
 
-    def _non_finite(self, value: float, local_ok: bool, step: int, e: int, b: int,
+    def _non_finite(self, value: float, grad: float, local_ok: bool, step: int, e: int, b: int,
                     samples: list[int]) -> None:
         names = self._sample_names(samples)
         where = "this rank's batch is finite" if local_ok else "this rank's batch is not finite"
+        what = f"loss is {value}" if not math.isfinite(value) else f"gradient norm is {grad}"
         raise DraftsmithError(
-            f"loss is {value} at step {step} (epoch {e}, batch {b}, rank "
+            f"{what} at step {step} (epoch {e}, batch {b}, rank "
             f"{self.ctx.rank}: samples {names}; {where}); check those samples' hidden states, "
             "or lower --lr"
         )

@@ -8,7 +8,9 @@ skips positions whose target argmax lies outside the draft vocabulary (no draft 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,9 @@ from draftsmith.train.ttt import shift_left
 
 @dataclass
 class Targets:
-    prob: torch.Tensor  # [B, T, DV] float32: target distribution at index u over the draft vocab
+    # [B, T, DV] float32: target distribution at index u over the draft vocab; all zero where u
+    # does not count (make_targets), so the loss needs no per-step masking pass over it
+    prob: torch.Tensor
     label: torch.Tensor  # [B, T] long: target argmax at u as a draft id, -1 outside the vocab
     ok: torch.Tensor  # [B, T] bool: u+1 is an assistant token of u's document
 
@@ -42,23 +46,42 @@ def make_targets(
         probs.append(torch.softmax(logits.index_select(-1, used), dim=-1))
     same_doc = (shift_left(doc, 1, -2) == doc) & (doc >= 0)
     ok = shift_left(loss_mask.bool(), 1, False) & same_doc
-    return Targets(torch.stack(probs), torch.stack(labels), ok)
+    label = torch.stack(labels)
+    counted = ok & (label >= 0)
+    # garbage (even NaN) where u does not count stays out of every step's loss and gradient
+    prob = torch.where(counted.unsqueeze(-1), torch.stack(probs), 0.0)
+    return Targets(prob, label, ok)
 
 
 def step_loss(
     logits: torch.Tensor, tg: Targets, j: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(soft cross-entropy averaged over counted positions, correct [B, T], valid [B, T])."""
+    """(soft cross-entropy averaged over counted positions, correct [B, T], valid [B, T]).
+
+    -sum(p * log_softmax(z)) is written logsumexp(z) - sum(p * z) (p sums to 1 where counted):
+    no [B, T, DV] log-probabilities are kept, and compiled it is one pass over the logits."""
     s = j + 1
     t = logits.shape[1]
-    lp = F.log_softmax(logits[:, : t - s].float(), dim=-1)
+    z = logits[:, : t - s].float()
     prob, label, ok = tg.prob[:, s:], tg.label[:, s:], tg.ok[:, s:]
     counted = ok & (label >= 0)
-    prob = torch.where(counted.unsqueeze(-1), prob, 0.0)  # garbage at masked places stays out
-    loss = -(prob * lp).sum() / counted.sum().clamp(min=1)
-    correct = (lp.argmax(-1) == label) & ok
+    per = torch.logsumexp(z, -1) - (prob * z).sum(-1)
+    # + 0 * every row: a non-finite logit anywhere (a corrupt sample) still makes the loss
+    # non-finite, so the trainer stops and names the batch instead of training on NaN gradients
+    loss = (torch.where(counted, per, 0.0).sum() + 0.0 * per.sum()) / counted.sum().clamp(min=1)
+    correct = (z.argmax(-1) == label) & ok
     pad = torch.zeros(ok.shape[0], s, dtype=torch.bool, device=ok.device)
     return loss, torch.cat([correct, pad], 1), torch.cat([ok, pad], 1)
+
+
+@cache
+def compiled_step_loss() -> Callable:
+    """step_loss through torch.compile: one graph per TTT step, symbolic in the batch width (it
+    differs from batch to batch: rows are as wide as their longest)."""
+    from draftsmith.engine.runtime import raise_recompile_limit
+
+    raise_recompile_limit()
+    return torch.compile(step_loss, dynamic=True)
 
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
