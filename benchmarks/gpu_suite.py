@@ -14,8 +14,7 @@ EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAY
 GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=1 (train --compile-loss),
-INIT_FROM (a drafter folder whose
-weights start training), NEW, PROMPTS,
+INIT_FROM (a drafter folder whose weights start training), NEW, PROMPTS,
 REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
 setting also with eager bookkeeping),
@@ -298,9 +297,10 @@ def unpack_stage() -> dict:
     already."""
     dest = WORK / "answers.jsonl"
     dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
-    # a part found in two folders (copied by call 0 and still carried) is read once
-    found = [f for d in dirs if d.is_dir() for f in sorted(d.glob("answers.jsonl.xz.*"))]
-    parts = list({f.name: f for f in reversed(found)}.values())
+    by_name: dict[str, Path] = {}  # a part in two folders (copied by call 0, still carried):
+    for f in (f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")):
+        by_name.setdefault(f.name, f)  # the first folder's copy, read once
+    parts = list(by_name.values())
     if dest.is_file() or not parts:
         return {"unpacked": False, "parts": len(parts)}
     data = read_parts(parts)  # in name order; raises if one is missing

@@ -151,14 +151,17 @@ def main() -> None:
                 save_every=10**9, batch_size=a.batch_size, max_len=a.max_len,
                 ttt_steps=a.ttt_steps, device=device, progress=False,
                 loader_workers=a.loader_workers, draft_vocab_size=a.draft_vocab_size)
+    modes = a.modes.split(",")
+    if unknown := set(modes) - {"offline", "online", "online-compiled-loss"}:
+        raise SystemExit(f"--modes: unknown {sorted(unknown)}")
     results = {}
-    if "offline" in a.modes:
+    if "offline" in modes:
         capture(target, samples, root / "data", device)
         cfg = TrainConfig(out=str(root / "offline"), data=str(root / "data"), **base)
         results["offline"] = measure(Trainer, cfg, a.warmup)
     OnlineTrainer.samples = samples
     for mode in ("online", "online-compiled-loss"):  # one process: a side-by-side A/B
-        if mode in a.modes.split(","):
+        if mode in modes:
             cfg = TrainConfig(out=str(root / mode), prompts="(in memory)",
                               compile_loss=mode.endswith("compiled-loss"), **base)
             results[mode] = measure(OnlineTrainer, cfg, a.warmup)

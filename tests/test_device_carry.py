@@ -100,18 +100,21 @@ def test_packed_answers_unpack_byte_for_byte(suite, tmp_path, monkeypatch):
 
 def test_a_part_found_in_two_folders_is_read_once(suite, tmp_path, monkeypatch):
     """Call 0 copies a part to /tmp/data and the device keeps the carried copy too: the answers
-    must not come back twice (2026-12-01: 96,000 conversations unpacked from 48,000)."""
+    must not come back twice (2026-12-01: 96,000 conversations unpacked from 48,000). The first
+    folder listed holds the copy that is read."""
     work = tmp_path / "work"
     work.mkdir()
     text = "".join(f'{{"id": "{i}", "messages": []}}\n' for i in range(50))
     (work / "answers.jsonl").write_text(text)
     monkeypatch.setattr(suite, "WORK", work)
     assert suite.pack_stage()["parts"] == 1
-    copy = tmp_path / "copy"
+    copy, stale = tmp_path / "copy", tmp_path / "stale"
     copy.mkdir()
+    stale.mkdir()
     shutil.copy(tmp_path / "out" / "answers.jsonl.xz.00", copy)
+    (stale / "answers.jsonl.xz.00").write_bytes(b"not xz")  # a later folder's copy is not read
     monkeypatch.setattr(suite, "WORK", tmp_path / "work2")
-    monkeypatch.setenv("DATA_PARTS", f"{copy}:{tmp_path / 'out'}")
+    monkeypatch.setenv("DATA_PARTS", f"{copy}:{tmp_path / 'out'}:{stale}")
     res = suite.unpack_stage()
     assert (res["parts"], res["conversations"]) == (1, 50)
     assert (tmp_path / "work2" / "answers.jsonl").read_text() == text

@@ -92,8 +92,9 @@ def test_graphed_refill_equals_each_prompt_alone(tmp_path, compile):
 
 
 def test_compiled_loss_equals_eager_on_cuda_bf16():
-    """train --compile-loss on the GPU (bf16 logits, as under autocast): the eager loss and
-    gradients, at every TTT step and at two batch widths (one graph, symbolic in the width)."""
+    """train --compile-loss on the GPU, under bf16 autocast as in training: the eager loss and
+    gradients at every TTT step and at two batch widths, and a NaN logit row where nothing
+    counts still makes the loss NaN (the trainer's stop)."""
     from draftsmith.train.objective import compiled_step_loss, make_targets, step_loss
 
     torch.manual_seed(3)
@@ -109,9 +110,15 @@ def test_compiled_loss_equals_eager_on_cuda_bf16():
         for j in range(4):
             base = torch.randn(b, width, dv, device="cuda", dtype=torch.bfloat16)
             x, y = base.clone().requires_grad_(), base.clone().requires_grad_()
-            want, got = step_loss(x, tg, j), fn(y, tg, j)
+            with torch.autocast("cuda", torch.bfloat16):
+                want, got = step_loss(x, tg, j), fn(y, tg, j)
             assert torch.allclose(got[0], want[0], rtol=1e-4)
             assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
             want[0].backward()
             got[0].backward()
             assert torch.allclose(y.grad.float(), x.grad.float(), atol=1e-5, rtol=1e-2)
+        i = int((~(tg.ok[0, 1:] & (tg.label[0, 1:] >= 0))).nonzero()[0])
+        bad = torch.randn(b, width, dv, device="cuda", dtype=torch.bfloat16)
+        bad[0, i] = float("nan")
+        with torch.autocast("cuda", torch.bfloat16):
+            assert fn(bad, tg, 0)[0].isnan()

@@ -174,14 +174,25 @@ def test_profiled_steps_write_phases_and_change_nothing(setup):
     assert not (root / "plain" / "profile.json").exists()
 
 
-def test_compiled_loss_trains_the_same_run(setup):
+def test_compiled_loss_trains_the_same_run(setup, monkeypatch):
     """--compile-loss changes how the loss is computed, not the run: the same losses,
     accuracies and gradient norms step by step (float rounding aside)."""
+    from draftsmith.train import loop
+
     root, _, _ = setup
+    calls, real = [], loop.compiled_step_loss()
+
+    def spy(*args):
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(loop, "compiled_step_loss", lambda: spy)
     with pytest.warns(UserWarning):
         train(config(root, "eager_loss", save_every=100, max_steps=3))
+    assert calls == []
     with pytest.warns(UserWarning):
         train(config(root, "compiled_loss", save_every=100, max_steps=3, compile_loss=True))
+    assert calls == [0, 1, 2] * 3  # every TTT step of every optimizer step went through it
     a, b = log_rows(root / "eager_loss"), log_rows(root / "compiled_loss")
     assert len(a) == len(b) == 3
     for x, y in zip(a, b, strict=True):
@@ -219,6 +230,26 @@ def test_non_finite_loss_names_step_and_samples(setup, log_every):
     out = root / f"nan{log_every}"
     assert not list_checkpoints(out) or all(
         torch.isfinite(load_drafter(p).fc.weight).all() for p in list_checkpoints(out))
+
+
+def test_non_finite_gradient_norm_stops_the_run_too(setup, monkeypatch):
+    """A finite loss with a NaN gradient (here forced) stops before any checkpoint is written
+    after it, and the error says it was the gradient."""
+    from draftsmith.train import loop
+
+    root, _, _ = setup
+    real, seen = torch.nn.utils.clip_grad_norm_, []
+
+    def clip(params, max_norm):
+        seen.append(1)
+        norm = real(params, max_norm)
+        return norm * float("nan") if len(seen) == 4 else norm
+
+    monkeypatch.setattr(loop.torch.nn.utils, "clip_grad_norm_", clip)
+    said = r"gradient norm is nan with a finite loss at step 4"
+    with pytest.raises(DraftsmithError, match=said), pytest.warns(UserWarning):
+        train(config(root, "nangrad", save_every=2))
+    assert [int(p.name.split("-")[1]) for p in list_checkpoints(root / "nangrad")] == [2]
 
 
 def test_pread_reader_equals_the_dataset(setup):

@@ -8,6 +8,7 @@ from test_drafter import random_drafter, tiny_cfg
 
 from draftsmith.models.llama import KVCache
 from draftsmith.train.objective import (
+    Targets,
     accept_length,
     chain_counts,
     make_targets,
@@ -166,6 +167,19 @@ def test_compiled_loss_equals_eager_loss_and_gradients():
     bad = torch.randn(b, t, dv)
     bad[1, i] = float("nan")
     assert step_loss(bad, tg, 0)[0].isnan() and fn(bad, tg, 0)[0].isnan()
+
+
+def test_a_batch_narrower_than_the_step_scores_nothing_there():
+    """Rows as wide as their longest can be shorter than j + 1: no position is scored at that
+    step (no wrap-around slice), and the statistics keep the batch's width."""
+    t, dv = 3, 6
+    tg = Targets(torch.full((1, t, dv), 1 / dv), torch.zeros(1, t, dtype=torch.long),
+                 torch.ones(1, t, dtype=torch.bool))
+    logits = torch.randn(1, t, dv, requires_grad=True)
+    for j in (2, 4):
+        loss, correct, valid = step_loss(logits, tg, j)
+        assert loss.item() == 0 and correct.shape == valid.shape == (1, t)
+        assert not valid.any()
 
 
 def test_accept_length_uses_conditional_acceptance():

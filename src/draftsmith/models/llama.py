@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.parallel import (
     SINGLE,
@@ -59,9 +60,9 @@ SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
 # decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
 # (benchmarks/speculative_default.md).
-VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "matmul")
+VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "matmul").strip().lower()
 if VERIFY_ATTENTION not in ("matmul", "sdpa"):
-    raise ValueError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
+    raise DraftsmithError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

@@ -503,7 +503,11 @@ class Trainer:
                     samples: list[int]) -> None:
         names = self._sample_names(samples)
         where = "this rank's batch is finite" if local_ok else "this rank's batch is not finite"
-        what = f"loss is {value}" if not math.isfinite(value) else f"gradient norm is {grad}"
+        what = f"loss is {value}"
+        if math.isfinite(value):
+            what = f"gradient norm is {grad} with a finite loss"
+            if self.ctx.world > 1:
+                where = "gradients are summed over ranks: any rank's batch may be the cause"
         raise DraftsmithError(
             f"{what} at step {step} (epoch {e}, batch {b}, rank "
             f"{self.ctx.rank}: samples {names}; {where}); check those samples' hidden states, "

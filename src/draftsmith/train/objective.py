@@ -48,8 +48,9 @@ def make_targets(
     ok = shift_left(loss_mask.bool(), 1, False) & same_doc
     label = torch.stack(labels)
     counted = ok & (label >= 0)
-    # garbage (even NaN) where u does not count stays out of every step's loss and gradient
-    prob = torch.where(counted.unsqueeze(-1), torch.stack(probs), 0.0)
+    # garbage (even NaN) where u does not count stays out of every step's loss and gradient;
+    # in place: no second [B, T, DV] copy
+    prob = torch.stack(probs).masked_fill_(~counted.unsqueeze(-1), 0.0)
     return Targets(prob, label, ok)
 
 
@@ -62,7 +63,8 @@ def step_loss(
     no [B, T, DV] log-probabilities are kept, and compiled it is one pass over the logits."""
     s = j + 1
     t = logits.shape[1]
-    z = logits[:, : t - s].float()
+    n = max(t - s, 0)  # a batch narrower than the step scores nothing at it
+    z = logits[:, :n].float()
     prob, label, ok = tg.prob[:, s:], tg.label[:, s:], tg.ok[:, s:]
     counted = ok & (label >= 0)
     per = torch.logsumexp(z, -1) - (prob * z).sum(-1)
@@ -70,14 +72,14 @@ def step_loss(
     # non-finite, so the trainer stops and names the batch instead of training on NaN gradients
     loss = (torch.where(counted, per, 0.0).sum() + 0.0 * per.sum()) / counted.sum().clamp(min=1)
     correct = (z.argmax(-1) == label) & ok
-    pad = torch.zeros(ok.shape[0], s, dtype=torch.bool, device=ok.device)
+    pad = torch.zeros(ok.shape[0], t - n, dtype=torch.bool, device=ok.device)
     return loss, torch.cat([correct, pad], 1), torch.cat([ok, pad], 1)
 
 
 @cache
 def compiled_step_loss() -> Callable:
-    """step_loss through torch.compile: one graph per TTT step, symbolic in the batch width (it
-    differs from batch to batch: rows are as wide as their longest)."""
+    """step_loss through torch.compile, symbolic in the batch width (rows are as wide as their
+    longest, so it differs from batch to batch) and in the step: a few graphs in all."""
     from draftsmith.engine.runtime import raise_recompile_limit
 
     raise_recompile_limit()
