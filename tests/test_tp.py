@@ -90,11 +90,7 @@ def run_tp2(tp: TP, cases: dict[str, tuple], spec: tuple | None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def spec_args(cases) -> tuple | None:
-    try:
-        import draftsmith.engine.speculative  # noqa: F401
-    except ImportError:
-        return None
+def spec_args(cases) -> tuple:
     cfg, weights = cases["qwen2_bias"]
     return (cfg, weights, *make_drafter(cfg))
 
@@ -229,8 +225,6 @@ def run_speculative(tp: TP, cfg: ModelConfig, weights: dict, dcfg: dict, dsd: di
 
 
 def test_speculative_under_tp2_matches_single_process(tp2, spec_args, single):
-    if spec_args is None:
-        pytest.skip("draftsmith.engine.speculative is not there yet")
     one = run_speculative(SINGLE, *spec_args)
     assert tp2["spec"] == one
     assert one[1] == one[2] == single["qwen2_bias"]["tokens"]  # speculative == plain greedy
