@@ -202,6 +202,32 @@ def test_compiled_loss_trains_the_same_run(setup, monkeypatch):
         assert y["acc"] == pytest.approx(x["acc"], abs=1e-6)
 
 
+def test_padded_batch_widths_train_the_same_run(setup):
+    """--pad-multiple (the GPU default rounds widths up to 128) only adds padding: the same
+    losses and accuracies step by step, and widths land on the multiple or on max_len."""
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "pad1", save_every=100, max_steps=4, pad_multiple=1))
+    with pytest.warns(UserWarning):
+        train(config(root, "pad32", save_every=100, max_steps=4, pad_multiple=32))
+    a, b = log_rows(root / "pad1"), log_rows(root / "pad32")
+    for x, y in zip(a, b, strict=True):
+        assert x["tokens"] == y["tokens"]
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
+        assert y["acc"] == pytest.approx(x["acc"], abs=1e-6)
+    src = TokenSource([([1, 5, 9, 30, 44, 7], [0, 0, 1, 1, 1, 1]), ([3, 8, 8, 20], [0, 1, 1, 1]),
+                       ([4, 4, 60, 61, 62], [0, 0, 0, 1, 1])])
+    rows = pack([0, 1, 2], src.lengths(), 11)
+    exact = collate(src, rows)
+    assert exact.tokens.shape[1] == 10
+    assert collate(src, rows, 4, 11).tokens.shape[1] == 11  # 12 would pass max_len
+    padded = collate(src, rows, 8, 64)
+    assert padded.tokens.shape[1] == 16
+    assert torch.equal(padded.tokens[:, :10], exact.tokens)
+    assert torch.equal(padded.doc[:, :10], exact.doc) and (padded.doc[:, 10:] == -1).all()
+    assert not padded.loss_mask[:, 10:].any()
+
+
 def test_a_run_ending_inside_the_profiled_window_writes_no_profile(setup):
     root, _, _ = setup
     with pytest.warns(UserWarning):

@@ -62,6 +62,8 @@ def train(
     compile_loss: bool = typer.Option(False, "--compile-loss/--no-compile-loss",
                                       help="torch.compile the TTT loss (one fused pass over the "
                                       "draft-vocab logits per step)"),
+    pad_multiple: int = typer.Option(None, "--pad-multiple", help="Round batch widths up to "
+                                     "this (default: 128 on a GPU, 1 on CPU): fewer shapes"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
@@ -80,6 +82,6 @@ def train(
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
-        compile_loss=compile_loss, extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
+        compile_loss=compile_loss, pad_multiple=pad_multiple, extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)
