@@ -161,10 +161,10 @@ def _load_gguf(path: Path) -> Target:
 def _convert_gguf(path: Path) -> Target:
     from draftsmith.targets import gguf_file
 
-    gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
+    rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
     hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
     cfg = ModelConfig.from_hf(hf_cfg)
-    weights = gguf_file.read_tensors(path, cfg.arch, cfg.num_heads, cfg.num_kv_heads)
+    weights = gguf_file.read_tensors(path, cfg.arch, cfg.num_heads, cfg.num_kv_heads, rd)
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     return Target(str(path), "gguf", cfg, hf_cfg, tok, weights)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,11 +53,14 @@ def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def read_tensors(path: Path, arch: str, heads: int, kv_heads: int) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, arch: str, heads: int, kv_heads: int,
+                 rd: Any = None) -> dict[str, torch.Tensor]:
+    """The tensors in HF names, dequantized; `rd`: a reader of `path` already open (a parse of
+    the default target's metadata takes seconds)."""
     from gguf.quants import dequantize
 
     out: dict[str, torch.Tensor] = {}
-    for t in reader(path).tensors:
+    for t in (rd or reader(path)).tensors:
         name = hf_name(t.name)
         if name is None:
             continue

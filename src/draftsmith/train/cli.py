@@ -82,6 +82,7 @@ def train(
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
-        compile_loss=compile_loss, pad_multiple=pad_multiple, extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
+        compile_loss=compile_loss, pad_multiple=pad_multiple,
+        extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
     run(cfg)
