@@ -42,6 +42,8 @@
 #   call 0b (carry .kept24):    mkdir -p /tmp/kept && cp .kept24/* /tmp/kept/   # run 5's drafter, 27.3 MB
 #   call 1  (carry .m2 .whl):   N=48000 EPOCHS=1 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
 #           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
+#           (add COMPILE_LOSS=1 once `trainbench` shows --compile-loss faster; batch widths are now
+#           rounded up to 128 on the GPU, which run 5 did not have: expect fewer slow early steps)
 # (DRAFT_VOCAB=N there regrows the kept drafter's head; run 5 went 8,192 -> 24,576: 99.2 % coverage)
 # While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
 # `respec` measures runs/big/drafter, the drafter just trained (run 5 did so three times).
