@@ -89,3 +89,33 @@ def test_a_broken_template_is_a_clear_error(tok):
             encode(tok, CONV)
     finally:
         tok.chat_template = old
+
+
+def test_encode_many_equals_encode_one_by_one_across_chunks(tok):
+    """Batched tokenization (online training's path) gives each conversation's own ids and mask,
+    in order, across chunk boundaries; a template error names the conversation."""
+    import random
+
+    from draftsmith.data.chat import encode_many
+
+    rng = random.Random(3)
+    words = ["hello", "world", "x=1", "def f():", "  return 2", "é", "🙂", "\n", "  "]
+    convs = []
+    for n in range(11):
+        turns = []
+        for k in range(1 + n % 3):
+            turns += [{"role": "user", "content": " ".join(rng.choices(words, k=3 + k))},
+                      {"role": "assistant", "content": " ".join(rng.choices(words, k=2 + n))}]
+        convs.append(turns if n != 4 else turns[:1])  # one without an answer
+    want = [encode(tok, c) for c in convs]
+    assert list(encode_many(tok, convs, chunk=4)) == want
+    assert list(encode_many(tok, convs)) == want
+    old = tok.chat_template
+    tok.chat_template = ("{% if messages[0]['content'] == 'BOOM' %}{{ raise_exception('boom') }}"
+                         "{% endif %}" + old)
+    bad = convs[:5] + [[{"role": "user", "content": "BOOM"}]] + convs[5:]
+    try:
+        with pytest.raises(DraftsmithError, match=r"^conv 5: the chat template failed.*boom"):
+            list(encode_many(tok, bad, [f"conv {i}" for i in range(len(bad))], chunk=4))
+    finally:
+        tok.chat_template = old

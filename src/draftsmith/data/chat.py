@@ -7,6 +7,7 @@ after its end-of-turn marker is not part of the span (the target never generates
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
@@ -74,13 +75,38 @@ def encode(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bo
     """Token ids of the whole conversation and a mask that is True on assistant tokens."""
     text, spans = assistant_spans(tok, messages)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    return list(enc["input_ids"]), span_mask(enc["offset_mapping"], spans)
+
+
+def encode_many(tok: Any, conversations: list[list[dict[str, str]]],
+                names: list[str] | None = None, chunk: int = 1024,
+                ) -> Iterator[tuple[list[int], list[bool]]]:
+    """`encode` of each conversation, in order, tokenized `chunk` texts at a time: a fast
+    tokenizer spreads a batch over the cores (48,000 conversations one by one took ~20 s on
+    2 cores). A template error names the conversation (names[i], else its index)."""
+    for start in range(0, len(conversations), chunk):
+        rendered = []
+        for i, messages in enumerate(conversations[start : start + chunk], start):
+            try:
+                rendered.append(assistant_spans(tok, messages))
+            except DraftsmithError as e:
+                raise DraftsmithError(f"{names[i] if names else f'conversation {i}'}: {e}",
+                                      ) from None
+        enc = tok([text for text, _ in rendered], add_special_tokens=False,
+                  return_offsets_mapping=True)
+        for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered,
+                                            strict=True):
+            yield list(ids), span_mask(offsets, spans)
+
+
+def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """True for each token whose start offset lies in one of the (sorted) character spans."""
     mask, k = [], 0
     for a, _ in offsets:
         while k < len(spans) and a >= spans[k][1]:
             k += 1
         mask.append(k < len(spans) and spans[k][0] <= a < spans[k][1])
-    return ids, mask
+    return mask
 
 
 def user_prefix(tok: Any, system: str | None = None) -> tuple[str, str]:

@@ -101,20 +101,15 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
 def open_online(
     prompts: str | Path, target: Target, aux_ids: list[int] | None, max_samples: int | None
 ) -> Data:
-    from draftsmith.data.chat import encode
+    from draftsmith.data.chat import encode_many
     from draftsmith.data.prompts import load_prompts
 
     convs = load_prompts(prompts).conversations
     if max_samples is not None:
         convs = convs[:max_samples]
-    samples = []
-    for i, c in enumerate(convs):
-        try:
-            ids, mask = encode(target.tokenizer, c.messages)
-        except DraftsmithError as e:
-            raise DraftsmithError(f"{prompts}: conversation {i} (id {c.id}): {e}") from None
-        if any(mask):
-            samples.append((ids, mask))
+    names = [f"{prompts}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
+    encoded = encode_many(target.tokenizer, [c.messages for c in convs], names)
+    samples = [(ids, mask) for ids, mask in encoded if any(mask)]
     if not samples:
         raise DraftsmithError(
             f"{prompts}: no conversation has an assistant turn; online training needs answers "
