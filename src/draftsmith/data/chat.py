@@ -79,11 +79,12 @@ def encode(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bo
 
 
 def encode_many(tok: Any, conversations: list[list[dict[str, str]]],
-                names: list[str] | None = None, chunk: int = 1024,
+                names: list[str] | None = None, chunk: int = 256,
                 ) -> Iterator[tuple[list[int], list[bool]]]:
     """`encode` of each conversation, in order, tokenized `chunk` texts at a time: a fast
     tokenizer spreads a batch over the cores (48,000 conversations one by one took ~20 s on
-    2 cores). A template error names the conversation (names[i], else its index)."""
+    2 cores), and a chunk of 256 long conversations stays in the hundreds of MB. A template
+    error names the conversation (names[i], else its index)."""
     for start in range(0, len(conversations), chunk):
         rendered = []
         for i, messages in enumerate(conversations[start : start + chunk], start):
@@ -97,6 +98,7 @@ def encode_many(tok: Any, conversations: list[list[dict[str, str]]],
         for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered,
                                             strict=True):
             yield list(ids), span_mask(offsets, spans)
+        del enc, rendered  # ~240 bytes a token: one chunk held at a time, not two
 
 
 def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:

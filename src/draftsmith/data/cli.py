@@ -258,7 +258,8 @@ def vocab(
         t = load_target(target)
         vsize = t.cfg.vocab_size
         convs = read_sources([str(source)], False)
-        counts = V.count_ids(encode_many(t.tokenizer, [c.messages for c in convs]), vsize)
+        names = [f"{source}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
+        counts = V.count_ids(encode_many(t.tokenizer, [c.messages for c in convs], names), vsize)
         made_from = {"conversations": str(source), "target": t.fingerprint}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

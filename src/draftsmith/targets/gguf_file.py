@@ -60,7 +60,7 @@ def read_tensors(path: Path, arch: str, heads: int, kv_heads: int,
     from gguf.quants import dequantize
 
     out: dict[str, torch.Tensor] = {}
-    for t in (rd or reader(path)).tensors:
+    for t in (rd if rd is not None else reader(path)).tensors:
         name = hf_name(t.name)
         if name is None:
             continue

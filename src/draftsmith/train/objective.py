@@ -78,8 +78,8 @@ def step_loss(
 
 @cache
 def compiled_step_loss() -> Callable:
-    """step_loss through torch.compile, symbolic in the batch width (rows are as wide as their
-    longest, so it differs from batch to batch) and in the step: a few graphs in all."""
+    """step_loss through torch.compile, symbolic in the batch width (the longest row rounded up
+    to --pad-multiple, or max_len: it differs between batches) and in the step: a few graphs."""
     from draftsmith.engine.runtime import raise_recompile_limit
 
     raise_recompile_limit()
