@@ -14,7 +14,6 @@ Writes OUT/confidence.json, OUT/confidence.md and OUT/confidence.png.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -141,10 +140,9 @@ def main() -> None:
         drafter = load_drafter(d, "cpu", torch.float32, embed=model.embed.weight).eval()
         res["drafters"][Path(d).name] = tally(model, drafter, seqs)
     res["seconds"] = time.time() - t0
-    (out / "confidence.json").write_text(json.dumps(res, indent=1))
-    table = report(res, out)
-    (out / "confidence.md").write_text(table + "\n")
-    print(table)
+    from acceptance_by_prompts import write_results
+
+    write_results(res, out, "confidence", report)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -72,6 +73,16 @@ def report(res: dict, out: Path) -> str:
     return text
 
 
+def write_results(res: dict, out: Path, stem: str, report: Callable[[dict, Path], str]) -> None:
+    """res as out/stem.json, its report (tables; plots written beside) as out/stem.md, and the
+    report printed: the tail of this script and of acceptance_by_confidence.py and
+    draft_vocab_coverage.py."""
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    text = report(res, out)
+    (out / f"{stem}.md").write_text(text + "\n")
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafter", required=True)
@@ -104,10 +115,7 @@ def main() -> None:
         res["sets"][name] = measure(dec, prompts, a.new, list(t.eos_ids), a.batch)
         print(name, json.dumps(res["sets"][name]), flush=True)
     res["seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "acceptance.json").write_text(json.dumps(res, indent=1))
-    text = report(res, out)
-    (out / "acceptance.md").write_text(text + "\n")
-    print(text)
+    write_results(res, out, "acceptance", report)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Writes OUT/coverage.json, OUT/coverage.md and OUT/coverage.png.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -23,10 +22,10 @@ import torch
 
 def assistant_counts(target, convs, vocab: int) -> torch.Tensor:
     """Frequencies of the assistant tokens of `convs`, tokenized as training tokenizes them."""
-    from draftsmith.data.chat import encode
+    from draftsmith.data.chat import encode_many
     from draftsmith.data.vocab import count_ids
 
-    return count_ids((encode(target.tokenizer, c.messages) for c in convs), vocab)
+    return count_ids(encode_many(target.tokenizer, [c.messages for c in convs]), vocab)
 
 
 def suite_counts(target, suites: list[str], n: int, new: int, vocab: int
@@ -108,10 +107,9 @@ def main() -> None:
            "tokens": {k: int(v.sum()) for k, v in sets.items()},
            "rows": coverage(train, sizes, sets)}
     res["seconds"] = time.time() - t0
-    (out / "coverage.json").write_text(json.dumps(res, indent=1))
-    table = report(res, out)
-    (out / "coverage.md").write_text(table + "\n")
-    print(table)
+    from acceptance_by_prompts import write_results
+
+    write_results(res, out, "coverage", report)
 
 
 if __name__ == "__main__":
