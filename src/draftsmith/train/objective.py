@@ -83,7 +83,10 @@ def compiled_step_loss() -> Callable:
     from draftsmith.engine.runtime import raise_recompile_limit
 
     raise_recompile_limit()
-    return torch.compile(step_loss, dynamic=True)
+    # torch 2.11's coalescing analysis asserts on this graph with symbolic widths (H200,
+    # 2026-12-01: InductorError in tiling_utils.get_pw_red_splits); it only picks tilings
+    return torch.compile(step_loss, dynamic=True,
+                         options={"triton.coalesce_tiling_analysis": False})
 
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
