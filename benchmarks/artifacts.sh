@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Big outputs of lent-GPU runs live in git history, not in the tree: every tracked file travels
+# with each device call, and the 64 MiB carry must hold a GGUF half (49.2 MB). A session's
+# ignored folders do not outlive it, so history is where a drafter and its data survive.
+#
+#   bash benchmarks/artifacts.sh list              # what is kept, and at which commit
+#   bash benchmarks/artifacts.sh restore [NAME]    # into the ignored folders the recipe carries
+#
+# run6 (H200, 2026-12-01): .dataA/answers.jsonl.xz.00 (48,000 self-made prompts + greedy
+# answers, 8.4 MB) and .kept26/ (the drafter trained 2 epochs on them, vocab 24,576, 27.3 MB).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+
+# name  commit  path in that commit  folder here
+ARTIFACTS="
+run6-answers 116c00c benchmarks/artifacts/run6/answers .dataA
+run6-drafter 116c00c benchmarks/artifacts/run6/drafter .kept26
+"
+
+restore_one() {  # name commit path folder
+    local files
+    files=$(git ls-tree --name-only "$2" "$3/") || { echo "$1: commit $2 not in this clone"; exit 1; }
+    mkdir -p "$4"
+    for f in $files; do git show "$2:$f" > "$4/$(basename "$f")"; done
+    grep -qxF "/$4/" .git/info/exclude || echo "/$4/" >> .git/info/exclude
+    echo "$1 -> $4/ ($(du -sh "$4" | cut -f1))"
+}
+
+case "${1:-list}" in
+list) echo "$ARTIFACTS" | sed '/^$/d' ;;
+restore)
+    echo "$ARTIFACTS" | sed '/^$/d' | while read -r name commit path folder; do
+        [ -z "${2:-}" ] || [[ "$name" == "$2"* ]] || continue
+        restore_one "$name" "$commit" "$path" "$folder"
+    done
+    ;;
+*) echo "usage: benchmarks/artifacts.sh list|restore [NAME]"; exit 2 ;;
+esac
