@@ -13,7 +13,7 @@ Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
 GEN_COMPILE (1 = on),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
-LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=1 (train --compile-loss),
+LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=0 or 1 (default: on the GPU),
 INIT_FROM (a drafter folder whose weights start training), NEW, PROMPTS,
 REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
@@ -227,7 +227,8 @@ def train_stage() -> dict:
                       else None, init_from=os.environ.get("INIT_FROM"),
                       time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
                       os.environ else None,
-                      compile_loss=os.environ.get("COMPILE_LOSS", "0") == "1"))
+                      compile_loss={"1": True, "0": False}.get(os.environ.get("COMPILE_LOSS",
+                                                                              ""))))
     if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again
         from draftsmith.train.checkpoint import latest_checkpoint
 

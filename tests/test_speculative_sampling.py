@@ -140,3 +140,14 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k):
     joint = exact_joint(target, prompt, params, vocab)
     assert chi_square_p(counts, joint) > 1e-3
     assert chi_square_p(counts.sum(2), joint.sum(2)) > 1e-3
+
+
+def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():
+    """top_p keeps the fewest top tokens whose mass reaches top_p; a compiled caller gets the same
+    distribution (the filter runs eagerly: inductor's split cumsum failed on the H200)."""
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.3, 0.15], [0.1, 0.2, 0.3, 0.4]]))
+    p = SamplingParams(temperature=1.0, top_p=0.75)
+    want = torch.tensor([[0.5 / 0.8, 0, 0.3 / 0.8, 0], [0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9]])
+    assert torch.allclose(probs(logits, p), want, atol=1e-6)
+    compiled = torch.compile(lambda x: probs(x, p))
+    assert torch.allclose(compiled(logits), want, atol=1e-6)

@@ -39,11 +39,20 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         kth = torch.topk(x, min(p.top_k, x.shape[-1]), dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if p.top_p < 1:
-        sorted_x, idx = torch.sort(x, dim=-1, descending=True)
-        sp = sorted_x.softmax(-1)
-        drop = sp.cumsum(-1) - sp > p.top_p  # keep the smallest prefix reaching top_p
-        x = x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
+        x = top_p_filter(x, p.top_p)
     return x.softmax(-1)
+
+
+# Eager even inside a compiled step (still capturable in a CUDA graph): torch 2.11's inductor
+# split the vocab-long cumsum at batch 256 and failed in codegen (H200, 2026-12-01), and the
+# sort dominates this block anyway.
+@torch.compiler.disable
+def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """x with -inf outside the smallest set of top tokens whose probability reaches top_p."""
+    sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+    sp = sorted_x.softmax(-1)
+    drop = sp.cumsum(-1) - sp > top_p
+    return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
 
 
 def draw(prob: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -59,9 +59,9 @@ def train(
                                      "with --resume to continue)"),
     profile_steps: int = typer.Option(0, "--profile-steps", help="Profile that many steps "
                                       "(after 3 warm-up steps): profile.json/.txt in --out"),
-    compile_loss: bool = typer.Option(False, "--compile-loss/--no-compile-loss",
+    compile_loss: bool = typer.Option(None, "--compile-loss/--no-compile-loss",
                                       help="torch.compile the TTT loss (one fused pass over the "
-                                      "draft-vocab logits per step)"),
+                                      "draft-vocab logits per step; default: on a GPU)"),
     pad_multiple: int = typer.Option(None, "--pad-multiple", help="Round batch widths up to "
                                      "this (default: 128 on a GPU, 1 on CPU): fewer shapes"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
