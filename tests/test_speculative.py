@@ -281,13 +281,16 @@ def _compiled_entries(fn) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("steps,topk,n,rows", [(3, 1, None, 4), (4, 4, 10, 4), (2, 3, 4, 1)])
-def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows):
+@pytest.mark.parametrize("steps,topk,n,rows,method", [
+    (3, 1, None, 4, "topk"), (4, 4, 10, 4, "topk"), (2, 3, 4, 1, "topk"), (4, 4, 10, 4, "max")])
+def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows, method,
+                                                          monkeypatch):
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
     runs) build the same trees and commit the same tokens as the eager code at every cycle, with
     a random drafter whose hidden states shape the trees, and equal plain greedy decoding."""
     from draftsmith.engine import speculative, tree
 
+    monkeypatch.setattr(tree, "TREE_TOPK", method)
     target, rt, _, _ = setup
     drafter = make_drafter(target, 96)
     eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))

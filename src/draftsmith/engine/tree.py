@@ -28,9 +28,10 @@ from draftsmith.errors import DraftsmithError
 
 EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
-# A greedy node's k best children over the draft vocab: "topk" (torch.topk: a multi-block radix
-# select, ~12 kernels and ~36 us a call on the H200, a third of a tree 3/4/8 draft phase, run 5
-# probe) or "max" (k masked max reductions, which torch.compile fuses with the log-softmax).
+# A greedy node's k best children over the draft vocab, and the next frontier among the k*k:
+# "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels and ~36 us a call on
+# the H200, a third of a tree 3/4/8 draft phase, run 5 probe) or "max" (k masked max reductions,
+# which torch.compile fuses with the log-softmax).
 TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "topk").strip().lower()
 if TREE_TOPK not in ("topk", "max"):
     raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use topk or max")
@@ -83,13 +84,18 @@ def children(
     """(draft ids [..., k], score increments [..., k] float64, q or None when greedy)."""
     if params.greedy:
         x = logits.float()
-        v, ids = x.topk(k, dim=-1) if TREE_TOPK == "topk" else top_k_by_max(x, k)
+        v, ids = top_k(x, k)
         v = v - x.logsumexp(-1, keepdim=True)  # log-softmax of the k kept only
         return ids, v.double().clamp(max=-EPS), None
     q = probs(logits, params)
     r = torch.arange(k, device=logits.device, dtype=torch.float64)
     prior = math.log(PRIOR_FIRST) + r * math.log(PRIOR_DECAY)
     return draw_k(q, k), prior.expand(*logits.shape[:-1], k), q
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest along the last dim, best first, by DRAFTSMITH_TREE_TOPK's method."""
+    return x.topk(k, dim=-1) if TREE_TOPK == "topk" else top_k_by_max(x, k)
 
 
 def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,7 +228,7 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
     tok = tok.flatten(1)
     if last:
         return tok, score, parent
-    v, sel = score.topk(k, dim=1)
+    v, sel = top_k(score, k)
     j = sel // k
     anc = f_anc.gather(1, j[..., None].expand(b, k, f_anc.shape[2])) | own
     hid = h.gather(1, j[..., None].expand(b, k, h.shape[-1]))
