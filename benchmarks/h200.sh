@@ -139,7 +139,9 @@ bigrun)
         ok "$OUT/unpack" unpack && [ -f $W/answers.jsonl ] && touch $W/gen_done $W/packed
     fi
     if [ ! -f $W/gen_done ]; then
+        # batch 1,024 and mixed openings: runs 4 and 6's data (batch 256 crashed inductor in run 6)
         WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
+            GEN_BATCH=${GEN_BATCH:-1024} OPENINGS=${OPENINGS:-mixed} \
             timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
         rc=${PIPESTATUS[0]}  # 124: out of time, not failed: the next call resumes gen
         if ok "$OUT/gen" gen; then
