@@ -18,21 +18,28 @@ run6-drafter 116c00c benchmarks/artifacts/run6/drafter .kept26
 "
 
 restore_one() {  # name commit path folder
-    local files
-    files=$(git ls-tree --name-only "$2" "$3/") || { echo "$1: commit $2 not in this clone"; exit 1; }
+    local files exclude
+    files=$(git ls-tree -r --name-only "$2" -- "$3/" 2>/dev/null) \
+        || { echo "$1: commit $2 is not in this clone (a shallow or squashed copy?)" >&2; exit 1; }
+    [ -n "$files" ] || { echo "$1: nothing under $3 at commit $2" >&2; exit 1; }
     mkdir -p "$4"
-    for f in $files; do git show "$2:$f" > "$4/$(basename "$f")"; done
-    grep -qxF "/$4/" .git/info/exclude || echo "/$4/" >> .git/info/exclude
+    for f in $files; do git cat-file blob "$2:$f" > "$4/$(basename "$f")"; done
+    exclude=$(git rev-parse --git-path info/exclude)
+    grep -qxF "/$4/" "$exclude" 2>/dev/null || echo "/$4/" >> "$exclude"
     echo "$1 -> $4/ ($(du -sh "$4" | cut -f1))"
 }
 
 case "${1:-list}" in
 list) echo "$ARTIFACTS" | sed '/^$/d' ;;
 restore)
-    echo "$ARTIFACTS" | sed '/^$/d' | while read -r name commit path folder; do
+    found=0
+    while read -r name commit path folder; do
+        [ -n "$name" ] || continue
         [ -z "${2:-}" ] || [[ "$name" == "$2"* ]] || continue
         restore_one "$name" "$commit" "$path" "$folder"
-    done
+        found=1
+    done <<< "$ARTIFACTS"
+    [ "$found" = 1 ] || { echo "no artifact named ${2:-}*: see \`$0 list\`" >&2; exit 1; }
     ;;
-*) echo "usage: benchmarks/artifacts.sh list|restore [NAME]"; exit 2 ;;
+*) echo "usage: benchmarks/artifacts.sh list|restore [NAME]" >&2; exit 2 ;;
 esac

@@ -22,6 +22,7 @@ from draftsmith.engine.generate import decoder, prefill
 from draftsmith.engine.runtime import Runtime, raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.tree import TREE_TOPK
 from draftsmith.models.llama import VERIFY_ATTENTION
 from draftsmith.targets import load_target
 
@@ -88,7 +89,7 @@ def main() -> None:
     fwd_ms = graphed_ms(lambda: rt.forward(tok, pos))
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "compiled": not args.no_compile, "layers": len(model.layers),
-           "verify_attention": VERIFY_ATTENTION,
+           "verify_attention": VERIFY_ATTENTION, "tree_topk": TREE_TOPK,
            "kernels_per_step": count, "kernel_us_per_step": busy,
            "graphed_step_ms": step_ms, "graphed_forward_ms": fwd_ms, "kernels": rows[:40]}
     print(f"kernels per decode step: {count} ({count / len(model.layers):.1f} a layer), "

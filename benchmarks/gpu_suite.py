@@ -200,6 +200,16 @@ def regen_vs_hf(t, model, hf, enc, convs) -> dict:
     return res
 
 
+def env_flag(name: str) -> bool | None:
+    """1 -> True, 0 -> False, unset -> None (the code's own default); anything else is an error."""
+    v = os.environ.get(name)
+    if v is None:
+        return None
+    if v not in ("0", "1"):
+        raise SystemExit(f"{name}={v!r}: use 0 or 1, or leave it unset")
+    return v == "1"
+
+
 def draft_vocab() -> int | None:
     """DRAFT_VOCAB, else 8,192; with INIT_FROM, else that drafter's own (None)."""
     if v := os.environ.get("DRAFT_VOCAB"):
@@ -227,8 +237,7 @@ def train_stage() -> dict:
                       else None, init_from=os.environ.get("INIT_FROM"),
                       time_limit=float(os.environ["TRAIN_SECONDS"]) if "TRAIN_SECONDS" in
                       os.environ else None,
-                      compile_loss={"1": True, "0": False}.get(os.environ.get("COMPILE_LOSS",
-                                                                              ""))))
+                      compile_loss=env_flag("COMPILE_LOSS")))
     if not (out / "draftsmith.json").is_file():  # stopped by the time limit: call again
         from draftsmith.train.checkpoint import latest_checkpoint
 

@@ -148,6 +148,7 @@ bigrun)
             touch $W/gen_done
         elif [ "$rc" != 124 ] && [ "$(left)" -gt 120 ]; then  # failed: static batches, eager
             WORK=$W OUT=$OUT/gen2 STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 REFILL=0 \
+                OPENINGS=${OPENINGS:-mixed} \
                 timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen2_log.txt"
             ok "$OUT/gen2" gen && touch $W/gen_done
         fi

@@ -157,7 +157,8 @@ def main() -> None:
     results = {}
     if "offline" in modes:
         capture(target, samples, root / "data", device)
-        cfg = TrainConfig(out=str(root / "offline"), data=str(root / "data"), **base)
+        cfg = TrainConfig(out=str(root / "offline"), data=str(root / "data"), compile_loss=False,
+                          **base)  # like "online": the eager loss
         results["offline"] = measure(Trainer, cfg, a.warmup)
     OnlineTrainer.samples = samples
     for mode in ("online", "online-compiled-loss"):  # one process: a side-by-side A/B

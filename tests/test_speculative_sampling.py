@@ -151,3 +151,4 @@ def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():
     assert torch.allclose(probs(logits, p), want, atol=1e-6)
     compiled = torch.compile(lambda x: probs(x, p))
     assert torch.allclose(compiled(logits), want, atol=1e-6)
+    assert torch._dynamo.explain(lambda x: probs(x, p))(logits).graph_break_count >= 1

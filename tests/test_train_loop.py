@@ -195,6 +195,9 @@ def test_compiled_loss_trains_the_same_run(setup, monkeypatch):
     assert calls == [0, 1, 2] * 3  # every TTT step of every optimizer step went through it
     a, b = log_rows(root / "eager_loss"), log_rows(root / "compiled_loss")
     assert len(a) == len(b) == 3
+    saved = [json.loads((root / r / "draftsmith.json").read_text())["training"]["config"]
+             for r in ("eager_loss", "compiled_loss")]
+    assert [c["compile_loss"] for c in saved] == [False, True]  # what ran, not the None default
     for x, y in zip(a, b, strict=True):
         assert x["tokens"] == y["tokens"]
         for key in ("loss", "grad_norm", "accept_length"):

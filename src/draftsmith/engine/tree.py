@@ -31,7 +31,9 @@ PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 
 # A greedy node's k best children over the draft vocab, and the next frontier among the k*k:
 # "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels and ~36 us a call on
 # the H200, a third of a tree 3/4/8 draft phase, run 5 probe) or "max" (k masked max reductions,
-# which torch.compile fuses with the log-softmax).
+# which torch.compile fuses with the log-softmax). Sampled trees pick their frontier the same
+# way; their prior scores tie, and "max" breaks ties to the lower index, so the two methods
+# build different (equally value-independent, so equally exact) sampled trees.
 TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "topk").strip().lower()
 if TREE_TOPK not in ("topk", "max"):
     raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use topk or max")
@@ -100,7 +102,10 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest along the last dim, best first, ties to the lower
-    index: k max reductions, each skipping the indices already taken."""
+    index: k max reductions, each skipping the indices already taken. For finite x (logits,
+    tree scores): past the last value above -inf an index could repeat, where topk would not."""
+    if not 0 < k <= x.shape[-1]:
+        raise DraftsmithError(f"top-{k} of {x.shape[-1]} values")
     ar = torch.arange(x.shape[-1], device=x.device)
     taken = torch.zeros_like(x, dtype=torch.bool)
     vals, ids = [], []

@@ -204,10 +204,13 @@ class Trainer:
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
             self._restore(found)
-        compile_loss = ctx.device.type == "cuda" if cfg.compile_loss is None else cfg.compile_loss
+        gpu = ctx.device.type == "cuda"
+        # what ran, not None, goes into checkpoints and the drafter's config
+        self.cfg = cfg = replace(cfg, compile_loss=gpu if cfg.compile_loss is None
+                                 else cfg.compile_loss, bf16=gpu if cfg.bf16 is None else cfg.bf16)
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
-                                            compile_loss))
-        self.bf16 = ctx.device.type == "cuda" if cfg.bf16 is None else cfg.bf16
+                                            cfg.compile_loss))
+        self.bf16 = cfg.bf16
         head_dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.head = target_head(self.target)[1].to(ctx.device, head_dtype)
         d2t = self.drafter.d2t

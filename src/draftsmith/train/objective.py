@@ -80,13 +80,17 @@ def step_loss(
 def compiled_step_loss() -> Callable:
     """step_loss through torch.compile, symbolic in the batch width (the longest row rounded up
     to --pad-multiple, or max_len: it differs between batches) and in the step: a few graphs."""
+    import torch._inductor.config as inductor
+
     from draftsmith.engine.runtime import raise_recompile_limit
 
     raise_recompile_limit()
     # torch 2.11's coalescing analysis asserts on this graph with symbolic widths (H200,
-    # 2026-12-01: InductorError in tiling_utils.get_pw_red_splits); it only picks tilings
-    return torch.compile(step_loss, dynamic=True,
-                         options={"triton.coalesce_tiling_analysis": False})
+    # 2026-12-01: InductorError in tiling_utils.get_pw_red_splits); it only picks tilings.
+    # Older torch has no such option, and torch.compile refuses unknown ones.
+    off = ({"triton.coalesce_tiling_analysis": False}
+           if hasattr(inductor.triton, "coalesce_tiling_analysis") else {})
+    return torch.compile(step_loss, dynamic=True, options=off)
 
 
 def chain_counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
