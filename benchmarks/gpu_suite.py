@@ -11,7 +11,7 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
 EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
-GEN_COMPILE (1 = on),
+GEN_COMPILE (1 = on), SEED (self-made prompts, default 0), PACK_STEM (pack: answers-s1 etc.),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=0 or 1 (default: on the GPU),
 INIT_FROM (a drafter folder whose weights start training), NEW, PROMPTS,
@@ -107,8 +107,9 @@ def gen_stage() -> dict:
     compiled = os.environ.get("GEN_COMPILE") == "1"
     t0 = time.perf_counter()
     opens = openings_from(os.environ.get("OPENINGS"))  # 'builtin': code, reasoning, writing
-    made = self_made_prompts(t, WORK / "prompts.jsonl", MagpieConfig(N, b, 128, openings=opens),
-                             model, progress=False, compile=compiled)
+    cfg = MagpieConfig(N, b, 128, openings=opens, seed=int(os.environ.get("SEED", "0")))
+    made = self_made_prompts(t, WORK / "prompts.jsonl", cfg, model, progress=False,
+                             compile=compiled)
     t1 = time.perf_counter()
     temp = float(os.environ.get("TEMP", "0.8"))
     # The static cache is read whole at every step: size it to these prompts (<= 128 generated
@@ -295,30 +296,37 @@ def read_parts(files: list[Path]) -> bytes:
 
 
 def pack_stage() -> dict:
-    """WORK/answers.jsonl, xz-compressed, into $OUT/answers.jsonl.xz.00, .01, ...: generated data
+    """WORK/answers.jsonl, xz-compressed, into $OUT/STEM.jsonl.xz.00, .01, ... (PACK_STEM, default
+    answers; another stem, e.g. answers-s1, keeps a second dataset's parts apart): generated data
     that outlives the machine (it goes cold 30 s after a call, and runs/ with it)."""
+    stem = os.environ.get("PACK_STEM", "answers")
+    if not stem.startswith("answers") or "." in stem:
+        raise SystemExit(f"PACK_STEM={stem!r}: a name starting with 'answers', without dots")
     blob = xz((WORK / "answers.jsonl").read_bytes())
-    return {"parts": write_parts(blob, OUT, "answers.jsonl.xz"), "bytes": len(blob)}
+    return {"parts": write_parts(blob, OUT, f"{stem}.jsonl.xz"), "bytes": len(blob)}
 
 
 def unpack_stage() -> dict:
     """The reverse of pack: parts found in DATA_PARTS (folders, ':'-separated; the first folder
-    holding a name wins) joined in name order into WORK/answers.jsonl, unless it is there
-    already."""
+    holding a name wins), each dataset (stem) joined in name order, the datasets one after the
+    other in stem order, into WORK/answers.jsonl, unless it is there already."""
     dest = WORK / "answers.jsonl"
     dirs = [Path(d) for d in os.environ.get("DATA_PARTS", "").split(":") if d]
     by_name: dict[str, Path] = {}  # a part in two folders (copied by call 0, still carried):
-    for f in (f for d in dirs if d.is_dir() for f in d.glob("answers.jsonl.xz.*")):
+    for f in (f for d in dirs if d.is_dir() for f in d.glob("answers*.jsonl.xz.*")):
         by_name.setdefault(f.name, f)  # the first folder's copy, read once
-    parts = list(by_name.values())
-    if dest.is_file() or not parts:
-        return {"unpacked": False, "parts": len(parts)}
-    data = read_parts(parts)  # in name order; raises if one is missing
+    sets: dict[str, list[Path]] = {}
+    for name, f in by_name.items():
+        sets.setdefault(name.split(".jsonl.xz.")[0], []).append(f)
+    if dest.is_file() or not sets:
+        return {"unpacked": False, "parts": len(by_name)}
+    data = b"".join(read_parts(sets[stem]) for stem in sorted(sets))  # raises if one is missing
     WORK.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".part")
     tmp.write_bytes(data)
     tmp.replace(dest)
-    return {"unpacked": True, "parts": len(parts), "conversations": data.count(b"\n")}
+    return {"unpacked": True, "parts": len(by_name), "datasets": sorted(sets),
+            "conversations": data.count(b"\n")}
 
 
 def restore_stage() -> dict:

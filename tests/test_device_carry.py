@@ -118,3 +118,26 @@ def test_a_part_found_in_two_folders_is_read_once(suite, tmp_path, monkeypatch):
     res = suite.unpack_stage()
     assert (res["parts"], res["conversations"]) == (1, 50)
     assert (tmp_path / "work2" / "answers.jsonl").read_text() == text
+
+
+def test_two_packed_datasets_unpack_one_after_the_other(suite, tmp_path, monkeypatch):
+    """A second generation (another SEED) packs under its own stem; unpack joins both datasets,
+    each from its own parts, in stem order; a bad stem is refused."""
+    texts = {}
+    for stem, n in (("answers", 40), ("answers-s1", 30)):
+        work = tmp_path / stem
+        work.mkdir()
+        texts[stem] = "".join(f'{{"id": "{stem}{i}", "messages": []}}\n' for i in range(n))
+        (work / "answers.jsonl").write_text(texts[stem])
+        monkeypatch.setattr(suite, "WORK", work)
+        monkeypatch.setenv("PACK_STEM", stem)
+        assert suite.pack_stage()["parts"] >= 1
+    monkeypatch.setenv("PACK_STEM", "other.jsonl")
+    with pytest.raises(SystemExit, match="PACK_STEM"):
+        suite.pack_stage()
+    monkeypatch.setattr(suite, "WORK", tmp_path / "joined")
+    monkeypatch.setenv("DATA_PARTS", str(tmp_path / "out"))
+    res = suite.unpack_stage()
+    assert res["datasets"] == ["answers", "answers-s1"] and res["conversations"] == 70
+    joined = (tmp_path / "joined" / "answers.jsonl").read_text()
+    assert joined == texts["answers"] + texts["answers-s1"]
