@@ -3,6 +3,8 @@ batch 1 and 4; oracle and never drafters; caches identical to a full forward's."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -41,10 +43,11 @@ def tiny_target(vocab: int = 128, seed: int = 0, **over) -> Transformer:
 
 
 def make_drafter(target: Transformer, dvocab: int, cls=None, seed: int = 1,
-                 std: float = 0.1) -> Eagle3Drafter:
+                 std: float = 0.1, layers: int = 1) -> Eagle3Drafter:
     """A random drafter over the first ids of the target vocab minus a few (d2t non-trivial)."""
     cfg = target.cfg
     dcfg = Eagle3Config.for_target(cfg, dvocab, default_aux_layers(cfg.num_layers))
+    dcfg = dataclasses.replace(dcfg, num_layers=layers)
     torch.manual_seed(seed)
     d = (cls or Eagle3Drafter)(dcfg)
     init_(d, std)
@@ -107,6 +110,16 @@ def test_greedy_equals_plain_greedy(setup, steps, topk, n):
     assert res.mean_accept_length > 1.2  # partial acceptance was exercised
     one = dec.generate(PROMPTS[2:3], NEW, eos_ids=[])
     assert one.tokens == ref[2:3]
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
+def test_two_layer_drafter_equals_plain_greedy(setup, steps, topk, n):
+    """A deeper drafter (train --num-layers 2, or a deepened --init-from) drafts through every
+    layer's cache and still only speeds up plain greedy decoding."""
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered, layers=2).steer(seq, 0.7)
+    res = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref and res.mean_accept_length > 1.2
 
 
 def test_random_drafter_and_eos(setup):

@@ -125,11 +125,40 @@ def test_init_from_starts_a_fresh_run_from_a_drafters_weights(setup):
     train(config(root, "warm", **keep))  # its vocab: no recount, no warning
     first = [log_rows(root / d)[0]["loss"] for d in ("base", "warm")]
     assert first[1] < first[0]  # it starts where the base run got to, not from random weights
-    with pytest.raises(DraftsmithError, match="decoder layers 1"):
-        Trainer(config(root, "wide", **keep, num_layers=2),
-                setup_ctx("cpu"))
     with pytest.raises(DraftsmithError, match="init-head"):
         config(root, "both", init_from=str(root / "base"), init_head="target")
+
+
+def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
+    """--num-layers 2 from a 1-layer drafter: the old weights kept, the new layer adds nothing
+    at first (TTT logits equal the old drafter's), then it trains; fewer layers is an error."""
+    from draftsmith.train.ttt import unroll
+
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "one", max_steps=2))
+    keep = dict(init_from=str(root / "one"), draft_vocab_size=None)
+    old = load_drafter(root / "one")
+    deep = Trainer(config(root, "two", **keep, num_layers=2), setup_ctx("cpu")).drafter
+    assert deep.cfg.num_layers == 2 and len(deep.extra_layers) == 1
+    a, b = old.state_dict(), deep.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, old.cfg.vocab_size, (2, 12), generator=g)
+    n_aux = len(old.cfg.aux_layer_ids)
+    aux = torch.randn(2, 12, n_aux, old.fc.in_features // n_aux, generator=g)
+    pos, doc = torch.arange(12).expand(2, 12), torch.zeros(2, 12, dtype=torch.long)
+    with torch.no_grad():
+        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
+                        unroll(deep, tokens, deep.fuse(aux), pos, doc, 3), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+    train(config(root, "two", **keep, num_layers=2, max_steps=2))
+    trained = load_drafter(root / "two")
+    assert trained.cfg.num_layers == 2
+    assert trained.extra_layers[0].mlp.down.weight.abs().sum() > 0  # it learned
+    with pytest.raises(DraftsmithError, match="decoder layers 2 there, 1 here"):
+        Trainer(config(root, "back", init_from=str(root / "two"), draft_vocab_size=None),
+                setup_ctx("cpu"))
 
 
 def test_init_from_regrows_the_draft_vocab(setup):

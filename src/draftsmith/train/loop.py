@@ -271,20 +271,23 @@ class Trainer:
 
     def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:
         """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
-        same target, aux layers and shape: more epochs or more data after a finished run. A
-        --vocab file or a --draft-vocab-size other than the drafter's regrows its vocab."""
+        same target and aux layers: more epochs or more data after a finished run. A --vocab
+        file or a --draft-vocab-size other than the drafter's regrows its vocab; more
+        --num-layers than it has deepens it (the new layers start as the identity)."""
         drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
         d, c, t = drafter.cfg, self.cfg, self.target
         clashes = [
             (what, old, new) for what, old, new in (
                 ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
-                ("decoder layers", d.num_layers, c.num_layers),
+                ("decoder layers", d.num_layers, min(c.num_layers, d.num_layers)),  # deepen only
                 ("target", d.target_fingerprint or t.fingerprint, t.fingerprint),
             ) if old != new
         ]
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
+        if c.num_layers > d.num_layers:
+            drafter = self._deepen(drafter)
         size = self.cfg.draft_vocab_size
         if self.cfg.vocab or (size is not None and size != d.draft_vocab_size):
             drafter = self._regrow(drafter)
@@ -293,6 +296,27 @@ class Trainer:
         self.vocab_summary["init_from"] = str(folder)
         self.say(f"weights from {folder} (fresh optimizer and schedule)")
         return drafter
+
+    def _deepen(self, old: Eagle3Drafter) -> Eagle3Drafter:
+        """`old` with --num-layers decoder layers: its weights kept, each new layer initialised
+        as usual but with its attention output and MLP down projections zero, so it adds
+        nothing to the residual stream and the deeper drafter starts as the shallower one."""
+        torch.manual_seed(self.cfg.seed)
+        new = Eagle3Drafter(replace(old.cfg, num_layers=self.cfg.num_layers))
+        new.init_weights()
+        missing, unexpected = new.load_state_dict(old.state_dict(), strict=False)
+        added = range(old.cfg.num_layers - 1, self.cfg.num_layers - 1)
+        if unexpected or not all(k.startswith(tuple(f"extra_layers.{i}." for i in added))
+                                 for k in missing):
+            raise DraftsmithError(f"deepening {self.cfg.init_from}: weights missing "
+                                  f"{sorted(missing)}, unexpected {sorted(unexpected)}")
+        with torch.no_grad():
+            for i in added:
+                new.extra_layers[i].self_attn.o.weight.zero_()
+                new.extra_layers[i].mlp.down.weight.zero_()
+        self.say(f"{old.cfg.num_layers} -> {self.cfg.num_layers} decoder layers (new ones start "
+                 "as the identity)")
+        return new
 
     def _regrow(self, old: Eagle3Drafter) -> Eagle3Drafter:
         """`old` with this run's draft vocab: every weight kept, each head row moved to its
