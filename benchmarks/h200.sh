@@ -57,6 +57,9 @@
 # into git history with artifacts.sh), then the same command again (carry .whl) trains on the
 # 96K and keeps the drafter. If the machine went cold between them: call 0, call 0b with .dataB
 # added (cp .dataB/* /tmp/data/), then call 1 without MORE_N: unpack joins both datasets.
+# DRAFT_LAYERS=2 with INIT_KEPT deepens the kept 1-layer drafter (the new layer starts as the
+# identity): a deeper drafter costs ~0.05 ms more a draft step and pays if it lifts acceptance
+# by ~0.05 a position (speculative_default.md, "What 2.5x needs").
 # While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
 # `respec` measures runs/big/drafter, the drafter just trained. The machine is released 30 s after
 # a call: make the next call at once.
