@@ -20,7 +20,7 @@
 #                                     # SPECS: name:compile:batches runs or none, GEN_BATCH, TREES,
 #                                     # MAX_SAMPLES: train on the first N conversations,
 #                                     # INIT_KEPT=dir of a kept drafter: train from its weights,
-#                                     # MORE_N=48000 SEED=1: that many new conversations added
+#                                     # MORE_N=48000 MORE_SEED=1: that many new conversations added
 #                                     # to the unpacked ones before training,
 #                                     # TESTS=0: no GPU tests beside the training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
@@ -52,7 +52,7 @@
 #   call 0b (carry .kept26):    mkdir -p /tmp/kept && cp .kept26/* /tmp/kept/   # 27.3 MB
 #   call 1  (carry .m2 .whl):   N=48000 EPOCHS=4 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
 #           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
-# or, for more data as well as steps, call 1 with MORE_N=48000 SEED=1 EPOCHS=2: 48,000 new
+# or, for more data as well as steps, call 1 with MORE_N=48000 MORE_SEED=1 EPOCHS=2: 48,000 new
 # conversations (~375 s) join the 48K; save $OUT/answers-s1.jsonl.xz.00 at once (as .dataB/, and
 # into git history with artifacts.sh), then the same command again (carry .whl) trains on the
 # 96K and keeps the drafter. If the machine went cold between them: call 0, call 0b with .dataB
@@ -67,7 +67,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-gguf=/tmp/m/S.gguf
+gguf=${GGUF:-/tmp/m/S.gguf}  # GGUF: a dry run (tests/test_h200_script.py) points elsewhere
 if [ ! -f "$gguf" ]; then
     [ -f /tmp/m/part0 ] || { echo "/tmp/m/part0 missing: the machine went cold, redo call 0"; exit 3; }
     cat /tmp/m/part0 .m2/part1 > "$gguf"
@@ -142,9 +142,10 @@ bigrun)
     ok() { python3 -c "import json,sys; d=json.load(open('$1/gpu_suite.json')); sys.exit('$2' not in d or 'error' in d['$2'])"; }
     # answers packed by an earlier lease (answers.jsonl.xz.NN) carried in .data*/ or copied to
     # /tmp/data by call 0: no second generation after the machine went cold
-    parts=$(ls /tmp/data/answers.jsonl.xz.* .data*/answers.jsonl.xz.* 2>/dev/null)
+    data=${DATA_DIR:-/tmp/data}  # call 0's copy (a dry run points elsewhere)
+    parts=$(ls "$data"/answers*.jsonl.xz.* .data*/answers*.jsonl.xz.* 2>/dev/null)
     if [ ! -f $W/gen_done ] && [ -n "$parts" ]; then
-        WORK=$W OUT=$OUT/unpack STAGES=unpack DATA_PARTS=$(echo /tmp/data .data* | tr ' ' :) \
+        WORK=$W OUT=$OUT/unpack STAGES=unpack DATA_PARTS=$(echo "$data" .data* | tr ' ' :) \
             python3 benchmarks/gpu_suite.py 2>&1 | tail -1 | tee "$OUT/unpack_log.txt"
         ok "$OUT/unpack" unpack && [ -f $W/answers.jsonl ] && touch $W/gen_done $W/packed
     fi
@@ -168,9 +169,9 @@ bigrun)
             && touch $W/packed
     fi
     if [ -n "${MORE_N:-}" ] && [ -f $W/gen_done ] && [ ! -f $W/more_done ] && [ ! -d $D ]; then
-        # MORE_N more conversations (self-made with SEED, default 1) appended to the answers
-        # before training starts; they come back packed apart, as answers-s$SEED.jsonl.xz.NN
-        M=runs/more sd=${SEED:-1}
+        # MORE_N more conversations (self-made with MORE_SEED, default 1) appended to the
+        # answers before training starts; they come back packed apart, as answers-s$MORE_SEED.*
+        M=runs/more sd=${MORE_SEED:-1}
         if [ ! -f $M/gen_done ]; then
             WORK=$M OUT=$OUT/more STAGES=gen N=$MORE_N SEED=$sd ANSWER=${ANSWER:-256} TEMP=0 \
                 GEN_COMPILE=1 GEN_BATCH=${GEN_BATCH:-1024} OPENINGS=${OPENINGS:-mixed} \
@@ -221,7 +222,7 @@ bigrun)
             ! -path ./drafter/draftsmith.json -delete && mv /tmp/bigrun.tgz .)
     ;;
 respec)
-    R=/tmp/r W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
+    R=${RESPEC_DIR:-/tmp/r} W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
     # name:rows:batches:chain:trees[:verify attention[:tree top-k]]
@@ -237,7 +238,7 @@ respec)
     [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && timeout "$(( $(left) - 20 ))" python3 -m pytest -v -p no:cacheprovider \
         -m gpu tests/test_gpu.py tests/test_speculative_gpu.py tests/test_data_gpu.py \
         > $R/probe_log.txt 2>&1
-    tar czf "$OUT/respec.tgz" -C /tmp r
+    tar czf "$OUT/respec.tgz" -C "$(dirname "$R")" "$(basename "$R")"
     ;;
 *)
     echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|probe|tp|refill|bigrun|respec"; exit 2

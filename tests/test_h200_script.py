@@ -1,0 +1,134 @@
+"""Dry runs of benchmarks/h200.sh, the lent-GPU recipe, over a fake gpu_suite.py whose stages
+write at once what the real ones would: the shell's control flow (which stages run, on which
+data, with which settings, what comes back) is checked here, where a mistake costs nothing;
+on the device it costs a call."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_SUITE = '''
+import json, lzma, os
+from pathlib import Path
+OUT = Path(os.environ["OUT"]); OUT.mkdir(parents=True, exist_ok=True)
+WORK = Path(os.environ.get("WORK", "runs/x"))
+D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
+KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
+        "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "TREES")
+res = {}
+for st in os.environ["STAGES"].split(","):
+    with open(os.environ["CALLS"], "a") as f:
+        seen = {k: os.environ.get(k) for k in KEYS}
+        f.write(json.dumps({"stage": st, "work": str(WORK), **seen}) + "\\n")
+    if st == "gen":
+        WORK.mkdir(parents=True, exist_ok=True)
+        seed = os.environ.get("SEED", "0")
+        rows = "".join(f'{{"id": "s{seed}-{i}"}}\\n' for i in range(int(os.environ["N"])))
+        (WORK / "answers.jsonl").write_text(rows)
+    elif st == "pack":
+        stem = os.environ.get("PACK_STEM", "answers")
+        blob = lzma.compress((WORK / "answers.jsonl").read_bytes())
+        (OUT / f"{stem}.jsonl.xz.00").write_bytes(blob)
+    elif st == "unpack":
+        parts = {p.name: p for d in os.environ["DATA_PARTS"].split(":") if Path(d).is_dir()
+                 for p in Path(d).glob("answers*.jsonl.xz.*")}
+        WORK.mkdir(parents=True, exist_ok=True)
+        order = sorted(parts, key=lambda n: (n.split(".jsonl.xz.")[0], n))  # as the real one
+        blob = b"".join(lzma.decompress(parts[n].read_bytes()) for n in order)
+        (WORK / "answers.jsonl").write_bytes(blob)
+    elif st == "restore":
+        D.mkdir(parents=True, exist_ok=True)
+    elif st == "train":
+        D.mkdir(parents=True, exist_ok=True)
+        ids = [json.loads(x)["id"] for x in open(WORK / "answers.jsonl")]
+        (D / "draftsmith.json").write_text(json.dumps({"ids": ids}))
+    elif st == "keep":
+        (OUT / "drafter").mkdir(exist_ok=True)
+        (OUT / "drafter" / "weights.safetensors.xz.00").write_text("w")
+        (OUT / "drafter" / "draftsmith.json").write_text((D / "draftsmith.json").read_text())
+    res[st] = {"result": {}}
+(OUT / "gpu_suite.json").write_text(json.dumps(res))
+'''
+
+
+@pytest.fixture
+def dry(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "h200.sh", repo / "benchmarks" / "h200.sh")
+    (repo / "benchmarks" / "gpu_suite.py").write_text(FAKE_SUITE)
+    (tmp_path / "S.gguf").write_bytes(b"")
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def run(verb: str, out: str, **env: str) -> tuple[Path, list[dict]]:
+        calls = tmp_path / f"calls_{out}.jsonl"
+        full = {**os.environ, "OUT": str(tmp_path / out), "GGUF": str(tmp_path / "S.gguf"),
+                "DATA_DIR": str(data), "RESPEC_DIR": str(tmp_path / "r"), "CALLS": str(calls),
+                "TESTS": "0", "SPECS": "none", "BUDGET": "585", **env}
+        for k in ("SEED", "MORE_N", "MORE_SEED", "N", "GEN_BATCH", "OPENINGS", "INIT_KEPT"):
+            if k not in env:
+                full.pop(k, None)
+        subprocess.run(["bash", "benchmarks/h200.sh", verb], cwd=repo, env=full, check=True,
+                       capture_output=True, timeout=120)
+        rows = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+        return tmp_path / out, rows
+
+    return repo, data, run
+
+
+def pack(path: Path, ids: list[str]) -> None:
+    path.write_bytes(lzma.compress("".join(f'{{"id": "{i}"}}\n' for i in ids).encode()))
+
+
+def trained_ids(repo: Path) -> list[str]:
+    return json.loads((repo / "runs/big/drafter/draftsmith.json").read_text())["ids"]
+
+
+def test_more_data_joins_the_unpacked_answers_and_comes_back_apart(dry):
+    repo, data, run = dry
+    pack(data / "answers.jsonl.xz.00", ["old0", "old1"])
+    out, calls = run("bigrun", "o1", N="48000", MORE_N="3", MORE_SEED="1", INIT_KEPT="/kept")
+    gens = [c for c in calls if c["stage"] == "gen"]
+    assert [c["work"] for c in gens] == ["runs/more"]  # the kept answers are not generated again
+    assert (gens[0]["SEED"], gens[0]["GEN_BATCH"], gens[0]["OPENINGS"]) == ("1", "1024", "mixed")
+    assert trained_ids(repo) == ["old0", "old1", "s1-0", "s1-1", "s1-2"]
+    train = next(c for c in calls if c["stage"] == "train")
+    assert train["INIT_FROM"] == "runs/init"
+    assert (out / "answers-s1.jsonl.xz.00").is_file()  # the new data, packed apart
+    assert not (out / "answers.jsonl.xz.00").exists()  # the carried data is not sent back
+    assert (out / "drafter" / "weights.safetensors.xz.00").is_file()
+
+
+def test_a_cold_restart_trains_on_both_packed_datasets(dry):
+    repo, data, run = dry
+    pack(data / "answers.jsonl.xz.00", ["old0"])
+    pack(data / "answers-s1.jsonl.xz.00", ["new0", "new1"])
+    _, calls = run("bigrun", "o2", N="48000")
+    assert not [c for c in calls if c["stage"] == "gen"]
+    assert trained_ids(repo) == ["old0", "new0", "new1"]
+
+
+def test_fresh_generation_and_more_data_use_different_seeds(dry):
+    repo, _, run = dry
+    out, _ = run("bigrun", "o3", N="2", MORE_N="2")
+    assert trained_ids(repo) == ["s0-0", "s0-1", "s1-0", "s1-1"]  # no duplicated prompts
+    assert (out / "answers.jsonl.xz.00").is_file() and (out / "answers-s1.jsonl.xz.00").is_file()
+
+
+def test_respec_runs_take_the_verify_attention_and_tree_top_k(dry):
+    _, _, run = dry
+    out, calls = run("respec", "o4", RUNS="a:16:1:3:3/4/8:sdpa:max b:16:1::3/4/8")
+    specs = [c for c in calls if c["stage"] == "spec"]
+    assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"]) for c in specs] == [
+        ("sdpa", "max"), ("matmul", "topk")]
+    assert (out / "respec.tgz").is_file()
