@@ -81,6 +81,18 @@ date -u | tee -a "$OUT/device.txt"
 
 left() { echo $(( BUDGET - SECONDS )); }  # seconds left of this call (SECONDS: since start)
 
+# greedy_gen WORK OUTDIR N [VAR=value ...]: bigrun's greedy answers to self-made prompts, with
+# runs 4 and 6's settings unless told otherwise (batch 1,024 and mixed openings; batch 256
+# crashed inductor in run 6); returns gpu_suite's exit status (124: out of time, not failed)
+greedy_gen() {
+    local work=$1 out=$2 n=$3
+    shift 3
+    env WORK="$work" OUT="$OUT/$out" STAGES=gen N="$n" ANSWER="${ANSWER:-256}" TEMP=0 \
+        GEN_COMPILE=1 GEN_BATCH="${GEN_BATCH:-1024}" OPENINGS="${OPENINGS:-mixed}" "$@" \
+        timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/${out}_log.txt"
+    return "${PIPESTATUS[0]}"
+}
+
 case "${1:-}" in
 demo)
     start=$SECONDS
@@ -150,17 +162,12 @@ bigrun)
         ok "$OUT/unpack" unpack && [ -f $W/answers.jsonl ] && touch $W/gen_done $W/packed
     fi
     if [ ! -f $W/gen_done ]; then
-        # batch 1,024 and mixed openings: runs 4 and 6's data (batch 256 crashed inductor in run 6)
-        WORK=$W OUT=$OUT/gen STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 GEN_COMPILE=1 \
-            GEN_BATCH=${GEN_BATCH:-1024} OPENINGS=${OPENINGS:-mixed} \
-            timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen_log.txt"
-        rc=${PIPESTATUS[0]}  # 124: out of time, not failed: the next call resumes gen
+        greedy_gen $W gen "${N:-16000}"
+        rc=$?  # 124: out of time, not failed: the next call resumes gen
         if ok "$OUT/gen" gen; then
             touch $W/gen_done
         elif [ "$rc" != 124 ] && [ "$(left)" -gt 120 ]; then  # failed: static batches, eager
-            WORK=$W OUT=$OUT/gen2 STAGES=gen N=${N:-16000} ANSWER=${ANSWER:-256} TEMP=0 REFILL=0 \
-                OPENINGS=${OPENINGS:-mixed} \
-                timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/gen2_log.txt"
+            greedy_gen $W gen2 "${N:-16000}" GEN_COMPILE=0 GEN_BATCH="${GEN_BATCH:-256}" REFILL=0
             ok "$OUT/gen2" gen && touch $W/gen_done
         fi
     fi
@@ -173,9 +180,7 @@ bigrun)
         # answers before training starts; they come back packed apart, as answers-s$MORE_SEED.*
         M=runs/more sd=${MORE_SEED:-1}
         if [ ! -f $M/gen_done ]; then
-            WORK=$M OUT=$OUT/more STAGES=gen N=$MORE_N SEED=$sd ANSWER=${ANSWER:-256} TEMP=0 \
-                GEN_COMPILE=1 GEN_BATCH=${GEN_BATCH:-1024} OPENINGS=${OPENINGS:-mixed} \
-                timeout "$(left)" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/more_log.txt"
+            greedy_gen $M more "$MORE_N" SEED="$sd"
             ok "$OUT/more" gen && touch $M/gen_done
         fi
         if [ -f $M/gen_done ]; then

@@ -17,18 +17,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_SUITE = '''
-import json, lzma, os
+import json, lzma, os, sys
 from pathlib import Path
 OUT = Path(os.environ["OUT"]); OUT.mkdir(parents=True, exist_ok=True)
 WORK = Path(os.environ.get("WORK", "runs/x"))
 D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
 KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
-        "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "TREES")
+        "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "TREES", "GEN_COMPILE", "REFILL")
 res = {}
 for st in os.environ["STAGES"].split(","):
     with open(os.environ["CALLS"], "a") as f:
         seen = {k: os.environ.get(k) for k in KEYS}
         f.write(json.dumps({"stage": st, "work": str(WORK), **seen}) + "\\n")
+    if st == "gen" and os.environ.get("FAIL_COMPILED_GEN") and os.environ["GEN_COMPILE"] == "1":
+        sys.exit(1)  # as inductor did in run 6
     if st == "gen":
         WORK.mkdir(parents=True, exist_ok=True)
         seed = os.environ.get("SEED", "0")
@@ -75,7 +77,8 @@ def dry(tmp_path):
         full = {**os.environ, "OUT": str(tmp_path / out), "GGUF": str(tmp_path / "S.gguf"),
                 "DATA_DIR": str(data), "RESPEC_DIR": str(tmp_path / "r"), "CALLS": str(calls),
                 "TESTS": "0", "SPECS": "none", "BUDGET": "585", **env}
-        for k in ("SEED", "MORE_N", "MORE_SEED", "N", "GEN_BATCH", "OPENINGS", "INIT_KEPT"):
+        for k in ("SEED", "MORE_N", "MORE_SEED", "N", "GEN_BATCH", "OPENINGS", "INIT_KEPT",
+                  "GEN_COMPILE", "REFILL", "FAIL_COMPILED_GEN"):
             if k not in env:
                 full.pop(k, None)
         subprocess.run(["bash", "benchmarks/h200.sh", verb], cwd=repo, env=full, check=True,
@@ -123,6 +126,15 @@ def test_fresh_generation_and_more_data_use_different_seeds(dry):
     out, _ = run("bigrun", "o3", N="2", MORE_N="2")
     assert trained_ids(repo) == ["s0-0", "s0-1", "s1-0", "s1-1"]  # no duplicated prompts
     assert (out / "answers.jsonl.xz.00").is_file() and (out / "answers-s1.jsonl.xz.00").is_file()
+
+
+def test_a_failed_compiled_generation_falls_back_to_static_eager_batches(dry):
+    repo, _, run = dry
+    _, calls = run("bigrun", "o5", N="2", FAIL_COMPILED_GEN="1")
+    gens = [(c["GEN_COMPILE"], c["GEN_BATCH"], c["REFILL"], c["OPENINGS"])
+            for c in calls if c["stage"] == "gen"]
+    assert gens == [("1", "1024", None, "mixed"), ("0", "256", "0", "mixed")]
+    assert trained_ids(repo) == ["s0-0", "s0-1"]
 
 
 def test_respec_runs_take_the_verify_attention_and_tree_top_k(dry):

@@ -207,11 +207,11 @@ class Trainer:
         gpu = ctx.device.type == "cuda"
         # what ran, not None, goes into checkpoints and the drafter's config
         self.cfg = cfg = replace(cfg, compile_loss=gpu if cfg.compile_loss is None
-                                 else cfg.compile_loss, bf16=gpu if cfg.bf16 is None else cfg.bf16)
+                                 else cfg.compile_loss, bf16=gpu if cfg.bf16 is None else cfg.bf16,
+                                 pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
                                             cfg.compile_loss))
-        self.bf16 = cfg.bf16
-        head_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        head_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         self.head = target_head(self.target)[1].to(ctx.device, head_dtype)
         d2t = self.drafter.d2t
         self.used = d2t + torch.arange(d2t.numel(), device=d2t.device)
@@ -297,14 +297,22 @@ class Trainer:
         self.say(f"weights from {folder} (fresh optimizer and schedule)")
         return drafter
 
+    def _rebuilt(self, old: Eagle3Drafter, state: dict[str, torch.Tensor],
+                 **changes: Any) -> tuple[Eagle3Drafter, list[str], list[str]]:
+        """A freshly initialised drafter of `old`'s config with `changes`, `state` loaded into
+        it: (drafter, missing keys, unexpected keys)."""
+        torch.manual_seed(self.cfg.seed)
+        new = Eagle3Drafter(replace(old.cfg, **changes))
+        new.init_weights()
+        missing, unexpected = new.load_state_dict(state, strict=False)
+        return new, missing, unexpected
+
     def _deepen(self, old: Eagle3Drafter) -> Eagle3Drafter:
         """`old` with --num-layers decoder layers: its weights kept, each new layer initialised
         as usual but with its attention output and MLP down projections zero, so it adds
         nothing to the residual stream and the deeper drafter starts as the shallower one."""
-        torch.manual_seed(self.cfg.seed)
-        new = Eagle3Drafter(replace(old.cfg, num_layers=self.cfg.num_layers))
-        new.init_weights()
-        missing, unexpected = new.load_state_dict(old.state_dict(), strict=False)
+        new, missing, unexpected = self._rebuilt(old, old.state_dict(),
+                                                 num_layers=self.cfg.num_layers)
         added = range(old.cfg.num_layers - 1, self.cfg.num_layers - 1)
         if unexpected or not all(k.startswith(tuple(f"extra_layers.{i}." for i in added))
                                  for k in missing):
@@ -322,11 +330,8 @@ class Trainer:
         """`old` with this run's draft vocab: every weight kept, each head row moved to its
         token's new row; rows of tokens new to the vocab start as a fresh head's do."""
         d2t, t2d = self._vocab()
-        torch.manual_seed(self.cfg.seed)
-        new = Eagle3Drafter(replace(old.cfg, draft_vocab_size=len(d2t)))
-        new.init_weights()
         state = {k: v for k, v in old.state_dict().items() if k not in ("lm_head.weight", "d2t")}
-        missing, unexpected = new.load_state_dict(state, strict=False)
+        new, missing, unexpected = self._rebuilt(old, state, draft_vocab_size=len(d2t))
         if set(missing) != {"lm_head.weight", "d2t"} or unexpected:
             raise DraftsmithError(f"regrowing the vocab of {self.cfg.init_from}: weights missing "
                                   f"{sorted(missing)}, unexpected {sorted(unexpected)}")
@@ -420,7 +425,7 @@ class Trainer:
             workers = min(4, (os.cpu_count() or 1) // 2)
         gpu = self.ctx.device.type == "cuda"
         self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
-                              pin=gpu, multiple=self.cfg.pad_multiple or (128 if gpu else 1))
+                              pin=gpu, multiple=self.cfg.pad_multiple)
         if self.step == 0 and self.ctx.main:
             report.truncate_log(self.out, 0)  # rows of an earlier run that left no checkpoint
         start = time.perf_counter()
@@ -485,7 +490,7 @@ class Trainer:
         e, b, batch = self._batch()
         tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
         self.prof.mark("targets")
-        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.cfg.bf16):
             loss, losses, correct, valid = self.model(
                 batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
             )
