@@ -1,5 +1,5 @@
 """What one batch-1 decode step of the default target launches: kernels per step, GPU time;
-and the same for the speculative draft and verify phases (chain 3 and tree 3/4/8).
+and the same for the speculative draft and verify phases (chain 3, trees 3/4/8 and 7/4/24).
 
 Usage: python benchmarks/decode_kernels.py [--out FILE.json] [--no-compile] [--no-phases]
 Runs each step's ops eagerly (the same kernels its CUDA graph holds) under torch.profiler, then
@@ -96,7 +96,7 @@ def main() -> None:
           f"GPU busy {busy:.0f} us; graphed step {step_ms:.3f} ms, forward {fwd_ms:.3f} ms")
     print_kernels(rows[:40])
     if not args.no_phases:
-        settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8)}
+        settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8), "tree 7/4/24": (7, 4, 24)}
         res["phases"] = {name: phase_kernels(rt, target, prompt, model, *setting)
                          for name, setting in settings.items()}
     if args.out:

@@ -11,7 +11,8 @@
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # verify attention matmul (default) and sdpa; tree top-k
-#                                     # auto (default) and DRAFTSMITH_TREE_TOPK=topk) + GPU tests
+#                                     # auto (default), DRAFTSMITH_TREE_TOPK=topk and chunk)
+#                                     # + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -27,8 +28,8 @@
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max]] list
-#                                     # (6th: verify attention, 7th: tree top-k auto|topk|max); TESTS=0:
-#                                     # no tests)
+#                                     # (6th: verify attention, 7th: tree top-k
+#                                     # auto|topk|max|chunk); TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -124,8 +125,10 @@ probe)
         | tee "$OUT/probe_log.txt"
     DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
         --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py \
-        --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    for m in topk chunk; do
+        DRAFTSMITH_TREE_TOPK=$m python3 benchmarks/decode_kernels.py \
+            --out "$OUT/decode_kernels_tree$m.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    done
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
     timeout "${LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         tests/test_speculative_gpu.py tests/test_data_gpu.py tests/test_tp.py \

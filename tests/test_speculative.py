@@ -295,7 +295,8 @@ def _compiled_entries(fn) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("steps,topk,n,rows,method", [
-    (3, 1, None, 4, "topk"), (4, 4, 10, 4, "topk"), (2, 3, 4, 1, "topk"), (4, 4, 10, 4, "max")])
+    (3, 1, None, 4, "topk"), (4, 4, 10, 4, "topk"), (2, 3, 4, 1, "topk"), (4, 4, 10, 4, "max"),
+    (4, 4, 10, 4, "chunk")])
 def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows, method,
                                                           monkeypatch):
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
@@ -304,6 +305,7 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
+    monkeypatch.setattr(tree, "CHUNK", 16)  # chunk: 16-wide slices of the 96-token draft vocab
     target, rt, _, _ = setup
     drafter = make_drafter(target, 96)
     eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
@@ -316,7 +318,8 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
         torch.set_grad_enabled(True)
     assert _compiled_entries(speculative.commit_values) > 0
     if topk > 1:
-        assert _compiled_entries(tree.grow_greedy) > 0 and _compiled_entries(tree.pick_nodes) > 0
+        assert all(_compiled_entries(f) > 0
+                   for f in (tree.root_greedy, tree.grow_greedy, tree.pick_nodes))
     ref_rows = generate(rt, prompts, NEW, eos_ids=[])
     assert fused.generate(prompts, NEW, eos_ids=[]).tokens == ref_rows
 
@@ -348,7 +351,7 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
     one does, on random inputs where every output matters (trees shaped by random scores)."""
     from draftsmith.engine import speculative, tree
 
-    grow, pick = tree.compiled_bookkeeping()
+    root, grow, pick = tree.compiled_bookkeeping()
     chain_pick, tree_pick, commit = speculative.compiled_accept()
     g = torch.Generator().manual_seed(3)
     b, k, v, h, fs, steps, n = 3, 4, 50, 8, 8, 3, 8
@@ -360,6 +363,8 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
                 torch.randint(1, 9, (b, k), generator=g), torch.rand(b, k, fs, generator=g) < 0.5,
                 own, d2t, 5, last)
         assert _same(grow(*args), tree.grow_greedy(*args))
+    root_args = (torch.randn(b, v, generator=g), d2t, k)
+    assert _same(root(*root_args), tree.root_greedy(*root_args))
     blocks = [(torch.randint(0, v, (b, w), generator=g), torch.randint(0, v, (b, w), generator=g),
                -torch.rand(b, w, generator=g, dtype=torch.float64) * (i + 1),
                torch.randint(0, w, (b, w), generator=g) * 0) for i, w in enumerate((k, k * k))]
@@ -442,17 +447,42 @@ def test_tree_topk_auto_takes_max_up_to_k4(monkeypatch):
     from draftsmith.engine import tree
 
     assert tree.TREE_TOPK == "auto"  # the default, unless the environment overrides it
-    assert [tree.uses_max(k) for k in (2, 4, 5, 8)] == [True, True, False, False]
-    for method, want in (("topk", [False] * 4), ("max", [True] * 4)):
+    assert [tree.top_k_method(k) for k in (2, 4, 5, 8)] == ["max", "max", "topk", "topk"]
+    for method in ("topk", "max", "chunk"):
         monkeypatch.setattr(tree, "TREE_TOPK", method)
-        assert [tree.uses_max(k) for k in (2, 4, 5, 8)] == want
+        assert [tree.top_k_method(k) for k in (2, 4, 5, 8)] == [method] * 4
 
 
-@pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
-def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
-    """The same trees cycle by cycle under either vocab top-k, and plain greedy output."""
+def test_top_k_chunked_equals_torch_topk():
+    """DRAFTSMITH_TREE_TOPK=chunk picks what torch.topk picks, whole slices or padded, with
+    several best values in one slice, and ties across slices to the lower index."""
+    from draftsmith.engine.tree import top_k_by_max, top_k_chunked
+
+    g = torch.Generator().manual_seed(2)
+    for v in (512, 500, 24576 // 64):
+        x = torch.randn(2, 4, v, generator=g)
+        x[0, 0, 7:11] = 9.0 + torch.arange(4.0)  # the four best in one slice
+        for k in (1, 4, 8):
+            got, ref = top_k_chunked(x, k, chunk=64), x.topk(k, dim=-1)
+            assert torch.equal(got[0], ref.values) and torch.equal(got[1], ref.indices), (v, k)
+    tied = torch.zeros(1, 300)
+    tied[0, [250, 5, 130]] = 1.0
+    assert top_k_chunked(tied, 3, chunk=64)[1].tolist() == [[5, 130, 250]]
+    assert torch.equal(top_k_chunked(tied, 5, chunk=64)[1], top_k_by_max(tied, 5)[1])
+    x = torch.randn(3, 4, 1000, generator=g)
+    got = torch.compile(top_k_chunked, fullgraph=True)(x, 4, 128)  # as the compiled engine runs it
+    ref = x.topk(4, dim=-1)
+    assert torch.equal(got[0], ref.values) and torch.equal(got[1], ref.indices)
+
+
+@pytest.mark.parametrize("steps,topk,n,method", [
+    (3, 2, 6, "max"), (4, 4, 10, "max"), (4, 4, 10, "chunk")])
+def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, monkeypatch):
+    """The same trees cycle by cycle under torch.topk and the masked-max methods (chunk: 16-wide
+    slices of the 96-token draft vocab), and plain greedy output."""
     from draftsmith.engine import tree
 
+    monkeypatch.setattr(tree, "CHUNK", 16)
     target, rt, ref, _ = setup
     drafter = make_drafter(target, 96)
     a_dec, b_dec = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
@@ -462,7 +492,7 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, monkeypat
         for _ in range(NEW):
             monkeypatch.setattr(tree, "TREE_TOPK", "topk")
             a_dec.cycle(a)
-            monkeypatch.setattr(tree, "TREE_TOPK", "max")
+            monkeypatch.setattr(tree, "TREE_TOPK", method)
             b_dec.cycle(b)
             for name in ("node_tok", "node_parent", "node_depth", "anc"):
                 assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name

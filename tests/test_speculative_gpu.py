@@ -52,8 +52,15 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
     assert ph is not None and all(ph.ms[k] > 0 for k in ("draft", "verify", "accept", "extend"))
 
 
-@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_compiled_verify_equals_plain_greedy(pair, steps, topk, n):
+@pytest.mark.parametrize("steps,topk,n,method", [
+    (3, 1, None, "auto"), (4, 4, 10, "auto"), (4, 4, 10, "topk"), (4, 4, 10, "chunk")])
+def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method):
+    """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
+    16-wide slices of the tiny draft vocab)."""
+    from draftsmith.engine import tree
+
+    monkeypatch.setattr(tree, "TREE_TOPK", method)
+    monkeypatch.setattr(tree, "CHUNK", 16)
     target, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)

@@ -30,16 +30,19 @@ EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
 # A greedy node's k best children over the draft vocab, and the next frontier among the k*k:
 # "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels a call), "max" (k
-# masked max reductions, which torch.compile fuses with the log-softmax) or "auto" (the default:
+# masked max reductions, which torch.compile fuses with the log-softmax), "chunk" (the k best of
+# each CHUNK-wide slice by masked maxes, then the k best of those: the same picks, with a CTA per
+# slice where "max" has one per row; opt-in until the H200 measures it) or "auto" (the default:
 # max for k <= MAX_BY_MAX_K, else topk). The H200 at batch 1 (run 7, speculative_default.md):
 # max cut a tree 3/4/8 draft phase 0.39 -> 0.33 ms but made 5/8/16's 0.70 -> 0.78 ms. Sampled
-# trees pick their frontier the same way; their prior scores tie, and "max" breaks ties to the
-# lower index, so the methods build different (equally value-independent, so equally exact)
-# sampled trees.
+# trees pick their frontier the same way; their prior scores tie, and the max methods break ties
+# to the lower index, so they build different (equally value-independent, so equally exact)
+# sampled trees than topk.
 TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "auto").strip().lower()
-if TREE_TOPK not in ("topk", "max", "auto"):
-    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use auto, topk or max")
+if TREE_TOPK not in ("topk", "max", "chunk", "auto"):
+    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use auto, topk, max or chunk")
 MAX_BY_MAX_K = 4
+CHUNK = 256
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -100,12 +103,34 @@ def children(
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest along the last dim, best first, by DRAFTSMITH_TREE_TOPK's method."""
-    return top_k_by_max(x, k) if uses_max(k) else x.topk(k, dim=-1)
+    how = top_k_method(k)
+    if how == "chunk":
+        return top_k_chunked(x, k)
+    return top_k_by_max(x, k) if how == "max" else x.topk(k, dim=-1)
 
 
-def uses_max(k: int) -> bool:
-    """Whether a top-k takes k masked max reductions (DRAFTSMITH_TREE_TOPK, by k for auto)."""
-    return TREE_TOPK == "max" or (TREE_TOPK == "auto" and k <= MAX_BY_MAX_K)
+def top_k_method(k: int) -> str:
+    """topk, max or chunk: DRAFTSMITH_TREE_TOPK, with auto resolved by k."""
+    if TREE_TOPK != "auto":
+        return TREE_TOPK
+    return "max" if k <= MAX_BY_MAX_K else "topk"
+
+
+def top_k_chunked(x: torch.Tensor, k: int,
+                  chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_k_by_max's picks in two stages: the k best of each chunk-wide slice of the last dim
+    (padded with -inf to a whole number of slices), then the k best of those candidates. Ties
+    still go to the lower index: candidates lie slice by slice, each slice's best first."""
+    v, chunk = x.shape[-1], chunk or CHUNK
+    if v < 2 * chunk or k > chunk:
+        return top_k_by_max(x, k)
+    pad = -v % chunk
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
+    cv, ci = top_k_by_max(x.unflatten(-1, (-1, chunk)), k)  # [..., slices, k]
+    ci = ci + torch.arange(0, v + pad, chunk, device=x.device)[:, None]
+    gv, gi = top_k_by_max(cv.flatten(-2), k)
+    return gv, ci.flatten(-2).gather(-1, gi)
 
 
 def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +190,8 @@ class TreeDraft:
             torch.zeros(b, n, **z) for _ in range(5))
         self.anc = torch.zeros(b, n, n, dtype=torch.bool, device=device)
         self.ar_k = torch.arange(k, device=device)
-        self.grow_greedy, self.pick_nodes = grow_greedy, pick_nodes  # compile() swaps them
+        # compile() swaps these for compiled copies
+        self.root_greedy, self.grow_greedy, self.pick_nodes = root_greedy, grow_greedy, pick_nodes
         # own[d][j]: frontier node j at depth d+1 sits in scratch slot d*k + j (static, so no
         # host value is copied inside a graph)
         self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
@@ -178,10 +204,12 @@ class TreeDraft:
     def expand_root(self, logits: torch.Tensor, hidden: torch.Tensor, params: SamplingParams,
                     d2t: torch.Tensor) -> None:
         k, b = self.shape.topk, self.b
-        ids, score, q = children(logits, k, params)
-        if q is not None:
+        if params.greedy:
+            ids, score, tok = self.root_greedy(logits, d2t, k)
+        else:
+            ids, score, q = children(logits, k, params)
             self.qbank[:, 0] = q
-        tok = ids + d2t[ids]
+            tok = ids + d2t[ids]
         self.blocks = [(ids, tok, score, torch.zeros_like(ids))]
         # contiguous, as every later depth's are: a stride change would recompile the drafter
         self.front = (self.own[0].expand(b, k, -1).contiguous(), 1 + self.ar_k.expand(b, k), tok,
@@ -225,9 +253,10 @@ class TreeDraft:
         self.blocks, self.front, self.committed = [], (), None
 
     def compile(self) -> None:
-        """Greedy bookkeeping (children, next frontier, node selection) as torch.compile'd pure
-        functions: a handful of fused kernels in place of ~45 small ones per depth."""
-        self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
+        """Greedy bookkeeping (the root's children, each depth's children and next frontier, node
+        selection) as torch.compile'd pure functions: a handful of fused kernels in place of ~45
+        small ones per depth."""
+        self.root_greedy, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
 
 
 def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.Tensor,
@@ -246,6 +275,13 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
     anc = f_anc.gather(1, j[..., None].expand(b, k, f_anc.shape[2])) | own
     hid = h.gather(1, j[..., None].expand(b, k, h.shape[-1]))
     return tok, score, parent, anc, start + 1 + sel, tok.gather(1, sel), v, hid
+
+
+def root_greedy(logits: torch.Tensor, d2t: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The root's k greedy children: (draft ids, score increments, target tokens). Pure."""
+    ids, inc, _ = children(logits, k, SamplingParams(0.0))
+    return ids, inc, ids + d2t[ids]
 
 
 def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
@@ -279,7 +315,7 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
 
 
 @cache
-def compiled_bookkeeping() -> tuple[Callable, Callable]:
-    """One compiled pair per process (dynamo specializes it per shape and depth)."""
+def compiled_bookkeeping() -> tuple[Callable, ...]:
+    """One compiled set per process (dynamo specializes it per shape and depth)."""
     raise_recompile_limit()
-    return (torch.compile(grow_greedy, fullgraph=True), torch.compile(pick_nodes, fullgraph=True))
+    return tuple(torch.compile(f, fullgraph=True) for f in (root_greedy, grow_greedy, pick_nodes))
