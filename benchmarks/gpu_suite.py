@@ -229,7 +229,8 @@ def train_stage() -> dict:
                       epochs=EPOCHS, lr=float(os.environ.get("LR", "5e-4")), warmup_ratio=0.03,
                       batch_size=TRAIN_BATCH, max_len=TRAIN_LEN,
                       draft_vocab_size=draft_vocab(),
-                      num_layers=int(os.environ.get("DRAFT_LAYERS", "1")),
+                      num_layers=int(os.environ["DRAFT_LAYERS"]) if os.environ.get(
+                          "DRAFT_LAYERS") else None,  # None: 1, or INIT_FROM's depth
                       vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=200, resume=True, progress=False, log_every=20,
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),

@@ -131,7 +131,8 @@ def test_init_from_starts_a_fresh_run_from_a_drafters_weights(setup):
 
 def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
     """--num-layers 2 from a 1-layer drafter: the old weights kept, the new layer adds nothing
-    at first (TTT logits equal the old drafter's), then it trains; fewer layers is an error."""
+    at first (TTT logits equal the old drafter's), then it trains; without --num-layers a warm
+    start keeps the drafter's depth; fewer layers is an error."""
     from draftsmith.train.ttt import unroll
 
     root, _, _ = setup
@@ -156,9 +157,14 @@ def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
     trained = load_drafter(root / "two")
     assert trained.cfg.num_layers == 2
     assert trained.extra_layers[0].mlp.down.weight.abs().sum() > 0  # it learned
+    same = Trainer(config(root, "same", init_from=str(root / "two"), draft_vocab_size=None),
+                   setup_ctx("cpu")).drafter  # no --num-layers: the drafter's own depth
+    assert same.cfg.num_layers == 2
+    b = trained.state_dict()
+    assert all(torch.equal(v, b[k].to(v.dtype)) for k, v in same.state_dict().items())
     with pytest.raises(DraftsmithError, match="decoder layers 2 there, 1 here"):
-        Trainer(config(root, "back", init_from=str(root / "two"), draft_vocab_size=None),
-                setup_ctx("cpu"))
+        Trainer(config(root, "back", init_from=str(root / "two"), draft_vocab_size=None,
+                       num_layers=1), setup_ctx("cpu"))
 
 
 def test_init_from_regrows_the_draft_vocab(setup):

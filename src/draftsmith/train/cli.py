@@ -35,7 +35,8 @@ def train(
     vocab: str = typer.Option(None, "--vocab", help="A vocab.safetensors (d2t, t2d) to use"),
     aux_layers: str = typer.Option(None, "--aux-layers", help="Online: comma-separated ids, "
                                    f"canonical ({CANONICAL_WORDS})"),
-    num_layers: int = typer.Option(1, "--num-layers", help="Drafter decoder layers"),
+    num_layers: int = typer.Option(None, "--num-layers", help="Drafter decoder layers (default "
+                                   "1, or with --init-from that drafter's; more deepens it)"),
     norm_before_residual: bool = typer.Option(False, "--norm-before-residual"),
     norm_before_fc: bool = typer.Option(False, "--norm-before-fc"),
     fc_norm: bool = typer.Option(False, "--fc-norm"),

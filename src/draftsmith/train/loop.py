@@ -65,7 +65,7 @@ class TrainConfig:
     draft_vocab_size: int | None = None  # None: 32,000, or with init_from that drafter's vocab
     vocab: str | None = None  # a vocab.safetensors (d2t, t2d); default: counted from the data
     aux_layer_ids: list[int] | None = None  # online only; offline reads the manifest
-    num_layers: int = 1
+    num_layers: int | None = None  # None: 1, or with init_from that drafter's depth
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     fc_norm: bool = False
@@ -107,6 +107,10 @@ class TrainConfig:
             raise DraftsmithError("--init-from starts from a drafter's own head: leave --init-head")
         if self.draft_vocab_size is None and not self.init_from:
             self.draft_vocab_size = 32000
+        if self.num_layers is None and not self.init_from:
+            self.num_layers = 1
+        if self.num_layers is not None and self.num_layers < 1:
+            raise DraftsmithError(f"num_layers must be >= 1, got {self.num_layers}")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -273,21 +277,23 @@ class Trainer:
         """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
         same target and aux layers: more epochs or more data after a finished run. A --vocab
         file or a --draft-vocab-size other than the drafter's regrows its vocab; more
-        --num-layers than it has deepens it (the new layers start as the identity)."""
+        --num-layers than it has deepens it (the new layers start as the identity); none keeps
+        its depth."""
         drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
         d, c, t = drafter.cfg, self.cfg, self.target
+        layers = d.num_layers if c.num_layers is None else c.num_layers
         clashes = [
             (what, old, new) for what, old, new in (
                 ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
-                ("decoder layers", d.num_layers, min(c.num_layers, d.num_layers)),  # deepen only
+                ("decoder layers", d.num_layers, min(layers, d.num_layers)),  # deepen only
                 ("target", d.target_fingerprint or t.fingerprint, t.fingerprint),
             ) if old != new
         ]
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
-        if c.num_layers > d.num_layers:
-            drafter = self._deepen(drafter)
+        if layers > d.num_layers:
+            drafter = self._deepen(drafter, layers)
         size = self.cfg.draft_vocab_size
         if self.cfg.vocab or (size is not None and size != d.draft_vocab_size):
             drafter = self._regrow(drafter)
@@ -307,13 +313,12 @@ class Trainer:
         missing, unexpected = new.load_state_dict(state, strict=False)
         return new, missing, unexpected
 
-    def _deepen(self, old: Eagle3Drafter) -> Eagle3Drafter:
-        """`old` with --num-layers decoder layers: its weights kept, each new layer initialised
-        as usual but with its attention output and MLP down projections zero, so it adds
-        nothing to the residual stream and the deeper drafter starts as the shallower one."""
-        new, missing, unexpected = self._rebuilt(old, old.state_dict(),
-                                                 num_layers=self.cfg.num_layers)
-        added = range(old.cfg.num_layers - 1, self.cfg.num_layers - 1)
+    def _deepen(self, old: Eagle3Drafter, layers: int) -> Eagle3Drafter:
+        """`old` with `layers` decoder layers: its weights kept, each new layer initialised as
+        usual but with its attention output and MLP down projections zero, so it adds nothing
+        to the residual stream and the deeper drafter starts as the shallower one."""
+        new, missing, unexpected = self._rebuilt(old, old.state_dict(), num_layers=layers)
+        added = range(old.cfg.num_layers - 1, layers - 1)
         if unexpected or not all(k.startswith(tuple(f"extra_layers.{i}." for i in added))
                                  for k in missing):
             raise DraftsmithError(f"deepening {self.cfg.init_from}: weights missing "
@@ -322,7 +327,7 @@ class Trainer:
             for i in added:
                 new.extra_layers[i].self_attn.o.weight.zero_()
                 new.extra_layers[i].mlp.down.weight.zero_()
-        self.say(f"{old.cfg.num_layers} -> {self.cfg.num_layers} decoder layers (new ones start "
+        self.say(f"{old.cfg.num_layers} -> {layers} decoder layers (new ones start "
                  "as the identity)")
         return new
 
