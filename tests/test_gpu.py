@@ -122,3 +122,36 @@ def test_compiled_loss_equals_eager_on_cuda_bf16():
         bad[0, i] = float("nan")
         with torch.autocast("cuda", torch.bfloat16):
             assert fn(bad, tg, 0)[0].isnan()
+
+
+def test_compiled_top_p_at_batch_256_over_a_full_vocab():
+    """The shape that crashed inductor in run 6 (batch 256, SmolLM2's 49,152-token vocab, bf16
+    logits): the compiled sampler's distribution equals the eager one, and the filter kept
+    a few hundred of the 49,152 tokens a row (temperature 1: no division whose rounding could
+    differ)."""
+    from draftsmith.engine.sampling import SamplingParams, probs
+
+    p = SamplingParams(1.0, top_p=0.9)
+    g = torch.Generator("cuda").manual_seed(0)
+    x = (torch.randn(256, 49152, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    got = torch.compile(lambda t: probs(t, p))(x)
+    ref = probs(x, p)
+    kept = (got > 0).sum(-1)
+    assert torch.equal(kept, (ref > 0).sum(-1)) and torch.allclose(got, ref, atol=1e-6)
+    assert kept.min() > 1 and kept.max() < 5000
+
+
+def test_compiled_graphed_sampling_with_a_tiny_top_p_is_greedy(tmp_path):
+    """top_p so small that only the best token survives: compiled, graphed sampling then has to
+    reproduce plain greedy decoding token for token."""
+    from draftsmith.engine.generate import generate
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.targets import load_target
+
+    model = load_target(write_tiny_folder(tmp_path, "llama")).build(torch.float32, "cuda")
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10, 11, 12]]
+    greedy = generate(Runtime(model, 3, 128, graphs=False), prompts, 32)
+    rt = Runtime(model, 4, 128, graphs=True, compile=True)
+    rt.capture([4, 2, 1], list(range(1, 17)))
+    assert generate(rt, prompts, 32, SamplingParams(0.7, top_p=1e-6)) == greedy
