@@ -317,6 +317,8 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     finally:
         torch.set_grad_enabled(True)
     assert _compiled_entries(speculative.commit_values) > 0
+    if topk == 1:
+        assert _compiled_entries(speculative.chain_child) > 0
     if topk > 1:
         assert all(_compiled_entries(f) > 0
                    for f in (tree.root_greedy, tree.grow_greedy, tree.pick_nodes))
@@ -352,7 +354,7 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
     from draftsmith.engine import speculative, tree
 
     root, grow, pick = tree.compiled_bookkeeping()
-    chain_pick, tree_pick, commit = speculative.compiled_accept()
+    chain_pick, tree_pick, commit, child = speculative.compiled_accept()
     g = torch.Generator().manual_seed(3)
     b, k, v, h, fs, steps, n = 3, 4, 50, 8, 8, 3, 8
     d2t = torch.randint(0, 5, (v,), generator=g)
@@ -376,6 +378,7 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
                                                                           generator=g)
     tok[:, 1] = logits[:, 0].argmax(-1)  # some acceptance
     assert _same(chain_pick(logits, tok), speculative.verify.chain_greedy(logits, tok))
+    assert _same(child(logits[:, 0], d2t), speculative.chain_child(logits[:, 0], d2t))
     node_parent = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3]]).expand(b, n).contiguous()
     node_depth = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3]]).expand(b, n).contiguous()
     anc = tree.ancestors(node_parent, steps)
