@@ -296,7 +296,7 @@ def _compiled_entries(fn) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("steps,topk,n,rows,method", [
     (3, 1, None, 4, "topk"), (4, 4, 10, 4, "topk"), (2, 3, 4, 1, "topk"), (4, 4, 10, 4, "max"),
-    (4, 4, 10, 4, "chunk")])
+    (3, 1, None, 4, "chunk"), (4, 4, 10, 4, "chunk")])
 def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows, method,
                                                           monkeypatch):
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
@@ -379,6 +379,13 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
     tok[:, 1] = logits[:, 0].argmax(-1)  # some acceptance
     assert _same(chain_pick(logits, tok), speculative.verify.chain_greedy(logits, tok))
     assert _same(child(logits[:, 0], d2t), speculative.chain_child(logits[:, 0], d2t))
+    wide = torch.randn(b, 700, generator=g)  # chunk: three 256-wide slices, the last padded
+    wide_d2t = torch.randint(0, 5, (700,), generator=g)
+    want = (wide.argmax(-1), wide.argmax(-1) + wide_d2t[wide.argmax(-1)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tree, "TREE_TOPK", "chunk")
+        assert _same(speculative.chain_child(wide, wide_d2t), want)
+        assert _same(torch.compile(speculative.chain_child)(wide, wide_d2t), want)
     node_parent = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3]]).expand(b, n).contiguous()
     node_depth = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3]]).expand(b, n).contiguous()
     anc = tree.ancestors(node_parent, steps)

@@ -53,7 +53,8 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
 
 
 @pytest.mark.parametrize("steps,topk,n,method", [
-    (3, 1, None, "auto"), (4, 4, 10, "auto"), (4, 4, 10, "topk"), (4, 4, 10, "chunk")])
+    (3, 1, None, "auto"), (4, 4, 10, "auto"), (4, 4, 10, "topk"), (3, 1, None, "chunk"),
+    (4, 4, 10, "chunk")])
 def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method):
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
     16-wide slices of the tiny draft vocab)."""
