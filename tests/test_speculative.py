@@ -381,7 +381,8 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
     assert _same(child(logits[:, 0], d2t), speculative.chain_child(logits[:, 0], d2t))
     wide = torch.randn(b, 700, generator=g)  # chunk: three 256-wide slices, the last padded
     wide_d2t = torch.randint(0, 5, (700,), generator=g)
-    want = (wide.argmax(-1), wide.argmax(-1) + wide_d2t[wide.argmax(-1)])
+    best = wide.argmax(-1)
+    want = (best, best + wide_d2t[best])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tree, "TREE_TOPK", "chunk")
         assert _same(speculative.chain_child(wide, wide_d2t), want)

@@ -279,7 +279,8 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
 
 def root_greedy(logits: torch.Tensor, d2t: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The root's k greedy children: (draft ids, score increments, target tokens). Pure."""
+    """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
+    increments, target tokens). Pure."""
     ids, inc, _ = children(logits, k, SamplingParams(0.0))
     return ids, inc, ids + d2t[ids]
 
@@ -288,8 +289,7 @@ def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
                 f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
                 start: int, last: bool) -> tuple[torch.Tensor, ...]:
     """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
-    ids, inc, _ = children(logits, f_score.shape[1], SamplingParams(0.0))
-    tok = ids + d2t[ids]
+    ids, inc, tok = root_greedy(logits, d2t, f_score.shape[1])
     return (ids, inc, *frontier(ids, inc, tok, h, f_score, f_flat, f_anc, own, start, last))
 
 
