@@ -321,7 +321,7 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
         assert _compiled_entries(speculative.chain_child) > 0
     if topk > 1:
         assert all(_compiled_entries(f) > 0
-                   for f in (tree.root_greedy, tree.grow_greedy, tree.pick_nodes))
+                   for f in (tree.greedy_children, tree.grow_greedy, tree.pick_nodes))
     ref_rows = generate(rt, prompts, NEW, eos_ids=[])
     assert fused.generate(prompts, NEW, eos_ids=[]).tokens == ref_rows
 
@@ -366,7 +366,7 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
                 own, d2t, 5, last)
         assert _same(grow(*args), tree.grow_greedy(*args))
     root_args = (torch.randn(b, v, generator=g), d2t, k)
-    assert _same(root(*root_args), tree.root_greedy(*root_args))
+    assert _same(root(*root_args), tree.greedy_children(*root_args))
     blocks = [(torch.randint(0, v, (b, w), generator=g), torch.randint(0, v, (b, w), generator=g),
                -torch.rand(b, w, generator=g, dtype=torch.float64) * (i + 1),
                torch.randint(0, w, (b, w), generator=g) * 0) for i, w in enumerate((k, k * k))]

@@ -191,7 +191,8 @@ class TreeDraft:
         self.anc = torch.zeros(b, n, n, dtype=torch.bool, device=device)
         self.ar_k = torch.arange(k, device=device)
         # compile() swaps these for compiled copies
-        self.root_greedy, self.grow_greedy, self.pick_nodes = root_greedy, grow_greedy, pick_nodes
+        self.greedy_children, self.grow_greedy, self.pick_nodes = (greedy_children, grow_greedy,
+                                                                   pick_nodes)
         # own[d][j]: frontier node j at depth d+1 sits in scratch slot d*k + j (static, so no
         # host value is copied inside a graph)
         self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
@@ -205,7 +206,7 @@ class TreeDraft:
                     d2t: torch.Tensor) -> None:
         k, b = self.shape.topk, self.b
         if params.greedy:
-            ids, score, tok = self.root_greedy(logits, d2t, k)
+            ids, score, tok = self.greedy_children(logits, d2t, k)
         else:
             ids, score, q = children(logits, k, params)
             self.qbank[:, 0] = q
@@ -256,7 +257,7 @@ class TreeDraft:
         """Greedy bookkeeping (the root's children, each depth's children and next frontier, node
         selection) as torch.compile'd pure functions: a handful of fused kernels in place of ~45
         small ones per depth."""
-        self.root_greedy, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
+        self.greedy_children, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
 
 
 def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.Tensor,
@@ -277,7 +278,7 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
     return tok, score, parent, anc, start + 1 + sel, tok.gather(1, sel), v, hid
 
 
-def root_greedy(logits: torch.Tensor, d2t: torch.Tensor,
+def greedy_children(logits: torch.Tensor, d2t: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
     increments, target tokens). Pure."""
@@ -289,7 +290,7 @@ def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
                 f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
                 start: int, last: bool) -> tuple[torch.Tensor, ...]:
     """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
-    ids, inc, tok = root_greedy(logits, d2t, f_score.shape[1])
+    ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1])
     return (ids, inc, *frontier(ids, inc, tok, h, f_score, f_flat, f_anc, own, start, last))
 
 
@@ -318,4 +319,5 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
 def compiled_bookkeeping() -> tuple[Callable, ...]:
     """One compiled set per process (dynamo specializes it per shape and depth)."""
     raise_recompile_limit()
-    return tuple(torch.compile(f, fullgraph=True) for f in (root_greedy, grow_greedy, pick_nodes))
+    return tuple(torch.compile(f, fullgraph=True)
+                 for f in (greedy_children, grow_greedy, pick_nodes))
