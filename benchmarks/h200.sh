@@ -23,7 +23,8 @@
 #                                     # INIT_KEPT=dir of a kept drafter: train from its weights,
 #                                     # MORE_N=48000 MORE_SEED=1: that many new conversations added
 #                                     # to the unpacked ones before training,
-#                                     # TESTS=0: no GPU tests beside the training)
+#                                     # TESTS=0: no GPU tests beside the first call's
+#                                     # generation or training)
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
@@ -160,6 +161,13 @@ bigrun)
     # /tmp/data by call 0: no second generation after the machine went cold
     data=${DATA_DIR:-/tmp/data}  # call 0's copy (a dry run points elsewhere)
     parts=$(ls "$data"/answers*.jsonl.xz.* .data*/answers*.jsonl.xz.* 2>/dev/null)
+    if [ "${TESTS:-1}" = 1 ] && [ ! -f runs/tests_started ] && [ ! -f $D/draftsmith.json ]; then
+        # GPU tests beside the first call's generation or training
+        mkdir -p runs && touch runs/tests_started
+        t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
+        timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+            tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
+    fi
     if [ ! -f $W/gen_done ] && [ -n "$parts" ]; then
         WORK=$W OUT=$OUT/unpack STAGES=unpack DATA_PARTS=$(echo "$data" .data* | tr ' ' :) \
             python3 benchmarks/gpu_suite.py 2>&1 | tail -1 | tee "$OUT/unpack_log.txt"
@@ -193,12 +201,6 @@ bigrun)
         fi
     fi
     if [ -f $W/gen_done ] && [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
-        if [ "${TESTS:-1}" = 1 ] && [ ! -f runs/tests_started ]; then  # GPU tests beside training
-            touch runs/tests_started
-            t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
-            timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
-                tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
-        fi
         if [ -n "${INIT_KEPT:-}" ] && [ ! -f runs/init/model.safetensors ]; then  # warm start
             KEPT=$INIT_KEPT DRAFTER=runs/init OUT=$OUT/init STAGES=restore \
                 python3 benchmarks/gpu_suite.py > "$OUT/init_log.txt" 2>&1
@@ -208,8 +210,8 @@ bigrun)
             TRAIN_BATCH=${TRAIN_BATCH:-8} TRAIN_SECONDS=$(( $(left) - 100 )) \
             timeout "$(( $(left) - 15 ))" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/train_log.txt"
         cp $D/train_log.jsonl $D/profile.* "$OUT/train/" 2>/dev/null
-        wait
     fi
+    wait  # the GPU tests
     if [ -f $D/draftsmith.json ]; then  # keep first: the weights must come back before any spec
         [ -f runs/kept ] || { DRAFTER=$D STAGES=keep timeout 60 python3 benchmarks/gpu_suite.py \
             > /dev/null && touch runs/kept; }
