@@ -9,7 +9,10 @@
 # run6 (H200, 2026-12-01): .dataA/answers.jsonl.xz.00 (48,000 self-made prompts + greedy
 # answers, 8.4 MB) and .kept26/ (the drafter trained 2 epochs on them, vocab 24,576, 27.3 MB).
 # run7 (H200, 2026-12-01): .kept27/ (.kept26 trained 4 more epochs on the same answers, 27.3 MB):
-# the best drafter so far, 1.86x decode-only at batch 1 (speculative_default.md, run 7).
+# 1.86x decode-only at batch 1 (speculative_default.md, run 7).
+# run8 (H200, 2026-12-01): .dataB/answers-s1.jsonl.xz.00 (48,000 more self-made prompts, seed 1,
+# with greedy answers, 8.5 MB) and .kept28/ (.kept27 trained 2 epochs on both 48K sets, 27.3 MB):
+# the best drafter so far (speculative_default.md, run 8).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -18,6 +21,8 @@ ARTIFACTS="
 run6-answers 116c00c benchmarks/artifacts/run6/answers .dataA
 run6-drafter 116c00c benchmarks/artifacts/run6/drafter .kept26
 run7-drafter c60d6b5 benchmarks/artifacts/run7/drafter .kept27
+run8-answers a1b4bec benchmarks/artifacts/run8/answers-s1 .dataB
+run8-drafter a1b4bec benchmarks/artifacts/run8/drafter .kept28
 "
 
 restore_one() {  # name commit path folder
