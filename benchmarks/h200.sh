@@ -11,7 +11,7 @@
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # verify attention matmul (default) and sdpa; tree top-k
-#                                     # auto (default), DRAFTSMITH_TREE_TOPK=topk and chunk)
+#                                     # chunk (default), DRAFTSMITH_TREE_TOPK=max and topk)
 #                                     # + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
@@ -30,7 +30,7 @@
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max]] list
 #                                     # (6th: verify attention, 7th: tree top-k
-#                                     # auto|topk|max|chunk); TESTS=0: no tests)
+#                                     # chunk|max|topk); TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -126,7 +126,7 @@ probe)
         | tee "$OUT/probe_log.txt"
     DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
         --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    for m in topk chunk; do
+    for m in max topk; do
         DRAFTSMITH_TREE_TOPK=$m python3 benchmarks/decode_kernels.py \
             --out "$OUT/decode_kernels_tree$m.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     done
@@ -241,7 +241,7 @@ respec)
         IFS=: read -r name rows batches chain trees vattn ttopk <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-auto} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

@@ -127,8 +127,9 @@ def test_compiled_loss_equals_eager_on_cuda_bf16():
 def test_compiled_top_p_at_batch_256_over_a_full_vocab():
     """The shape that crashed inductor in run 6 (batch 256, SmolLM2's 49,152-token vocab, bf16
     logits): the compiled sampler's distribution equals the eager one, and the filter kept
-    a few hundred of the 49,152 tokens a row (temperature 1: no division whose rounding could
-    differ)."""
+    a few hundred of the 49,152 tokens in a typical row (temperature 1: no division whose
+    rounding could differ). A row whose best logit stands far enough out keeps it alone (run 8
+    met one)."""
     from draftsmith.engine.sampling import SamplingParams, probs
 
     p = SamplingParams(1.0, top_p=0.9)
@@ -138,7 +139,7 @@ def test_compiled_top_p_at_batch_256_over_a_full_vocab():
     ref = probs(x, p)
     kept = (got > 0).sum(-1)
     assert torch.equal(kept, (ref > 0).sum(-1)) and torch.allclose(got, ref, atol=1e-6)
-    assert kept.min() > 1 and kept.max() < 5000
+    assert kept.min() >= 1 and 100 < kept.float().median() < 1000 and kept.max() < 5000
 
 
 def test_compiled_graphed_sampling_with_a_tiny_top_p_is_greedy(tmp_path):

@@ -142,5 +142,5 @@ def test_respec_runs_take_the_verify_attention_and_tree_top_k(dry):
     out, calls = run("respec", "o4", RUNS="a:16:1:3:3/4/8:sdpa:max b:16:1::3/4/8")
     specs = [c for c in calls if c["stage"] == "spec"]
     assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"]) for c in specs] == [
-        ("sdpa", "max"), ("matmul", "auto")]
+        ("sdpa", "max"), ("matmul", "chunk")]
     assert (out / "respec.tgz").is_file()

@@ -53,8 +53,7 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
 
 
 @pytest.mark.parametrize("steps,topk,n,method", [
-    (3, 1, None, "auto"), (4, 4, 10, "auto"), (4, 4, 10, "topk"), (3, 1, None, "chunk"),
-    (4, 4, 10, "chunk")])
+    (3, 1, None, "chunk"), (4, 4, 10, "chunk"), (4, 4, 10, "topk"), (4, 4, 10, "max")])
 def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method):
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
     16-wide slices of the tiny draft vocab)."""
@@ -67,6 +66,50 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
+def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:
+    """bf16 logits whose 8 best values per row are distinct (bf16 draws tie often, and the
+    top-k methods break ties differently), at random positions."""
+    x = torch.randn(*shape, device="cuda", generator=g)
+    best = torch.rand(*shape, device="cuda", generator=g).topk(8, dim=-1).indices
+    x.scatter_(-1, best, 10 + 0.25 * torch.arange(8.0, device="cuda").expand_as(best))
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("method", ["chunk", "topk", "max"])
+def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method):
+    """The compiled greedy picks at the shapes the default drafter runs (bf16 logits over its
+    24,576-token draft vocab, batches 1 and 8): the tiny vocab of the engine tests fits one CTA,
+    where inductor splits these reductions. The root's children (under chunk and topk; max
+    leaves them eager) and a depth's k*k children with the next frontier pick what eager
+    torch.topk picks, scores equal to rounding."""
+    from draftsmith.engine import tree
+
+    monkeypatch.setattr(tree, "TREE_TOPK", method)
+    root, grow, _ = tree.compiled_bookkeeping()
+    g = torch.Generator("cuda").manual_seed(0)
+    k, v, hid = 4, 24576, 576
+    d2t = torch.randint(0, 8, (v,), device="cuda", generator=g)
+    for b in (1, 8):
+        x = tie_free_logits(b, v, g=g)
+        want = x.float().topk(k, dim=-1).indices
+        if method != "max":
+            ids, inc, tok = root(x, d2t, k)
+            assert torch.equal(ids, want) and torch.equal(tok, want + d2t[want])
+            assert (inc < 0).all()
+        h = torch.randn(b, k, hid, device="cuda", generator=g).to(torch.bfloat16)
+        f_score = -torch.rand(b, k, device="cuda", generator=g, dtype=torch.float64)
+        f_flat = torch.arange(1, k + 1, device="cuda").expand(b, k)
+        f_anc = torch.zeros(b, k, 2 * k, dtype=torch.bool, device="cuda")
+        own = torch.zeros(k, 2 * k, dtype=torch.bool, device="cuda")
+        args = (tie_free_logits(b, k, v, g=g), h, f_score, f_flat, f_anc, own, d2t, k, False)
+        got = grow(*args)
+        monkeypatch.setattr(tree, "TREE_TOPK", "topk")
+        exact = tree.grow_greedy(*args)
+        monkeypatch.setattr(tree, "TREE_TOPK", method)
+        for a, e in zip(got, exact, strict=True):
+            assert torch.equal(a, e) if not a.is_floating_point() else torch.allclose(a, e)
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])

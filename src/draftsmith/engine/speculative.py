@@ -414,13 +414,9 @@ def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus
 
 def chain_child(logits: torch.Tensor, d2t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A chain draft step's greedy pick: (draft id, target token). Pure, so the compiled engine
-    compiles it: an eager argmax over the draft vocab at batch 1 was one block reducing 24,576
-    values, 10.5 us a step on the H200 (run 7 probe), most of a chain step's bookkeeping. Under
-    DRAFTSMITH_TREE_TOPK=chunk it reduces 256-wide slices first, as the trees then do."""
-    if trees.TREE_TOPK == "chunk":
-        ids = trees.top_k_chunked(logits, 1)[1][..., 0]
-    else:
-        ids = logits.argmax(-1)
+    compiles it with the token lookup. Reducing 256-wide slices first, as the trees' chunked
+    top-k does, left the H200's chain 3 draft phase at 0.15 ms (run 8), so it is one argmax."""
+    ids = logits.argmax(-1)
     return ids, ids + d2t[ids]
 
 

@@ -29,19 +29,19 @@ from draftsmith.errors import DraftsmithError
 EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
 # A greedy node's k best children over the draft vocab, and the next frontier among the k*k:
-# "topk" (torch.topk: over the vocab a multi-block radix select, ~12 kernels a call), "max" (k
-# masked max reductions, which torch.compile fuses with the log-softmax), "chunk" (the k best of
-# each CHUNK-wide slice by masked maxes, then the k best of those: the same picks, with a CTA per
-# slice where "max" has one per row; opt-in until the H200 measures it) or "auto" (the default:
-# max for k <= MAX_BY_MAX_K, else topk). The H200 at batch 1 (run 7, speculative_default.md):
-# max cut a tree 3/4/8 draft phase 0.39 -> 0.33 ms but made 5/8/16's 0.70 -> 0.78 ms. Sampled
-# trees pick their frontier the same way; their prior scores tie, and the max methods break ties
-# to the lower index, so they build different (equally value-independent, so equally exact)
-# sampled trees than topk.
-TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "auto").strip().lower()
-if TREE_TOPK not in ("topk", "max", "chunk", "auto"):
-    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use auto, topk, max or chunk")
-MAX_BY_MAX_K = 4
+# "chunk" (the default: the k best of each CHUNK-wide slice by masked maxes, then the k best of
+# those, with a CTA per slice), "max" (k masked max reductions over the whole row, which
+# torch.compile fuses with the log-softmax, one CTA a row) or "topk" (torch.topk: over the vocab a
+# multi-block radix select, ~12 kernels a call). The H200 at batch 1 (run 8,
+# speculative_default.md), draft phase of tree 7/4/24: chunk 0.59 ms, topk 0.91; of 3/4/8: chunk
+# 0.24, topk 0.38, max 0.33 (run 7). Under "max" the root's children are picked eagerly: compiled
+# at batch 1 over 24,576 tokens, inductor 2.11 failed an assertion while fusing it (run 8).
+# Sampled trees pick their frontier the same way; their prior scores tie, and the max methods
+# break ties to the lower index, so they build different (equally value-independent, so equally
+# exact) sampled trees than topk.
+TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "chunk").strip().lower()
+if TREE_TOPK not in ("chunk", "max", "topk"):
+    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use chunk, max or topk")
 CHUNK = 256
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -103,17 +103,9 @@ def children(
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest along the last dim, best first, by DRAFTSMITH_TREE_TOPK's method."""
-    how = top_k_method(k)
-    if how == "chunk":
+    if TREE_TOPK == "chunk":
         return top_k_chunked(x, k)
-    return top_k_by_max(x, k) if how == "max" else x.topk(k, dim=-1)
-
-
-def top_k_method(k: int) -> str:
-    """topk, max or chunk: DRAFTSMITH_TREE_TOPK, with auto resolved by k."""
-    if TREE_TOPK != "auto":
-        return TREE_TOPK
-    return "max" if k <= MAX_BY_MAX_K else "topk"
+    return top_k_by_max(x, k) if TREE_TOPK == "max" else x.topk(k, dim=-1)
 
 
 def top_k_chunked(x: torch.Tensor, k: int,
@@ -257,7 +249,9 @@ class TreeDraft:
         """Greedy bookkeeping (the root's children, each depth's children and next frontier, node
         selection) as torch.compile'd pure functions: a handful of fused kernels in place of ~45
         small ones per depth."""
-        self.greedy_children, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
+        root, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
+        if TREE_TOPK != "max":
+            self.greedy_children = root
 
 
 def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.Tensor,
