@@ -10,7 +10,8 @@ Usage on the lent H200 (after `../shared/device/prepare-default-model.sh`), two 
      --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:src
      DRAFTSMITH_DEFAULT_GGUF=/tmp/m/S.gguf timeout 580 python3 benchmarks/gpu_suite.py
 Env overrides: WORK (a data folder, e.g. runs/demo/data), DRAFTER, TRAIN_SECONDS, N, ANSWER,
-EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS, GEN_BATCH,
+EPOCHS, TRAIN_BATCH, TRAIN_LEN, PROFILE_STEPS, INIT_HEAD, DRAFT_VOCAB, DRAFT_LAYERS,
+DRAFT_INTER (MLP width; with INIT_FROM wider widens it), GEN_BATCH,
 GEN_COMPILE (1 = on), SEED (self-made prompts, default 0), PACK_STEM (pack: answers-s1 etc.),
 REFILL (0 = static batches), OPENINGS (builtin, mixed or a file), TEMP,
 LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=0 or 1 (default: on the GPU),
@@ -231,6 +232,8 @@ def train_stage() -> dict:
                       draft_vocab_size=draft_vocab(),
                       num_layers=int(os.environ["DRAFT_LAYERS"]) if os.environ.get(
                           "DRAFT_LAYERS") else None,  # None: 1, or INIT_FROM's depth
+                      intermediate_size=int(os.environ["DRAFT_INTER"]) if os.environ.get(
+                          "DRAFT_INTER") else None,  # None: the target's, or INIT_FROM's
                       vocab=str(vocab) if vocab else None, device=DEVICE,
                       save_every=200, resume=True, progress=False, log_every=20,
                       profile_steps=int(os.environ.get("PROFILE_STEPS", "5")),

@@ -64,6 +64,9 @@
 # DRAFT_LAYERS=2 with INIT_KEPT deepens the kept 1-layer drafter (the new layer starts as the
 # identity): a deeper drafter costs ~0.05 ms more a draft step and pays if it lifts acceptance
 # by ~0.05 a position (speculative_default.md, "What 2.5x needs").
+# DRAFT_INTER=6144 with INIT_KEPT widens the kept drafter's MLP from the target's 1,536 (the new
+# units start silent): at batch 1 a GEMM is launch-bound, so a wider MLP costs a few us a draft
+# step where a second layer costs ~50.
 # While the machine stays warm (/tmp/m/S.gguf is there) later calls carry only .whl, and
 # `respec` measures runs/big/drafter, the drafter just trained. The machine is released 30 s after
 # a call: make the next call at once.

@@ -167,6 +167,51 @@ def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
                        num_layers=1), setup_ctx("cpu"))
 
 
+def test_init_from_widens_the_mlp_and_starts_as_the_narrow_drafter(setup):
+    """--intermediate-size wider than a drafter's: its weights kept, the new MLP units silent at
+    first (TTT logits equal the narrow drafter's), then they train; a new drafter takes the width
+    asked for; narrower than the drafter is an error."""
+    from draftsmith.train.ttt import unroll
+
+    root, target, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "narrow", max_steps=2))
+    old = load_drafter(root / "narrow")
+    w = old.cfg.intermediate_size
+    assert w == target.cfg.intermediate_size  # the default: the target's width
+    keep = dict(init_from=str(root / "narrow"), draft_vocab_size=None)
+    wide = Trainer(config(root, "wide", **keep, intermediate_size=3 * w),
+                   setup_ctx("cpu")).drafter
+    assert wide.cfg.intermediate_size == 3 * w
+    gate_up, down = wide.midlayer.mlp.gate_up.weight, wide.midlayer.mlp.down.weight
+    assert gate_up.shape[0] == 6 * w and down.shape[1] == 3 * w
+    old_gate, old_up = old.midlayer.mlp.gate_up.weight.split(w)
+    assert torch.equal(gate_up[:w], old_gate) and torch.equal(gate_up[3 * w : 4 * w], old_up)
+    assert torch.equal(down[:, :w], old.midlayer.mlp.down.weight)
+    assert not down[:, w:].any() and gate_up[w : 3 * w].abs().sum() > 0  # silent, not dead
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, old.cfg.vocab_size, (2, 12), generator=g)
+    n_aux = len(old.cfg.aux_layer_ids)
+    aux = torch.randn(2, 12, n_aux, old.fc.in_features // n_aux, generator=g)
+    pos, doc = torch.arange(12).expand(2, 12), torch.zeros(2, 12, dtype=torch.long)
+    with torch.no_grad():
+        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
+                        unroll(wide, tokens, wide.fuse(aux), pos, doc, 3), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+    train(config(root, "wide", **keep, intermediate_size=3 * w, max_steps=2))
+    trained = load_drafter(root / "wide")
+    assert trained.cfg.intermediate_size == 3 * w
+    assert trained.midlayer.mlp.down.weight[:, w:].abs().sum() > 0  # the new units learned
+    with pytest.raises(DraftsmithError, match=f"MLP width {3 * w} there, {w} here"):
+        Trainer(config(root, "back", init_from=str(root / "wide"), draft_vocab_size=None,
+                       intermediate_size=w), setup_ctx("cpu"))
+    with pytest.warns(UserWarning):
+        fresh = Trainer(config(root, "fresh", intermediate_size=2 * w), setup_ctx("cpu")).drafter
+    assert fresh.cfg.intermediate_size == 2 * w
+    with pytest.raises(DraftsmithError, match="intermediate_size must be >= 1"):
+        config(root, "zero", intermediate_size=0)
+
+
 def test_init_from_regrows_the_draft_vocab(setup):
     """A larger draft vocab than the drafter's: every weight kept, each head row moved to its
     token's new row, rows of new tokens fresh; the run then trains."""

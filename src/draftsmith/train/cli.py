@@ -37,6 +37,9 @@ def train(
                                    f"canonical ({CANONICAL_WORDS})"),
     num_layers: int = typer.Option(None, "--num-layers", help="Drafter decoder layers (default "
                                    "1, or with --init-from that drafter's; more deepens it)"),
+    intermediate_size: int = typer.Option(None, "--intermediate-size", help="Drafter MLP width "
+                                          "(default the target's, or with --init-from that "
+                                          "drafter's; wider widens it)"),
     norm_before_residual: bool = typer.Option(False, "--norm-before-residual"),
     norm_before_fc: bool = typer.Option(False, "--norm-before-fc"),
     fc_norm: bool = typer.Option(False, "--fc-norm"),
@@ -77,7 +80,8 @@ def train(
         warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, epochs=epochs,
         max_steps=max_steps, batch_size=batch_size, max_len=max_len,
         draft_vocab_size=draft_vocab_size, vocab=vocab, aux_layer_ids=parse_ids(aux_layers),
-        num_layers=num_layers, norm_before_residual=norm_before_residual,
+        num_layers=num_layers, intermediate_size=intermediate_size,
+        norm_before_residual=norm_before_residual,
         norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
         init_head=init_head, init_from=init_from,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,

@@ -66,6 +66,8 @@ class TrainConfig:
     vocab: str | None = None  # a vocab.safetensors (d2t, t2d); default: counted from the data
     aux_layer_ids: list[int] | None = None  # online only; offline reads the manifest
     num_layers: int | None = None  # None: 1, or with init_from that drafter's depth
+    # the MLP width: None: the target's, or with init_from that drafter's; wider widens it
+    intermediate_size: int | None = None
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     fc_norm: bool = False
@@ -111,6 +113,8 @@ class TrainConfig:
             self.num_layers = 1
         if self.num_layers is not None and self.num_layers < 1:
             raise DraftsmithError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise DraftsmithError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -118,7 +122,8 @@ class TrainConfig:
 # Changing these between a checkpoint and --resume would change the run: refused.
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
-            "max_len", "draft_vocab_size", "vocab", "num_layers", "init_head", "init_from",
+            "max_len", "draft_vocab_size", "vocab", "num_layers", "intermediate_size", "init_head",
+            "init_from",
             "max_samples", "seed")
 
 
@@ -257,6 +262,7 @@ class Trainer:
         d2t, t2d = self._vocab()
         dcfg = Eagle3Config.for_target(
             t.cfg, len(d2t), self.data.aux_layer_ids, num_layers=c.num_layers,
+            intermediate_size=c.intermediate_size or t.cfg.intermediate_size,
             norm_before_residual=c.norm_before_residual, norm_before_fc=c.norm_before_fc,
             fc_norm=c.fc_norm, norm_output=c.norm_output, target_fingerprint=t.fingerprint,
             target_source=str(t.folder or t.source),
@@ -277,21 +283,25 @@ class Trainer:
         """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
         same target and aux layers: more epochs or more data after a finished run. A --vocab
         file or a --draft-vocab-size other than the drafter's regrows its vocab; more
-        --num-layers than it has deepens it (the new layers start as the identity); none keeps
-        its depth."""
+        --num-layers than it has deepens it (the new layers start as the identity), a wider
+        --intermediate-size widens its MLPs (the new units start silent); none keeps its shape."""
         drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
         d, c, t = drafter.cfg, self.cfg, self.target
         layers = d.num_layers if c.num_layers is None else c.num_layers
+        width = c.intermediate_size or d.intermediate_size
         clashes = [
             (what, old, new) for what, old, new in (
                 ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
                 ("decoder layers", d.num_layers, min(layers, d.num_layers)),  # deepen only
+                ("MLP width", d.intermediate_size, min(width, d.intermediate_size)),  # widen only
                 ("target", d.target_fingerprint or t.fingerprint, t.fingerprint),
             ) if old != new
         ]
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
+        if width > d.intermediate_size:
+            drafter = self._widen(drafter, width)
         if layers > d.num_layers:
             drafter = self._deepen(drafter, layers)
         size = self.cfg.draft_vocab_size
@@ -329,6 +339,26 @@ class Trainer:
                 new.extra_layers[i].mlp.down.weight.zero_()
         self.say(f"{old.cfg.num_layers} -> {layers} decoder layers (new ones start "
                  "as the identity)")
+        return new
+
+    def _widen(self, old: Eagle3Drafter, width: int) -> Eagle3Drafter:
+        """`old` with MLPs `width` wide: its weights kept, the new units' gate and up rows
+        initialised as usual and their down columns zero, so they add nothing at first and the
+        wider drafter starts as the narrower one."""
+        w = old.cfg.intermediate_size
+        state = {k: v for k, v in old.state_dict().items() if ".mlp." not in k}
+        new, missing, unexpected = self._rebuilt(old, state, intermediate_size=width)
+        if unexpected or not all(".mlp." in k for k in missing):
+            raise DraftsmithError(f"widening {self.cfg.init_from}: weights missing "
+                                  f"{sorted(missing)}, unexpected {sorted(unexpected)}")
+        with torch.no_grad():
+            for a, b in zip(old.layers, new.layers, strict=True):
+                gate, up = a.mlp.gate_up.weight.split(w)
+                b.mlp.gate_up.weight[:w] = gate
+                b.mlp.gate_up.weight[width : width + w] = up
+                b.mlp.down.weight.zero_()
+                b.mlp.down.weight[:, :w] = a.mlp.down.weight
+        self.say(f"MLP width {w} -> {width} (the new units start silent)")
         return new
 
     def _regrow(self, old: Eagle3Drafter) -> Eagle3Drafter:
