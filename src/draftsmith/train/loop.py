@@ -123,8 +123,7 @@ class TrainConfig:
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
             "max_len", "draft_vocab_size", "vocab", "num_layers", "intermediate_size", "init_head",
-            "init_from",
-            "max_samples", "seed")
+            "init_from", "max_samples", "seed")
 
 
 class TTTModel(nn.Module):
