@@ -139,7 +139,8 @@ def test_compiled_top_p_at_batch_256_over_a_full_vocab():
     ref = probs(x, p)
     kept = (got > 0).sum(-1)
     assert torch.equal(kept, (ref > 0).sum(-1)) and torch.allclose(got, ref, atol=1e-6)
-    assert kept.min() >= 1 and 100 < kept.float().median() < 1000 and kept.max() < 5000
+    assert (kept > 1).float().mean() > 0.9 and 100 < kept.float().median() < 1000
+    assert kept.max() < 5000
 
 
 def test_compiled_graphed_sampling_with_a_tiny_top_p_is_greedy(tmp_path):

@@ -144,3 +144,24 @@ def test_respec_runs_take_the_verify_attention_and_tree_top_k(dry):
     assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"]) for c in specs] == [
         ("sdpa", "max"), ("matmul", "chunk")]
     assert (out / "respec.tgz").is_file()
+
+
+def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):
+    """TESTS=1: the GPU tests start beside the first call's generation, their log comes back in
+    the archive, and no later call (the drafter exists) starts them again; with too little
+    budget they do not start at all, so the call's final wait cannot hang."""
+    import tarfile
+
+    repo, _, run = dry
+
+    def archived(out: Path) -> list[str]:
+        with tarfile.open(out / "bigrun.tgz") as tgz:
+            return [Path(n).name for n in tgz.getnames()]
+
+    out, _ = run("bigrun", "t1", N="2", TESTS="1")
+    assert "probe_log.txt" in archived(out) and (repo / "runs/tests_started").is_file()
+    out, _ = run("bigrun", "t2", N="2", TESTS="1")
+    assert "probe_log.txt" not in archived(out)
+    shutil.rmtree(repo / "runs")
+    out, _ = run("bigrun", "t3", N="2", TESTS="1", BUDGET="80")
+    assert not (repo / "runs/tests_started").exists() and "probe_log.txt" not in archived(out)

@@ -86,6 +86,7 @@ def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method)
     torch.topk picks, scores equal to rounding."""
     from draftsmith.engine import tree
 
+    torch._dynamo.reset()  # static shapes, as a fresh engine process compiles them first
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     root, grow, _ = tree.compiled_bookkeeping()
     g = torch.Generator("cuda").manual_seed(0)

@@ -198,6 +198,13 @@ def test_init_from_widens_the_mlp_and_starts_as_the_narrow_drafter(setup):
         for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
                         unroll(wide, tokens, wide.fuse(aux), pos, doc, 3), strict=True):
             assert torch.allclose(x, y, atol=1e-5)
+    both = Trainer(config(root, "both", **keep, intermediate_size=3 * w, num_layers=2),
+                   setup_ctx("cpu")).drafter  # widened, then deepened at the new width
+    assert both.extra_layers[0].mlp.down.weight.shape[1] == 3 * w
+    with torch.no_grad():
+        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
+                        unroll(both, tokens, both.fuse(aux), pos, doc, 3), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
     train(config(root, "wide", **keep, intermediate_size=3 * w, max_steps=2))
     trained = load_drafter(root / "wide")
     assert trained.cfg.intermediate_size == 3 * w

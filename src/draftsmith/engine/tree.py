@@ -246,9 +246,9 @@ class TreeDraft:
         self.blocks, self.front, self.committed = [], (), None
 
     def compile(self) -> None:
-        """Greedy bookkeeping (the root's children, each depth's children and next frontier, node
-        selection) as torch.compile'd pure functions: a handful of fused kernels in place of ~45
-        small ones per depth."""
+        """Greedy bookkeeping (the root's children, except under max, each depth's children and
+        next frontier, node selection) as torch.compile'd pure functions: a handful of fused
+        kernels in place of ~45 small ones per depth."""
         root, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
         if TREE_TOPK != "max":
             self.greedy_children = root
