@@ -88,3 +88,22 @@ def test_warm_each_runs_every_distinct_batch_once():
     batches = [[[1, 2]], [[3]], [[1, 2]], [[3, 4, 5]], [[3]]]
     assert warm_each(calls.append, batches) == 3
     assert calls == [[[1, 2]], [[3]], [[3, 4, 5]]]  # first-seen order, repeats skipped
+
+
+def test_progress_plot_reads_each_runs_decode_only_heading():
+    """benchmarks/progress_plot.py: one point per run heading that states a decode-only figure,
+    in run order, whatever order the file lists them; headings without one are left out."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "progress_plot.py"
+    spec = importlib.util.spec_from_file_location("progress_plot", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    md = """# x
+## Run 9 (2026-12-02, 01:00 UTC): more; decode-only 2.61x at batch 1
+text decode-only 9.99x
+## Run 3 (2026-11-30): whole generation 1.30x
+## Run 4 (2026-12-01, 02:46 UTC): decode-only speedups at most 1.10x; prefill
+"""
+    assert mod.runs(md) == [(4, "2026-12-01", 1.10), (9, "2026-12-02", 2.61)]
