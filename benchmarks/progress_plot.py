@@ -39,6 +39,7 @@ def main() -> None:
     ax.plot([n for n, _, _ in rows], [x for _, _, x in rows], "o-", label="best, batch 1")
     ax.axhline(GOAL, ls="--", color="gray", label=f"goal {GOAL}x")
     ax.axhline(1.0, color="black", lw=0.5)
+    ax.set_xticks([n for n, _, _ in rows])
     ax.set(xlabel="H200 run", ylabel="decode-only speedup",
            title="Default target, chat suite, batch 1")
     ax.legend(loc="lower right")
