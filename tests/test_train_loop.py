@@ -129,12 +129,26 @@ def test_init_from_starts_a_fresh_run_from_a_drafters_weights(setup):
         config(root, "both", init_from=str(root / "base"), init_head="target")
 
 
+def assert_same_ttt_logits(a, b) -> None:
+    """Drafters `a` and `b` give the same TTT logits, step by step, on random tokens and aux
+    states: a grown drafter still computes what the drafter it grew from did."""
+    from draftsmith.train.ttt import unroll
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, a.cfg.vocab_size, (2, 12), generator=g)
+    n_aux = len(a.cfg.aux_layer_ids)
+    aux = torch.randn(2, 12, n_aux, a.fc.in_features // n_aux, generator=g)
+    pos, doc = torch.arange(12).expand(2, 12), torch.zeros(2, 12, dtype=torch.long)
+    with torch.no_grad():
+        for x, y in zip(unroll(a, tokens, a.fuse(aux), pos, doc, 3),
+                        unroll(b, tokens, b.fuse(aux), pos, doc, 3), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+
+
 def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
     """--num-layers 2 from a 1-layer drafter: the old weights kept, the new layer adds nothing
     at first (TTT logits equal the old drafter's), then it trains; without --num-layers a warm
     start keeps the drafter's depth; fewer layers is an error."""
-    from draftsmith.train.ttt import unroll
-
     root, _, _ = setup
     with pytest.warns(UserWarning):
         train(config(root, "one", max_steps=2))
@@ -144,15 +158,7 @@ def test_init_from_deepens_a_drafter_that_starts_as_the_shallow_one(setup):
     assert deep.cfg.num_layers == 2 and len(deep.extra_layers) == 1
     a, b = old.state_dict(), deep.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, old.cfg.vocab_size, (2, 12), generator=g)
-    n_aux = len(old.cfg.aux_layer_ids)
-    aux = torch.randn(2, 12, n_aux, old.fc.in_features // n_aux, generator=g)
-    pos, doc = torch.arange(12).expand(2, 12), torch.zeros(2, 12, dtype=torch.long)
-    with torch.no_grad():
-        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
-                        unroll(deep, tokens, deep.fuse(aux), pos, doc, 3), strict=True):
-            assert torch.allclose(x, y, atol=1e-5)
+    assert_same_ttt_logits(old, deep)
     train(config(root, "two", **keep, num_layers=2, max_steps=2))
     trained = load_drafter(root / "two")
     assert trained.cfg.num_layers == 2
@@ -171,8 +177,6 @@ def test_init_from_widens_the_mlp_and_starts_as_the_narrow_drafter(setup):
     """--intermediate-size wider than a drafter's: its weights kept, the new MLP units silent at
     first (TTT logits equal the narrow drafter's), then they train; a new drafter takes the width
     asked for; narrower than the drafter is an error."""
-    from draftsmith.train.ttt import unroll
-
     root, target, _ = setup
     with pytest.warns(UserWarning):
         train(config(root, "narrow", max_steps=2))
@@ -189,22 +193,11 @@ def test_init_from_widens_the_mlp_and_starts_as_the_narrow_drafter(setup):
     assert torch.equal(gate_up[:w], old_gate) and torch.equal(gate_up[3 * w : 4 * w], old_up)
     assert torch.equal(down[:, :w], old.midlayer.mlp.down.weight)
     assert not down[:, w:].any() and gate_up[w : 3 * w].abs().sum() > 0  # silent, not dead
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, old.cfg.vocab_size, (2, 12), generator=g)
-    n_aux = len(old.cfg.aux_layer_ids)
-    aux = torch.randn(2, 12, n_aux, old.fc.in_features // n_aux, generator=g)
-    pos, doc = torch.arange(12).expand(2, 12), torch.zeros(2, 12, dtype=torch.long)
-    with torch.no_grad():
-        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
-                        unroll(wide, tokens, wide.fuse(aux), pos, doc, 3), strict=True):
-            assert torch.allclose(x, y, atol=1e-5)
+    assert_same_ttt_logits(old, wide)
     both = Trainer(config(root, "both", **keep, intermediate_size=3 * w, num_layers=2),
                    setup_ctx("cpu")).drafter  # widened, then deepened at the new width
     assert both.extra_layers[0].mlp.down.weight.shape[1] == 3 * w
-    with torch.no_grad():
-        for x, y in zip(unroll(old, tokens, old.fuse(aux), pos, doc, 3),
-                        unroll(both, tokens, both.fuse(aux), pos, doc, 3), strict=True):
-            assert torch.allclose(x, y, atol=1e-5)
+    assert_same_ttt_logits(old, both)
     train(config(root, "wide", **keep, intermediate_size=3 * w, max_steps=2))
     trained = load_drafter(root / "wide")
     assert trained.cfg.intermediate_size == 3 * w

@@ -273,7 +273,7 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
 
 
 def greedy_children(logits: torch.Tensor, d2t: torch.Tensor,
-                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
     increments, target tokens). Pure."""
     ids, inc, _ = children(logits, k, SamplingParams(0.0))
