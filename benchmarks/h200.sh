@@ -88,6 +88,14 @@ date -u | tee -a "$OUT/device.txt"
 
 left() { echo $(( BUDGET - SECONDS )); }  # seconds left of this call (SECONDS: since start)
 
+# gpu_tests SECONDS [pytest args]: the GPU tests, the speculative engine's first
+gpu_tests() {
+    local t=$1
+    shift
+    timeout "$t" python3 -m pytest -p no:cacheprovider -m gpu tests/test_speculative_gpu.py \
+        tests/test_gpu.py tests/test_data_gpu.py "$@"
+}
+
 # greedy_gen WORK OUTDIR N [VAR=value ...]: bigrun's greedy answers to self-made prompts, with
 # runs 4 and 6's settings unless told otherwise (batch 1,024 and mixed openings; batch 256
 # crashed inductor in run 6); returns gpu_suite's exit status (124: out of time, not failed)
@@ -134,10 +142,7 @@ probe)
         DRAFTSMITH_TREE_TOPK=$m python3 benchmarks/decode_kernels.py \
             --out "$OUT/decode_kernels_tree$m.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     done
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
-    timeout "${LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/test_speculative_gpu.py tests/test_gpu.py tests/test_data_gpu.py tests/test_tp.py \
-        tests/test_tp_nccl.py 2>&1 \
+    gpu_tests "${LIMIT:-420}" -q tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
         | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;
 refill)
@@ -170,8 +175,7 @@ bigrun)
         t=$(( $(left) - 60 )); [ $t -gt 420 ] && t=420
         if [ $t -gt 30 ]; then  # timeout 0 would mean no limit, and the wait below would hang
             mkdir -p runs && touch runs/tests_started
-            timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
-                tests/test_speculative_gpu.py tests/test_data_gpu.py > "$OUT/probe_log.txt" 2>&1 &
+            gpu_tests $t -q > "$OUT/probe_log.txt" 2>&1 &
         fi
     fi
     if [ ! -f $W/gen_done ] && [ -n "$parts" ]; then
@@ -252,8 +256,7 @@ respec)
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
     done
-    [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && timeout "$(( $(left) - 20 ))" python3 -m pytest -v -p no:cacheprovider \
-        -m gpu tests/test_gpu.py tests/test_speculative_gpu.py tests/test_data_gpu.py \
+    [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && gpu_tests "$(( $(left) - 20 ))" -v \
         > $R/probe_log.txt 2>&1
     tar czf "$OUT/respec.tgz" -C "$(dirname "$R")" "$(basename "$R")"
     ;;
