@@ -2,6 +2,7 @@
 and the same for the speculative draft and verify phases (chain 3, trees 3/4/8 and 7/4/24).
 
 Usage: python benchmarks/decode_kernels.py [--out FILE.json] [--no-compile] [--no-phases]
+       [--no-decode]
 Runs each step's ops eagerly (the same kernels its CUDA graph holds) under torch.profiler, then
 times the graphed step with CUDA events. The phases use a random drafter: their kernels do not
 depend on its weights. Verify (2-16 tokens) took 1.46 ms a cycle in run 4 against 0.99-1.06 ms
@@ -21,7 +22,7 @@ from draftsmith.bench.drafters import random_drafter
 from draftsmith.engine.generate import decoder, prefill
 from draftsmith.engine.runtime import Runtime, raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, sample
-from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.speculative import FUSED_DRAFT, SpecDecoder
 from draftsmith.engine.tree import TREE_TOPK
 from draftsmith.models.llama import VERIFY_ATTENTION
 from draftsmith.targets import load_target
@@ -72,12 +73,32 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-phases", action="store_true")
+    ap.add_argument("--no-decode", action="store_true", help="the phases only")
     args = ap.parse_args()
     target = load_target("default")
     model = target.build(torch.bfloat16, "cuda")
     rt = Runtime(model, 1, 512, compile=not args.no_compile)
     raise_recompile_limit()
     prompt = target.chat_ids([{"role": "user", "content": "Explain how a hash map works."}])
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "compiled": not args.no_compile, "layers": len(model.layers),
+           "verify_attention": VERIFY_ATTENTION, "tree_topk": TREE_TOPK,
+           "fused_draft": FUSED_DRAFT}
+    print(f"tree top-k {TREE_TOPK}, tree draft compiled {'whole' if FUSED_DRAFT else 'in parts'}")
+    if not args.no_decode:
+        res.update(decode_kernels(rt, prompt, len(model.layers)))
+    if not args.no_phases:
+        settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8), "tree 7/4/24": (7, 4, 24),
+                    "tree 8/4/32": (8, 4, 32)}
+        res["phases"] = {name: phase_kernels(rt, target, prompt, model, *setting)
+                         for name, setting in settings.items()}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def decode_kernels(rt: Runtime, prompt: list[int], layers: int) -> dict:
+    """The kernels of one graphed decode step, and the step and the bare forward timed."""
     params = SamplingParams()
     state, step = decoder(rt, 1, [], params)
     logits, lens = prefill(rt, [prompt])
@@ -87,21 +108,11 @@ def main() -> None:
     rt.capture([1], [1])
     tok, pos = torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.full((1, 1), 40).cuda()
     fwd_ms = graphed_ms(lambda: rt.forward(tok, pos))
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "compiled": not args.no_compile, "layers": len(model.layers),
-           "verify_attention": VERIFY_ATTENTION, "tree_topk": TREE_TOPK,
-           "kernels_per_step": count, "kernel_us_per_step": busy,
-           "graphed_step_ms": step_ms, "graphed_forward_ms": fwd_ms, "kernels": rows[:40]}
-    print(f"kernels per decode step: {count} ({count / len(model.layers):.1f} a layer), "
+    print(f"kernels per decode step: {count} ({count / layers:.1f} a layer), "
           f"GPU busy {busy:.0f} us; graphed step {step_ms:.3f} ms, forward {fwd_ms:.3f} ms")
     print_kernels(rows[:40])
-    if not args.no_phases:
-        settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8), "tree 7/4/24": (7, 4, 24)}
-        res["phases"] = {name: phase_kernels(rt, target, prompt, model, *setting)
-                         for name, setting in settings.items()}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    return {"kernels_per_step": count, "kernel_us_per_step": busy, "graphed_step_ms": step_ms,
+            "graphed_forward_ms": fwd_ms, "kernels": rows[:40]}
 
 
 def phase_kernels(rt: Runtime, target, prompt: list[int], model, steps: int, topk: int,

@@ -10,9 +10,8 @@
 #   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
-#                                     # verify attention matmul (default) and sdpa; tree top-k
-#                                     # chunk (default), DRAFTSMITH_TREE_TOPK=max and topk)
-#                                     # + GPU tests
+#                                     # the default engine, then a tree's draft compiled in parts
+#                                     # (DRAFTSMITH_FUSED_DRAFT=0) and torch.topk) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -28,9 +27,10 @@
 #   bash benchmarks/h200.sh respec    # KEPT=dir of a kept drafter: compiled spec b1 and b8/32, one
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
-#                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max]] list
-#                                     # (6th: verify attention, 7th: tree top-k
-#                                     # chunk|max|topk); TESTS=0: no tests)
+#                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max[:0]]]
+#                                     # list (6th: verify attention, 7th: tree top-k
+#                                     # chunk|max|topk, 8th: 0 drafts a tree in compiled parts
+#                                     # instead of whole); TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -134,14 +134,14 @@ suite)
         timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
     ;;
 probe)
+    # the default engine (chunked top-k, a tree's draft phase compiled whole), then the draft
+    # compiled in parts (DRAFTSMITH_FUSED_DRAFT=0) and torch.topk beside it
     python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
         | tee "$OUT/probe_log.txt"
-    DRAFTSMITH_VERIFY_ATTENTION=sdpa python3 benchmarks/decode_kernels.py \
-        --out "$OUT/decode_kernels_sdpa.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    for m in max topk; do
-        DRAFTSMITH_TREE_TOPK=$m python3 benchmarks/decode_kernels.py \
-            --out "$OUT/decode_kernels_tree$m.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    done
+    DRAFTSMITH_FUSED_DRAFT=0 python3 benchmarks/decode_kernels.py --no-decode \
+        --out "$OUT/decode_kernels_parts.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py --no-decode \
+        --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     gpu_tests "${LIMIT:-420}" -q tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
         | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;
@@ -246,13 +246,13 @@ respec)
     R=${RESPEC_DIR:-/tmp/r} W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    # name:rows:batches:chain:trees[:verify attention[:tree top-k]]
+    # name:rows:batches:chain:trees[:verify attention[:tree top-k[:fused draft 1|0]]]
     for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
-        IFS=: read -r name rows batches chain trees vattn ttopk <<< "$run"
+        IFS=: read -r name rows batches chain trees vattn ttopk fused <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
-            WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
+            DRAFTSMITH_FUSED_DRAFT=${fused:-1} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
     done

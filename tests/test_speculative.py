@@ -294,14 +294,16 @@ def _compiled_entries(fn) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("steps,topk,n,rows,method", [
-    (3, 1, None, 4, "topk"), (4, 4, 10, 4, "topk"), (2, 3, 4, 1, "topk"), (4, 4, 10, 4, "max"),
-    (3, 1, None, 4, "chunk"), (4, 4, 10, 4, "chunk")])
+@pytest.mark.parametrize("steps,topk,n,rows,method,whole", [
+    (3, 1, None, 4, "topk", True), (4, 4, 10, 4, "topk", False), (2, 3, 4, 1, "topk", True),
+    (4, 4, 10, 4, "max", True), (4, 4, 10, 4, "chunk", False), (4, 4, 10, 4, "chunk", True)])
 def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n, rows, method,
-                                                          monkeypatch):
+                                                          whole, monkeypatch):
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
     runs) build the same trees and commit the same tokens as the eager code at every cycle, with
-    a random drafter whose hidden states shape the trees, and equal plain greedy decoding."""
+    a random drafter whose hidden states shape the trees, and equal plain greedy decoding.
+    whole: a greedy tree's draft phase compiled as one function (the fused engine; not under
+    max), else the drafter and each pick compiled apart."""
     from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
@@ -309,7 +311,8 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     target, rt, _, _ = setup
     drafter = make_drafter(target, 96)
     eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
-    fused.compile_bookkeeping()
+    fused.compile_bookkeeping(fuse_draft=whole)
+    assert fused.fused == (whole and topk > 1 and method != "max")
     prompts = PROMPTS[:rows]
     torch.set_grad_enabled(False)  # as generate() runs; the step API leaves it to the caller
     try:
@@ -319,9 +322,11 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     assert _compiled_entries(speculative.commit_values) > 0
     if topk == 1:
         assert _compiled_entries(speculative.chain_child) > 0
-    if topk > 1:
+    if fused.fused:
+        assert _compiled_entries(speculative.greedy_tree_phase) > 0
+    elif topk > 1:
         assert all(_compiled_entries(f) > 0 for f in (tree.grow_greedy, tree.pick_nodes))
-        roots = [st.tree.greedy_children for st in fused.states.values()]
+        roots = [st.tree.fns[0] for st in fused.states.values()]
         if method == "max":  # the root pick stays eager (grow_greedy inlines greedy_children)
             assert roots and all(r is tree.greedy_children for r in roots)
         else:
@@ -460,8 +465,9 @@ def test_tree_topk_default_is_chunk_and_max_keeps_the_root_pick_eager(monkeypatc
         monkeypatch.setattr(tree, "TREE_TOPK", method)
         t = tree.TreeDraft(shape, 1, 8, 32, torch.float32, torch.device("cpu"), sampling=False)
         t.compile()
-        assert (t.greedy_children is not tree.greedy_children) is root_compiled, method
-        assert t.grow_greedy is not tree.grow_greedy and t.pick_nodes is not tree.pick_nodes
+        root, grow, pick = t.fns
+        assert (root is not tree.greedy_children) is root_compiled, method
+        assert grow is not tree.grow_greedy and pick is not tree.pick_nodes
 
 
 def test_top_k_chunked_equals_torch_topk():

@@ -52,18 +52,22 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
     assert ph is not None and all(ph.ms[k] > 0 for k in ("draft", "verify", "accept", "extend"))
 
 
-@pytest.mark.parametrize("steps,topk,n,method", [
-    (3, 1, None, "chunk"), (4, 4, 10, "chunk"), (4, 4, 10, "topk"), (4, 4, 10, "max")])
-def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method):
+@pytest.mark.parametrize("steps,topk,n,method,whole", [
+    (3, 1, None, "chunk", True), (4, 4, 10, "chunk", True), (4, 4, 10, "chunk", False),
+    (4, 4, 10, "topk", True), (4, 4, 10, "max", True)])
+def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method, whole):
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
-    16-wide slices of the tiny draft vocab)."""
-    from draftsmith.engine import tree
+    16-wide slices of the tiny draft vocab), with a tree's draft phase compiled whole (the
+    default, DRAFTSMITH_FUSED_DRAFT; never under max) or in parts."""
+    from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     monkeypatch.setattr(tree, "CHUNK", 16)
+    monkeypatch.setattr(speculative, "FUSED_DRAFT", whole)
     target, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
+    assert dec.fused == (whole and topk > 1 and method != "max")
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 

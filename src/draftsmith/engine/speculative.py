@@ -16,7 +16,9 @@ the last emitted token x_L is verified at position L; the drafter pair (x_{p+1},
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from functools import cache, partial
 
 import torch
@@ -34,6 +36,10 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import Transformer
+
+# A compiled engine's greedy trees draft in one compiled function (drafter forwards, picks and
+# the verify's inputs fused across depths); 0 keeps the drafter and the picks compiled apart.
+FUSED_DRAFT = os.environ.get("DRAFTSMITH_FUSED_DRAFT", "1").strip() != "0"
 
 
 class SpecDecoder:
@@ -99,9 +105,9 @@ class SpecDecoder:
         self.out_width = self.capacity() + steps + 2
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = (
             verify.chain_greedy, tree_pick, commit_values, chain_child)
-        self.bookkeeping_compiled = False
+        self.bookkeeping_compiled, self.fused, self.tree_phase = False, False, greedy_tree_phase
         if (self.compiled if fuse_bookkeeping is None else fuse_bookkeeping) and params.greedy:
-            self.compile_bookkeeping()
+            self.compile_bookkeeping(fuse_draft=self.compiled and FUSED_DRAFT)
 
     def _check_pair(self) -> None:
         tc, dc = self.rt.model.cfg, self.drafter.cfg
@@ -298,6 +304,14 @@ class SpecDecoder:
 
     def _draft_tree(self, st: SpecState) -> None:
         t, d2t = st.tree, self.drafter.d2t
+        if self.params.greedy:
+            fns, drafter = (trees.GREEDY_FNS, self.drafter) if self.fused else (t.fns,
+                                                                                 self.draft_fn)
+            self.tree_phase(t.nodes() + (st.vtok, st.vpos, st.vmask), fns, drafter, st.dcaches,
+                            st.root_logits, st.root_hidden, st.L, st.last, d2t, t.own, t.ar_k,
+                            t.cand_depth, t.cand_qsrc, t.shape, self.tbase, self.drt.max_seq,
+                            self.rt.max_seq)
+            return
         t.expand_root(st.root_logits, st.root_hidden, self.params, d2t)
 
         def call(tok, hidden, pos, slots, mask):
@@ -306,10 +320,10 @@ class SpecDecoder:
         for d in range(1, self.steps):
             t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, d2t)
         t.select(st.last)
-        st.vtok.copy_(t.node_tok)
-        st.vpos.copy_(st.L[:, None] + t.node_depth)
-        st.vmask.copy_(trees.committed_mask(st.L, self.n_verify, self.rt.max_seq))
-        st.vmask[:, 0, :, self.tbase : self.tbase + self.n_verify] |= t.anc
+        for buf, new in zip((st.vtok, st.vpos, st.vmask),
+                            trees.verify_inputs(t.node_tok, t.node_depth, t.anc, st.L, self.tbase,
+                                                self.rt.max_seq), strict=True):
+            buf.copy_(new)
 
     def _verify(self, st: SpecState):
         tree = st.tree is not None
@@ -340,11 +354,16 @@ class SpecDecoder:
             self._copy_path(st, path)
         self._commit(st, n, bonus, path, aux)
 
-    def compile_bookkeeping(self) -> None:
+    def compile_bookkeeping(self, fuse_draft: bool = False) -> None:
         """The greedy accept's arithmetic (and the trees' draft bookkeeping) torch.compile'd: a few
         fused kernels instead of ~50-80 small ones. The compiled engine does this on its own;
-        tests call it to check the compiled functions on CPU."""
+        tests call it to check the compiled functions on CPU. fuse_draft: a greedy tree's whole
+        draft phase (drafter forwards, picks, the verify's inputs) as one compiled function
+        (not under DRAFTSMITH_TREE_TOPK=max, whose root pick inductor failed to compile)."""
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = compiled_accept()
+        self.fused = fuse_draft and self.shape is not None and trees.TREE_TOPK != "max"
+        if self.fused:
+            self.tree_phase = compiled_tree_phase()
         for st in self.states.values():
             if st.tree is not None:
                 st.tree.compile()
@@ -380,6 +399,22 @@ class SpecDecoder:
         logits, h = self.draft_fn(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
         st.root_logits.copy_(logits[st.rows, st.n])
         st.root_hidden.copy_(h[st.rows, st.n])
+
+
+def greedy_tree_phase(outs: tuple[torch.Tensor, ...], fns: tuple, drafter, caches: list,
+                      logits: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor,
+                      last: torch.Tensor, d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
+                      cand_depth: torch.Tensor, cand_qsrc: torch.Tensor, shape: trees.TreeShape,
+                      base: int, total: int, vtotal: int) -> None:
+    """A greedy tree's draft phase: `trees.greedy_tree`, then the picked nodes and the verify's
+    tokens, positions and mask written into `outs` (the tree's node buffers, then vtok, vpos,
+    vmask). The fused engine compiles all of it as one function."""
+    picked = trees.greedy_tree(fns, drafter, caches, logits, hidden, lengths, last, d2t, own,
+                               ar_k, cand_depth, cand_qsrc, shape, base, total)
+    tok, _, depth, _, _, anc = picked
+    new = picked + trees.verify_inputs(tok, depth, anc, lengths, base, vtotal)
+    for buf, value in zip(outs, new, strict=True):
+        buf.copy_(value)
 
 
 def tree_pick(logits: torch.Tensor, node_tok: torch.Tensor, node_parent: torch.Tensor,
@@ -418,6 +453,12 @@ def chain_child(logits: torch.Tensor, d2t: torch.Tensor) -> tuple[torch.Tensor, 
     top-k does, left the H200's chain 3 draft phase at 0.15 ms (run 8), so it is one argmax."""
     ids = logits.argmax(-1)
     return ids, ids + d2t[ids]
+
+
+@cache
+def compiled_tree_phase() -> Callable:
+    raise_recompile_limit()
+    return torch.compile(greedy_tree_phase, fullgraph=True)
 
 
 @cache

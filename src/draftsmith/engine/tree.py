@@ -182,9 +182,8 @@ class TreeDraft:
             torch.zeros(b, n, **z) for _ in range(5))
         self.anc = torch.zeros(b, n, n, dtype=torch.bool, device=device)
         self.ar_k = torch.arange(k, device=device)
-        # compile() swaps these for compiled copies
-        self.greedy_children, self.grow_greedy, self.pick_nodes = (greedy_children, grow_greedy,
-                                                                   pick_nodes)
+        # greedy_tree's (root children, depth growth, node pick); compile() swaps in compiled ones
+        self.fns: tuple[Callable, ...] = GREEDY_FNS
         # own[d][j]: frontier node j at depth d+1 sits in scratch slot d*k + j (static, so no
         # host value is copied inside a graph)
         self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
@@ -196,62 +195,99 @@ class TreeDraft:
 
     def expand_root(self, logits: torch.Tensor, hidden: torch.Tensor, params: SamplingParams,
                     d2t: torch.Tensor) -> None:
-        k, b = self.shape.topk, self.b
-        if params.greedy:
-            ids, score, tok = self.greedy_children(logits, d2t, k)
-        else:
-            ids, score, q = children(logits, k, params)
-            self.qbank[:, 0] = q
-            tok = ids + d2t[ids]
-        self.blocks = [(ids, tok, score, torch.zeros_like(ids))]
-        # contiguous, as every later depth's are: a stride change would recompile the drafter
-        self.front = (self.own[0].expand(b, k, -1).contiguous(), 1 + self.ar_k.expand(b, k), tok,
-                      score, hidden[:, None].expand(b, k, hidden.shape[-1]).contiguous())
+        """Sampling mode's root (greedy trees run `greedy_tree`)."""
+        ids, score, q = children(logits, self.shape.topk, params)
+        self.qbank[:, 0] = q
+        block, self.front = first_front(ids, ids + d2t[ids], score, hidden, self.own[0],
+                                        self.ar_k)
+        self.blocks = [block]
         self.committed = None
 
     def step(self, d: int, call: DrafterCall, lengths: torch.Tensor, base: int, total: int,
              params: SamplingParams, d2t: torch.Tensor) -> None:
-        """Run the drafter on the depth-d frontier (positions L+d-1, scratch slots from `base`);
-        keep its k*k children and pick the next frontier."""
-        k, s, b = self.shape.topk, self.shape.steps, self.b
-        fs = self.shape.frontier_slots
+        """Sampling mode: run the drafter on the depth-d frontier (positions L+d-1, scratch
+        slots from `base`); keep its k*k children and pick the next frontier."""
+        k, s = self.shape.topk, self.shape.steps
         f_anc, f_flat, f_tok, f_score, f_hidden = self.front
         if self.committed is None:  # the same for every depth of a cycle
             self.committed = committed_mask(lengths, k, total)
-        mask = self.committed.clone()
-        mask[:, 0, :, base : base + fs] = f_anc  # scratch slots lie above every committed one
-        pos = (lengths + d - 1)[:, None].expand(b, k)
-        slots = (base + (d - 1) * k + self.ar_k).expand(b, k)
-        logits, h = call(f_tok, f_hidden, pos, slots, mask)
-        start, last, own = k + (d - 1) * k * k, d == s - 1, self.own[min(d, s - 2)]
-        if params.greedy:
-            ids, inc, *grown = self.grow_greedy(logits, h, f_score, f_flat, f_anc, own, d2t,
-                                                start, last)
-        else:
-            ids, inc, q = children(logits, k, params)
-            self.qbank[:, 1 + (d - 1) * k : 1 + d * k] = q
-            grown = frontier(ids, inc, ids + d2t[ids], h, f_score, f_flat, f_anc, own, start,
-                             last)
-        tok, score, parent, *nxt = grown
+        logits, h = call(f_tok, f_hidden, *depth_inputs(f_anc, self.committed, lengths, d,
+                                                       self.ar_k, base))
+        ids, inc, q = children(logits, k, params)
+        self.qbank[:, 1 + (d - 1) * k : 1 + d * k] = q
+        tok, score, parent, *nxt = frontier(ids, inc, ids + d2t[ids], h, f_score, f_flat, f_anc,
+                                            self.own[min(d, s - 2)], k + (d - 1) * k * k,
+                                            d == s - 1)
         self.blocks.append((ids.flatten(1), tok, score, parent))
         self.front = tuple(nxt)
 
     def select(self, last: torch.Tensor) -> None:
-        """The root plus the best N-1 candidates, in candidate (depth-major) order."""
-        picked = self.pick_nodes(last, self.blocks, self.cand_depth, self.cand_qsrc,
-                                 self.shape.tokens, self.shape.steps)
-        for buf, new in zip((self.node_tok, self.node_draft, self.node_depth, self.node_qsrc,
-                             self.node_parent, self.anc), picked, strict=True):
+        """Sampling mode: the root plus the best N-1 candidates, in candidate (depth-major)
+        order."""
+        picked = pick_nodes(last, self.blocks, self.cand_depth, self.cand_qsrc,
+                            self.shape.tokens, self.shape.steps)
+        for buf, new in zip(self.nodes(), picked, strict=True):
             buf.copy_(new)
         self.blocks, self.front, self.committed = [], (), None
+
+    def nodes(self) -> tuple[torch.Tensor, ...]:
+        """The buffers the accept phase reads, in `pick_nodes`' order."""
+        return (self.node_tok, self.node_draft, self.node_depth, self.node_qsrc,
+                self.node_parent, self.anc)
 
     def compile(self) -> None:
         """Greedy bookkeeping (the root's children, except under max, each depth's children and
         next frontier, node selection) as torch.compile'd pure functions: a handful of fused
         kernels in place of ~45 small ones per depth."""
-        root, self.grow_greedy, self.pick_nodes = compiled_bookkeeping()
-        if TREE_TOPK != "max":
-            self.greedy_children = root
+        root, grow, pick = compiled_bookkeeping()
+        self.fns = (root if TREE_TOPK != "max" else greedy_children, grow, pick)
+
+
+def first_front(ids: torch.Tensor, tok: torch.Tensor, score: torch.Tensor, hidden: torch.Tensor,
+                own0: torch.Tensor, ar_k: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """The root's children as a candidate block (draft, tok, score, parent) and as the first
+    frontier (ancestry, flat id, token, score, hidden). Contiguous, as every later depth's are:
+    a stride change would recompile the drafter."""
+    b, k = ids.shape
+    front = (own0.expand(b, k, -1).contiguous(), 1 + ar_k.expand(b, k), tok, score,
+             hidden[:, None].expand(b, k, hidden.shape[-1]).contiguous())
+    return (ids, tok, score, torch.zeros_like(ids)), front
+
+
+def depth_inputs(f_anc: torch.Tensor, committed: torch.Tensor, lengths: torch.Tensor, d: int,
+                 ar_k: torch.Tensor, base: int) -> tuple[torch.Tensor, ...]:
+    """The drafter's (positions, slots, mask) for the depth-d frontier: positions L+d-1, scratch
+    slots base + (d-1)k + j, the committed slots plus each node's frontier ancestors (scratch
+    slots lie above every committed one)."""
+    b, k, fs = f_anc.shape
+    mask = committed.clone()
+    mask[:, 0, :, base : base + fs] = f_anc
+    pos = (lengths + d - 1)[:, None].expand(b, k)
+    return pos, (base + (d - 1) * k + ar_k).expand(b, k), mask
+
+
+def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logits: torch.Tensor,
+                hidden: torch.Tensor, lengths: torch.Tensor, last: torch.Tensor,
+                d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
+                cand_depth: torch.Tensor, cand_qsrc: torch.Tensor, shape: TreeShape, base: int,
+                total: int) -> tuple[torch.Tensor, ...]:
+    """A greedy draft tree from the root's logits and hidden state, as `pick_nodes`' values; only
+    the drafter's KV cache is written. fns: (greedy_children, grow_greedy, pick_nodes) or their
+    compiled copies; the fused engine compiles this whole function instead."""
+    root, grow, pick = fns
+    k, s = shape.topk, shape.steps
+    ids, score, tok = root(logits, d2t, k)
+    block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
+    blocks, committed = [block], committed_mask(lengths, k, total)
+    for d in range(1, s):
+        f_anc, f_flat, f_tok, f_score, f_hidden = front
+        pos, slots, mask = depth_inputs(f_anc, committed, lengths, d, ar_k, base)
+        out, h = drafter(f_tok, f_hidden, pos, caches, slots, mask)
+        ids, _, tok, score, parent, *front = grow(out, h, f_score, f_flat, f_anc,
+                                                  own[min(d, s - 2)], d2t, k + (d - 1) * k * k,
+                                                  d == s - 1)
+        blocks.append((ids.flatten(1), tok, score, parent))
+    return pick(last, blocks, cand_depth, cand_qsrc, shape.tokens, s)
 
 
 def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.Tensor,
@@ -295,7 +331,7 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
     candidates (blocks: per depth (draft, tok, score, parent)), in candidate order. Pure."""
     draft, tok, score, parent = (torch.cat(x, 1) for x in zip(*blocks, strict=True))
     b = score.shape[0]
-    sel = score.topk(n - 1, dim=1).indices.sort(dim=1).values
+    sel = best_in_order(score, n - 1)
     zero = torch.zeros_like(sel[:, :1])
     flat = torch.cat([zero, sel + 1], 1)
     node_of = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=sel.device)
@@ -307,6 +343,31 @@ def pick_nodes(last: torch.Tensor, blocks: list[tuple[torch.Tensor, ...]],
             torch.cat([zero, cand_qsrc[sel]], 1),
             node_parent,
             ancestors(node_parent, steps))
+
+
+GREEDY_FNS = (greedy_children, grow_greedy, pick_nodes)
+
+
+def best_in_order(score: torch.Tensor, m: int) -> torch.Tensor:
+    """Indices of each row's m largest scores, ascending; ties go to the lower index. Ranks by
+    pairwise comparison, a few small fused reductions where topk and a sort were ~17 us of
+    kernels on the H200 (run 7's tree 3/4/8 probe)."""
+    idx = torch.arange(score.shape[1], device=score.device)
+    earlier = idx[None, :] < idx[:, None]  # [i, j]: j before i
+    si, sj = score[:, :, None], score[:, None, :]
+    keep = ((sj > si) | ((sj == si) & earlier)).sum(-1) < m  # fewer than m rank above
+    before = (keep[:, None, :] & earlier).sum(-1)  # kept ones before each candidate
+    slot = keep[:, None, :] & (before[:, None, :] == torch.arange(m, device=score.device)[:, None])
+    return (slot.long() * idx).sum(-1)
+
+
+def verify_inputs(tok: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,
+                  lengths: torch.Tensor, base: int, total: int) -> tuple[torch.Tensor, ...]:
+    """The verify forward's (tokens, positions, mask) for a picked tree whose nodes sit in
+    scratch slots from `base`."""
+    mask = committed_mask(lengths, tok.shape[1], total)
+    mask[:, 0, :, base : base + tok.shape[1]] |= anc
+    return tok, lengths[:, None] + depth, mask
 
 
 @cache
