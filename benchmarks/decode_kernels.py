@@ -68,6 +68,7 @@ def graphed_ms(fn, iters: int = 300) -> float:
     return start.elapsed_time(end) / iters
 
 
+@torch.no_grad()  # as the engine runs: the fused tree draft compiles no backward
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)

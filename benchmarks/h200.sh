@@ -140,8 +140,8 @@ probe)
         | tee "$OUT/probe_log.txt"
     DRAFTSMITH_FUSED_DRAFT=0 python3 benchmarks/decode_kernels.py --no-decode \
         --out "$OUT/decode_kernels_parts.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py --no-decode \
-        --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    [ "${PROBE_TOPK:-1}" = 1 ] && DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py \
+        --no-decode --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     gpu_tests "${LIMIT:-420}" -q tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
         | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;

@@ -335,6 +335,27 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     assert fused.generate(prompts, NEW, eos_ids=[]).tokens == ref_rows
 
 
+def test_a_fused_draft_that_fails_to_compile_falls_back_to_parts(setup):
+    """Where inductor fails to compile the fused tree draft (2.11: tree 3/4/8 at batch 32 on the
+    H200, run 9), that batch size warns once and drafts in parts, keeping plain greedy output."""
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise torch._dynamo.exc.BackendCompilerFailed(broken, AssertionError("tiling"), None)
+
+    target, rt, _, _ = setup
+    dec = SpecDecoder(rt, make_drafter(target, 96), 3, 4, 8)
+    dec.fused, dec.tree_phase = True, broken  # what compile_bookkeeping(fuse_draft=True) sets
+    with pytest.warns(UserWarning, match=f"failed to compile at batch {len(PROMPTS)}"):
+        res = dec.generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == generate(rt, PROMPTS, NEW, eos_ids=[])
+    assert calls == [1] and not dec.states[len(PROMPTS)].fused
+    with pytest.warns(UserWarning, match="failed to compile at batch 1"):
+        assert dec.generate(PROMPTS[:1], NEW, eos_ids=[]).tokens == res.tokens[:1]
+    assert calls == [1, 1] and not dec.states[1].fused  # each batch size tries once
+
+
 def _lockstep(eager: SpecDecoder, fused: SpecDecoder, prompts: list, topk: int) -> None:
     a, b = eager.start(prompts, NEW, []), fused.start(prompts, NEW, [])
     names = ["out", "L", "count", "done", "hist", "accepted", "reached", "last", "root_hidden"]
