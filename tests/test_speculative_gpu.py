@@ -54,11 +54,12 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
 
 @pytest.mark.parametrize("steps,topk,n,method,whole", [
     (3, 1, None, "chunk", True), (4, 4, 10, "chunk", True), (4, 4, 10, "chunk", False),
-    (4, 4, 10, "topk", True), (4, 4, 10, "max", True)])
+    (4, 4, 10, "topk", True), (4, 4, 10, "max", True), (5, 8, 48, "chunk", True)])
 def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method, whole):
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
     16-wide slices of the tiny draft vocab), with a tree's draft phase compiled whole (the
-    default, DRAFTSMITH_FUSED_DRAFT; never under max) or in parts."""
+    default, DRAFTSMITH_FUSED_DRAFT; never under max) or in parts, and a 48-token verify (the
+    matmul attention's range goes to 64 tokens)."""
     from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)

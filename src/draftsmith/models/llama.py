@@ -55,7 +55,7 @@ class KVCache(NamedTuple):
 # decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
 # were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
 SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16"))
-# Graphed multi-token steps (verify: 2-32 tokens a row) attend as two batched GEMMs around one
+# Graphed multi-token steps (verify: 2-64 tokens a row) attend as two batched GEMMs around one
 # fused masked softmax ("matmul"), or with SDPA ("sdpa": cuDNN on the H200, ~12.5 us a layer
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
 # decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
@@ -63,6 +63,9 @@ SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16
 VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "matmul").strip().lower()
 if VERIFY_ATTENTION not in ("matmul", "sdpa"):
     raise DraftsmithError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
+# The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
+# SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
+MATMUL_ATTENTION_TOKENS = int(os.environ.get("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64"))
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -134,7 +137,7 @@ class Attention(nn.Module):
             graphed = x.is_cuda and torch.compiler.is_compiling()
             if graphed and q_len == 1 and b <= SMALL_ATTENTION_ROWS:
                 out = small_attention(qg, cache.k, cache.v, mask)
-            elif graphed and VERIFY_ATTENTION == "matmul" and 1 < q_len <= 32:
+            elif graphed and VERIFY_ATTENTION == "matmul" and 1 < q_len <= MATMUL_ATTENTION_TOKENS:
                 out = matmul_attention(qg, cache.k, cache.v, mask)
             else:
                 out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
