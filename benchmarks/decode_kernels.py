@@ -22,7 +22,7 @@ from draftsmith.bench.drafters import random_drafter
 from draftsmith.engine.generate import decoder, prefill
 from draftsmith.engine.runtime import Runtime, raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, sample
-from draftsmith.engine.speculative import FUSED_DRAFT, SpecDecoder
+from draftsmith.engine.speculative import FUSED_PHASES, SpecDecoder
 from draftsmith.engine.tree import TREE_TOPK
 from draftsmith.models.llama import VERIFY_ATTENTION
 from draftsmith.targets import load_target
@@ -68,7 +68,7 @@ def graphed_ms(fn, iters: int = 300) -> float:
     return start.elapsed_time(end) / iters
 
 
-@torch.no_grad()  # as the engine runs: the fused tree draft compiles no backward
+@torch.no_grad()  # as the engine runs: the fused phases compile no backward
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -84,8 +84,8 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "compiled": not args.no_compile, "layers": len(model.layers),
            "verify_attention": VERIFY_ATTENTION, "tree_topk": TREE_TOPK,
-           "fused_draft": FUSED_DRAFT}
-    print(f"tree top-k {TREE_TOPK}, tree draft compiled {'whole' if FUSED_DRAFT else 'in parts'}")
+           "fused_phases": sorted(FUSED_PHASES)}
+    print(f"tree top-k {TREE_TOPK}, fused phases: {', '.join(sorted(FUSED_PHASES)) or 'none'}")
     if not args.no_decode:
         res.update(decode_kernels(rt, prompt, len(model.layers)))
     if not args.no_phases:

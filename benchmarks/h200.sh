@@ -11,7 +11,7 @@
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # the default engine, then a tree's draft compiled in parts
-#                                     # (DRAFTSMITH_FUSED_DRAFT=0) and torch.topk) + GPU tests
+#                                     # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -29,8 +29,8 @@
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max[:0]]]
 #                                     # list (6th: verify attention, 7th: tree top-k
-#                                     # chunk|max|topk, 8th: 0 drafts a tree in compiled parts
-#                                     # instead of whole); TESTS=0: no tests)
+#                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
+#                                     # draft or 0); TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -134,11 +134,11 @@ suite)
         timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
     ;;
 probe)
-    # the default engine (chunked top-k, a tree's draft phase compiled whole), then the draft
-    # compiled in parts (DRAFTSMITH_FUSED_DRAFT=0) and torch.topk beside it
+    # the default engine (chunked top-k, fused phases), then the phases compiled in parts
+    # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk beside it
     python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
         | tee "$OUT/probe_log.txt"
-    DRAFTSMITH_FUSED_DRAFT=0 python3 benchmarks/decode_kernels.py --no-decode \
+    DRAFTSMITH_FUSED_PHASES=0 python3 benchmarks/decode_kernels.py --no-decode \
         --out "$OUT/decode_kernels_parts.json" 2>&1 | tee -a "$OUT/probe_log.txt"
     [ "${PROBE_TOPK:-1}" = 1 ] && DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py \
         --no-decode --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
@@ -246,13 +246,13 @@ respec)
     R=${RESPEC_DIR:-/tmp/r} W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    # name:rows:batches:chain:trees[:verify attention[:tree top-k[:fused draft 1|0]]]
+    # name:rows:batches:chain:trees[:verify attention[:tree top-k[:fused phases]]]
     for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
         IFS=: read -r name rows batches chain trees vattn ttopk fused <<< "$run"
         [ "$(left)" -gt 100 ] || break
         env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
-            DRAFTSMITH_FUSED_DRAFT=${fused:-1} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
+            DRAFTSMITH_FUSED_PHASES=${fused:-all} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
     done

@@ -302,8 +302,8 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     """The torch.compile'd accept arithmetic and tree bookkeeping (what the GPU's compiled engine
     runs) build the same trees and commit the same tokens as the eager code at every cycle, with
     a random drafter whose hidden states shape the trees, and equal plain greedy decoding.
-    whole: a greedy tree's draft phase compiled as one function (the fused engine; not under
-    max), else the drafter and each pick compiled apart."""
+    whole: each phase compiled as one function (the fused engine: a tree's draft, not under
+    max; the accept; the extend), else the drafter and each pick compiled apart."""
     from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
@@ -311,18 +311,23 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     target, rt, _, _ = setup
     drafter = make_drafter(target, 96)
     eager, fused = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
-    fused.compile_bookkeeping(fuse_draft=whole)
-    assert fused.fused == (whole and topk > 1 and method != "max")
+    fused.compile_bookkeeping(speculative.fused_phases("all" if whole else "0"))
+    draft = {"draft"} if whole and topk > 1 and method != "max" else set()
+    assert fused.fused == ({"accept", "extend"} | draft if whole else set())
     prompts = PROMPTS[:rows]
     torch.set_grad_enabled(False)  # as generate() runs; the step API leaves it to the caller
     try:
         _lockstep(eager, fused, prompts, topk)
     finally:
         torch.set_grad_enabled(True)
-    assert _compiled_entries(speculative.commit_values) > 0
+    if whole:
+        assert all(_compiled_entries(f) > 0 for f in (speculative.greedy_accept,
+                                                      speculative.extend_phase))
+    else:
+        assert _compiled_entries(speculative.commit_values) > 0
     if topk == 1:
         assert _compiled_entries(speculative.chain_child) > 0
-    if fused.fused:
+    if draft:
         assert _compiled_entries(speculative.greedy_tree_phase) > 0
     elif topk > 1:
         assert all(_compiled_entries(f) > 0 for f in (tree.grow_greedy, tree.pick_nodes))
@@ -335,9 +340,11 @@ def test_compiled_bookkeeping_equals_eager_cycle_by_cycle(setup, steps, topk, n,
     assert fused.generate(prompts, NEW, eos_ids=[]).tokens == ref_rows
 
 
-def test_a_fused_draft_that_fails_to_compile_falls_back_to_parts(setup):
-    """Where inductor fails to compile the fused tree draft (2.11: tree 3/4/8 at batch 32 on the
-    H200, run 9), that batch size warns once and drafts in parts, keeping plain greedy output."""
+@pytest.mark.parametrize("topk,n", [(1, None), (4, 8)])
+def test_fused_phases_that_fail_to_compile_fall_back_to_parts(setup, topk, n):
+    """Where inductor fails to compile a fused phase (2.11: the tree 3/4/8 draft at batch 32 on
+    the H200, run 9), that batch size warns once a phase and runs it in parts, keeping plain
+    greedy output."""
     calls = []
 
     def broken(*args):
@@ -345,15 +352,27 @@ def test_a_fused_draft_that_fails_to_compile_falls_back_to_parts(setup):
         raise torch._dynamo.exc.BackendCompilerFailed(broken, AssertionError("tiling"), None)
 
     target, rt, _, _ = setup
-    dec = SpecDecoder(rt, make_drafter(target, 96), 3, 4, 8)
-    dec.fused, dec.tree_phase = True, broken  # what compile_bookkeeping(fuse_draft=True) sets
-    with pytest.warns(UserWarning, match=f"failed to compile at batch {len(PROMPTS)}"):
+    dec = SpecDecoder(rt, make_drafter(target, 96), 3, topk, n)
+    phases = {"accept", "extend"} | ({"draft"} if topk > 1 else set())
+    dec.fused = frozenset(phases)  # what compile_bookkeeping sets, with no compile to pay
+    dec.phase_fns = dict.fromkeys(phases, broken)
+    b = len(PROMPTS)
+    with pytest.warns(UserWarning, match=f"failed to compile at batch {b}") as seen:
         res = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == generate(rt, PROMPTS, NEW, eos_ids=[])
-    assert calls == [1] and not dec.states[len(PROMPTS)].fused
+    assert len(calls) == len(seen) == len(phases) and dec.states[b].unfused == phases
     with pytest.warns(UserWarning, match="failed to compile at batch 1"):
         assert dec.generate(PROMPTS[:1], NEW, eos_ids=[]).tokens == res.tokens[:1]
-    assert calls == [1, 1] and not dec.states[1].fused  # each batch size tries once
+    assert len(calls) == 2 * len(phases)  # each batch size tries each phase once
+
+
+def test_fused_phases_setting():
+    from draftsmith.engine.speculative import PHASES_FUSABLE, fused_phases
+
+    assert fused_phases("all") == set(PHASES_FUSABLE) and fused_phases(" 0 ") == set()
+    assert fused_phases("draft, accept") == {"draft", "accept"} and fused_phases("none") == set()
+    with pytest.raises(DraftsmithError, match="unknown phase"):
+        fused_phases("draft,verify")
 
 
 def _lockstep(eager: SpecDecoder, fused: SpecDecoder, prompts: list, topk: int) -> None:

@@ -58,17 +58,19 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
 def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, method, whole):
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
     16-wide slices of the tiny draft vocab), with a tree's draft phase compiled whole (the
-    default, DRAFTSMITH_FUSED_DRAFT; never under max) or in parts, and a 48-token verify (the
-    matmul attention's range goes to 64 tokens)."""
+    default: every phase fused, DRAFTSMITH_FUSED_PHASES; the draft never under max) or in parts,
+    and a 48-token verify (the matmul attention's range goes to 64 tokens)."""
     from draftsmith.engine import speculative, tree
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     monkeypatch.setattr(tree, "CHUNK", 16)
-    monkeypatch.setattr(speculative, "FUSED_DRAFT", whole)
+    monkeypatch.setattr(speculative, "FUSED_PHASES", speculative.fused_phases(
+        "all" if whole else "0"))
     target, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
-    assert dec.fused == (whole and topk > 1 and method != "max")
+    assert ("draft" in dec.fused) == (whole and topk > 1 and method != "max")
+    assert ({"accept", "extend"} <= dec.fused) == whole
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
@@ -133,11 +135,14 @@ def test_sdpa_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, top
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
-@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
-def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n):
+@pytest.mark.parametrize("steps,topk,n,compiled", [(3, 1, None, False), (3, 3, 8, False),
+                                                   (3, 3, 8, True)])
+def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled):
+    """compiled: compiled layers, and the extend phase fused (a sampling engine's only one)."""
     target, drafter, _ = pair
-    rt = Runtime(target, 4, 160, graphs=True)
+    rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
     dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.8, top_p=0.9, top_k=20))
+    assert dec.fused == (frozenset({"extend"}) if compiled else frozenset())
     res = dec.generate(PROMPTS, NEW, eos_ids=[2, 7])
     assert all(len(t) <= NEW and 2 not in t and 7 not in t for t in res.tokens)
     assert res.mean_accept_length >= 1

@@ -152,3 +152,26 @@ def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():
     compiled = torch.compile(lambda x: probs(x, p))
     assert torch.allclose(compiled(logits), want, atol=1e-6)
     assert torch._dynamo.explain(lambda x: probs(x, p))(logits).graph_break_count >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
+def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, n):
+    """A compiled sampling engine fuses its extend phase (it draws nothing): the same seed gives
+    the same tokens as the extend in parts, chain and tree."""
+    from draftsmith.engine.speculative import compiled_phase
+
+    target = tiny_target()
+    drafter = make_drafter(target, 96)
+    rt = Runtime(target, 4, 128)
+    params = SamplingParams(0.9, top_k=20)
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
+    out = []
+    for fused in (False, True):
+        dec = SpecDecoder(rt, drafter, steps, topk, n, params)
+        if fused:  # what a compiled engine sets up, without compiling the target
+            dec.fused, dec.phase_fns = frozenset({"extend"}), {"extend": compiled_phase("extend")}
+        torch.manual_seed(11)
+        out.append(dec.generate(prompts, 24, eos_ids=[]))
+    assert out[0].tokens == out[1].tokens and out[0].accept_hist == out[1].accept_hist
+    assert out[0].mean_accept_length > 1

@@ -96,7 +96,7 @@ class SpecState:
         self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
                       if sampling and dec.shape is None else None)
         self.tree = None
-        self.fused = True  # False once the fused tree draft failed to compile at this batch size
+        self.unfused: set[str] = set()  # fused phases that failed to compile at this batch size
         if dec.shape is not None:
             self.tree = trees.TreeDraft(dec.shape, b, cfg.hidden_size, cfg.draft_vocab_size, ddt,
                                         dev, sampling)

@@ -38,12 +38,28 @@ from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import Transformer
 
-# A compiled engine's greedy trees draft in one compiled function (drafter forwards, picks and
-# the verify's inputs fused across depths); 0 keeps the drafter and the picks compiled apart.
-# H200 run 9: tree 7/4/24's draft phase 0.58 -> 0.46 ms, decode-only 2.16x -> 2.28x at batch 1.
-# Where inductor fails to compile it (2.11, tree 3/4/8 at batch 32) that batch size drafts in
-# parts, with a warning.
-FUSED_DRAFT = os.environ.get("DRAFTSMITH_FUSED_DRAFT", "1").strip() != "0"
+# A compiled engine runs these phases each as one compiled function (drafter forwards, picks
+# and buffer writes fused): "draft" (greedy trees), "accept" (greedy), "extend"; the rest are
+# compiled in parts (the drafter, each pick) with eager glue between them. "0" fuses none.
+# H200 run 9 (draft only): tree 7/4/24's draft phase 0.58 -> 0.46 ms, decode-only 2.16x -> 2.28x
+# at batch 1. Where inductor fails to compile one (2.11: the tree 3/4/8 draft at batch 32),
+# that batch size runs that phase in parts, with a warning.
+PHASES_FUSABLE = ("draft", "accept", "extend")
+
+
+def fused_phases(value: str) -> frozenset[str]:
+    """DRAFTSMITH_FUSED_PHASES: a comma list of PHASES_FUSABLE, "all", or "0"/"none"."""
+    v = value.strip().lower()
+    if v in ("0", "none", ""):
+        return frozenset()
+    names = PHASES_FUSABLE if v == "all" else tuple(x.strip() for x in v.split(","))
+    if bad := [x for x in names if x not in PHASES_FUSABLE]:
+        raise DraftsmithError(f"DRAFTSMITH_FUSED_PHASES: unknown phase(s) {bad}; use "
+                              f"{', '.join(PHASES_FUSABLE)}, all or 0")
+    return frozenset(names)
+
+
+FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
 
 
 class SpecDecoder:
@@ -109,9 +125,13 @@ class SpecDecoder:
         self.out_width = self.capacity() + steps + 2
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = (
             verify.chain_greedy, tree_pick, commit_values, chain_child)
-        self.bookkeeping_compiled, self.fused, self.tree_phase = False, False, None
+        self.bookkeeping_compiled = False
+        want = FUSED_PHASES if self.compiled else frozenset()
+        self.fused: frozenset[str] = want & {"extend"}  # phases run as one compiled function
+        self.phase_fns: dict[str, Callable] = {"extend": compiled_phase("extend")} if self.fused \
+            else {}
         if (self.compiled if fuse_bookkeeping is None else fuse_bookkeeping) and params.greedy:
-            self.compile_bookkeeping(fuse_draft=self.compiled and FUSED_DRAFT)
+            self.compile_bookkeeping(want)
 
     def _check_pair(self) -> None:
         tc, dc = self.rt.model.cfg, self.drafter.cfg
@@ -315,14 +335,8 @@ class SpecDecoder:
             args = (st.dcaches, st.root_logits, st.root_hidden, st.L, st.last, d2t, t.own,
                     t.ar_k, t.cand_depth, t.cand_qsrc, t.shape, self.tbase, self.drt.max_seq,
                     self.rt.max_seq)
-            if self.fused and st.fused:
-                try:
-                    return self.tree_phase(outs, trees.GREEDY_FNS, self.drafter, *args)
-                except torch._dynamo.exc.BackendCompilerFailed as e:  # raised before it ran
-                    st.fused = False
-                    first = str(e).strip().splitlines()[-1][:200]
-                    warnings.warn(f"the fused tree draft failed to compile at batch {st.b} "
-                                  f"({first}); this batch drafts in compiled parts", stacklevel=2)
+            if self._fused(st, "draft", outs, trees.GREEDY_FNS, self.drafter, *args):
+                return None
             return greedy_tree_phase(outs, t.fns, self.draft_fn, *args)
         t.expand_root(st.root_logits, st.root_hidden, self.params, d2t)
 
@@ -345,72 +359,115 @@ class SpecDecoder:
         )
 
     def _accept(self, st: SpecState) -> None:
-        logits, aux = st.vout.logits, st.vout.aux
-        t = st.tree
+        if self.params.greedy:
+            if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
+                               self.steps, self.tbase, self.ar):
+                greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
+                              self.tbase, self.ar)
+            return
+        logits, aux, t = st.vout.logits, st.vout.aux, st.tree
         if t is None:
-            if self.params.greedy:
-                n, bonus = self.chain_pick(logits, st.vtok)
-            else:
-                n, bonus = verify.chain_sampled(logits, st.vtok, st.vdraft, st.qbank, self.hot,
-                                                self.params)
+            n, bonus = verify.chain_sampled(logits, st.vtok, st.vdraft, st.qbank, self.hot,
+                                            self.params)
             path = self.ar.expand(st.b, -1)
         else:
-            if self.params.greedy:
-                n, bonus, path = self.tree_pick(logits, t.node_tok, t.node_parent, t.node_depth,
-                                                t.anc, self.steps)
-            else:
-                best, n, bonus = verify.tree_sampled(
-                    logits, t.node_tok, t.node_draft, t.node_parent, t.node_qsrc, t.node_depth,
-                    t.qbank, self.hot, self.params)
-                path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
-            self._copy_path(st, path)
-        self._commit(st, n, bonus, path, aux)
+            best, n, bonus = verify.tree_sampled(
+                logits, t.node_tok, t.node_draft, t.node_parent, t.node_qsrc, t.node_depth,
+                t.qbank, self.hot, self.params)
+            path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
+            copy_path(st, path, self.tbase, self.ar)
+        commit(st, self.commit_values, n, bonus, path, aux, self.ar)
 
-    def compile_bookkeeping(self, fuse_draft: bool = False) -> None:
+    def _extend(self, st: SpecState) -> None:
+        if not self._fused(st, "extend", st, self.drafter, self.drafter, self.ar):
+            extend_phase(st, self.drafter, self.draft_fn, self.ar)
+
+    def _fused(self, st: SpecState, phase: str, *args) -> bool:
+        """Run `phase` as its one compiled function when the engine fuses it; False when it does
+        not, or when it failed to compile at this batch size (then it warns once, and this
+        batch runs the phase in parts from now on)."""
+        if phase not in self.fused or phase in st.unfused:
+            return False
+        try:
+            self.phase_fns[phase](*args)
+            return True
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # raised before anything ran
+            st.unfused.add(phase)
+            first = str(e).strip().splitlines()[-1][:200]
+            warnings.warn(f"the fused {phase} phase failed to compile at batch {st.b} ({first}); "
+                          f"this batch runs it in compiled parts", stacklevel=2)
+            return False
+
+    def compile_bookkeeping(self, fuse: frozenset[str] | set[str] = frozenset()) -> None:
         """The greedy accept's arithmetic (and the trees' draft bookkeeping) torch.compile'd: a few
         fused kernels instead of ~50-80 small ones. The compiled engine does this on its own;
-        tests call it to check the compiled functions on CPU. fuse_draft: a greedy tree's whole
-        draft phase (drafter forwards, picks, the verify's inputs) as one compiled function
-        (not under DRAFTSMITH_TREE_TOPK=max, whose root pick inductor failed to compile)."""
+        tests call it to check the compiled functions on CPU. fuse: the phases (of
+        PHASES_FUSABLE) to run each as one compiled function; a tree's draft not under
+        DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root pick), nor a chain's."""
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = compiled_accept()
-        self.fused = fuse_draft and self.shape is not None and trees.TREE_TOPK != "max"
-        if self.fused:
-            self.tree_phase = compiled_tree_phase()
+        allowed = {"accept", "extend"} | ({"draft"} if self.shape is not None
+                                          and trees.TREE_TOPK != "max" else set())
+        self.fused = frozenset(fuse) & allowed
+        self.phase_fns = {p: compiled_phase(p) for p in self.fused}
         for st in self.states.values():
             if st.tree is not None:
                 st.tree.compile()
         self.bookkeeping_compiled = True
 
-    def _copy_path(self, st: SpecState, path: torch.Tensor) -> None:
-        """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
-        rows = st.rows[:, None]
-        src, dst = self.tbase + path, st.L[:, None] + self.ar
-        st.tpool[:, :, rows, :, dst] = st.tpool[:, :, rows, :, src]  # all layers, K and V
 
-    def _commit(self, st: SpecState, n: torch.Tensor, bonus: torch.Tensor, path: torch.Tensor,
-                aux: torch.Tensor) -> None:
-        idx, emit, count, done, hist_at, act, accepted, reached, ext_aux, new_l, last = (
-            self.commit_values(st.vtok, path, n, bonus, st.done, st.count, st.max_new, st.eos,
-                               st.L, st.last, aux, self.ar, st.out.shape[1]))
-        st.out.scatter_(1, idx, emit)
-        st.count.copy_(count)
-        st.done.copy_(done)
-        st.all_done.copy_(done.all())
-        st.hist.index_add_(0, hist_at, act)
-        st.accepted.add_(accepted)
-        st.reached.add_(reached)
-        st.base.copy_(st.L)
-        st.n.copy_(n)
-        st.ext_tok.copy_(emit)
-        st.ext_aux.copy_(ext_aux)
-        st.L.copy_(new_l)
-        st.last.copy_(last)
+def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
+                  commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor) -> None:
+    """The greedy accept phase: the longest matching prefix (chain) or path (tree) of the verify's
+    output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
+    of it as one function (with the plain picks); otherwise the picks come compiled apart."""
+    logits, aux, t = st.vout.logits, st.vout.aux, st.tree
+    if t is None:
+        n, bonus = chain_pick(logits, st.vtok)
+        path = ar.expand(st.b, -1)
+    else:
+        n, bonus, path = tree_pick_fn(logits, t.node_tok, t.node_parent, t.node_depth, t.anc,
+                                      steps)
+        copy_path(st, path, tbase, ar)
+    commit(st, commit_fn, n, bonus, path, aux, ar)
 
-    def _extend(self, st: SpecState) -> None:
-        pos = st.base[:, None] + self.ar
-        logits, h = self.draft_fn(st.ext_tok, self.drafter.fuse(st.ext_aux), pos, st.dcaches)
-        st.root_logits.copy_(logits[st.rows, st.n])
-        st.root_hidden.copy_(h[st.rows, st.n])
+
+def copy_path(st: SpecState, path: torch.Tensor, tbase: int, ar: torch.Tensor) -> None:
+    """The accepted nodes' target K/V: scratch slot tbase + node -> slot L + depth."""
+    rows = st.rows[:, None]
+    src, dst = tbase + path, st.L[:, None] + ar
+    st.tpool[:, :, rows, :, dst] = st.tpool[:, :, rows, :, src]  # all layers, K and V
+
+
+def commit(st: SpecState, commit_fn: Callable, n: torch.Tensor, bonus: torch.Tensor,
+           path: torch.Tensor, aux: torch.Tensor, ar: torch.Tensor) -> None:
+    """Write one cycle's `commit_values` into the state's buffers."""
+    idx, emit, count, done, hist_at, act, accepted, reached, ext_aux, new_l, last, base = (
+        commit_fn(st.vtok, path, n, bonus, st.done, st.count, st.max_new, st.eos, st.L, st.last,
+                  aux, ar, st.out.shape[1]))
+    st.out.scatter_(1, idx, emit)
+    st.count.copy_(count)
+    st.done.copy_(done)
+    st.all_done.copy_(done.all())
+    st.hist.index_add_(0, hist_at, act)
+    st.accepted.add_(accepted)
+    st.reached.add_(reached)
+    st.base.copy_(base)
+    st.n.copy_(n)
+    st.ext_tok.copy_(emit)
+    st.ext_aux.copy_(ext_aux)
+    st.L.copy_(new_l)
+    st.last.copy_(last)
+
+
+def extend_phase(st: SpecState, drafter: Eagle3Drafter, forward: Callable,
+                 ar: torch.Tensor) -> None:
+    """The drafter over the S+1 positions from the old length with the target's aux states; its
+    output at the accept length seeds the next draft. forward: the drafter or its compiled copy
+    (the fused engine compiles this whole function around the plain drafter)."""
+    pos = st.base[:, None] + ar
+    logits, h = forward(st.ext_tok, drafter.fuse(st.ext_aux), pos, st.dcaches)
+    st.root_logits.copy_(logits[st.rows, st.n])
+    st.root_hidden.copy_(h[st.rows, st.n])
 
 
 def greedy_tree_phase(outs: tuple[torch.Tensor, ...], fns: tuple, drafter, caches: list,
@@ -443,20 +500,26 @@ def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus
                   eos: torch.Tensor, length: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,
                   ar: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
     """What one cycle's accept writes, as values (pure): output slots and tokens, new counts and
-    done flags, histogram and per-position statistics, the extend's inputs, new lengths."""
+    done flags, histogram and per-position statistics, the extend's inputs, new lengths, last
+    tokens, and the extend's base (the old lengths)."""
     nxt = torch.cat([vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
     emit = torch.where(ar < n[:, None], nxt, bonus[:, None])  # also the extend's tokens
     act = ~done
     valid = act[:, None] & (ar <= n[:, None])
     idx = torch.where(valid, count[:, None] + ar, width - 1)
     hit = (valid & (emit[..., None] == eos).any(-1)).any(1)  # isin may sync
-    new_count = count + torch.where(act, n + 1, 0)
+    adv = torch.where(act, n + 1, 0)
+    new_count = count + adv
     new_done = done | hit | (new_count >= max_new)
     accepted = ((n[:, None] >= ar[1:]) & act[:, None]).sum(0)
     reached = ((n[:, None] >= ar[:-1]) & act[:, None]).sum(0)
     ext_aux = aux.gather(1, path[:, :, None, None].expand(*path.shape, *aux.shape[2:]))
+    new_l = length + adv
+    # the extend's base is the old length, computed rather than the `length` input itself: the
+    # fused accept writes both into buffers, and torch 2.13's inductor let the write of the new
+    # length reach a buffer copied from the old one (CPU, test_compiled_bookkeeping_...)
     return (idx, emit, new_count, new_done, n + 1, act.long(), accepted, reached, ext_aux,
-            length + torch.where(act, n + 1, 0), torch.where(act, bonus, last))
+            new_l, torch.where(act, bonus, last), new_l - adv)
 
 
 def chain_child(logits: torch.Tensor, d2t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,9 +531,11 @@ def chain_child(logits: torch.Tensor, d2t: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 @cache
-def compiled_tree_phase() -> Callable:
+def compiled_phase(phase: str) -> Callable:
+    """One compiled function per fused phase and process (dynamo specializes per shape/state)."""
     raise_recompile_limit()
-    return torch.compile(greedy_tree_phase, fullgraph=True)
+    fn = {"draft": greedy_tree_phase, "accept": greedy_accept, "extend": extend_phase}[phase]
+    return torch.compile(fn, fullgraph=True)
 
 
 @cache
