@@ -91,9 +91,7 @@ def children(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(draft ids [..., k], score increments [..., k] float64, q or None when greedy)."""
     if params.greedy:
-        x = logits.float()
-        v, ids = top_k(x, k)
-        v = v - x.logsumexp(-1, keepdim=True)  # log-softmax of the k kept only
+        v, ids = top_k_log_softmax(logits.float(), k)
         return ids, v.double().clamp(max=-EPS), None
     q = probs(logits, params)
     r = torch.arange(k, device=logits.device, dtype=torch.float64)
@@ -108,21 +106,42 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return top_k_by_max(x, k) if TREE_TOPK == "max" else x.topk(k, dim=-1)
 
 
-def top_k_chunked(x: torch.Tensor, k: int,
-                  chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_log_softmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-softmax values, indices) of the k largest along the last dim, best first. Under
+    chunk the normaliser comes from the top-k's own pass over the slices (a slice's max and sum
+    of exponentials), where a separate logsumexp took three reduction kernels, ~4 us a depth on
+    the H200 (run 9's probe)."""
+    if TREE_TOPK == "chunk":
+        v, i, lse = top_k_chunked(x, k, with_lse=True)
+        return v - lse, i
+    v, i = top_k(x, k)
+    return v - x.logsumexp(-1, keepdim=True), i
+
+
+def top_k_chunked(x: torch.Tensor, k: int, chunk: int | None = None,
+                  with_lse: bool = False) -> tuple[torch.Tensor, ...]:
     """top_k_by_max's picks in two stages: the k best of each chunk-wide slice of the last dim
     (padded with -inf to a whole number of slices), then the k best of those candidates. Ties
-    still go to the lower index: candidates lie slice by slice, each slice's best first."""
+    still go to the lower index: candidates lie slice by slice, each slice's best first.
+    with_lse: also the logsumexp of the last dim ([..., 1]), from the slices' maxes."""
     v, chunk = x.shape[-1], chunk or CHUNK
     if v < 2 * chunk or k > chunk:
-        return top_k_by_max(x, k)
+        top = top_k_by_max(x, k)
+        return (*top, x.logsumexp(-1, keepdim=True)) if with_lse else top
     pad = -v % chunk
     if pad:
         x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
-    cv, ci = top_k_by_max(x.unflatten(-1, (-1, chunk)), k)  # [..., slices, k]
+    xs = x.unflatten(-1, (-1, chunk))
+    cv, ci = top_k_by_max(xs, k)  # [..., slices, k]
     ci = ci + torch.arange(0, v + pad, chunk, device=x.device)[:, None]
     gv, gi = top_k_by_max(cv.flatten(-2), k)
-    return gv, ci.flatten(-2).gather(-1, gi)
+    top = (gv, ci.flatten(-2).gather(-1, gi))
+    if not with_lse:
+        return top
+    m = cv[..., :1]  # each slice's max; every slice holds a finite value
+    z = (xs - m).exp().sum(-1)  # [..., slices]
+    lse = gv[..., :1] + ((m[..., 0] - gv[..., :1]).exp() * z).sum(-1, keepdim=True).log()
+    return (*top, lse)
 
 
 def top_k_by_max(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
