@@ -61,6 +61,7 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     default: every phase fused, DRAFTSMITH_FUSED_PHASES; the draft never under max) or in parts,
     and a 48-token verify (the matmul attention's range goes to 64 tokens)."""
     from draftsmith.engine import speculative, tree
+    from draftsmith.models import llama
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     monkeypatch.setattr(tree, "CHUNK", 16)
@@ -71,8 +72,15 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     assert ("draft" in dec.fused) == (whole and topk > 1 and method != "max")
     assert ({"accept", "extend"} <= dec.fused) == whole
+    rows = []  # query rows of each matmul attention the compiled layers traced
+    plain = llama.matmul_attention
+    monkeypatch.setattr(llama, "matmul_attention", lambda q, *a: rows.append(q.shape[-2])
+                        or plain(q, *a))
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert not any(st.unfused for st in dec.states.values())  # no phase fell back to parts
+    g = target.cfg.num_heads // target.cfg.num_kv_heads
+    assert g * (n or steps + 1) in rows  # the verify, 48 tokens included, attends the matmul way
 
 
 def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:

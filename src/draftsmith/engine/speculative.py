@@ -126,11 +126,12 @@ class SpecDecoder:
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = (
             verify.chain_greedy, tree_pick, commit_values, chain_child)
         self.bookkeeping_compiled = False
-        want = FUSED_PHASES if self.compiled else frozenset()
+        fuse = self.compiled if fuse_bookkeeping is None else fuse_bookkeeping
+        want = FUSED_PHASES if self.compiled and fuse else frozenset()
         self.fused: frozenset[str] = want & {"extend"}  # phases run as one compiled function
         self.phase_fns: dict[str, Callable] = {"extend": compiled_phase("extend")} if self.fused \
             else {}
-        if (self.compiled if fuse_bookkeeping is None else fuse_bookkeeping) and params.greedy:
+        if fuse and params.greedy:
             self.compile_bookkeeping(want)
 
     def _check_pair(self) -> None:
@@ -398,16 +399,17 @@ class SpecDecoder:
                           f"this batch runs it in compiled parts", stacklevel=2)
             return False
 
-    def compile_bookkeeping(self, fuse: frozenset[str] | set[str] = frozenset()) -> None:
+    def compile_bookkeeping(self, fuse: frozenset[str] | set[str] | None = None) -> None:
         """The greedy accept's arithmetic (and the trees' draft bookkeeping) torch.compile'd: a few
         fused kernels instead of ~50-80 small ones. The compiled engine does this on its own;
         tests call it to check the compiled functions on CPU. fuse: the phases (of
-        PHASES_FUSABLE) to run each as one compiled function; a tree's draft not under
-        DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root pick), nor a chain's."""
+        PHASES_FUSABLE) to run each as one compiled function (None: those fused already); a
+        tree's draft not under DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root
+        pick), nor a chain's."""
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = compiled_accept()
         allowed = {"accept", "extend"} | ({"draft"} if self.shape is not None
                                           and trees.TREE_TOPK != "max" else set())
-        self.fused = frozenset(fuse) & allowed
+        self.fused = frozenset(self.fused if fuse is None else fuse) & allowed
         self.phase_fns = {p: compiled_phase(p) for p in self.fused}
         for st in self.states.values():
             if st.tree is not None:
@@ -535,7 +537,7 @@ def compiled_phase(phase: str) -> Callable:
     """One compiled function per fused phase and process (dynamo specializes per shape/state)."""
     raise_recompile_limit()
     fn = {"draft": greedy_tree_phase, "accept": greedy_accept, "extend": extend_phase}[phase]
-    return torch.compile(fn, fullgraph=True)
+    return torch.compile(fn, fullgraph=True, dynamic=False)  # each batch size its own graph
 
 
 @cache

@@ -138,7 +138,7 @@ def top_k_chunked(x: torch.Tensor, k: int, chunk: int | None = None,
     top = (gv, ci.flatten(-2).gather(-1, gi))
     if not with_lse:
         return top
-    m = cv[..., :1]  # each slice's max; every slice holds a finite value
+    m = cv[..., :1].clamp(min=torch.finfo(x.dtype).min)  # a slice all -inf adds 0, not NaN
     z = (xs - m).exp().sum(-1)  # [..., slices]
     lse = gv[..., :1] + ((m[..., 0] - gv[..., :1]).exp() * z).sum(-1, keepdim=True).log()
     return (*top, lse)
