@@ -23,7 +23,8 @@ OUT = Path(os.environ["OUT"]); OUT.mkdir(parents=True, exist_ok=True)
 WORK = Path(os.environ.get("WORK", "runs/x"))
 D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
 KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
-        "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "TREES", "GEN_COMPILE", "REFILL")
+        "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "DRAFTSMITH_FUSED_PHASES", "TREES",
+        "GEN_COMPILE", "REFILL")
 res = {}
 for st in os.environ["STAGES"].split(","):
     with open(os.environ["CALLS"], "a") as f:
@@ -137,12 +138,14 @@ def test_a_failed_compiled_generation_falls_back_to_static_eager_batches(dry):
     assert trained_ids(repo) == ["s0-0", "s0-1"]
 
 
-def test_respec_runs_take_the_verify_attention_and_tree_top_k(dry):
+def test_respec_runs_take_the_verify_attention_tree_top_k_and_fused_phases(dry):
     _, _, run = dry
-    out, calls = run("respec", "o4", RUNS="a:16:1:3:3/4/8:sdpa:max b:16:1::3/4/8")
+    out, calls = run("respec", "o4", RUNS="a:16:1:3:3/4/8:sdpa:max b:16:1::3/4/8 "
+                                          "c:16:1::3/4/8:matmul:chunk:draft")
     specs = [c for c in calls if c["stage"] == "spec"]
-    assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"]) for c in specs] == [
-        ("sdpa", "max"), ("matmul", "chunk")]
+    assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"],
+             c["DRAFTSMITH_FUSED_PHASES"]) for c in specs] == [
+        ("sdpa", "max", "all"), ("matmul", "chunk", "all"), ("matmul", "chunk", "draft")]
     assert (out / "respec.tgz").is_file()
 
 
