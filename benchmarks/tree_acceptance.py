@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from acceptance_by_prompts import write_results
-
-CHAT_SUITE = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
+from acceptance_by_prompts import cpu_pair, write_results
 
 
 def report(res: dict, out: Path) -> str:
@@ -66,21 +64,17 @@ def main() -> None:
 
     from rich.progress import track
 
+    from draftsmith.bench.suites import suite_messages
     from draftsmith.engine import tree
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.spec_state import SpecResult
     from draftsmith.engine.speculative import SpecDecoder
-    from draftsmith.models.eagle3 import load_drafter
-    from draftsmith.targets import load_target
 
     torch.set_grad_enabled(False)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    t = load_target(a.target)
-    model = t.build(torch.float32, "cpu")
-    drafter = load_drafter(a.drafter, "cpu", torch.float32, embed=model.embed.weight)
-    texts = [json.loads(line)["prompt"] for line in CHAT_SUITE.read_text().splitlines()]
-    prompts = [t.chat_ids([{"role": "user", "content": p}]) for p in texts[: a.n]]
+    t, model, drafter = cpu_pair(a.target, a.drafter)
+    prompts = [t.chat_ids(m) for m in suite_messages("chat", a.n)]
     rt = Runtime(model, a.batch, 1024)
     plain = tree.top_k_log_softmax
     first, *rest = a.trees.split(",")  # the temperatures sweep the first tree only

@@ -129,8 +129,7 @@ class SpecDecoder:
         fuse = self.compiled if fuse_bookkeeping is None else fuse_bookkeeping
         want = FUSED_PHASES if self.compiled and fuse else frozenset()
         self.fused: frozenset[str] = want & {"extend"}  # phases run as one compiled function
-        self.phase_fns: dict[str, Callable] = {"extend": compiled_phase("extend")} if self.fused \
-            else {}
+        self.phase_fns: dict[str, Callable] = {p: compiled_phase(p) for p in self.fused}
         if fuse and params.greedy:
             self.compile_bookkeeping(want)
 
