@@ -30,7 +30,8 @@
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max[:0]]]
 #                                     # list (6th: verify attention, 7th: tree top-k
 #                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
-#                                     # draft or 0); TESTS=0: no tests)
+#                                     # draft or 0, 9th: VAR=value,... for that run, e.g.
+#                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1); TESTS=0: no tests)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
@@ -246,11 +247,14 @@ respec)
     R=${RESPEC_DIR:-/tmp/r} W=runs/big D=runs/big/drafter BUDGET=${BUDGET:-540}
     rm -rf $R && mkdir -p $R
     WORK=$W DRAFTER=$D OUT=$R/restore STAGES=restore python3 benchmarks/gpu_suite.py > $R/restore_log.txt 2>&1
-    # name:rows:batches:chain:trees[:verify attention[:tree top-k[:fused phases]]]
+    # name:rows:batches:chain:trees[:verify attention[:tree top-k[:fused phases[:env]]]]
+    # env: comma-separated VAR=value for that run's process, e.g. its own inductor cache
+    # (TORCHINDUCTOR_CACHE_DIR=/tmp/i1: kernels autotuned afresh) or TORCHINDUCTOR_DETERMINISTIC=1
     for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
-        IFS=: read -r name rows batches chain trees vattn ttopk fused <<< "$run"
+        IFS=: read -r name rows batches chain trees vattn ttopk fused extra <<< "$run"
         [ "$(left)" -gt 100 ] || break
-        env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
+        # shellcheck disable=SC2046  # each VAR=value its own word
+        env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} $(tr , ' ' <<< "$extra") \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             DRAFTSMITH_FUSED_PHASES=${fused:-all} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \

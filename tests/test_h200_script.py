@@ -24,7 +24,7 @@ WORK = Path(os.environ.get("WORK", "runs/x"))
 D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
 KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
         "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "DRAFTSMITH_FUSED_PHASES", "TREES",
-        "GEN_COMPILE", "REFILL")
+        "GEN_COMPILE", "REFILL", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_DETERMINISTIC")
 res = {}
 for st in os.environ["STAGES"].split(","):
     with open(os.environ["CALLS"], "a") as f:
@@ -147,6 +147,18 @@ def test_respec_runs_take_the_verify_attention_tree_top_k_and_fused_phases(dry):
              c["DRAFTSMITH_FUSED_PHASES"]) for c in specs] == [
         ("sdpa", "max", "all"), ("matmul", "chunk", "all"), ("matmul", "chunk", "draft")]
     assert (out / "respec.tgz").is_file()
+
+
+def test_respec_runs_take_their_own_environment(dry):
+    """The 9th field sets variables for that run's process only (H200 run 10's baseline ran in a
+    slow kernel mode that inductor's autotune cache carried from one process to the next)."""
+    _, _, run = dry
+    _, calls = run("respec", "o5", RUNS="a:16:1:3:3/4/8:matmul:chunk:all:"
+                                        "TORCHINDUCTOR_CACHE_DIR=/tmp/i1,TORCHINDUCTOR_DETERMINISTIC=1"
+                                        " b:16:1:3:3/4/8")
+    specs = [c for c in calls if c["stage"] == "spec"]
+    assert [(c["TORCHINDUCTOR_CACHE_DIR"], c["TORCHINDUCTOR_DETERMINISTIC"]) for c in specs] == [
+        ("/tmp/i1", "1"), (None, None)]
 
 
 def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):

@@ -42,8 +42,10 @@ from draftsmith.models.llama import Transformer
 # and buffer writes fused): "draft" (greedy trees), "accept" (greedy), "extend"; the rest are
 # compiled in parts (the drafter, each pick) with eager glue between them. "0" fuses none.
 # H200 run 9 (draft only): tree 7/4/24's draft phase 0.58 -> 0.46 ms, decode-only 2.16x -> 2.28x
-# at batch 1. Where inductor fails to compile one (2.11: the tree 3/4/8 draft at batch 32),
-# that batch size runs that phase in parts, with a warning.
+# at batch 1. Run 10, accept and extend fused too, same lease: +1.1 % decode tok/s (7/4/24),
+# +2.5 % (7/8/48). Where inductor fails to compile one (2.11, run 9: the tree 3/4/8 draft at
+# batch 32, before each batch size got static shapes), that batch size runs that phase in
+# parts, with a warning.
 PHASES_FUSABLE = ("draft", "accept", "extend")
 
 
