@@ -259,6 +259,10 @@ respec)
             DRAFTSMITH_FUSED_PHASES=${fused:-all} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
+        # the kernels' autotuned picks, to diff a slow process against a fast one
+        icache=$(tr , '\n' <<< "$extra" | sed -n 's/^TORCHINDUCTOR_CACHE_DIR=//p')
+        python3 benchmarks/autotune_diff.py collect "${icache:-/tmp/torchinductor_$(whoami)}" \
+            "$R/spec_$name.autotune.json" >> "$R/spec_${name}_log.txt" 2>&1
     done
     [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && gpu_tests "$(( $(left) - 20 ))" -v \
         > $R/probe_log.txt 2>&1

@@ -93,13 +93,7 @@ def test_warm_each_runs_every_distinct_batch_once():
 def test_progress_plot_reads_each_runs_decode_only_heading():
     """benchmarks/progress_plot.py: one point per run heading that states a decode-only figure,
     in run order, whatever order the file lists them; headings without one are left out."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "progress_plot.py"
-    spec = importlib.util.spec_from_file_location("progress_plot", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("progress_plot")
     md = """# x
 ## Run 9 (2026-12-02, 01:00 UTC): more; decode-only 2.61x at batch 1
 text decode-only 9.99x
@@ -107,3 +101,47 @@ text decode-only 9.99x
 ## Run 4 (2026-12-01, 02:46 UTC): decode-only speedups at most 1.10x; prefill
 """
     assert mod.runs(md) == [(4, "2026-12-01", 1.10), (9, "2026-12-02", 2.61)]
+
+
+def load_benchmark(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_autotune_diff_names_the_kernels_two_caches_picked_differently(tmp_path):
+    """benchmarks/autotune_diff.py: each kernel's pick is found where inductor's own key function
+    puts it; picks that differ only in timing are the same pick; untuned kernels are left out."""
+    import json
+
+    mod = load_benchmark("autotune_diff")
+
+    def cache(name: str, picks: dict[str, dict | None]):
+        root = tmp_path / name
+        for i, (kernel, pick) in enumerate(picks.items()):
+            src = root / f"c{i}" / f"c{i}hash.py"
+            src.parent.mkdir(parents=True)
+            src.write_text(f"import triton\n\ndef {kernel}(in_ptr0, xnumel):\n    pass\n")
+            if pick is not None:
+                mod.best_config_path(src).write_text(json.dumps(pick))
+        return mod.collect(root)
+
+    a = cache("a", {"triton_red_fused_softmax_0": {"XBLOCK": 1, "R0_BLOCK": 1024, "num_warps": 8,
+                                                   "time_taken_ms": 3},
+                    "triton_poi_fused_add_1": {"XBLOCK": 128, "num_warps": 4, "time_taken_ms": 1},
+                    "triton_per_fused_norm_2": None})
+    b = cache("b", {"triton_red_fused_softmax_0": {"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16,
+                                                   "time_taken_ms": 5},
+                    "triton_poi_fused_add_1": {"XBLOCK": 128, "num_warps": 4, "time_taken_ms": 9},
+                    "triton_per_fused_norm_2": None})
+    assert sorted(v["kernel"] for v in a.values()) == ["triton_poi_fused_add_1",
+                                                       "triton_red_fused_softmax_0"]
+    rows = mod.diff(a, b)
+    assert rows == [("triton_red_fused_softmax_0", {"XBLOCK": 1, "R0_BLOCK": 1024, "num_warps": 8},
+                     {"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16})]
+    assert "2 and 2 tuned kernels, 2 in both, 1 picked differently" in mod.show(a, b, rows)

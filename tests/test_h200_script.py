@@ -67,7 +67,8 @@ for st in os.environ["STAGES"].split(","):
 def dry(tmp_path):
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks" / "h200.sh", repo / "benchmarks" / "h200.sh")
+    for f in ("h200.sh", "autotune_diff.py"):
+        shutil.copy(ROOT / "benchmarks" / f, repo / "benchmarks" / f)
     (repo / "benchmarks" / "gpu_suite.py").write_text(FAKE_SUITE)
     (tmp_path / "S.gguf").write_bytes(b"")
     data = tmp_path / "data"
@@ -149,7 +150,7 @@ def test_respec_runs_take_the_verify_attention_tree_top_k_and_fused_phases(dry):
     assert (out / "respec.tgz").is_file()
 
 
-def test_respec_runs_take_their_own_environment(dry):
+def test_respec_runs_take_their_own_environment(dry, tmp_path):
     """The 9th field sets variables for that run's process only (H200 run 10's baseline ran in a
     slow kernel mode that inductor's autotune cache carried from one process to the next)."""
     _, _, run = dry
@@ -159,6 +160,7 @@ def test_respec_runs_take_their_own_environment(dry):
     specs = [c for c in calls if c["stage"] == "spec"]
     assert [(c["TORCHINDUCTOR_CACHE_DIR"], c["TORCHINDUCTOR_DETERMINISTIC"]) for c in specs] == [
         ("/tmp/i1", "1"), (None, None)]
+    assert json.loads((tmp_path / "r" / "spec_a.autotune.json").read_text()) == {}  # none tuned
 
 
 def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):
