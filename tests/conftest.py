@@ -72,3 +72,21 @@ def target(tiny_llama_dir):
 @pytest.fixture(scope="module")
 def model(target):
     return target.build(torch.float32)
+
+
+def record_matmul_attention_rows(monkeypatch) -> list[int]:
+    """The query rows of each `matmul_attention` that compiled code traces from now on, each
+    count once: dynamo guards on the list's length, and appending at every call recompiled
+    every frame until dynamo's limit (H200 run 10)."""
+    from draftsmith.models import llama
+
+    rows: list[int] = []
+    plain = llama.matmul_attention
+
+    def recorded(q, *a):
+        if q.shape[-2] not in rows:
+            rows.append(q.shape[-2])
+        return plain(q, *a)
+
+    monkeypatch.setattr(llama, "matmul_attention", recorded)
+    return rows

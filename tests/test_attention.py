@@ -69,3 +69,15 @@ def test_compiled_parts_equal_eager_on_cpu(tmp_path):
         assert torch.allclose(a.aux, b.aux, atol=1e-5)
     assert all(torch.allclose(x.k, y.k, atol=1e-5) and torch.allclose(x.v, y.v, atol=1e-5)
                for x, y in zip(c0, c1, strict=True))
+
+
+@pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
+                                     ("DRAFTSMITH_VERIFY_ATTENTION", "small")])
+def test_an_unknown_attention_choice_is_refused_with_the_choices(var, bad):
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import draftsmith.models.llama"],
+                       env={**os.environ, var: bad}, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"{var}={bad!r}" in r.stderr and "use " in r.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import write_tiny_folder
+from conftest import record_matmul_attention_rows, write_tiny_folder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -12,21 +12,28 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_graphed_decode_equals_eager(tmp_path, compile):
+@pytest.mark.parametrize("compile,decode_attention", [(False, "small"), (True, "small"),
+                                                      (True, "matmul")])
+def test_graphed_decode_equals_eager(tmp_path, monkeypatch, compile, decode_attention):
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime
+    from draftsmith.models import llama
     from draftsmith.targets import load_target
 
+    monkeypatch.setattr(llama, "DECODE_ATTENTION", decode_attention)
+    torch._dynamo.reset()  # the compiled layers trace the attention chosen now
     target = load_target(write_tiny_folder(tmp_path, "llama"))
     model = target.build(torch.float32, "cuda")
     prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10, 11, 12]]
     eager = generate(Runtime(model, 3, 128, graphs=False), prompts, 48)
     rt = Runtime(model, 4, 128, graphs=True, compile=compile)
+    rows = record_matmul_attention_rows(monkeypatch)
     rt.capture([4, 2, 1], list(range(1, 17)))
     assert generate(rt, prompts, 48) == eager
     long = [[1, *range(10, 40)], [1, 2, 3]]  # a second prompt bucket (32), after the first
     assert generate(rt, long, 48) == generate(Runtime(model, 2, 128, graphs=False), long, 48)
+    g = model.cfg.num_heads // model.cfg.num_kv_heads  # a one-token step's query rows
+    assert (g in rows) == (compile and decode_attention == "matmul")
 
 
 @pytest.mark.parametrize("compile", [False, True])

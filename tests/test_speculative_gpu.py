@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import record_matmul_attention_rows
 from test_speculative import NEW, PROMPTS, Steered, greedy_seq, make_drafter, tiny_target
 
 from draftsmith.engine.generate import generate
@@ -61,7 +62,6 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     default: every phase fused, DRAFTSMITH_FUSED_PHASES; the draft never under max) or in parts,
     and a 48-token verify (the matmul attention's range goes to 64 tokens)."""
     from draftsmith.engine import speculative, tree
-    from draftsmith.models import llama
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     monkeypatch.setattr(tree, "CHUNK", 16)
@@ -72,17 +72,7 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     assert ("draft" in dec.fused) == (whole and topk > 1 and method != "max")
     assert ({"accept", "extend"} <= dec.fused) == whole
-    rows = []  # query rows of each matmul attention the compiled layers traced
-    plain = llama.matmul_attention
-
-    def recorded(q, *a):
-        # dynamo guards on the list's length: adding only new row counts bounds the recompiles
-        # (each call appending overran dynamo's limit within two tests on the H200)
-        if q.shape[-2] not in rows:
-            rows.append(q.shape[-2])
-        return plain(q, *a)
-
-    monkeypatch.setattr(llama, "matmul_attention", recorded)
+    rows = record_matmul_attention_rows(monkeypatch)
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
     assert not any(st.unfused for st in dec.states.values())  # no phase fell back to parts

@@ -66,6 +66,12 @@ if VERIFY_ATTENTION not in ("matmul", "sdpa"):
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = int(os.environ.get("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64"))
+# Graphed one-token steps (every baseline decode step): "small" (the reductions above) or
+# "matmul" (cuBLAS GEMVs, whose kernel choice inductor does not autotune at run time). H200 run
+# 10's baseline ran 13 % slower than runs 4-9 with unchanged code; "matmul" is the A/B for it.
+DECODE_ATTENTION = os.environ.get("DRAFTSMITH_DECODE_ATTENTION", "small").strip().lower()
+if DECODE_ATTENTION not in ("small", "matmul"):
+    raise DraftsmithError(f"DRAFTSMITH_DECODE_ATTENTION={DECODE_ATTENTION!r}: use small or matmul")
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -135,9 +141,11 @@ class Attention(nn.Module):
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
             graphed = x.is_cuda and torch.compiler.is_compiling()
-            if graphed and q_len == 1 and b <= SMALL_ATTENTION_ROWS:
+            one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
+            if graphed and one and DECODE_ATTENTION == "small":
                 out = small_attention(qg, cache.k, cache.v, mask)
-            elif graphed and VERIFY_ATTENTION == "matmul" and 1 < q_len <= MATMUL_ATTENTION_TOKENS:
+            elif graphed and (one or VERIFY_ATTENTION == "matmul" and 1 < q_len
+                              <= MATMUL_ATTENTION_TOKENS):
                 out = matmul_attention(qg, cache.k, cache.v, mask)
             else:
                 out = F.scaled_dot_product_attention(qg, cache.k, cache.v, attn_mask=mask)
