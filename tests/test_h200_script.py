@@ -80,7 +80,8 @@ def dry(tmp_path):
                 "DATA_DIR": str(data), "RESPEC_DIR": str(tmp_path / "r"), "CALLS": str(calls),
                 "TESTS": "0", "SPECS": "none", "BUDGET": "585", **env}
         for k in ("SEED", "MORE_N", "MORE_SEED", "N", "GEN_BATCH", "OPENINGS", "INIT_KEPT",
-                  "GEN_COMPILE", "REFILL", "FAIL_COMPILED_GEN"):
+                  "GEN_COMPILE", "REFILL", "FAIL_COMPILED_GEN", "TORCHINDUCTOR_CACHE_DIR",
+                  "TORCHINDUCTOR_DETERMINISTIC"):
             if k not in env:
                 full.pop(k, None)
         subprocess.run(["bash", "benchmarks/h200.sh", verb], cwd=repo, env=full, check=True,
