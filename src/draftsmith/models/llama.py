@@ -66,9 +66,10 @@ if VERIFY_ATTENTION not in ("matmul", "sdpa"):
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = int(os.environ.get("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64"))
-# Graphed one-token steps (every baseline decode step): "small" (the reductions above) or
-# "matmul" (cuBLAS GEMVs, whose kernel choice inductor does not autotune at run time). H200 run
-# 10's baseline ran 13 % slower than runs 4-9 with unchanged code; "matmul" is the A/B for it.
+# Graphed one-token steps (every baseline decode step): "small" (three reductions, each
+# autotuned by inductor at run time) or "matmul" (the two products as cuBLAS GEMVs, only the
+# softmax autotuned). H200 run 10's baseline ran 13 % slower than runs 4-9 with unchanged code;
+# "matmul" is the A/B for it.
 DECODE_ATTENTION = os.environ.get("DRAFTSMITH_DECODE_ATTENTION", "small").strip().lower()
 if DECODE_ATTENTION not in ("small", "matmul"):
     raise DraftsmithError(f"DRAFTSMITH_DECODE_ATTENTION={DECODE_ATTENTION!r}: use small or matmul")
