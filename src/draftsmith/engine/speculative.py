@@ -130,10 +130,18 @@ class SpecDecoder:
         self.bookkeeping_compiled = False
         fuse = self.compiled if fuse_bookkeeping is None else fuse_bookkeeping
         want = FUSED_PHASES if self.compiled and fuse else frozenset()
-        self.fused: frozenset[str] = want & {"extend"}  # phases run as one compiled function
+        self.fused: frozenset[str] = want & self.fusable()  # each run as one compiled function
         self.phase_fns: dict[str, Callable] = {p: compiled_phase(p) for p in self.fused}
         if fuse and params.greedy:
-            self.compile_bookkeeping(want)
+            self.compile_bookkeeping()
+
+    def fusable(self) -> frozenset[str]:
+        """The phases this engine can run as one compiled function: the extend; the accept when
+        greedy; a greedy tree's draft, not under DRAFTSMITH_TREE_TOPK=max (inductor failed to
+        compile its root pick)."""
+        greedy, tree = self.params.greedy, self.shape is not None
+        return frozenset({"extend"} | ({"accept"} if greedy else set())
+                         | ({"draft"} if greedy and tree and trees.TREE_TOPK != "max" else set()))
 
     def _check_pair(self) -> None:
         tc, dc = self.rt.model.cfg, self.drafter.cfg
@@ -404,13 +412,10 @@ class SpecDecoder:
         """The greedy accept's arithmetic (and the trees' draft bookkeeping) torch.compile'd: a few
         fused kernels instead of ~50-80 small ones. The compiled engine does this on its own;
         tests call it to check the compiled functions on CPU. fuse: the phases (of
-        PHASES_FUSABLE) to run each as one compiled function (None: those fused already); a
-        tree's draft not under DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root
-        pick), nor a chain's."""
+        PHASES_FUSABLE) to run each as one compiled function (None: those fused already), as far
+        as `fusable` allows."""
         self.chain_pick, self.tree_pick, self.commit_values, self.chain_child = compiled_accept()
-        allowed = {"accept", "extend"} | ({"draft"} if self.shape is not None
-                                          and trees.TREE_TOPK != "max" else set())
-        self.fused = frozenset(self.fused if fuse is None else fuse) & allowed
+        self.fused = frozenset(self.fused if fuse is None else fuse) & self.fusable()
         self.phase_fns = {p: compiled_phase(p) for p in self.fused}
         for st in self.states.values():
             if st.tree is not None:
