@@ -355,11 +355,8 @@ class SpecDecoder:
 
         for d in range(1, self.steps):
             t.step(d, call, st.L, self.tbase, self.drt.max_seq, self.params, d2t)
-        t.select(st.last)
-        for buf, new in zip((st.vtok, st.vpos, st.vmask),
-                            trees.verify_inputs(t.node_tok, t.node_depth, t.anc, st.L, self.tbase,
-                                                self.rt.max_seq), strict=True):
-            buf.copy_(new)
+        write_tree(t.nodes() + (st.vtok, st.vpos, st.vmask), t.select(st.last), st.L, self.tbase,
+                   self.rt.max_seq)
 
     def _verify(self, st: SpecState):
         tree = st.tree is not None
@@ -486,8 +483,15 @@ def greedy_tree_phase(outs: tuple[torch.Tensor, ...], fns: tuple, drafter, cache
     """A greedy tree's draft phase: `trees.greedy_tree`, then the picked nodes and the verify's
     tokens, positions and mask written into `outs` (the tree's node buffers, then vtok, vpos,
     vmask). The fused engine compiles all of it as one function."""
-    picked = trees.greedy_tree(fns, drafter, caches, logits, hidden, lengths, last, d2t, own,
-                               ar_k, cand_depth, cand_qsrc, shape, base, total)
+    write_tree(outs, trees.greedy_tree(fns, drafter, caches, logits, hidden, lengths, last, d2t,
+                                       own, ar_k, cand_depth, cand_qsrc, shape, base, total),
+               lengths, base, vtotal)
+
+
+def write_tree(outs: tuple[torch.Tensor, ...], picked: tuple[torch.Tensor, ...],
+               lengths: torch.Tensor, base: int, vtotal: int) -> None:
+    """The picked nodes (`pick_nodes`' values) and the verify's tokens, positions and mask built
+    from them, written into `outs` (the tree's node buffers, then vtok, vpos, vmask)."""
     tok, _, depth, _, _, anc = picked
     new = picked + trees.verify_inputs(tok, depth, anc, lengths, base, vtotal)
     for buf, value in zip(outs, new, strict=True):

@@ -240,14 +240,13 @@ class TreeDraft:
         self.blocks.append((ids.flatten(1), tok, score, parent))
         self.front = tuple(nxt)
 
-    def select(self, last: torch.Tensor) -> None:
+    def select(self, last: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Sampling mode: the root plus the best N-1 candidates, in candidate (depth-major)
-        order."""
+        order, as `pick_nodes`' values (for the buffers of `nodes`)."""
         picked = pick_nodes(last, self.blocks, self.cand_depth, self.cand_qsrc,
                             self.shape.tokens, self.shape.steps)
-        for buf, new in zip(self.nodes(), picked, strict=True):
-            buf.copy_(new)
         self.blocks, self.front, self.committed = [], (), None
+        return picked
 
     def nodes(self) -> tuple[torch.Tensor, ...]:
         """The buffers the accept phase reads, in `pick_nodes`' order."""
