@@ -83,15 +83,19 @@ def write_results(res: dict, out: Path, stem: str, report: Callable[[dict, Path]
     print(text)
 
 
-def cpu_pair(target: str, drafter: str) -> tuple:
-    """(target, its model, the drafter) in fp32 on the CPU, the drafter's embedding the
-    target's: what the acceptance scripts measure with."""
+def cpu_pair(target: str, drafter: str, out: str) -> tuple:
+    """(the output folder, made; target, its model, the drafter) in fp32 on the CPU, the
+    drafter's embedding the target's, autograd off: what the acceptance scripts measure with."""
     from draftsmith.models.eagle3 import load_drafter
     from draftsmith.targets import load_target
 
+    torch.set_grad_enabled(False)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
     t = load_target(target)
     model = t.build(torch.float32, "cpu")
-    return t, model, load_drafter(drafter, "cpu", torch.float32, embed=model.embed.weight)
+    return folder, t, model, load_drafter(drafter, "cpu", torch.float32,
+                                          embed=model.embed.weight)
 
 
 def main() -> None:
@@ -108,10 +112,7 @@ def main() -> None:
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
 
-    torch.set_grad_enabled(False)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t, model, drafter = cpu_pair(a.target, a.drafter)
+    out, t, model, drafter = cpu_pair(a.target, a.drafter, a.out)
     t0 = time.perf_counter()
     sets = prompt_sets(t, model, a.n, out)
     dec = SpecDecoder(Runtime(model, a.batch, 1024), drafter, a.steps)

@@ -70,10 +70,7 @@ def main() -> None:
     from draftsmith.engine.spec_state import SpecResult
     from draftsmith.engine.speculative import SpecDecoder
 
-    torch.set_grad_enabled(False)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t, model, drafter = cpu_pair(a.target, a.drafter)
+    out, t, model, drafter = cpu_pair(a.target, a.drafter, a.out)
     prompts = [t.chat_ids(m) for m in suite_messages("chat", a.n)]
     rt = Runtime(model, a.batch, 1024)
     plain = tree.top_k_log_softmax
