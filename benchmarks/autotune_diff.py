@@ -23,21 +23,57 @@ VOLATILE = ("time_taken_ms", "triton_cache_hash", "configs_hash")  # not the pic
 
 
 def best_config_path(source: Path) -> Path:
-    """Where inductor's local autotune cache keeps the pick for the kernel in `source`."""
+    """Where this torch's local autotune cache keeps the pick for the kernel in `source`."""
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
     key = AutotuneCache._prepare_key(str(source))
     return Path(AutotuneCache._make_local_cache_key(str(source.parent), key))
 
 
-def collect(cache_dir: Path) -> dict[str, dict]:
-    """{kernel source hash: {"kernel": name, "config": the pick}} for every tuned kernel."""
-    out = {}
+def candidates(source: Path) -> list[Path]:
+    """The names other torch versions gave a kernel's pick: H200 run 11's torch 2.11 has no
+    `_make_local_cache_key`, so the collect there failed on the first kernel."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    paths = [source.with_suffix(".best_config")]
+    if hasattr(AutotuneCache, "_prepare_key"):
+        paths.append(source.parent / f"{AutotuneCache._prepare_key(str(source))}.best_config")
+    if hasattr(AutotuneCache, "_make_local_cache_key"):
+        paths.append(best_config_path(source))
+    return paths
+
+
+def kernels_in(source: Path) -> list[str]:
+    return KERNEL.findall(source.read_text("utf-8", "replace"))
+
+
+def kernel_names(cache_dir: Path) -> dict[Path, str]:
+    """{best_config file: the kernel it tunes} for every pick found from a kernel's source; a
+    folder holding one kernel and one pick pairs them whatever the naming."""
+    names: dict[Path, str] = {}
     for src in sorted(cache_dir.rglob("*.py")):
-        names = KERNEL.findall(src.read_text(encoding="utf-8", errors="replace"))
-        if names and (cfg := best_config_path(src)).is_file():
-            pick = {k: v for k, v in json.loads(cfg.read_text()).items() if k not in VOLATILE}
-            out[src.stem] = {"kernel": names[0], "config": pick}
+        found = kernels_in(src)
+        if not found:
+            continue
+        if hit := next((c for c in candidates(src) if c.is_file()), None):
+            names[hit] = found[0]
+            continue
+        picks = list(src.parent.glob("*.best_config"))
+        kernels = [f for f in src.parent.glob("*.py") if kernels_in(f)]
+        if len(picks) == 1 and len(kernels) == 1:
+            names[picks[0]] = found[0]
+    return names
+
+
+def collect(cache_dir: Path) -> dict[str, dict]:
+    """{pick file's name: {"kernel": name or "?", "config": the pick}} for every tuned kernel.
+    Pick files are named from the kernel's source hash, so two caches written by one torch name a
+    kernel alike."""
+    names = kernel_names(cache_dir)
+    out = {}
+    for cfg in sorted(cache_dir.rglob("*.best_config")):
+        pick = {k: v for k, v in json.loads(cfg.read_text()).items() if k not in VOLATILE}
+        out[cfg.stem] = {"kernel": names.get(cfg, "?"), "config": pick}
     return out
 
 

@@ -90,3 +90,11 @@ def record_matmul_attention_rows(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(llama, "matmul_attention", recorded)
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(request):
+    # Every GPU test compiles its own tiny models; dynamo's recompile limit counts across tests.
+    if request.node.get_closest_marker("gpu"):
+        torch._dynamo.reset()
+    yield

@@ -145,3 +145,29 @@ def test_autotune_diff_names_the_kernels_two_caches_picked_differently(tmp_path)
     assert rows == [("triton_red_fused_softmax_0", {"XBLOCK": 1, "R0_BLOCK": 1024, "num_warps": 8},
                      {"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16})]
     assert "2 and 2 tuned kernels, 2 in both, 1 picked differently" in mod.show(a, b, rows)
+
+
+def test_autotune_diff_finds_picks_under_other_torch_namings(tmp_path):
+    """H200 run 11's torch named picks without `_make_local_cache_key`: a pick beside its source
+    (older inductor), one named by `_prepare_key` alone, and one lone pick in a folder with one
+    kernel are all attributed; a pick nobody's source explains is kept as "?"."""
+    import json
+
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    mod = load_benchmark("autotune_diff")
+    root = tmp_path / "cache"
+    names = {"triton_a_0": lambda src: src.with_suffix(".best_config"),
+             "triton_b_1": lambda src: src.parent / f"{AutotuneCache._prepare_key(str(src))}"
+                                                    ".best_config",
+             "triton_c_2": lambda src: src.parent / "zz.best_config"}
+    for i, (kernel, where) in enumerate(names.items()):
+        src = root / f"d{i}" / f"c{i}hash.py"
+        src.parent.mkdir(parents=True)
+        src.write_text(f"def {kernel}(x):\n    pass\n")
+        where(src).write_text(json.dumps({"XBLOCK": i, "time_taken_ms": 1.0}))
+    (root / "orphan").mkdir()
+    (root / "orphan" / "q.best_config").write_text(json.dumps({"XBLOCK": 9}))
+    picks = mod.collect(root)
+    assert sorted(v["kernel"] for v in picks.values()) == ["?", *names]
+    assert {v["kernel"]: v["config"] for v in picks.values()}["triton_b_1"] == {"XBLOCK": 1}

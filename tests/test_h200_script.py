@@ -154,14 +154,23 @@ def test_respec_runs_take_the_verify_attention_tree_top_k_and_fused_phases(dry):
 def test_respec_runs_take_their_own_environment(dry, tmp_path):
     """The 9th field sets variables for that run's process only (H200 run 10's baseline ran in a
     slow kernel mode that inductor's autotune cache carried from one process to the next)."""
+    import tarfile
+
     _, _, run = dry
+    icache = tmp_path / "i1"
+    (icache / "ab").mkdir(parents=True)
+    (icache / "ab" / "cab.py").write_text("def triton_poi_fused_0(x):\n    pass\n")
+    (icache / "ab" / "k.best_config").write_text('{"XBLOCK": 4}')
     _, calls = run("respec", "o5", RUNS="a:16:1:3:3/4/8:matmul:chunk:all:"
-                                        "TORCHINDUCTOR_CACHE_DIR=/tmp/i1,TORCHINDUCTOR_DETERMINISTIC=1"
-                                        " b:16:1:3:3/4/8")
+                                        f"TORCHINDUCTOR_CACHE_DIR={icache},"
+                                        "TORCHINDUCTOR_DETERMINISTIC=1 b:16:1:3:3/4/8")
     specs = [c for c in calls if c["stage"] == "spec"]
     assert [(c["TORCHINDUCTOR_CACHE_DIR"], c["TORCHINDUCTOR_DETERMINISTIC"]) for c in specs] == [
-        ("/tmp/i1", "1"), (None, None)]
-    assert json.loads((tmp_path / "r" / "spec_a.autotune.json").read_text()) == {}  # none tuned
+        (str(icache), "1"), (None, None)]
+    picks = json.loads((tmp_path / "r" / "spec_a.autotune.json").read_text())
+    assert list(picks.values()) == [{"kernel": "triton_poi_fused_0", "config": {"XBLOCK": 4}}]
+    with tarfile.open(tmp_path / "r" / "spec_a.kernels.tgz") as tgz:  # the raw evidence too
+        assert sorted(tgz.getnames()) == ["./ab/cab.py", "./ab/k.best_config"]
 
 
 def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):
