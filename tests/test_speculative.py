@@ -249,12 +249,14 @@ def test_drafter_runtime_cached_forward_matches_uncached(setup):
 
 
 def test_late_flag_reads_the_previous_post():
-    flag = torch.tensor(False)
-    late, now = LateFlag(flag), LateFlag(flag, late=False)
-    assert late.seen() is False  # nothing posted before
+    flag, count = torch.tensor(False), torch.tensor([3, 4])
+    late, now = LateFlag(flag, extra=count), LateFlag(flag, late=False)
+    assert late.seen() is False and late.extra_seen is None  # nothing posted before
     flag.fill_(True)
+    count += 10
     assert now.seen() is True and late.seen() is False  # the late one saw the old value
-    assert late.seen() is True
+    assert late.extra_seen.tolist() == [3, 4]  # the counts the same post carried
+    assert late.seen() is True and late.extra_seen.tolist() == [13, 14]
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
@@ -273,6 +275,26 @@ def test_late_done_check_changes_nothing(setup, steps, topk, n):
     assert late.tokens == exact.tokens and late.cycles == exact.cycles
     assert late.accept_hist == exact.accept_hist and late.accepted == exact.accepted
     assert len(late.tokens[0]) < NEW and exact.phases.cycles == exact.cycles
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
+def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, steps, topk, n):
+    """When the late counts say this cycle may bring every row to max_new, the loop reads the
+    flag at once instead of launching a cycle that would change nothing (H200 run 11: one such
+    cycle of ~35 cost ~3 % at batch 1). Rows ended by EOS still end on the late read."""
+    target, rt, ref, seq = setup
+    dec = SpecDecoder(rt, make_drafter(target, 96, Steered).steer(seq, 0.7), steps, topk, n)
+    launched = []
+    plain = dec.cycle
+    dec.cycle = lambda st, prof=None: (launched.append(1), plain(st, prof))
+    res = dec.generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref and len(launched) == res.cycles
+    launched.clear()
+    eos = dec.generate(PROMPTS, NEW, eos_ids=[ref[0][7]])
+    assert len(eos.tokens[0]) < NEW and len(launched) in (eos.cycles, eos.cycles + 1)
+    assert dec.may_end_all(torch.tensor([NEW - steps - 1, NEW]), NEW)
+    assert not dec.may_end_all(torch.tensor([NEW - steps - 2, NEW]), NEW)
+    assert not dec.may_end_all(None, NEW)
 
 
 def test_merged_results_add_up(setup):

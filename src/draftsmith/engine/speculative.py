@@ -177,7 +177,7 @@ class SpecDecoder:
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
-        late = LateFlag(st.all_done, late=not prof.enabled)  # profiled runs: exact cycles
+        late = LateFlag(st.all_done, late=not prof.enabled, extra=st.count)  # profiled: exact
         done = late.seen()  # a late flag posts the prefill's flag here and says False
         host = make_clock()
         while not done and cycles < max_new_tokens:
@@ -186,9 +186,11 @@ class SpecDecoder:
             host.lap("launch")
             cycles += 1
             done = late.seen()
-            host.lap("wait")
             if done and late.late:  # it was done before this cycle, which changed nothing
                 cycles -= 1
+            elif late.late and self.may_end_all(late.extra_seen, max_new_tokens):
+                done = self.finished(st)  # read now: a next launch would be a whole inert cycle
+            host.lap("wait")
         sync(self.rt)
         t2 = time.perf_counter()
         res = SpecResult(
@@ -222,6 +224,12 @@ class SpecDecoder:
             self._run(st, phase)
             if prof is not None:
                 prof.mark(phase)
+
+    def may_end_all(self, count: torch.Tensor | None, max_new: int) -> bool:
+        """Whether the cycle after these output counts can bring every row to max_new (a cycle
+        emits at most steps + 1 tokens a row). Rows ended by EOS keep a low count and make this
+        False: their batch ends on the late read, one inert cycle later, as before."""
+        return count is not None and max_new - int(count.min()) <= self.steps + 1
 
     def finished(self, st: SpecState) -> bool:
         """Every row done: the cycle's one read-back."""
