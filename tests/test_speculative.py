@@ -278,10 +278,12 @@ def test_late_done_check_changes_nothing(setup, steps, topk, n):
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
-def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, steps, topk, n):
+def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, monkeypatch, steps, topk, n):
     """When the late counts say this cycle may bring every row to max_new, the loop reads the
     flag at once instead of launching a cycle that would change nothing (H200 run 11: one such
     cycle of ~35 cost ~3 % at batch 1). Rows ended by EOS still end on the late read."""
+    from draftsmith.engine import speculative
+
     target, rt, ref, seq = setup
     dec = SpecDecoder(rt, make_drafter(target, 96, Steered).steer(seq, 0.7), steps, topk, n)
     launched = []
@@ -295,6 +297,9 @@ def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, steps, topk, n):
     assert dec.may_end_all(torch.tensor([NEW - steps - 1, NEW]), NEW)
     assert not dec.may_end_all(torch.tensor([NEW - steps - 2, NEW]), NEW)
     assert not dec.may_end_all(None, NEW)
+    monkeypatch.setattr(speculative, "EXACT_END", False)  # the A/B switch: the old ending
+    launched.clear()
+    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref and len(launched) == res.cycles + 1
 
 
 def test_merged_results_add_up(setup):

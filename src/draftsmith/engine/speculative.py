@@ -62,6 +62,8 @@ def fused_phases(value: str) -> frozenset[str]:
 
 
 FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
+# DRAFTSMITH_EXACT_END=0: end every run on the late flag alone, one inert cycle later (the A/B)
+EXACT_END = os.environ.get("DRAFTSMITH_EXACT_END", "1").strip() != "0"
 
 
 class SpecDecoder:
@@ -229,7 +231,7 @@ class SpecDecoder:
         """Whether the cycle after these output counts can bring every row to max_new (a cycle
         emits at most steps + 1 tokens a row). Rows ended by EOS keep a low count and make this
         False: their batch ends on the late read, one inert cycle later, as before."""
-        return count is not None and max_new - int(count.min()) <= self.steps + 1
+        return EXACT_END and count is not None and max_new - int(count.min()) <= self.steps + 1
 
     def finished(self, st: SpecState) -> bool:
         """Every row done: the cycle's one read-back."""
