@@ -72,7 +72,8 @@ def test_compiled_parts_equal_eager_on_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
-                                     ("DRAFTSMITH_VERIFY_ATTENTION", "small")])
+                                     ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
+                                     ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4")])
 def test_an_unknown_attention_choice_is_refused_with_the_choices(var, bad):
     import os
     import subprocess
@@ -81,3 +82,20 @@ def test_an_unknown_attention_choice_is_refused_with_the_choices(var, bad):
     r = subprocess.run([sys.executable, "-c", "import draftsmith.models.llama"],
                        env={**os.environ, var: bad}, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and f"{var}={bad!r}" in r.stderr and "use " in r.stderr
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_reduce_linear_equals_f_linear_eager_and_compiled(dtype, atol):
+    """The reduction form of a small linear (DRAFTSMITH_SMALL_LINEAR_ROWS) gives F.linear's
+    values at a drafter depth's shapes (4 rows, a fused qkv) and keeps the leading dims."""
+    from draftsmith.models.parallel import reduce_linear
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 4, 96, generator=g).to(dtype)
+    w = (torch.randn(160, 96, generator=g) / 10).to(dtype)
+    ref = F.linear(x.float(), w.float())
+    for fn in (reduce_linear, torch.compile(reduce_linear, fullgraph=True)):
+        out = fn(x, w)
+        assert out.shape == (1, 4, 160) and out.dtype == dtype
+        assert torch.allclose(out.float(), ref, atol=atol, rtol=1e-2)
+    assert not torch.allclose(reduce_linear(x, w.flip(0)).float(), ref, atol=atol)

@@ -168,3 +168,33 @@ def test_bf16_greedy_divergences_sit_at_near_ties():
     print(report)
     assert res.mean_accept_length > 1.2
     assert all(d["relative_gap"] < 0.1 for d in report["divergences"])
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
+def test_small_linears_as_reductions_equal_plain_greedy(pair, monkeypatch, steps, topk, n):
+    """DRAFTSMITH_SMALL_LINEAR_ROWS=16: the compiled engine's linears over <= 16 rows (the
+    target's decode and short verifies, every drafter depth) run as inductor reductions; output
+    stays plain greedy, and no such linear is traced as a GEMM."""
+    from types import SimpleNamespace
+
+    from draftsmith.models import parallel
+
+    monkeypatch.setattr(parallel, "SMALL_LINEAR_ROWS", 16)
+    gemm = parallel.F.linear
+
+    def refused(x, w, b=None):
+        if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= 16:
+            raise AssertionError("a small linear traced as a GEMM")
+        return gemm(x, w, b)
+
+    fns = SimpleNamespace(linear=refused, embedding=parallel.F.embedding)
+    monkeypatch.setattr(parallel, "F", fns)
+    torch._dynamo.reset()
+    target, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
+    dec.capture([4, 1])
+    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    plain = Runtime(target, 4, 160, graphs=True, compile=True)
+    plain.capture([4, 1], [1, 8, 16])
+    assert generate(plain, PROMPTS, NEW, eos_ids=[]) == ref

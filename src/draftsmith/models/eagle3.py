@@ -27,7 +27,7 @@ from draftsmith.jsonfile import read_versioned
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
-from draftsmith.models.parallel import SINGLE, TP
+from draftsmith.models.parallel import SINGLE, TP, linear
 
 
 @dataclass(slots=True)
@@ -189,7 +189,7 @@ class Eagle3Drafter(nn.Module):
         x = aux.flatten(-2)
         if self.input_norm is not None:
             x = self.input_norm(x)
-        return self.fc(x.to(self.fc.weight.dtype))
+        return linear(x.to(self.fc.weight.dtype), self.fc.weight)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         freqs = positions.unsqueeze(-1).float() * self.inv_freq.float()
@@ -228,7 +228,7 @@ class Eagle3Drafter(nn.Module):
     def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm layer output -> (draft logits, hidden fed to the next step)."""
         normed = self.norm(h)
-        return self.lm_head(normed), normed if self.cfg.norm_output else h
+        return linear(normed, self.lm_head.weight), normed if self.cfg.norm_output else h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -13,6 +13,7 @@ from the caching allocator (the graph pool during capture); nothing reads back t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+
+
+def _small_linear_rows(value: str) -> int:
+    if not value.strip().isdigit():
+        raise DraftsmithError(f"DRAFTSMITH_SMALL_LINEAR_ROWS={value!r}: use a row count >= 0")
+    return int(value)
+
+
+# Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
+# of cuBLAS: a 4-row GEMM launches ~10-15 CTAs that read the weight at a few SMs' bandwidth
+# (H200 run 9: a tree depth's seven drafter GEMMs took 29 us). 0, the default: cuBLAS always.
+SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "0"))
+
+
+def reduce_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T written as a product and a sum over the inputs, fp32 accumulate: under inductor one
+    reduction kernel over every (row, output) pair, with the producer of x fused into its loads.
+    Eager it would materialise [rows, out, in]: only compiled code calls it."""
+    return (x.unsqueeze(-2).float() * w.float()).sum(-1).to(x.dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, or `reduce_linear` for compiled CUDA calls of <= SMALL_LINEAR_ROWS rows."""
+    rows = x.numel() // x.shape[-1]
+    if rows <= SMALL_LINEAR_ROWS and x.is_cuda and torch.compiler.is_compiling():
+        y = reduce_linear(x, w)
+        return y if b is None else y + b
+    return F.linear(x, w, b)
 
 
 @dataclass(slots=True)
@@ -92,7 +121,7 @@ class ColumnLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowLinear(nn.Module):
@@ -105,7 +134,7 @@ class RowLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -139,5 +168,5 @@ class VocabHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(tp.padded(vocab), dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.all_gather_last(F.linear(x, self.weight))
+        logits = self.tp.all_gather_last(linear(x, self.weight))
         return logits if logits.shape[-1] == self.vocab else logits[..., : self.vocab]
