@@ -93,9 +93,14 @@ def test_reduce_linear_equals_f_linear_eager_and_compiled(dtype, atol):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(1, 4, 96, generator=g).to(dtype)
     w = (torch.randn(160, 96, generator=g) / 10).to(dtype)
+    bias = torch.randn(160, generator=g).to(dtype)
     ref = F.linear(x.float(), w.float())
     for fn in (reduce_linear, torch.compile(reduce_linear, fullgraph=True)):
         out = fn(x, w)
         assert out.shape == (1, 4, 160) and out.dtype == dtype
         assert torch.allclose(out.float(), ref, atol=atol, rtol=1e-2)
+        biased = fn(x, w, bias).float()
+        assert torch.allclose(biased, ref + bias.float(), atol=atol, rtol=1e-2)
     assert not torch.allclose(reduce_linear(x, w.flip(0)).float(), ref, atol=atol)
+    one = reduce_linear(x[0, :1], w)  # a single row without a batch dim: [1, out]
+    assert one.shape == (1, 160) and torch.allclose(one.float(), ref[0, :1], atol=atol, rtol=1e-2)

@@ -12,21 +12,32 @@ pytestmark = [
 ]
 
 
-def forbid_one_token_attention(monkeypatch, g: int, kinds: set[str]) -> None:
-    """Tracing a one-token step (g query rows) through any of `kinds` fails the compile. A
-    recorder appending to a list made dynamo guard on the list and recompile every captured
-    shape until its limit (H200 run 11); a raise at trace time adds no guard."""
+def route_one_token_attention(monkeypatch, g: int, allowed: str | None) -> torch.Tensor:
+    """Tracing a one-token step (g query rows) through any attention but `allowed` (SDPA
+    included; None: every traced one fails) fails the compile, and each run of `allowed` in
+    compiled code bumps the returned CUDA counter. A recorder appending to a list made dynamo
+    guard on the list and recompile every captured shape until its limit (H200 run 11); a raise
+    at trace time and an in-graph counter add no guard."""
     from draftsmith.models import llama
 
-    for kind in kinds:
-        plain = getattr(llama, f"{kind}_attention")
+    hits = torch.zeros((), device="cuda")
+    kinds = {"small": llama.small_attention, "matmul": llama.matmul_attention,
+             "sdpa": torch.nn.functional.scaled_dot_product_attention}
 
-        def refused(q, *a, plain=plain, kind=kind):
-            if q.shape[-2] == g:
-                raise AssertionError(f"a one-token step traced {kind}_attention")
-            return plain(q, *a)
+    def route(kind, plain):
+        def routed(q, *a, **kw):
+            if torch.compiler.is_compiling() and q.shape[-2] == g:
+                if kind != allowed:
+                    raise AssertionError(f"a one-token step traced {kind} attention")
+                hits.add_(1)
+            return plain(q, *a, **kw)
+        return routed
 
-        monkeypatch.setattr(llama, f"{kind}_attention", refused)
+    for kind, plain in kinds.items():
+        owner, name = ((torch.nn.functional, "scaled_dot_product_attention") if kind == "sdpa"
+                       else (llama, f"{kind}_attention"))
+        monkeypatch.setattr(owner, name, route(kind, plain))
+    return hits
 
 
 @pytest.mark.parametrize("compile,decode_attention", [(False, "small"), (True, "small"),
@@ -45,12 +56,12 @@ def test_graphed_decode_equals_eager(tmp_path, monkeypatch, compile, decode_atte
     eager = generate(Runtime(model, 3, 128, graphs=False), prompts, 48)
     rt = Runtime(model, 4, 128, graphs=True, compile=compile)
     g = model.cfg.num_heads // model.cfg.num_kv_heads  # a one-token step's query rows
-    forbid_one_token_attention(monkeypatch, g, {"small", "matmul"} if not compile
-                               else {"small", "matmul"} - {decode_attention})
+    hits = route_one_token_attention(monkeypatch, g, decode_attention if compile else None)
     rt.capture([4, 2, 1], list(range(1, 17)))
     assert generate(rt, prompts, 48) == eager
     long = [[1, *range(10, 40)], [1, 2, 3]]  # a second prompt bucket (32), after the first
     assert generate(rt, long, 48) == generate(Runtime(model, 2, 128, graphs=False), long, 48)
+    assert (hits.item() > 0) == compile  # the compiled steps ran the chosen attention
 
 
 @pytest.mark.parametrize("compile", [False, True])

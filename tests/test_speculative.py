@@ -249,14 +249,15 @@ def test_drafter_runtime_cached_forward_matches_uncached(setup):
 
 
 def test_late_flag_reads_the_previous_post():
-    flag, count = torch.tensor(False), torch.tensor([3, 4])
-    late, now = LateFlag(flag, extra=count), LateFlag(flag, late=False)
+    flag, count, done = torch.tensor(False), torch.tensor([3, 4]), torch.tensor([False, True])
+    late, now = LateFlag(flag, extra=(count, done)), LateFlag(flag, late=False)
     assert late.seen() is False and late.extra_seen is None  # nothing posted before
     flag.fill_(True)
     count += 10
+    done.fill_(True)
     assert now.seen() is True and late.seen() is False  # the late one saw the old value
-    assert late.extra_seen.tolist() == [3, 4]  # the counts the same post carried
-    assert late.seen() is True and late.extra_seen.tolist() == [13, 14]
+    assert [t.tolist() for t in late.extra_seen] == [[3, 4], [False, True]]  # the same post's
+    assert late.seen() is True and late.extra_seen[0].tolist() == [13, 14]
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
@@ -291,15 +292,29 @@ def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, monkeypatch, steps, t
     dec.cycle = lambda st, prof=None: (launched.append(1), plain(st, prof))
     res = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref and len(launched) == res.cycles
-    launched.clear()
-    eos = dec.generate(PROMPTS, NEW, eos_ids=[ref[0][7]])
-    assert len(eos.tokens[0]) < NEW and len(launched) in (eos.cycles, eos.cycles + 1)
-    assert dec.may_end_all(torch.tensor([NEW - steps - 1, NEW]), NEW)
-    assert not dec.may_end_all(torch.tensor([NEW - steps - 2, NEW]), NEW)
-    assert not dec.may_end_all(None, NEW)
+    launched.clear()  # row 0 ends by EOS early, the others at max_new: still no inert cycle
+    stop = next(t for t in ref[0][3:] if all(t not in r for r in ref[1:]))  # row 0's alone
+    eos = dec.generate(PROMPTS, NEW, eos_ids=[stop])
+    assert len(eos.tokens[0]) < NEW and {len(t) for t in eos.tokens[1:]} == {NEW}
+    assert len(launched) == eos.cycles
+    launched.clear()  # the prefill's token ends every row: no cycle at all
+    assert dec.generate(PROMPTS, 1, eos_ids=[]).cycles == 0 and not launched
+    no, yes = torch.tensor([False, False]), torch.tensor([True, False])
+    assert dec.may_end_all(torch.tensor([NEW - steps - 1, NEW]), no, NEW)
+    assert not dec.may_end_all(torch.tensor([NEW - steps - 2, NEW]), no, NEW)
+    assert dec.may_end_all(torch.tensor([1, NEW - steps - 1]), yes, NEW)  # row 0 ended by EOS
+    assert not dec.may_end_all(torch.tensor([1, 2]), torch.tensor([True, True]), NEW)
     monkeypatch.setattr(speculative, "EXACT_END", False)  # the A/B switch: the old ending
     launched.clear()
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref and len(launched) == res.cycles + 1
+
+
+def test_exact_end_setting():
+    from draftsmith.engine.speculative import exact_end
+
+    assert exact_end("1") and not exact_end(" 0 ")
+    with pytest.raises(DraftsmithError, match="use 1 or 0"):
+        exact_end("off")
 
 
 def test_merged_results_add_up(setup):

@@ -180,7 +180,14 @@ def test_small_linears_as_reductions_equal_plain_greedy(pair, monkeypatch, steps
     from draftsmith.models import parallel
 
     monkeypatch.setattr(parallel, "SMALL_LINEAR_ROWS", 16)
-    gemm = parallel.F.linear
+    gemm, reduce = parallel.F.linear, parallel.reduce_linear
+    hits = torch.zeros((), device="cuda")  # an in-graph counter: no guard, unlike a list
+
+    def counted(x, w, b=None):
+        hits.add_(1)
+        return reduce(x, w, b)
+
+    monkeypatch.setattr(parallel, "reduce_linear", counted)
 
     def refused(x, w, b=None):
         if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= 16:
@@ -198,3 +205,4 @@ def test_small_linears_as_reductions_equal_plain_greedy(pair, monkeypatch, steps
     plain = Runtime(target, 4, 160, graphs=True, compile=True)
     plain.capture([4, 1], [1, 8, 16])
     assert generate(plain, PROMPTS, NEW, eos_ids=[]) == ref
+    assert hits.item() > 0  # the compiled graphs ran reductions

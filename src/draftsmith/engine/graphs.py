@@ -78,16 +78,15 @@ class LateFlag:
     then asks `seen()`, learns whether the rows were all done *before* step k while step k runs;
     when they were, step k changed nothing that callers read (finished rows are inert).
     `late=False` reads the current value instead (profiled runs: no inert step to account for).
-    `extra`: a small tensor posted and read alongside (`extra_seen`, the same step late)."""
+    `extra`: small tensors posted and read alongside (`extra_seen`, the same step late)."""
 
     def __init__(self, flag: torch.Tensor, late: bool = True,
-                 extra: torch.Tensor | None = None) -> None:
+                 extra: tuple[torch.Tensor, ...] = ()) -> None:
         self.flag, self.late, self.extra = flag, late, extra
         cuda = flag.is_cuda
         self.host = torch.zeros((), dtype=torch.bool, pin_memory=cuda)
-        self.extra_host = None if extra is None else torch.zeros_like(extra, device="cpu",
-                                                                      pin_memory=cuda)
-        self.extra_seen: torch.Tensor | None = None
+        self.extra_host = [torch.zeros_like(t, device="cpu", pin_memory=cuda) for t in extra]
+        self.extra_seen: tuple[torch.Tensor, ...] | None = None
         self.event = torch.cuda.Event() if cuda else None
         self.posted = False
 
@@ -99,12 +98,12 @@ class LateFlag:
             if self.event is not None:
                 self.event.synchronize()
             was = bool(self.host)
-            if self.extra_host is not None:
-                self.extra_seen = self.extra_host.clone()
+            if self.extra:
+                self.extra_seen = tuple(t.clone() for t in self.extra_host)
         blocking = self.event is None
         self.host.copy_(self.flag, non_blocking=not blocking)
-        if self.extra is not None:
-            self.extra_host.copy_(self.extra, non_blocking=not blocking)
+        for dst, src in zip(self.extra_host, self.extra, strict=True):
+            dst.copy_(src, non_blocking=not blocking)
         if self.event is not None:
             self.event.record(torch.cuda.current_stream(self.flag.device))
         self.posted = True

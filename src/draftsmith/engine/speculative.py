@@ -62,8 +62,17 @@ def fused_phases(value: str) -> frozenset[str]:
 
 
 FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
-# DRAFTSMITH_EXACT_END=0: end every run on the late flag alone, one inert cycle later (the A/B)
-EXACT_END = os.environ.get("DRAFTSMITH_EXACT_END", "1").strip() != "0"
+
+
+def exact_end(value: str) -> bool:
+    """DRAFTSMITH_EXACT_END: 1 (default) or 0, which ends every run on the late flag alone, one
+    inert cycle later (the A/B of the exact end)."""
+    if value.strip() not in ("0", "1"):
+        raise DraftsmithError(f"DRAFTSMITH_EXACT_END={value!r}: use 1 or 0")
+    return value.strip() == "1"
+
+
+EXACT_END = exact_end(os.environ.get("DRAFTSMITH_EXACT_END", "1"))
 
 
 class SpecDecoder:
@@ -179,8 +188,9 @@ class SpecDecoder:
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
-        late = LateFlag(st.all_done, late=not prof.enabled, extra=st.count)  # profiled: exact
-        done = late.seen()  # a late flag posts the prefill's flag here and says False
+        late = LateFlag(st.all_done, late=not prof.enabled, extra=(st.count, st.done))
+        late.seen()  # posts the prefill's flag (a profiled run's flag is read exactly anyway)
+        done = self.finished(st)  # the prefill may have ended every row; synced already
         host = make_clock()
         while not done and cycles < max_new_tokens:
             host.start()
@@ -190,7 +200,7 @@ class SpecDecoder:
             done = late.seen()
             if done and late.late:  # it was done before this cycle, which changed nothing
                 cycles -= 1
-            elif late.late and self.may_end_all(late.extra_seen, max_new_tokens):
+            elif late.late and self.may_end_all(*late.extra_seen, max_new_tokens):
                 done = self.finished(st)  # read now: a next launch would be a whole inert cycle
             host.lap("wait")
         sync(self.rt)
@@ -227,11 +237,12 @@ class SpecDecoder:
             if prof is not None:
                 prof.mark(phase)
 
-    def may_end_all(self, count: torch.Tensor | None, max_new: int) -> bool:
-        """Whether the cycle after these output counts can bring every row to max_new (a cycle
-        emits at most steps + 1 tokens a row). Rows ended by EOS keep a low count and make this
-        False: their batch ends on the late read, one inert cycle later, as before."""
-        return EXACT_END and count is not None and max_new - int(count.min()) <= self.steps + 1
+    def may_end_all(self, count: torch.Tensor, done: torch.Tensor, max_new: int) -> bool:
+        """Whether the cycle after these output counts and done flags can bring every row still
+        running to max_new (a cycle emits at most steps + 1 tokens a row). EOS may end a row
+        sooner: then the batch ends on the late read, one inert cycle later, as before."""
+        left = max_new - count[~done]
+        return EXACT_END and bool(left.numel()) and int(left.max()) <= self.steps + 1
 
     def finished(self, st: SpecState) -> bool:
         """Every row done: the cycle's one read-back."""

@@ -37,19 +37,24 @@ def _small_linear_rows(value: str) -> int:
 SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "0"))
 
 
-def reduce_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T written as a product and a sum over the inputs, fp32 accumulate: under inductor one
-    reduction kernel over every (row, output) pair, with the producer of x fused into its loads.
-    Eager it would materialise [rows, out, in]: only compiled code calls it."""
-    return (x.unsqueeze(-2).float() * w.float()).sum(-1).to(x.dtype)
+def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) written as a product and a sum over the inputs, fp32 accumulate, rounded once:
+    under inductor one reduction kernel, the producer of x fused into its loads. Outputs are laid
+    out [out, rows] so that neighbouring programs share a weight row (one read of the weight, even
+    when it exceeds L2), then viewed back. Eager it would materialise [out, rows, in]: only
+    compiled code calls it."""
+    xs = x.reshape(-1, x.shape[-1]).float()
+    y = (w.float().unsqueeze(1) * xs.unsqueeze(0)).sum(-1)
+    if b is not None:
+        y = y + b.float().unsqueeze(1)
+    return y.t().reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, or `reduce_linear` for compiled CUDA calls of <= SMALL_LINEAR_ROWS rows."""
-    rows = x.numel() // x.shape[-1]
-    if rows <= SMALL_LINEAR_ROWS and x.is_cuda and torch.compiler.is_compiling():
-        y = reduce_linear(x, w)
-        return y if b is None else y + b
+    if (SMALL_LINEAR_ROWS and x.is_cuda and torch.compiler.is_compiling()
+            and x.numel() // x.shape[-1] <= SMALL_LINEAR_ROWS):
+        return reduce_linear(x, w, b)
     return F.linear(x, w, b)
 
 
