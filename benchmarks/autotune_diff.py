@@ -4,7 +4,7 @@ kernel's source, so every later process on the machine reuses the first one's pi
 baseline ran 13 % slower than in runs 4-9 with unchanged code; this names the kernels whose picks
 differ between a slow and a fast process's inductor cache (TORCHINDUCTOR_CACHE_DIR).
 
-    python benchmarks/autotune_diff.py collect CACHE_DIR OUT.json   # on the machine that tuned
+    python benchmarks/autotune_diff.py collect CACHE_DIR OUT.json [RAW.tgz]  # where it tuned
     python benchmarks/autotune_diff.py diff A.json B.json           # anywhere
 
 `collect` must run under the torch that wrote the cache: a best_config's file name hashes the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tarfile
 from pathlib import Path
 
 KERNEL = re.compile(r"^def (triton_\w+)\(", re.M)
@@ -44,7 +45,10 @@ def candidates(source: Path) -> list[Path]:
 
 
 def kernels_in(source: Path) -> list[str]:
-    return KERNEL.findall(source.read_text("utf-8", "replace"))
+    """The Triton kernels a kernel file defines; a graph's wrapper (which embeds its kernels'
+    sources in strings for async_compile) defines none of its own."""
+    text = source.read_text("utf-8", "replace")
+    return [] if "async_compile" in text else KERNEL.findall(text)
 
 
 def kernel_names(cache_dir: Path) -> dict[Path, str]:
@@ -77,9 +81,31 @@ def collect(cache_dir: Path) -> dict[str, dict]:
     return out
 
 
+def archive(cache_dir: Path, out: Path, cap: int = 2 << 20) -> int:
+    """The raw evidence beside `collect`'s summary: every pick file and every kernel source in
+    the cache (no graph wrappers), as a .tgz of at most `cap` bytes of input, smallest files
+    first (an archive too big to leave the device would lose the run's other results). Returns
+    the number of files written."""
+    files = sorted(cache_dir.rglob("*.best_config")) + sorted(
+        f for f in cache_dir.rglob("*.py") if kernels_in(f))
+    total, kept = 0, []
+    for f in sorted(files, key=lambda f: f.stat().st_size):
+        if total + f.stat().st_size > cap:
+            break
+        total += f.stat().st_size
+        kept.append(f)
+    with tarfile.open(out, "w:gz") as tgz:
+        for f in sorted(kept):
+            tgz.add(f, arcname=str(f.relative_to(cache_dir)))
+    return len(kept)
+
+
 def diff(a: dict[str, dict], b: dict[str, dict]) -> list[tuple[str, dict, dict]]:
     """(kernel, pick in a, pick in b) for the kernels both tuned, where the picks differ."""
-    return [(a[h]["kernel"], a[h]["config"], b[h]["config"]) for h in sorted(a.keys() & b.keys())
+    def name(h: str) -> str:
+        return a[h]["kernel"] if a[h]["kernel"] != "?" else b[h]["kernel"]
+
+    return [(name(h), a[h]["config"], b[h]["config"]) for h in sorted(a.keys() & b.keys())
             if a[h]["config"] != b[h]["config"]]
 
 
@@ -92,10 +118,12 @@ def show(a: dict, b: dict, rows: list[tuple[str, dict, dict]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "collect":
+    if len(argv) in (3, 4) and argv[0] == "collect":
         picks = collect(Path(argv[1]))
         Path(argv[2]).write_text(json.dumps(picks, indent=1, sort_keys=True))
         print(f"{len(picks)} tuned kernels in {argv[1]} -> {argv[2]}")
+        if len(argv) == 4:
+            print(f"{archive(Path(argv[1]), Path(argv[3]))} files -> {argv[3]}")
         return 0
     if len(argv) == 3 and argv[0] == "diff":
         a, b = (json.loads(Path(p).read_text()) for p in argv[1:])

@@ -261,12 +261,10 @@ respec)
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
         # the kernels' autotuned picks, to diff a slow process against a fast one
         icache=$(tr , '\n' <<< "$extra" | sed -n 's/^TORCHINDUCTOR_CACHE_DIR=//p')
-        icache=${icache:-/tmp/torchinductor_$(whoami)}
-        python3 benchmarks/autotune_diff.py collect "$icache" \
-            "$R/spec_$name.autotune.json" >> "$R/spec_${name}_log.txt" 2>&1
-        # and the raw picks with their kernels' sources, for a collect that fails (run 11's did)
-        (cd "$icache" && find . \( -name '*.best_config' -o -name 'c*.py' \) -size -200k -print0 \
-            | tar czf "$R/spec_$name.kernels.tgz" --null -T -) 2>> "$R/spec_${name}_log.txt"
+        # and the raw picks with their kernels' sources (capped), for picks collect cannot
+        # attribute (run 11's collect failed outright)
+        python3 benchmarks/autotune_diff.py collect "${icache:-/tmp/torchinductor_$(whoami)}" \
+            "$R/spec_$name.autotune.json" "$R/spec_$name.kernels.tgz" >> "$R/spec_${name}_log.txt" 2>&1
     done
     [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 70 ] && gpu_tests "$(( $(left) - 20 ))" -v \
         > $R/probe_log.txt 2>&1

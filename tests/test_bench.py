@@ -150,8 +150,10 @@ def test_autotune_diff_names_the_kernels_two_caches_picked_differently(tmp_path)
 def test_autotune_diff_finds_picks_under_other_torch_namings(tmp_path):
     """H200 run 11's torch named picks without `_make_local_cache_key`: a pick beside its source
     (older inductor), one named by `_prepare_key` alone, and one lone pick in a folder with one
-    kernel are all attributed; a pick nobody's source explains is kept as "?"."""
+    kernel are all attributed; a pick nobody's source explains is kept as "?", and a graph
+    wrapper's embedded kernel sources name nothing. The raw archive skips wrappers."""
     import json
+    import tarfile
 
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
@@ -168,6 +170,16 @@ def test_autotune_diff_finds_picks_under_other_torch_namings(tmp_path):
         where(src).write_text(json.dumps({"XBLOCK": i, "time_taken_ms": 1.0}))
     (root / "orphan").mkdir()
     (root / "orphan" / "q.best_config").write_text(json.dumps({"XBLOCK": 9}))
+    wrapper = root / "w" / "cwrap.py"  # a graph's wrapper embeds kernel sources: not a kernel
+    wrapper.parent.mkdir()
+    wrapper.write_text('k = async_compile.triton("k", """\ndef triton_a_0(x):\n    pass\n""")\n')
+    (root / "w" / "w.best_config").write_text(json.dumps({"XBLOCK": 7}))
     picks = mod.collect(root)
-    assert sorted(v["kernel"] for v in picks.values()) == ["?", *names]
+    assert sorted(v["kernel"] for v in picks.values()) == ["?", "?", *names]
     assert {v["kernel"]: v["config"] for v in picks.values()}["triton_b_1"] == {"XBLOCK": 1}
+    other = {h: {"kernel": "triton_x", "config": {"XBLOCK": -1}} for h in picks}
+    assert {k for k, _, _ in mod.diff(picks, other)} == {"triton_x", *names}  # "?": B's name
+    assert mod.archive(root, tmp_path / "raw.tgz") == 8  # 5 picks, 3 kernel files, no wrapper
+    with tarfile.open(tmp_path / "raw.tgz") as tgz:
+        assert "w/cwrap.py" not in tgz.getnames() and "orphan/q.best_config" in tgz.getnames()
+    assert mod.archive(root, tmp_path / "small.tgz", cap=40) < 8  # the cap leaves files out
