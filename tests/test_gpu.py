@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import write_tiny_folder
+from conftest import count_compiled_calls, write_tiny_folder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -12,32 +12,30 @@ pytestmark = [
 ]
 
 
-def route_one_token_attention(monkeypatch, g: int, allowed: str | None) -> torch.Tensor:
+def route_one_token_attention(monkeypatch, g: int, allowed: str | None) -> torch.Tensor | None:
     """Tracing a one-token step (g query rows) through any attention but `allowed` (SDPA
-    included; None: every traced one fails) fails the compile, and each run of `allowed` in
-    compiled code bumps the returned CUDA counter. A recorder appending to a list made dynamo
-    guard on the list and recompile every captured shape until its limit (H200 run 11); a raise
-    at trace time and an in-graph counter add no guard."""
+    included; None: every traced one fails) fails the compile (a raise at trace time adds no
+    guard); returns the counter of `allowed`'s runs in compiled code (`count_compiled_calls`)."""
     from draftsmith.models import llama
 
-    hits = torch.zeros((), device="cuda")
-    kinds = {"small": llama.small_attention, "matmul": llama.matmul_attention,
-             "sdpa": torch.nn.functional.scaled_dot_product_attention}
+    places = {"small": (llama, "small_attention"), "matmul": (llama, "matmul_attention"),
+              "sdpa": (torch.nn.functional, "scaled_dot_product_attention")}
 
-    def route(kind, plain):
-        def routed(q, *a, **kw):
-            if torch.compiler.is_compiling() and q.shape[-2] == g:
-                if kind != allowed:
-                    raise AssertionError(f"a one-token step traced {kind} attention")
-                hits.add_(1)
+    def one_token(q, *a, **kw) -> bool:
+        return q.shape[-2] == g
+
+    def refuse(kind, plain):
+        def refused(q, *a, **kw):
+            if torch.compiler.is_compiling() and one_token(q):
+                raise AssertionError(f"a one-token step traced {kind} attention")
             return plain(q, *a, **kw)
-        return routed
+        return refused
 
-    for kind, plain in kinds.items():
-        owner, name = ((torch.nn.functional, "scaled_dot_product_attention") if kind == "sdpa"
-                       else (llama, f"{kind}_attention"))
-        monkeypatch.setattr(owner, name, route(kind, plain))
-    return hits
+    for kind, (owner, name) in places.items():
+        if kind != allowed:
+            monkeypatch.setattr(owner, name, refuse(kind, getattr(owner, name)))
+    return None if allowed is None else count_compiled_calls(monkeypatch, *places[allowed],
+                                                             one_token)
 
 
 @pytest.mark.parametrize("compile,decode_attention", [(False, "small"), (True, "small"),
@@ -61,7 +59,7 @@ def test_graphed_decode_equals_eager(tmp_path, monkeypatch, compile, decode_atte
     assert generate(rt, prompts, 48) == eager
     long = [[1, *range(10, 40)], [1, 2, 3]]  # a second prompt bucket (32), after the first
     assert generate(rt, long, 48) == generate(Runtime(model, 2, 128, graphs=False), long, 48)
-    assert (hits.item() > 0) == compile  # the compiled steps ran the chosen attention
+    assert hits is None if not compile else hits.item() > 0  # compiled steps ran the chosen one
 
 
 @pytest.mark.parametrize("compile", [False, True])
