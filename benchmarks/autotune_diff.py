@@ -17,6 +17,7 @@ import json
 import re
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 KERNEL = re.compile(r"^def (triton_\w+)\(", re.M)
@@ -51,29 +52,31 @@ def kernels_in(source: Path) -> list[str]:
     return [] if "async_compile" in text else KERNEL.findall(text)
 
 
-def kernel_names(cache_dir: Path) -> dict[Path, str]:
+def kernel_files(cache_dir: Path) -> dict[Path, list[str]]:
+    """{kernel source file: the kernels it defines}, each file read once (no graph wrappers)."""
+    return {f: found for f in sorted(cache_dir.rglob("*.py")) if (found := kernels_in(f))}
+
+
+def kernel_names(files: dict[Path, list[str]]) -> dict[Path, str]:
     """{best_config file: the kernel it tunes} for every pick found from a kernel's source; a
     folder holding one kernel and one pick pairs them whatever the naming."""
+    per_folder = Counter(f.parent for f in files)
     names: dict[Path, str] = {}
-    for src in sorted(cache_dir.rglob("*.py")):
-        found = kernels_in(src)
-        if not found:
-            continue
+    for src, found in files.items():
         if hit := next((c for c in candidates(src) if c.is_file()), None):
             names[hit] = found[0]
             continue
         picks = list(src.parent.glob("*.best_config"))
-        kernels = [f for f in src.parent.glob("*.py") if kernels_in(f)]
-        if len(picks) == 1 and len(kernels) == 1:
+        if len(picks) == 1 and per_folder[src.parent] == 1:
             names[picks[0]] = found[0]
     return names
 
 
-def collect(cache_dir: Path) -> dict[str, dict]:
+def collect(cache_dir: Path, files: dict[Path, list[str]] | None = None) -> dict[str, dict]:
     """{pick file's name: {"kernel": name or "?", "config": the pick}} for every tuned kernel.
     Pick files are named from the kernel's source hash, so two caches written by one torch name a
-    kernel alike."""
-    names = kernel_names(cache_dir)
+    kernel alike. files: `kernel_files(cache_dir)`, when the caller has it already."""
+    names = kernel_names(kernel_files(cache_dir) if files is None else files)
     out = {}
     for cfg in sorted(cache_dir.rglob("*.best_config")):
         pick = {k: v for k, v in json.loads(cfg.read_text()).items() if k not in VOLATILE}
@@ -81,18 +84,19 @@ def collect(cache_dir: Path) -> dict[str, dict]:
     return out
 
 
-def archive(cache_dir: Path, out: Path, cap: int = 2 << 20) -> int:
+def archive(cache_dir: Path, out: Path, cap: int = 2 << 20,
+            files: dict[Path, list[str]] | None = None) -> int:
     """The raw evidence beside `collect`'s summary: every pick file and every kernel source in
     the cache (no graph wrappers), as a .tgz of at most `cap` bytes of input, smallest files
     first (an archive too big to leave the device would lose the run's other results). Returns
     the number of files written."""
-    files = sorted(cache_dir.rglob("*.best_config")) + sorted(
-        f for f in cache_dir.rglob("*.py") if kernels_in(f))
+    kernels = kernel_files(cache_dir) if files is None else files
+    sizes = {f: f.stat().st_size for f in [*cache_dir.rglob("*.best_config"), *kernels]}
     total, kept = 0, []
-    for f in sorted(files, key=lambda f: f.stat().st_size):
-        if total + f.stat().st_size > cap:
+    for f in sorted(sizes, key=sizes.__getitem__):
+        if total + sizes[f] > cap:
             break
-        total += f.stat().st_size
+        total += sizes[f]
         kept.append(f)
     with tarfile.open(out, "w:gz") as tgz:
         for f in sorted(kept):
@@ -119,11 +123,13 @@ def show(a: dict, b: dict, rows: list[tuple[str, dict, dict]]) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) in (3, 4) and argv[0] == "collect":
-        picks = collect(Path(argv[1]))
+        cache = Path(argv[1])
+        files = kernel_files(cache)
+        picks = collect(cache, files)
         Path(argv[2]).write_text(json.dumps(picks, indent=1, sort_keys=True))
         print(f"{len(picks)} tuned kernels in {argv[1]} -> {argv[2]}")
         if len(argv) == 4:
-            print(f"{archive(Path(argv[1]), Path(argv[3]))} files -> {argv[3]}")
+            print(f"{archive(cache, Path(argv[3]), files=files)} files -> {argv[3]}")
         return 0
     if len(argv) == 3 and argv[0] == "diff":
         a, b = (json.loads(Path(p).read_text()) for p in argv[1:])
