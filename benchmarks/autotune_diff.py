@@ -6,6 +6,7 @@ differ between a slow and a fast process's inductor cache (TORCHINDUCTOR_CACHE_D
 
     python benchmarks/autotune_diff.py collect CACHE_DIR OUT.json [RAW.tgz]  # where it tuned
     python benchmarks/autotune_diff.py diff A.json B.json           # anywhere
+    python benchmarks/autotune_diff.py split FAST.json... -- SLOW.json...  # what splits the modes
 
 `collect` must run under the torch that wrote the cache: a best_config's file name hashes the
 kernel's file name with that torch's build key.
@@ -113,12 +114,31 @@ def diff(a: dict[str, dict], b: dict[str, dict]) -> list[tuple[str, dict, dict]]
             if a[h]["config"] != b[h]["config"]]
 
 
+def split(fast: list[dict], slow: list[dict]) -> list[tuple[str, list[dict], list[dict]]]:
+    """(kernel, fast picks, slow picks) for the kernels every run tuned, by name (a hash moves
+    with the code around a kernel), whose fast and slow processes never picked alike."""
+    def picks(runs: list[dict], kernel: str) -> list[dict]:
+        return [next(v["config"] for v in run.values() if v["kernel"] == kernel) for run in runs]
+
+    names = set.intersection(*({v["kernel"] for v in run.values()} for run in fast + slow))
+    rows = []
+    for kernel in sorted(names - {"?"}):
+        f, s = picks(fast, kernel), picks(slow, kernel)
+        if not any(x == y for x in f for y in s):
+            rows.append((kernel, f, s))
+    return rows
+
+
 def show(a: dict, b: dict, rows: list[tuple[str, dict, dict]]) -> str:
     lines = [f"{len(a)} and {len(b)} tuned kernels, {len(a.keys() & b.keys())} in both, "
              f"{len(rows)} picked differently", "", "| kernel | pick A | pick B |", "|---|---|---|"]
     lines += [f"| `{k}` | {json.dumps(x, sort_keys=True)} | {json.dumps(y, sort_keys=True)} |"
               for k, x, y in rows]
     return "\n".join(lines)
+
+
+def _short(config: dict) -> str:
+    return json.dumps({k: v for k, v in config.items() if k != "found_by_coordesc"}, sort_keys=True)
 
 
 def main(argv: list[str]) -> int:
@@ -134,6 +154,13 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "diff":
         a, b = (json.loads(Path(p).read_text()) for p in argv[1:])
         print(show(a, b, diff(a, b)))
+        return 0
+    if argv[:1] == ["split"] and "--" in argv[2:-1]:
+        cut = argv.index("--")
+        fast, slow = ([json.loads(Path(p).read_text()) for p in ps]
+                      for ps in (argv[1:cut], argv[cut + 1:]))
+        for kernel, f, s in split(fast, slow):
+            print(f"`{kernel}`\n  fast: {[_short(c) for c in f]}\n  slow: {[_short(c) for c in s]}")
         return 0
     print(__doc__, file=sys.stderr)
     return 2

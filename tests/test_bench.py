@@ -99,8 +99,12 @@ def test_progress_plot_reads_each_runs_decode_only_heading():
 text decode-only 9.99x
 ## Run 3 (2026-11-30): whole generation 1.30x
 ## Run 4 (2026-12-01, 02:46 UTC): decode-only speedups at most 1.10x; prefill
+## Run 12 (2026-12-02, 00:22 UTC): the baseline 21-25 % faster; decode-only 1.82x at batch 1
+the baseline 5 % faster
 """
-    assert mod.runs(md) == [(4, "2026-12-01", 1.10), (9, "2026-12-02", 2.61)]
+    assert mod.runs(md) == [(4, "2026-12-01", 1.10), (9, "2026-12-02", 2.61),
+                            (12, "2026-12-02", 1.82)]
+    assert mod.rebased(md) == {12: "21-25 %"}
 
 
 def load_benchmark(name: str):
@@ -183,3 +187,36 @@ def test_autotune_diff_finds_picks_under_other_torch_namings(tmp_path):
     with tarfile.open(tmp_path / "raw.tgz") as tgz:
         assert "w/cwrap.py" not in tgz.getnames() and "orphan/q.best_config" in tgz.getnames()
     assert mod.archive(root, tmp_path / "small.tgz", cap=40) < 8  # the cap leaves files out
+
+
+def test_autotune_split_names_the_kernel_whose_pick_separates_fast_from_slow(tmp_path, capsys):
+    """H200 run 12: across processes, only the kernel whose fast runs and slow runs never picked
+    alike is named; a pick shared by a fast and a slow run, a kernel some run lacks, and an
+    unattributed "?" are left out. The command line reads json files split by `--`."""
+    import json
+
+    mod = load_benchmark("autotune_diff")
+
+    def run(i: int, attn: int, noise: int, extra: bool = False) -> dict:
+        picks = {f"h{i}a": {"kernel": "triton_per_attn_4", "config": {"XBLOCK": attn}},
+                 f"h{i}b": {"kernel": "triton_poi_copy_9", "config": {"XBLOCK": noise}},
+                 f"h{i}c": {"kernel": "?", "config": {"XBLOCK": i}}}
+        if extra:
+            picks[f"h{i}d"] = {"kernel": "triton_poi_only_here", "config": {"XBLOCK": i}}
+        return picks
+
+    fast = [run(0, 8, 128, extra=True), run(1, 32, 256)]
+    slow = [run(2, 1, 256), run(3, 1, 128, extra=True)]
+    assert mod.split(fast, slow) == [("triton_per_attn_4", [{"XBLOCK": 8}, {"XBLOCK": 32}],
+                                      [{"XBLOCK": 1}, {"XBLOCK": 1}])]
+    assert mod.split(fast, [run(4, 32, 1)]) == [("triton_poi_copy_9", [{"XBLOCK": 128},
+                                                                       {"XBLOCK": 256}],
+                                                 [{"XBLOCK": 1}])]
+    paths = []
+    for i, r in enumerate(fast + slow):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert mod.main(["split", *map(str, paths[:2]), "--", *map(str, paths[2:])]) == 0
+    out = capsys.readouterr().out
+    assert "triton_per_attn_4" in out and "triton_poi_copy_9" not in out
+    assert mod.main(["split", str(paths[0])]) == 2  # no "--": the usage
