@@ -42,12 +42,18 @@ def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
 
 
 @pytest.mark.slow
-def test_compiled_parts_equal_eager_on_cpu(tmp_path):
+@pytest.mark.parametrize("pinned", [False, True])
+def test_compiled_parts_equal_eager_on_cpu(tmp_path, monkeypatch, pinned):
     """The torch.compile'd layer split, final norm and aux sums (inductor's CPU backend here;
-    CUDA graphs run the same parts on GPU) give the eager forward's logits, aux and caches."""
+    CUDA graphs run the same parts on GPU) give the eager forward's logits, aux and caches, also
+    compiled in inductor's deterministic mode (DRAFTSMITH_PIN_REDUCTIONS=1)."""
     from conftest import write_tiny_folder
 
+    from draftsmith.engine import runtime
     from draftsmith.engine.runtime import compile_layers
+
+    monkeypatch.setattr(runtime, "PIN_REDUCTIONS", pinned)
+    torch._dynamo.reset()
     from draftsmith.models.llama import KVCache
     from draftsmith.targets import load_target
 
@@ -73,13 +79,15 @@ def test_compiled_parts_equal_eager_on_cpu(tmp_path):
 
 @pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
                                      ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
-                                     ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4")])
-def test_an_unknown_attention_choice_is_refused_with_the_choices(var, bad):
+                                     ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4"),
+                                     ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
+                                     ("DRAFTSMITH_EXACT_END", "2")])
+def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "import draftsmith.models.llama"],
+    r = subprocess.run([sys.executable, "-c", "import draftsmith.engine.speculative"],
                        env={**os.environ, var: bad}, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and f"{var}={bad!r}" in r.stderr and "use " in r.stderr
 

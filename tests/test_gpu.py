@@ -190,3 +190,27 @@ def test_compiled_graphed_sampling_with_a_tiny_top_p_is_greedy(tmp_path):
     rt = Runtime(model, 4, 128, graphs=True, compile=True)
     rt.capture([4, 2, 1], list(range(1, 17)))
     assert generate(rt, prompts, 32, SamplingParams(0.7, top_p=1e-6)) == greedy
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_pinned_reductions_are_compiled_in_deterministic_mode(monkeypatch, pinned):
+    """DRAFTSMITH_PIN_REDUCTIONS=1: the engine's compiled code carries inductor's deterministic
+    flag into its reduction kernels (their launch config is then the heuristic's, not a timed
+    pick), and the one-token attention still equals eager; 0 leaves the flag off."""
+    from torch._inductor.utils import run_and_get_code
+
+    from draftsmith.engine import runtime
+    from draftsmith.models.llama import small_attention
+
+    monkeypatch.setattr(runtime, "PIN_REDUCTIONS", pinned)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 9, 1, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 9, 1024, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(2))
+    mask = torch.rand(1, 1, 1, 1024, device="cuda", generator=g) < 0.3
+    out, code = run_and_get_code(runtime.engine_compile(small_attention, fullgraph=True),
+                                 q, k, v, mask)
+    text = "\n".join(code)
+    assert "persistent_reduction" in text or "@triton_heuristics.reduction" in text
+    assert f"'deterministic': {pinned}" in text
+    assert torch.allclose(out.float(), small_attention(q, k, v, mask).float(), atol=2e-2)

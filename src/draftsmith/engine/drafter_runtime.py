@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
+from draftsmith.engine.runtime import engine_compile
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import KVCache
@@ -53,7 +54,7 @@ class DrafterRuntime:
         """torch.compile the drafter for graphed shapes, once per runtime (eager calls of other
         shapes keep the plain module, so they never recompile it)."""
         if not self.compiled:
-            self.fn = torch.compile(self.drafter, fullgraph=True)
+            self.fn = engine_compile(self.drafter, fullgraph=True)
 
     def caches_for(self, b: int) -> list[KVCache]:
         if b > self.max_batch:

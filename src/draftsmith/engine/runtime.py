@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import torch
 
 from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
@@ -192,6 +195,27 @@ class Runtime:
         self._static[(b, *flags)] = static
 
 
+def pin_reductions(value: str) -> bool:
+    """DRAFTSMITH_PIN_REDUCTIONS: 0 (default) or 1, which compiles the engine in inductor's
+    deterministic mode: each reduction kernel takes its heuristic's launch config instead of the
+    fastest candidate timed at first launch. Timing drew the one-token attention's score
+    reduction slow (XBLOCK 1) in 4 of 7 fresh caches on the H200 (run 12); the heuristic picks
+    XBLOCK 8 there. Unmeasured as a default."""
+    if value.strip() not in ("0", "1"):
+        raise DraftsmithError(f"DRAFTSMITH_PIN_REDUCTIONS={value!r}: use 0 or 1")
+    return value.strip() == "1"
+
+
+PIN_REDUCTIONS = pin_reductions(os.environ.get("DRAFTSMITH_PIN_REDUCTIONS", "0"))
+
+
+def engine_compile(fn: Callable, **kwargs) -> Callable:
+    """torch.compile for the decode engine, under DRAFTSMITH_PIN_REDUCTIONS's choice."""
+    raise_recompile_limit()
+    options = {"deterministic": True} if PIN_REDUCTIONS else None
+    return torch.compile(fn, options=options, **kwargs)
+
+
 def raise_recompile_limit(at_least: int = 64) -> None:
     """Each setting and batch size specializes the engine's compiled functions once (fullgraph:
     hitting dynamo's default limit of 8 would raise, not fall back)."""
@@ -207,9 +231,8 @@ def compile_layers(model) -> None:
     bucketed prompts compile once per new length until dynamo makes the length dynamic."""
     if model.compiled:
         return
-    raise_recompile_limit()
     model.compiled = {
-        "layers": [torch.compile(layer.split, fullgraph=True) for layer in model.layers],
-        "prologue": torch.compile(model.prologue, fullgraph=True),
-        "finish": torch.compile(model.finish, fullgraph=True),
+        "layers": [engine_compile(layer.split, fullgraph=True) for layer in model.layers],
+        "prologue": engine_compile(model.prologue, fullgraph=True),
+        "finish": engine_compile(model.finish, fullgraph=True),
     }

@@ -30,7 +30,7 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime, raise_recompile_limit
+from draftsmith.engine.runtime import Runtime, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
@@ -566,14 +566,12 @@ def chain_child(logits: torch.Tensor, d2t: torch.Tensor) -> tuple[torch.Tensor, 
 @cache
 def compiled_phase(phase: str) -> Callable:
     """One compiled function per fused phase and process (dynamo specializes per shape/state)."""
-    raise_recompile_limit()
     fn = {"draft": greedy_tree_phase, "accept": greedy_accept, "extend": extend_phase}[phase]
-    return torch.compile(fn, fullgraph=True, dynamic=False)  # each batch size its own graph
+    return engine_compile(fn, fullgraph=True, dynamic=False)  # each batch size its own graph
 
 
 @cache
 def compiled_accept() -> tuple:
     """One compiled set per process (dynamo specializes per shape)."""
-    raise_recompile_limit()
-    return tuple(torch.compile(f, fullgraph=True)
+    return tuple(engine_compile(f, fullgraph=True)
                  for f in (verify.chain_greedy, tree_pick, commit_values, chain_child))

@@ -22,7 +22,7 @@ from functools import cache
 
 import torch
 
-from draftsmith.engine.runtime import raise_recompile_limit
+from draftsmith.engine.runtime import engine_compile
 from draftsmith.engine.sampling import SamplingParams, probs
 from draftsmith.errors import DraftsmithError
 
@@ -391,6 +391,5 @@ def verify_inputs(tok: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,
 @cache
 def compiled_bookkeeping() -> tuple[Callable, ...]:
     """One compiled set per process (dynamo specializes it per shape and depth)."""
-    raise_recompile_limit()
-    return tuple(torch.compile(f, fullgraph=True)
+    return tuple(engine_compile(f, fullgraph=True)
                  for f in (greedy_children, grow_greedy, pick_nodes))
