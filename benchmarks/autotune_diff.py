@@ -116,9 +116,11 @@ def diff(a: dict[str, dict], b: dict[str, dict]) -> list[tuple[str, dict, dict]]
 
 def split(fast: list[dict], slow: list[dict]) -> list[tuple[str, list[dict], list[dict]]]:
     """(kernel, fast picks, slow picks) for the kernels every run tuned, by name (a hash moves
-    with the code around a kernel), whose fast and slow processes never picked alike."""
+    with the code around a kernel), where no fast run picked anything a slow run picked. Names
+    are numbered per graph, so one run may tune several kernels of a name: all their picks
+    count. One run a side is a plain diff; each more run narrows the list."""
     def picks(runs: list[dict], kernel: str) -> list[dict]:
-        return [next(v["config"] for v in run.values() if v["kernel"] == kernel) for run in runs]
+        return [v["config"] for run in runs for v in run.values() if v["kernel"] == kernel]
 
     names = set.intersection(*({v["kernel"] for v in run.values()} for run in fast + slow))
     rows = []

@@ -1,7 +1,7 @@
 """The best batch-1 decode-only speedup of each H200 run, read from the run headings of
 benchmarks/speculative_default.md, against the 2.5x goal of issue 5. Runs 1-3 reported whole
 generation only, so their headings carry no decode-only figure and are left out. A run whose
-heading says its baseline got faster (run 12: "the baseline 21-25 % faster") is marked: from
+heading says its baseline got faster (run 12: "the baseline 21-26 % faster") is marked: from
 there on every ratio divides by the faster baseline.
 
 Usage: python benchmarks/progress_plot.py [--md benchmarks/speculative_default.md]

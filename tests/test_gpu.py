@@ -195,8 +195,8 @@ def test_compiled_graphed_sampling_with_a_tiny_top_p_is_greedy(tmp_path):
 @pytest.mark.parametrize("pinned", [False, True])
 def test_pinned_reductions_are_compiled_in_deterministic_mode(monkeypatch, pinned):
     """DRAFTSMITH_PIN_REDUCTIONS=1: the engine's compiled code carries inductor's deterministic
-    flag into its reduction kernels (their launch config is then the heuristic's, not a timed
-    pick), and the one-token attention still equals eager; 0 leaves the flag off."""
+    flag into its reduction kernels (the flag that makes inductor keep one launch config instead
+    of timing candidates), and the one-token attention still equals eager; 0 leaves it off."""
     from torch._inductor.utils import run_and_get_code
 
     from draftsmith.engine import runtime

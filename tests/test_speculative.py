@@ -309,12 +309,14 @@ def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, monkeypatch, steps, t
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref and len(launched) == res.cycles + 1
 
 
-def test_exact_end_setting():
-    from draftsmith.engine.speculative import exact_end
+def test_engine_switches_read_1_or_0_and_refuse_the_rest(monkeypatch):
+    from draftsmith.engine.runtime import env_flag
 
-    assert exact_end("1") and not exact_end(" 0 ")
-    with pytest.raises(DraftsmithError, match="use 1 or 0"):
-        exact_end("off")
+    monkeypatch.setenv("DRAFTSMITH_X", " 0 ")
+    assert not env_flag("DRAFTSMITH_X", "1") and env_flag("DRAFTSMITH_UNSET_X", "1")
+    monkeypatch.setenv("DRAFTSMITH_X", "off")
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_X='off': use 1 or 0"):
+        env_flag("DRAFTSMITH_X", "1")
 
 
 def test_merged_results_add_up(setup):

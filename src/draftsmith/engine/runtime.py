@@ -195,18 +195,21 @@ class Runtime:
         self._static[(b, *flags)] = static
 
 
-def pin_reductions(value: str) -> bool:
-    """DRAFTSMITH_PIN_REDUCTIONS: 0 (default) or 1, which compiles the engine in inductor's
-    deterministic mode: each reduction kernel takes its heuristic's launch config instead of the
-    fastest candidate timed at first launch. Timing drew the one-token attention's score
-    reduction slow (XBLOCK 1) in 4 of 7 fresh caches on the H200 (run 12); the heuristic picks
-    XBLOCK 8 there. Unmeasured as a default."""
-    if value.strip() not in ("0", "1"):
-        raise DraftsmithError(f"DRAFTSMITH_PIN_REDUCTIONS={value!r}: use 0 or 1")
-    return value.strip() == "1"
+def env_flag(name: str, default: str) -> bool:
+    """An engine switch from the environment: 1 or 0, anything else refused by name."""
+    value = os.environ.get(name, default).strip()
+    if value not in ("0", "1"):
+        raise DraftsmithError(f"{name}={value!r}: use 1 or 0")
+    return value == "1"
 
 
-PIN_REDUCTIONS = pin_reductions(os.environ.get("DRAFTSMITH_PIN_REDUCTIONS", "0"))
+# 1: every engine compile runs in inductor's deterministic mode. Its reduction kernels keep one
+# launch config by a fixed rule (for the one-token attention's score reduction: XBLOCK 8, 4
+# warps) instead of the fastest candidate timed at first launch; timing picked that kernel's
+# slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12). The mode also skips pad_mm and
+# some reduction autotuning. 0 (default) until measured. Functions compiled once per process
+# (the @cache'd phases) keep the value of their first compile.
+PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "0")
 
 
 def engine_compile(fn: Callable, **kwargs) -> Callable:

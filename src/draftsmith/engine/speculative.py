@@ -30,7 +30,7 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime, engine_compile
+from draftsmith.engine.runtime import Runtime, engine_compile, env_flag
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
@@ -64,15 +64,8 @@ def fused_phases(value: str) -> frozenset[str]:
 FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
 
 
-def exact_end(value: str) -> bool:
-    """DRAFTSMITH_EXACT_END: 1 (default) or 0, which ends every run on the late flag alone, one
-    inert cycle later (the A/B of the exact end)."""
-    if value.strip() not in ("0", "1"):
-        raise DraftsmithError(f"DRAFTSMITH_EXACT_END={value!r}: use 1 or 0")
-    return value.strip() == "1"
-
-
-EXACT_END = exact_end(os.environ.get("DRAFTSMITH_EXACT_END", "1"))
+# 0: every run ends on the late flag alone, one inert cycle later (the A/B of the exact end).
+EXACT_END = env_flag("DRAFTSMITH_EXACT_END", "1")
 
 
 class SpecDecoder:

@@ -32,7 +32,7 @@ def _small_linear_rows(value: str) -> int:
 
 
 # Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
-# of cuBLAS. Default 1, the one-token decode: H200 run 12 decoded 21-25 % faster at batch 1 than
+# of cuBLAS. Default 1, the one-token decode: H200 run 12 decoded 21-26 % faster at batch 1 than
 # with cuBLAS GEMVs (two processes against four); 16 made a tree's 4-row drafter depths 3x
 # slower, so the speculative engine's multi-row linears stay on cuBLAS. 0: cuBLAS always.
 SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "1"))
