@@ -71,6 +71,29 @@ def test_compiled_parts_equal_eager_on_cpu(tmp_path):
                for x, y in zip(c0, c1, strict=True))
 
 
+@pytest.mark.parametrize("rows", [1, 4, 25])
+def test_reduce_linear_compiles_to_one_kernel_for_all_rows(rows):
+    """Compiled, the rows' reductions of a small linear fuse into one kernel, which shares each
+    weight load among them (the skinny GEMM that DRAFTSMITH_SMALL_LINEAR_ROWS relies on), with
+    its bias and rounding fused in; a drafter depth's 4 rows and a 24-token tree's verify."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from draftsmith.models.parallel import reduce_linear
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 96, generator=g).to(torch.bfloat16)
+    w, bias = (torch.randn(n, generator=g).to(torch.bfloat16) for n in ((160, 96), (160,)))
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(reduce_linear, fullgraph=True), x, w / 10, bias)
+    wrapper = "\n".join(code)
+    body = wrapper[wrapper.index("def call("):]
+    assert len(re.findall(r"\bcpp_fused\w*\(", body[:body.index("return ")])) == 1
+    ref = F.linear(x.float(), w.float() / 10, bias.float())
+    assert out.shape == (rows, 160) and torch.allclose(out.float(), ref, atol=3e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("pinned", [False, True])
 def test_engine_compile_asks_inductor_for_deterministic_mode_when_pinned(monkeypatch, pinned):
     """DRAFTSMITH_PIN_REDUCTIONS reaches torch.compile as inductor's `deterministic` option (the

@@ -33,22 +33,24 @@ def _small_linear_rows(value: str) -> int:
 
 # Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
 # of cuBLAS. Default 1, the one-token decode: H200 run 12 decoded 21-26 % faster at batch 1 than
-# with cuBLAS GEMVs (two processes against four); 16 made a tree's 4-row drafter depths 3x
-# slower, so the speculative engine's multi-row linears stay on cuBLAS. 0: cuBLAS always.
+# with cuBLAS GEMVs (two processes against four). 16 made a tree's 4-row drafter depths 3x
+# slower there, in an earlier form whose kernel read the weight once per row; the rows now share
+# one read (the one-row kernel is unchanged), unmeasured. 0: cuBLAS always.
 SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "1"))
 
 
 def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ b) written as a product and a sum over the inputs, fp32 accumulate, rounded once:
-    under inductor one reduction kernel, the producer of x fused into its loads. Outputs are laid
-    out [out, rows] so that neighbouring programs share a weight row (one read of the weight, even
-    when it exceeds L2), then viewed back. Eager it would materialise [out, rows, in]: only
-    compiled code calls it."""
+    """x W^T (+ b) written as one product-and-sum over the inputs per row, fp32 accumulate,
+    rounded once. Under inductor the rows' reductions share their loop over the weight and fuse
+    into one kernel that reads each weight element once for every row (a skinny GEMM; one row is
+    the decode's GEMV), the producer of x fused into its loads. Eager it would materialise a
+    weight-sized product per row: only compiled code calls it."""
     xs = x.reshape(-1, x.shape[-1]).float()
-    y = (w.float().unsqueeze(1) * xs.unsqueeze(0)).sum(-1)
+    wf = w.float()
+    y = torch.stack([(wf * xs[r]).sum(-1) for r in range(xs.shape[0])])
     if b is not None:
-        y = y + b.float().unsqueeze(1)
-    return y.t().reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
+        y = y + b.float()
+    return y.reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
