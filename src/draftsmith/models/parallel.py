@@ -42,7 +42,7 @@ SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_R
 def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ b) written as one product-and-sum over the inputs per row, fp32 accumulate,
     rounded once. Under inductor the rows' reductions share their loop over the weight and fuse
-    into one kernel that reads each weight element once for every row (a skinny GEMM; one row is
+    into one kernel that reads each weight element once, for all rows (a skinny GEMM; one row is
     the decode's GEMV), the producer of x fused into its loads. Eager it would materialise a
     weight-sized product per row: only compiled code calls it."""
     xs = x.reshape(-1, x.shape[-1]).float()
