@@ -206,10 +206,11 @@ def env_flag(name: str, default: str) -> bool:
 # 1: every engine compile runs in inductor's deterministic mode. Its reduction kernels keep one
 # launch config by a fixed rule (for the one-token attention's score reduction: XBLOCK 8, 4
 # warps) instead of the fastest candidate timed at first launch; timing picked that kernel's
-# slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12). The mode also skips pad_mm and
-# some reduction autotuning. 0 (default) until measured. Functions compiled once per process
-# (the @cache'd phases) keep the value of their first compile.
-PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "0")
+# slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12): 12-15 % fewer tokens a second. Pinned,
+# run 13's two fresh caches decoded within 0.5 % of the fast draw. The mode also skips pad_mm
+# and some reduction autotuning. Default 1 where CUDA is (CPU kernels are not autotuned).
+# Functions compiled once per process (the @cache'd phases) keep the value of their first compile.
+PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_available() else "0")
 
 
 def engine_compile(fn: Callable, **kwargs) -> Callable:

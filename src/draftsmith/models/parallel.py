@@ -32,11 +32,11 @@ def _small_linear_rows(value: str) -> int:
 
 
 # Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
-# of cuBLAS. Default 1, the one-token decode: H200 run 12 decoded 21-26 % faster at batch 1 than
-# with cuBLAS GEMVs (two processes against four). 16 made a tree's 4-row drafter depths 3x
-# slower there, in an earlier form whose kernel read the weight once per row; the rows now share
-# one read (the one-row kernel is unchanged), unmeasured. 0: cuBLAS always.
-SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "1"))
+# of cuBLAS. Default 2. H200 run 12: one-row decode steps 21-26 % faster than cuBLAS GEMVs at
+# batch 1. Run 13 (rows sharing one weight read): a chain's 2-row verify 14 % faster (0.95
+# against 1.11 ms), while 4-row drafter depths (draft 0.70 against 0.44 ms) and 25-row verifies
+# (2.94 against 1.15 ms) ran much slower as reductions. 0: cuBLAS always.
+SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "2"))
 
 
 def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
