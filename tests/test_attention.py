@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import causal_mask, matmul_attention, small_attention
 
 
@@ -94,10 +95,16 @@ def test_reduce_linear_compiles_to_one_kernel_for_all_rows(rows):
     assert out.shape == (rows, 160) and torch.allclose(out.float(), ref, atol=3e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("pinned", [False, True])
-def test_engine_compile_asks_inductor_for_deterministic_mode_when_pinned(monkeypatch, pinned):
-    """DRAFTSMITH_PIN_REDUCTIONS reaches torch.compile as inductor's `deterministic` option (the
-    CPU backend ignores it; the GPU test checks the kernels carry it), and the result is right."""
+TEMPLATES = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
+
+
+@pytest.mark.parametrize("pinned,templates,options", [(False, False, None),
+                                                      (True, False, {"deterministic": True}),
+                                                      (False, True, TEMPLATES)])
+def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, templates, options):
+    """DRAFTSMITH_PIN_REDUCTIONS and DRAFTSMITH_GEMM_TEMPLATES reach torch.compile as inductor's
+    options (the CPU backend has no Triton to pin or template; the GPU test checks the kernels
+    carry the pin), and the compiled linear is right."""
     from draftsmith.engine import runtime
 
     seen, real = [], torch.compile
@@ -107,17 +114,29 @@ def test_engine_compile_asks_inductor_for_deterministic_mode_when_pinned(monkeyp
         return real(fn, **kw)
 
     monkeypatch.setattr(runtime, "PIN_REDUCTIONS", pinned)
+    monkeypatch.setattr(runtime, "GEMM_TEMPLATES", templates)
     monkeypatch.setattr(runtime.torch, "compile", spy)
-    fn = runtime.engine_compile(lambda x: (x * x).sum(-1), fullgraph=True)
-    x = torch.randn(3, 5)
-    assert torch.allclose(fn(x), (x * x).sum(-1))
-    assert seen == [{"deterministic": True} if pinned else None]
+    torch._dynamo.reset()
+    fn = runtime.engine_compile(lambda x, w: F.linear(x, w).relu(), fullgraph=True)
+    x, w = torch.randn(25, 96), torch.randn(160, 96)
+    assert torch.allclose(fn(x, w), F.linear(x, w).relu(), atol=1e-5)
+    assert seen == [options]
+
+
+def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
+    from draftsmith.engine import runtime
+
+    monkeypatch.setattr(runtime, "PIN_REDUCTIONS", True)
+    monkeypatch.setattr(runtime, "GEMM_TEMPLATES", True)
+    with pytest.raises(DraftsmithError, match="DRAFTSMITH_PIN_REDUCTIONS=0"):
+        runtime.engine_compile(lambda x: x + 1)
 
 
 @pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
                                      ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
                                      ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4"),
                                      ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
+                                     ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
                                      ("DRAFTSMITH_EXACT_END", "2")])
 def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os

@@ -213,11 +213,29 @@ def env_flag(name: str, default: str) -> bool:
 PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_available() else "0")
 
 
+# 1: the engine's GEMMs (linears over more than SMALL_LINEAR_ROWS rows: verifies, drafter depths,
+# prompts) may compile as inductor's Triton GEMM templates, timed against cuBLAS at first launch.
+# A template takes its neighbours (residual add, activation) into the GEMM's epilogue, one launch
+# fewer each, where the launch-bound 25-row verify spends most of its time. Unmeasured; needs
+# DRAFTSMITH_PIN_REDUCTIONS=0, because the pinned mode takes cuBLAS without timing.
+GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
+
+
+def compile_options() -> dict | None:
+    """inductor options for the engine's compiles under the switches above."""
+    if GEMM_TEMPLATES and PIN_REDUCTIONS:
+        raise DraftsmithError("DRAFTSMITH_GEMM_TEMPLATES=1 needs DRAFTSMITH_PIN_REDUCTIONS=0 as "
+                              "well: the pinned mode picks cuBLAS without timing a template")
+    options: dict = {"deterministic": True} if PIN_REDUCTIONS else {}
+    if GEMM_TEMPLATES:
+        options |= {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
+    return options or None
+
+
 def engine_compile(fn: Callable, **kwargs) -> Callable:
-    """torch.compile for the decode engine, under DRAFTSMITH_PIN_REDUCTIONS's choice."""
+    """torch.compile for the decode engine, under the switches' options."""
     raise_recompile_limit()
-    options = {"deterministic": True} if PIN_REDUCTIONS else None
-    return torch.compile(fn, options=options, **kwargs)
+    return torch.compile(fn, options=compile_options(), **kwargs)
 
 
 def raise_recompile_limit(at_least: int = 64) -> None:
