@@ -72,9 +72,11 @@ class Steered(Eagle3Drafter):
         self.index[torch.arange(vd, device=dev) + self.d2t] = torch.arange(vd, device=dev)
         return self
 
-    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None):
-        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask)
+    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None, at=None):
+        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask, at)
         rows = self.row0 + torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+        if at is not None:
+            positions = positions.gather(1, at[:, None])
         want = self.index[self.seq[rows, (positions + 2).clamp(max=self.seq.shape[1] - 1)]]
         on = (((rows * 7919 + positions * 104729) % 97) < self.rate * 97) & (want >= 0)
         bump = torch.nn.functional.one_hot(want.clamp(min=0), logits.shape[-1])
@@ -519,6 +521,31 @@ def test_bucketed_prompts_equal_exact_ones(setup):
     for steps, topk, n in ((3, 1, None), (3, 2, 6)):
         assert SpecDecoder(padded_rt, drafter, steps, topk, n).generate(
             PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
+@pytest.mark.parametrize("drafter_cls", [Eagle3Drafter, Steered])
+def test_bucketed_drafter_prompt_pass_equals_the_chunked_one(setup, drafter_cls):
+    """The drafter's prompt pass padded to the target's bucket (one graph per bucket on the GPU,
+    logits only at each row's last position) leaves the first draft step the same root logits
+    and hidden, and the drafter's cache the same K/V up to each row's length, as the exact,
+    chunked pass over every position."""
+    target, _, _, seq = setup
+    drafter = make_drafter(target, 96, drafter_cls)
+    if drafter_cls is Steered:
+        drafter.steer(seq, 0.7)
+    lens = [len(p) for p in PROMPTS]
+    states = []
+    for rt in (Runtime(target, 4, 128), Runtime(target, 4, 128, prompt_buckets=True)):
+        dec = SpecDecoder(rt, drafter, 3, 2, 6)
+        states.append(dec.start(PROMPTS, NEW, []))
+    assert Runtime(target, 4, 128, prompt_buckets=True).bucket(4, max(lens)) == 16
+    a, b = states
+    assert torch.allclose(a.root_logits, b.root_logits, atol=1e-5)
+    assert torch.allclose(a.root_hidden, b.root_hidden, atol=1e-5)
+    for c, d in zip(a.dcaches, b.dcaches, strict=True):
+        for row, n in enumerate(lens):
+            assert torch.allclose(c.k[row, :, :n], d.k[row, :, :n], atol=1e-5)
+            assert torch.allclose(c.v[row, :, :n], d.v[row, :, :n], atol=1e-5)
 
 
 def test_top_k_by_max_equals_torch_topk():

@@ -53,6 +53,22 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
     assert ph is not None and all(ph.ms[k] > 0 for k in ("draft", "verify", "accept", "extend"))
 
 
+def test_graphed_drafter_prompt_pass_equals_the_eager_one(pair):
+    """The drafter's prompt pass replayed from its (batch, bucket) graph leaves the same root
+    logits and hidden, and the same drafter K/V up to each row's length, as the eager pass."""
+    target, drafter, eager = pair
+    lens = [len(p) for p in PROMPTS]
+    states = []
+    for rt in (eager, Runtime(target, 4, 160, graphs=True)):
+        states.append(SpecDecoder(rt, drafter, 3, 2, 6).start(PROMPTS, NEW, []))
+    a, b = states
+    assert torch.allclose(a.root_logits, b.root_logits, atol=1e-4)
+    assert torch.allclose(a.root_hidden, b.root_hidden, atol=1e-4)
+    for c, d in zip(a.dcaches, b.dcaches, strict=True):
+        for row, n in enumerate(lens):
+            assert torch.allclose(c.k[row, :, :n], d.k[row, :, :n], atol=1e-4)
+
+
 @pytest.mark.parametrize("steps,topk,n,method,whole", [
     (3, 1, None, "chunk", True), (4, 4, 10, "chunk", True), (4, 4, 10, "chunk", False),
     (4, 4, 10, "topk", True), (4, 4, 10, "max", True), (5, 8, 48, "chunk", True)])

@@ -56,6 +56,44 @@ class DrafterRuntime:
         if not self.compiled:
             self.fn = engine_compile(self.drafter, fullgraph=True)
 
+    @torch.no_grad()
+    def prompt(self, tokens: torch.Tensor, aux: torch.Tensor, lens: torch.Tensor,
+               q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's pass over right-padded prompt rows (tokens [b, n], the target's aux
+        states [b, n, k, H]) into cache slots 0..q-1, padded to the target's bucket q. Returns the
+        logits and hidden at lens - 1 ([b, 1, ...]: the first draft step's inputs). With graphs it
+        replays one graph per (b, q), as the target's prompt does. Eager, the drafter launched
+        each kernel from the host: a batch-1 speculative prefill took 3.3-4.8 ms on the H200,
+        against the baseline's 1.8 (run 13).
+        Slots past a row's length get pad K/V that drafting overwrites before reading."""
+        b, n = tokens.shape
+        if q > self.max_seq:
+            raise DraftsmithError(f"a {q}-token prompt pass exceeds the drafter's {self.max_seq}")
+        key = ("drafter-prompt", id(self), b, q)
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = {
+                "tokens": torch.zeros(b, q, dtype=torch.long, device=self.device),
+                "aux": torch.zeros(b, q, *aux.shape[2:], dtype=aux.dtype, device=self.device),
+                "at": torch.zeros(b, dtype=torch.long, device=self.device)}
+        static["tokens"].zero_()
+        static["tokens"][:, :n].copy_(tokens)
+        static["aux"][:, n:].zero_()
+        static["aux"][:, :n].copy_(aux)
+        static["at"].copy_(lens - 1)
+        if self.graphs is None:
+            return self._prompt_fn(key)
+        if key not in self.graphs:
+            self.graphs.capture(key, lambda: self._prompt_fn(key))
+        return self.graphs.replay(key)
+
+    def _prompt_fn(self, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        _, _, b, q = key
+        static = self._static[key]
+        pos = torch.arange(q, device=self.device).repeat(b, 1)
+        hidden = self.drafter.fuse(static["aux"])
+        return self.drafter(static["tokens"], hidden, pos, self.caches_for(b), at=static["at"])
+
     def caches_for(self, b: int) -> list[KVCache]:
         if b > self.max_batch:
             raise DraftsmithError(f"batch {b} exceeds the drafter's max_batch {self.max_batch}")

@@ -110,8 +110,8 @@ class SpecDecoder:
             self.drt = DrafterRuntime(drafter, self.rt.max_batch, self.tbase + fs,
                                       self.rt.graphs or False)
         self.drafter = self.drt.drafter
-        # graphed phases run the drafter compiled when the target's layers are (its prompt pass,
-        # _extend_prompt, stays eager)
+        # graphed phases run the drafter compiled when the target's layers are (its prompt pass
+        # runs uncompiled: in a graph per bucket, like the target's prompt, or eager)
         self.compiled = self.rt.graph_compiled
         if self.compiled:
             self.drt.compile()
@@ -294,7 +294,13 @@ class SpecDecoder:
         first = sample(out.logits[:, 0], self.params)
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
                                                                    first[:, None])
-        self._extend_prompt(st, ext, self.drafter.fuse(out.aux), pos, lens)
+        q = self.rt.bucket(*tokens.shape)
+        if q is None or q > self.drt.max_seq:
+            self._extend_prompt(st, ext, self.drafter.fuse(out.aux), pos, lens)
+        else:
+            logits, hidden = self.drt.prompt(ext, out.aux, lens, q)
+            st.root_logits.copy_(logits[:, 0])
+            st.root_hidden.copy_(hidden[:, 0])
         st.L.copy_(lens)
         st.last.copy_(first)
         st.out.zero_()

@@ -204,11 +204,13 @@ class Eagle3Drafter(nn.Module):
         caches: list[KVCache] | None = None,
         slots: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [B, Q]; hidden: [B, Q, hidden] (fused or fed back).
 
         Returns (draft logits [B, Q, draft_vocab], the hidden to feed back [B, Q, hidden]: pre-norm,
-        or after the final norm when `norm_output`).
+        or after the final norm when `norm_output`); with `at` ([B], a prompt pass's last
+        positions) only those: [B, 1, ...].
         Masks and slots behave as in `Transformer.forward`.
         """
         emb = self.embed_tokens(tokens).to(hidden.dtype)
@@ -223,6 +225,8 @@ class Eagle3Drafter(nn.Module):
         for i, layer in enumerate(self.layers):
             cache = caches[i] if caches is not None else None
             h = layer(emb, h, cos, sin, cache, slots, mask)
+        if at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), at].unsqueeze(1)
         return self.head(h)
 
     def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
