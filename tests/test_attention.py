@@ -135,6 +135,10 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
 @pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
                                      ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
                                      ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4"),
+                                     ("DRAFTSMITH_SMALL_ATTENTION_ROWS", "many"),
+                                     ("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "6.4"),
+                                     ("DRAFTSMITH_TREE_TOPK", "heap"),
+                                     ("DRAFTSMITH_FUSED_PHASES", "verify"),
                                      ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
                                      ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
                                      ("DRAFTSMITH_EXACT_END", "2")])

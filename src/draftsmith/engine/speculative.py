@@ -56,7 +56,7 @@ def fused_phases(value: str) -> frozenset[str]:
         return frozenset()
     names = PHASES_FUSABLE if v == "all" else tuple(x.strip() for x in v.split(","))
     if bad := [x for x in names if x not in PHASES_FUSABLE]:
-        raise DraftsmithError(f"DRAFTSMITH_FUSED_PHASES: unknown phase(s) {bad}; use "
+        raise DraftsmithError(f"DRAFTSMITH_FUSED_PHASES={value!r}: unknown phase(s) {bad}; use "
                               f"{', '.join(PHASES_FUSABLE)}, all or 0")
     return frozenset(names)
 

@@ -22,6 +22,7 @@ from draftsmith.models.parallel import (
     RowLinear,
     VocabEmbedding,
     VocabHead,
+    env_count,
 )
 
 
@@ -54,7 +55,7 @@ class KVCache(NamedTuple):
 # inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us a layer at
 # decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
 # were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
-SMALL_ATTENTION_ROWS = int(os.environ.get("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16"))
+SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # Graphed multi-token steps (verify: 2-64 tokens a row) attend as two batched GEMMs around one
 # fused masked softmax ("matmul"), or with SDPA ("sdpa": cuDNN on the H200, ~12.5 us a layer
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
@@ -65,7 +66,7 @@ if VERIFY_ATTENTION not in ("matmul", "sdpa"):
     raise DraftsmithError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
-MATMUL_ATTENTION_TOKENS = int(os.environ.get("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64"))
+MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
 # Graphed one-token steps (every baseline decode step): "small" (three reductions, each
 # autotuned by inductor at run time) or "matmul" (the two products as cuBLAS GEMVs, only the
 # softmax autotuned). H200 run 10's baseline ran 13 % slower than runs 4-9 with unchanged code;

@@ -25,9 +25,11 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 
 
-def _small_linear_rows(value: str) -> int:
+def env_count(name: str, default: str) -> int:
+    """An engine count from the environment: an integer >= 0, anything else refused by name."""
+    value = os.environ.get(name, default)
     if not value.strip().isdigit():
-        raise DraftsmithError(f"DRAFTSMITH_SMALL_LINEAR_ROWS={value!r}: use a row count >= 0")
+        raise DraftsmithError(f"{name}={value!r}: use a count >= 0")
     return int(value)
 
 
@@ -36,7 +38,7 @@ def _small_linear_rows(value: str) -> int:
 # batch 1. Run 13 (rows sharing one weight read): a chain's 2-row verify 14 % faster (0.95
 # against 1.11 ms), while 4-row drafter depths (draft 0.70 against 0.44 ms) and 25-row verifies
 # (2.94 against 1.15 ms) ran much slower as reductions. 0: cuBLAS always.
-SMALL_LINEAR_ROWS = _small_linear_rows(os.environ.get("DRAFTSMITH_SMALL_LINEAR_ROWS", "2"))
+SMALL_LINEAR_ROWS = env_count("DRAFTSMITH_SMALL_LINEAR_ROWS", "2")
 
 
 def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
