@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import count_compiled_calls
-from test_speculative import NEW, PROMPTS, Steered, greedy_seq, make_drafter, tiny_target
+from test_speculative import (
+    NEW,
+    PROMPTS,
+    Steered,
+    assert_same_prefill,
+    greedy_seq,
+    make_drafter,
+    tiny_target,
+)
 
 from draftsmith.engine.generate import generate
 from draftsmith.engine.runtime import Runtime
@@ -57,16 +65,7 @@ def test_graphed_drafter_prompt_pass_equals_the_eager_one(pair):
     """The drafter's prompt pass replayed from its (batch, bucket) graph leaves the same root
     logits and hidden, and the same drafter K/V up to each row's length, as the eager pass."""
     target, drafter, eager = pair
-    lens = [len(p) for p in PROMPTS]
-    states = []
-    for rt in (eager, Runtime(target, 4, 160, graphs=True)):
-        states.append(SpecDecoder(rt, drafter, 3, 2, 6).start(PROMPTS, NEW, []))
-    a, b = states
-    assert torch.allclose(a.root_logits, b.root_logits, atol=1e-4)
-    assert torch.allclose(a.root_hidden, b.root_hidden, atol=1e-4)
-    for c, d in zip(a.dcaches, b.dcaches, strict=True):
-        for row, n in enumerate(lens):
-            assert torch.allclose(c.k[row, :, :n], d.k[row, :, :n], atol=1e-4)
+    assert_same_prefill(drafter, eager, Runtime(target, 4, 160, graphs=True), 1e-4)
 
 
 @pytest.mark.parametrize("steps,topk,n,method,whole", [
