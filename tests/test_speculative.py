@@ -312,7 +312,7 @@ def test_rows_ending_at_max_new_cost_no_inert_cycle(setup, monkeypatch, steps, t
 
 
 def test_engine_switches_read_1_or_0_and_refuse_the_rest(monkeypatch):
-    from draftsmith.engine.runtime import env_flag
+    from draftsmith.switches import env_flag
 
     monkeypatch.setenv("DRAFTSMITH_X", " 0 ")
     assert not env_flag("DRAFTSMITH_X", "1") and env_flag("DRAFTSMITH_UNSET_X", "1")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -10,6 +9,7 @@ import torch
 from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
+from draftsmith.switches import env_flag
 
 # Prompt lengths a prefill is padded to (graphed on GPU): steps of 1.5x, so at most a third of a
 # padded prompt is padding. Batches over PROMPT_GRAPH_TOKENS padded tokens run eagerly and exact:
@@ -193,14 +193,6 @@ class Runtime:
         with torch.no_grad():
             self.graphs.capture((b, *flags), fn)
         self._static[(b, *flags)] = static
-
-
-def env_flag(name: str, default: str) -> bool:
-    """An engine switch from the environment: 1 or 0, anything else refused by name."""
-    value = os.environ.get(name, default).strip()
-    if value not in ("0", "1"):
-        raise DraftsmithError(f"{name}={value!r}: use 1 or 0")
-    return value == "1"
 
 
 # 1: every engine compile runs in inductor's deterministic mode. Its reduction kernels keep one

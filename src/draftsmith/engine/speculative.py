@@ -30,13 +30,14 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime, engine_compile, env_flag
+from draftsmith.engine.runtime import Runtime, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import Transformer
+from draftsmith.switches import env_flag
 
 # A compiled engine runs these phases each as one compiled function (drafter forwards, picks
 # and buffer writes fused): "draft" (greedy trees), "accept" (greedy), "extend"; the rest are

@@ -15,7 +15,6 @@ does not depend on the drawn values, which SpecInfer's multi-round rejection nee
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -25,6 +24,7 @@ import torch
 from draftsmith.engine.runtime import engine_compile
 from draftsmith.engine.sampling import SamplingParams, probs
 from draftsmith.errors import DraftsmithError
+from draftsmith.switches import env_choice
 
 EPS = 1e-6
 PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 0.4^r
@@ -39,9 +39,7 @@ PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 
 # Sampled trees pick their frontier the same way; their prior scores tie, and the max methods
 # break ties to the lower index, so they build different (equally value-independent, so equally
 # exact) sampled trees than topk.
-TREE_TOPK = os.environ.get("DRAFTSMITH_TREE_TOPK", "chunk").strip().lower()
-if TREE_TOPK not in ("chunk", "max", "topk"):
-    raise DraftsmithError(f"DRAFTSMITH_TREE_TOPK={TREE_TOPK!r}: use chunk, max or topk")
+TREE_TOPK = env_choice("DRAFTSMITH_TREE_TOPK", "chunk", ("chunk", "max", "topk"))
 CHUNK = 256
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]

@@ -6,14 +6,12 @@ K/V; by default slot == position. Attention reads the whole static cache under a
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.parallel import (
     SINGLE,
@@ -22,8 +20,8 @@ from draftsmith.models.parallel import (
     RowLinear,
     VocabEmbedding,
     VocabHead,
-    env_count,
 )
+from draftsmith.switches import env_choice, env_count
 
 
 class RMSNorm(nn.Module):
@@ -61,9 +59,7 @@ SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
 # decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
 # (benchmarks/speculative_default.md).
-VERIFY_ATTENTION = os.environ.get("DRAFTSMITH_VERIFY_ATTENTION", "matmul").strip().lower()
-if VERIFY_ATTENTION not in ("matmul", "sdpa"):
-    raise DraftsmithError(f"DRAFTSMITH_VERIFY_ATTENTION={VERIFY_ATTENTION!r}: use matmul or sdpa")
+VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "sdpa"))
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
@@ -71,9 +67,7 @@ MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
 # autotuned by inductor at run time) or "matmul" (the two products as cuBLAS GEMVs, only the
 # softmax autotuned). H200 run 10's baseline ran 13 % slower than runs 4-9 with unchanged code;
 # "matmul" is the A/B for it.
-DECODE_ATTENTION = os.environ.get("DRAFTSMITH_DECODE_ATTENTION", "small").strip().lower()
-if DECODE_ATTENTION not in ("small", "matmul"):
-    raise DraftsmithError(f"DRAFTSMITH_DECODE_ATTENTION={DECODE_ATTENTION!r}: use small or matmul")
+DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION", "small", ("small", "matmul"))
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

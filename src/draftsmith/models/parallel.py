@@ -13,7 +13,6 @@ from the caching allocator (the graph pool during capture); nothing reads back t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,15 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-
-
-def env_count(name: str, default: str) -> int:
-    """An engine count from the environment: an integer >= 0, anything else refused by name."""
-    value = os.environ.get(name, default)
-    if not value.strip().isdigit():
-        raise DraftsmithError(f"{name}={value!r}: use a count >= 0")
-    return int(value)
-
+from draftsmith.switches import env_count
 
 # Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
 # of cuBLAS. Default 2. H200 run 12: one-row decode steps 21-26 % faster than cuBLAS GEMVs at

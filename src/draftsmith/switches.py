@@ -1,0 +1,29 @@
+"""The engine's switches from the environment, read strictly: a value the engine does not know
+is refused with the variable's name and what it takes, never guessed at."""
+
+from __future__ import annotations
+
+import os
+
+from draftsmith.errors import DraftsmithError
+
+
+def env_flag(name: str, default: str) -> bool:
+    """1 or 0."""
+    return env_choice(name, default, ("1", "0")) == "1"
+
+
+def env_count(name: str, default: str) -> int:
+    """An integer >= 0."""
+    value = os.environ.get(name, default)
+    if not value.strip().isdigit():
+        raise DraftsmithError(f"{name}={value!r}: use a count >= 0")
+    return int(value)
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case and surrounding space ignored)."""
+    value = os.environ.get(name, default).strip().lower()
+    if value not in choices:
+        raise DraftsmithError(f"{name}={value!r}: use {', '.join(choices[:-1])} or {choices[-1]}")
+    return value
