@@ -201,14 +201,17 @@ class Runtime:
 # slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12): 12-15 % fewer tokens a second. Pinned,
 # run 13's two fresh caches decoded within 0.5 % of the fast draw. The mode also skips pad_mm
 # and some reduction autotuning. Default 1 where CUDA is (CPU kernels are not autotuned).
+# Measured at batch 1 only: run 14's one pinned batch-8 baseline ran 17 % below unpinned runs 4
+# and 10 (not side by side; benchmarks/speculative_default.md, run 14).
 # Functions compiled once per process (the @cache'd phases) keep the value of their first compile.
 PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_available() else "0")
 
 
 # 1: the engine's GEMMs (linears over more than SMALL_LINEAR_ROWS rows: verifies, drafter depths,
 # prompts) may compile as inductor's Triton GEMM templates, timed against cuBLAS at first launch.
-# A template takes its neighbours (residual add, activation) into the GEMM's epilogue, one launch
-# fewer each, where the launch-bound 25-row verify spends most of its time. Unmeasured; needs
+# A template can take its neighbours (residual add, activation) into the GEMM's epilogue. On the
+# default target they lost (H200 run 14: a 25-row verify 1.22-1.39 ms against 1.15, the tree 6 %
+# slower), so 0; kept for larger targets, whose GEMMs are not launch-bound. Needs
 # DRAFTSMITH_PIN_REDUCTIONS=0, because the pinned mode takes cuBLAS without timing.
 GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 
