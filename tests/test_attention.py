@@ -123,6 +123,46 @@ def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, tem
     assert seen == [options]
 
 
+@pytest.mark.parametrize("limit", [0, 2])
+def test_pin_rows_keeps_the_pin_to_forwards_of_at_most_that_many_rows(monkeypatch, tmp_path,
+                                                                       limit):
+    """DRAFTSMITH_PIN_ROWS=2: the target's forwards over 1x2 token rows run the pinned compiled
+    parts and those over 2x2 rows a second, unpinned set; a decode step's bookkeeping likewise by
+    its batch. 0 (the default) pins every compile. A spy stands in for torch.compile and runs
+    the parts eagerly, so this checks which compile each forward reaches."""
+    from conftest import write_tiny_folder
+
+    from draftsmith.engine import runtime
+    from draftsmith.engine.generate import DecodeState
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.targets import load_target
+
+    calls = []
+
+    def spy(fn, options=None, **kw):
+        def run(*args, **kwargs):
+            calls.append(options)
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(runtime, "PIN_REDUCTIONS", True)
+    monkeypatch.setattr(runtime, "PIN_ROWS", limit)
+    monkeypatch.setattr(runtime.torch, "compile", spy)
+    model = load_target(write_tiny_folder(tmp_path)).build(torch.float32, "cpu")
+    rt = runtime.Runtime(model, 4, 32, graphs=False, compile=True)
+    pinned, free = {"deterministic": True}, None
+    for b, want in ((1, pinned), (2, free if limit else pinned)):
+        calls.clear()
+        with torch.no_grad():
+            model(torch.randint(5, 100, (b, 2)), torch.arange(2).expand(b, 2), compiled=True)
+        assert calls == [want] * (len(model.layers) + 2)
+    for b, want in ((2, pinned), (4, free if limit else pinned)):
+        calls.clear()
+        st = DecodeState(rt, b, [0], SamplingParams())
+        st.advance_compiled(torch.zeros(b, 100))
+        assert calls == [want]
+
+
 def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
     from draftsmith.engine import runtime
 
@@ -141,6 +181,7 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
                                      ("DRAFTSMITH_FUSED_PHASES", "verify"),
                                      ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
                                      ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
+                                     ("DRAFTSMITH_PIN_ROWS", "all"),
                                      ("DRAFTSMITH_EXACT_END", "2")])
 def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os

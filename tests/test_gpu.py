@@ -214,3 +214,28 @@ def test_pinned_reductions_are_compiled_in_deterministic_mode(monkeypatch, pinne
     assert "persistent_reduction" in text or "@triton_heuristics.reduction" in text
     assert f"'deterministic': {pinned}" in text
     assert torch.allclose(out.float(), small_attention(q, k, v, mask).float(), atol=2e-2)
+
+
+def test_pin_rows_decodes_like_eager_with_a_pinned_and_an_unpinned_set(tmp_path, monkeypatch):
+    """DRAFTSMITH_PIN_ROWS=1: a batch-1 decode runs the pinned compiled layers and a batch-2 one
+    a second, unpinned set (its kernels carry deterministic False); both equal eager decoding."""
+    from torch._inductor.utils import run_and_get_code
+
+    from draftsmith.engine import runtime
+    from draftsmith.engine.generate import generate
+    from draftsmith.targets import load_target
+
+    monkeypatch.setattr(runtime, "PIN_REDUCTIONS", True)
+    monkeypatch.setattr(runtime, "PIN_ROWS", 1)
+    torch._dynamo.reset()
+    model = load_target(write_tiny_folder(tmp_path, "llama")).build(torch.float32, "cuda")
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61]]
+    ref = runtime.Runtime(model, 2, 128, graphs=False)
+    rt = runtime.Runtime(model, 2, 128, graphs=True, compile=True)
+    rt.capture([2, 1], list(range(1, 17)))
+    for batch in (prompts, prompts[:1]):
+        assert generate(rt, batch, 32) == generate(ref, batch, 32)
+    h = torch.randn(1, 9, model.cfg.hidden_size, device="cuda")
+    for rows, n, flag in ((1, 7, True), (2, 9, False)):
+        _, code = run_and_get_code(model.compiled_for(rows)["finish"], h[:, :n], None)
+        assert f"'deterministic': {flag}" in "\n".join(code)

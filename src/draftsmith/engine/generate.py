@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_clock
-from draftsmith.engine.runtime import Runtime, engine_compile
+from draftsmith.engine.runtime import Runtime, engine_compile, pinned_at
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
@@ -70,7 +70,8 @@ class DecodeState:
         self.all_done = torch.zeros((), dtype=torch.bool, device=dev)
         self.eos = torch.tensor(eos_ids or [-1], device=dev)
         self.caches = rt.caches_for(b)
-        self.advance_compiled = engine_compile(self.advance) if rt.compiled else self.advance
+        self.advance_compiled = (engine_compile(self.advance, pinned_at(b)) if rt.compiled
+                                 else self.advance)
 
     def reset(self, first: torch.Tensor, lens: torch.Tensor) -> None:
         self.tok.copy_(first.view(-1, 1))

@@ -9,7 +9,7 @@ import torch
 from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
-from draftsmith.switches import env_flag
+from draftsmith.switches import env_count, env_flag
 
 # Prompt lengths a prefill is padded to (graphed on GPU): steps of 1.5x, so at most a third of a
 # padded prompt is padding. Batches over PROMPT_GRAPH_TOKENS padded tokens run eagerly and exact:
@@ -201,10 +201,21 @@ class Runtime:
 # slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12): 12-15 % fewer tokens a second. Pinned,
 # run 13's two fresh caches decoded within 0.5 % of the fast draw. The mode also skips pad_mm
 # and some reduction autotuning. Default 1 where CUDA is (CPU kernels are not autotuned).
-# Measured at batch 1 only: run 14's one pinned batch-8 baseline ran 17 % below unpinned runs 4
-# and 10 (not side by side; benchmarks/speculative_default.md, run 14).
+# Measured at batch 1 only: run 14's one pinned batch-8 baseline ran 15-20 % below every unpinned
+# earlier one (not side by side; benchmarks/speculative_default.md, run 14).
 # Functions compiled once per process (the @cache'd phases) keep the value of their first compile.
 PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_available() else "0")
+
+# With the pin on: the target's compiled forwards over more than this many token rows (batch x
+# tokens), and a decode step's bookkeeping over more than this many sequences, compile unpinned,
+# so the pin can be kept to the shapes it was measured on (batch 1) if it costs at larger ones.
+# 0: no limit, every compile pinned. Unmeasured; run 14's pinned batch-8 baseline is the reason.
+PIN_ROWS = env_count("DRAFTSMITH_PIN_ROWS", "0")
+
+
+def pinned_at(rows: int) -> bool:
+    """Whether a compile for `rows` token rows runs pinned."""
+    return PIN_REDUCTIONS and (not PIN_ROWS or rows <= PIN_ROWS)
 
 
 # 1: the engine's GEMMs (linears over more than SMALL_LINEAR_ROWS rows: verifies, drafter depths,
@@ -216,21 +227,22 @@ PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_avai
 GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 
 
-def compile_options() -> dict | None:
-    """inductor options for the engine's compiles under the switches above."""
+def compile_options(pinned: bool | None = None) -> dict | None:
+    """inductor options for the engine's compiles under the switches above; pinned=False: one
+    that `PIN_ROWS` leaves unpinned."""
     if GEMM_TEMPLATES and PIN_REDUCTIONS:
         raise DraftsmithError("DRAFTSMITH_GEMM_TEMPLATES=1 needs DRAFTSMITH_PIN_REDUCTIONS=0 as "
                               "well: the pinned mode picks cuBLAS without timing a template")
-    options: dict = {"deterministic": True} if PIN_REDUCTIONS else {}
+    options: dict = {"deterministic": True} if PIN_REDUCTIONS and pinned is not False else {}
     if GEMM_TEMPLATES:
         options |= {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
     return options or None
 
 
-def engine_compile(fn: Callable, **kwargs) -> Callable:
+def engine_compile(fn: Callable, pinned: bool | None = None, **kwargs) -> Callable:
     """torch.compile for the decode engine, under the switches' options."""
     raise_recompile_limit()
-    return torch.compile(fn, options=compile_options(), **kwargs)
+    return torch.compile(fn, options=compile_options(pinned), **kwargs)
 
 
 def raise_recompile_limit(at_least: int = 64) -> None:
@@ -248,8 +260,15 @@ def compile_layers(model) -> None:
     bucketed prompts compile once per new length until dynamo makes the length dynamic."""
     if model.compiled:
         return
-    model.compiled = {
-        "layers": [engine_compile(layer.split, fullgraph=True) for layer in model.layers],
-        "prologue": engine_compile(model.prologue, fullgraph=True),
-        "finish": engine_compile(model.finish, fullgraph=True),
+    model.compiled = compiled_parts(model)
+    if PIN_REDUCTIONS and PIN_ROWS:
+        model.compiled["over"] = (PIN_ROWS, compiled_parts(model, pinned=False))
+
+
+def compiled_parts(model, pinned: bool | None = None) -> dict:
+    """The decoder layers, prologue and finish, each torch.compile'd."""
+    return {
+        "layers": [engine_compile(layer.split, pinned, fullgraph=True) for layer in model.layers],
+        "prologue": engine_compile(model.prologue, pinned, fullgraph=True),
+        "finish": engine_compile(model.finish, pinned, fullgraph=True),
     }

@@ -219,6 +219,12 @@ class Transformer(nn.Module):
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
         return h, cos, sin, mask
 
+    def compiled_for(self, rows: int) -> dict:
+        """The compiled parts for a forward of `rows` token rows: a second set, compiled
+        unpinned, past the runtime's pin limit (`compiled["over"]`: (limit, parts))."""
+        over = self.compiled.get("over")
+        return over[1] if over and rows > over[0] else self.compiled
+
     def finish(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """The last layer's residual add and the final norm (one kernel when compiled)."""
         return self.norm(h if delta is None else h + delta)
@@ -251,7 +257,8 @@ class Transformer(nn.Module):
         captured into CUDA graphs).
         """
         on = compiled and bool(self.compiled)
-        prologue = self.compiled["prologue"] if on else self.prologue
+        parts = self.compiled_for(tokens.numel()) if on else {}
+        prologue = parts["prologue"] if on else self.prologue
         num_slots = caches[0].k.shape[2] if caches is not None else 0
         h, cos, sin, mask = prologue(tokens, positions, num_slots, mask)
         if caches is not None and slots is None:
@@ -260,14 +267,14 @@ class Transformer(nn.Module):
         aux: list[torch.Tensor | None] = [None] * len(aux_ids)
         if -1 in want:
             aux[want[-1]] = h
-        layers = self.compiled["layers"] if on else [layer.split for layer in self.layers]
+        layers = parts["layers"] if on else [layer.split for layer in self.layers]
         delta = None
         for j, layer in enumerate(layers):
             cache = caches[j] if caches is not None else None
             h, delta = layer(h, delta, cos, sin, cache, slots, mask)
             if j in want:
                 aux[want[j]] = h + delta
-        hidden = self.compiled["finish"](h, delta) if on else self.finish(h, delta)
+        hidden = parts["finish"](h, delta) if on else self.finish(h, delta)
         logits = None
         if want_logits:
             x = hidden
