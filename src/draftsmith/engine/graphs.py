@@ -70,6 +70,23 @@ def fill(static: dict[str, torch.Tensor], b: int, **inputs: torch.Tensor | None)
             static[name][:b].copy_(t)
 
 
+def fill_padded(buf: torch.Tensor, t: torch.Tensor) -> None:
+    """Copy t [b, n, ...] into the first n positions of buf [b, q, ...] and zero the rest."""
+    n = t.shape[1]
+    buf[:, n:].zero_()
+    buf[:, :n].copy_(t)
+
+
+def run_keyed(graphs: Graphs | None, key: Hashable, fn: Callable[[], Any]) -> Any:
+    """fn() eagerly without graphs; with them, a replay of the graph captured for key on its
+    first call (fn reads and writes static buffers only)."""
+    if graphs is None:
+        return fn()
+    if key not in graphs:
+        graphs.capture(key, fn)
+    return graphs.replay(key)
+
+
 class LateFlag:
     """A device flag the host reads one step late, so that reading it never drains the queue.
 

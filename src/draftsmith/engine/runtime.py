@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.engine.graphs import Graphs, fill, pad_to, static_inputs
+from draftsmith.engine.graphs import Graphs, fill, fill_padded, pad_to, run_keyed, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
 from draftsmith.switches import env_count, env_flag
@@ -128,13 +128,10 @@ class Runtime:
         if key not in self._static:
             self._static[key] = {"tokens": torch.zeros(b, q, dtype=torch.long, device=self.device),
                                  "at": torch.zeros(b, dtype=torch.long, device=self.device)}
-            if self.graphs is not None:
-                self.graphs.capture(key, lambda: self._prompt_fn(key))
         static = self._static[key]
-        static["tokens"].zero_()
-        static["tokens"][:, :n].copy_(tokens)
+        fill_padded(static["tokens"], tokens)
         static["at"].copy_(lens - 1)
-        logits, aux = self.graphs.replay(key) if self.graphs is not None else self._prompt_fn(key)
+        logits, aux = run_keyed(self.graphs, key, lambda: self._prompt_fn(key))
         return ForwardOut(logits, None if aux is None else aux[:, :n], None)
 
     def bucket(self, b: int, n: int) -> int | None:
