@@ -224,19 +224,19 @@ def pinned_at(rows: int) -> bool:
 GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 
 
-def compile_options(pinned: bool | None = None) -> dict | None:
+def compile_options(pinned: bool = True) -> dict | None:
     """inductor options for the engine's compiles under the switches above; pinned=False: one
     that `PIN_ROWS` leaves unpinned."""
     if GEMM_TEMPLATES and PIN_REDUCTIONS:
         raise DraftsmithError("DRAFTSMITH_GEMM_TEMPLATES=1 needs DRAFTSMITH_PIN_REDUCTIONS=0 as "
                               "well: the pinned mode picks cuBLAS without timing a template")
-    options: dict = {"deterministic": True} if PIN_REDUCTIONS and pinned is not False else {}
+    options: dict = {"deterministic": True} if PIN_REDUCTIONS and pinned else {}
     if GEMM_TEMPLATES:
         options |= {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
     return options or None
 
 
-def engine_compile(fn: Callable, pinned: bool | None = None, **kwargs) -> Callable:
+def engine_compile(fn: Callable, pinned: bool = True, **kwargs) -> Callable:
     """torch.compile for the decode engine, under the switches' options."""
     raise_recompile_limit()
     return torch.compile(fn, options=compile_options(pinned), **kwargs)
@@ -262,7 +262,7 @@ def compile_layers(model) -> None:
         model.compiled["over"] = (PIN_ROWS, compiled_parts(model, pinned=False))
 
 
-def compiled_parts(model, pinned: bool | None = None) -> dict:
+def compiled_parts(model, pinned: bool = True) -> dict:
     """The decoder layers, prologue and finish, each torch.compile'd."""
     return {
         "layers": [engine_compile(layer.split, pinned, fullgraph=True) for layer in model.layers],

@@ -219,6 +219,14 @@ class Transformer(nn.Module):
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
         return h, cos, sin, mask
 
+    def parts(self, compiled: bool, rows: int) -> dict:
+        """The prologue, layer splits and finish a forward of `rows` token rows runs: eager, or
+        the compiled ones (`compiled_for`)."""
+        if compiled and self.compiled:
+            return self.compiled_for(rows)
+        return {"prologue": self.prologue, "layers": [layer.split for layer in self.layers],
+                "finish": self.finish}
+
     def compiled_for(self, rows: int) -> dict:
         """The compiled parts for a forward of `rows` token rows: a second set, compiled
         unpinned, past the runtime's pin limit (`compiled["over"]`: (limit, parts))."""
@@ -256,25 +264,22 @@ class Transformer(nn.Module):
         None gives all positions. compiled: run the torch.compile'd parts (for shapes that are
         captured into CUDA graphs).
         """
-        on = compiled and bool(self.compiled)
-        parts = self.compiled_for(tokens.numel()) if on else {}
-        prologue = parts["prologue"] if on else self.prologue
+        parts = self.parts(compiled, tokens.numel())
         num_slots = caches[0].k.shape[2] if caches is not None else 0
-        h, cos, sin, mask = prologue(tokens, positions, num_slots, mask)
+        h, cos, sin, mask = parts["prologue"](tokens, positions, num_slots, mask)
         if caches is not None and slots is None:
             slots = positions
         want = {j: i for i, j in enumerate(aux_ids)}
         aux: list[torch.Tensor | None] = [None] * len(aux_ids)
         if -1 in want:
             aux[want[-1]] = h
-        layers = parts["layers"] if on else [layer.split for layer in self.layers]
         delta = None
-        for j, layer in enumerate(layers):
+        for j, layer in enumerate(parts["layers"]):
             cache = caches[j] if caches is not None else None
             h, delta = layer(h, delta, cos, sin, cache, slots, mask)
             if j in want:
                 aux[want[j]] = h + delta
-        hidden = parts["finish"](h, delta) if on else self.finish(h, delta)
+        hidden = parts["finish"](h, delta)
         logits = None
         if want_logits:
             x = hidden
