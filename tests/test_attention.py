@@ -128,7 +128,7 @@ def test_pin_rows_keeps_the_pin_to_forwards_of_at_most_that_many_rows(monkeypatc
                                                                        limit):
     """DRAFTSMITH_PIN_ROWS=2: the target's forwards over 1x2 token rows run the pinned compiled
     parts and those over 2x2 rows a second, unpinned set; a decode step's bookkeeping likewise by
-    its batch. 0 (the default) pins every compile. A spy stands in for torch.compile and runs
+    its batch. 0 pins every compile (the default is 1). A spy stands in for torch.compile and runs
     the parts eagerly, so this checks which compile each forward reaches."""
     from conftest import write_tiny_folder
 
@@ -213,3 +213,22 @@ def test_reduce_linear_equals_f_linear_eager_and_compiled(dtype, atol):
     assert not torch.allclose(reduce_linear(x, w.flip(0)).float(), ref, atol=atol)
     one = reduce_linear(x[0, :1], w)  # a single row without a batch dim: [1, out]
     assert one.shape == (1, 160) and torch.allclose(one.float(), ref[0, :1], atol=atol, rtol=1e-2)
+
+
+def test_the_readme_switch_table_states_each_switch_and_the_codes_default():
+    """Every DRAFTSMITH_ engine switch the code reads at import is a row of the README's table,
+    and the row's default is the literal the code falls back to (the first one, for a default
+    that depends on CUDA)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rows = dict(re.findall(r"^\| `(DRAFTSMITH_\w+)` \| `([^`]+)`", (root / "README.md").read_text(),
+                           re.M))
+    code = {}
+    for f in (root / "src" / "draftsmith").rglob("*.py"):
+        for var, default in re.findall(r'(?:env_\w+|os\.environ\.get)\(\s*"(DRAFTSMITH_\w+)",\s*'
+                                       r'"([^"]*)"', f.read_text()):
+            code[var] = default
+    assert len(code) >= 10, code
+    assert rows == code

@@ -192,22 +192,25 @@ class Runtime:
         self._static[(b, *flags)] = static
 
 
-# 1: every engine compile runs in inductor's deterministic mode. Its reduction kernels keep one
-# launch config by a fixed rule (for the one-token attention's score reduction: XBLOCK 8, 4
-# warps) instead of the fastest candidate timed at first launch; timing picked that kernel's
-# slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12): 12-15 % fewer tokens a second. Pinned,
-# run 13's two fresh caches decoded within 0.5 % of the fast draw. The mode also skips pad_mm
-# and some reduction autotuning. Default 1 where CUDA is (CPU kernels are not autotuned).
-# Measured at batch 1 only: run 14's one pinned batch-8 baseline ran 15-20 % below every unpinned
-# earlier one (not side by side; benchmarks/speculative_default.md, run 14).
-# Functions compiled once per process (the @cache'd phases) keep the value of their first compile.
+# 1: engine compiles run in inductor's deterministic mode (see PIN_ROWS for which). Its reduction
+# kernels keep one launch config by a fixed rule (for the one-token attention's score reduction:
+# XBLOCK 8, 4 warps) instead of the fastest candidate timed at first launch; timing picked that
+# kernel's slow XBLOCK 1 in 4 of 7 fresh caches on the H200 (run 12): 12-15 % fewer tokens a
+# second at batch 1. Pinned, run 13's two fresh caches decoded within 0.5 % of the fast draw. The
+# mode also skips pad_mm and some reduction autotuning. Default 1 where CUDA is (CPU kernels are
+# not autotuned). Functions compiled once per process (the @cache'd phases) keep the value of
+# their first compile.
 PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_available() else "0")
 
 # With the pin on: the target's compiled forwards over more than this many token rows (batch x
 # tokens), and a decode step's bookkeeping over more than this many sequences, compile unpinned,
-# so the pin can be kept to the shapes it was measured on (batch 1) if it costs at larger ones.
-# 0: no limit, every compile pinned. Unmeasured; run 14's pinned batch-8 baseline is the reason.
-PIN_ROWS = env_count("DRAFTSMITH_PIN_ROWS", "0")
+# through a second compiled set. 1 (the default): of the target's forwards only a batch-1 decode
+# step's stays pinned (the drafter and the speculative phases compile pinned). At 8 rows
+# the pinned rule's XBLOCK 8 is the slow pick: pinned batch-8 baselines decoded at 4,191-4,203
+# tok/s in three processes, timed picks of XBLOCK 32 at 5,031-5,032 in two (H200 run 15; one timed
+# cache drew XBLOCK 8 and ran at the pinned speed), and batch 1 under 1 kept the pinned speed.
+# 0: no limit, every compile pinned.
+PIN_ROWS = env_count("DRAFTSMITH_PIN_ROWS", "1")
 
 
 def pinned_at(rows: int) -> bool:
