@@ -359,3 +359,21 @@ def test_data_regenerate_against_server(srv: dict, engine: ServeEngine, tiny_dir
                                        *args[4:-4], "--concurrency", "4"])
     assert sampled.exit_code == 0, sampled.output
     assert len((tmp_path / "sampled.jsonl").read_text().splitlines()) == 4
+
+
+def test_speculative_server_keeps_a_bounded_set_of_decoders(tiny_dir: Path,
+                                                            drafter_dir: Path) -> None:
+    """One decoder per sampling setting, at most MAX_DECODERS besides greedy: the least recently
+    used sampled one goes (with its graphs on CUDA); greedy always stays."""
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.serve.engine import MAX_DECODERS
+
+    cfg = EngineConfig(max_batch=2, max_prompt_tokens=32, max_tokens=8, steps=2)
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    greedy = spec._spec_for(SamplingParams())
+    temps = [0.3 + 0.1 * i for i in range(MAX_DECODERS + 3)]
+    for t in temps:
+        spec._spec_for(SamplingParams(temperature=t))
+    assert spec._spec_for(SamplingParams()) is greedy
+    kept = [p.temperature for p in spec._spec if p != SamplingParams()]
+    assert kept == temps[-MAX_DECODERS:]

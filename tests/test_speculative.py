@@ -10,7 +10,7 @@ import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import generate
-from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.graphs import Graphs, LateFlag
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
@@ -548,6 +548,33 @@ def assert_same_prefill(drafter, rt_a: Runtime, rt_b: Runtime, atol: float) -> N
         for row, p in enumerate(PROMPTS):
             assert torch.allclose(c.k[row, :, :len(p)], d.k[row, :, :len(p)], atol=atol)
             assert torch.allclose(c.v[row, :, :len(p)], d.v[row, :, :len(p)], atol=atol)
+
+
+def test_graph_owner_tags_are_never_reused_and_die_with_their_owner():
+    """Graph keys start with an owner tag, not id(owner): CPython hands a dead runtime's id() to
+    a new one, and a key built from it named the dead runtime's prompt graph, which the new one
+    replayed over freed buffers (H200 run 15's device-side assert). A dead owner's graphs are
+    forgotten; keys of other owners and untagged keys stay."""
+    import gc
+
+    graphs = Graphs(torch.device("cpu"))
+    drafter = make_drafter(tiny_target(), 96)
+    graphs.graphs[(1, 16, False, False)] = (None, None)  # an untagged key, as Runtime's own
+    keep = DrafterRuntime(drafter, 1, 16, graphs)
+    graphs.graphs[(keep.gkey, "drafter-prompt", 1, 16)] = (None, None)
+    tags, ids = set(), set()
+    for _ in range(40):
+        drt = DrafterRuntime(drafter, 1, 16, graphs)
+        tags.add(drt.gkey)
+        ids.add(id(drt))
+        graphs.graphs[(drt.gkey, "drafter-prompt", 1, 16)] = (None, None)  # as a capture would
+        del drt
+        gc.collect()
+    assert len(ids) < 40, "CPython reused no id(), so this run could not show the hazard"
+    assert len(tags) == 40 and keep.gkey not in tags
+    assert list(graphs.graphs) == [(1, 16, False, False), (keep.gkey, "drafter-prompt", 1, 16)]
+    graphs.forget(keep.gkey)
+    assert list(graphs.graphs) == [(1, 16, False, False)]
 
 
 def test_top_k_by_max_equals_torch_topk():

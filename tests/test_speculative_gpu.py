@@ -68,6 +68,28 @@ def test_graphed_drafter_prompt_pass_equals_the_eager_one(pair):
     assert_same_prefill(drafter, eager, Runtime(target, 4, 160, graphs=True), 1e-4)
 
 
+def test_decoders_made_one_after_another_each_prefill_with_their_own_graphs(pair):
+    """gpu_suite makes a decoder per setting on one runtime and drops the last one. Each new
+    decoder's drafter prompt pass must run its own graph, never a dead decoder's that a reused
+    id() named (H200 run 15's device-side assert): the root logits match the eager prefill of
+    this decoder's prompts (rotated each time), and no dead decoder's graph is kept."""
+    import gc
+
+    target, drafter, eager = pair
+    rt = Runtime(target, 4, 160, graphs=True)
+    for i in range(6):
+        prompts = PROMPTS[i % 4:] + PROMPTS[: i % 4]
+        dec = SpecDecoder(rt, drafter, 3, 2, 6)
+        got = dec.start(prompts, NEW, [])
+        ref = SpecDecoder(eager, drafter, 3, 2, 6).start(prompts, NEW, [])
+        assert torch.allclose(got.root_logits, ref.root_logits, atol=1e-4)
+        assert torch.allclose(got.root_hidden, ref.root_hidden, atol=1e-4)
+        owners = {k[0] for k in rt.graphs.graphs if isinstance(k[0], tuple)}
+        assert owners == {dec.gkey, dec.drt.gkey}
+        del dec, got
+        gc.collect()
+
+
 @pytest.mark.parametrize("steps,topk,n,method,whole", [
     (3, 1, None, "chunk", True), (4, 4, 10, "chunk", True), (4, 4, 10, "chunk", False),
     (4, 4, 10, "topk", True), (4, 4, 10, "max", True), (5, 8, 48, "chunk", True)])

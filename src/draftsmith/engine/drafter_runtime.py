@@ -41,6 +41,7 @@ class DrafterRuntime:
         else:
             use = p.device.type == "cuda" if graphs is None else graphs
             self.graphs = Graphs(p.device) if use else None
+        self.gkey = None if self.graphs is None else self.graphs.owner(self)
         self._static: dict[tuple, dict[str, torch.Tensor]] = {}
         self._batches: dict[tuple, list[int]] = {}
         if compile:
@@ -69,7 +70,7 @@ class DrafterRuntime:
         b = tokens.shape[0]
         if q > self.max_seq:
             raise DraftsmithError(f"a {q}-token prompt pass exceeds the drafter's {self.max_seq}")
-        key = ("drafter-prompt", id(self), b, q)
+        key = (self.gkey, "drafter-prompt", b, q)
         static = self._static.get(key)
         if static is None:
             static = self._static[key] = {
@@ -112,7 +113,7 @@ class DrafterRuntime:
         static = self._static[(bp, *flags)]
         fill(static, b, tokens=tokens, hidden=hidden, positions=positions, slots=slots,
              mask=mask)
-        logits, h = self.graphs.replay(("drafter", id(self), bp, *flags))
+        logits, h = self.graphs.replay((self.gkey, "drafter", bp, *flags))
         return logits[:b], h[:b]
 
     def capture(
@@ -141,5 +142,5 @@ class DrafterRuntime:
             )
 
         with torch.no_grad():
-            self.graphs.capture(("drafter", id(self), b, *flags), fn)
+            self.graphs.capture((self.gkey, "drafter", b, *flags), fn)
         self._static[(b, *flags)] = static

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+
+_OWNERS = itertools.count(1)
 
 
 class Graphs:
@@ -20,6 +24,20 @@ class Graphs:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.graphs
+
+    def owner(self, obj: object) -> tuple[str, int]:
+        """The first element of obj's graph keys. Unlike id(obj), never reused: a new drafter
+        runtime that got a dead one's id() replayed the dead one's prompt graph over freed
+        buffers (H200 run 15's device-side assert). obj's graphs are forgotten, and the memory
+        they hold freed, when obj is collected."""
+        tag = ("owner", next(_OWNERS))
+        weakref.finalize(obj, self.forget, tag)
+        return tag
+
+    def forget(self, owner: tuple[str, int]) -> None:
+        """Drop the graphs whose keys start with this owner tag."""
+        for key in [k for k in self.graphs if isinstance(k, tuple) and k[:1] == (owner,)]:
+            del self.graphs[key]
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int = 2) -> Any:
         stream = torch.cuda.Stream(self.device)

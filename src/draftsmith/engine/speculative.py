@@ -125,6 +125,7 @@ class SpecDecoder:
         self._check_pair()
         self.device = self.rt.device
         self.graphs = self.rt.graphs
+        self.gkey = None if self.graphs is None else self.graphs.owner(self)
         self.ar = torch.arange(steps + 1, device=self.device)
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
@@ -271,13 +272,13 @@ class SpecDecoder:
             with torch.no_grad():
                 for phase in PHASES:
                     fn = partial(getattr(self, "_" + phase), st)
-                    out = self.graphs.capture((id(self), b, phase), fn)
+                    out = self.graphs.capture((self.gkey, b, phase), fn)
                     if phase == "verify":
                         st.vout = out
         return st
 
     def _run(self, st: SpecState, phase: str) -> None:
-        key = (id(self), st.b, phase)
+        key = (self.gkey, st.b, phase)
         if self.graphs is not None and key in self.graphs:
             out = self.graphs.replay(key)
         else:

@@ -176,7 +176,8 @@ class ServeEngine:
     def _evict_spec(self) -> None:
         params = next(p for p in self._spec if p != SamplingParams())
         dec = self._spec.pop(params)
-        self._forget_graphs(lambda k: k[0] == id(dec))
+        if dec.graphs is not None:
+            dec.graphs.forget(dec.gkey)
 
     def _keep_baseline(self, params: SamplingParams) -> None:
         """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key,
