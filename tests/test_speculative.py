@@ -550,31 +550,36 @@ def assert_same_prefill(drafter, rt_a: Runtime, rt_b: Runtime, atol: float) -> N
             assert torch.allclose(c.v[row, :, :len(p)], d.v[row, :, :len(p)], atol=atol)
 
 
-def test_graph_owner_tags_are_never_reused_and_die_with_their_owner():
-    """Graph keys start with an owner tag, not id(owner): CPython hands a dead runtime's id() to
-    a new one, and a key built from it named the dead runtime's prompt graph, which the new one
-    replayed over freed buffers (H200 run 15's device-side assert). A dead owner's graphs are
-    forgotten; keys of other owners and untagged keys stay."""
-    import gc
+def test_graph_owner_tags_are_never_reused_and_die_with_their_owner(monkeypatch):
+    """Decoders and drafter runtimes key their graphs by an owner tag, not id(owner): CPython
+    hands a dead object's id() to a new one, and a key built from it named the dead drafter
+    runtime's prompt graph, which the new one replayed over freed buffers (H200 run 15's
+    device-side assert). Decoders made and dropped one after another on one runtime, as
+    gpu_suite does: each prefill captures under its own tags only, a dropped decoder's graphs
+    are forgotten, the runtime's own stay. On CPU a capture runs its callable once (eagerly)."""
+    def capture(self, key, fn, warmup=2):
+        self.graphs[key] = (None, fn())
+        return self.graphs[key][1]
 
-    graphs = Graphs(torch.device("cpu"))
-    drafter = make_drafter(tiny_target(), 96)
-    graphs.graphs[(1, 16, False, False)] = (None, None)  # an untagged key, as Runtime's own
-    keep = DrafterRuntime(drafter, 1, 16, graphs)
-    graphs.graphs[(keep.gkey, "drafter-prompt", 1, 16)] = (None, None)
+    monkeypatch.setattr(Graphs, "capture", capture)
+    monkeypatch.setattr(Graphs, "replay", lambda self, key: self.graphs[key][1])
+    target = tiny_target()
+    rt = Runtime(target, 4, 128, graphs=True)
+    drafter = make_drafter(target, 96)
     tags, ids = set(), set()
-    for _ in range(40):
-        drt = DrafterRuntime(drafter, 1, 16, graphs)
-        tags.add(drt.gkey)
-        ids.add(id(drt))
-        graphs.graphs[(drt.gkey, "drafter-prompt", 1, 16)] = (None, None)  # as a capture would
-        del drt
-        gc.collect()
-    assert len(ids) < 40, "CPython reused no id(), so this run could not show the hazard"
-    assert len(tags) == 40 and keep.gkey not in tags
-    assert list(graphs.graphs) == [(1, 16, False, False), (keep.gkey, "drafter-prompt", 1, 16)]
-    graphs.forget(keep.gkey)
-    assert list(graphs.graphs) == [(1, 16, False, False)]
+    for i in range(12):
+        dec = SpecDecoder(rt, drafter, 3, 1 + i % 2, None if i % 2 == 0 else 6)
+        dec.start(PROMPTS, NEW, [])
+        mine = (dec.gkey, dec.drt.gkey)
+        assert tags.isdisjoint(mine)
+        tags.update(mine)
+        ids.update((id(dec), id(dec.drt)))
+        owned = {k[0] for k in rt.graphs.graphs if isinstance(k[0], tuple)}
+        assert owned == set(mine)  # the phases' graphs and the drafter prompt pass's
+        del dec
+    assert len(ids) < len(tags), "CPython reused no id(), so this run could not show the hazard"
+    assert all(not isinstance(k[0], tuple) for k in rt.graphs.graphs)
+    assert any(k[0] == "prompt" for k in rt.graphs.graphs)  # the target's prompt graph stays
 
 
 def test_top_k_by_max_equals_torch_topk():

@@ -31,7 +31,7 @@ class Graphs:
         buffers (H200 run 15's device-side assert). obj's graphs are forgotten, and the memory
         they hold freed, when obj is collected."""
         tag = ("owner", next(_OWNERS))
-        weakref.finalize(obj, self.forget, tag)
+        weakref.finalize(obj, self.forget, tag).atexit = False  # exiting frees them anyway
         return tag
 
     def forget(self, owner: tuple[str, int]) -> None:
