@@ -36,7 +36,11 @@ class Graphs:
 
     def forget(self, owner: tuple[str, int]) -> None:
         """Drop the graphs whose keys start with this owner tag."""
-        for key in [k for k in self.graphs if isinstance(k, tuple) and k[:1] == (owner,)]:
+        self.drop(lambda k: isinstance(k, tuple) and k[:1] == (owner,))
+
+    def drop(self, match: Callable[[Hashable], bool]) -> None:
+        """Drop the graphs whose keys match (their memory goes back to the pool)."""
+        for key in [k for k in self.graphs if match(k)]:
             del self.graphs[key]
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int = 2) -> Any:

@@ -189,13 +189,8 @@ class ServeEngine:
         for old in settings[: max(0, len(settings) - MAX_DECODERS + 1)]:
             for k in [k for k in keys if k[3] == old]:
                 cache.pop(k)
-                self._forget_graphs(lambda g, k=k: g == k)
-
-    def _forget_graphs(self, match: Callable[[Any], bool]) -> None:
-        graphs = self.rt.graphs
-        if graphs is not None:
-            for k in [k for k in graphs.graphs if isinstance(k, tuple) and match(k)]:
-                del graphs.graphs[k]
+                if self.rt.graphs is not None:
+                    self.rt.graphs.drop(lambda g, k=k: g == k)
 
 
 def _spec_rows(st: Any, max_new: int) -> list[list[int]]:
