@@ -52,7 +52,8 @@ class KVCache(NamedTuple):
 # Graphed one-token steps of at most this many rows attend with plain reductions when compiled:
 # inductor fuses them into a few short kernels, where an SDPA kernel costs ~10 us a layer at
 # decode shapes (H200 profile, benchmarks/decode_kernels.md). Verify shapes (2-16 tokens a row)
-# were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md).
+# were slower that way (a verify of 8 tokens 2.8 ms against 1.5 ms for 2, speculative_default.md;
+# H200 run 16: a 25-token tree verify 2.66 ms against 1.15 the matmul way).
 SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # Graphed multi-token steps (verify: 2-64 tokens a row) attend as two batched GEMMs around one
 # fused masked softmax ("matmul"), or with SDPA ("sdpa": cuDNN on the H200, ~12.5 us a layer
