@@ -582,6 +582,25 @@ def test_graph_owner_tags_are_never_reused_and_die_with_their_owner(monkeypatch)
     assert any(k[0] == "prompt" for k in rt.graphs.graphs)  # the target's prompt graph stays
 
 
+def test_forgetting_an_owner_while_another_is_forgotten_drops_both():
+    """An owner's finalizer can fire in the middle of another `forget` (a collection the match
+    function's allocations trigger, or another thread's): the dict it walks changes under it.
+    Both owners' graphs go, every other graph stays, and nothing raises."""
+    class Owner:
+        pass
+
+    g = Graphs(torch.device("cpu"))
+    a, b = g.owner(Owner()), g.owner(Owner())  # owners collected at once: tags only
+    g.graphs = {(a, 1): 1, (a, 2): 2, (b, 1): 3, ("prompt", 4): 4}
+
+    def match(key):
+        g.forget(b)  # b's finalizer, firing mid-walk
+        return isinstance(key, tuple) and key[:1] == (a,)
+
+    g.drop(match)
+    assert list(g.graphs) == [("prompt", 4)]
+
+
 def test_top_k_by_max_equals_torch_topk():
     """DRAFTSMITH_TREE_TOPK=max picks what torch.topk picks: the same values and indices, best
     first; ties go to the lower index."""

@@ -39,9 +39,10 @@ class Graphs:
         self.drop(lambda k: isinstance(k, tuple) and k[:1] == (owner,))
 
     def drop(self, match: Callable[[Hashable], bool]) -> None:
-        """Drop the graphs whose keys match (their memory goes back to the pool)."""
-        for key in [k for k in self.graphs if match(k)]:
-            del self.graphs[key]
+        """Drop the graphs whose keys match (their memory goes back to the pool). A finalizer
+        may call this from whichever thread collects an owner: it iterates a snapshot."""
+        for key in [k for k in list(self.graphs) if match(k)]:
+            self.graphs.pop(key, None)
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int = 2) -> Any:
         stream = torch.cuda.Stream(self.device)
