@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.llama import causal_mask, matmul_attention, small_attention
+from draftsmith.models.llama import (
+    causal_mask,
+    flex_masked_attention,
+    matmul_attention,
+    small_attention,
+)
 
 
 def test_small_attention_equals_sdpa_with_gqa_rows_and_a_mask():
@@ -40,6 +45,23 @@ def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
     mask[0, 0, 0, 10] = False  # the mask is applied
     assert not torch.allclose(matmul_attention(qg, k, v, mask)[0, 0, 0].float(), ref[0, 0, 0],
                               atol=1e-3)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_flex_masked_attention_equals_sdpa_at_verify_shapes(compiled):
+    """DRAFTSMITH_VERIFY_ATTENTION=flex: a tree-like mask (not plain causal) over grouped query
+    rows, eagerly and as inductor compiles it (on CPU here; its GPU kernel in the GPU tests)."""
+    g = torch.Generator().manual_seed(2)
+    b, kv_heads, groups, q, s, d = 2, 3, 3, 8, 64, 16
+    qg, k, v = (torch.randn(b, kv_heads, n, d, generator=g) for n in (groups * q, s, s))
+    positions = torch.arange(q).repeat(b, 1) + torch.tensor([[10], [40]])
+    mask = causal_mask(positions, s).repeat(1, 1, groups, 1)
+    mask[1, 0, 5, 41] = False
+    ref = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    fn = torch.compile(flex_masked_attention, fullgraph=True) if compiled else flex_masked_attention
+    assert torch.allclose(fn(qg, k, v, mask), ref, atol=1e-5)
+    mask[0, 0, 0, 10] = False  # the mask is read at each call, not baked in
+    assert not torch.allclose(fn(qg, k, v, mask)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
 
 
 @pytest.mark.slow

@@ -60,7 +60,11 @@ SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
 # decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
 # (benchmarks/speculative_default.md).
-VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "sdpa"))
+# "flex": FlexAttention, the masked softmax and both products in one generated kernel (two for
+# its split-KV decoding form) where "matmul" launches five a layer (H200 run 9's kernel list:
+# 2.97 + 2.48 us of GEMMs, a 1.64 us softmax and two copies, of ~37 us a layer at a 25-token
+# verify). Not measured yet.
+VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "flex", "sdpa"))
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
@@ -87,6 +91,19 @@ def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     s = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
     p = s.masked_fill(~mask, float("-inf")).softmax(-1)
     return torch.matmul(p.to(v.dtype), v)
+
+
+def flex_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                          ) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) | mask) v through FlexAttention, the mask applied as a score mod
+    (no block mask: every block is visited, as the matmul form visits every slot).
+    q: [B, H, Q, D]; k, v: [B, H, S, D]; mask: [B, 1, Q, S] bool."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def masked(score, b, h, qi, kv):
+        return torch.where(mask[b, 0, qi, kv], score, -float("inf"))
+
+    return flex_attention(q, k, v, score_mod=masked)
 
 
 class Attention(nn.Module):
@@ -141,6 +158,8 @@ class Attention(nn.Module):
             one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
             if graphed and one and DECODE_ATTENTION == "small":
                 out = small_attention(qg, cache.k, cache.v, mask)
+            elif graphed and VERIFY_ATTENTION == "flex" and 1 < q_len <= MATMUL_ATTENTION_TOKENS:
+                out = flex_masked_attention(qg, cache.k, cache.v, mask)
             elif graphed and (one or VERIFY_ATTENTION == "matmul" and 1 < q_len
                               <= MATMUL_ATTENTION_TOKENS):
                 out = matmul_attention(qg, cache.k, cache.v, mask)
