@@ -2,7 +2,7 @@ PY ?= python3
 .PHONY: setup demo test test-slow lint
 
 setup:
-	@bash scripts/setup.sh
+	@PYTHON=$(PY) bash scripts/setup.sh
 
 demo: setup
 	$(PY) -m draftsmith demo

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs draftsmith and what it needs, once. Leaves an existing torch alone; without one, it
 # takes the CPU build (torch==2.13.0) where no NVIDIA GPU is present, plain torch otherwise.
+# torch==2.13.0 is a CPU wheel only where pip finds one locally (these CPU machines); plain PyPI
+# serves the CUDA build of it, so elsewhere set TORCH_CPU_INDEX (PyTorch's CPU index, below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,7 +14,7 @@ if ! $PY -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     $PY -m pip install -q torch
   else
-    $PY -m pip install -q torch==2.13.0
+    $PY -m pip install -q torch==2.13.0 ${TORCH_CPU_INDEX:+--index-url "$TORCH_CPU_INDEX"}
   fi
 fi
 $PY -m pip install -q -e ".[dev]"
