@@ -48,20 +48,23 @@ def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_flex_masked_attention_equals_sdpa_at_verify_shapes(compiled):
+@pytest.mark.parametrize("s,block", [(64, 128), (300, 16)])
+def test_flex_masked_attention_equals_sdpa_at_verify_shapes(compiled, s, block):
     """DRAFTSMITH_VERIFY_ATTENTION=flex: a tree-like mask (not plain causal) over grouped query
-    rows, eagerly and as inductor compiles it (on CPU here; its GPU kernel in the GPU tests)."""
+    rows, in one key block or many (the last one partial), eagerly and as inductor compiles it
+    (on CPU here; its GPU kernel in the GPU tests)."""
     g = torch.Generator().manual_seed(2)
-    b, kv_heads, groups, q, s, d = 2, 3, 3, 8, 64, 16
+    b, kv_heads, groups, q, d = 2, 3, 3, 8, 16
     qg, k, v = (torch.randn(b, kv_heads, n, d, generator=g) for n in (groups * q, s, s))
-    positions = torch.arange(q).repeat(b, 1) + torch.tensor([[10], [40]])
+    positions = torch.arange(q).repeat(b, 1) + torch.tensor([[10], [s - q]])  # to the last slot
     mask = causal_mask(positions, s).repeat(1, 1, groups, 1)
-    mask[1, 0, 5, 41] = False
+    mask[1, 0, 5, s - 7] = False
     ref = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    fn = torch.compile(flex_masked_attention, fullgraph=True) if compiled else flex_masked_attention
-    assert torch.allclose(fn(qg, k, v, mask), ref, atol=1e-5)
+    flex = flex_masked_attention
+    flex = torch.compile(flex, fullgraph=True) if compiled else flex
+    assert torch.allclose(flex(qg, k, v, mask, block), ref, atol=1e-5)
     mask[0, 0, 0, 10] = False  # the mask is read at each call, not baked in
-    assert not torch.allclose(fn(qg, k, v, mask)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
+    assert not torch.allclose(flex(qg, k, v, mask, block)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # "flex": FlexAttention, the masked softmax and both products in one generated kernel (two for
 # its split-KV decoding form) where "matmul" launches five a layer (H200 run 9's kernel list:
 # 2.97 + 2.48 us of GEMMs, a 1.64 us softmax and two copies, of ~37 us a layer at a 25-token
-# verify). Not measured yet.
+# verify). Also the drafter's multi-token tree steps. Not measured yet.
 VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "flex", "sdpa"))
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
@@ -94,16 +94,25 @@ def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 def flex_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                          ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) | mask) v through FlexAttention, the mask applied as a score mod
-    (no block mask: every block is visited, as the matmul form visits every slot).
+                          block: int = 128) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) | mask) v through FlexAttention, the mask applied as a score mod.
+    Every key block is visited, as the matmul form visits every slot, but through a block mask
+    of `block`-wide key blocks: without one, flex's decoding kernel puts every key in one split
+    and leaves the rest of the GPU idle at batch 1.
     q: [B, H, Q, D]; k, v: [B, H, S, D]; mask: [B, 1, Q, S] bool."""
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    rows, slots = q.shape[-2], k.shape[-2]
+    nq, nkv = -(-rows // block), -(-slots // block)
+    counts = torch.full((1, 1, nq), nkv, dtype=torch.int32, device=q.device)
+    order = torch.arange(nkv, dtype=torch.int32, device=q.device).expand(1, 1, nq, nkv)
+    blocks = BlockMask.from_kv_blocks(counts, order.contiguous(), BLOCK_SIZE=block,
+                                      seq_lengths=(rows, slots), compute_q_blocks=False)
 
     def masked(score, b, h, qi, kv):
         return torch.where(mask[b, 0, qi, kv], score, -float("inf"))
 
-    return flex_attention(q, k, v, score_mod=masked)
+    return flex_attention(q, k, v, score_mod=masked, block_mask=blocks)
 
 
 class Attention(nn.Module):
