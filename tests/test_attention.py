@@ -123,6 +123,27 @@ def test_reduce_linear_compiles_to_one_kernel_for_all_rows(rows):
 TEMPLATES = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_static_shapes_compile_each_shape_and_never_go_symbolic(monkeypatch, static):
+    """DRAFTSMITH_STATIC_SHAPES=1: an engine compile meets rows 2, 25, 8 and 4 (a chain's and a
+    tree's verify, drafter depths) and specializes on each. Without it dynamo goes symbolic at
+    the second shape and the rest reuse that graph, which is what the switch exists to test on
+    the GPU; both ways the results are right."""
+    from torch._dynamo.utils import counters
+
+    from draftsmith.engine import runtime
+
+    monkeypatch.setattr(runtime, "STATIC_SHAPES", static)
+    torch._dynamo.reset()
+    counters.clear()
+    fn = runtime.engine_compile(lambda x, w: F.linear(x, w).relu(), fullgraph=True)
+    w = torch.randn(16, 8)
+    for rows in (2, 25, 8, 4):
+        x = torch.randn(rows, 8)
+        assert torch.allclose(fn(x, w), F.linear(x, w).relu(), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == (4 if static else 2)
+
+
 @pytest.mark.parametrize("pinned,templates,options", [(False, False, None),
                                                       (True, False, {"deterministic": True}),
                                                       (False, True, TEMPLATES)])
@@ -207,7 +228,8 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
                                      ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
                                      ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
                                      ("DRAFTSMITH_PIN_ROWS", "all"),
-                                     ("DRAFTSMITH_EXACT_END", "2")])
+                                     ("DRAFTSMITH_EXACT_END", "2"),
+                                     ("DRAFTSMITH_STATIC_SHAPES", "yes")])
 def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os
     import subprocess

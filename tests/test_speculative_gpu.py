@@ -181,6 +181,24 @@ def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, to
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
+@pytest.mark.parametrize("mode", ["matmul", "flex"])
+def test_static_shapes_equal_plain_greedy(pair, monkeypatch, mode):
+    """DRAFTSMITH_STATIC_SHAPES=1 (one compiled graph per shape; flex keeps its decoding
+    kernel): chain and tree decoders on one runtime, batches 4 and 1, still plain greedy."""
+    from draftsmith.engine import runtime
+    from draftsmith.models import llama
+
+    _, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    monkeypatch.setattr(runtime, "STATIC_SHAPES", True)
+    monkeypatch.setattr(llama, "VERIFY_ATTENTION", mode)
+    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
+    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
+        dec = SpecDecoder(rt, drafter, steps, topk, n)
+        dec.capture([4, 1])
+        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
 @pytest.mark.parametrize("steps,topk,n,compiled", [(3, 1, None, False), (3, 3, 8, False),
                                                    (3, 3, 8, True)])
 def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled):

@@ -227,6 +227,15 @@ def pinned_at(rows: int) -> bool:
 GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 
 
+# 1: every engine compile specializes on each shape it meets (torch.compile dynamic=False).
+# Otherwise dynamo makes a dimension symbolic the second time it changes: the layers, compiled
+# once for every forward of more than PIN_ROWS rows (verifies of 2-64 tokens, drafter depths,
+# prompt buckets, batches 1-32), run kernels generic in the rows, each autotuned once at the
+# first shape it saw, and FlexAttention leaves its decoding kernel for a symbolic batch. Costs a
+# compile per shape (the recompile limit rises to 256). Not measured yet, so 0.
+STATIC_SHAPES = env_flag("DRAFTSMITH_STATIC_SHAPES", "0")
+
+
 def compile_options(pinned: bool = True) -> dict | None:
     """inductor options for the engine's compiles under the switches above; pinned=False: one
     that `PIN_ROWS` leaves unpinned."""
@@ -241,7 +250,9 @@ def compile_options(pinned: bool = True) -> dict | None:
 
 def engine_compile(fn: Callable, pinned: bool = True, **kwargs) -> Callable:
     """torch.compile for the decode engine, under the switches' options."""
-    raise_recompile_limit()
+    raise_recompile_limit(256 if STATIC_SHAPES else 64)
+    if STATIC_SHAPES:
+        kwargs.setdefault("dynamic", False)
     return torch.compile(fn, options=compile_options(pinned), **kwargs)
 
 
