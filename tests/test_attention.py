@@ -68,15 +68,20 @@ def test_flex_masked_attention_equals_sdpa_at_verify_shapes(compiled, s, block):
 
 
 @pytest.mark.slow
-def test_compiled_parts_equal_eager_on_cpu(tmp_path):
+@pytest.mark.parametrize("static", [False, True])
+def test_compiled_parts_equal_eager_on_cpu(tmp_path, monkeypatch, static):
     """The torch.compile'd layer split, final norm and aux sums (inductor's CPU backend here;
-    CUDA graphs run the same parts on GPU) give the eager forward's logits, aux and caches."""
+    CUDA graphs run the same parts on GPU) give the eager forward's logits, aux and caches, at
+    two token counts; static: under DRAFTSMITH_STATIC_SHAPES=1, a graph for each."""
     from conftest import write_tiny_folder
 
+    from draftsmith.engine import runtime
     from draftsmith.engine.runtime import compile_layers
     from draftsmith.models.llama import KVCache
     from draftsmith.targets import load_target
 
+    monkeypatch.setattr(runtime, "STATIC_SHAPES", static)
+    torch._dynamo.reset()
     model = load_target(write_tiny_folder(tmp_path, "qwen3")).build(torch.float32, "cpu")
     compile_layers(model)
     att = model.layers[0].attn
