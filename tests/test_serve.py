@@ -377,3 +377,30 @@ def test_speculative_server_keeps_a_bounded_set_of_decoders(tiny_dir: Path,
     assert spec._spec_for(SamplingParams()) is greedy
     kept = [p.temperature for p in spec._spec if p != SamplingParams()]
     assert kept == temps[-MAX_DECODERS:]
+
+
+def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
+        tiny_dir: Path, monkeypatch) -> None:
+    """Baseline decode steps are cached per (batch, eos, setting): past MAX_DECODERS sampled
+    settings the oldest go, each with the graph captured for it; greedy and the setting in use
+    stay. Captures run eagerly here (CPU), keyed as on CUDA."""
+    from draftsmith.engine.graphs import Graphs
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.serve.engine import MAX_DECODERS
+
+    def capture(self, key, fn, warmup=2):
+        self.graphs[key] = (None, fn())
+        return self.graphs[key][1]
+
+    monkeypatch.setattr(Graphs, "capture", capture)
+    monkeypatch.setattr(Graphs, "replay", lambda self, key: self.graphs[key][1])
+    eng = load_engine(str(tiny_dir), None, "cpu", torch.float32, EngineConfig(**LIMITS))
+    eng.rt.graphs = Graphs(torch.device("cpu"))
+    temps = [0.3 + 0.1 * i for i in range(MAX_DECODERS + 3)]
+    for params in [SamplingParams(), *(SamplingParams(temperature=t) for t in temps)]:
+        eng.run([[5, 6, 7]], 3, params)
+    steps = {k for k in eng.rt._steps if k[0] == "decode"}
+    kept = [k[3].temperature for k in steps if k[3] != SamplingParams()]
+    assert sorted(kept) == pytest.approx(temps[-MAX_DECODERS:])
+    assert any(k[3] == SamplingParams() for k in steps)
+    assert {k for k in eng.rt.graphs.graphs if k[0] == "decode"} == steps

@@ -186,11 +186,12 @@ class ServeEngine:
         keys = [k for k in cache
                 if k[0] == "decode" and k[3] != SamplingParams() and k[3] != params]
         settings = list(dict.fromkeys(k[3] for k in keys))
-        for old in settings[: max(0, len(settings) - MAX_DECODERS + 1)]:
-            for k in [k for k in keys if k[3] == old]:
-                cache.pop(k)
-                if self.rt.graphs is not None:
-                    self.rt.graphs.drop(lambda g, k=k: g == k)
+        old = set(settings[: max(0, len(settings) - MAX_DECODERS + 1)])
+        doomed = {k for k in keys if k[3] in old}
+        for k in doomed:
+            cache.pop(k)
+        if doomed and self.rt.graphs is not None:
+            self.rt.graphs.drop(doomed.__contains__)
 
 
 def _spec_rows(st: Any, max_new: int) -> list[list[int]]:
