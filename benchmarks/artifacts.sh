@@ -13,6 +13,9 @@
 # run8 (H200, 2026-12-01): .dataB/answers-s1.jsonl.xz.00 (48,000 more self-made prompts, seed 1,
 # with greedy answers, 8.5 MB) and .kept28/ (.kept27 trained 2 epochs on both 48K sets, 27.3 MB):
 # the best drafter so far (speculative_default.md, run 8).
+# run17 (H200, 2026-12-02): .kept17/ (.kept28 with its MLP widened 1,536 -> 6,144, trained 2 more
+# epochs on both 48K sets, 38.7 MB in three parts: carry it alone, not beside .m2): not yet
+# measured speculatively (speculative_default.md, run 17).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -23,6 +26,7 @@ run6-drafter 116c00c benchmarks/artifacts/run6/drafter .kept26
 run7-drafter c60d6b5 benchmarks/artifacts/run7/drafter .kept27
 run8-answers a1b4bec benchmarks/artifacts/run8/answers-s1 .dataB
 run8-drafter a1b4bec benchmarks/artifacts/run8/drafter .kept28
+run17-drafter d412aec benchmarks/artifacts/run17/drafter .kept17
 "
 
 restore_one() {  # name commit path folder
