@@ -333,15 +333,25 @@ def unpack_stage() -> dict:
             "conversations": data.count(b"\n")}
 
 
+# in a restored drafter's folder: the kept folder it came from (h200.sh's bigrun trains over it)
+RESTORED_FROM = "restored_from.txt"
+
+
 def restore_stage() -> dict:
     """DRAFTER rebuilt from what keep_stage brought back (KEPT, default .drafter/): the small
     files as they were, the weight parts joined (or, from leases before 2026-12-01, the two
-    model_a/b files merged), the embedding taken from the target."""
+    model_a/b files merged), the embedding taken from the target. A drafter restored from
+    another KEPT is replaced; one trained here is kept."""
     from safetensors.torch import load, load_file, save_file
 
     kept = Path(os.environ.get("KEPT", ".drafter"))
-    if (DRAFTER / "model.safetensors").is_file() or not kept.is_dir():
+    marker = DRAFTER / RESTORED_FROM  # a drafter trained here has none and is never replaced
+    source = str(kept.resolve())
+    if not kept.is_dir() or (DRAFTER / "model.safetensors").is_file() and (
+            not marker.is_file() or marker.read_text() == source):
         return {"restored": False, "drafter": str(DRAFTER)}
+    if marker.is_file():  # restored from another kept drafter earlier on this machine
+        shutil.rmtree(DRAFTER)
     DRAFTER.mkdir(parents=True, exist_ok=True)
     state: dict = {}
     for f in sorted(kept.iterdir()):
@@ -356,6 +366,7 @@ def restore_stage() -> dict:
     embed = load_target(TARGET).weights["model.embed_tokens.weight"]  # no model build needed
     state["embed_tokens.weight"] = embed.to(torch.bfloat16)
     save_file(state, str(DRAFTER / "model.safetensors"))
+    marker.write_text(source)
     return {"restored": True, "drafter": str(DRAFTER), "tensors": len(state)}
 
 

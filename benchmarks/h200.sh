@@ -213,6 +213,8 @@ bigrun)
                 > /dev/null 2>&1 && cat $M/answers.jsonl >> $W/answers.jsonl && touch $W/more_done
         fi
     fi
+    # a drafter restored by respec on this warm machine is not one bigrun trained (run 17)
+    [ -f $D/restored_from.txt ] && rm -rf $D runs/kept runs/spec_*
     if [ -f $W/gen_done ] && [ ! -f $D/draftsmith.json ] && [ "$(left)" -gt 150 ]; then
         if [ -n "${INIT_KEPT:-}" ] && [ ! -f runs/init/model.safetensors ]; then  # warm start
             KEPT=$INIT_KEPT DRAFTER=runs/init OUT=$OUT/init STAGES=restore \

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import (
     causal_mask,
-    flex_masked_attention,
     matmul_attention,
     small_attention,
 )
@@ -45,26 +44,6 @@ def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
     mask[0, 0, 0, 10] = False  # the mask is applied
     assert not torch.allclose(matmul_attention(qg, k, v, mask)[0, 0, 0].float(), ref[0, 0, 0],
                               atol=1e-3)
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("s,block", [(64, 128), (300, 16)])
-def test_flex_masked_attention_equals_sdpa_at_verify_shapes(compiled, s, block):
-    """DRAFTSMITH_VERIFY_ATTENTION=flex: a tree-like mask (not plain causal) over grouped query
-    rows, in one key block or many (the last one partial), eagerly and as inductor compiles it
-    (on CPU here; its GPU kernel in the GPU tests)."""
-    g = torch.Generator().manual_seed(2)
-    b, kv_heads, groups, q, d = 2, 3, 3, 8, 16
-    qg, k, v = (torch.randn(b, kv_heads, n, d, generator=g) for n in (groups * q, s, s))
-    positions = torch.arange(q).repeat(b, 1) + torch.tensor([[10], [s - q]])  # to the last slot
-    mask = causal_mask(positions, s).repeat(1, 1, groups, 1)
-    mask[1, 0, 5, s - 7] = False
-    ref = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    flex = flex_masked_attention
-    flex = torch.compile(flex, fullgraph=True) if compiled else flex
-    assert torch.allclose(flex(qg, k, v, mask, block), ref, atol=1e-5)
-    mask[0, 0, 0, 10] = False  # the mask is read at each call, not baked in
-    assert not torch.allclose(flex(qg, k, v, mask, block)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
 
 
 @pytest.mark.slow

@@ -66,6 +66,33 @@ def test_kept_drafter_comes_back_in_parts_and_restores(suite, drafter_dir, tmp_p
         suite.restore_stage()
 
 
+def test_restore_replaces_a_drafter_restored_from_another_kept_folder_not_a_trained_one(
+        suite, drafter_dir, tmp_path, monkeypatch):
+    """Two kept drafters measured one after another on a warm machine: the second restore
+    must not answer with the first drafter; a drafter trained in place is never replaced."""
+    monkeypatch.setattr(suite, "DRAFTER", drafter_dir)
+    suite.keep_stage()
+    first = tmp_path / "kept1"
+    (tmp_path / "out" / "drafter").rename(first)
+    t = load_target(suite.TARGET)
+    other = random_drafter(t.cfg, torch.device("cpu"), torch.float32,
+                           embed=t.weights["model.embed_tokens.weight"].float(), seed=6)
+    monkeypatch.setattr(suite, "DRAFTER", save_drafter(other, tmp_path / "other"))
+    suite.keep_stage()
+    second = tmp_path / "out" / "drafter"
+    monkeypatch.setattr(suite, "DRAFTER", tmp_path / "restored")
+    monkeypatch.setenv("KEPT", str(first))
+    assert suite.restore_stage()["restored"]
+    assert not suite.restore_stage()["restored"]  # the same folder again: nothing to do
+    monkeypatch.setenv("KEPT", str(second))
+    assert suite.restore_stage()["restored"]
+    same_weights(tmp_path / "other", tmp_path / "restored")
+    monkeypatch.setattr(suite, "DRAFTER", drafter_dir)  # trained here: no marker
+    before = (drafter_dir / "model.safetensors").read_bytes()
+    assert not suite.restore_stage()["restored"]
+    assert (drafter_dir / "model.safetensors").read_bytes() == before
+
+
 def test_restore_still_reads_the_two_file_layout(suite, drafter_dir, tmp_path, monkeypatch):
     state = load_drafter(drafter_dir).state_dict()
     state.pop("embed_tokens.weight")

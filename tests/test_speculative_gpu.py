@@ -164,34 +164,30 @@ def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method)
             assert torch.equal(a, e) if not a.is_floating_point() else torch.allclose(a, e)
 
 
-@pytest.mark.parametrize("mode", ["sdpa", "flex"])
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n, mode):
-    """DRAFTSMITH_VERIFY_ATTENTION=sdpa or flex (the non-default paths for compiled verify
-    shapes): still plain greedy's output. test_compiled_verify_equals_plain_greedy covers the
+def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n):
+    """DRAFTSMITH_VERIFY_ATTENTION=sdpa (the non-default path for compiled verify shapes): still
+    plain greedy's output. test_compiled_verify_equals_plain_greedy covers the
     default, matmul."""
     from draftsmith.models import llama
 
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
-    monkeypatch.setattr(llama, "VERIFY_ATTENTION", mode)
-    target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced with `mode`
+    monkeypatch.setattr(llama, "VERIFY_ATTENTION", "sdpa")
+    target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced with sdpa
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
-@pytest.mark.parametrize("mode", ["matmul", "flex"])
-def test_static_shapes_equal_plain_greedy(pair, monkeypatch, mode):
-    """DRAFTSMITH_STATIC_SHAPES=1 (one compiled graph per shape; flex keeps its decoding
-    kernel): chain and tree decoders on one runtime, batches 4 and 1, still plain greedy."""
+def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
+    """DRAFTSMITH_STATIC_SHAPES=1 (one compiled graph per shape): chain and tree decoders on one
+    runtime, batches 4 and 1, still plain greedy."""
     from draftsmith.engine import runtime
-    from draftsmith.models import llama
 
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(runtime, "STATIC_SHAPES", True)
-    monkeypatch.setattr(llama, "VERIFY_ATTENTION", mode)
     rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
     for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
         dec = SpecDecoder(rt, drafter, steps, topk, n)

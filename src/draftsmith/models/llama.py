@@ -60,11 +60,11 @@ SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # with its prep kernels). H200 run 5, same process A/B/A: verify 1.46 -> 1.13 ms at batch 1,
 # decode-only speedup 1.20x -> 1.53x (tree 3/4/8), batch 8 0.98x -> 1.25x
 # (benchmarks/speculative_default.md).
-# "flex": FlexAttention, the masked softmax and both products in one generated kernel (two for
-# its split-KV decoding form) where "matmul" launches five a layer (H200 run 9's kernel list:
-# 2.97 + 2.48 us of GEMMs, a 1.64 us softmax and two copies, of ~37 us a layer at a 25-token
-# verify). Also the drafter's multi-token tree steps. Not measured yet.
-VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "flex", "sdpa"))
+# FlexAttention (the tree mask as a score mod over 128-key blocks) lost at these shapes: H200
+# run 17, fresh caches, batch 1, tree 7/4/24: verify 1.79 ms against 1.16, 16.3 kernels a layer
+# against 14.3 (its template, two reductions and pointwise prep), and the fused draft phase
+# failed to compile around it.
+VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "sdpa"))
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
@@ -91,28 +91,6 @@ def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     s = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
     p = s.masked_fill(~mask, float("-inf")).softmax(-1)
     return torch.matmul(p.to(v.dtype), v)
-
-
-def flex_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                          block: int = 128) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) | mask) v through FlexAttention, the mask applied as a score mod.
-    Every key block is visited, as the matmul form visits every slot, but through a block mask
-    of `block`-wide key blocks: without one, flex's decoding kernel puts every key in one split
-    and leaves the rest of the GPU idle at batch 1.
-    q: [B, H, Q, D]; k, v: [B, H, S, D]; mask: [B, 1, Q, S] bool."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    rows, slots = q.shape[-2], k.shape[-2]
-    nq, nkv = -(-rows // block), -(-slots // block)
-    counts = torch.full((1, 1, nq), nkv, dtype=torch.int32, device=q.device)
-    order = torch.arange(nkv, dtype=torch.int32, device=q.device).expand(1, 1, nq, nkv)
-    blocks = BlockMask.from_kv_blocks(counts, order.contiguous(), BLOCK_SIZE=block,
-                                      seq_lengths=(rows, slots), compute_q_blocks=False)
-
-    def masked(score, b, h, qi, kv):
-        return torch.where(mask[b, 0, qi, kv], score, -float("inf"))
-
-    return flex_attention(q, k, v, score_mod=masked, block_mask=blocks)
 
 
 class Attention(nn.Module):
@@ -167,8 +145,6 @@ class Attention(nn.Module):
             one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
             if graphed and one and DECODE_ATTENTION == "small":
                 out = small_attention(qg, cache.k, cache.v, mask)
-            elif graphed and VERIFY_ATTENTION == "flex" and 1 < q_len <= MATMUL_ATTENTION_TOKENS:
-                out = flex_masked_attention(qg, cache.k, cache.v, mask)
             elif graphed and (one or VERIFY_ATTENTION == "matmul" and 1 < q_len
                               <= MATMUL_ATTENTION_TOKENS):
                 out = matmul_attention(qg, cache.k, cache.v, mask)
