@@ -168,6 +168,25 @@ def test_acceptance_same_prompts_report_and_png(drafters, tiny_llama_dir, tmp_pa
     assert json.loads((tmp_path / "compare.json").read_text())["speed"]["prompts"] == 2
 
 
+def test_tree_acceptance_and_its_setting_in_the_report(drafters, tiny_llama_dir, tmp_path):
+    """--topk/--num-draft-tokens: the drafters compared as a tree, as the engines draft, and the
+    report says which drafting its acceptance was measured under."""
+    paths = [str(drafters[k]) for k in ("A", "B")]
+    opts = dict(target=str(tiny_llama_dir), num_prompts=2, max_new=8, steps=2)
+    chain = run_compare(CompareOptions(paths, **opts))["speed"]
+    res = run_compare(CompareOptions(paths, **opts, topk=3, num_draft_tokens=6, out=tmp_path))
+    tree = res["speed"]
+    assert (tree["topk"], tree["num_draft_tokens"], chain["num_draft_tokens"]) == (3, 6, 3)
+    for k in ("small", "big"):
+        t, c = tree["drafters"][k], chain["drafters"][k]
+        assert 1.0 <= t["mean_accept_length"] <= 3.0
+        assert t["new_tokens"] == c["new_tokens"]  # greedy: the same texts either way
+    md = (tmp_path / "compare.md").read_text()
+    assert "## Acceptance on the same prompts (tree 2/3/6)" in md
+    with pytest.raises(DraftsmithError, match="num-draft-tokens"):
+        CompareOptions(paths, topk=3)
+
+
 def test_cli(drafters):
     import typer
     from typer.testing import CliRunner

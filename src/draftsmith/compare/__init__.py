@@ -33,15 +33,19 @@ class CompareOptions:
     claimed: dict[str, float] = field(default_factory=dict)  # label or A/B/... -> count
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    topk: int = 1  # > 1: an EAGLE-2 tree of num_draft_tokens, as the engines draft
+    num_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.drafters) < 2:
             raise DraftsmithError("compare needs at least two drafter folders")
         if len(self.drafters) > len(string.ascii_uppercase):
             raise DraftsmithError("compare takes at most 26 drafters")
-        for name in ("num_prompts", "max_new", "steps"):
+        for name in ("num_prompts", "max_new", "steps", "topk"):
             if getattr(self, name) < 1:
                 raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.topk > 1 and self.num_draft_tokens is None:
+            raise DraftsmithError("a tree (--topk > 1) needs --num-draft-tokens")
 
 
 def labels(folders: list[str]) -> list[str]:
@@ -99,7 +103,7 @@ def differences(descs: list[Description]) -> list[str]:
 
 def _data_ratio(a: Description, b: Description) -> list[str]:
     ta, tb = ((x.data or {}).get("tokens") for x in (a, b))
-    if not ta or not tb:
+    if not ta or not tb or ta == tb:
         return []
     big, small = (a, b) if ta >= tb else (b, a)
     ratio = max(ta, tb) / min(ta, tb)
@@ -138,7 +142,8 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
     prompts = [target.chat_ids([{"role": "user", "content": t}]) for t in texts]
     model = target.build(opts.dtype, opts.device)
     drafters = {d.label: load_any(d.info, target, opts.device, opts.dtype) for d in descs}
-    return measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids)
+    return measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
+                   opts.topk, opts.num_draft_tokens)
 
 
 def write(res: dict[str, Any], out: Path) -> None:
@@ -178,7 +183,10 @@ def compare(
                                 help="builtin, humaneval, or a prompts file (JSONL, ...)"),
     num_prompts: int = typer.Option(8, "--num-prompts"),
     max_new: int = typer.Option(64, "--max-new-tokens"),
-    steps: int = typer.Option(4, "--steps", help="Draft steps per cycle (chain)"),
+    steps: int = typer.Option(4, "--steps", help="Draft steps (depths) per cycle"),
+    topk: int = typer.Option(1, "--topk", help="1 = chain; > 1 = EAGLE-2 tree"),
+    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
+                                         help="Tokens a tree verifies, the root included"),
     out: Path = typer.Option(None, "--out", help="Write compare.md, compare.json, "
                              "acceptance.png here"),
     claimed: list[str] = typer.Option(None, "--claimed",
@@ -192,7 +200,8 @@ def compare(
 
     dev, dt = device_dtype(device, dtype)
     res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
-                                     steps, out, parse_claims(claimed), dev, dt))
+                                     steps, out, parse_claims(claimed), dev, dt, topk,
+                                     num_draft_tokens))
     if as_json:
         print(json.dumps(res, indent=1, default=str))
     else:

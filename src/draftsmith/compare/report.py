@@ -30,7 +30,8 @@ def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]
            ("Parameters", ["convention", *names], _params(ds)),
            ("Training data", ["", *names], _data(ds))]
     if res.get("speed"):
-        out.append(("Acceptance on the same prompts", ["", *names], _speed(res["speed"], names)))
+        out.append((f"Acceptance on the same prompts ({setting(res['speed'])})", ["", *names],
+                    _speed(res["speed"], names)))
     return out
 
 
@@ -95,6 +96,14 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
     return rows
 
 
+def setting(s: dict[str, Any]) -> str:
+    """The drafting the acceptance was measured under, as steps/topk/draft tokens."""
+    topk = s.get("topk", 1)
+    if topk == 1:
+        return f"chain of {s['steps']} steps"
+    return f"tree {s['steps']}/{topk}/{s['num_draft_tokens']}"
+
+
 def markdown(res: dict[str, Any], png: str | None) -> str:
     names = " vs ".join(d["label"] for d in res["drafters"])
     lines = [f"# draftsmith compare: {names}", ""]
@@ -135,7 +144,7 @@ def plot(res: dict[str, Any], path: Path) -> Path:
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{res['speed']['prompts']} prompts, {res['speed']['steps']} steps, greedy")
+    fig.suptitle(f"{res['speed']['prompts']} prompts, {setting(res['speed'])}, greedy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

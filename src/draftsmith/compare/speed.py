@@ -41,15 +41,18 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
 
 @torch.no_grad()
 def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], steps: int,
-            max_new: int, eos: list[int]) -> dict[str, Any]:
+            max_new: int, eos: list[int], topk: int = 1, num_draft: int | None = None,
+            ) -> dict[str, Any]:
     """Each prompt runs through the target alone and every drafter in turn (after a warm-up),
-    so all see the same prompts under the same conditions."""
+    so all see the same prompts under the same conditions; a chain of `steps`, or (topk > 1)
+    a tree of `num_draft` tokens."""
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
 
-    max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + 8
-    decs = {k: SpecDecoder(model, d, steps=steps, max_seq=max_seq) for k, d in drafters.items()}
+    max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + (num_draft or 0) + 8
+    decs = {k: SpecDecoder(model, d, steps=steps, topk=topk, num_draft_tokens=num_draft,
+                           max_seq=max_seq) for k, d in drafters.items()}
     base_rt = Runtime(model, 1, max_seq)
     warm = min(8, max_new)
     run_generation(base_rt, prompts[:1], warm, eos_ids=eos)
@@ -67,4 +70,5 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     for v in out.values():
         v["speedup"] = v["tokens_per_s"] / base if base else None
     return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),
-            "steps": steps, "max_new_tokens": max_new, "device": str(base_rt.device)}
+            "steps": steps, "topk": topk, "num_draft_tokens": num_draft or steps + 1,
+            "max_new_tokens": max_new, "device": str(base_rt.device)}
