@@ -41,11 +41,12 @@ class CompareOptions:
             raise DraftsmithError("compare needs at least two drafter folders")
         if len(self.drafters) > len(string.ascii_uppercase):
             raise DraftsmithError("compare takes at most 26 drafters")
-        for name in ("num_prompts", "max_new", "steps", "topk"):
+        from draftsmith.engine.speculative import check_drafting
+
+        for name in ("num_prompts", "max_new", "steps"):
             if getattr(self, name) < 1:
                 raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.topk > 1 and self.num_draft_tokens is None:
-            raise DraftsmithError("a tree (--topk > 1) needs --num-draft-tokens")
+        check_drafting(self.steps, self.topk, self.num_draft_tokens)
 
 
 def labels(folders: list[str]) -> list[str]:

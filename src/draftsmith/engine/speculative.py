@@ -69,6 +69,18 @@ FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
 EXACT_END = env_flag("DRAFTSMITH_EXACT_END", "1")
 
 
+def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
+    """The drafting a SpecDecoder takes: a chain (topk 1) verifies steps + 1 tokens, a tree
+    (topk > 1) the num_draft_tokens it is given. Front ends call it before loading a model."""
+    if steps < 1 or topk < 1:
+        raise DraftsmithError(f"steps and topk must be >= 1, got steps {steps}, topk {topk}")
+    if topk == 1 and num_draft_tokens not in (None, steps + 1):
+        raise DraftsmithError(
+            f"with topk 1 num_draft_tokens is steps + 1 = {steps + 1}, got {num_draft_tokens}")
+    if topk > 1 and num_draft_tokens is None:
+        raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens (--num-draft-tokens)")
+
+
 class SpecDecoder:
     """Speculative generation with a target `Runtime` and an EAGLE-3 drafter.
 
@@ -91,14 +103,7 @@ class SpecDecoder:
     ) -> None:
         """fuse_bookkeeping: torch.compile the greedy accept arithmetic and tree bookkeeping;
         None = whenever the engine runs compiled graphs (False: the eager ops, for an A/B)."""
-        if steps < 1 or topk < 1:
-            raise DraftsmithError(f"steps and topk must be >= 1, got steps {steps}, topk {topk}")
-        if topk == 1 and num_draft_tokens not in (None, steps + 1):
-            raise DraftsmithError(
-                f"with topk 1 num_draft_tokens is steps + 1 = {steps + 1}, got {num_draft_tokens}"
-            )
-        if topk > 1 and num_draft_tokens is None:
-            raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens")
+        check_drafting(steps, topk, num_draft_tokens)
         self.rt = target if isinstance(target, Runtime) else Runtime(target, max_batch, max_seq)
         self.steps, self.topk, self.params, self.profile = steps, topk, params, profile
         self.shape = trees.TreeShape(topk, steps, num_draft_tokens) if topk > 1 else None
