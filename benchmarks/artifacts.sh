@@ -15,7 +15,11 @@
 # the best drafter so far (speculative_default.md, run 8).
 # run17 (H200, 2026-12-02): .kept17/ (.kept28 with its MLP widened 1,536 -> 6,144, trained 2 more
 # epochs on both 48K sets, 38.7 MB in three parts: carry it alone, not beside .m2): not yet
-# measured speculatively (speculative_default.md, run 17).
+# measured speculatively (speculative_default.md, run 17); run 18 timed it: 1.89x decode-only at
+# batch 1, tree 7/4/24 (.kept28: 1.83x), the best drafter timed so far.
+# run18 (H200, 2026-12-02): .dataC/answers-s2.jsonl.xz.00 (48,000 more self-made prompts, seed 2,
+# with greedy answers, 8.5 MB) and .kept18/ (.kept17 trained 1 epoch on those alone, 38.6 MB in
+# three parts: carry it alone) (speculative_default.md, run 18).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -27,6 +31,8 @@ run7-drafter c60d6b5 benchmarks/artifacts/run7/drafter .kept27
 run8-answers a1b4bec benchmarks/artifacts/run8/answers-s1 .dataB
 run8-drafter a1b4bec benchmarks/artifacts/run8/drafter .kept28
 run17-drafter d412aec benchmarks/artifacts/run17/drafter .kept17
+run18-answers 82a44af benchmarks/artifacts/run18/answers-s2 .dataC
+run18-drafter 82a44af benchmarks/artifacts/run18/drafter .kept18
 "
 
 restore_one() {  # name commit path folder
