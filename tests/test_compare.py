@@ -182,9 +182,35 @@ def test_tree_acceptance_and_its_setting_in_the_report(drafters, tiny_llama_dir,
         assert 1.0 <= t["mean_accept_length"] <= 3.0
         assert t["new_tokens"] == c["new_tokens"]  # greedy: the same texts either way
     md = (tmp_path / "compare.md").read_text()
-    assert "## Acceptance on the same prompts (tree 2/3/6)" in md
+    assert "## Acceptance on the same prompts (2 chat prompts, tree 2/3/6)" in md
     with pytest.raises(DraftsmithError, match="num-draft-tokens"):
         CompareOptions(paths, topk=3)
+
+
+def test_acceptance_on_the_prompts_bench_decodes(drafters, tiny_llama_dir, tmp_path, monkeypatch,
+                                                 capsys):
+    """compare measures the token ids `draftsmith bench` decodes for the same suite, system
+    message included (a CPU compare predicts a GPU bench), and says when a suite is short."""
+    import draftsmith.compare.speed as speed
+    from draftsmith.bench.suites import suite_messages
+    from draftsmith.targets import load_target
+
+    seen = []
+    real = speed.measure
+    monkeypatch.setattr(speed, "measure", lambda m, d, prompts, *a: seen.append(prompts)
+                        or real(m, d, prompts, *a))
+    f = tmp_path / "mine.jsonl"
+    f.write_text("".join(json.dumps({"messages": [{"role": "system", "content": s},
+                                                  {"role": "user", "content": u}]}) + "\n"
+                         for s, u in [("Be terse.", "Name a prime."), ("Be kind.", "Say hi.")]))
+    paths = [str(drafters["A"]), str(drafters["B"])]
+    res = run_compare(CompareOptions(paths, target=str(tiny_llama_dir), prompts=str(f),
+                                     num_prompts=5, max_new=4, steps=2))
+    target = load_target(str(tiny_llama_dir))
+    assert seen[0] == [target.chat_ids(m) for m in suite_messages(str(f), 5)]
+    assert seen[0][0] != target.chat_ids([{"role": "user", "content": "Name a prime."}])
+    assert (res["speed"]["suite"], res["speed"]["prompts"]) == ("mine", 2)
+    assert "has 2 prompts with a user turn, fewer than --num-prompts 5" in capsys.readouterr().out
 
 
 def test_cli(drafters):

@@ -25,7 +25,7 @@ __all__ = ["CompareOptions", "compare", "run_compare"]
 class CompareOptions:
     drafters: list[str]
     target: str | None = None
-    prompts: str = "builtin"
+    prompts: str = "chat"  # a bench suite: chat, humaneval or a prompts file
     num_prompts: int = 8
     max_new: int = 64
     steps: int = 4
@@ -134,17 +134,20 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
 
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
-    from draftsmith.compare.speed import measure, prompt_texts
+    from draftsmith.bench.suites import suite_label, suite_messages
+    from draftsmith.compare.speed import measure
     from draftsmith.doctor.artifacts import load_any
 
-    texts = prompt_texts(opts.prompts, opts.num_prompts)
-    if not texts:
-        raise DraftsmithError(f"--prompts {opts.prompts}: no prompts")
-    prompts = [target.chat_ids([{"role": "user", "content": t}]) for t in texts]
+    # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance
+    prompts = [target.chat_ids(m) for m in suite_messages(opts.prompts, opts.num_prompts)]
+    if len(prompts) < opts.num_prompts:
+        print(f"compare: --prompts {opts.prompts} has {len(prompts)} prompts with a user turn, "
+              f"fewer than --num-prompts {opts.num_prompts}")
     model = target.build(opts.dtype, opts.device)
     drafters = {d.label: load_any(d.info, target, opts.device, opts.dtype) for d in descs}
-    return measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
-                   opts.topk, opts.num_draft_tokens)
+    res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
+                  opts.topk, opts.num_draft_tokens)
+    return {"suite": suite_label(opts.prompts), **res}
 
 
 def write(res: dict[str, Any], out: Path) -> None:
@@ -180,8 +183,8 @@ def compare(
     drafters: list[str] = typer.Argument(..., help="Two or more drafter folders (draftsmith, "
                                          "SGLang/SpecForge or speculators layout)"),
     target: str = typer.Option(None, "--target", help="Run acceptance with this target"),
-    prompts: str = typer.Option("builtin", "--prompts",
-                                help="builtin, humaneval, or a prompts file (JSONL, ...)"),
+    prompts: str = typer.Option("chat", "--prompts", help="A bench suite: chat (its built-in "
+                                "prompts), humaneval, or a prompts file (JSONL, ...)"),
     num_prompts: int = typer.Option(8, "--num-prompts"),
     max_new: int = typer.Option(64, "--max-new-tokens"),
     steps: int = typer.Option(4, "--steps", help="Draft steps (depths) per cycle"),

@@ -30,8 +30,10 @@ def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]
            ("Parameters", ["convention", *names], _params(ds)),
            ("Training data", ["", *names], _data(ds))]
     if res.get("speed"):
-        out.append((f"Acceptance on the same prompts ({setting(res['speed'])})", ["", *names],
-                    _speed(res["speed"], names)))
+        sp = res["speed"]
+        out.append((f"Acceptance on the same prompts ({sp['prompts']} {sp['suite']} prompts, "
+                    f"{setting(sp)})", ["", *names],
+                    _speed(sp, names)))
     return out
 
 
@@ -144,7 +146,8 @@ def plot(res: dict[str, Any], path: Path) -> Path:
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{res['speed']['prompts']} prompts, {setting(res['speed'])}, greedy")
+    sp = res["speed"]
+    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, greedy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,27 +6,6 @@ from typing import Any
 
 import torch
 
-BUILTIN = [
-    "Explain what a hash table is and when to use one.",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "Summarize the causes of the French Revolution in a short paragraph.",
-    "What is the difference between a process and a thread?",
-    "Give three tips for writing clear technical documentation.",
-    "Translate 'Good morning, how are you?' into French and Spanish.",
-    "Describe how photosynthesis works to a ten-year-old.",
-    "List the steps to make a cup of tea.",
-]
-
-
-def prompt_texts(suite: str, n: int) -> list[str]:
-    if suite == "builtin":
-        texts = BUILTIN
-    else:
-        from draftsmith.data.prompts import load_prompts
-
-        texts = [c.first_user() for c in load_prompts(suite).conversations]
-    return [t for t in texts if t][:n]
-
 
 def _finish(runs: list[Any]) -> dict[str, Any]:
     from draftsmith.engine.spec_state import SpecResult
