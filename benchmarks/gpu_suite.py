@@ -407,7 +407,8 @@ def spec_stage() -> dict:
                 r["speedup"] = r["tok_s"] / base["tok_s"]
                 r["decode_speedup"] = r["decode_tok_s"] / base["decode_tok_s"]
                 if b == 1:
-                    r["greedy_agreement"] = agreement(model, prompts, base["tokens"], r["tokens"])
+                    rows_in = [p for g in groups for p in g]  # one per decoded row, repeats too
+                    r["greedy_agreement"] = agreement(model, rows_in, base["tokens"], r["tokens"])
                 name = f"{steps}/{topk}/{n}" + (" eager-bk" if fuse is False else "")
                 rows.append({"suite": suite, "batch": b, "setting": name, **r})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
@@ -462,7 +463,7 @@ def agreement(model, prompts, base, spec) -> dict:
     """Divergences of speculative from plain greedy output, each with the top-2 logit gap of the
     target at the first differing position (bf16 near-ties explain divergence)."""
     gaps = []
-    for p, a, b in zip(prompts, base, spec, strict=False):
+    for p, a, b in zip(prompts, base, spec, strict=True):
         i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         if i is None:
             continue
@@ -471,7 +472,10 @@ def agreement(model, prompts, base, spec) -> dict:
         with torch.no_grad():
             top = model(ids, pos).logits[0, -1].float().topk(2).values
         gaps.append(round(float(top[0] - top[1]), 4))
-    return {"prompts": len(base), "diverged": len(gaps), "top2_gaps_at_divergence": gaps}
+    # rows: REPEATS decodes each prompt again (before run 19 only the first pass was checked
+    # and "prompts" counted all rows)
+    return {"rows": len(base), "distinct_prompts": len({tuple(p) for p in prompts}),
+            "diverged": len(gaps), "top2_gaps_at_divergence": gaps}
 
 
 def doctor_stage() -> dict:

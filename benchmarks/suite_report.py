@@ -26,7 +26,8 @@ def agreement_cell(r: dict) -> str:
     if not g:
         return ""
     gaps = g["top2_gaps_at_divergence"]
-    return f"{g['diverged']}/{g['prompts']}" + (f" (gaps {max(gaps):g} max)" if gaps else "")
+    rows = g.get("rows", g.get("prompts"))  # "prompts" before run 18 counted rows too
+    return f"{g['diverged']}/{rows}" + (f" (gaps {max(gaps):g} max)" if gaps else "")
 
 
 def table(rows: list[dict]) -> str:

@@ -168,3 +168,22 @@ def test_two_packed_datasets_unpack_one_after_the_other(suite, tmp_path, monkeyp
     assert res["datasets"] == ["answers", "answers-s1"] and res["conversations"] == 70
     joined = (tmp_path / "joined" / "answers.jsonl").read_text()
     assert joined == texts["answers"] + texts["answers-s1"]
+
+
+def test_spec_stage_checks_every_repeated_row_against_plain_greedy(suite, drafter_dir, monkeypatch):
+    """REPEATS decodes each prompt again: the greedy check covers every row it decoded, counts
+    them as rows (not prompts), and fp32 speculative rows equal plain greedy ones."""
+    monkeypatch.setattr(suite, "DRAFTER", drafter_dir)
+    monkeypatch.setattr(suite, "SPEC_BATCHES", [1])
+    monkeypatch.setattr(suite, "NEW", 12)
+    for var, value in {"PROMPTS": "3", "REPEATS": "2", "SUITES": "chat", "CHAIN": "2",
+                       "TREES": "2/2/4",
+                       "DRAFTSMITH_HOST_TIMING": "1"}.items():  # restored after, not leaked
+        monkeypatch.setenv(var, value)
+    rows = suite.spec_stage()["rows"]
+    assert [r["setting"] for r in rows] == ["baseline", "2/1/3", "2/2/4"]
+    for r in rows[1:]:
+        assert r["greedy_agreement"] == {"rows": 6, "distinct_prompts": 3, "diverged": 0,
+                                         "top2_gaps_at_divergence": []}
+    with pytest.raises(ValueError):  # a row without its prompt is an error, not skipped
+        suite.agreement(None, [[1, 2]], [[3], [4]], [[3], [4]])
