@@ -472,7 +472,7 @@ def agreement(model, prompts, base, spec) -> dict:
         with torch.no_grad():
             top = model(ids, pos).logits[0, -1].float().topk(2).values
         gaps.append(round(float(top[0] - top[1]), 4))
-    # rows: REPEATS decodes each prompt again (before run 19 only the first pass was checked
+    # rows: REPEATS decodes each prompt again (through run 18 only the first pass was checked
     # and "prompts" counted all rows)
     return {"rows": len(base), "distinct_prompts": len({tuple(p) for p in prompts}),
             "diverged": len(gaps), "top2_gaps_at_divergence": gaps}

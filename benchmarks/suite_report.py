@@ -26,7 +26,7 @@ def agreement_cell(r: dict) -> str:
     if not g:
         return ""
     gaps = g["top2_gaps_at_divergence"]
-    rows = g.get("rows", g.get("prompts"))  # "prompts" before run 18 counted rows too
+    rows = g.get("rows", g.get("prompts"))  # "prompts" (through run 18) counted rows too
     return f"{g['diverged']}/{rows}" + (f" (gaps {max(gaps):g} max)" if gaps else "")
 
 
