@@ -31,7 +31,10 @@
 #                                     # list (6th: verify attention, 7th: tree top-k
 #                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
 #                                     # draft or 0, 9th: VAR=value,... for that run, e.g.
-#                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1); TESTS=0: no tests)
+#                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1); TESTS=0: no tests;
+#                                     # rows = DRAFTSMITH_SMALL_ATTENTION_ROWS, not prompts:
+#                                     # each suite's first PROMPTS (default 8) prompts, REPEATS
+#                                     # times each)
 # A drafter kept by an earlier lease (gpu_suite's keep stage, $OUT/drafter: its config and
 # weights.safetensors.xz.NN) travels back as .drafter/ (carry it, or split its files over two
 # calls into one folder such as /tmp/kept): `restore` rebuilds DRAFTER from it.
