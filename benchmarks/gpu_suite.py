@@ -347,8 +347,8 @@ def restore_stage() -> dict:
     kept = Path(os.environ.get("KEPT", ".drafter"))
     marker = DRAFTER / RESTORED_FROM  # a drafter trained here has none and is never replaced
     source = str(kept.resolve())
-    if not kept.is_dir() or (DRAFTER / "model.safetensors").is_file() and (
-            not marker.is_file() or marker.read_text() == source):
+    there = (DRAFTER / "model.safetensors").is_file()
+    if not kept.is_dir() or there and (not marker.is_file() or marker.read_text() == source):
         return {"restored": False, "drafter": str(DRAFTER)}
     if marker.is_file():  # restored from another kept drafter earlier on this machine
         shutil.rmtree(DRAFTER)
@@ -407,8 +407,8 @@ def spec_stage() -> dict:
                 r["speedup"] = r["tok_s"] / base["tok_s"]
                 r["decode_speedup"] = r["decode_tok_s"] / base["decode_tok_s"]
                 if b == 1:
-                    rows_in = [p for g in groups for p in g]  # one per decoded row, repeats too
-                    r["greedy_agreement"] = agreement(model, rows_in, base["tokens"], r["tokens"])
+                    r["greedy_agreement"] = agreement(model, groups, base["tokens"], r["tokens"],
+                                                      t.eos_ids)
                 name = f"{steps}/{topk}/{n}" + (" eager-bk" if fuse is False else "")
                 rows.append({"suite": suite, "batch": b, "setting": name, **r})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
@@ -459,23 +459,18 @@ def measure(fn, groups) -> dict:
     return res
 
 
-def agreement(model, prompts, base, spec) -> dict:
-    """Divergences of speculative from plain greedy output, each with the top-2 logit gap of the
-    target at the first differing position (bf16 near-ties explain divergence)."""
-    gaps = []
-    for p, a, b in zip(prompts, base, spec, strict=True):
-        i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        if i is None:
-            continue
-        ids = torch.tensor([p + a[:i]], device=DEVICE)
-        pos = torch.arange(ids.shape[1], device=DEVICE).unsqueeze(0)
-        with torch.no_grad():
-            top = model(ids, pos).logits[0, -1].float().topk(2).values
-        gaps.append(round(float(top[0] - top[1]), 4))
+def agreement(model, groups, base, spec, eos) -> dict:
+    """bench's check of speculative against plain greedy output over every decoded row, in the
+    run reports' keys: the divergences, each with the target's top-2 logit gap at the first
+    differing position (bf16 near-ties explain divergence; bench keeps the first 20)."""
+    from draftsmith.bench.run import agreement as bench_agreement
+
+    a = bench_agreement(model, groups, base, spec, eos)
     # rows: REPEATS decodes each prompt again (through run 18 only the first pass was checked
     # and "prompts" counted all rows)
-    return {"rows": len(base), "distinct_prompts": len({tuple(p) for p in prompts}),
-            "diverged": len(gaps), "top2_gaps_at_divergence": gaps}
+    return {"rows": a["prompts"], "distinct_prompts": len({tuple(p) for g in groups for p in g}),
+            "diverged": a["prompts"] - a["identical"],
+            "top2_gaps_at_divergence": [round(d["top2_gap"], 4) for d in a["divergences"]]}
 
 
 def doctor_stage() -> dict:

@@ -185,5 +185,9 @@ def test_spec_stage_checks_every_repeated_row_against_plain_greedy(suite, drafte
     for r in rows[1:]:
         assert r["greedy_agreement"] == {"rows": 6, "distinct_prompts": 3, "diverged": 0,
                                          "top2_gaps_at_divergence": []}
+    model = load_target(suite.TARGET).build(torch.float32, "cpu")
+    g = suite.agreement(model, [[[1, 2, 3]], [[1, 2, 3]]], [[7, 8], [9]], [[7, 6], [9, 5]], [])
+    assert (g["rows"], g["distinct_prompts"], g["diverged"]) == (2, 1, 2)  # a longer row too
+    assert len(g["top2_gaps_at_divergence"]) == 2
     with pytest.raises(ValueError):  # a row without its prompt is an error, not skipped
-        suite.agreement(None, [[1, 2]], [[3], [4]], [[3], [4]])
+        suite.agreement(None, [[[1, 2]]], [[3], [4]], [[3], [4]], [])
