@@ -31,7 +31,8 @@
 #                                     # list (6th: verify attention, 7th: tree top-k
 #                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
 #                                     # draft or 0, 9th: VAR=value,... for that run, e.g.
-#                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1); TESTS=0: no tests;
+#                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1 or DRAFTER=runs/init,
+#                                     # the drafter bigrun warm-started from); TESTS=0: no tests;
 #                                     # rows = DRAFTSMITH_SMALL_ATTENTION_ROWS, not prompts:
 #                                     # each suite's first PROMPTS (default 8) prompts, REPEATS
 #                                     # times each)
@@ -263,9 +264,12 @@ respec)
         IFS=: read -r name rows batches chain trees vattn ttopk fused extra <<< "$run"
         [ "$(left)" -gt 100 ] || break
         # shellcheck disable=SC2046  # each VAR=value its own word
-        env ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} $(tr , ' ' <<< "$extra") \
+        # env's last assignment wins: the run's own VAR=value (DRAFTER=runs/init: the drafter
+        # bigrun started from, beside the one it trained) overrides the defaults before it
+        env WORK=$W DRAFTER=$D ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
+            $(tr , ' ' <<< "$extra") \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
-            DRAFTSMITH_FUSED_PHASES=${fused:-all} WORK=$W DRAFTER=$D OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
+            DRAFTSMITH_FUSED_PHASES=${fused:-all} OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
         # the kernels' autotuned picks, to diff a slow process against a fast one

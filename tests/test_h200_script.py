@@ -24,7 +24,8 @@ WORK = Path(os.environ.get("WORK", "runs/x"))
 D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
 KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
         "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "DRAFTSMITH_FUSED_PHASES", "TREES",
-        "GEN_COMPILE", "REFILL", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_DETERMINISTIC")
+        "GEN_COMPILE", "REFILL", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_DETERMINISTIC",
+        "DRAFTER")
 res = {}
 for st in os.environ["STAGES"].split(","):
     with open(os.environ["CALLS"], "a") as f:
@@ -163,10 +164,13 @@ def test_respec_runs_take_their_own_environment(dry, tmp_path):
     (icache / "ab" / "k.best_config").write_text('{"XBLOCK": 4}')
     _, calls = run("respec", "o5", RUNS="a:16:1:3:3/4/8:matmul:chunk:all:"
                                         f"TORCHINDUCTOR_CACHE_DIR={icache},"
-                                        "TORCHINDUCTOR_DETERMINISTIC=1 b:16:1:3:3/4/8")
+                                        "TORCHINDUCTOR_DETERMINISTIC=1 b:16:1:3:3/4/8 "
+                                        "c:16:1::7/4/24:matmul:chunk:all:DRAFTER=runs/init")
     specs = [c for c in calls if c["stage"] == "spec"]
     assert [(c["TORCHINDUCTOR_CACHE_DIR"], c["TORCHINDUCTOR_DETERMINISTIC"]) for c in specs] == [
-        (str(icache), "1"), (None, None)]
+        (str(icache), "1"), (None, None), (None, None)]
+    # a run's own DRAFTER wins over the default: bigrun's start beside what it trained
+    assert [c["DRAFTER"] for c in specs] == ["runs/big/drafter"] * 2 + ["runs/init"]
     picks = json.loads((tmp_path / "r" / "spec_a.autotune.json").read_text())
     assert list(picks.values()) == [{"kernel": "triton_poi_fused_0", "config": {"XBLOCK": 4}}]
     with tarfile.open(tmp_path / "r" / "spec_a.kernels.tgz") as tgz:  # the raw evidence too
