@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import traceback
@@ -374,7 +375,7 @@ def suites(t) -> dict[str, list[list[int]]]:
     from draftsmith.bench.suites import suite_messages
 
     n = int(os.environ.get("PROMPTS", "8"))
-    names = os.environ.get("SUITES", "chat,humaneval").split(",")
+    names = env_list("SUITES", "chat,humaneval")
     return {name: [t.chat_ids(m) for m in suite_messages(name, n)] for name in names}
 
 
@@ -418,10 +419,15 @@ def spec_stage() -> dict:
 
 
 def settings(b: int) -> list[tuple[int, int, int]]:
-    steps = os.environ.get("CHAIN", "1,2,3,4,5,6,7" if b == 1 else "2,3,5")
-    chain = [(int(s), 1, int(s) + 1) for s in steps.split(",")]
-    trees = os.environ.get("TREES", "3/4/8,5/8/16")
-    return chain + [tuple(int(x) for x in t.split("/")) for t in trees.split(",") if t]
+    steps = env_list("CHAIN", "1,2,3,4,5,6,7" if b == 1 else "2,3,5")
+    chain = [(int(s), 1, int(s) + 1) for s in steps]
+    return chain + [tuple(int(x) for x in t.split("/")) for t in env_list("TREES", "3/4/8,5/8/16")]
+
+
+def env_list(name: str, default: str) -> list[str]:
+    """A list variable, split at "," or "+" (h200.sh's per-run VAR=value fields split at commas,
+    so TREES=3/4/8+7/4/24 travels through them whole); empty items dropped."""
+    return [x for x in re.split(r"[,+]", os.environ.get(name, default)) if x]
 
 
 def variants(base: list[tuple[int, int, int]]) -> list[tuple[int, int, int, bool | None]]:

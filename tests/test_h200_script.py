@@ -196,3 +196,25 @@ def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):
     shutil.rmtree(repo / "runs")
     out, _ = run("bigrun", "t3", N="2", TESTS="1", BUDGET="80")
     assert not (repo / "runs/tests_started").exists() and "probe_log.txt" not in archived(out)
+
+
+def test_gpu_suite_lists_split_at_commas_or_plus(monkeypatch, tmp_path):
+    """RUNS' per-run VAR=value fields split at commas, so a list travels with "+" instead:
+    TREES=3/4/8+7/4/24 and SUITES=chat+humaneval mean what their comma forms mean."""
+    import importlib.util
+
+    monkeypatch.setenv("DEVICE", "cpu")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks/gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    monkeypatch.setenv("TREES", "3/4/8+7/4/24")
+    monkeypatch.setenv("CHAIN", "2,3")
+    assert suite.settings(8) == [(2, 1, 3), (3, 1, 4), (3, 4, 8), (7, 4, 24)]
+    monkeypatch.setenv("CHAIN", "")  # no chain: the trees alone
+    assert suite.settings(1) == [(3, 4, 8), (7, 4, 24)]
+    monkeypatch.delenv("CHAIN")
+    monkeypatch.delenv("TREES")
+    assert suite.settings(1)[:2] == [(1, 1, 2), (2, 1, 3)] and suite.settings(1)[-1] == (5, 8, 16)
+    monkeypatch.setenv("SUITES", "chat+humaneval")
+    assert suite.env_list("SUITES", "chat") == ["chat", "humaneval"]
