@@ -20,6 +20,10 @@
 # run18 (H200, 2026-12-02): .dataC/answers-s2.jsonl.xz.00 (48,000 more self-made prompts, seed 2,
 # with greedy answers, 8.5 MB) and .kept18/ (.kept17 trained 1 epoch on those alone, 38.6 MB in
 # three parts: carry it alone) (speculative_default.md, run 18).
+# run19 (H200, 2026-12-02): .kept19/ (.kept17 trained 1 more epoch on the first 108,000 of the
+# three 48K sets, 38.6 MB in three parts: carry it alone): 1.89x decode-only at batch 1 on chat
+# and 2.14x on HumanEval, tree 7/4/24, 16 prompts (.kept17 in the same call: 1.82x and 2.10x),
+# the best drafter timed so far (speculative_default.md, run 19).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -33,6 +37,7 @@ run8-drafter a1b4bec benchmarks/artifacts/run8/drafter .kept28
 run17-drafter d412aec benchmarks/artifacts/run17/drafter .kept17
 run18-answers 82a44af benchmarks/artifacts/run18/answers-s2 .dataC
 run18-drafter 82a44af benchmarks/artifacts/run18/drafter .kept18
+run19-drafter 1e29bdc benchmarks/artifacts/run19/drafter .kept19
 "
 
 restore_one() {  # name commit path folder
