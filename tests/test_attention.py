@@ -157,9 +157,10 @@ def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, tem
 def test_pin_rows_keeps_the_pin_to_forwards_of_at_most_that_many_rows(monkeypatch, tmp_path,
                                                                        limit):
     """DRAFTSMITH_PIN_ROWS=2: the target's forwards over 1x2 token rows run the pinned compiled
-    parts and those over 2x2 rows a second, unpinned set; a decode step's bookkeeping likewise by
-    its batch. 0 pins every compile (the default is 1). A spy stands in for torch.compile and runs
-    the parts eagerly, so this checks which compile each forward reaches."""
+    parts and those over 2x2 rows a second, unpinned set; a one-token step over more than 2 rows
+    its batch size's own unpinned set, compiled for static shapes; a decode step's bookkeeping
+    follows the pin by its batch. 0 pins every compile (the default is 1). A spy stands in for
+    torch.compile and runs the parts eagerly, so this checks which compile each forward reaches."""
     from conftest import write_tiny_folder
 
     from draftsmith.engine import runtime
@@ -171,7 +172,7 @@ def test_pin_rows_keeps_the_pin_to_forwards_of_at_most_that_many_rows(monkeypatc
 
     def spy(fn, options=None, **kw):
         def run(*args, **kwargs):
-            calls.append(options)
+            calls.append(options if kw.get("dynamic") is None else (options, kw["dynamic"]))
             return fn(*args, **kwargs)
         return run
 
@@ -186,6 +187,14 @@ def test_pin_rows_keeps_the_pin_to_forwards_of_at_most_that_many_rows(monkeypatc
         with torch.no_grad():
             model(torch.randint(5, 100, (b, 2)), torch.arange(2).expand(b, 2), compiled=True)
         assert calls == [want] * (len(model.layers) + 2)
+    # one-token steps past the limit: their batch size's own unpinned set, static shapes
+    step = (free, False) if limit else pinned
+    for b, want in ((1, pinned), (4, step), (3, step)):
+        calls.clear()
+        with torch.no_grad():
+            model(torch.randint(5, 100, (b, 1)), torch.full((b, 1), 3), compiled=True)
+        assert calls == [want] * (len(model.layers) + 2)
+    assert sorted(model.compiled["step"][1]) == [3, 4] if limit else "step" not in model.compiled
     for b, want in ((2, pinned), (4, free if limit else pinned)):
         calls.clear()
         st = DecodeState(rt, b, [0], SamplingParams())
@@ -213,7 +222,8 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
                                      ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
                                      ("DRAFTSMITH_PIN_ROWS", "all"),
                                      ("DRAFTSMITH_EXACT_END", "2"),
-                                     ("DRAFTSMITH_STATIC_SHAPES", "yes")])
+                                     ("DRAFTSMITH_STATIC_SHAPES", "yes"),
+                                     ("DRAFTSMITH_STEP_SETS", "per-batch")])
 def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os
     import subprocess

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -212,6 +213,14 @@ PIN_REDUCTIONS = env_flag("DRAFTSMITH_PIN_REDUCTIONS", "1" if torch.cuda.is_avai
 # 0: no limit, every compile pinned.
 PIN_ROWS = env_count("DRAFTSMITH_PIN_ROWS", "1")
 
+# 1: with the pin's second set in use, a one-token decode step over more than PIN_ROWS sequences
+# runs its batch size's own unpinned set, compiled for that shape alone (dynamic=False). In the
+# shared set the rows turn symbolic once verifies, prompts and other batches have passed through
+# it, and its kernels keep the picks timed at the first shape: the plain batch-8 decode then ran
+# at the slow config's speed when batch 1 had run first in the process (H200 run 19: 4,231 tok/s,
+# against 5,032-5,039 where batch 8 came first, runs 15-16). Costs one compile per batch size.
+STEP_SETS = env_flag("DRAFTSMITH_STEP_SETS", "1")
+
 
 def pinned_at(rows: int) -> bool:
     """Whether a compile for `rows` token rows runs pinned."""
@@ -275,12 +284,16 @@ def compile_layers(model) -> None:
     model.compiled = compiled_parts(model)
     if PIN_REDUCTIONS and PIN_ROWS:
         model.compiled["over"] = (PIN_ROWS, compiled_parts(model, pinned=False))
+        if STEP_SETS:
+            model.compiled["step"] = (partial(compiled_parts, model, False, dynamic=False), {})
 
 
-def compiled_parts(model, pinned: bool = True) -> dict:
-    """The decoder layers, prologue and finish, each torch.compile'd."""
+def compiled_parts(model, pinned: bool = True, **kwargs) -> dict:
+    """The decoder layers, prologue and finish, each torch.compile'd (kwargs: torch.compile's,
+    e.g. dynamic=False)."""
+    kw = {"fullgraph": True, **kwargs}
     return {
-        "layers": [engine_compile(layer.split, pinned, fullgraph=True) for layer in model.layers],
-        "prologue": engine_compile(model.prologue, pinned, fullgraph=True),
-        "finish": engine_compile(model.finish, pinned, fullgraph=True),
+        "layers": [engine_compile(layer.split, pinned, **kw) for layer in model.layers],
+        "prologue": engine_compile(model.prologue, pinned, **kw),
+        "finish": engine_compile(model.finish, pinned, **kw),
     }

@@ -224,19 +224,27 @@ class Transformer(nn.Module):
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
         return h, cos, sin, mask
 
-    def parts(self, compiled: bool, rows: int) -> dict:
-        """The prologue, layer splits and finish a forward of `rows` token rows runs: eager, or
-        the compiled ones (`compiled_for`)."""
+    def parts(self, compiled: bool, rows: int, step: bool = False) -> dict:
+        """The prologue, layer splits and finish a forward of `rows` token rows runs (step: one
+        token a row): eager, or the compiled ones (`compiled_for`)."""
         if compiled and self.compiled:
-            return self.compiled_for(rows)
+            return self.compiled_for(rows, step)
         return {"prologue": self.prologue, "layers": [layer.split for layer in self.layers],
                 "finish": self.finish}
 
-    def compiled_for(self, rows: int) -> dict:
-        """The compiled parts for a forward of `rows` token rows: a second set, compiled
-        unpinned, past the runtime's pin limit (`compiled["over"]`: (limit, parts))."""
+    def compiled_for(self, rows: int, step: bool = False) -> dict:
+        """The compiled parts for a forward of `rows` token rows: past the runtime's pin limit
+        (`compiled["over"]`: (limit, parts)) a second set compiled unpinned, or, for a one-token
+        step, its batch size's own set (`compiled["step"]`: (make, {rows: parts}))."""
         over = self.compiled.get("over")
-        return over[1] if over and rows > over[0] else self.compiled
+        if not over or rows <= over[0]:
+            return self.compiled
+        if step and "step" in self.compiled:
+            make, sets = self.compiled["step"]
+            if rows not in sets:
+                sets[rows] = make()
+            return sets[rows]
+        return over[1]
 
     def finish(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """The last layer's residual add and the final norm (one kernel when compiled)."""
@@ -269,7 +277,7 @@ class Transformer(nn.Module):
         None gives all positions. compiled: run the torch.compile'd parts (for shapes that are
         captured into CUDA graphs).
         """
-        parts = self.parts(compiled, tokens.numel())
+        parts = self.parts(compiled, tokens.numel(), tokens.shape[1] == 1)
         num_slots = caches[0].k.shape[2] if caches is not None else 0
         h, cos, sin, mask = parts["prologue"](tokens, positions, num_slots, mask)
         if caches is not None and slots is None:
