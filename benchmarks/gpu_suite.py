@@ -388,7 +388,9 @@ def spec_stage() -> dict:
     from draftsmith.models.eagle3 import load_drafter
 
     t, model = target_and_model()
-    drafter = load_drafter(DRAFTER, DEVICE, DT, embed=model.embed.weight)
+    drafter = None  # CHAIN= TREES=: the baselines alone, no drafter needed
+    if any(settings(b) for b in SPEC_BATCHES):
+        drafter = load_drafter(DRAFTER, DEVICE, DT, embed=model.embed.weight)
     rt = Runtime(model, max(SPEC_BATCHES), 1024, compile=COMPILE)
     rows = []
     for suite, prompts in suites(t).items():
