@@ -217,8 +217,10 @@ PIN_ROWS = env_count("DRAFTSMITH_PIN_ROWS", "1")
 # runs its batch size's own unpinned set, compiled for that shape alone (dynamic=False). In the
 # shared set the rows turn symbolic once verifies, prompts and other batches have passed through
 # it, and its kernels keep the picks timed at the first shape: the plain batch-8 decode then ran
-# at the slow config's speed when batch 1 had run first in the process (H200 run 19: 4,231 tok/s,
-# against 5,032-5,039 where batch 8 came first, runs 15-16). Costs one compile per batch size.
+# at 4,231-4,413 tok/s when batch 1 had run first in the process (H200 run 19, three processes),
+# against 5,032-5,039 where batch 8 came first (runs 15-16). Its own compile is timed at its own
+# shape and draws like those did: 5,028 and 4,190 tok/s in two processes (run 19; the slow draw
+# is the config the pin's rule picks). Costs one compile per batch size.
 STEP_SETS = env_flag("DRAFTSMITH_STEP_SETS", "1")
 
 
