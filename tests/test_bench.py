@@ -69,10 +69,28 @@ def test_bench_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     res = invoke("--target", str(tiny_llama_dir), "--drafter", "random", "--topk", "2",
                  "--device", "cpu", "--out", str(tmp_path))
     assert isinstance(res.exception, DraftsmithError) and "num-draft-tokens" in str(res.exception)
+    res = invoke("--target", str(tiny_llama_dir), "--drafter", "random", "--num-prompts", "-1",
+                 "--device", "cpu", "--out", str(tmp_path))
+    assert isinstance(res.exception, DraftsmithError) and "--num-prompts" in str(res.exception)
     with pytest.raises(DraftsmithError):
         int_list("1,x", "--steps")
     with pytest.raises(DraftsmithError):
         int_list("0,2", "--steps")
+
+
+def test_bench_refuses_a_drafter_for_another_target_before_timing_anything(drafter_dir,
+                                                                          tmp_path):
+    """A drafter whose hidden size is not the target's is refused before the baseline runs (it
+    used to fail only at the first speculative setting, after the baseline's timings)."""
+    from conftest import write_tiny_folder
+
+    wider = write_tiny_folder(tmp_path / "wider", hidden_size=96)
+    res = invoke("--target", str(wider), "--drafter", str(drafter_dir), "--num-prompts", "1",
+                 "--max-new-tokens", "4", "--steps", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "out"))
+    assert isinstance(res.exception, DraftsmithError), res.output
+    assert "hidden 64" in str(res.exception) and "hidden 96" in str(res.exception)
+    assert "baseline" not in res.output and not (tmp_path / "out").exists()
 
 
 def test_suites_and_batches():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from draftsmith.data.cli import app
@@ -123,3 +124,8 @@ def test_continuation_keeps_the_space_a_sentencepiece_decoder_strips():
     assert tok.decode([5, 6]) == "takes x"  # alone, the first token loses its space
     assert "Write a function that" + _continuation(tok, [1, 2, 3, 4], [5, 6]) == (
         "Write a function that takes x")
+
+
+def test_self_made_counts_below_one_are_named_with_their_values():
+    with pytest.raises(DraftsmithError, match=r"the count \(-3\)"):
+        MagpieConfig(-3)

@@ -164,3 +164,12 @@ def test_state_names_and_checkpoint_round_trip(tmp_path):
     del bad["midlayer.self_attn.v_proj.weight"]
     with pytest.raises(DraftsmithError, match="v_proj"):
         load_hf_state_dict(Eagle3Drafter(c), bad)
+
+
+def test_a_missing_or_foreign_drafter_folder_is_named(tmp_path):
+    from draftsmith.models.eagle3 import read_drafter_meta
+
+    with pytest.raises(DraftsmithError, match="no such folder"):
+        read_drafter_meta(tmp_path / "missing")
+    with pytest.raises(DraftsmithError, match="not a draftsmith drafter folder"):
+        read_drafter_meta(tmp_path)

@@ -229,3 +229,28 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
     bad = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
                                    "--max-prompt-tokens", "600"])
     assert "max_position_embeddings" in str(bad.exception)
+
+
+def test_serve_refuses_a_bad_or_taken_port_before_loading_the_model(tmp_path) -> None:
+    """A port out of range, or one another socket holds, is a one-line error before the model
+    loads (it used to be uvicorn's traceback after the load)."""
+    import socket
+    import subprocess
+    import sys
+
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.serve.cli import check_bindable
+
+    with pytest.raises(DraftsmithError, match="--port 70000: use 0-65535"):
+        check_bindable("127.0.0.1", 70000)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(DraftsmithError, match=f"cannot bind 127.0.0.1:{port}"):
+            check_bindable("127.0.0.1", port)
+    check_bindable("127.0.0.1", 0)  # a free port passes
+    r = subprocess.run([sys.executable, "-m", "draftsmith", "serve", "--target",
+                        str(tmp_path / "never-loaded"), "--port", "-1", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--port -1: use 0-65535" in r.stderr, r.stderr

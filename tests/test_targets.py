@@ -90,6 +90,12 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
     assert r.stderr.strip().count("\n") == 0 and "no such file or folder" in r.stderr
 
 
+@pytest.mark.parametrize("flag", ["-n", "--batch-size"])
+def test_cli_generate_refuses_a_count_below_one_by_its_flag(tmp_path, flag):
+    r = _cli("generate", "--target", str(tmp_path / "never-loaded"), "-p", "hi", flag, "0")
+    assert r.returncode == 2 and "--max-new-tokens and --batch-size must be >= 1" in r.stderr
+
+
 def test_cli_generate_on_a_folder_target(tmp_path):
     folder = write_tiny_folder(tmp_path / "t", "qwen2")
     r = _cli("generate", "--target", str(folder), "-p", "hi", "-n", "5", "--json")

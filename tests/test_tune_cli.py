@@ -85,3 +85,11 @@ def test_tune_refuses_an_nccl_sweep_without_tp(tmp_path):
 
     res = invoke_tune("--drafter", str(tmp_path), "--nccl-sweep")
     assert isinstance(res.exception, DraftsmithError) and "--nccl-sweep" in str(res.exception)
+
+
+def test_tune_refuses_bad_step_and_topk_limits_before_loading(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    for flag in ("--max-steps", "--max-topk"):
+        res = invoke_tune("--drafter", str(tmp_path / "none"), flag, "0")
+        assert isinstance(res.exception, DraftsmithError) and flag in str(res.exception)

@@ -143,6 +143,9 @@ def generate(
     from draftsmith.dist import launch_tp
     from draftsmith.engine.sampling import SamplingParams
 
+    if max_new_tokens < 1 or batch_size < 1:
+        raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
+                              f"{max_new_tokens} and {batch_size}")
     texts = list(prompt or []) + (_read_prompts(prompts_file) if prompts_file else [])
     if not texts:
         raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")

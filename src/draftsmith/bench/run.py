@@ -24,7 +24,7 @@ from draftsmith.engine.profiler import PhaseSummary
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
-from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.speculative import SpecDecoder, check_pair
 from draftsmith.engine.tree import TreeShape
 from draftsmith.errors import DraftsmithError
 
@@ -78,6 +78,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     target = load_target(cfg.target)
     model = target.build(cfg.dtype, cfg.device)
     drafter, warnings = get_drafter(cfg.drafter, target, model)
+    check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
     for w in warnings:
         log(f"warning: {w}")
     suites = {suite_label(s): [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]

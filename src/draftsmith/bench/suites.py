@@ -14,6 +14,8 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
     'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads."""
     from draftsmith.data.prompts import read_prompts
 
+    if limit < 0:
+        raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = CHAT_SUITE if name == "chat" else name
     out = []
     for conv in read_prompts(source):

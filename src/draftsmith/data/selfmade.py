@@ -40,7 +40,9 @@ class MagpieConfig:
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
-            raise DraftsmithError("n, batch_size and max_new_tokens must be >= 1")
+            raise DraftsmithError(
+                f"self-made prompts: the count ({self.n}), batch size ({self.batch_size}) and "
+                f"max new tokens ({self.max_new_tokens}) must each be >= 1")
 
 
 # Starts of user messages across code, reasoning, writing and structured requests.

@@ -81,6 +81,17 @@ def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
         raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens (--num-draft-tokens)")
 
 
+def check_pair(tc, dc) -> tuple[int, ...]:
+    """A target config and a drafter config that fit (vocab, hidden size, aux layers in range);
+    the drafter's aux layer ids. Front ends call it before timing anything."""
+    if dc.vocab_size != tc.vocab_size or dc.target_hidden_size != tc.hidden_size:
+        raise DraftsmithError(
+            f"drafter expects vocab {dc.vocab_size} / hidden {dc.target_hidden_size}, the "
+            f"target has vocab {tc.vocab_size} / hidden {tc.hidden_size}"
+        )
+    return tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
+
+
 class SpecDecoder:
     """Speculative generation with a target `Runtime` and an EAGLE-3 drafter.
 
@@ -155,13 +166,7 @@ class SpecDecoder:
                          | ({"draft"} if greedy and tree and trees.TREE_TOPK != "max" else set()))
 
     def _check_pair(self) -> None:
-        tc, dc = self.rt.model.cfg, self.drafter.cfg
-        if dc.vocab_size != tc.vocab_size or dc.target_hidden_size != tc.hidden_size:
-            raise DraftsmithError(
-                f"drafter expects vocab {dc.vocab_size} / hidden {dc.target_hidden_size}, the "
-                f"target has vocab {tc.vocab_size} / hidden {tc.hidden_size}"
-            )
-        self.aux_ids = tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
+        self.aux_ids = check_pair(self.rt.model.cfg, self.drafter.cfg)
 
     # ---- public API ---------------------------------------------------------------------------
 

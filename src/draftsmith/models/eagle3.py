@@ -383,6 +383,8 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
 
 
 def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
+    if not Path(folder).is_dir():
+        raise DraftsmithError(f"{folder}: no such folder (a draftsmith drafter folder)")
     return read_versioned(Path(folder) / CONFIG_FILE, "not a draftsmith drafter folder", FORMAT,
                           FORMAT_VERSION)
 

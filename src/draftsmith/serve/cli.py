@@ -52,6 +52,7 @@ def serve(
     dev, dt = device_dtype(device, dtype)
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
+    check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
                         num_draft_tokens)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
@@ -64,6 +65,25 @@ def serve(
     mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
     _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt})")
     run_server(engine, cfg, host, port, log_level)
+
+
+def check_bindable(host: str, port: int) -> None:
+    """The address can be bound now: a port out of range or taken is refused by name."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise DraftsmithError(f"--port {port}: use 0-65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DraftsmithError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise DraftsmithError(f"cannot bind {host}:{port}: {e.strerror}") from None
 
 
 def server_config(engine, target: str, name: str | None, api_key: str | None,

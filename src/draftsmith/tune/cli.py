@@ -38,6 +38,9 @@ def tune(
     """Pick the fastest steps/topk/draft tokens per batch size (or no speculation)."""
     from draftsmith.cli import device_dtype
 
+    if max_steps < 1 or max_topk < 1:
+        raise DraftsmithError(f"--max-steps and --max-topk must be >= 1, got {max_steps} and "
+                              f"{max_topk}")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
     dev, dt = device_dtype(device, dtype)
