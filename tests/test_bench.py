@@ -48,6 +48,9 @@ def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
     report = json.loads(res.stdout.strip().splitlines()[-1])
     rows = report["results"]
     assert len(rows) == 2 * 2 * (1 + 3)  # suites x batches x (baseline + 3 settings)
+    assert [(r["suite"], r["batch"]) for r in rows[::4]] == [
+        ("chat", 1), ("chat", 2), ("p", 1), ("p", 2)]  # as given, batches smallest first
+    assert [r["setting"] for r in rows[:4]] == ["baseline", "chain 1", "chain 2", "tree 2/2/4"]
     spec = [r for r in rows if r["setting"] != "baseline"]
     assert {r["setting"] for r in spec} == {"chain 1", "chain 2", "tree 2/2/4"}
     base = {(r["suite"], r["batch"]): r for r in rows if r["setting"] == "baseline"}

@@ -103,6 +103,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
                     row["agreement"] = agreement(model, batches, base_tokens, tokens, eos)
                 rows.append({"suite": name, "batch": b, "setting": setting_name(s),
                              "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **row})
+    order = list(suites)  # batches ran largest first (graph pools reused); reported smallest first
+    rows.sort(key=lambda r: (order.index(r["suite"]), r["batch"]))
     return {"meta": _meta(cfg, target, drafter, warnings), "results": rows}
 
 
