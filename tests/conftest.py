@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ import torch
 
 # Tiny models on 2 cores: one thread avoids OpenMP barrier stalls (20x slower under load).
 torch.set_num_threads(1)
+
+# Without a GPU the Triton kernels run in Triton's interpreter; it must be on before anything
+# imports triton (the engine's modules do).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 

@@ -164,20 +164,25 @@ def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method)
             assert torch.equal(a, e) if not a.is_floating_point() else torch.allclose(a, e)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n):
-    """DRAFTSMITH_VERIFY_ATTENTION=sdpa (the non-default path for compiled verify shapes): still
-    plain greedy's output. test_compiled_verify_equals_plain_greedy covers the
-    default, matmul."""
-    from draftsmith.models import llama
+def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n, attention):
+    """DRAFTSMITH_VERIFY_ATTENTION=sdpa or triton (the non-default paths for compiled verify
+    shapes; triton also for one-token steps, DRAFTSMITH_DECODE_ATTENTION=triton): still plain
+    greedy's output. test_compiled_verify_equals_plain_greedy covers the default, matmul."""
+    from draftsmith.models import llama, triton_attention
 
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
-    monkeypatch.setattr(llama, "VERIFY_ATTENTION", "sdpa")
-    target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced with sdpa
+    monkeypatch.setattr(llama, "VERIFY_ATTENTION", attention)
+    monkeypatch.setattr(llama, "DECODE_ATTENTION", "triton" if attention == "triton" else "small")
+    kernel = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
+                                  lambda q, *a: True)
+    target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced anew
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert (kernel.item() > 0) == (attention == "triton")
 
 
 def test_static_shapes_equal_plain_greedy(pair, monkeypatch):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.models import triton_attention
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.parallel import (
     SINGLE,
@@ -64,7 +65,10 @@ SMALL_ATTENTION_ROWS = env_count("DRAFTSMITH_SMALL_ATTENTION_ROWS", "16")
 # run 17, fresh caches, batch 1, tree 7/4/24: verify 1.79 ms against 1.16, 16.3 kernels a layer
 # against 14.3 (its template, two reductions and pointwise prep), and the fused draft phase
 # failed to compile around it.
-VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul", ("matmul", "sdpa"))
+# "triton": one Triton kernel a layer (`triton_attention.cache_attention`) that reads the query
+# heads in the projection's layout and writes the o projection's input.
+VERIFY_ATTENTION = env_choice("DRAFTSMITH_VERIFY_ATTENTION", "matmul",
+                              ("matmul", "sdpa", "triton"))
 # The most tokens a row that attend the "matmul" way. Run 9 verified 40-token trees through
 # SDPA, past the old limit of 32: 1.54 ms against 1.17 ms for 32 tokens the matmul way.
 MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
@@ -72,7 +76,16 @@ MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
 # autotuned by inductor at run time) or "matmul" (the two products as cuBLAS GEMVs, only the
 # softmax autotuned). H200 run 10's baseline ran 13 % slower than runs 4-9 with unchanged code;
 # "matmul" is the A/B for it.
-DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION", "small", ("small", "matmul"))
+# "triton": the verify's Triton kernel at one token.
+DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION", "small",
+                              ("small", "matmul", "triton"))
+
+
+def uses_triton(q_len: int) -> bool:
+    """Whether a graphed step of q_len tokens a row attends through the Triton kernel."""
+    if q_len == 1:
+        return DECODE_ATTENTION == "triton"
+    return VERIFY_ATTENTION == "triton" and q_len <= MATMUL_ATTENTION_TOKENS
 
 
 def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -138,10 +151,12 @@ class Attention(nn.Module):
             rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
             cache.k[rows, :, slots] = k
             cache.v[rows, :, slots] = v
+            graphed = x.is_cuda and torch.compiler.is_compiling()
+            if graphed and uses_triton(q_len) and triton_attention.fits(q, cache.k, mask):
+                return self.o(triton_attention.cache_attention(q, cache.k, cache.v, mask))
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
-            graphed = x.is_cuda and torch.compiler.is_compiling()
             one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
             if graphed and one and DECODE_ATTENTION == "small":
                 out = small_attention(qg, cache.k, cache.v, mask)
