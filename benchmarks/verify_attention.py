@@ -6,13 +6,14 @@ verify), one CUDA graph holds 30 calls (a layer each, as in a forward); the grap
 and timed with CUDA events. Each way starts from q as the qkv projection leaves it
 ([B, Q, H, D], a view) and ends with the o projection's input ([B, Q, H * D]), so the compiled
 ways pay for their layout copies as they do in the engine. Kernel configs of the Triton way:
-every DRAFTSMITH_ATTN_BLOCK_N x DRAFTSMITH_ATTN_WARPS pair listed.
+every DRAFTSMITH_ATTN_BLOCK_N x DRAFTSMITH_ATTN_WARPS x DRAFTSMITH_ATTN_STAGES listed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from itertools import product
 
 import torch
 
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=400)
     ap.add_argument("--blocks", default="32,64,128")
     ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--stages", default="2")
     a = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     ways = {"matmul": compiled_way(matmul_attention), "small": compiled_way(small_attention)}
@@ -81,12 +83,13 @@ def main() -> None:
             if name == "small" and n > 1:
                 continue
             row[name] = round(graph_us(way, args), 2)
-        for bn in map(int, a.blocks.split(",")):
-            for w in map(int, a.warps.split(",")):
-                triton_attention.BLOCK_N, triton_attention.WARPS = bn, w
-                err = (triton_attention.cache_attention(*args).float() - ref).abs().max().item()
-                row[f"triton {bn}/{w}"] = round(graph_us(triton_attention.cache_attention, args), 2)
-                row[f"err {bn}/{w}"] = round(err, 4)
+        for cfg in product(*(map(int, x.split(",")) for x in (a.blocks, a.warps, a.stages))):
+            ta = triton_attention
+            ta.BLOCK_N, ta.WARPS, ta.STAGES = cfg
+            err = (ta.cache_attention(*args).float() - ref).abs().max().item()
+            name = "/".join(map(str, cfg))
+            row[f"triton {name}"] = round(graph_us(ta.cache_attention, args), 2)
+            row[f"err {name}"] = round(err, 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}

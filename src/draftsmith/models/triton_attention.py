@@ -7,32 +7,23 @@ block of query rows) reads the query heads that share its KV head straight from 
 layout, streams K and V through an online softmax in float32 and writes the output in the layout
 the o projection reads: one kernel. Blocks are fixed (no timed pick, so no autotune draw).
 
-Triton is imported on first use: CPU installs need not have it. Under `TRITON_INTERPRET=1` the
-kernel runs on CPU tensors (tests; fp32 only: the interpreter's bf16 dot is wrong).
+CPU installs need not have Triton (`AVAILABLE`). Under `TRITON_INTERPRET=1`, set before triton is
+first imported, the kernel runs on CPU tensors (tests; fp32 only: the interpreter's bf16 dot is
+wrong).
 """
 
 from __future__ import annotations
 
-import os
-from functools import cache
-
 import torch
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.switches import env_count
 
 # Key block a program streams per step, and query rows per program (16 is tl.dot's least).
 BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "64")
 BLOCK_M = 16
 WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "4")
-
-
-def available() -> bool:
-    """Whether the kernel can run here: Triton importable."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -49,14 +40,17 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     q: [B, Q, H, D] (any strides); k, v: [B, Hkv, S, D]; mask: [B, 1, G*Q, S] bool, row
     j*Q + i for query i of the j-th head sharing a KV head (as the prologue repeats it).
     Returns [B, Q, H * D]. A row whose mask allows nothing gives zeros."""
-    return _op()(q, k, v, mask)
+    if not AVAILABLE:
+        raise DraftsmithError("the Triton attention kernel needs the triton package")
+    return torch.ops.draftsmith.cache_attention(q, k, v, mask)
 
 
-@cache
-def _op():
+def _register() -> None:
+    """Defines the op, at import: dynamo cannot trace triton.jit, so no compiled region may be
+    the first to reach it."""
     from torch.library import triton_op, wrap_triton
 
-    kernel = _kernel(os.environ.get("TRITON_INTERPRET", "0") == "1")
+    kernel = _kernel()
 
     @triton_op("draftsmith::cache_attention", mutates_args={})
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -72,16 +66,13 @@ def _op():
             mask.stride(0), mask.stride(2), mask.stride(3),
             n_q, g, kv_heads, slots, d ** -0.5,
             D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32,
-            num_warps=WARPS,
+            num_warps=WARPS, num_stages=STAGES,
         )
         return out
 
-    return op
 
-
-@cache
-def _kernel(interpret: bool):
-    """The jitted kernel (built lazily: `triton.jit` reads TRITON_INTERPRET when it runs)."""
+def _kernel():
+    """The jitted kernel (`triton.jit` reads TRITON_INTERPRET when it runs)."""
     import triton
     import triton.language as tl
 
@@ -135,3 +126,12 @@ def _kernel(interpret: bool):
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=live[:, None])
 
     return attend
+
+
+try:
+    import triton  # noqa: F401
+except ImportError:
+    AVAILABLE = False
+else:
+    AVAILABLE = True
+    _register()
