@@ -20,9 +20,9 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.switches import env_count
 
 # Key block a program streams per step, and query rows per program (16 is tl.dot's least).
-BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "64")
+BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "256")
 BLOCK_M = 16
-WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "4")
+WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "8")
 STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
 
 
@@ -106,7 +106,8 @@ def _kernel():
                 s = tl.dot(q, tl.trans(k))
             allow = tl.load(M + b * smb + r[:, None] * smq + s_idx[None, :] * sms,
                             mask=live[:, None] & in_cache[None, :], other=0)
-            s = tl.where(allow != 0, s * scale, float("-inf"))
+            # under inductor a float argument arrives as fp64: the scores stay fp32
+            s = tl.where(allow != 0, (s * scale).to(tl.float32), float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m_i - m_safe)
