@@ -6,7 +6,7 @@ verify), one CUDA graph holds 30 calls (a layer each, as in a forward); the grap
 and timed with CUDA events. Each way starts from q as the qkv projection leaves it
 ([B, Q, H, D], a view) and ends with the o projection's input ([B, Q, H * D]), so the compiled
 ways pay for their layout copies as they do in the engine. Kernel configs of the Triton way:
-every DRAFTSMITH_ATTN_BLOCK_N x DRAFTSMITH_ATTN_WARPS x DRAFTSMITH_ATTN_STAGES listed.
+every DRAFTSMITH_ATTN_BLOCK_N x _WARPS x _STAGES x _SPLIT_KEYS listed (name: their values).
 """
 
 from __future__ import annotations
@@ -71,11 +71,13 @@ def main() -> None:
     ap.add_argument("--blocks", default="32,64,128")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--stages", default="2")
+    ap.add_argument("--split", default="0", help="DRAFTSMITH_ATTN_SPLIT_KEYS values")
+    ap.add_argument("--shapes", default="1x1,1x4,1x25,8x1,8x25,32x8", help="BATCHxTOKENS")
     a = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     ways = {"matmul": compiled_way(matmul_attention), "small": compiled_way(small_attention)}
     rows = []
-    for b, n in [(1, 1), (1, 4), (1, 25), (8, 1), (8, 25), (32, 8)]:
+    for b, n in (map(int, x.split("x")) for x in a.shapes.split(",")):
         args = inputs(b, n, a.slots)
         ref = ways["matmul"](*args).float()
         row = {"batch": b, "tokens": n, "slots": a.slots}
@@ -83,9 +85,10 @@ def main() -> None:
             if name == "small" and n > 1:
                 continue
             row[name] = round(graph_us(way, args), 2)
-        for cfg in product(*(map(int, x.split(",")) for x in (a.blocks, a.warps, a.stages))):
+        lists = (a.blocks, a.warps, a.stages, a.split)
+        for cfg in product(*(map(int, x.split(",")) for x in lists)):
             ta = triton_attention
-            ta.BLOCK_N, ta.WARPS, ta.STAGES = cfg
+            ta.BLOCK_N, ta.WARPS, ta.STAGES, ta.SPLIT_KEYS = cfg
             err = (ta.cache_attention(*args).float() - ref).abs().max().item()
             name = "/".join(map(str, cfg))
             row[f"triton {name}"] = round(graph_us(ta.cache_attention, args), 2)

@@ -34,12 +34,20 @@ def draw(b: int, n: int, heads: int, kv_heads: int, s: int, d: int, seed: int,
     return q, k, v
 
 
+@pytest.mark.parametrize("split_keys", [0, 32, 50])
 @pytest.mark.parametrize("b,n,heads,kv_heads,s,d", [(2, 25, 6, 2, 150, 16), (1, 1, 9, 3, 70, 32),
                                                     (3, 4, 4, 4, 64, 16)])
-def test_cache_attention_equals_the_matmul_way(b, n, heads, kv_heads, s, d):
+def test_cache_attention_equals_the_matmul_way(monkeypatch, b, n, heads, kv_heads, s, d,
+                                               split_keys):
     """Verify (25 tokens, a tree's holes), one-token and MHA shapes; caches longer than one key
-    block and not a multiple of it; query heads read through the projection's strides."""
+    block and not a multiple of it; query heads read through the projection's strides; the
+    cache in one program's loop, or split over programs (the last chunk short, and chunks
+    whose keys the mask all hides) and joined."""
+    from draftsmith.models import triton_attention
     from draftsmith.models.triton_attention import cache_attention
+
+    monkeypatch.setattr(triton_attention, "BLOCK_N", 32)
+    monkeypatch.setattr(triton_attention, "SPLIT_KEYS", split_keys)
 
     q, k, v = draw(b, n, heads, kv_heads, s, d, seed=n)
     positions = torch.arange(n).repeat(b, 1) + torch.arange(b).unsqueeze(1) * 37 + 3
@@ -53,9 +61,13 @@ def test_cache_attention_equals_the_matmul_way(b, n, heads, kv_heads, s, d):
     assert not torch.allclose(cache_attention(q, k, v, mask)[-1, 0], out[-1, 0], atol=1e-4)
 
 
-def test_a_row_that_may_attend_nothing_gives_zeros():
+@pytest.mark.parametrize("split_keys", [0, 16])
+def test_a_row_that_may_attend_nothing_gives_zeros(monkeypatch, split_keys):
     """A padded batch row (mask all False) gives zeros where softmax would give NaN."""
+    from draftsmith.models import triton_attention
     from draftsmith.models.triton_attention import cache_attention
+
+    monkeypatch.setattr(triton_attention, "SPLIT_KEYS", split_keys)
 
     q, k, v = draw(2, 3, 4, 2, 40, 16, seed=5)
     mask = causal_mask(torch.arange(3).repeat(2, 1) + 10, 40).repeat(1, 1, 2, 1).to(DEVICE)

@@ -24,6 +24,9 @@ BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "256")
 BLOCK_M = 16
 WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "8")
 STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
+# Keys a program takes (flash-decoding: the cache split over programs, their partial softmax
+# states joined by a second kernel); 0: one program takes every key of its rows.
+SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "0")
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -50,7 +53,7 @@ def _register() -> None:
     the first to reach it."""
     from torch.library import triton_op, wrap_triton
 
-    kernel = _kernel()
+    kernel, join = _kernels()
 
     @triton_op("draftsmith::cache_attention", mutates_args={})
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -59,29 +62,48 @@ def _register() -> None:
         kv_heads, slots = k.shape[1], k.shape[2]
         g = heads // kv_heads
         out = torch.empty((b, n_q, heads * d), dtype=q.dtype, device=q.device)
-        grid = (b * kv_heads, -(-g * n_q // BLOCK_M))
-        wrap_triton(kernel)[grid](
-            q, k, v, mask, out,
+        blocks = -(-g * n_q // BLOCK_M)
+        chunk = min(SPLIT_KEYS or slots, slots)
+        splits = -(-slots // chunk)
+        if splits > 1:  # partial softmax states, one per key chunk, joined by `combine`
+            rows = b * kv_heads * blocks * BLOCK_M
+            m_part = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
+            l_part = torch.empty_like(m_part)
+            acc_part = torch.empty((rows, splits, d), dtype=torch.float32, device=q.device)
+        else:
+            m_part = l_part = acc_part = out  # unused
+        wrap_triton(kernel)[(b * kv_heads, blocks, splits)](
+            q, k, v, mask, out, m_part, l_part, acc_part,
             *q.stride(), *k.stride(), *v.stride(),
             mask.stride(0), mask.stride(2), mask.stride(3),
-            n_q, g, kv_heads, slots, d ** -0.5,
-            D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32,
+            n_q, g, kv_heads, slots, chunk, splits, d ** -0.5,
+            D=d, BLOCK_M=BLOCK_M, BLOCK_N=min(BLOCK_N, _pow2(chunk)),
+            IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
             num_warps=WARPS, num_stages=STAGES,
         )
+        if splits > 1:
+            wrap_triton(join)[(b * kv_heads, blocks)](
+                out, m_part, l_part, acc_part, n_q, g, kv_heads, splits,
+                D=d, BLOCK_M=BLOCK_M, SPLITS=_pow2(splits), num_warps=4,
+            )
         return out
 
 
-def _kernel():
-    """The jitted kernel (`triton.jit` reads TRITON_INTERPRET when it runs)."""
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _kernels():
+    """The jitted kernels (`triton.jit` reads TRITON_INTERPRET when it runs)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def attend(Q, K, V, M, O,
+    def attend(Q, K, V, M, O, MP, LP, AP,
                sqb, sqq, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smq, sms,
-               n_q, g, kv_heads, slots, scale,
+               n_q, g, kv_heads, slots, chunk, splits, scale,
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               IEEE: tl.constexpr):
+               IEEE: tl.constexpr, SPLIT: tl.constexpr):
         bh = tl.program_id(0)
         b = bh // kv_heads
         h = bh % kv_heads
@@ -95,9 +117,11 @@ def _kernel():
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for start in range(0, slots, BLOCK_N):
+        lo = tl.program_id(2) * chunk
+        hi = tl.minimum(lo + chunk, slots)
+        for start in range(lo, hi, BLOCK_N):
             s_idx = start + tl.arange(0, BLOCK_N)
-            in_cache = s_idx < slots
+            in_cache = s_idx < hi
             k = tl.load(K + b * skb + h * skh + s_idx[:, None] * sks + d[None, :] * skd,
                         mask=in_cache[:, None], other=0.0)
             if IEEE:  # noqa: SIM108 (a branch on a constexpr: compiled out)
@@ -121,12 +145,43 @@ def _kernel():
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        heads = kv_heads * g
-        o_ptr = O + ((b * n_q + qi[:, None]) * heads + head[:, None]) * D + d[None, :]
+        if SPLIT:
+            at = (bh * tl.num_programs(1) * BLOCK_M + r) * splits + tl.program_id(2)
+            tl.store(MP + at, m_i)
+            tl.store(LP + at, l_i)
+            tl.store(AP + at[:, None] * D + d[None, :], acc)
+        else:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            heads = kv_heads * g
+            o_ptr = O + ((b * n_q + qi[:, None]) * heads + head[:, None]) * D + d[None, :]
+            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=live[:, None])
+
+    @triton.jit
+    def join(O, MP, LP, AP, n_q, g, kv_heads, splits,
+             D: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+        bh = tl.program_id(0)
+        b = bh // kv_heads
+        h = bh % kv_heads
+        r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = r < g * n_q
+        sp = tl.arange(0, SPLITS)
+        d = tl.arange(0, D)
+        at = (bh * tl.num_programs(1) * BLOCK_M + r[:, None]) * splits + sp[None, :]
+        used = sp[None, :] < splits
+        m = tl.load(MP + at, mask=used, other=float("-inf"))
+        top = tl.max(m, 1)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp(m - top[:, None])
+        l_sum = tl.sum(w * tl.load(LP + at, mask=used, other=0.0), 1)
+        acc = tl.load(AP + at[:, :, None] * D + d[None, None, :], mask=used[:, :, None],
+                      other=0.0)
+        out = tl.sum(acc * w[:, :, None], 1) / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+        qi = r % n_q
+        head = h * g + r // n_q
+        o_ptr = O + ((b * n_q + qi[:, None]) * kv_heads * g + head[:, None]) * D + d[None, :]
         tl.store(o_ptr, out.to(O.dtype.element_ty), mask=live[:, None])
 
-    return attend
+    return attend, join
 
 
 try:
