@@ -28,7 +28,7 @@
 #                                     # small-attention A/B, then GPU tests; all in $OUT/respec.tgz
 #                                     # (BOOKKEEPING_AB=1: each setting also with eager bookkeeping;
 #                                     # RUNS: name:rows:batches:chain:trees[:sdpa[:max[:0]]]
-#                                     # list (6th: verify attention, 7th: tree top-k
+#                                     # list (6th: verify attention, default triton, 7th: tree top-k
 #                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
 #                                     # draft or 0, 9th: VAR=value,... for that run, e.g.
 #                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1 or DRAFTER=runs/init,
@@ -269,7 +269,7 @@ respec)
         # bigrun started from, beside the one it trained) overrides the defaults before it
         env WORK=$W DRAFTER=$D ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
             $(tr , ' ' <<< "$extra") \
-            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-matmul} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
+            DRAFTSMITH_VERIFY_ATTENTION=${vattn:-triton} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             DRAFTSMITH_FUSED_PHASES=${fused:-all} OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1

@@ -148,7 +148,7 @@ def test_respec_runs_take_the_verify_attention_tree_top_k_and_fused_phases(dry):
     specs = [c for c in calls if c["stage"] == "spec"]
     assert [(c["DRAFTSMITH_VERIFY_ATTENTION"], c["DRAFTSMITH_TREE_TOPK"],
              c["DRAFTSMITH_FUSED_PHASES"]) for c in specs] == [
-        ("sdpa", "max", "all"), ("matmul", "chunk", "all"), ("matmul", "chunk", "draft")]
+        ("sdpa", "max", "all"), ("triton", "chunk", "all"), ("matmul", "chunk", "draft")]
     assert (out / "respec.tgz").is_file()
 
 

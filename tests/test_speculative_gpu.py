@@ -97,9 +97,9 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     """The compiled, graphed engine keeps plain greedy output under each tree top-k method (chunk:
     16-wide slices of the tiny draft vocab), with a tree's draft phase compiled whole (the
     default: every phase fused, DRAFTSMITH_FUSED_PHASES; the draft never under max) or in parts,
-    and a 48-token verify (the matmul attention's range goes to 64 tokens)."""
+    and a 48-token verify (the Triton attention's range goes to 64 tokens)."""
     from draftsmith.engine import speculative, tree
-    from draftsmith.models import llama
+    from draftsmith.models import triton_attention
 
     monkeypatch.setattr(tree, "TREE_TOPK", method)
     monkeypatch.setattr(tree, "CHUNK", 16)
@@ -110,13 +110,12 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     assert ("draft" in dec.fused) == (whole and topk > 1 and method != "max")
     assert ({"accept", "extend"} <= dec.fused) == whole
-    g = target.cfg.num_heads // target.cfg.num_kv_heads
-    verifies = count_compiled_calls(monkeypatch, llama, "matmul_attention",
-                                    lambda q, *a: q.shape[-2] == g * (n or steps + 1))
+    verifies = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
+                                    lambda q, *a: q.shape[1] == (n or steps + 1))
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
     assert not any(st.unfused for st in dec.states.values())  # no phase fell back to parts
-    assert verifies.item() > 0  # the verify, 48 tokens included, attends the matmul way
+    assert verifies.item() > 0  # the verify, 48 tokens included, attends the Triton way
 
 
 def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:
@@ -164,18 +163,20 @@ def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method)
             assert torch.equal(a, e) if not a.is_floating_point() else torch.allclose(a, e)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+@pytest.mark.parametrize("attention,decode", [("sdpa", "small"), ("matmul", "small"),
+                                              ("triton", "triton")])
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n, attention):
-    """DRAFTSMITH_VERIFY_ATTENTION=sdpa or triton (the non-default paths for compiled verify
-    shapes; triton also for one-token steps, DRAFTSMITH_DECODE_ATTENTION=triton): still plain
-    greedy's output. test_compiled_verify_equals_plain_greedy covers the default, matmul."""
+def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n, attention,
+                                                    decode):
+    """DRAFTSMITH_VERIFY_ATTENTION=sdpa or matmul (the non-default paths for compiled verify
+    shapes), and the default, triton, with DRAFTSMITH_DECODE_ATTENTION=triton for one-token
+    steps too: still plain greedy's output; the Triton kernel runs exactly where chosen."""
     from draftsmith.models import llama, triton_attention
 
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(llama, "VERIFY_ATTENTION", attention)
-    monkeypatch.setattr(llama, "DECODE_ATTENTION", "triton" if attention == "triton" else "small")
+    monkeypatch.setattr(llama, "DECODE_ATTENTION", decode)
     kernel = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
                                   lambda q, *a: True)
     target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced anew

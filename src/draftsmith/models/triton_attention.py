@@ -2,10 +2,11 @@
 
 The compiled "matmul" way (two cuBLAS GEMMs around a fused softmax, plus the copies that lay the
 query heads out as rows and the output back for the o projection) is five kernels a layer, about
-8 us at a 25-token verify on the H200 (run 9 profile). Here one program per (row, KV head,
-block of query rows) reads the query heads that share its KV head straight from the projection's
-layout, streams K and V through an online softmax in float32 and writes the output in the layout
-the o projection reads: one kernel. Blocks are fixed (no timed pick, so no autotune draw).
+8 us at a 25-token verify on the H200 (run 9 profile). Here a program per (row, KV head, block
+of query rows, chunk of the cache) reads the query heads that share its KV head straight from
+the projection's layout and streams its keys through an online softmax in float32; a second
+kernel joins the chunks' partial states and writes the output in the layout the o projection
+reads. Blocks are fixed (no timed pick, so no autotune draw).
 
 CPU installs need not have Triton (`AVAILABLE`). Under `TRITON_INTERPRET=1`, set before triton is
 first imported, the kernel runs on CPU tensors (tests; fp32 only: the interpreter's bf16 dot is
@@ -19,14 +20,18 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.switches import env_count
 
-# Key block a program streams per step, and query rows per program (16 is tl.dot's least).
-BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "256")
-BLOCK_M = 16
-WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "8")
+# Blocks are fixed, from benchmarks/verify_attention.py on the H200 (run 20, us a layer within
+# a 30-layer graph, bf16, 400 slots): split into 64-key chunks, 64-key blocks and 4 warps,
+# 4.7 us at a 25-token batch-1 verify and 4.6 at a 4-token drafter depth, against 9.6-11.5 and
+# 10.9 the compiled matmul way and ~7 unsplit. Unsplit is better from batch 8 (7.8 against 9.0
+# at 8 x 25 tokens; the matmul way 18.7); the default is set for batch 1.
+BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "64")  # keys a program streams a step
+BLOCK_M = 16  # query rows a program takes (tl.dot's least)
+WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "4")
 STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
 # Keys a program takes (flash-decoding: the cache split over programs, their partial softmax
 # states joined by a second kernel); 0: one program takes every key of its rows.
-SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "0")
+SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "64")
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
