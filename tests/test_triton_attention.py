@@ -61,6 +61,24 @@ def test_cache_attention_equals_the_matmul_way(monkeypatch, b, n, heads, kv_head
     assert not torch.allclose(cache_attention(q, k, v, mask)[-1, 0], out[-1, 0], atol=1e-4)
 
 
+def test_a_long_cache_is_split_into_at_most_max_splits_chunks(monkeypatch):
+    """4-key chunks over 150 slots would be 38; the cap makes them 15 of 10 keys (the join
+    holds every chunk's state at once), and the values do not change."""
+    from draftsmith.models import triton_attention
+
+    monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 4)
+    monkeypatch.setattr(triton_attention, "BLOCK_N", 16)
+    assert triton_attention.chunking(150) == (10, 15)
+    assert triton_attention.chunking(40) == (4, 10)
+    monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 0)
+    assert triton_attention.chunking(150) == (150, 1)
+    monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 4)
+    q, k, v = draw(1, 25, 6, 2, 150, 16, seed=3)
+    mask = causal_mask(torch.arange(25).unsqueeze(0) + 120, 150).repeat(1, 1, 3, 1).to(DEVICE)
+    out = triton_attention.cache_attention(q, k, v, mask)
+    assert torch.allclose(out, reference(q, k, v, mask), atol=1e-5)
+
+
 @pytest.mark.parametrize("split_keys", [0, 16])
 def test_a_row_that_may_attend_nothing_gives_zeros(monkeypatch, split_keys):
     """A padded batch row (mask all False) gives zeros where softmax would give NaN."""

@@ -32,6 +32,8 @@ STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
 # Keys a program takes (flash-decoding: the cache split over programs, their partial softmax
 # states joined by a second kernel); 0: one program takes every key of its rows.
 SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "64")
+# The join holds every chunk's state of its rows at once: longer caches take longer chunks.
+MAX_SPLITS = 16
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -53,6 +55,12 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return torch.ops.draftsmith.cache_attention(q, k, v, mask)
 
 
+def chunking(slots: int) -> tuple[int, int]:
+    """(keys a program takes, programs a row block's cache is split over) for `slots` keys."""
+    chunk = min(max(SPLIT_KEYS or slots, -(-slots // MAX_SPLITS)), slots)
+    return chunk, -(-slots // chunk)
+
+
 def _register() -> None:
     """Defines the op, at import: dynamo cannot trace triton.jit, so no compiled region may be
     the first to reach it."""
@@ -68,8 +76,7 @@ def _register() -> None:
         g = heads // kv_heads
         out = torch.empty((b, n_q, heads * d), dtype=q.dtype, device=q.device)
         blocks = -(-g * n_q // BLOCK_M)
-        chunk = min(SPLIT_KEYS or slots, slots)
-        splits = -(-slots // chunk)
+        chunk, splits = chunking(slots)
         if splits > 1:  # partial softmax states, one per key chunk, joined by `combine`
             rows = b * kv_heads * blocks * BLOCK_M
             m_part = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
@@ -82,7 +89,7 @@ def _register() -> None:
             *q.stride(), *k.stride(), *v.stride(),
             mask.stride(0), mask.stride(2), mask.stride(3),
             n_q, g, kv_heads, slots, chunk, splits, d ** -0.5,
-            D=d, BLOCK_M=BLOCK_M, BLOCK_N=min(BLOCK_N, _pow2(chunk)),
+            D=d, BLOCK_M=BLOCK_M, BLOCK_N=max(16, min(BLOCK_N, _pow2(chunk))),  # tl.dot: >= 16
             IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
             num_warps=WARPS, num_stages=STAGES,
         )
