@@ -186,6 +186,23 @@ def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, to
     assert (kernel.item() > 0) == (attention == "triton")
 
 
+def test_split_linears_equal_plain_greedy(pair, monkeypatch):
+    """DRAFTSMITH_SPLIT_LINEAR_ROWS=64 (verify and drafter-depth linears through the Triton split
+    kernel, its partials summed in the consumers): chain and tree decoders keep plain greedy."""
+    from draftsmith.models import triton_linear
+
+    _, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    monkeypatch.setattr(triton_linear, "SPLIT_LINEAR_ROWS", 64)
+    calls = count_compiled_calls(monkeypatch, triton_linear, "split_linear", lambda x, *a: True)
+    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
+    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
+        dec = SpecDecoder(rt, drafter, steps, topk, n)
+        dec.capture([4, 1])
+        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert calls.item() > 0
+
+
 def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
     """DRAFTSMITH_STATIC_SHAPES=1 (one compiled graph per shape): chain and tree decoders on one
     runtime, batches 4 and 1, still plain greedy."""

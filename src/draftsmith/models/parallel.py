@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models import triton_linear
 from draftsmith.switches import env_count
 
 # Compiled CUDA linears over at most this many rows (tokens) run as inductor reductions instead
@@ -47,10 +48,14 @@ def reduce_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, or `reduce_linear` for compiled CUDA calls of <= SMALL_LINEAR_ROWS rows."""
-    if (SMALL_LINEAR_ROWS and x.is_cuda and torch.compiler.is_compiling()
-            and x.numel() // x.shape[-1] <= SMALL_LINEAR_ROWS):
-        return reduce_linear(x, w, b)
+    """F.linear; in compiled CUDA code `reduce_linear` for <= SMALL_LINEAR_ROWS rows, and
+    `triton_linear.split_linear` for the rows up to its switch (off by default)."""
+    if x.is_cuda and torch.compiler.is_compiling():
+        rows = x.numel() // x.shape[-1]
+        if rows <= SMALL_LINEAR_ROWS:
+            return reduce_linear(x, w, b)
+        if triton_linear.fits(rows, w):
+            return triton_linear.split_linear(x, w, b)
     return F.linear(x, w, b)
 
 
