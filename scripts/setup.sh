@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.setup-done
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && $PY -c "import draftsmith, torch" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && $PY -c "import draftsmith, torch, triton" 2>/dev/null; then
   exit 0
 fi
 if ! $PY -c "import torch" 2>/dev/null; then

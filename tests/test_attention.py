@@ -223,7 +223,10 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
                                      ("DRAFTSMITH_PIN_ROWS", "all"),
                                      ("DRAFTSMITH_EXACT_END", "2"),
                                      ("DRAFTSMITH_STATIC_SHAPES", "yes"),
-                                     ("DRAFTSMITH_STEP_SETS", "per-batch")])
+                                     ("DRAFTSMITH_STEP_SETS", "per-batch"),
+                                     ("DRAFTSMITH_ATTN_BLOCK_N", "48"),
+                                     ("DRAFTSMITH_ATTN_WARPS", "3"),
+                                     ("DRAFTSMITH_LINEAR_BLOCK_N", "8")])
 def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
     import os
     import subprocess

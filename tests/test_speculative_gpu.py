@@ -178,12 +178,18 @@ def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, to
     monkeypatch.setattr(llama, "VERIFY_ATTENTION", attention)
     monkeypatch.setattr(llama, "DECODE_ATTENTION", decode)
     kernel = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
-                                  lambda q, *a: True)
+                                  lambda q, *a: q.shape[1] > 1)
+    one_token = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
+                                     lambda q, *a: q.shape[1] == 1)
     target = cast(tiny_target(), torch.float32)  # its own compiled layers, traced anew
     dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, steps, topk, n)
     dec.capture([4, 1])
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
     assert (kernel.item() > 0) == (attention == "triton")
+    if decode != "triton":
+        assert one_token.item() == 0
+    elif topk == 1:  # a chain's draft steps are one-token drafter forwards
+        assert one_token.item() > 0
 
 
 def test_split_linears_equal_plain_greedy(pair, monkeypatch):

@@ -62,14 +62,15 @@ def test_cache_attention_equals_the_matmul_way(monkeypatch, b, n, heads, kv_head
 
 
 def test_a_long_cache_is_split_into_at_most_max_splits_chunks(monkeypatch):
-    """4-key chunks over 150 slots would be 38; the cap makes them 15 of 10 keys (the join
+    """4-key chunks over 150 slots would be 38; the cap makes them 8 of 19 keys (the join
     holds every chunk's state at once), and the values do not change."""
     from draftsmith.models import triton_attention
 
     monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 4)
     monkeypatch.setattr(triton_attention, "BLOCK_N", 16)
-    assert triton_attention.chunking(150) == (10, 15)
-    assert triton_attention.chunking(40) == (4, 10)
+    assert triton_attention.chunking(150) == (19, 8)
+    assert triton_attention.chunking(40) == (5, 8)
+    assert triton_attention.chunking(20) == (4, 5)
     monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 0)
     assert triton_attention.chunking(150) == (150, 1)
     monkeypatch.setattr(triton_attention, "SPLIT_KEYS", 4)
@@ -103,6 +104,10 @@ def test_fits_only_shapes_the_kernel_takes():
     assert fits(q, k, mask)
     assert not fits(q, k, None)
     assert not fits(q, k, mask.expand(1, 2, 4, 32))  # per-head masks
+    assert not fits(q, k, mask.float())  # an additive mask reads otherwise
+    assert not fits(q, k, mask[..., :16])  # not the cache's length
+    assert not fits(q, k, mask[:, :, :2])  # not one row per (head in the group, query)
+    assert not fits(q, k.double(), mask)  # q and the cache in other dtypes
     q3, k3, _ = draw(1, 2, 4, 2, 32, 24, seed=0)
     assert not fits(q3, k3, mask)  # head_dim not a power of two
 

@@ -21,6 +21,15 @@ def env_count(name: str, default: str) -> int:
     return int(value)
 
 
+def env_pow2(name: str, default: str, least: int = 1) -> int:
+    """A power of two >= least (Triton block sizes and warp counts)."""
+    value = os.environ.get(name, default)
+    n = int(value) if value.strip().isdigit() else 0
+    if n < least or n & (n - 1):
+        raise DraftsmithError(f"{name}={value!r}: use a power of two >= {least}")
+    return n
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """One of `choices` (case and surrounding space ignored)."""
     value = os.environ.get(name, default).strip().lower()

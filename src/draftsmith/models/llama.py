@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.models import triton_attention
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.parallel import (
@@ -84,6 +85,11 @@ MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
 # "triton": the verify's Triton kernel at one token.
 DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION", "small",
                               ("small", "matmul", "triton"))
+
+
+if "triton" in (VERIFY_ATTENTION, DECODE_ATTENTION) and not triton_attention.AVAILABLE:
+    raise DraftsmithError("DRAFTSMITH_VERIFY_ATTENTION or DRAFTSMITH_DECODE_ATTENTION=triton "
+                          "needs the triton package (and torch >= 2.6)")
 
 
 def uses_triton(q_len: int) -> bool:
@@ -165,7 +171,7 @@ class Attention(nn.Module):
             one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
             if graphed and one and DECODE_ATTENTION == "small":
                 out = small_attention(qg, cache.k, cache.v, mask)
-            elif graphed and (one or VERIFY_ATTENTION == "matmul" and 1 < q_len
+            elif graphed and (one or VERIFY_ATTENTION in ("matmul", "triton") and 1 < q_len
                               <= MATMUL_ATTENTION_TOKENS):
                 out = matmul_attention(qg, cache.k, cache.v, mask)
             else:

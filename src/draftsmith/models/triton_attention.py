@@ -18,29 +18,32 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.switches import env_count
+from draftsmith.switches import env_count, env_pow2
 
 # Blocks are fixed, from benchmarks/verify_attention.py on the H200 (run 20, us a layer within
 # a 30-layer graph, bf16, 400 slots): split into 64-key chunks, 64-key blocks and 4 warps,
 # 4.7 us at a 25-token batch-1 verify and 4.6 at a 4-token drafter depth, against 9.6-11.5 and
 # 10.9 the compiled matmul way and ~7 unsplit. Unsplit is better from batch 8 (7.8 against 9.0
 # at 8 x 25 tokens; the matmul way 18.7); the default is set for batch 1.
-BLOCK_N = env_count("DRAFTSMITH_ATTN_BLOCK_N", "64")  # keys a program streams a step
+BLOCK_N = env_pow2("DRAFTSMITH_ATTN_BLOCK_N", "64", 16)  # keys a program streams a step
 BLOCK_M = 16  # query rows a program takes (tl.dot's least)
-WARPS = env_count("DRAFTSMITH_ATTN_WARPS", "4")
+WARPS = env_pow2("DRAFTSMITH_ATTN_WARPS", "4")
 STAGES = env_count("DRAFTSMITH_ATTN_STAGES", "2")
 # Keys a program takes (flash-decoding: the cache split over programs, their partial softmax
 # states joined by a second kernel); 0: one program takes every key of its rows.
 SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "64")
-# The join holds every chunk's state of its rows at once: longer caches take longer chunks.
-MAX_SPLITS = 16
+# The join holds every chunk's state of its rows at once (a power of two; register use grows
+# with it): longer caches take longer chunks.
+MAX_SPLITS = 8
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Shapes the kernel takes: head_dim a power of two >= 16, a mask shared by the heads."""
-    d = q.shape[-1]
-    return (d >= 16 and d & (d - 1) == 0 and mask is not None and mask.shape[1] == 1
-            and q.dtype == k.dtype)
+    """Shapes the kernel takes: head_dim a power of two >= 16, q and the cache in one dtype, a
+    bool mask [B, 1, G*Q, S] shared by the heads (as the prologue builds it)."""
+    b, n_q, heads, d = q.shape
+    return (d >= 16 and d & (d - 1) == 0 and q.dtype == k.dtype and mask is not None
+            and mask.dtype == torch.bool
+            and tuple(mask.shape) == (b, 1, heads // k.shape[1] * n_q, k.shape[2]))
 
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -77,7 +80,7 @@ def _register() -> None:
         out = torch.empty((b, n_q, heads * d), dtype=q.dtype, device=q.device)
         blocks = -(-g * n_q // BLOCK_M)
         chunk, splits = chunking(slots)
-        if splits > 1:  # partial softmax states, one per key chunk, joined by `combine`
+        if splits > 1:  # partial softmax states, one per key chunk, joined by `join`
             rows = b * kv_heads * blocks * BLOCK_M
             m_part = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
             l_part = torch.empty_like(m_part)
@@ -89,20 +92,16 @@ def _register() -> None:
             *q.stride(), *k.stride(), *v.stride(),
             mask.stride(0), mask.stride(2), mask.stride(3),
             n_q, g, kv_heads, slots, chunk, splits, d ** -0.5,
-            D=d, BLOCK_M=BLOCK_M, BLOCK_N=max(16, min(BLOCK_N, _pow2(chunk))),  # tl.dot: >= 16
+            D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
             num_warps=WARPS, num_stages=STAGES,
         )
         if splits > 1:
             wrap_triton(join)[(b * kv_heads, blocks)](
                 out, m_part, l_part, acc_part, n_q, g, kv_heads, splits,
-                D=d, BLOCK_M=BLOCK_M, SPLITS=_pow2(splits), num_warps=4,
+                D=d, BLOCK_M=BLOCK_M, SPLITS=MAX_SPLITS, num_warps=4,
             )
         return out
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _kernels():
@@ -117,7 +116,7 @@ def _kernels():
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                IEEE: tl.constexpr, SPLIT: tl.constexpr):
         bh = tl.program_id(0)
-        b = bh // kv_heads
+        b = (bh // kv_heads).to(tl.int64)  # caches past 2**31 elements
         h = bh % kv_heads
         r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         live = r < g * n_q
@@ -196,8 +195,9 @@ def _kernels():
     return attend, join
 
 
-try:
+try:  # triton, and torch.library.triton_op (torch >= 2.6)
     import triton  # noqa: F401
+    from torch.library import triton_op  # noqa: F401
 except ImportError:
     AVAILABLE = False
 else:

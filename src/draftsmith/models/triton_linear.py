@@ -17,15 +17,18 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.switches import env_count
+from draftsmith.switches import env_count, env_pow2
 
 # Linears over more than SMALL_LINEAR_ROWS and at most this many rows take the split kernel when
 # compiled on CUDA; 0: never (cuBLAS).
 SPLIT_LINEAR_ROWS = env_count("DRAFTSMITH_SPLIT_LINEAR_ROWS", "0")
-BLOCK_N = env_count("DRAFTSMITH_LINEAR_BLOCK_N", "64")  # outputs a program takes
+BLOCK_N = env_pow2("DRAFTSMITH_LINEAR_BLOCK_N", "64", 16)  # outputs a program takes
+BLOCK_M = 32  # rows a program takes (a grid axis covers more)
 BLOCK_K = 64  # inputs a program multiplies a step
 MAX_SPLITS = 8  # inductor unrolls reductions of at most 8 elements into their consumer
-MAX_OUTPUTS = 8192  # wider linears (vocabulary heads) are bandwidth-bound: cuBLAS keeps them
+# Linears with more outputs on this rank (vocabulary heads, unsharded) are bandwidth-bound:
+# cuBLAS keeps them.
+MAX_OUTPUTS = 8192
 
 
 def fits(rows: int, w: torch.Tensor) -> bool:
@@ -53,10 +56,6 @@ def split_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     return y.reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
 
 
-def _pow2_16(n: int) -> int:
-    return max(16, 1 << max(n - 1, 0).bit_length())
-
-
 def _register() -> None:
     """Defines the op at import: dynamo cannot trace triton.jit."""
     from torch.library import triton_op, wrap_triton
@@ -69,9 +68,10 @@ def _register() -> None:
         n = w.shape[0]
         chunk, splits = splitting(k)
         out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        wrap_triton(kernel)[(-(-n // BLOCK_N), splits)](
+        # rows stay symbolic: a block size taken from m would compile once per row count
+        wrap_triton(kernel)[(-(-n // BLOCK_N), splits, -(-m // BLOCK_M))](
             x, w, out, m, n, k, chunk, *x.stride(), *w.stride(),
-            BLOCK_M=_pow2_16(m), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
             IEEE=x.dtype == torch.float32, num_warps=4,
         )
         return out
@@ -86,7 +86,7 @@ def _kernel():
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 IEEE: tl.constexpr):
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows = tl.arange(0, BLOCK_M)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         lo = tl.program_id(1) * chunk
         hi = tl.minimum(lo + chunk, k)
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -106,8 +106,9 @@ def _kernel():
     return partial
 
 
-try:
+try:  # triton, and torch.library.triton_op (torch >= 2.6)
     import triton  # noqa: F401
+    from torch.library import triton_op  # noqa: F401
 except ImportError:
     AVAILABLE = False
 else:
