@@ -14,12 +14,12 @@ import json
 
 import torch
 import torch.nn.functional as F
+from verify_attention import graph_us  # run from benchmarks/: the script's folder is on the path
 
 from draftsmith.engine.runtime import engine_compile
 from draftsmith.models import triton_linear
 from draftsmith.models.parallel import linear
 
-LAYERS = 30
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
 
 
@@ -33,25 +33,6 @@ def with_consumer(name: str):
             return y * r[..., :1]
         return y + r
     return fn
-
-
-def graph_us(fn, args, iters: int = 200) -> float:
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            fn(*args)
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters / LAYERS
 
 
 def main() -> None:

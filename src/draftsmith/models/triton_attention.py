@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.triton_support import importable
 from draftsmith.switches import env_count, env_pow2
 
 # Blocks are fixed, from benchmarks/verify_attention.py on the H200 (run 20, us a layer within
@@ -195,11 +196,6 @@ def _kernels():
     return attend, join
 
 
-try:  # triton, and torch.library.triton_op (torch >= 2.6)
-    import triton  # noqa: F401
-    from torch.library import triton_op  # noqa: F401
-except ImportError:
-    AVAILABLE = False
-else:
-    AVAILABLE = True
+AVAILABLE = importable()
+if AVAILABLE:
     _register()

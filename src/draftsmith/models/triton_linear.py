@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.triton_support import importable
 from draftsmith.switches import env_count, env_pow2
 
 # Linears over more than SMALL_LINEAR_ROWS and at most this many rows take the split kernel when
@@ -106,11 +107,6 @@ def _kernel():
     return partial
 
 
-try:  # triton, and torch.library.triton_op (torch >= 2.6)
-    import triton  # noqa: F401
-    from torch.library import triton_op  # noqa: F401
-except ImportError:
-    AVAILABLE = False
-else:
-    AVAILABLE = True
+AVAILABLE = importable()
+if AVAILABLE:
     _register()
