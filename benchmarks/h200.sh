@@ -9,6 +9,8 @@
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
+#   bash benchmarks/h200.sh kernels   # no model, no carry: verify_attention.py and verify_linear.py
+#                                     # (the Triton kernels alone) and the kernels' GPU tests
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # the default engine, then a tree's draft compiled in parts
 #                                     # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk) + GPU tests
@@ -85,7 +87,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 gguf=${GGUF:-/tmp/m/S.gguf}  # GGUF: a dry run (tests/test_h200_script.py) points elsewhere
-if [ ! -f "$gguf" ]; then
+if [ "${1:-}" != kernels ] && [ ! -f "$gguf" ]; then
     [ -f /tmp/m/part0 ] || { echo "/tmp/m/part0 missing: the machine went cold, redo call 0"; exit 3; }
     cat /tmp/m/part0 .m2/part1 > "$gguf"
 fi
@@ -142,6 +144,20 @@ suite)
     WORK=${WORK:-runs/demo/data} DRAFTER=${DRAFTER:-runs/demo/drafter} \
         STAGES=${STAGES:-restore,hf,spec,doctor,tune} \
         timeout "${LIMIT:-560}" python3 benchmarks/gpu_suite.py 2>&1 | tee "$OUT/suite_log.txt"
+    ;;
+kernels)
+    # draftsmith's Triton kernels alone (no model: a fresh machine's first call, no carry):
+    # attention split and unsplit, the split linear against cuBLAS, then their GPU tests
+    python3 benchmarks/verify_attention.py --blocks 64,256 --warps 4,8 --split 0,64 \
+        --shapes "${SHAPES:-1x1,1x4,1x25,8x25,32x8}" --out "$OUT/verify_attention.json" 2>&1 \
+        | grep '^{' | tee "$OUT/kernels_log.txt"
+    python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 | grep '^{' \
+        | tee -a "$OUT/kernels_log.txt"
+    timeout "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
+        tests/test_triton_attention.py tests/test_triton_linear.py tests/test_speculative_gpu.py \
+        -k "triton or split_linear or other_verify or compiled_verify" >> "$OUT/kernels_log.txt" 2>&1 \
+        || echo "kernel GPU tests: rc $?" | tee -a "$OUT/kernels_log.txt"
+    tail -3 "$OUT/kernels_log.txt"
     ;;
 probe)
     # the default engine (chunked top-k, fused phases), then the phases compiled in parts
@@ -285,6 +301,6 @@ respec)
     tar czf "$OUT/respec.tgz" -C "$(dirname "$R")" "$(basename "$R")"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|probe|tp|refill|bigrun|respec"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|kernels|probe|tp|refill|bigrun|respec"; exit 2
     ;;
 esac
