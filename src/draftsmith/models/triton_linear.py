@@ -34,7 +34,10 @@ MAX_OUTPUTS = 8192
 
 def fits(rows: int, w: torch.Tensor) -> bool:
     """Whether a linear of `rows` rows and weight w takes the split kernel (switch on)."""
-    return 0 < rows <= SPLIT_LINEAR_ROWS and w.shape[0] <= MAX_OUTPUTS and AVAILABLE
+    # the switch first: off, a symbolic row count gets no guard from here
+    if not (SPLIT_LINEAR_ROWS and AVAILABLE) or w.shape[0] > MAX_OUTPUTS:
+        return False
+    return rows <= SPLIT_LINEAR_ROWS
 
 
 def splitting(k: int) -> tuple[int, int]:
