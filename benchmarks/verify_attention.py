@@ -53,6 +53,14 @@ def graph_us(fn, args, iters: int = 200) -> float:
     return start.elapsed_time(end) * 1000 / iters / LAYERS
 
 
+def save(path: str | None, rows: list[dict]) -> None:
+    """The rows with the device and torch they ran on, as JSON at path (None: not kept)."""
+    if path:
+        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def inputs(b: int, n: int, slots: int):
     g = torch.Generator("cuda").manual_seed(n)
     qkv = torch.randn(b, n, (HEADS + 2 * KV_HEADS) * D, device="cuda", generator=g)
@@ -95,10 +103,7 @@ def main() -> None:
             row[f"err {name}"] = round(err, 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    save(a.out, rows)
 
 
 if __name__ == "__main__":
