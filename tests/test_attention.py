@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,13 +130,15 @@ def test_static_shapes_compile_each_shape_and_never_go_symbolic(monkeypatch, sta
     assert counters["stats"]["unique_graphs"] == (4 if static else 2)
 
 
-@pytest.mark.parametrize("pinned,templates,options", [(False, False, None),
-                                                      (True, False, {"deterministic": True}),
-                                                      (False, True, TEMPLATES)])
-def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, templates, options):
-    """DRAFTSMITH_PIN_REDUCTIONS and DRAFTSMITH_GEMM_TEMPLATES reach torch.compile as inductor's
-    options (the CPU backend has no Triton to pin or template; the GPU test checks the kernels
-    carry the pin), and the compiled linear is right."""
+@pytest.mark.parametrize("pinned,templates,extra,options", [
+    (False, False, {}, None), (True, False, {}, {"deterministic": True}),
+    (False, True, {}, TEMPLATES),
+    (True, False, {"combo_kernels": True}, {"deterministic": True, "combo_kernels": True})])
+def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, templates, extra,
+                                                        options):
+    """DRAFTSMITH_PIN_REDUCTIONS, DRAFTSMITH_GEMM_TEMPLATES and DRAFTSMITH_INDUCTOR_OPTIONS reach
+    torch.compile as inductor's options (the CPU backend has no Triton to pin or template; the GPU
+    test checks the kernels carry the pin), and the compiled linear is right."""
     from draftsmith.engine import runtime
 
     seen, real = [], torch.compile
@@ -145,12 +149,44 @@ def test_engine_compile_passes_the_switches_to_inductor(monkeypatch, pinned, tem
 
     monkeypatch.setattr(runtime, "PIN_REDUCTIONS", pinned)
     monkeypatch.setattr(runtime, "GEMM_TEMPLATES", templates)
+    monkeypatch.setattr(runtime, "INDUCTOR_OPTIONS", extra)
     monkeypatch.setattr(runtime.torch, "compile", spy)
     torch._dynamo.reset()
     fn = runtime.engine_compile(lambda x, w: F.linear(x, w).relu(), fullgraph=True)
     x, w = torch.randn(25, 96), torch.randn(160, 96)
     assert torch.allclose(fn(x, w), F.linear(x, w).relu(), atol=1e-5)
     assert seen == [options]
+
+
+def test_inductor_options_are_read_as_each_options_type(monkeypatch):
+    """DRAFTSMITH_INDUCTOR_OPTIONS: dotted keys, bools as 1/0, ints as ints; `none` is none."""
+    from draftsmith.engine.runtime import inductor_options
+    from draftsmith.switches import env_assignments
+
+    name = "DRAFTSMITH_INDUCTOR_OPTIONS"
+    monkeypatch.setenv(name, " triton.enable_pdl=1, combo_kernels=0,combo_kernel_max_num_nodes=4 ")
+    got = inductor_options(env_assignments(name, "none"))
+    assert got == {"triton.enable_pdl": True, "combo_kernels": False,
+                   "combo_kernel_max_num_nodes": 4}
+    assert type(got["combo_kernel_max_num_nodes"]) is int
+    for unset in ("none", ""):
+        monkeypatch.setenv(name, unset)
+        assert inductor_options(env_assignments(name, "none")) == {}
+
+
+@pytest.mark.parametrize("value,says", [("combo_kernel=1", "no option 'combo_kernel'"),
+                                        ("combo_kernels=yes", "use 1 or 0"),
+                                        ("combo_kernel_max_num_nodes=many", "holds a int"),
+                                        ("combo_kernels=1,combo_kernels=0", "new key=value"),
+                                        ("combo_kernels", "new key=value"),
+                                        ("multi_kernel_hints=1", "not settable here")])
+def test_a_bad_inductor_option_is_refused_before_any_compile(monkeypatch, value, says):
+    from draftsmith.engine.runtime import inductor_options
+    from draftsmith.switches import env_assignments
+
+    monkeypatch.setenv("DRAFTSMITH_INDUCTOR_OPTIONS", value)
+    with pytest.raises(DraftsmithError, match=re.escape(says)):
+        inductor_options(env_assignments("DRAFTSMITH_INDUCTOR_OPTIONS", "none"))
 
 
 @pytest.mark.parametrize("limit", [0, 2])

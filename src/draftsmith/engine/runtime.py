@@ -10,7 +10,7 @@ import torch
 from draftsmith.engine.graphs import Graphs, fill, fill_padded, pad_to, run_keyed, static_inputs
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
-from draftsmith.switches import env_count, env_flag
+from draftsmith.switches import env_assignments, env_count, env_flag
 
 # Prompt lengths a prefill is padded to (graphed on GPU): steps of 1.5x, so at most a third of a
 # padded prompt is padding. Batches over PROMPT_GRAPH_TOKENS padded tokens run eagerly and exact:
@@ -248,6 +248,49 @@ GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 STATIC_SHAPES = env_flag("DRAFTSMITH_STATIC_SHAPES", "0")
 
 
+
+def inductor_options(raw: dict[str, str], name: str = "DRAFTSMITH_INDUCTOR_OPTIONS") -> dict:
+    """torch.compile options from `key=value` strings, each value read as that inductor option's
+    own type (bools 1 or 0); a key inductor lacks or a value it cannot take is refused here, before
+    any compile."""
+    if not raw:
+        return {}
+    import torch._inductor.config as inductor
+
+    known = inductor.get_config_copy()
+    out: dict = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise DraftsmithError(f"{name}: inductor has no option {key!r} (dotted for a section, "
+                                  "e.g. triton.enable_pdl)")
+        out[key] = option_value(name, key, value, known[key])
+    return out
+
+
+def option_value(name: str, key: str, value: str, current: object) -> bool | int | float | str:
+    """`value` as the type of the option's current value."""
+    kind = type(current)
+    try:
+        if kind is bool:
+            return {"1": True, "0": False}[value]
+        if kind in (int, float, str):
+            return kind(value)
+    except (KeyError, ValueError):
+        pass
+    raise DraftsmithError(f"{name}: {key}={value!r}: inductor holds a {kind.__name__} there"
+                          + (" (use 1 or 0)" if kind is bool else "")
+                          + ("" if kind in (bool, int, float, str) else "; not settable here"))
+
+
+# Extra inductor options for every engine compile: `key=value,...` in torch.compile's keys
+# (dotted for a section). Queued for the next H200 lease, neither timed yet:
+# `triton.enable_pdl=1` (programmatic dependent launch: a kernel may start while the one before
+# it drains; Hopper and later) and `combo_kernels=1` (independent kernels launched as one). A
+# verify is ~300 kernels and a drafter depth ~29, bound by the gaps between them
+# (speculative_default.md, run 21). `none`: no extra options.
+INDUCTOR_OPTIONS = inductor_options(env_assignments("DRAFTSMITH_INDUCTOR_OPTIONS", "none"))
+
+
 def compile_options(pinned: bool = True) -> dict | None:
     """inductor options for the engine's compiles under the switches above; pinned=False: one
     that `PIN_ROWS` leaves unpinned."""
@@ -257,7 +300,7 @@ def compile_options(pinned: bool = True) -> dict | None:
     options: dict = {"deterministic": True} if PIN_REDUCTIONS and pinned else {}
     if GEMM_TEMPLATES:
         options |= {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}
-    return options or None
+    return (options | INDUCTOR_OPTIONS) or None
 
 
 def engine_compile(fn: Callable, pinned: bool = True, **kwargs) -> Callable:
