@@ -153,8 +153,8 @@ kernels)
         | grep '^{' | tee "$OUT/kernels_log.txt"
     python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 | grep '^{' \
         | tee -a "$OUT/kernels_log.txt"
-    # the engine's 13 tests take ~440 s (run 21); at 300 s they stopped after 9
-    timeout "${LIMIT:-500}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
+    # the engine's tests took ~440 s for 13 (run 21; 15 now): at 300 s they stopped after 9
+    timeout "${LIMIT:-520}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
         tests/test_triton_attention.py tests/test_triton_linear.py tests/test_speculative_gpu.py \
         -k "triton or split_linear or other_verify or compiled_verify" >> "$OUT/kernels_log.txt" 2>&1 \
         || echo "kernel GPU tests: rc $?" | tee -a "$OUT/kernels_log.txt"

@@ -163,20 +163,23 @@ def test_compiled_tree_picks_at_the_default_drafters_shapes(monkeypatch, method)
             assert torch.equal(a, e) if not a.is_floating_point() else torch.allclose(a, e)
 
 
-@pytest.mark.parametrize("attention,decode", [("sdpa", "small"), ("matmul", "small"),
-                                              ("triton", "triton")])
+@pytest.mark.parametrize("attention,decode,unsplit", [("sdpa", "small", 0), ("matmul", "small", 0),
+                                                      ("triton", "triton", 0),
+                                                      ("triton", "small", 1)])
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
 def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, topk, n, attention,
-                                                    decode):
+                                                    decode, unsplit):
     """DRAFTSMITH_VERIFY_ATTENTION=sdpa or matmul (the non-default paths for compiled verify
     shapes), and the default, triton, with DRAFTSMITH_DECODE_ATTENTION=triton for one-token
-    steps too: still plain greedy's output; the Triton kernel runs exactly where chosen."""
+    steps too, or with every call unsplit (DRAFTSMITH_ATTN_UNSPLIT_PROGRAMS=1): still plain
+    greedy's output; the Triton kernel runs exactly where chosen."""
     from draftsmith.models import llama, triton_attention
 
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(llama, "VERIFY_ATTENTION", attention)
     monkeypatch.setattr(llama, "DECODE_ATTENTION", decode)
+    monkeypatch.setattr(triton_attention, "UNSPLIT_PROGRAMS", unsplit)
     kernel = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",
                                   lambda q, *a: q.shape[1] > 1)
     one_token = count_compiled_calls(monkeypatch, triton_attention, "cache_attention",

@@ -80,6 +80,29 @@ def test_a_long_cache_is_split_into_at_most_max_splits_chunks(monkeypatch):
     assert torch.allclose(out, reference(q, k, v, mask), atol=1e-5)
 
 
+def test_calls_with_many_programs_skip_the_split_when_told(monkeypatch):
+    """DRAFTSMITH_ATTN_UNSPLIT_PROGRAMS=24: a 1 x 25 verify over 3 KV heads (3 x 5 = 15
+    programs) stays split; 8 x 25 (120) and 32 x 8 (192) run unsplit in 256-key blocks with 8
+    warps, and the values do not change."""
+    from draftsmith.models import triton_attention as ta
+
+    monkeypatch.setattr(ta, "SPLIT_KEYS", 16)
+    monkeypatch.setattr(ta, "BLOCK_N", 16)
+    assert ta.plan(120, 150) == (19, 8, 16, ta.WARPS)  # off (0): split whatever the grid
+    monkeypatch.setattr(ta, "UNSPLIT_PROGRAMS", 24)
+    assert ta.plan(15, 400) == (50, 8, 16, ta.WARPS)
+    assert ta.plan(120, 400) == ta.plan(192, 400) == (400, 1, 256, 8)
+    q, k, v = draw(6, 9, 6, 2, 150, 16, seed=11)  # 6 x 2 x 4 blocks of 16 rows: 48 programs
+    positions = torch.arange(9).repeat(6, 1) + torch.arange(6).unsqueeze(1) * 20 + 5
+    mask = causal_mask(positions, 150).repeat(1, 1, 3, 1).to(DEVICE)
+    seen = []
+    real = ta.plan
+    monkeypatch.setattr(ta, "plan", lambda *a: seen.append(real(*a)) or seen[-1])
+    out = ta.cache_attention(q, k, v, mask)
+    assert seen == [(150, 1, 256, 8)]
+    assert torch.allclose(out, reference(q, k, v, mask), atol=1e-5)
+
+
 @pytest.mark.parametrize("split_keys", [0, 16])
 def test_a_row_that_may_attend_nothing_gives_zeros(monkeypatch, split_keys):
     """A padded batch row (mask all False) gives zeros where softmax would give NaN."""

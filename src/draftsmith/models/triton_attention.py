@@ -25,7 +25,7 @@ from draftsmith.switches import env_count, env_pow2
 # a 30-layer graph, bf16, 400 slots): split into 64-key chunks, 64-key blocks and 4 warps,
 # 4.7 us at a 25-token batch-1 verify and 4.6 at a 4-token drafter depth, against 9.6-11.5 and
 # 10.9 the compiled matmul way and ~7 unsplit. Unsplit is better from batch 8 (7.8 against 9.0
-# at 8 x 25 tokens; the matmul way 18.7); the default is set for batch 1.
+# at 8 x 25 tokens; the matmul way 18.7): see UNSPLIT_PROGRAMS.
 BLOCK_N = env_pow2("DRAFTSMITH_ATTN_BLOCK_N", "64", 16)  # keys a program streams a step
 BLOCK_M = 16  # query rows a program takes (tl.dot's least)
 WARPS = env_pow2("DRAFTSMITH_ATTN_WARPS", "4")
@@ -36,6 +36,13 @@ SPLIT_KEYS = env_count("DRAFTSMITH_ATTN_SPLIT_KEYS", "64")
 # The join holds every chunk's state of its rows at once (a power of two; register use grows
 # with it): longer caches take longer chunks.
 MAX_SPLITS = 8
+# Calls whose unsplit grid already has this many programs (batch x KV heads x query-row
+# blocks) skip the split and take 256-key blocks with 8 warps, the kernel's best unsplit setting
+# alone (H200 run 21, us a layer: 8 x 25 tokens 7.82 against 8.94 split; 32 x 8 10.15 against
+# 11.70; at batch 1, 3-15 programs, the split wins by 1.9-2.6 us). 0: always as set above. Not
+# timed in the engine (the unsplit form's 40 % gain alone was nil there at batch 1, run 20).
+UNSPLIT_PROGRAMS = env_count("DRAFTSMITH_ATTN_UNSPLIT_PROGRAMS", "0")
+UNSPLIT_BLOCK_N, UNSPLIT_WARPS = 256, 8
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -65,6 +72,13 @@ def chunking(slots: int) -> tuple[int, int]:
     return chunk, -(-slots // chunk)
 
 
+def plan(programs: int, slots: int) -> tuple[int, int, int, int]:
+    """(chunk, splits, BLOCK_N, warps) for a call whose unsplit grid has `programs` programs."""
+    if UNSPLIT_PROGRAMS and programs >= UNSPLIT_PROGRAMS:
+        return slots, 1, UNSPLIT_BLOCK_N, UNSPLIT_WARPS
+    return *chunking(slots), BLOCK_N, WARPS
+
+
 def _register() -> None:
     """Defines the op, at import: dynamo cannot trace triton.jit, so no compiled region may be
     the first to reach it."""
@@ -80,7 +94,7 @@ def _register() -> None:
         g = heads // kv_heads
         out = torch.empty((b, n_q, heads * d), dtype=q.dtype, device=q.device)
         blocks = -(-g * n_q // BLOCK_M)
-        chunk, splits = chunking(slots)
+        chunk, splits, block_n, warps = plan(b * kv_heads * blocks, slots)
         if splits > 1:  # partial softmax states, one per key chunk, joined by `join`
             rows = b * kv_heads * blocks * BLOCK_M
             m_part = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
@@ -93,9 +107,9 @@ def _register() -> None:
             *q.stride(), *k.stride(), *v.stride(),
             mask.stride(0), mask.stride(2), mask.stride(3),
             n_q, g, kv_heads, slots, chunk, splits, d ** -0.5,
-            D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            D=d, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
             IEEE=q.dtype == torch.float32, SPLIT=splits > 1,
-            num_warps=WARPS, num_stages=STAGES,
+            num_warps=warps, num_stages=STAGES,
         )
         if splits > 1:
             wrap_triton(join)[(b * kv_heads, blocks)](
