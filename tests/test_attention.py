@@ -175,11 +175,11 @@ def test_inductor_options_are_read_as_each_options_type(monkeypatch):
 
 
 @pytest.mark.parametrize("value,says", [("combo_kernel=1", "no option 'combo_kernel'"),
-                                        ("combo_kernels=yes", "use 1 or 0"),
-                                        ("combo_kernel_max_num_nodes=many", "holds a int"),
+                                        ("combo_kernels=yes", "takes 1 or 0"),
+                                        ("combo_kernel_max_num_nodes=many", "takes an int"),
                                         ("combo_kernels=1,combo_kernels=0", "new key=value"),
                                         ("combo_kernels", "new key=value"),
-                                        ("multi_kernel_hints=1", "not settable here")])
+                                        ("multi_kernel_hints=1", "takes a list, not settable")])
 def test_a_bad_inductor_option_is_refused_before_any_compile(monkeypatch, value, says):
     from draftsmith.engine.runtime import inductor_options
     from draftsmith.switches import env_assignments

@@ -248,7 +248,6 @@ GEMM_TEMPLATES = env_flag("DRAFTSMITH_GEMM_TEMPLATES", "0")
 STATIC_SHAPES = env_flag("DRAFTSMITH_STATIC_SHAPES", "0")
 
 
-
 def inductor_options(raw: dict[str, str], name: str = "DRAFTSMITH_INDUCTOR_OPTIONS") -> dict:
     """torch.compile options from `key=value` strings, each value read as that inductor option's
     own type (bools 1 or 0); a key inductor lacks or a value it cannot take is refused here, before
@@ -277,9 +276,11 @@ def option_value(name: str, key: str, value: str, current: object) -> bool | int
             return kind(value)
     except (KeyError, ValueError):
         pass
-    raise DraftsmithError(f"{name}: {key}={value!r}: inductor holds a {kind.__name__} there"
-                          + (" (use 1 or 0)" if kind is bool else "")
-                          + ("" if kind in (bool, int, float, str) else "; not settable here"))
+    what = f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
+    if kind not in (bool, int, float, str):
+        raise DraftsmithError(f"{name}: {key} takes {what}, not settable here")
+    raise DraftsmithError(f"{name}: {key}={value!r}: that option takes "
+                          + ("1 or 0" if kind is bool else what))
 
 
 # Extra inductor options for every engine compile: `key=value,...` in torch.compile's keys
