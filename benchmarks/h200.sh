@@ -9,8 +9,11 @@
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
-#   bash benchmarks/h200.sh kernels   # no model, no carry: verify_attention.py and verify_linear.py
-#                                     # (the Triton kernels alone) and the kernels' GPU tests
+#   bash benchmarks/h200.sh kernels   # no model, no carry: verify_attention.py, verify_linear.py
+#                                     # and draft_head.py (the Triton kernels alone) and the
+#                                     # kernels' GPU tests
+#   bash benchmarks/h200.sh enginetests # no model, no carry: the engine's GPU tests of greedy
+#                                     # equality under each kernel choice (~450 s)
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
 #                                     # the default engine, then a tree's draft compiled in parts
 #                                     # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk) + GPU tests
@@ -87,7 +90,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 gguf=${GGUF:-/tmp/m/S.gguf}  # GGUF: a dry run (tests/test_h200_script.py) points elsewhere
-if [ "${1:-}" != kernels ] && [ ! -f "$gguf" ]; then
+if [ "${1:-}" != kernels ] && [ "${1:-}" != enginetests ] && [ ! -f "$gguf" ]; then
     [ -f /tmp/m/part0 ] || { echo "/tmp/m/part0 missing: the machine went cold, redo call 0"; exit 3; }
     cat /tmp/m/part0 .m2/part1 > "$gguf"
 fi
@@ -153,12 +156,21 @@ kernels)
         | grep '^{' | tee "$OUT/kernels_log.txt"
     python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 | grep '^{' \
         | tee -a "$OUT/kernels_log.txt"
-    # the engine's tests took ~440 s for 13 (run 21; 15 now): at 300 s they stopped after 9
-    timeout "${LIMIT:-520}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
-        tests/test_triton_attention.py tests/test_triton_linear.py tests/test_speculative_gpu.py \
-        -k "triton or split_linear or other_verify or compiled_verify" >> "$OUT/kernels_log.txt" 2>&1 \
-        || echo "kernel GPU tests: rc $?" | tee -a "$OUT/kernels_log.txt"
+    python3 benchmarks/draft_head.py --out "$OUT/draft_head.json" 2>&1 | grep '^{' \
+        | tee -a "$OUT/kernels_log.txt"
+    # the kernels' own GPU tests (seconds); the engine's with them take ~450 s: `enginetests`
+    timeout "${LIMIT:-200}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
+        tests/test_triton_attention.py tests/test_triton_linear.py tests/test_triton_head.py \
+        >> "$OUT/kernels_log.txt" 2>&1 || echo "kernel GPU tests: rc $?" | tee -a "$OUT/kernels_log.txt"
     tail -3 "$OUT/kernels_log.txt"
+    ;;
+enginetests)
+    # the engine's greedy equality under each attention, tree top-k and the split linears (no
+    # model, no carry): 13 tests took 437 s in run 21 (15 now); at 300 s they stopped after 9
+    timeout "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -v \
+        tests/test_speculative_gpu.py -k "triton or split_linear or other_verify or compiled_verify" \
+        > "$OUT/enginetests_log.txt" 2>&1 || echo "engine GPU tests: rc $?" | tee -a "$OUT/enginetests_log.txt"
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/enginetests_log.txt" | tail -25
     ;;
 probe)
     # the default engine (chunked top-k, fused phases), then the phases compiled in parts
@@ -302,6 +314,6 @@ respec)
     tar czf "$OUT/respec.tgz" -C "$(dirname "$R")" "$(basename "$R")"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|kernels|probe|tp|refill|bigrun|respec"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|kernels|enginetests|probe|tp|refill|bigrun|respec"; exit 2
     ;;
 esac

@@ -224,7 +224,7 @@ def test_kernels_needs_no_model_and_brings_back_the_microbenches(dry, tmp_path):
     """A fresh machine's first call, carrying nothing: no GGUF, no /tmp/m/part0; a failing test
     run is logged, not fatal (the timings still come back)."""
     repo, _, run = dry
-    for name in ("verify_attention.py", "verify_linear.py"):
+    for name in ("verify_attention.py", "verify_linear.py", "draft_head.py"):
         (repo / "benchmarks" / name).write_text(
             "import json, sys\n"
             "out = sys.argv[sys.argv.index('--out') + 1]\n"
@@ -233,7 +233,16 @@ def test_kernels_needs_no_model_and_brings_back_the_microbenches(dry, tmp_path):
     out, _ = run("kernels", "k", GGUF=str(tmp_path / "missing.gguf"))
     attention = json.loads((out / "verify_attention.json").read_text())["argv"]
     assert "--split" in attention and "0,64" in attention
-    assert (out / "verify_linear.json").is_file()
+    assert (out / "verify_linear.json").is_file() and (out / "draft_head.json").is_file()
     log = (out / "kernels_log.txt").read_text()
-    assert "verify_attention.py" in log and "verify_linear.py" in log
+    assert all(f"{name}.py" in log for name in ("verify_attention", "verify_linear", "draft_head"))
     assert "kernel GPU tests: rc" in log  # no tests folder in the dry repo
+
+
+def test_enginetests_needs_no_model_and_logs_a_failed_run(dry, tmp_path):
+    """The engine's GPU tests as a call of their own: no GGUF needed; a failing run is logged
+    with its exit status, and the call still ends well (its log comes back)."""
+    _, _, run = dry
+    out, _ = run("enginetests", "e", GGUF=str(tmp_path / "missing.gguf"))
+    log = (out / "enginetests_log.txt").read_text()
+    assert "engine GPU tests: rc" in log and "test_speculative_gpu.py" in log

@@ -1,0 +1,118 @@
+"""The drafter's vocabulary head and a greedy tree depth's top-k in one Triton pass.
+
+At a batch-1 draft depth the head is a 4-row product with the 24,576 x 576 draft vocabulary
+(28 MB of bf16 weights, 7.7 us in cuBLAS on the H200), followed by the chunked top-k and its
+logsumexp, more kernels of a few us each (run 9's profile: ~11 us a depth). Here one program
+takes a block of the vocabulary for every row: it forms those logits in fp32, keeps their max
+and sum of exponentials, and the block's k best (ties to the lower id); a few tensor ops join
+the blocks. The logits never reach memory.
+
+Not used by the engine yet: `benchmarks/draft_head.py` times it against the compiled way first.
+CPU installs need not have Triton (`AVAILABLE`); under `TRITON_INTERPRET=1` it runs on CPU
+tensors (tests, fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.triton_support import importable
+
+BLOCK_V = 128  # vocabulary entries a program takes
+BLOCK_H = 64  # hidden features a program multiplies a step
+BLOCK_R = 16  # rows a program takes (tl.dot's least; a grid axis covers more)
+MAX_K = 16
+
+
+def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-softmax values [R, k] fp32, ids [R, k] int64) of the k best of x @ w.T per row,
+    best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype."""
+    if not AVAILABLE:
+        raise DraftsmithError("the Triton head kernel needs the triton package")
+    if not 0 < k <= min(MAX_K, w.shape[0]) or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
+        raise DraftsmithError(f"head_top_k: top-{k} of {tuple(x.shape)} x {tuple(w.shape)} "
+                              f"({x.dtype}, {w.dtype}); k must be 1-{MAX_K}")
+    vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks(x, w, k)
+    return join_blocks(vals, ids, bmax, bsum, k)
+
+
+def join_blocks(vals: torch.Tensor, ids: torch.Tensor, bmax: torch.Tensor, bsum: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks' candidates [R, blocks, k] and (max, sum of exp) [R, blocks] -> the rows'
+    k best as log-probabilities. Candidates lie block by block, each block's best first, so
+    the first of equal values is the lowest id."""
+    from draftsmith.engine.tree import top_k_by_max
+
+    gv, gi = top_k_by_max(vals.flatten(1), k)
+    top = bmax.max(1, keepdim=True).values
+    lse = top + (bsum * (bmax - top).exp()).sum(1, keepdim=True).log()
+    return gv - lse, ids.flatten(1).gather(1, gi)
+
+
+def _register() -> None:
+    from torch.library import triton_op, wrap_triton
+
+    kernel = _kernel()
+
+    @triton_op("draftsmith::head_blocks", mutates_args={})
+    def op(x: torch.Tensor, w: torch.Tensor, k: int,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, hidden = x.shape
+        blocks = -(-w.shape[0] // BLOCK_V)
+        f32 = {"dtype": torch.float32, "device": x.device}
+        vals = torch.empty((rows, blocks, k), **f32)
+        ids = torch.empty((rows, blocks, k), dtype=torch.int64, device=x.device)
+        bmax, bsum = torch.empty((rows, blocks), **f32), torch.empty((rows, blocks), **f32)
+        wrap_triton(kernel)[(blocks, -(-rows // BLOCK_R))](
+            x, w, vals, ids, bmax, bsum, rows, hidden, w.shape[0], blocks,
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+            K=k, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H, BLOCK_R=BLOCK_R,
+            IEEE=x.dtype == torch.float32, num_warps=4,
+        )
+        return vals, ids, bmax, bsum
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def head_blocks(X, W, VALS, IDS, BMAX, BSUM, rows, hidden, vocab, blocks,
+                    sxr, sxh, swv, swh,
+                    K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+        blk = tl.program_id(0)
+        r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        v = blk * BLOCK_V + tl.arange(0, BLOCK_V)
+        live_r, live_v = r < rows, v < vocab
+        acc = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
+        for start in range(0, hidden, BLOCK_H):
+            h = start + tl.arange(0, BLOCK_H)
+            xs = tl.load(X + r[:, None] * sxr + h[None, :] * sxh,
+                         mask=live_r[:, None] & (h[None, :] < hidden), other=0.0)
+            ws = tl.load(W + v[:, None] * swv + h[None, :] * swh,
+                         mask=live_v[:, None] & (h[None, :] < hidden), other=0.0)
+            if IEEE:  # noqa: SIM108 (a branch on a constexpr: compiled out)
+                acc += tl.dot(xs, tl.trans(ws), input_precision="ieee")
+            else:
+                acc += tl.dot(xs, tl.trans(ws))
+        logits = tl.where(live_v[None, :], acc, float("-inf"))
+        m = tl.max(logits, 1)
+        at = r * blocks + blk
+        tl.store(BMAX + at, m, mask=live_r)
+        tl.store(BSUM + at, tl.sum(tl.exp(logits - m[:, None]), 1), mask=live_r)
+        for j in tl.static_range(K):
+            best = tl.max(logits, 1)
+            pick = tl.argmax(logits, 1, tie_break_left=True)
+            tl.store(VALS + at * K + j, best, mask=live_r)
+            tl.store(IDS + at * K + j, blk * BLOCK_V + pick, mask=live_r)
+            logits = tl.where(tl.arange(0, BLOCK_V)[None, :] == pick[:, None], float("-inf"),
+                              logits)
+
+    return head_blocks
+
+
+AVAILABLE = importable()
+if AVAILABLE:
+    _register()

@@ -1,0 +1,77 @@
+"""The Triton head + top-k (models/triton_head.py) gives what the vocabulary head followed by
+the tree's top-k of log-softmax gives: on CPU in Triton's interpreter (fp32), on a GPU in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from draftsmith.engine.tree import top_k_by_max
+
+    logits = x.float() @ w.float().T
+    v, i = top_k_by_max(logits, k)
+    return v - logits.logsumexp(-1, keepdim=True), i
+
+
+@pytest.mark.parametrize("rows,vocab,hidden,k", [(4, 1000, 96, 4), (1, 300, 64, 1),
+                                                 (20, 517, 32, 8)])
+def test_head_top_k_equals_the_head_then_top_k(rows, vocab, hidden, k):
+    """Rows past one program's block, a vocabulary that ends inside a block (300 < 3 blocks),
+    hidden sizes past and below one step; values and ids as the reference gives them."""
+    from draftsmith.models.triton_head import head_top_k
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=g).to(DEVICE)
+    w = torch.randn(vocab, hidden, generator=g).to(DEVICE) / hidden ** 0.5
+    v, i = head_top_k(x, w, k)
+    rv, ri = reference(x, w, k)
+    assert v.shape == (rows, k) and i.dtype == torch.int64
+    assert torch.equal(i, ri)
+    assert torch.allclose(v, rv, atol=1e-5)
+    assert (v[:, :-1] >= v[:, 1:]).all()
+
+
+def test_ties_go_to_the_lower_id_within_and_across_blocks():
+    """Vocabulary rows 5, 7 (one block) and 200 (the next) equal: ids 5, 7, 200 in that order,
+    as the tree's own top-k orders them."""
+    from draftsmith.models.triton_head import head_top_k
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 32, generator=g).to(DEVICE)
+    w = torch.randn(300, 32, generator=g).to(DEVICE) * 0.1
+    w[7] = w[200] = w[5] = x.mean(0) * 10
+    v, i = head_top_k(x, w, 4)
+    assert i[:, :3].tolist() == [[5, 7, 200]] * 2
+    assert torch.equal(i, reference(x, w, 4)[1])
+    assert v[0, 0] == v[0, 1] == v[0, 2]
+
+
+def test_bad_calls_are_refused():
+    from draftsmith.models.triton_head import head_top_k
+
+    x, w = torch.randn(2, 32).to(DEVICE), torch.randn(40, 32).to(DEVICE)
+    for args in ((x, w, 0), (x, w, 17), (x, w[:, :16], 2), (x.double(), w, 2)):
+        with pytest.raises(DraftsmithError, match="head_top_k"):
+            head_top_k(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA (the interpreter's bf16 dot is wrong)")
+def test_head_top_k_in_bf16_at_the_default_drafters_shape():
+    """Draft vocabulary 24,576 x hidden 576, 4 rows (batch 1 at top-k 4): the ids of the fp32
+    reference, values within bf16 input rounding."""
+    from draftsmith.models.triton_head import head_top_k
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 576, generator=g).to(DEVICE, torch.bfloat16)
+    w = (torch.randn(24_576, 576, generator=g) / 24).to(DEVICE, torch.bfloat16)
+    v, i = head_top_k(x, w, 4)
+    rv, ri = reference(x, w, 4)
+    assert torch.equal(i, ri) and torch.allclose(v, rv, atol=1e-3)
