@@ -57,7 +57,7 @@ def test_bad_calls_are_refused():
     from draftsmith.models.triton_head import head_top_k
 
     x, w = torch.randn(2, 32).to(DEVICE), torch.randn(40, 32).to(DEVICE)
-    for args in ((x, w, 0), (x, w, 17), (x, w[:, :16], 2), (x.double(), w, 2)):
+    for args in ((x, w, 0), (x, w, 17), (x, w[:, :16], 2), (x.double(), w, 2), (x[None], w, 2)):
         with pytest.raises(DraftsmithError, match="head_top_k"):
             head_top_k(*args)
 

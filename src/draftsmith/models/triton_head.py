@@ -30,7 +30,8 @@ def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, 
     best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype."""
     if not AVAILABLE:
         raise DraftsmithError("the Triton head kernel needs the triton package")
-    if not 0 < k <= min(MAX_K, w.shape[0]) or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
+    if (x.dim() != 2 or not 0 < k <= min(MAX_K, w.shape[0]) or x.shape[-1] != w.shape[1]
+            or x.dtype != w.dtype):
         raise DraftsmithError(f"head_top_k: top-{k} of {tuple(x.shape)} x {tuple(w.shape)} "
                               f"({x.dtype}, {w.dtype}); k must be 1-{MAX_K}")
     vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks(x, w, k)
