@@ -5,10 +5,10 @@ models/triton_head.py.
 Usage: python benchmarks/draft_head.py [--out FILE.json] [--shapes 4x4,8x8,32x4,128x4]
 Shapes ROWSxK: rows = batch x the tree's top-k, k its top-k (4x4: batch 1 at 7/4/24; 8x8:
 batch 1 at 5/8/16; 32x4, 128x4: batches 8 and 32 at top-k 4). Draft vocabulary 24,576 x
-hidden 576, bf16. One CUDA graph holds 30 calls; us a call from replays timed with CUDA events. Each way is compiled as the engine compiles a
-draft phase (pinned). `ids equal`: the share of rows whose k ids match the compiled way's (the
-Triton pass keeps fp32 logits where cuBLAS rounds them to bf16, so near-ties may order
-differently).
+hidden 576, bf16. One CUDA graph holds 30 calls; us a call from replays timed with CUDA
+events. Each way is compiled as the engine compiles a draft phase (pinned). `ids equal`: the
+share of rows whose k ids match the compiled way's (the Triton pass keeps fp32 logits where
+cuBLAS rounds them to bf16, so near-ties may order differently).
 """
 
 from __future__ import annotations
