@@ -690,3 +690,39 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
     finally:
         torch.set_grad_enabled(True)
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
+@pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
+def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
+    """DRAFTSMITH_DRAFT_HEAD=triton (the drafter stops before its head; head and top-k in one
+    Triton pass, here in its interpreter): the same trees cycle by cycle as the head in a
+    matmul followed by the tree's top-k, batch 4, and plain greedy output."""
+    pytest.importorskip("triton")
+    from draftsmith.engine import tree
+    from draftsmith.models import triton_head
+
+    target, rt, ref, _ = setup
+    drafter = make_drafter(target, 96)
+    a_dec, b_dec = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
+    calls = []
+    real = triton_head.head_top_k
+    monkeypatch.setattr(triton_head, "head_top_k", lambda *a: calls.append(1) or real(*a))
+    torch.set_grad_enabled(False)
+    try:
+        a, b = a_dec.start(PROMPTS, NEW, []), b_dec.start(PROMPTS, NEW, [])
+        for _ in range(NEW):
+            monkeypatch.setattr(tree, "DRAFT_HEAD", "cublas")
+            a_dec.cycle(a)
+            assert not calls
+            monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
+            b_dec.cycle(b)
+            assert len(calls) == steps - 1  # every depth past the root
+            calls.clear()
+            for name in ("node_tok", "node_parent", "node_depth", "anc"):
+                assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
+            if a_dec.finished(a):
+                break
+        assert b_dec.finished(b)
+    finally:
+        torch.set_grad_enabled(True)
+    assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref

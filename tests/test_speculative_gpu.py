@@ -118,6 +118,26 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     assert verifies.item() > 0  # the verify, 48 tokens included, attends the Triton way
 
 
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_triton_draft_head_keeps_plain_greedy_compiled(pair, monkeypatch, whole):
+    """DRAFTSMITH_DRAFT_HEAD=triton in the compiled, graphed engine (tree 4/4/10, the draft
+    phase compiled whole or in parts): plain greedy output, the head kernel inside the graphs."""
+    from draftsmith.engine import speculative, tree
+    from draftsmith.models import triton_head
+
+    monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
+    monkeypatch.setattr(speculative, "FUSED_PHASES", speculative.fused_phases(
+        "all" if whole else "0"))
+    target, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    heads = count_compiled_calls(monkeypatch, triton_head, "head_top_k", lambda *a: True)
+    dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, 4, 4, 10)
+    dec.capture([4, 1])
+    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert not any(st.unfused for st in dec.states.values())
+    assert heads.item() > 0
+
+
 def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:
     """bf16 logits whose 8 best values per row are distinct (bf16 draws tie often, and the
     top-k methods break ties differently), at random positions."""

@@ -24,6 +24,7 @@ import torch
 from draftsmith.engine.runtime import engine_compile
 from draftsmith.engine.sampling import SamplingParams, probs
 from draftsmith.errors import DraftsmithError
+from draftsmith.models import triton_head
 from draftsmith.switches import env_choice
 
 EPS = 1e-6
@@ -41,6 +42,13 @@ PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 
 # exact) sampled trees than topk.
 TREE_TOPK = env_choice("DRAFTSMITH_TREE_TOPK", "chunk", ("chunk", "max", "topk"))
 CHUNK = 256
+# A greedy tree's depths past the root: the drafter's vocabulary head in cuBLAS, then the top-k
+# above ("cublas"), or both in one Triton pass over the head's weights (`models/triton_head.py`,
+# "triton": the logits never reach memory). Not timed in the engine yet; off.
+DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "cublas", ("cublas", "triton"))
+if DRAFT_HEAD == "triton" and not triton_head.AVAILABLE:
+    raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton needs the triton package (and torch "
+                          ">= 2.6)")
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -295,13 +303,16 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     ids, score, tok = root(logits, d2t, k)
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
     blocks, committed = [block], committed_mask(lengths, k, total)
+    # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies
+    fused = DRAFT_HEAD == "triton" and triton_head.runs_on(hidden)
+    head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
     for d in range(1, s):
         f_anc, f_flat, f_tok, f_score, f_hidden = front
         pos, slots, mask = depth_inputs(f_anc, committed, lengths, d, ar_k, base)
-        out, h = drafter(f_tok, f_hidden, pos, caches, slots, mask)
+        out, h = drafter(f_tok, f_hidden, pos, caches, slots, mask, **kw)
         ids, _, tok, score, parent, *front = grow(out, h, f_score, f_flat, f_anc,
                                                   own[min(d, s - 2)], d2t, k + (d - 1) * k * k,
-                                                  d == s - 1)
+                                                  d == s - 1, head)
         blocks.append((ids.flatten(1), tok, score, parent))
     return pick(last, blocks, cand_depth, cand_qsrc, shape.tokens, s)
 
@@ -324,19 +335,27 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
     return tok, score, parent, anc, start + 1 + sel, tok.gather(1, sel), v, hid
 
 
-def greedy_children(logits: torch.Tensor, d2t: torch.Tensor,
-                    k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def greedy_children(logits: torch.Tensor, d2t: torch.Tensor, k: int,
+                    head: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
-    increments, target tokens). Pure."""
-    ids, inc, _ = children(logits, k, SamplingParams(0.0))
+    increments, target tokens). head: the drafter's vocabulary head, when `logits` holds its
+    input instead (DRAFTSMITH_DRAFT_HEAD=triton: head and top-k in one pass). Pure."""
+    if head is None:
+        ids, inc, _ = children(logits, k, SamplingParams(0.0))
+    else:
+        v, ids = triton_head.head_top_k(logits.flatten(0, -2), head, k)
+        ids, inc = ids.view(*logits.shape[:-1], k), v.view(*logits.shape[:-1], k)
+        inc = inc.double().clamp(max=-EPS)
     return ids, inc, ids + d2t[ids]
 
 
 def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
                 f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
-                start: int, last: bool) -> tuple[torch.Tensor, ...]:
+                start: int, last: bool, head: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, ...]:
     """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
-    ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1])
+    ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1], head)
     return (ids, inc, *frontier(ids, inc, tok, h, f_score, f_flat, f_anc, own, start, last))
 
 

@@ -205,12 +205,14 @@ class Eagle3Drafter(nn.Module):
         slots: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         at: torch.Tensor | None = None,
+        logits: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [B, Q]; hidden: [B, Q, hidden] (fused or fed back).
 
         Returns (draft logits [B, Q, draft_vocab], the hidden to feed back [B, Q, hidden]: pre-norm,
         or after the final norm when `norm_output`); with `at` ([B], a prompt pass's last
-        positions) only those: [B, 1, ...].
+        positions) only those: [B, 1, ...]. logits=False: the vocabulary head's input (after the
+        final norm) in place of the logits, for a caller that applies the head itself.
         Masks and slots behave as in `Transformer.forward`.
         """
         emb = self.embed_tokens(tokens).to(hidden.dtype)
@@ -227,12 +229,14 @@ class Eagle3Drafter(nn.Module):
             h = layer(emb, h, cos, sin, cache, slots, mask)
         if at is not None:
             h = h[torch.arange(h.shape[0], device=h.device), at].unsqueeze(1)
-        return self.head(h)
+        return self.head(h, logits)
 
-    def head(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-norm layer output -> (draft logits, hidden fed to the next step)."""
+    def head(self, h: torch.Tensor, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm layer output -> (draft logits, or the head's input when not `logits`; hidden
+        fed to the next step)."""
         normed = self.norm(h)
-        return linear(normed, self.lm_head.weight), normed if self.cfg.norm_output else h
+        out = linear(normed, self.lm_head.weight) if logits else normed
+        return out, normed if self.cfg.norm_output else h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

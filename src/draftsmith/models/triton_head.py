@@ -7,12 +7,15 @@ takes a block of the vocabulary for every row: it forms those logits in fp32, ke
 and sum of exponentials, and the block's k best (ties to the lower id); a few tensor ops join
 the blocks. The logits never reach memory.
 
-Not used by the engine yet: `benchmarks/draft_head.py` times it against the compiled way first.
+Used by greedy trees under `DRAFTSMITH_DRAFT_HEAD=triton` (off: not timed in the engine yet);
+`benchmarks/draft_head.py` times it alone against the compiled way.
 CPU installs need not have Triton (`AVAILABLE`); under `TRITON_INTERPRET=1` it runs on CPU
 tensors (tests, fp32).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -23,6 +26,14 @@ BLOCK_V = 128  # vocabulary entries a program takes
 BLOCK_H = 64  # hidden features a program multiplies a step
 BLOCK_R = 16  # rows a program takes (tl.dot's least; a grid axis covers more)
 MAX_K = 16
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as Triton reads it
+
+
+def runs_on(t: torch.Tensor) -> bool:
+    """Whether the kernel can run on t's device: CUDA, or any under Triton's interpreter."""
+    return AVAILABLE and (t.is_cuda or INTERPRETED)
 
 
 def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
