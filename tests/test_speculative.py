@@ -695,11 +695,14 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
 @pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
 def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
     """DRAFTSMITH_DRAFT_HEAD=triton (the drafter stops before its head; head and top-k in one
-    Triton pass, here in its interpreter): the same trees cycle by cycle as the head in a
-    matmul followed by the tree's top-k, batch 4, and plain greedy output."""
+    Triton pass, here in its interpreter, 32-entry blocks: three over the 96-token draft vocab):
+    the same trees cycle by cycle as the head in a matmul followed by the tree's top-k, batch
+    4, and plain greedy output."""
     pytest.importorskip("triton")
     from draftsmith.engine import tree
     from draftsmith.models import triton_head
+
+    monkeypatch.setattr(triton_head, "BLOCK_V", 32)
 
     target, rt, ref, _ = setup
     drafter = make_drafter(target, 96)

@@ -119,23 +119,45 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
 
 
 @pytest.mark.parametrize("whole", [True, False])
-def test_the_triton_draft_head_keeps_plain_greedy_compiled(pair, monkeypatch, whole):
-    """DRAFTSMITH_DRAFT_HEAD=triton in the compiled, graphed engine (tree 4/4/10, the draft
-    phase compiled whole or in parts): plain greedy output, the head kernel inside the graphs."""
+def test_the_triton_draft_head_builds_the_same_trees_compiled(pair, monkeypatch, whole):
+    """DRAFTSMITH_DRAFT_HEAD=triton in the compiled, graphed engine (tree 4/4/10, the draft phase
+    compiled whole or in parts, 32-entry vocabulary blocks: three over the 96-token draft vocab):
+    the same trees cycle by cycle as the cuBLAS head (fp32), the head kernel inside the graphs,
+    and plain greedy output. (The pair's steered drafter bends its logits, which the Triton head
+    never forms: a plain drafter here.)"""
     from draftsmith.engine import speculative, tree
     from draftsmith.models import triton_head
 
-    monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
+    monkeypatch.setattr(triton_head, "BLOCK_V", 32)
     monkeypatch.setattr(speculative, "FUSED_PHASES", speculative.fused_phases(
         "all" if whole else "0"))
-    target, drafter, eager = pair
+    target, _, eager = pair
+    drafter = cast(make_drafter(target, 96), torch.float32)
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     heads = count_compiled_calls(monkeypatch, triton_head, "head_top_k", lambda *a: True)
-    dec = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter, 4, 4, 10)
-    dec.capture([4, 1])
-    assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
-    assert not any(st.unfused for st in dec.states.values())
+    decs = {}
+    for head in ("cublas", "triton"):
+        monkeypatch.setattr(tree, "DRAFT_HEAD", head)
+        decs[head] = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter,
+                                 4, 4, 10)
+        decs[head].capture([4, 1])
+    states = {h: d.start(PROMPTS, NEW, []) for h, d in decs.items()}
+    torch.set_grad_enabled(False)
+    try:
+        for _ in range(NEW):
+            for head, dec in decs.items():
+                monkeypatch.setattr(tree, "DRAFT_HEAD", head)
+                dec.cycle(states[head])
+            a, b = states["cublas"].tree, states["triton"].tree
+            for name in ("node_tok", "node_parent", "node_depth", "anc"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+            if decs["cublas"].finished(states["cublas"]):
+                break
+    finally:
+        torch.set_grad_enabled(True)
     assert heads.item() > 0
+    assert decs["triton"].generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert not any(st.unfused for st in decs["triton"].states.values())
 
 
 def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:

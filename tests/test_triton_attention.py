@@ -92,6 +92,7 @@ def test_calls_with_many_programs_skip_the_split_when_told(monkeypatch):
     monkeypatch.setattr(ta, "UNSPLIT_PROGRAMS", 24)
     assert ta.plan(15, 400) == (50, 8, 16, ta.WARPS)
     assert ta.plan(120, 400) == ta.plan(192, 400) == (400, 1, 256, 8)
+    assert ta.plan(120, 400, 128) == (400, 1, 128, 8)  # wider heads, shorter blocks
     q, k, v = draw(6, 9, 6, 2, 150, 16, seed=11)  # 6 x 2 KV heads x 2 blocks of 27 rows: 24
     positions = torch.arange(9).repeat(6, 1) + torch.arange(6).unsqueeze(1) * 20 + 5
     mask = causal_mask(positions, 150).repeat(1, 1, 3, 1).to(DEVICE)

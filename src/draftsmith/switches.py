@@ -39,10 +39,12 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
 
 
 def env_assignments(name: str, default: str) -> dict[str, str]:
-    """`key=value,key=value` (`none` or empty: none), each key once; the values stay strings."""
+    """`key=value,key=value` (`none` or empty: none), each key once; the values stay strings.
+    Pairs split at `;` instead where there is one, for values that hold commas."""
     given = os.environ.get(name, default).strip()
+    given = "" if given == "none" else given
     out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in ("" if given == "none" else given).split(","))):
+    for item in filter(None, (s.strip() for s in given.split(";" if ";" in given else ","))):
         key, eq, value = (s.strip() for s in item.partition("="))
         if not (key and eq and value) or key in out:
             raise DraftsmithError(f"{name}: {item!r} is not a new key=value (keys once each, "

@@ -44,7 +44,9 @@ TREE_TOPK = env_choice("DRAFTSMITH_TREE_TOPK", "chunk", ("chunk", "max", "topk")
 CHUNK = 256
 # A greedy tree's depths past the root: the drafter's vocabulary head in cuBLAS, then the top-k
 # above ("cublas"), or both in one Triton pass over the head's weights (`models/triton_head.py`,
-# "triton": the logits never reach memory). Not timed in the engine yet; off.
+# "triton": the logits never reach memory). In bf16 the two can order near-ties differently
+# (cuBLAS rounds the logits to bf16, the Triton pass keeps them in fp32): other trees, the same
+# output. Not timed in the engine yet; off.
 DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "cublas", ("cublas", "triton"))
 if DRAFT_HEAD == "triton" and not triton_head.AVAILABLE:
     raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton needs the triton package (and torch "

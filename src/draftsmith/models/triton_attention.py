@@ -72,10 +72,11 @@ def chunking(slots: int) -> tuple[int, int]:
     return chunk, -(-slots // chunk)
 
 
-def plan(programs: int, slots: int) -> tuple[int, int, int, int]:
-    """(chunk, splits, BLOCK_N, warps) for a call whose unsplit grid has `programs` programs."""
+def plan(programs: int, slots: int, d: int = 64) -> tuple[int, int, int, int]:
+    """(chunk, splits, BLOCK_N, warps) for a call whose unsplit grid has `programs` programs,
+    head_dim d (unsplit blocks shrink as heads widen: their K and V tiles share memory)."""
     if UNSPLIT_PROGRAMS and programs >= UNSPLIT_PROGRAMS:
-        return slots, 1, UNSPLIT_BLOCK_N, UNSPLIT_WARPS
+        return slots, 1, max(16, UNSPLIT_BLOCK_N * 64 // max(d, 64)), UNSPLIT_WARPS
     return *chunking(slots), BLOCK_N, WARPS
 
 
@@ -94,7 +95,7 @@ def _register() -> None:
         g = heads // kv_heads
         out = torch.empty((b, n_q, heads * d), dtype=q.dtype, device=q.device)
         blocks = -(-g * n_q // BLOCK_M)
-        chunk, splits, block_n, warps = plan(b * kv_heads * blocks, slots)
+        chunk, splits, block_n, warps = plan(b * kv_heads * blocks, slots, d)
         if splits > 1:  # partial softmax states, one per key chunk, joined by `join`
             rows = b * kv_heads * blocks * BLOCK_M
             m_part = torch.empty((rows, splits), dtype=torch.float32, device=q.device)

@@ -96,7 +96,7 @@ def _kernel():
                     BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
         blk = tl.program_id(0)
         r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-        v = blk * BLOCK_V + tl.arange(0, BLOCK_V)
+        v = (blk * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)  # vocabularies past 2**31 / H
         live_r, live_v = r < rows, v < vocab
         acc = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
         for start in range(0, hidden, BLOCK_H):
@@ -111,14 +111,14 @@ def _kernel():
                 acc += tl.dot(xs, tl.trans(ws))
         logits = tl.where(live_v[None, :], acc, float("-inf"))
         m = tl.max(logits, 1)
-        at = r * blocks + blk
+        at = r.to(tl.int64) * blocks + blk
         tl.store(BMAX + at, m, mask=live_r)
         tl.store(BSUM + at, tl.sum(tl.exp(logits - m[:, None]), 1), mask=live_r)
         for j in tl.static_range(K):
             best = tl.max(logits, 1)
             pick = tl.argmax(logits, 1, tie_break_left=True)
             tl.store(VALS + at * K + j, best, mask=live_r)
-            tl.store(IDS + at * K + j, blk * BLOCK_V + pick, mask=live_r)
+            tl.store(IDS + at * K + j, blk.to(tl.int64) * BLOCK_V + pick, mask=live_r)
             logits = tl.where(tl.arange(0, BLOCK_V)[None, :] == pick[:, None], float("-inf"),
                               logits)
 
