@@ -169,6 +169,8 @@ def test_inductor_options_are_read_as_each_options_type(monkeypatch):
     assert got == {"triton.enable_pdl": True, "combo_kernels": False,
                    "combo_kernel_max_num_nodes": 4}
     assert type(got["combo_kernel_max_num_nodes"]) is int
+    monkeypatch.setenv(name, "fx_graph_remote_cache=0")  # None by default, declared bool | None
+    assert inductor_options(env_assignments(name, "none")) == {"fx_graph_remote_cache": False}
     monkeypatch.setenv(name, "max_autotune_gemm_backends=TRITON,ATEN; combo_kernels=1")
     assert inductor_options(env_assignments(name, "none")) == {
         "max_autotune_gemm_backends": "TRITON,ATEN", "combo_kernels": True}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from functools import partial
 
@@ -262,13 +263,22 @@ def inductor_options(raw: dict[str, str], name: str = "DRAFTSMITH_INDUCTOR_OPTIO
         if key not in known:
             raise DraftsmithError(f"{name}: inductor has no option {key!r} (dotted for a section, "
                                   "e.g. triton.enable_pdl)")
-        out[key] = option_value(name, key, value, known[key])
+        out[key] = option_value(name, key, value, option_type(inductor, key, known[key]))
     return out
 
 
-def option_value(name: str, key: str, value: str, current: object) -> bool | int | float | str:
-    """`value` as the type of the option's current value."""
-    kind = type(current)
+def option_type(inductor, key: str, current: object) -> type:
+    """The type an inductor option holds: its current value's, or for an option unset by
+    default (None) the first of bool, int, float, str its declared type admits."""
+    if current is not None:
+        return type(current)
+    entry = getattr(inductor, "_config", {}).get(key)
+    admits = typing.get_args(getattr(entry, "value_type", None))
+    return next((t for t in admits if t in (bool, int, float, str)), type(None))
+
+
+def option_value(name: str, key: str, value: str, kind: type) -> bool | int | float | str:
+    """`value` as an option of type `kind` holds it."""
     try:
         if kind is bool:
             return {"1": True, "0": False}[value]
