@@ -663,6 +663,28 @@ def test_top_k_chunked_equals_torch_topk():
             assert torch.equal(top[1], x[..., :v].topk(4, dim=-1).indices)
 
 
+def assert_same_trees_each_cycle(a_dec, b_dec, before, after=lambda: None) -> None:
+    """Decode PROMPTS with both decoders cycle by cycle, `before(i)` ahead of decoder i's cycle
+    and `after()` behind the second's, and assert both built the same tree each cycle and end
+    together."""
+    torch.set_grad_enabled(False)
+    try:
+        a, b = a_dec.start(PROMPTS, NEW, []), b_dec.start(PROMPTS, NEW, [])
+        for _ in range(NEW):
+            before(0)
+            a_dec.cycle(a)
+            before(1)
+            b_dec.cycle(b)
+            after()
+            for name in ("node_tok", "node_parent", "node_depth", "anc"):
+                assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
+            if a_dec.finished(a):
+                break
+        assert b_dec.finished(b)
+    finally:
+        torch.set_grad_enabled(True)
+
+
 @pytest.mark.parametrize("steps,topk,n,method", [
     (3, 2, 6, "max"), (4, 4, 10, "max"), (4, 4, 10, "chunk")])
 def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, monkeypatch):
@@ -674,21 +696,8 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
     target, rt, ref, _ = setup
     drafter = make_drafter(target, 96)
     a_dec, b_dec = (SpecDecoder(rt, drafter, steps, topk, n) for _ in range(2))
-    torch.set_grad_enabled(False)
-    try:
-        a, b = a_dec.start(PROMPTS, NEW, []), b_dec.start(PROMPTS, NEW, [])
-        for _ in range(NEW):
-            monkeypatch.setattr(tree, "TREE_TOPK", "topk")
-            a_dec.cycle(a)
-            monkeypatch.setattr(tree, "TREE_TOPK", method)
-            b_dec.cycle(b)
-            for name in ("node_tok", "node_parent", "node_depth", "anc"):
-                assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
-            if a_dec.finished(a):
-                break
-        assert b_dec.finished(b)
-    finally:
-        torch.set_grad_enabled(True)
+    assert_same_trees_each_cycle(
+        a_dec, b_dec, lambda i: monkeypatch.setattr(tree, "TREE_TOPK", ("topk", method)[i]))
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
@@ -710,22 +719,14 @@ def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monk
     calls = []
     real = triton_head.head_top_k
     monkeypatch.setattr(triton_head, "head_top_k", lambda *a: calls.append(1) or real(*a))
-    torch.set_grad_enabled(False)
-    try:
-        a, b = a_dec.start(PROMPTS, NEW, []), b_dec.start(PROMPTS, NEW, [])
-        for _ in range(NEW):
-            monkeypatch.setattr(tree, "DRAFT_HEAD", "cublas")
-            a_dec.cycle(a)
-            assert not calls
-            monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
-            b_dec.cycle(b)
-            assert len(calls) == steps - 1  # every depth past the root
-            calls.clear()
-            for name in ("node_tok", "node_parent", "node_depth", "anc"):
-                assert torch.equal(getattr(a.tree, name), getattr(b.tree, name)), name
-            if a_dec.finished(a):
-                break
-        assert b_dec.finished(b)
-    finally:
-        torch.set_grad_enabled(True)
+
+    def before(i: int) -> None:
+        assert not calls  # the cuBLAS head's cycle called no kernel
+        monkeypatch.setattr(tree, "DRAFT_HEAD", ("cublas", "triton")[i])
+
+    def after() -> None:
+        assert len(calls) == steps - 1  # every depth past the root
+        calls.clear()
+
+    assert_same_trees_each_cycle(a_dec, b_dec, before, after)
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref

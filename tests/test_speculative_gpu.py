@@ -11,6 +11,7 @@ from test_speculative import (
     PROMPTS,
     Steered,
     assert_same_prefill,
+    assert_same_trees_each_cycle,
     greedy_seq,
     make_drafter,
     tiny_target,
@@ -141,20 +142,9 @@ def test_the_triton_draft_head_builds_the_same_trees_compiled(pair, monkeypatch,
         decs[head] = SpecDecoder(Runtime(target, 4, 160, graphs=True, compile=True), drafter,
                                  4, 4, 10)
         decs[head].capture([4, 1])
-    states = {h: d.start(PROMPTS, NEW, []) for h, d in decs.items()}
-    torch.set_grad_enabled(False)
-    try:
-        for _ in range(NEW):
-            for head, dec in decs.items():
-                monkeypatch.setattr(tree, "DRAFT_HEAD", head)
-                dec.cycle(states[head])
-            a, b = states["cublas"].tree, states["triton"].tree
-            for name in ("node_tok", "node_parent", "node_depth", "anc"):
-                assert torch.equal(getattr(a, name), getattr(b, name)), name
-            if decs["cublas"].finished(states["cublas"]):
-                break
-    finally:
-        torch.set_grad_enabled(True)
+    assert_same_trees_each_cycle(
+        decs["cublas"], decs["triton"],
+        lambda i: monkeypatch.setattr(tree, "DRAFT_HEAD", ("cublas", "triton")[i]))
     assert heads.item() > 0
     assert decs["triton"].generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
     assert not any(st.unfused for st in decs["triton"].states.values())

@@ -100,11 +100,17 @@ def children(
     """(draft ids [..., k], score increments [..., k] float64, q or None when greedy)."""
     if params.greedy:
         v, ids = top_k_log_softmax(logits.float(), k)
-        return ids, v.double().clamp(max=-EPS), None
+        return ids, increments(v), None
     q = probs(logits, params)
     r = torch.arange(k, device=logits.device, dtype=torch.float64)
     prior = math.log(PRIOR_FIRST) + r * math.log(PRIOR_DECAY)
     return draw_k(q, k), prior.expand(*logits.shape[:-1], k), q
+
+
+def increments(logp: torch.Tensor) -> torch.Tensor:
+    """A greedy child's score increment from its log-probability: float64, and below zero so
+    that deeper nodes never outscore their parents."""
+    return logp.double().clamp(max=-EPS)
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,8 +353,7 @@ def greedy_children(logits: torch.Tensor, d2t: torch.Tensor, k: int,
         ids, inc, _ = children(logits, k, SamplingParams(0.0))
     else:
         v, ids = triton_head.head_top_k(logits.flatten(0, -2), head, k)
-        ids, inc = ids.view(*logits.shape[:-1], k), v.view(*logits.shape[:-1], k)
-        inc = inc.double().clamp(max=-EPS)
+        ids, inc = ids.view(*logits.shape[:-1], k), increments(v.view(*logits.shape[:-1], k))
     return ids, inc, ids + d2t[ids]
 
 
