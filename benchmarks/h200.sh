@@ -165,11 +165,12 @@ kernels)
     tail -3 "$OUT/kernels_log.txt"
     ;;
 enginetests)
-    # the engine's greedy equality under each attention, tree top-k, draft head and the split
-    # linears (no model, no carry): 13 tests took 437 s in run 21 (17 now; ENGINE_K narrows them)
+    # the engine's greedy equality under each attention, tree top-k and draft head, and the
+    # graphed baseline's under each one-token attention (no model, no carry); 16 of these took
+    # ~585 s in run 22, so the split linears (off; passed in run 21) need ENGINE_K=split_linear
     timeout "${LIMIT:-585}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -v \
-        tests/test_speculative_gpu.py \
-        -k "${ENGINE_K:-triton or split_linear or other_verify or compiled_verify}" \
+        tests/test_speculative_gpu.py tests/test_gpu.py \
+        -k "${ENGINE_K:-triton or other_verify or compiled_verify or graphed_decode}" \
         > "$OUT/enginetests_log.txt" 2>&1 || echo "engine GPU tests: rc $?" | tee -a "$OUT/enginetests_log.txt"
     grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/enginetests_log.txt" | tail -25 || true
     ;;

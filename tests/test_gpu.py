@@ -16,15 +16,20 @@ def route_one_token_attention(monkeypatch, g: int, allowed: str | None) -> torch
     """Tracing a one-token step (g query rows) through any attention but `allowed` (SDPA
     included; None: every traced one fails) fails the compile (a raise at trace time adds no
     guard); returns the counter of `allowed`'s runs in compiled code (`count_compiled_calls`)."""
-    from draftsmith.models import llama
+    from draftsmith.models import llama, triton_attention
 
     places = {"small": (llama, "small_attention"), "matmul": (llama, "matmul_attention"),
-              "sdpa": (torch.nn.functional, "scaled_dot_product_attention")}
+              "sdpa": (torch.nn.functional, "scaled_dot_product_attention"),
+              "triton": (triton_attention, "cache_attention")}
 
-    def one_token(q, *a, **kw) -> bool:
-        return q.shape[-2] == g
+    def one_token_of(kind: str):  # the Triton kernel's q: [b, tokens, heads, d]
+        if kind == "triton":
+            return lambda q, *a, **kw: q.shape[1] == 1
+        return lambda q, *a, **kw: q.shape[-2] == g
 
     def refuse(kind, plain):
+        one_token = one_token_of(kind)
+
         def refused(q, *a, **kw):
             if torch.compiler.is_compiling() and one_token(q):
                 raise AssertionError(f"a one-token step traced {kind} attention")
@@ -35,11 +40,11 @@ def route_one_token_attention(monkeypatch, g: int, allowed: str | None) -> torch
         if kind != allowed:
             monkeypatch.setattr(owner, name, refuse(kind, getattr(owner, name)))
     return None if allowed is None else count_compiled_calls(monkeypatch, *places[allowed],
-                                                             one_token)
+                                                             one_token_of(allowed))
 
 
 @pytest.mark.parametrize("compile,decode_attention", [(False, "small"), (True, "small"),
-                                                      (True, "matmul")])
+                                                      (True, "matmul"), (True, "triton")])
 def test_graphed_decode_equals_eager(tmp_path, monkeypatch, compile, decode_attention):
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime

@@ -82,9 +82,12 @@ MATMUL_ATTENTION_TOKENS = env_count("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "64")
 # autotuned by inductor at run time) or "matmul" (the two products as cuBLAS GEMVs, only the
 # softmax autotuned). H200 run 10's baseline ran 13 % slower than runs 4-9 with unchanged code;
 # "matmul" is the A/B for it.
-# "triton": the verify's Triton kernel at one token, split over the cache: 4.13 us a layer
-# against small's 6.77 alone (H200 run 21, 400 slots); not timed in the engine.
-DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION", "small",
+# "triton" (the default where Triton is): the verify's Triton kernel at one token, split over
+# the cache: 4.13 us a layer against small's 6.77 alone (H200 run 21, 400 slots). H200 run 22,
+# one call, fresh caches, batch 1, chat: baseline decode 1,264 against 1,158 tok/s (0.791
+# against 0.864 ms a token), the speculative decode unchanged (2,584 against 2,590).
+DECODE_ATTENTION = env_choice("DRAFTSMITH_DECODE_ATTENTION",
+                              "triton" if triton_attention.AVAILABLE else "small",
                               ("small", "matmul", "triton"))
 
 
@@ -170,7 +173,7 @@ class Attention(nn.Module):
             g = self.heads // self.kv_heads
             qg = q.transpose(1, 2).reshape(b, self.kv_heads, g * q_len, self.d)
             one = q_len == 1 and b <= SMALL_ATTENTION_ROWS
-            if graphed and one and DECODE_ATTENTION == "small":
+            if graphed and one and DECODE_ATTENTION != "matmul":  # triton's fallback too
                 out = small_attention(qg, cache.k, cache.v, mask)
             elif graphed and (one or VERIFY_ATTENTION in ("matmul", "triton") and 1 < q_len
                               <= MATMUL_ATTENTION_TOKENS):
