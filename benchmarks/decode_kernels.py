@@ -2,11 +2,12 @@
 and the same for the speculative draft and verify phases (chain 3, trees 3/4/8 and 7/4/24).
 
 Usage: python benchmarks/decode_kernels.py [--out FILE.json] [--no-compile] [--no-phases]
-       [--no-decode]
+       [--no-decode] [--drafter DIR] [--settings "tree 7/4/24,chain 3"]
 Runs each step's ops eagerly (the same kernels its CUDA graph holds) under torch.profiler, then
-times the graphed step with CUDA events. The phases use a random drafter: their kernels do not
-depend on its weights. Verify (2-16 tokens) took 1.46 ms a cycle in run 4 against 0.99-1.06 ms
-for a one-token decode: the phase tables say where the difference goes.
+times the graphed step with CUDA events. The phases use a random drafter of the target's shapes
+unless --drafter names a drafter folder (its shapes: draft vocabulary, MLP width); their kernels
+do not depend on its weights. Verify (2-16 tokens) took 1.46 ms a cycle in run 4 against
+0.99-1.06 ms for a one-token decode: the phase tables say where the difference goes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from draftsmith.bench.drafters import random_drafter
+from draftsmith.bench.drafters import get_drafter
 from draftsmith.engine.generate import decoder, prefill
 from draftsmith.engine.runtime import Runtime, raise_recompile_limit
 from draftsmith.engine.sampling import SamplingParams, sample
@@ -26,6 +27,9 @@ from draftsmith.engine.speculative import FUSED_PHASES, SpecDecoder
 from draftsmith.engine.tree import TREE_TOPK
 from draftsmith.models.llama import VERIFY_ATTENTION
 from draftsmith.targets import load_target
+
+SETTINGS = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8), "tree 7/4/24": (7, 4, 24),
+            "tree 8/4/32": (8, 4, 32)}
 
 
 def kernel_table(step, steps: int) -> tuple[list[dict], int, float]:
@@ -75,7 +79,14 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-phases", action="store_true")
     ap.add_argument("--no-decode", action="store_true", help="the phases only")
+    ap.add_argument("--drafter", default="random", help="a drafter folder, or random")
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="comma-separated phase settings among: " + ", ".join(SETTINGS))
     args = ap.parse_args()
+    names = [n.strip() for n in args.settings.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown --settings {unknown}; known: {list(SETTINGS)}")
     target = load_target("default")
     model = target.build(torch.bfloat16, "cuda")
     rt = Runtime(model, 1, 512, compile=not args.no_compile)
@@ -89,10 +100,13 @@ def main() -> None:
     if not args.no_decode:
         res.update(decode_kernels(rt, prompt, len(model.layers)))
     if not args.no_phases:
-        settings = {"chain 3": (3, 1, None), "tree 3/4/8": (3, 4, 8), "tree 7/4/24": (7, 4, 24),
-                    "tree 8/4/32": (8, 4, 32)}
-        res["phases"] = {name: phase_kernels(rt, target, prompt, model, *setting)
-                         for name, setting in settings.items()}
+        drafter, warnings = get_drafter(args.drafter, target, model)
+        for w in warnings:
+            print("warning:", w)
+        res["drafter"] = {"source": args.drafter, "draft_vocab": drafter.cfg.draft_vocab_size,
+                          "intermediate": drafter.cfg.intermediate_size}
+        res["phases"] = {name: phase_kernels(rt, prompt, drafter, *SETTINGS[name])
+                         for name in names}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
@@ -116,12 +130,10 @@ def decode_kernels(rt: Runtime, prompt: list[int], layers: int) -> dict:
             "graphed_forward_ms": fwd_ms, "kernels": rows[:40]}
 
 
-def phase_kernels(rt: Runtime, target, prompt: list[int], model, steps: int, topk: int,
+def phase_kernels(rt: Runtime, prompt: list[int], drafter, steps: int, topk: int,
                   n: int | None) -> dict:
     """Draft and verify of one speculative setting: kernel tables run eagerly (the graph's
     kernels) and each phase's graph replayed alone (both phases only read the cycle's inputs)."""
-    drafter = random_drafter(target.cfg, torch.device("cuda"), torch.bfloat16,
-                             embed=model.embed.weight)
     dec = SpecDecoder(rt, drafter, steps, topk, n)
     st = dec.start([prompt], 64, [])
     dec.cycle(st)  # every phase once: verify's output is in place for the tables
@@ -130,10 +142,10 @@ def phase_kernels(rt: Runtime, target, prompt: list[int], model, steps: int, top
         fn = getattr(dec, "_" + phase)
         rows, count, busy = kernel_table(lambda f=fn: f(st), 5)
         ms = graphed_ms(lambda p=phase: dec._run(st, p))
-        out[phase] = {"kernels": count, "kernel_us": busy, "graphed_ms": ms, "top": rows[:25]}
+        out[phase] = {"kernels": count, "kernel_us": busy, "graphed_ms": ms, "top": rows[:80]}
         print(f"{steps}/{topk}/{n or steps + 1} {phase}: {count} kernels, GPU busy {busy:.0f} us,"
               f" graphed {ms:.3f} ms")
-        print_kernels(rows[:25])
+        print_kernels(rows[:40])
     return out
 
 

@@ -176,15 +176,26 @@ enginetests)
     ;;
 probe)
     # the default engine (chunked top-k, fused phases), then the phases compiled in parts
-    # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk beside it
-    python3 benchmarks/decode_kernels.py --out "$OUT/decode_kernels.json" 2>&1 \
+    # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk beside it; KEPT=dir of a kept drafter: its
+    # shapes instead of a random drafter's; PROBE_SETTINGS="tree 7/4/24,...": those phases only;
+    # PROBE_PARTS=0, PROBE_TOPK=0, PROBE_TP=0 leave out the second and third runs and the TP tests
+    probe=(--drafter random)
+    if [ -n "${KEPT:-}" ]; then
+        WORK=runs/big DRAFTER=runs/big/drafter OUT=$OUT/restore STAGES=restore \
+            python3 benchmarks/gpu_suite.py > "$OUT/restore_log.txt" 2>&1
+        probe=(--drafter runs/big/drafter)
+    fi
+    [ -n "${PROBE_SETTINGS:-}" ] && probe+=(--settings "$PROBE_SETTINGS")
+    python3 benchmarks/decode_kernels.py "${probe[@]}" --out "$OUT/decode_kernels.json" 2>&1 \
         | tee "$OUT/probe_log.txt"
-    DRAFTSMITH_FUSED_PHASES=0 python3 benchmarks/decode_kernels.py --no-decode \
-        --out "$OUT/decode_kernels_parts.json" 2>&1 | tee -a "$OUT/probe_log.txt"
+    [ "${PROBE_PARTS:-1}" = 1 ] && DRAFTSMITH_FUSED_PHASES=0 python3 benchmarks/decode_kernels.py \
+        "${probe[@]}" --no-decode --out "$OUT/decode_kernels_parts.json" 2>&1 \
+        | tee -a "$OUT/probe_log.txt"
     [ "${PROBE_TOPK:-1}" = 1 ] && DRAFTSMITH_TREE_TOPK=topk python3 benchmarks/decode_kernels.py \
-        --no-decode --out "$OUT/decode_kernels_treetopk.json" 2>&1 | tee -a "$OUT/probe_log.txt"
-    gpu_tests "${LIMIT:-420}" -q tests/test_tp.py tests/test_tp_nccl.py 2>&1 \
-        | tail -15 | tee -a "$OUT/probe_log.txt"
+        "${probe[@]}" --no-decode --out "$OUT/decode_kernels_treetopk.json" 2>&1 \
+        | tee -a "$OUT/probe_log.txt"
+    [ "${PROBE_TP:-1}" = 1 ] && gpu_tests "${LIMIT:-420}" -q tests/test_tp.py \
+        tests/test_tp_nccl.py 2>&1 | tail -15 | tee -a "$OUT/probe_log.txt"
     ;;
 refill)
     timeout "${LIMIT:-400}" python3 benchmarks/refill_bench.py --device cuda --batch 64 \
