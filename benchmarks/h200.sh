@@ -9,9 +9,9 @@
 #   bash benchmarks/h200.sh baseline  # baseline_decode.py: HF eager/static vs ours, compiled too
 #   bash benchmarks/h200.sh trainbench # train_throughput.py at the real run's shapes (16 x 1,024,
 #                                     # draft vocab 24,576): online, eager loss vs --compile-loss
-#   bash benchmarks/h200.sh kernels   # no model, no carry: verify_attention.py, verify_linear.py
-#                                     # and draft_head.py (the Triton kernels alone) and the
-#                                     # kernels' GPU tests
+#   bash benchmarks/h200.sh kernels   # no model, no carry: verify_attention.py, verify_linear.py,
+#                                     # draft_head.py and norm_linear.py (the Triton kernels
+#                                     # alone) and the kernels' GPU tests
 #   bash benchmarks/h200.sh enginetests # no model, no carry: the engine's GPU tests of greedy
 #                                     # equality under each kernel choice (~450 s)
 #   bash benchmarks/h200.sh probe     # decode_kernels.py (kernels of a decode step, draft and verify;
@@ -150,17 +150,23 @@ suite)
     ;;
 kernels)
     # draftsmith's Triton kernels alone (no model: a fresh machine's first call, no carry):
-    # attention split and unsplit, the split linear against cuBLAS, then their GPU tests
-    python3 benchmarks/verify_attention.py --blocks 64,256 --warps 4,8 --split 0,64 \
-        --shapes "${SHAPES:-1x1,1x4,1x25,8x25,32x8}" --out "$OUT/verify_attention.json" 2>&1 \
-        | grep '^{' | tee "$OUT/kernels_log.txt"
-    python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 | grep '^{' \
-        | tee -a "$OUT/kernels_log.txt"
-    python3 benchmarks/draft_head.py --out "$OUT/draft_head.json" 2>&1 | grep '^{' \
-        | tee -a "$OUT/kernels_log.txt"
+    # attention split and unsplit, the split linear against cuBLAS, the draft head, the fused
+    # norm and linear, then their GPU tests; KERNELS="norm_linear ...": those benches only
+    want() { [[ " ${KERNELS:-attention linear head norm_linear} " == *" $1 "* ]]; }
+    : > "$OUT/kernels_log.txt"
+    want attention && python3 benchmarks/verify_attention.py --blocks 64,256 --warps 4,8 \
+        --split 0,64 --shapes "${SHAPES:-1x1,1x4,1x25,8x25,32x8}" \
+        --out "$OUT/verify_attention.json" 2>&1 | grep '^{' | tee -a "$OUT/kernels_log.txt"
+    want linear && python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 \
+        | grep '^{' | tee -a "$OUT/kernels_log.txt"
+    want head && python3 benchmarks/draft_head.py --out "$OUT/draft_head.json" 2>&1 \
+        | grep '^{' | tee -a "$OUT/kernels_log.txt"
+    want norm_linear && python3 benchmarks/norm_linear.py --out "$OUT/norm_linear.json" 2>&1 \
+        | grep '^{' | tee -a "$OUT/kernels_log.txt"
     # the kernels' own GPU tests (seconds); the engine's with them take ~450 s: `enginetests`
     timeout "${LIMIT:-200}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -q \
         tests/test_triton_attention.py tests/test_triton_linear.py tests/test_triton_head.py \
+        tests/test_triton_norm_linear.py \
         >> "$OUT/kernels_log.txt" 2>&1 || echo "kernel GPU tests: rc $?" | tee -a "$OUT/kernels_log.txt"
     tail -3 "$OUT/kernels_log.txt"
     ;;
@@ -168,6 +174,7 @@ enginetests)
     # the engine's greedy equality under each attention, tree top-k and draft head, and the
     # graphed baseline's under each one-token attention (no model, no carry); 16 of these took
     # ~585 s in run 22, so the split linears (off; passed in run 21) need ENGINE_K=split_linear
+    # and the fused norms (off, untimed) ENGINE_K=norm_linear
     timeout "${LIMIT:-585}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -v \
         tests/test_speculative_gpu.py tests/test_gpu.py \
         -k "${ENGINE_K:-triton or other_verify or compiled_verify or graphed_decode}" \

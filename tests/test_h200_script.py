@@ -224,7 +224,7 @@ def test_kernels_needs_no_model_and_brings_back_the_microbenches(dry, tmp_path):
     """A fresh machine's first call, carrying nothing: no GGUF, no /tmp/m/part0; a failing test
     run is logged, not fatal (the timings still come back)."""
     repo, _, run = dry
-    for name in ("verify_attention.py", "verify_linear.py", "draft_head.py"):
+    for name in ("verify_attention.py", "verify_linear.py", "draft_head.py", "norm_linear.py"):
         (repo / "benchmarks" / name).write_text(
             "import json, sys\n"
             "out = sys.argv[sys.argv.index('--out') + 1]\n"
@@ -235,8 +235,13 @@ def test_kernels_needs_no_model_and_brings_back_the_microbenches(dry, tmp_path):
     assert "--split" in attention and "0,64" in attention
     assert (out / "verify_linear.json").is_file() and (out / "draft_head.json").is_file()
     log = (out / "kernels_log.txt").read_text()
-    assert all(f"{name}.py" in log for name in ("verify_attention", "verify_linear", "draft_head"))
+    benches = ("verify_attention", "verify_linear", "draft_head", "norm_linear")
+    assert all(f"{name}.py" in log for name in benches)
     assert "kernel GPU tests: rc" in log  # no tests folder in the dry repo
+    out, _ = run("kernels", "k1", GGUF=str(tmp_path / "missing.gguf"), KERNELS="norm_linear")
+    log = (out / "kernels_log.txt").read_text()
+    assert "norm_linear.py" in log and "verify_attention.py" not in log
+    assert not (out / "verify_linear.json").exists()
 
 
 def test_enginetests_needs_no_model_and_logs_a_failed_run(dry, tmp_path):

@@ -244,6 +244,24 @@ def test_split_linears_equal_plain_greedy(pair, monkeypatch):
     assert calls.item() > 0
 
 
+def test_norm_linears_equal_plain_greedy(pair, monkeypatch):
+    """DRAFTSMITH_NORM_LINEAR_ROWS=64 (the target's norms inside its qkv and gate_up linears at
+    3-64 token rows, silu*mul inside the gate_up): chain and tree decoders keep plain greedy."""
+    from draftsmith.models import triton_norm_linear
+
+    _, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    monkeypatch.setattr(triton_norm_linear, "NORM_LINEAR_ROWS", 64)
+    calls = count_compiled_calls(monkeypatch, triton_norm_linear, "norm_linear",
+                                 lambda *a, **kw: True)
+    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
+    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
+        dec = SpecDecoder(rt, drafter, steps, topk, n)
+        dec.capture([4, 1])
+        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert calls.item() > 0
+
+
 def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
     """DRAFTSMITH_STATIC_SHAPES=1 (one compiled graph per shape): chain and tree decoders on one
     runtime, batches 4 and 1, still plain greedy."""

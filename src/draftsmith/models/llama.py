@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models import triton_attention
+from draftsmith.models import triton_attention, triton_norm_linear
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.parallel import (
     SINGLE,
@@ -143,8 +143,20 @@ class Attention(nn.Module):
         slots: torch.Tensor | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        b, q_len, _ = x.shape
-        q, k, v = self.qkv(x).split(
+        return self.attend(self.qkv(x), cos, sin, cache, slots, mask)
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        slots: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The attention from the qkv projection's output on: RoPE, cache writes, o."""
+        b, q_len, _ = qkv.shape
+        q, k, v = qkv.split(
             [self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1
         )
         q = q.view(b, q_len, self.heads, self.d)
@@ -163,10 +175,10 @@ class Attention(nn.Module):
                 enable_gqa=True,
             )
         else:
-            rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, q_len)
+            rows = torch.arange(b, device=qkv.device).unsqueeze(1).expand(b, q_len)
             cache.k[rows, :, slots] = k
             cache.v[rows, :, slots] = v
-            graphed = x.is_cuda and torch.compiler.is_compiling()
+            graphed = qkv.is_cuda and torch.compiler.is_compiling()
             if graphed and uses_triton(q_len) and triton_attention.fits(q, cache.k, mask):
                 return self.o(triton_attention.cache_attention(q, cache.k, cache.v, mask))
             # Query heads sharing a KV head become extra query rows: no K/V copy, any kernel.
@@ -213,10 +225,23 @@ class DecoderLayer(nn.Module):
         """The layer with its last residual add left to the caller: h + delta enters, and the
         stream leaving is the sum of the pair returned. The next layer (or the final norm) does
         that add in the kernel of its own norm, one launch less a layer when compiled."""
+        if self.fused(h):  # DRAFTSMITH_NORM_LINEAR_ROWS: each norm inside its linear
+            fuse, norm1, norm2 = triton_norm_linear.norm_linear, self.input_norm, self.post_norm
+            qkv, h = fuse(h, delta, norm1.weight, norm1.eps, self.attn.qkv.weight)
+            attn = self.attn.attend(qkv, cos, sin, cache, slots, mask)
+            act, h = fuse(h, attn, norm2.weight, norm2.eps, self.mlp.gate_up.weight,
+                          self.mlp.inter)
+            return h, self.mlp.down(act)
         if delta is not None:
             h = h + delta
         h = h + self.attn(self.input_norm(h), cos, sin, cache, slots, mask)
         return h, self.mlp(self.post_norm(h))
+
+    def fused(self, h: torch.Tensor) -> bool:
+        """Whether this step's norms run inside the linears after them: compiled CUDA code
+        (graphed steps) of the rows `triton_norm_linear.fits` takes."""
+        return (h.is_cuda and torch.compiler.is_compiling() and self.attn.qkv.bias is None
+                and triton_norm_linear.fits(h.shape[0] * h.shape[1], None))
 
 
 class ForwardOut(NamedTuple):
