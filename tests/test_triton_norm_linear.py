@@ -108,8 +108,8 @@ def test_norm_linear_in_bf16_at_the_default_targets_shapes():
 
 
 def test_speculative_greedy_with_fused_norms_equals_plain_greedy(monkeypatch):
-    """The target's steps of 3-64 token rows (verify, prompt passes) through the fused kernels:
-    chain and tree decoders still give plain greedy output."""
+    """The target's and the drafter's steps of 3-64 token rows (verify, drafter depths, prompt
+    passes) through the fused kernels: chain and tree decoders still give plain greedy."""
     from test_speculative import NEW, PROMPTS, make_drafter, tiny_target
 
     from draftsmith.engine.generate import generate
@@ -121,13 +121,14 @@ def test_speculative_greedy_with_fused_norms_equals_plain_greedy(monkeypatch):
     rt = Runtime(target, 4, 160, graphs=False)
     ref = generate(rt, PROMPTS, NEW // 2, eos_ids=[])
     drafter = make_drafter(target, 96)
-    calls = []
+    weights = []
     plain = triton_norm_linear.norm_linear
     monkeypatch.setattr(triton_norm_linear, "norm_linear",
-                        lambda *a, **kw: calls.append(1) or plain(*a, **kw))
-    monkeypatch.setattr(llama.DecoderLayer, "fused",
-                        lambda self, h: 2 < h.shape[0] * h.shape[1] <= 64)
+                        lambda *a, **kw: weights.append(a[4]) or plain(*a, **kw))
+    monkeypatch.setattr(llama, "fuses_norms", lambda h: 2 < h.shape[0] * h.shape[1] <= 64)
     for steps, topk, n in [(3, 1, None), (3, 3, 8)]:
         out = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, NEW // 2, eos_ids=[])
         assert out.tokens == ref
-    assert len(calls) > 0
+    drafter_w = drafter.midlayer.mlp.gate_up.weight
+    assert any(w is drafter_w for w in weights)  # drafter depths
+    assert any(w is target.layers[0].attn.qkv.weight for w in weights)  # target steps

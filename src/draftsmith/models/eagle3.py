@@ -25,6 +25,7 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 from draftsmith.layers import CANONICAL_WORDS
+from draftsmith.models import llama, triton_norm_linear
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
 from draftsmith.models.parallel import SINGLE, TP, linear
@@ -131,7 +132,13 @@ class Eagle3Layer(nn.Module):
 
     def forward(self, emb, h, cos, sin, cache, slots, mask) -> torch.Tensor:
         x, residual = self.attn_input(emb, h)
-        h = residual + self.self_attn(x, cos, sin, cache, slots, mask)
+        attn = self.self_attn(x, cos, sin, cache, slots, mask)
+        if llama.fuses_norms(attn):  # DRAFTSMITH_NORM_LINEAR_ROWS: the add, norm, gate_up, silu
+            norm = self.post_attention_layernorm
+            act, h = triton_norm_linear.norm_linear(residual, attn, norm.weight, norm.eps,
+                                                    self.mlp.gate_up.weight, self.mlp.inter)
+            return h + self.mlp.down(act)
+        h = residual + attn
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

@@ -238,10 +238,17 @@ class DecoderLayer(nn.Module):
         return h, self.mlp(self.post_norm(h))
 
     def fused(self, h: torch.Tensor) -> bool:
-        """Whether this step's norms run inside the linears after them: compiled CUDA code
-        (graphed steps) of the rows `triton_norm_linear.fits` takes."""
-        return (h.is_cuda and torch.compiler.is_compiling() and self.attn.qkv.bias is None
-                and triton_norm_linear.fits(h.shape[0] * h.shape[1], None))
+        """Whether this step's norms run inside the linears after them (`fuses_norms`; a qkv
+        bias keeps them apart)."""
+        return self.attn.qkv.bias is None and fuses_norms(h)
+
+
+def fuses_norms(h: torch.Tensor) -> bool:
+    """Whether a step's norms run inside the linears after them: compiled CUDA code (graphed
+    steps) of the rows `triton_norm_linear.fits` takes, without autograd (the kernel has no
+    backward; training keeps the plain layer)."""
+    return (h.is_cuda and torch.compiler.is_compiling() and not torch.is_grad_enabled()
+            and triton_norm_linear.fits(h.shape[0] * h.shape[1], None))
 
 
 class ForwardOut(NamedTuple):
