@@ -252,8 +252,9 @@ def test_norm_linears_equal_plain_greedy(pair, monkeypatch):
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(triton_norm_linear, "NORM_LINEAR_ROWS", 64)
+    # the target's qkv calls alone (five arguments, no gate_up width): its verify fused
     calls = count_compiled_calls(monkeypatch, triton_norm_linear, "norm_linear",
-                                 lambda *a, **kw: True)
+                                 lambda *a, **kw: len(a) == 5)
     rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
     for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
         dec = SpecDecoder(rt, drafter, steps, topk, n)

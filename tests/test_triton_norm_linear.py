@@ -42,17 +42,25 @@ def test_norm_linear_equals_the_unfused_layer(rows, k, n, up, delta):
     assert torch.allclose(y, ref_y, atol=1e-4)
 
 
-def test_fits_needs_the_switch_no_bias_and_rows_past_the_reductions(monkeypatch):
+def test_fits_needs_the_switch_and_rows_past_the_reductions(monkeypatch):
     from draftsmith.models import parallel, triton_norm_linear
 
     monkeypatch.setattr(triton_norm_linear, "NORM_LINEAR_ROWS", 64)
     monkeypatch.setattr(parallel, "SMALL_LINEAR_ROWS", 2)
-    assert triton_norm_linear.fits(25, None) and triton_norm_linear.fits(64, None)
-    assert not triton_norm_linear.fits(2, None)  # one-token steps: reductions already
-    assert not triton_norm_linear.fits(65, None)
-    assert not triton_norm_linear.fits(25, torch.zeros(3))  # a bias (Qwen2's qkv)
+    assert triton_norm_linear.fits(25) and triton_norm_linear.fits(64)
+    assert not triton_norm_linear.fits(2)  # one-token steps: reductions already
+    assert not triton_norm_linear.fits(65)
     monkeypatch.setattr(triton_norm_linear, "NORM_LINEAR_ROWS", 0)
-    assert not triton_norm_linear.fits(25, None)
+    assert not triton_norm_linear.fits(25)
+
+
+def test_a_gate_up_of_the_wrong_height_is_refused():
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.models.triton_norm_linear import norm_linear
+
+    x = torch.randn(4, 32, device=DEVICE)
+    with pytest.raises(DraftsmithError, match="needs 96 weight rows, not 80"):
+        norm_linear(x, None, torch.ones(32, device=DEVICE), 1e-5, torch.randn(80, 32), 48)
 
 
 def test_a_layer_with_fused_norms_equals_the_plain_layer(monkeypatch):
@@ -107,9 +115,36 @@ def test_norm_linear_in_bf16_at_the_default_targets_shapes():
         assert torch.allclose(y.float(), ref_y.float(), atol=3e-2, rtol=2e-2)
 
 
+def test_a_drafter_layer_with_its_fused_norm_equals_the_plain_one(monkeypatch):
+    """Eagle3Layer's post-attention norm, gate_up and silu*mul through the fused kernel (forced
+    on) against the plain layer: the drafter's hidden state feeds its later depths."""
+    from test_speculative import make_drafter, tiny_target
+
+    from draftsmith.models import llama
+
+    drafter = make_drafter(tiny_target(), 96).to(DEVICE)
+    layer = drafter.midlayer
+    b, q, h = 2, 5, drafter.cfg.hidden_size
+    emb, hid = torch.randn(b, q, h, device=DEVICE), torch.randn(b, q, h, device=DEVICE)
+    pos = torch.arange(q, device=DEVICE).expand(b, q)
+    cos, sin = drafter.rope(pos, hid.dtype)
+    plain = layer(emb, hid, cos, sin, None, None, None)
+    calls = []
+    plain_op = llama.triton_norm_linear.norm_linear
+    monkeypatch.setattr(llama.triton_norm_linear, "norm_linear",
+                        lambda *a, **kw: calls.append(1) or plain_op(*a, **kw))
+    monkeypatch.setattr(llama, "fuses_norms", lambda x: True)
+    fused = layer(emb, hid, cos, sin, None, None, None)
+    assert len(calls) == 1
+    assert torch.allclose(fused, plain, atol=1e-4)
+
+
 def test_speculative_greedy_with_fused_norms_equals_plain_greedy(monkeypatch):
     """The target's and the drafter's steps of 3-64 token rows (verify, drafter depths, prompt
-    passes) through the fused kernels: chain and tree decoders still give plain greedy."""
+    passes) through the fused kernels: chain and tree decoders still give plain greedy. CPU
+    tensors in the interpreter (on a GPU: `test_norm_linears_equal_plain_greedy`)."""
+    if DEVICE == "cuda":
+        pytest.skip("the interpreter is off where CUDA is")
     from test_speculative import NEW, PROMPTS, make_drafter, tiny_target
 
     from draftsmith.engine.generate import generate

@@ -248,7 +248,7 @@ def fuses_norms(h: torch.Tensor) -> bool:
     steps) of the rows `triton_norm_linear.fits` takes, without autograd (the kernel has no
     backward; training keeps the plain layer)."""
     return (h.is_cuda and torch.compiler.is_compiling() and not torch.is_grad_enabled()
-            and triton_norm_linear.fits(h.shape[0] * h.shape[1], None))
+            and triton_norm_linear.fits(h.shape[0] * h.shape[1]))
 
 
 class ForwardOut(NamedTuple):

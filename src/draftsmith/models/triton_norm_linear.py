@@ -29,14 +29,16 @@ NORM_LINEAR_ROWS = env_count("DRAFTSMITH_NORM_LINEAR_ROWS", "0")
 BLOCK_N = env_pow2("DRAFTSMITH_NORM_LINEAR_BLOCK_N", "32", 16)  # outputs a program takes
 WARPS = env_pow2("DRAFTSMITH_NORM_LINEAR_WARPS", "4")
 STAGES = env_count("DRAFTSMITH_NORM_LINEAR_STAGES", "3")
+# Rows a program takes (a grid axis covers more): fixed, not picked from the row count, which a
+# compiled step keeps symbolic (a pick would guard on it and recompile for every count).
+BLOCK_M = env_pow2("DRAFTSMITH_NORM_LINEAR_BLOCK_M", "32", 16)
 BLOCK_K = 64  # inputs a program multiplies a step
-MAX_BLOCK_M = 64  # rows a program takes (a grid axis covers more)
 
 
-def fits(rows: int, bias: torch.Tensor | None) -> bool:
-    """Whether a layer's norm and linear over `rows` token rows fuse (switch on, no bias)."""
+def fits(rows: int) -> bool:
+    """Whether a layer's norm and linear over `rows` token rows fuse (switch on)."""
     # the switch first: off, a symbolic row count gets no guard from here
-    if not (NORM_LINEAR_ROWS and AVAILABLE) or bias is not None:
+    if not (NORM_LINEAR_ROWS and AVAILABLE):
         return False
     from draftsmith.models.parallel import SMALL_LINEAR_ROWS
 
@@ -51,16 +53,14 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, gamma: torch.Tensor
     x, delta: [..., K]; gamma: [K]; w: [N, K] (or [2 * up, K]). Leading dims are kept."""
     if not AVAILABLE:
         raise DraftsmithError("the fused norm and linear need the triton package")
+    if up and w.shape[0] != 2 * up:
+        raise DraftsmithError(f"a gate_up of {up} outputs needs {2 * up} weight rows, not "
+                              f"{w.shape[0]}")
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     d2 = x2 if delta is None else delta.reshape(-1, k)
     y, s = torch.ops.draftsmith.norm_linear(x2, d2, gamma, w, float(eps), delta is not None, up)
     return y.view(*lead, y.shape[-1]), s.view(*lead, k)
-
-
-def block_m(rows: int) -> int:
-    """Rows a program takes: a power of two from 16 (tl.dot's least) to MAX_BLOCK_M."""
-    return min(MAX_BLOCK_M, max(16, 1 << (max(rows, 1) - 1).bit_length()))
 
 
 def _register() -> None:
@@ -77,11 +77,10 @@ def _register() -> None:
         n = up or w.shape[0]
         y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
         s = torch.empty((rows, k), dtype=x.dtype, device=x.device)
-        bm = block_m(rows)
-        wrap_triton(kernel)[(-(-n // BLOCK_N), -(-rows // bm))](
+        wrap_triton(kernel)[(-(-n // BLOCK_N), -(-rows // BLOCK_M))](
             x, delta, gamma, w, y, s, rows, k, n, up, eps,
             x.stride(0), x.stride(1), delta.stride(0), delta.stride(1), w.stride(0),
-            w.stride(1), HAS_DELTA=has_delta, GLU=up > 0, BLOCK_M=bm, BLOCK_N=BLOCK_N,
+            w.stride(1), HAS_DELTA=has_delta, GLU=up > 0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32, num_warps=WARPS,
             num_stages=STAGES,
         )
