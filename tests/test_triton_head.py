@@ -13,9 +13,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head in the weights' dtype (cuBLAS on a GPU: fp32 sums rounded to bf16), then the
+    tree's top-k of log-softmax over those logits in fp32."""
     from draftsmith.engine.tree import top_k_by_max
 
-    logits = x.float() @ w.float().T
+    logits = (x @ w.T).float()
     v, i = top_k_by_max(logits, k)
     return v - logits.logsumexp(-1, keepdim=True), i
 
@@ -65,8 +67,10 @@ def test_bad_calls_are_refused():
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA (the interpreter's bf16 dot is wrong)")
 def test_head_top_k_in_bf16_at_the_default_drafters_shape():
-    """Draft vocabulary 24,576 x hidden 576, 4 rows (batch 1 at top-k 4): the ids of the fp32
-    reference, values within bf16 input rounding."""
+    """Draft vocabulary 24,576 x hidden 576, 4 rows (batch 1 at top-k 4): the ids the cuBLAS
+    head and the tree's top-k pick, logits rounded to bf16 alike (bf16 ties, which go to the
+    lower id, are common; H200 run 22's fp32 logits built other trees and accepted 4.15 tokens
+    a cycle against 4.22)."""
     from draftsmith.models.triton_head import head_top_k
 
     g = torch.Generator().manual_seed(3)

@@ -3,9 +3,10 @@
 At a batch-1 draft depth the head is a 4-row product with the 24,576 x 576 draft vocabulary
 (28 MB of bf16 weights, 7.7 us in cuBLAS on the H200), followed by the chunked top-k and its
 logsumexp, more kernels of a few us each (run 9's profile: ~11 us a depth). Here one program
-takes a block of the vocabulary for every row: it forms those logits in fp32, keeps their max
-and sum of exponentials, and the block's k best (ties to the lower id); a few tensor ops join
-the blocks. The logits never reach memory.
+takes a block of the vocabulary for every row: it forms those logits with fp32 sums rounded to
+the weights' dtype (as cuBLAS rounds its output), keeps their max and sum of exponentials, and
+the block's k best (ties to the lower id); a few tensor ops join the blocks. The logits never
+reach memory.
 
 Used by greedy trees under `DRAFTSMITH_DRAFT_HEAD=triton` (off: not timed in the engine yet);
 `benchmarks/draft_head.py` times it alone against the compiled way.
@@ -109,7 +110,11 @@ def _kernel():
                 acc += tl.dot(xs, tl.trans(ws), input_precision="ieee")
             else:
                 acc += tl.dot(xs, tl.trans(ws))
-        logits = tl.where(live_v[None, :], acc, float("-inf"))
+        # rounded to the weights' dtype, as the cuBLAS head's output is: in bf16 equal logits
+        # are common and go to the lower id; fp32 ones do not tie (H200 run 22, fp32: other
+        # trees, 4.15 tokens accepted a cycle against 4.22)
+        logits = tl.where(live_v[None, :], acc.to(W.dtype.element_ty).to(tl.float32),
+                          float("-inf"))
         m = tl.max(logits, 1)
         at = r.to(tl.int64) * blocks + blk
         tl.store(BMAX + at, m, mask=live_r)
