@@ -20,6 +20,17 @@ def unfused(x, delta, gamma, eps, w, up):
     return y, s
 
 
+def fused_weights(monkeypatch) -> list:
+    """Record the weight of each call of the fused kernel (the layers call it through the
+    module), and let it run."""
+    from draftsmith.models import triton_norm_linear
+
+    weights, plain = [], triton_norm_linear.norm_linear
+    monkeypatch.setattr(triton_norm_linear, "norm_linear",
+                        lambda *a, **kw: weights.append(a[4]) or plain(*a, **kw))
+    return weights
+
+
 @pytest.mark.parametrize("rows,k,n,up,delta", [(25, 576, 960, 0, True), (4, 100, 70, 0, False),
                                                (3, 64, 0, 48, True), (70, 96, 40, 0, True),
                                                (17, 130, 0, 33, False)])
@@ -84,10 +95,7 @@ def test_a_layer_with_fused_norms_equals_the_plain_layer(monkeypatch):
     ang = pos[..., None].float() * inv
     cos, sin = (torch.cat([f(ang)] * 2, -1)[:, :, None] for f in (torch.cos, torch.sin))
     plain = layer.split(h, delta, cos, sin, None, None, None)
-    calls = []
-    plain_op = llama.triton_norm_linear.norm_linear
-    monkeypatch.setattr(llama.triton_norm_linear, "norm_linear",
-                        lambda *a, **kw: calls.append(1) or plain_op(*a, **kw))
+    calls = fused_weights(monkeypatch)
     monkeypatch.setattr(llama.DecoderLayer, "fused", lambda self, x: True)
     fused = layer.split(h, delta, cos, sin, None, None, None)
     assert len(calls) == 2  # the qkv's and the gate_up's
@@ -129,10 +137,7 @@ def test_a_drafter_layer_with_its_fused_norm_equals_the_plain_one(monkeypatch):
     pos = torch.arange(q, device=DEVICE).expand(b, q)
     cos, sin = drafter.rope(pos, hid.dtype)
     plain = layer(emb, hid, cos, sin, None, None, None)
-    calls = []
-    plain_op = llama.triton_norm_linear.norm_linear
-    monkeypatch.setattr(llama.triton_norm_linear, "norm_linear",
-                        lambda *a, **kw: calls.append(1) or plain_op(*a, **kw))
+    calls = fused_weights(monkeypatch)
     monkeypatch.setattr(llama, "fuses_norms", lambda x: True)
     fused = layer(emb, hid, cos, sin, None, None, None)
     assert len(calls) == 1
@@ -150,16 +155,13 @@ def test_speculative_greedy_with_fused_norms_equals_plain_greedy(monkeypatch):
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
-    from draftsmith.models import llama, triton_norm_linear
+    from draftsmith.models import llama
 
     target = tiny_target()
     rt = Runtime(target, 4, 160, graphs=False)
     ref = generate(rt, PROMPTS, NEW // 2, eos_ids=[])
     drafter = make_drafter(target, 96)
-    weights = []
-    plain = triton_norm_linear.norm_linear
-    monkeypatch.setattr(triton_norm_linear, "norm_linear",
-                        lambda *a, **kw: weights.append(a[4]) or plain(*a, **kw))
+    weights = fused_weights(monkeypatch)
     monkeypatch.setattr(llama, "fuses_norms", lambda h: 2 < h.shape[0] * h.shape[1] <= 64)
     for steps, topk, n in [(3, 1, None), (3, 3, 8)]:
         out = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, NEW // 2, eos_ids=[])

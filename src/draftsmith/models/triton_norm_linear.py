@@ -88,10 +88,22 @@ def _register() -> None:
 
 
 def _kernel():
-    """The jitted kernel (`triton.jit` reads TRITON_INTERPRET when it runs); one function, as a
-    jitted helper defined in here would not resolve (Triton reads module globals)."""
+    """The jitted kernel (`triton.jit` reads TRITON_INTERPRET when it runs). Its helper is a
+    module global, where Triton resolves the names a kernel calls."""
     import triton
     import triton.language as tl
+
+    global _residual
+
+    @triton.jit
+    def _residual(X, DL, m, k, ok, sxm, sxk, sdm, sdk, HAS_DELTA: tl.constexpr):
+        """The rows' residual stream at inputs k: x, or x + delta summed in x's dtype as the
+        unfused add is."""
+        s = tl.load(X + m[:, None] * sxm + k[None, :] * sxk, mask=ok, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(DL + m[:, None] * sdm + k[None, :] * sdk, mask=ok, other=0.0)
+            s = (s.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+        return s
 
     @triton.jit
     def norm_linear(X, DL, G, W, Y, S, rows, K, N, UP, eps,
@@ -105,10 +117,7 @@ def _kernel():
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             ok = live[:, None] & (k[None, :] < K)
-            s = tl.load(X + m[:, None] * sxm + k[None, :] * sxk, mask=ok, other=0.0)
-            if HAS_DELTA:  # the residual pair, summed in x's dtype as the unfused add is
-                d = tl.load(DL + m[:, None] * sdm + k[None, :] * sdk, mask=ok, other=0.0)
-                s = (s.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+            s = _residual(X, DL, m, k, ok, sxm, sxk, sdm, sdk, HAS_DELTA)
             if pn == 0:
                 tl.store(S + m[:, None] * K + k[None, :], s, mask=ok)
             f = s.to(tl.float32)
@@ -121,10 +130,7 @@ def _kernel():
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             ok = live[:, None] & (k[None, :] < K)
-            s = tl.load(X + m[:, None] * sxm + k[None, :] * sxk, mask=ok, other=0.0)
-            if HAS_DELTA:
-                d = tl.load(DL + m[:, None] * sdm + k[None, :] * sdk, mask=ok, other=0.0)
-                s = (s.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+            s = _residual(X, DL, m, k, ok, sxm, sxk, sdm, sdk, HAS_DELTA)
             g = tl.load(G + k, mask=k < K, other=0.0).to(tl.float32)
             a = (s.to(tl.float32) * rstd[:, None] * g[None, :]).to(W.dtype.element_ty)
             wok = (k[:, None] < K) & (n[None, :] < N)
