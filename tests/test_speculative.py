@@ -62,7 +62,10 @@ def make_drafter(target: Transformer, dvocab: int, cls=None, seed: int = 1,
 
 class Steered(Eagle3Drafter):
     """A real drafter whose logits are pushed toward (sign +1) or away from (sign -1) the target's
-    greedy continuation `seq` [B, T] at a fraction `rate` of (row, position) pairs."""
+    greedy continuation `seq` [B, T] at a fraction `rate` of (row, position) pairs; its logits
+    are not its head's, so the engine never applies that head itself."""
+
+    plain_head = False
 
     def steer(self, seq: torch.Tensor, rate: float, sign: float = 1.0) -> Steered:
         dev = self.fc.weight.device
@@ -730,3 +733,25 @@ def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monk
 
     assert_same_trees_each_cycle(a_dec, b_dec, before, after)
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
+def test_a_drafter_that_bends_its_logits_keeps_them_under_the_triton_head(setup, monkeypatch):
+    """DRAFTSMITH_DRAFT_HEAD=triton never applies the head of a drafter whose logits are not its
+    plain head's (`plain_head = False`, as the steered one): the head kernel is not called, and
+    its trees accept as many tokens as under the cuBLAS head."""
+    pytest.importorskip("triton")
+    from draftsmith.engine import tree
+    from draftsmith.models import triton_head
+
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    plain = make_drafter(target, 96)
+    x = torch.zeros(1, 1, 64)
+    monkeypatch.setattr(triton_head, "runs_on", lambda t: True)
+    monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
+    assert tree.fuses_head(plain, x) and not tree.fuses_head(drafter, x)
+    monkeypatch.setattr(triton_head, "head_top_k", lambda *a: pytest.fail("head kernel called"))
+    res = SpecDecoder(rt, drafter, 4, 4, 10).generate(PROMPTS, NEW, eos_ids=[])
+    monkeypatch.setattr(tree, "DRAFT_HEAD", "cublas")
+    want = SpecDecoder(rt, drafter, 4, 4, 10).generate(PROMPTS, NEW, eos_ids=[])
+    assert res.tokens == ref and res.mean_accept_length == want.mean_accept_length > 1.2

@@ -44,11 +44,12 @@ TREE_TOPK = env_choice("DRAFTSMITH_TREE_TOPK", "chunk", ("chunk", "max", "topk")
 CHUNK = 256
 # A greedy tree's depths past the root: the drafter's vocabulary head in cuBLAS, then the top-k
 # above ("cublas"), or both in one Triton pass over the head's weights (`models/triton_head.py`,
-# "triton": the logits never reach memory). H200 run 22, tree 7/4/24: draft 0.444 against
-# 0.469 ms, but 4.15 tokens accepted a cycle against 4.22: its fp32 logits did not tie where
-# cuBLAS's bf16 ones do (ties go to the lower id), the likely cause. It rounds its logits to the
-# weights' dtype since, as cuBLAS does; untimed since. Off.
-DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "cublas", ("cublas", "triton"))
+# "triton": the logits never reach memory; they are rounded to the weights' dtype, as cuBLAS's
+# are, so ties fall alike). H200 run 24, tree 7/4/24, batch 1: draft 0.415 against 0.469 ms,
+# the same 4.22 tokens accepted a cycle, 2,774 against 2,676 tok/s; batch 8, tree 3/4/8: 13,032
+# against 12,747. The default where CUDA and Triton are; CPU tests opt in (interpreted).
+DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "triton" if torch.cuda.is_available()
+                        and triton_head.AVAILABLE else "cublas", ("cublas", "triton"))
 if DRAFT_HEAD == "triton" and not triton_head.AVAILABLE:
     raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton needs the triton package (and torch "
                           ">= 2.6)")
@@ -299,6 +300,14 @@ def depth_inputs(f_anc: torch.Tensor, committed: torch.Tensor, lengths: torch.Te
     return pos, (base + (d - 1) * k + ar_k).expand(b, k), mask
 
 
+def fuses_head(drafter: Callable, hidden: torch.Tensor) -> bool:
+    """Whether a greedy tree's depths apply the drafter's head in the Triton head-and-top-k pass
+    (DRAFTSMITH_DRAFT_HEAD=triton, a device Triton runs on, a drafter whose logits are its plain
+    head's: one that bends them keeps them)."""
+    return (DRAFT_HEAD == "triton" and triton_head.runs_on(hidden)
+            and getattr(drafter, "plain_head", False))
+
+
 def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logits: torch.Tensor,
                 hidden: torch.Tensor, lengths: torch.Tensor, last: torch.Tensor,
                 d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
@@ -313,7 +322,7 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
     blocks, committed = [block], committed_mask(lengths, k, total)
     # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies
-    fused = DRAFT_HEAD == "triton" and triton_head.runs_on(hidden)
+    fused = fuses_head(drafter, hidden)
     head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
     for d in range(1, s):
         f_anc, f_flat, f_tok, f_score, f_hidden = front

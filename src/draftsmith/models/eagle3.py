@@ -143,6 +143,10 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
+    # whether the logits are exactly `lm_head(norm(h))`, so that an engine may apply the head
+    # itself (forward(logits=False)); a subclass that bends its logits sets False
+    plain_head: bool = True
+
     def __init__(self, cfg: Eagle3Config, tp: TP = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
