@@ -128,6 +128,53 @@ the baseline 5 % faster
     assert mod.rebased(md) == {12: "21-26 %"}
 
 
+def suite_json(path, rows: list[tuple]) -> str:
+    """A gpu_suite.json of the spec stage: rows (suite, batch, setting, decode tok/s, draft ms,
+    accepted a cycle) as the suite writes them (no phases for a baseline)."""
+    out = []
+    for suite, batch, setting, tps, draft, acc in rows:
+        r = {"suite": suite, "batch": batch, "setting": setting, "tok_s": tps * 0.97,
+             "decode_tok_s": tps}
+        if setting != "baseline":
+            r |= {"accept_length": acc, "wall_cycle_ms": draft + 1.0,
+                  "phases": {"ms": {"draft": draft, "verify": 0.93}}}
+        out.append(r)
+    path.write_text(json.dumps({"device": "x", "torch": "y", "date": "z",
+                                "spec": {"result": {"new_tokens": 8, "rows": out}}}))
+    return str(path)
+
+
+def test_ab_report_sets_shared_rows_side_by_side_with_each_runs_own_baseline(tmp_path, capsys):
+    """benchmarks/ab_report.py: the rows both files hold, baseline first; speedups over each
+    file's own baseline, ratios to the first file; a row only one file has is left out; a file
+    without spec rows is a clear error."""
+    mod = load_benchmark("ab_report")
+    a = suite_json(tmp_path / "a.json", [("chat", 1, "7/4/24", 2676, 0.469, 4.22),
+                                         ("chat", 1, "baseline", 1415, 0, 0),
+                                         ("chat", 1, "3/4/8", 2400, 0.2, 3.0)])
+    b = suite_json(tmp_path / "b.json", [("chat", 1, "baseline", 1409, 0, 0),
+                                         ("chat", 1, "7/4/24", 2774, 0.415, 4.22)])
+    import sys
+
+    argv = sys.argv
+    try:
+        sys.argv = ["ab_report", f"cublas={a}", f"triton={b}", "--out", str(tmp_path / "o")]
+        mod.main()
+    finally:
+        sys.argv = argv
+    lines = (tmp_path / "o" / "ab.md").read_text().splitlines()
+    assert "cublas / triton" in lines[0] and len(lines) == 4  # head, rule, baseline, 7/4/24
+    assert lines[2].startswith("| chat | 1 | baseline | 1,415 / 1,409 |")
+    want = ("| chat | 1 | 7/4/24 | 2,676 / 2,774 | 1.89x / 1.97x | 1.037 | 1.469 / 1.415 | "
+            "0.469 / 0.415 | 0.930 / 0.930 | 4.22 / 4.22 |")
+    assert lines[3] == want
+    assert (tmp_path / "o" / "ab.png").stat().st_size > 0
+    (tmp_path / "bad.json").write_text(json.dumps({"device": "x"}))
+    with pytest.raises(SystemExit, match="no spec stage rows"):
+        mod.load_rows(tmp_path / "bad.json")
+    assert "2,774" in capsys.readouterr().out
+
+
 def load_benchmark(name: str):
     import importlib.util
     from pathlib import Path
