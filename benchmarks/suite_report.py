@@ -53,25 +53,46 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def is_chain(r: dict) -> bool:
+    return r["setting"].split("/")[1] == "1" and not r["setting"].endswith("eager-bk")
+
+
+def speedup(r: dict) -> float:
+    return r.get("decode_speedup", r.get("speedup", 1.0))
+
+
 def plot(rows: list[dict], path: Path) -> None:
+    """Chains as lines over their steps, trees as bars (decode-only speedup where the run has
+    it): one panel each, only those the run has."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    spec = [r for r in rows if r["setting"] != "baseline"]
+    chains, trees = [r for r in spec if is_chain(r)], [r for r in spec if not is_chain(r)]
+    panels = [p for p in (chains, trees) if p] or [spec]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     keys = sorted({(r["suite"], r["batch"]) for r in rows})
-    for suite, b in keys:
-        chain = [r for r in rows if (r["suite"], r["batch"]) == (suite, b)
-                 and r["setting"] != "baseline" and r["setting"].split("/")[1] == "1"
-                 and not r["setting"].endswith("eager-bk")]
-        xs = [int(r["setting"].split("/")[0]) for r in chain]
-        ax.plot(xs, [r["speedup"] for r in chain], marker="o", label=f"{suite}, batch {b}")
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("chain steps (topk 1)")
-    ax.set_ylabel("speedup over the same run's baseline")
-    ax.set_title("Speculative decoding, default target + its drafter")
-    ax.legend()
+    for ax, panel in zip(axes[0], panels, strict=True):
+        if panel is chains:
+            for suite, b in keys:
+                line = [r for r in chains if (r["suite"], r["batch"]) == (suite, b)]
+                if line:
+                    ax.plot([int(r["setting"].split("/")[0]) for r in line],
+                            [speedup(r) for r in line], marker="o", label=f"{suite}, batch {b}")
+            ax.set_xlabel("chain steps (topk 1)")
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.legend()
+        else:
+            bars = ax.bar(range(len(panel)), [speedup(r) for r in panel])
+            ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+            ax.set_xticks(range(len(panel)), [f"{r['suite']}, b{r['batch']}\n{r['setting']}"
+                                              for r in panel], fontsize=8)
+            ax.set_xlabel("tree steps/topk/tokens")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_ylabel("speedup over the same run's baseline")
+    fig.suptitle("Speculative decoding, default target + its drafter")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
