@@ -98,12 +98,12 @@ def plot(labels: list[str], runs: list[dict[Key, dict]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+", help="LABEL=path/to/gpu_suite.json, two or more")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--name", default="ab")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if len(a.runs) < 2 or any("=" not in r for r in a.runs):
         raise SystemExit("give two or more LABEL=path/to/gpu_suite.json")
     labels = [r.split("=", 1)[0] for r in a.runs]

@@ -154,14 +154,7 @@ def test_ab_report_sets_shared_rows_side_by_side_with_each_runs_own_baseline(tmp
                                          ("chat", 1, "3/4/8", 2400, 0.2, 3.0)])
     b = suite_json(tmp_path / "b.json", [("chat", 1, "baseline", 1409, 0, 0),
                                          ("chat", 1, "7/4/24", 2774, 0.415, 4.22)])
-    import sys
-
-    argv = sys.argv
-    try:
-        sys.argv = ["ab_report", f"cublas={a}", f"triton={b}", "--out", str(tmp_path / "o")]
-        mod.main()
-    finally:
-        sys.argv = argv
+    mod.main([f"cublas={a}", f"triton={b}", "--out", str(tmp_path / "o")])
     lines = (tmp_path / "o" / "ab.md").read_text().splitlines()
     assert "cublas / triton" in lines[0] and len(lines) == 4  # head, rule, baseline, 7/4/24
     assert lines[2].startswith("| chat | 1 | baseline | 1,415 / 1,409 |")
