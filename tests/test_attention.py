@@ -252,30 +252,52 @@ def test_gemm_templates_under_the_pin_are_refused_by_name(monkeypatch):
         runtime.engine_compile(lambda x: x + 1)
 
 
-@pytest.mark.parametrize("var,bad", [("DRAFTSMITH_DECODE_ATTENTION", "flash"),
-                                     ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
-                                     ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4"),
-                                     ("DRAFTSMITH_SMALL_ATTENTION_ROWS", "many"),
-                                     ("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "6.4"),
-                                     ("DRAFTSMITH_TREE_TOPK", "heap"),
-                                     ("DRAFTSMITH_FUSED_PHASES", "verify"),
-                                     ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
-                                     ("DRAFTSMITH_GEMM_TEMPLATES", "on"),
-                                     ("DRAFTSMITH_PIN_ROWS", "all"),
-                                     ("DRAFTSMITH_EXACT_END", "2"),
-                                     ("DRAFTSMITH_STATIC_SHAPES", "yes"),
-                                     ("DRAFTSMITH_STEP_SETS", "per-batch"),
-                                     ("DRAFTSMITH_ATTN_BLOCK_N", "48"),
-                                     ("DRAFTSMITH_ATTN_WARPS", "3"),
-                                     ("DRAFTSMITH_LINEAR_BLOCK_N", "8")])
-def test_an_unknown_engine_choice_is_refused_with_the_choices(var, bad):
+BAD_CHOICES = [("DRAFTSMITH_DECODE_ATTENTION", "flash"), ("DRAFTSMITH_VERIFY_ATTENTION", "small"),
+               ("DRAFTSMITH_SMALL_LINEAR_ROWS", "-4"), ("DRAFTSMITH_SMALL_ATTENTION_ROWS", "many"),
+               ("DRAFTSMITH_MATMUL_ATTENTION_TOKENS", "6.4"), ("DRAFTSMITH_TREE_TOPK", "heap"),
+               ("DRAFTSMITH_FUSED_PHASES", "verify"), ("DRAFTSMITH_PIN_REDUCTIONS", "yes"),
+               ("DRAFTSMITH_GEMM_TEMPLATES", "on"), ("DRAFTSMITH_PIN_ROWS", "all"),
+               ("DRAFTSMITH_EXACT_END", "2"), ("DRAFTSMITH_STATIC_SHAPES", "yes"),
+               ("DRAFTSMITH_STEP_SETS", "per-batch"), ("DRAFTSMITH_ATTN_BLOCK_N", "48"),
+               ("DRAFTSMITH_ATTN_WARPS", "3"), ("DRAFTSMITH_LINEAR_BLOCK_N", "8"),
+               ("DRAFTSMITH_DRAFT_HEAD", "cutlass"), ("DRAFTSMITH_NORM_LINEAR_BLOCK_N", "24")]
+# one fresh process imports the engine under each bad value in turn (draftsmith's modules
+# dropped between imports, torch kept): as a user's process would, at a fraction of the cost
+IMPORT_EACH = """
+import json, os, sys
+import torch
+out = {}
+for var, bad in json.loads(sys.argv[1]) + [("(none)", "")]:
+    for name in [m for m in sys.modules if m.split(".")[0] == "draftsmith"]:
+        del sys.modules[name]
+    os.environ[var] = bad
+    try:
+        import draftsmith.engine.speculative
+        out[var] = None
+    except Exception as e:
+        out[var] = f"{type(e).__name__}: {e}"
+    del os.environ[var]
+print(json.dumps(out))
+"""
+
+
+def test_an_unknown_engine_choice_is_refused_with_the_choices():
+    """Every engine switch refuses a value it does not know at import, naming the variable, the
+    value and the choices."""
+    import json
     import os
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "import draftsmith.engine.speculative"],
-                       env={**os.environ, var: bad}, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and f"{var}={bad!r}" in r.stderr and "use " in r.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
+    r = subprocess.run([sys.executable, "-c", IMPORT_EACH, json.dumps(BAD_CHOICES)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got.pop("(none)") is None  # the same imports with no bad value go through
+    for var, bad in BAD_CHOICES:
+        msg = got[var]
+        assert msg and msg.startswith(f"DraftsmithError: {var}={bad!r}: ") and "use " in msg, msg
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])

@@ -144,6 +144,7 @@ def test_a_drafter_layer_with_its_fused_norm_equals_the_plain_one(monkeypatch):
     assert torch.allclose(fused, plain, atol=1e-4)
 
 
+@pytest.mark.slow  # ~30 s of interpreted kernels, for a kernel that is off (H200 run 24: slower)
 def test_speculative_greedy_with_fused_norms_equals_plain_greedy(monkeypatch):
     """The target's and the drafter's steps of 3-64 token rows (verify, drafter depths, prompt
     passes) through the fused kernels: chain and tree decoders still give plain greedy. CPU
