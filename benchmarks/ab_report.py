@@ -72,19 +72,24 @@ def table(labels: list[str], runs: list[dict[Key, dict]]) -> str:
     return "\n".join(out)
 
 
+def plotted(runs: list[dict[Key, dict]]) -> list[Key]:
+    """The shared speculative rows whose baseline every file has."""
+    return [k for k in shared_keys(runs) if k[2] != "baseline"
+            and all((k[0], k[1], "baseline") in run for run in runs)]
+
+
 def plot(labels: list[str], runs: list[dict[Key, dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in shared_keys(runs) if k[2] != "baseline"
-            and all((k[0], k[1], "baseline") in run for run in runs)]
+    keys = plotted(runs)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(keys) * len(runs)), 4))
     width, top = 0.8 / len(runs), 0.0
     for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
         ys = [own_speedup(run, k) for k in keys]
-        top = max(top, *ys)
+        top = max([top, *ys])
         bars = ax.bar([j + i * width for j in range(len(keys))], ys, width, label=label)
         ax.bar_label(bars, fmt="%.2fx", fontsize=8)
     ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(keys))],
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [load_rows(Path(r.split("=", 1)[1])) for r in a.runs]
     if not shared_keys(runs):
         raise SystemExit("the files share no (suite, batch, setting) row")
+    if not plotted(runs):
+        raise SystemExit("no shared speculative row has a baseline in every file")
     a.out.mkdir(parents=True, exist_ok=True)
     text = table(labels, runs)
     (a.out / f"{a.name}.md").write_text(text + "\n")

@@ -54,7 +54,7 @@ def table(rows: list[dict]) -> str:
 
 
 def is_chain(r: dict) -> bool:
-    return r["setting"].split("/")[1] == "1" and not r["setting"].endswith("eager-bk")
+    return r["setting"].split("/")[1] == "1"
 
 
 def speedup(r: dict) -> float:
@@ -69,7 +69,8 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spec = [r for r in rows if r["setting"] != "baseline"]
+    # eager-bookkeeping rows ("... eager-bk") repeat a setting: the table has them
+    spec = [r for r in rows if r["setting"] != "baseline" and not r["setting"].endswith("eager-bk")]
     chains, trees = [r for r in spec if is_chain(r)], [r for r in spec if not is_chain(r)]
     panels = [p for p in (chains, trees) if p] or [spec]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)

@@ -147,7 +147,7 @@ def suite_json(path, rows: list[tuple]) -> str:
 def test_ab_report_sets_shared_rows_side_by_side_with_each_runs_own_baseline(tmp_path, capsys):
     """benchmarks/ab_report.py: the rows both files hold, baseline first; speedups over each
     file's own baseline, ratios to the first file; a row only one file has is left out; a file
-    without spec rows is a clear error."""
+    without spec rows, or a pair with no baseline to divide by, is a clear error."""
     mod = load_benchmark("ab_report")
     a = suite_json(tmp_path / "a.json", [("chat", 1, "7/4/24", 2676, 0.469, 4.22),
                                          ("chat", 1, "baseline", 1415, 0, 0),
@@ -165,6 +165,9 @@ def test_ab_report_sets_shared_rows_side_by_side_with_each_runs_own_baseline(tmp
     (tmp_path / "bad.json").write_text(json.dumps({"device": "x"}))
     with pytest.raises(SystemExit, match="no spec stage rows"):
         mod.load_rows(tmp_path / "bad.json")
+    lone = suite_json(tmp_path / "c.json", [("chat", 1, "7/4/24", 2700, 0.4, 4.2)])
+    with pytest.raises(SystemExit, match="no shared speculative row has a baseline"):
+        mod.main([f"a={a}", f"c={lone}", "--out", str(tmp_path / "o2")])
     assert "2,774" in capsys.readouterr().out
 
 

@@ -738,10 +738,18 @@ def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monk
 def test_a_drafter_that_bends_its_logits_keeps_them_under_the_triton_head(setup, monkeypatch):
     """DRAFTSMITH_DRAFT_HEAD=triton never applies the head of a drafter whose logits are not its
     plain head's (`plain_head = False`, as the steered one): the head kernel is not called, and
-    its trees accept as many tokens as under the cuBLAS head."""
-    pytest.importorskip("triton")
+    its trees accept as many tokens as under the cuBLAS head. A subclass that overrides forward
+    is taken for one that bends them unless it says otherwise; a top-k past the kernel's keeps
+    the cuBLAS head too."""
     from draftsmith.engine import tree
     from draftsmith.models import triton_head
+
+    class Overrides(Eagle3Drafter):
+        def forward(self, *a, **kw):
+            return super().forward(*a, **kw)
+
+    class SaysPlain(Overrides):
+        plain_head = True
 
     target, rt, ref, seq = setup
     drafter = make_drafter(target, 96, Steered).steer(seq, 0.7)
@@ -749,7 +757,9 @@ def test_a_drafter_that_bends_its_logits_keeps_them_under_the_triton_head(setup,
     x = torch.zeros(1, 1, 64)
     monkeypatch.setattr(triton_head, "runs_on", lambda t: True)
     monkeypatch.setattr(tree, "DRAFT_HEAD", "triton")
-    assert tree.fuses_head(plain, x) and not tree.fuses_head(drafter, x)
+    assert tree.fuses_head(plain, x, 4) and not tree.fuses_head(drafter, x, 4)
+    assert not tree.fuses_head(plain, x, triton_head.MAX_K + 1)
+    assert not Overrides.plain_head and SaysPlain.plain_head and not Steered.plain_head
     monkeypatch.setattr(triton_head, "head_top_k", lambda *a: pytest.fail("head kernel called"))
     res = SpecDecoder(rt, drafter, 4, 4, 10).generate(PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(tree, "DRAFT_HEAD", "cublas")

@@ -300,12 +300,13 @@ def depth_inputs(f_anc: torch.Tensor, committed: torch.Tensor, lengths: torch.Te
     return pos, (base + (d - 1) * k + ar_k).expand(b, k), mask
 
 
-def fuses_head(drafter: Callable, hidden: torch.Tensor) -> bool:
+def fuses_head(drafter: Callable, hidden: torch.Tensor, k: int) -> bool:
     """Whether a greedy tree's depths apply the drafter's head in the Triton head-and-top-k pass
-    (DRAFTSMITH_DRAFT_HEAD=triton, a device Triton runs on, a drafter whose logits are its plain
-    head's: one that bends them keeps them)."""
+    (DRAFTSMITH_DRAFT_HEAD=triton, a device Triton runs on, a top-k the kernel keeps, a drafter
+    whose logits are its plain head's: one that bends them keeps them)."""
     return (DRAFT_HEAD == "triton" and triton_head.runs_on(hidden)
-            and getattr(drafter, "plain_head", False))
+            and getattr(drafter, "plain_head", False)
+            and k <= min(triton_head.MAX_K, drafter.lm_head.weight.shape[0]))
 
 
 def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logits: torch.Tensor,
@@ -322,7 +323,7 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
     blocks, committed = [block], committed_mask(lengths, k, total)
     # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies
-    fused = fuses_head(drafter, hidden)
+    fused = fuses_head(drafter, hidden, k)
     head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
     for d in range(1, s):
         f_anc, f_flat, f_tok, f_score, f_hidden = front

@@ -144,8 +144,15 @@ class Eagle3Layer(nn.Module):
 
 class Eagle3Drafter(nn.Module):
     # whether the logits are exactly `lm_head(norm(h))`, so that an engine may apply the head
-    # itself (forward(logits=False)); a subclass that bends its logits sets False
+    # itself (forward(logits=False)); False for a subclass that overrides forward or head,
+    # unless it says otherwise (a plain class attribute: compiled code reads it as a constant)
     plain_head: bool = True
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if "plain_head" not in cls.__dict__:
+            cls.plain_head = (cls.plain_head and "forward" not in cls.__dict__
+                              and "head" not in cls.__dict__)
 
     def __init__(self, cfg: Eagle3Config, tp: TP = SINGLE) -> None:
         super().__init__()
