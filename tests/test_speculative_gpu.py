@@ -227,6 +227,16 @@ def test_other_verify_attention_equals_plain_greedy(pair, monkeypatch, steps, to
         assert one_token.item() > 0
 
 
+def assert_graphed_chain_and_tree_equal(drafter, ref: list[list[int]]) -> None:
+    """A chain (3/1) and a tree (4/4/10) decoder on one compiled, graphed runtime of a fresh
+    fp32 tiny target, batches 4 and 1 captured: both give `ref`, plain greedy's tokens."""
+    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
+    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
+        dec = SpecDecoder(rt, drafter, steps, topk, n)
+        dec.capture([4, 1])
+        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+
+
 def test_split_linears_equal_plain_greedy(pair, monkeypatch):
     """DRAFTSMITH_SPLIT_LINEAR_ROWS=64 (verify and drafter-depth linears through the Triton split
     kernel, its partials summed in the consumers): chain and tree decoders keep plain greedy."""
@@ -236,11 +246,7 @@ def test_split_linears_equal_plain_greedy(pair, monkeypatch):
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(triton_linear, "SPLIT_LINEAR_ROWS", 64)
     calls = count_compiled_calls(monkeypatch, triton_linear, "split_linear", lambda x, *a: True)
-    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
-    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
-        dec = SpecDecoder(rt, drafter, steps, topk, n)
-        dec.capture([4, 1])
-        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert_graphed_chain_and_tree_equal(drafter, ref)
     assert calls.item() > 0
 
 
@@ -255,11 +261,7 @@ def test_norm_linears_equal_plain_greedy(pair, monkeypatch):
     # the target's qkv calls alone (five arguments, no gate_up width): its verify fused
     calls = count_compiled_calls(monkeypatch, triton_norm_linear, "norm_linear",
                                  lambda *a, **kw: len(a) == 5)
-    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
-    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
-        dec = SpecDecoder(rt, drafter, steps, topk, n)
-        dec.capture([4, 1])
-        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert_graphed_chain_and_tree_equal(drafter, ref)
     assert calls.item() > 0
 
 
@@ -271,11 +273,7 @@ def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
     _, drafter, eager = pair
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     monkeypatch.setattr(runtime, "STATIC_SHAPES", True)
-    rt = Runtime(cast(tiny_target(), torch.float32), 4, 160, graphs=True, compile=True)
-    for steps, topk, n in [(3, 1, None), (4, 4, 10)]:
-        dec = SpecDecoder(rt, drafter, steps, topk, n)
-        dec.capture([4, 1])
-        assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert_graphed_chain_and_tree_equal(drafter, ref)
 
 
 @pytest.mark.parametrize("steps,topk,n,compiled", [(3, 1, None, False), (3, 3, 8, False),
