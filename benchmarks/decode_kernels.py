@@ -1,5 +1,6 @@
 """What one batch-1 decode step of the default target launches: kernels per step, GPU time;
-and the same for the speculative draft and verify phases (chain 3, trees 3/4/8 and 7/4/24).
+and the same for the speculative phases (draft, verify, extend, accept; chain 3, trees 3/4/8
+and 7/4/24).
 
 Usage: python benchmarks/decode_kernels.py [--out FILE.json] [--no-compile] [--no-phases]
        [--no-decode] [--drafter DIR] [--settings "tree 7/4/24,chain 3"]
@@ -132,19 +133,22 @@ def decode_kernels(rt: Runtime, prompt: list[int], layers: int) -> dict:
 
 def phase_kernels(rt: Runtime, prompt: list[int], drafter, steps: int, topk: int,
                   n: int | None) -> dict:
-    """Draft and verify of one speculative setting: kernel tables run eagerly (the graph's
-    kernels) and each phase's graph replayed alone (both phases only read the cycle's inputs)."""
+    """Each phase of one speculative setting: kernel tables run eagerly (the graph's kernels),
+    and the draft's, verify's and extend's graphs replayed alone (they only read the cycle's
+    inputs and write the same values again). The accept commits what it accepts, so it is not
+    replayed; its table comes last, from 8 eager accepts of one verify's output."""
     dec = SpecDecoder(rt, drafter, steps, topk, n)
     st = dec.start([prompt], 64, [])
     dec.cycle(st)  # every phase once: verify's output is in place for the tables
     out = {}
-    for phase in ("draft", "verify"):
+    for phase in ("draft", "verify", "extend", "accept"):
         fn = getattr(dec, "_" + phase)
         rows, count, busy = kernel_table(lambda f=fn: f(st), 5)
-        ms = graphed_ms(lambda p=phase: dec._run(st, p))
+        ms = graphed_ms(lambda p=phase: dec._run(st, p)) if phase != "accept" else None
         out[phase] = {"kernels": count, "kernel_us": busy, "graphed_ms": ms, "top": rows[:80]}
-        print(f"{steps}/{topk}/{n or steps + 1} {phase}: {count} kernels, GPU busy {busy:.0f} us,"
-              f" graphed {ms:.3f} ms")
+        graphed = f", graphed {ms:.3f} ms" if ms is not None else ""
+        print(f"{steps}/{topk}/{n or steps + 1} {phase}: {count} kernels, GPU busy {busy:.0f} us"
+              f"{graphed}")
         print_kernels(rows[:40])
     return out
 

@@ -704,17 +704,21 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
-@pytest.mark.parametrize("steps,topk,n", [(3, 2, 6), (4, 4, 10)])
-def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monkeypatch):
+@pytest.mark.parametrize("steps,topk,n,root", [(3, 2, 6, "logits"), (4, 4, 10, "triton")])
+def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, root, monkeypatch):
     """DRAFTSMITH_DRAFT_HEAD=triton (the drafter stops before its head; head and top-k in one
     Triton pass, here in its interpreter, 32-entry blocks: three over the 96-token draft vocab):
     the same trees cycle by cycle as the head in a matmul followed by the tree's top-k, batch
-    4, and plain greedy output."""
+    4, and plain greedy output. Under DRAFTSMITH_ROOT_HEAD=triton the root's children come the
+    same way, so no drafter call of such a cycle, its extend included, forms logits; under
+    logits they come from the extend's logits."""
     pytest.importorskip("triton")
     from draftsmith.engine import tree
     from draftsmith.models import triton_head
 
     monkeypatch.setattr(triton_head, "BLOCK_V", 32)
+    monkeypatch.setattr(tree, "ROOT_HEAD", root)
+    by_head = root == "triton"
 
     target, rt, ref, _ = setup
     drafter = make_drafter(target, 96)
@@ -722,14 +726,24 @@ def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, monk
     calls = []
     real = triton_head.head_top_k
     monkeypatch.setattr(triton_head, "head_top_k", lambda *a: calls.append(1) or real(*a))
+    formed = []  # each drafter call's `logits` flag
+    head = drafter.head
+    monkeypatch.setattr(drafter, "head", lambda h, logits=True: formed.append(logits)
+                        or head(h, logits))
 
     def before(i: int) -> None:
         assert not calls  # the cuBLAS head's cycle called no kernel
+        if i:
+            assert formed and all(formed)
+            formed.clear()
         monkeypatch.setattr(tree, "DRAFT_HEAD", ("cublas", "triton")[i])
 
     def after() -> None:
-        assert len(calls) == steps - 1  # every depth past the root
+        assert len(calls) == steps - 1 + by_head  # every depth past the root, and the root
+        # the depths past the root form none, the extend only for the root
+        assert len(formed) == steps and sum(formed) == (not by_head)
         calls.clear()
+        formed.clear()
 
     assert_same_trees_each_cycle(a_dec, b_dec, before, after)
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref

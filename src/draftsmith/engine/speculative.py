@@ -418,8 +418,9 @@ class SpecDecoder:
         commit(st, self.commit_values, n, bonus, path, aux, self.ar)
 
     def _extend(self, st: SpecState) -> None:
-        if not self._fused(st, "extend", st, self.drafter, self.drafter, self.ar):
-            extend_phase(st, self.drafter, self.draft_fn, self.ar)
+        logits = not trees.root_by_head(self.drafter, self.params.greedy, self.shape)
+        if not self._fused(st, "extend", st, self.drafter, self.drafter, self.ar, logits):
+            extend_phase(st, self.drafter, self.draft_fn, self.ar, logits)
 
     def _fused(self, st: SpecState, phase: str, *args) -> bool:
         """Run `phase` as its one compiled function when the engine fuses it; False when it does
@@ -497,13 +498,17 @@ def commit(st: SpecState, commit_fn: Callable, n: torch.Tensor, bonus: torch.Ten
 
 
 def extend_phase(st: SpecState, drafter: Eagle3Drafter, forward: Callable,
-                 ar: torch.Tensor) -> None:
+                 ar: torch.Tensor, logits: bool = True) -> None:
     """The drafter over the S+1 positions from the old length with the target's aux states; its
     output at the accept length seeds the next draft. forward: the drafter or its compiled copy
-    (the fused engine compiles this whole function around the plain drafter)."""
+    (the fused engine compiles this whole function around the plain drafter). Not `logits`: the
+    draft forms the root's children from the hidden alone (`trees.root_by_head`), so the head's
+    product is skipped and `root_logits` left as it was."""
     pos = st.base[:, None] + ar
-    logits, h = forward(st.ext_tok, drafter.fuse(st.ext_aux), pos, st.dcaches)
-    st.root_logits.copy_(logits[st.rows, st.n])
+    kw = {} if logits else {"logits": False}  # a subclass's forward may not take it
+    out, h = forward(st.ext_tok, drafter.fuse(st.ext_aux), pos, st.dcaches, **kw)
+    if logits:
+        st.root_logits.copy_(out[st.rows, st.n])
     st.root_hidden.copy_(h[st.rows, st.n])
 
 

@@ -42,10 +42,11 @@ PRIOR_FIRST, PRIOR_DECAY = 0.6, 0.4  # sampling-mode prior: rank r weighs 0.6 * 
 # exact) sampled trees than topk.
 TREE_TOPK = env_choice("DRAFTSMITH_TREE_TOPK", "chunk", ("chunk", "max", "topk"))
 CHUNK = 256
-# A greedy tree's depths past the root: the drafter's vocabulary head in cuBLAS, then the top-k
-# above ("cublas"), or both in one Triton pass over the head's weights (`models/triton_head.py`,
-# "triton": the logits never reach memory; they are rounded to the weights' dtype, as cuBLAS's
-# are, so ties fall alike). H200 run 24, tree 7/4/24, batch 1: draft 0.415 against 0.469 ms,
+# A greedy tree's children at every depth: the drafter's vocabulary head in cuBLAS, then the
+# top-k above ("cublas"), or both in one Triton pass over the head's weights
+# (`models/triton_head.py`, "triton": the logits never reach memory; they are rounded to the
+# weights' dtype, as cuBLAS's are, so ties fall alike).
+# H200 run 24 (depths past the root only), tree 7/4/24, batch 1: draft 0.415 against 0.469 ms,
 # the same 4.22 tokens accepted a cycle, 2,774 against 2,676 tok/s; batch 8, tree 3/4/8: 13,032
 # against 12,747. The default where CUDA and Triton are; CPU tests opt in (interpreted).
 DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "triton" if torch.cuda.is_available()
@@ -53,6 +54,10 @@ DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "triton" if torch.cuda.is_avail
 if DRAFT_HEAD == "triton" and not triton_head.AVAILABLE:
     raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton needs the triton package (and torch "
                           ">= 2.6)")
+# Under the Triton head, the root's children: from the extend's hidden state by the same pass
+# ("triton": the extend then forms no logits, a cuBLAS head product and the root's top-k fewer
+# a cycle; untimed on a GPU as yet) or from the logits the extend formed ("logits", run 24's).
+ROOT_HEAD = env_choice("DRAFTSMITH_ROOT_HEAD", "triton", ("triton", "logits"))
 
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -309,6 +314,14 @@ def fuses_head(drafter: Callable, hidden: torch.Tensor, k: int) -> bool:
             and k <= min(triton_head.MAX_K, drafter.lm_head.weight.shape[0]))
 
 
+def root_by_head(drafter: Callable, greedy: bool, shape: TreeShape | None) -> bool:
+    """Whether a decoder's draft forms the root's children from its hidden state by the Triton
+    head (`greedy_tree` under `fuses_head`), so that its extend need not form root logits."""
+    w = drafter.lm_head.weight
+    return (ROOT_HEAD == "triton" and greedy and shape is not None
+            and fuses_head(drafter, w, shape.topk))
+
+
 def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logits: torch.Tensor,
                 hidden: torch.Tensor, lengths: torch.Tensor, last: torch.Tensor,
                 d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
@@ -319,12 +332,14 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     compiled copies; the fused engine compiles this whole function instead."""
     root, grow, pick = fns
     k, s = shape.topk, shape.steps
-    ids, score, tok = root(logits, d2t, k)
-    block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
-    blocks, committed = [block], committed_mask(lengths, k, total)
-    # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies
+    # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies,
+    # and `root` too under DRAFTSMITH_ROOT_HEAD=triton (from the fed-back hidden)
     fused = fuses_head(drafter, hidden, k)
     head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
+    ids, score, tok = (root(drafter.head_input(hidden), d2t, k, head)
+                       if fused and ROOT_HEAD == "triton" else root(logits, d2t, k))
+    block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
+    blocks, committed = [block], committed_mask(lengths, k, total)
     for d in range(1, s):
         f_anc, f_flat, f_tok, f_score, f_hidden = front
         pos, slots, mask = depth_inputs(f_anc, committed, lengths, d, ar_k, base)

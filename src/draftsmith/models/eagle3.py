@@ -256,6 +256,11 @@ class Eagle3Drafter(nn.Module):
         out = linear(normed, self.lm_head.weight) if logits else normed
         return out, normed if self.cfg.norm_output else h
 
+    def head_input(self, fed: torch.Tensor) -> torch.Tensor:
+        """The vocabulary head's input from a hidden `head` fed back (the final norm's output,
+        which is the fed-back hidden itself under `norm_output`)."""
+        return fed if self.cfg.norm_output else self.norm(fed)
+
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
