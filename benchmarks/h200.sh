@@ -37,7 +37,8 @@
 #                                     # chunk|max|topk, 8th: DRAFTSMITH_FUSED_PHASES, e.g.
 #                                     # draft or 0, 9th: VAR=value,... for that run, e.g.
 #                                     # TORCHINDUCTOR_CACHE_DIR=/tmp/i1 or DRAFTER=runs/init,
-#                                     # the drafter bigrun warm-started from); TESTS=0: no tests;
+#                                     # the drafter bigrun warm-started from, or SRC=ab_base/src:
+#                                     # that run imports the draftsmith there); TESTS=0: no tests;
 #                                     # rows = DRAFTSMITH_SMALL_ATTENTION_ROWS, not prompts:
 #                                     # each suite's first PROMPTS (default 8) prompts, REPEATS
 #                                     # times each)
@@ -316,11 +317,14 @@ respec)
     for run in ${RUNS:-c1:16:1:: ab0:0:1:2,3:3/4/8 c832:16:8,32::}; do
         IFS=: read -r name rows batches chain trees vattn ttopk fused extra <<< "$run"
         [ "$(left)" -gt 100 ] || break
+        # SRC=dir (a folder of the checkout holding another draftsmith's src, e.g. `git archive
+        # REV src | tar x -C ab_base`): that run imports it, the code before a change beside it
+        src=$(tr , '\n' <<< "$extra" | sed -n 's/^SRC=//p')
         # shellcheck disable=SC2046  # each VAR=value its own word
         # env's last assignment wins: the run's own VAR=value (DRAFTER=runs/init: the drafter
         # bigrun started from, beside the one it trained) overrides the defaults before it
         env WORK=$W DRAFTER=$D ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            $(tr , ' ' <<< "$extra") \
+            PYTHONPATH="/tmp/site:$PWD/${src:-src}" $(tr , ' ' <<< "$extra") \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-triton} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             DRAFTSMITH_FUSED_PHASES=${fused:-all} OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \

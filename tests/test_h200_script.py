@@ -25,7 +25,7 @@ D = Path(os.environ.get("DRAFTER", "runs/big/drafter"))
 KEYS = ("N", "SEED", "GEN_BATCH", "OPENINGS", "PACK_STEM", "INIT_FROM", "EPOCHS",
         "DRAFTSMITH_TREE_TOPK", "DRAFTSMITH_VERIFY_ATTENTION", "DRAFTSMITH_FUSED_PHASES", "TREES",
         "GEN_COMPILE", "REFILL", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_DETERMINISTIC",
-        "DRAFTER")
+        "DRAFTER", "PYTHONPATH")
 res = {}
 for st in os.environ["STAGES"].split(","):
     with open(os.environ["CALLS"], "a") as f:
@@ -175,6 +175,16 @@ def test_respec_runs_take_their_own_environment(dry, tmp_path):
     assert list(picks.values()) == [{"kernel": "triton_poi_fused_0", "config": {"XBLOCK": 4}}]
     with tarfile.open(tmp_path / "r" / "spec_a.kernels.tgz") as tgz:  # the raw evidence too
         assert sorted(tgz.getnames()) == ["ab/cab.py", "ab/k.best_config"]
+
+
+def test_a_respec_run_imports_the_src_it_names(dry):
+    """SRC=dir in a run's own field: that process imports the draftsmith there (the code before
+    a change, beside it in one call), the gguf site first; the others import the checkout's."""
+    repo, _, run = dry
+    _, calls = run("respec", "o6", RUNS="o:16:1::7/4/24:triton:chunk:all:SRC=ab_base/src "
+                                        "n:16:1::7/4/24")
+    paths = [c["PYTHONPATH"].split(":") for c in calls if c["stage"] == "spec"]
+    assert paths == [["/tmp/site", f"{repo}/ab_base/src"], ["/tmp/site", f"{repo}/src"]]
 
 
 def test_gpu_tests_start_with_the_first_call_only_and_only_with_time_left(dry):

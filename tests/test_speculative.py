@@ -493,6 +493,8 @@ def test_compiled_pure_functions_equal_eager_on_random_inputs():
              torch.tensor([1, 2, 3]), torch.randn(b, steps + 1, 3, h, generator=g),
              torch.arange(steps + 1), 40)
     assert _same(commit(*cargs), speculative.commit_values(*cargs))
+    # the histogram's increment: accept lengths 1 and 3 of the two running rows (the third done)
+    assert speculative.commit_values(*cargs)[4].tolist() == [0, 1, 0, 1, 0]
 
 
 def test_prompt_bucket_lengths():

@@ -175,3 +175,23 @@ def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, 
         out.append(dec.generate(prompts, 24, eos_ids=[]))
     assert out[0].tokens == out[1].tokens and out[0].accept_hist == out[1].accept_hist
     assert out[0].mean_accept_length > 1
+
+
+def test_the_sliced_argmax_picks_what_argmax_picks():
+    """The two-stage argmax over vocabulary-long rows (slices' maxes, then the first slice with
+    the largest) picks torch's index, ties to the first and NaN as the largest, eager and
+    compiled, and keeps torch's own where the row is short or not whole slices."""
+    from draftsmith.engine import sampling
+
+    g = torch.Generator().manual_seed(0)
+    w = sampling.ARGMAX_SLICE
+    for shape in [(3, 4 * w), (2, 5, 3 * w), (1, 48 * w), (2, w), (2, 2 * w + 7)]:
+        x = torch.randint(-3, 3, shape, generator=g).float()  # equal values everywhere
+        x[..., -1] = 3.0  # a largest value in the last slice, after earlier ones that tie lower
+        x.view(-1, shape[-1])[0, shape[-1] // 2] = 3.0  # a tie for the largest: the earlier wins
+        assert torch.equal(sampling.argmax(x), x.argmax(-1)), shape
+    x = torch.randn(2, 4 * w, generator=g)
+    x[0, 3 * w + 1], x[0, 2 * w] = float("nan"), float("nan")
+    x[1, :] = float("-inf")
+    assert sampling.argmax(x).tolist() == x.argmax(-1).tolist() == [2 * w, 0]
+    assert torch.equal(torch.compile(sampling.argmax)(x), x.argmax(-1))

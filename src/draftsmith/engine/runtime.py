@@ -347,11 +347,12 @@ def compile_layers(model) -> None:
 
 
 def compiled_parts(model, pinned: bool = True, **kwargs) -> dict:
-    """The decoder layers, prologue and finish, each torch.compile'd (kwargs: torch.compile's,
-    e.g. dynamic=False)."""
+    """The decoder layers, prologue, finish and aux stack, each torch.compile'd (kwargs:
+    torch.compile's, e.g. dynamic=False)."""
     kw = {"fullgraph": True, **kwargs}
     return {
         "layers": [engine_compile(layer.split, pinned, **kw) for layer in model.layers],
         "prologue": engine_compile(model.prologue, pinned, **kw),
         "finish": engine_compile(model.finish, pinned, **kw),
+        "aux": engine_compile(model.stack_aux, pinned, **kw),
     }

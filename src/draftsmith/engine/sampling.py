@@ -55,14 +55,32 @@ def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
     return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
 
 
+# A vocabulary-long argmax in two stages: compiled as one, it was a looped reduction of one
+# program a row, 8.5 us of the H200's one-token decode step and 10.2 of a 25-token accept (run
+# 25's probe), where the slices' maxes take a program each.
+ARGMAX_SLICE = 1024
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1), ties to the first (NaN counts as the largest, as in torch): for a last dim
+    of at least two slices, each ARGMAX_SLICE-wide slice's max first, then the first slice
+    holding the largest."""
+    v = x.shape[-1]
+    if v < 2 * ARGMAX_SLICE or v % ARGMAX_SLICE:
+        return x.argmax(-1)
+    best, at = x.unflatten(-1, (-1, ARGMAX_SLICE)).max(-1)
+    s = best.argmax(-1, keepdim=True)
+    return s[..., 0] * ARGMAX_SLICE + at.gather(-1, s)[..., 0]
+
+
 def draw(prob: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     e = torch.empty_like(prob).exponential_(1, generator=generator)
-    return (prob / e).argmax(-1)
+    return argmax(prob / e)
 
 
 def sample(
     logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     if p.greedy:
-        return logits.argmax(-1)
+        return argmax(logits)
     return draw(probs(logits, p), generator)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.engine.sampling import SamplingParams, draw, probs
+from draftsmith.engine.sampling import SamplingParams, argmax, draw, probs
 
 
 def to_target_probs(q: torch.Tensor, hot: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -31,7 +31,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def chain_greedy(logits: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, S+1, V] at verify tokens tok [B, S+1] = [last, d1..dS] -> (n, bonus)."""
-    t = logits.argmax(-1)
+    t = argmax(logits)
     n = (tok[:, 1:] == t[:, :-1]).long().cumprod(1).sum(1)
     return n, t.gather(1, n[:, None])[:, 0]
 
@@ -64,7 +64,7 @@ def tree_greedy(
     """Nodes [B, N] (node 0 the root, parents first) -> (deepest accepted node, n, bonus).
 
     Siblings hold distinct tokens, so the accepted nodes form one path."""
-    t = logits.argmax(-1)
+    t = argmax(logits)
     ok = tok == t.gather(1, parent)
     root = torch.arange(tok.shape[1], device=tok.device) == 0
     acc = root.expand_as(ok)

@@ -292,7 +292,7 @@ class Transformer(nn.Module):
         if compiled and self.compiled:
             return self.compiled_for(rows, step)
         return {"prologue": self.prologue, "layers": [layer.split for layer in self.layers],
-                "finish": self.finish}
+                "finish": self.finish, "aux": self.stack_aux}
 
     def compiled_for(self, rows: int, step: bool = False) -> dict:
         """The compiled parts for a forward of `rows` token rows: past the runtime's pin limit
@@ -311,6 +311,11 @@ class Transformer(nn.Module):
     def finish(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """The last layer's residual add and the final norm (one kernel when compiled)."""
         return self.norm(h if delta is None else h + delta)
+
+    def stack_aux(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+        """[B, Q, n_aux, H] from each aux layer's residual stream as (h, pending add or None):
+        one kernel when compiled, where eager adds and a stack took four in a verify."""
+        return torch.stack([h if d is None else h + d for h, d in pairs], dim=2)
 
     def rope(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -345,15 +350,15 @@ class Transformer(nn.Module):
         if caches is not None and slots is None:
             slots = positions
         want = {j: i for i, j in enumerate(aux_ids)}
-        aux: list[torch.Tensor | None] = [None] * len(aux_ids)
+        aux: list = [None] * len(aux_ids)  # (stream, its pending add) per aux id
         if -1 in want:
-            aux[want[-1]] = h
+            aux[want[-1]] = (h, None)
         delta = None
         for j, layer in enumerate(parts["layers"]):
             cache = caches[j] if caches is not None else None
             h, delta = layer(h, delta, cos, sin, cache, slots, mask)
             if j in want:
-                aux[want[j]] = h + delta
+                aux[want[j]] = (h, delta)
         hidden = parts["finish"](h, delta)
         logits = None
         if want_logits:
@@ -361,7 +366,7 @@ class Transformer(nn.Module):
             if logits_at is not None:
                 x = hidden[torch.arange(hidden.shape[0], device=h.device), logits_at].unsqueeze(1)
             logits = self.lm_head(x)
-        stacked = torch.stack(aux, dim=2) if aux_ids else None
+        stacked = parts["aux"](aux) if aux_ids else None
         return ForwardOut(logits, stacked, hidden)
 
 
