@@ -3,6 +3,7 @@ vocabulary head in cuBLAS, then the chunked top-k of log-softmax) against the Tr
 models/triton_head.py.
 
 Usage: python benchmarks/draft_head.py [--out FILE.json] [--shapes 4x4,8x8,32x4,128x4]
+       [--block-v 64,128,256] [--configs BLOCK_V/BLOCK_H/WARPS/STAGES,...]
 Shapes ROWSxK: rows = batch x the tree's top-k, k its top-k (4x4: batch 1 at 7/4/24; 8x8:
 batch 1 at 5/8/16; 32x4, 128x4: batches 8 and 32 at top-k 4). Draft vocabulary 24,576 x
 hidden 576, bf16. One CUDA graph holds 30 calls; us a call from replays timed with CUDA
@@ -32,6 +33,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="4x4,8x8,32x4,128x4", help="ROWSxK")
     ap.add_argument("--block-v", default="64,128,256")
+    ap.add_argument("--configs", default="",
+                    help="also BLOCK_V/BLOCK_H/warps/stages sets at the default block, e.g. "
+                         "128/128/4/3,64/64/4/4,128/64/8/3 (H200 run 25's probe: 10.5 us a "
+                         "4-row depth under 128/64/4/3, 2.7 TB/s over the 28 MB head)")
     a = ap.parse_args()
     torch._dynamo.config.recompile_limit = 256
     g = torch.Generator("cuda").manual_seed(0)
@@ -45,18 +50,33 @@ def main() -> None:
                                   fullgraph=True, dynamic=False)
         ref_v, ref_i = compiled(x, w)
         row["compiled"] = round(graph_us(compiled, (x, w)), 2)
-        for bv in map(int, a.block_v.split(",")):
-            torch._dynamo.reset()  # the op reads the block at trace time: no guard
-            triton_head.BLOCK_V = bv
-            fused = engine_compile(lambda x, w, k=k: triton_head.head_top_k(x, w, k),
-                                   fullgraph=True, dynamic=False)
-            v, i = fused(x, w)
-            row[f"triton {bv}"] = round(graph_us(fused, (x, w)), 2)
-            row[f"max |dv| {bv}"] = round((v - ref_v).abs().max().item(), 4)
-            row[f"ids equal {bv}"] = round((i == ref_i).all(1).float().mean().item(), 3)
+        sets = [(bv, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES)
+                for bv in map(int, a.block_v.split(","))]
+        sets += [tuple(map(int, c.split("/"))) for c in filter(None, a.configs.split(","))]
+        for cfg in sets:
+            name = str(cfg[0]) if cfg[1:] == sets[0][1:] else "/".join(map(str, cfg))
+            row.update(time_config(x, w, k, cfg, name, ref_v, ref_i))
         out.append(row)
         print(json.dumps(row), flush=True)
     save(a.out, out)
+
+
+def time_config(x: torch.Tensor, w: torch.Tensor, k: int, cfg: tuple[int, ...], name: str,
+                ref_v: torch.Tensor, ref_i: torch.Tensor) -> dict:
+    """The Triton pass under (BLOCK_V, BLOCK_H, warps, stages): us a call, and its picks against
+    the compiled way's. The defaults are restored after."""
+    keep = (triton_head.BLOCK_V, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES)
+    torch._dynamo.reset()  # the op reads its blocks at trace time: no guard
+    triton_head.BLOCK_V, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES = cfg
+    try:
+        fused = engine_compile(lambda x, w, k=k: triton_head.head_top_k(x, w, k),
+                               fullgraph=True, dynamic=False)
+        v, i = fused(x, w)
+        return {f"triton {name}": round(graph_us(fused, (x, w)), 2),
+                f"max |dv| {name}": round((v - ref_v).abs().max().item(), 4),
+                f"ids equal {name}": round((i == ref_i).all(1).float().mean().item(), 3)}
+    finally:
+        triton_head.BLOCK_V, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES = keep
 
 
 if __name__ == "__main__":

@@ -152,7 +152,8 @@ suite)
 kernels)
     # draftsmith's Triton kernels alone (no model: a fresh machine's first call, no carry):
     # attention split and unsplit, the split linear against cuBLAS, the draft head, the fused
-    # norm and linear, then their GPU tests; KERNELS="norm_linear ...": those benches only
+    # norm and linear, then their GPU tests; KERNELS="norm_linear ...": those benches only;
+    # HEAD_SHAPES, HEAD_CONFIGS: draft_head.py's --shapes and --configs
     want() { [[ " ${KERNELS:-attention linear head norm_linear} " == *" $1 "* ]]; }
     : > "$OUT/kernels_log.txt"
     want attention && python3 benchmarks/verify_attention.py --blocks 64,256 --warps 4,8 \
@@ -160,7 +161,8 @@ kernels)
         --out "$OUT/verify_attention.json" 2>&1 | grep '^{' | tee -a "$OUT/kernels_log.txt"
     want linear && python3 benchmarks/verify_linear.py --out "$OUT/verify_linear.json" 2>&1 \
         | grep '^{' | tee -a "$OUT/kernels_log.txt"
-    want head && python3 benchmarks/draft_head.py --out "$OUT/draft_head.json" 2>&1 \
+    want head && python3 benchmarks/draft_head.py --out "$OUT/draft_head.json" \
+        --shapes "${HEAD_SHAPES:-4x4,8x8,32x4,128x4}" --configs "${HEAD_CONFIGS:-}" 2>&1 \
         | grep '^{' | tee -a "$OUT/kernels_log.txt"
     want norm_linear && python3 benchmarks/norm_linear.py --out "$OUT/norm_linear.json" 2>&1 \
         | grep '^{' | tee -a "$OUT/kernels_log.txt"

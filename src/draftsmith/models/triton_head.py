@@ -27,6 +27,8 @@ from draftsmith.models.triton_support import importable
 BLOCK_V = 128  # vocabulary entries a program takes
 BLOCK_H = 64  # hidden features a program multiplies a step
 BLOCK_R = 16  # rows a program takes (tl.dot's least; a grid axis covers more)
+WARPS = 4
+STAGES = 3  # software pipelining of the walk over the hidden features (Triton's default)
 MAX_K = 16
 
 
@@ -82,7 +84,7 @@ def _register() -> None:
             x, w, vals, ids, bmax, bsum, rows, hidden, w.shape[0], blocks,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1),
             K=k, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H, BLOCK_R=BLOCK_R,
-            IEEE=x.dtype == torch.float32, num_warps=4,
+            IEEE=x.dtype == torch.float32, num_warps=WARPS, num_stages=STAGES,
         )
         return vals, ids, bmax, bsum
 
