@@ -261,7 +261,7 @@ BAD_CHOICES = [("DRAFTSMITH_DECODE_ATTENTION", "flash"), ("DRAFTSMITH_VERIFY_ATT
                ("DRAFTSMITH_STEP_SETS", "per-batch"), ("DRAFTSMITH_ATTN_BLOCK_N", "48"),
                ("DRAFTSMITH_ATTN_WARPS", "3"), ("DRAFTSMITH_LINEAR_BLOCK_N", "8"),
                ("DRAFTSMITH_DRAFT_HEAD", "cutlass"), ("DRAFTSMITH_NORM_LINEAR_BLOCK_N", "24"),
-               ("DRAFTSMITH_ROOT_HEAD", "cublas")]
+               ("DRAFTSMITH_ROOT_HEAD", "cublas"), ("DRAFTSMITH_HEAD_JOIN", "inductor")]
 # one fresh process imports the engine under each bad value in turn (draftsmith's modules
 # dropped between imports, torch kept): as a user's process would, at a fraction of the cost
 IMPORT_EACH = """

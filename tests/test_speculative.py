@@ -706,20 +706,27 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
     assert b_dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
 
 
-@pytest.mark.parametrize("steps,topk,n,root", [(3, 2, 6, "logits"), (4, 4, 10, "triton")])
-def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, root, monkeypatch):
+@pytest.mark.parametrize("steps,topk,n,root,join", [(3, 2, 6, "logits", "torch"),
+                                                    (4, 4, 10, "triton", "torch"),
+                                                    # the interpreter's join: ~80 s on CPU
+                                                    pytest.param(4, 4, 10, "triton", "kernel",
+                                                                 marks=pytest.mark.slow)])
+def test_the_triton_draft_head_builds_the_same_trees(setup, steps, topk, n, root, join,
+                                                     monkeypatch):
     """DRAFTSMITH_DRAFT_HEAD=triton (the drafter stops before its head; head and top-k in one
     Triton pass, here in its interpreter, 32-entry blocks: three over the 96-token draft vocab):
     the same trees cycle by cycle as the head in a matmul followed by the tree's top-k, batch
     4, and plain greedy output. Under DRAFTSMITH_ROOT_HEAD=triton the root's children come the
     same way, so no drafter call of such a cycle, its extend included, forms logits; under
-    logits they come from the extend's logits."""
+    logits they come from the extend's logits. DRAFTSMITH_HEAD_JOIN=kernel: the kernel joins its
+    blocks itself."""
     pytest.importorskip("triton")
     from draftsmith.engine import tree
     from draftsmith.models import triton_head
 
     monkeypatch.setattr(triton_head, "BLOCK_V", 32)
     monkeypatch.setattr(tree, "ROOT_HEAD", root)
+    monkeypatch.setattr(triton_head, "JOIN", join)
     by_head = root == "triton"
 
     target, rt, ref, _ = setup

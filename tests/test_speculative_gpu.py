@@ -119,17 +119,19 @@ def test_compiled_verify_equals_plain_greedy(pair, monkeypatch, steps, topk, n, 
     assert verifies.item() > 0  # the verify, 48 tokens included, attends the Triton way
 
 
-@pytest.mark.parametrize("whole", [True, False])
-def test_the_triton_draft_head_builds_the_same_trees_compiled(pair, monkeypatch, whole):
+@pytest.mark.parametrize("whole,join", [(True, "torch"), (False, "torch"), (True, "kernel")])
+def test_the_triton_draft_head_builds_the_same_trees_compiled(pair, monkeypatch, whole, join):
     """DRAFTSMITH_DRAFT_HEAD=triton in the compiled, graphed engine (tree 4/4/10, the draft phase
     compiled whole or in parts, 32-entry vocabulary blocks: three over the 96-token draft vocab):
     the same trees cycle by cycle as the cuBLAS head (fp32), the head kernel inside the graphs,
     and plain greedy output. (The pair's steered drafter bends its logits, which the Triton head
-    never forms: a plain drafter here.)"""
+    never forms: a plain drafter here.) join=kernel: DRAFTSMITH_HEAD_JOIN=kernel, the kernel's
+    counters mutated inside the compiled, graphed draft."""
     from draftsmith.engine import speculative, tree
     from draftsmith.models import triton_head
 
     monkeypatch.setattr(triton_head, "BLOCK_V", 32)
+    monkeypatch.setattr(triton_head, "JOIN", join)
     monkeypatch.setattr(speculative, "FUSED_PHASES", speculative.fused_phases(
         "all" if whole else "0"))
     target, _, eager = pair
@@ -148,6 +150,8 @@ def test_the_triton_draft_head_builds_the_same_trees_compiled(pair, monkeypatch,
     assert heads.item() > 0
     assert decs["triton"].generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
     assert not any(st.unfused for st in decs["triton"].states.values())
+    counts = [st.tree.head_counts for st in decs["triton"].states.values()]
+    assert all((c is not None and not c.any()) if join == "kernel" else c is None for c in counts)
 
 
 def tie_free_logits(*shape: int, g: torch.Generator) -> torch.Tensor:

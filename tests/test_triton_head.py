@@ -55,6 +55,30 @@ def test_ties_go_to_the_lower_id_within_and_across_blocks():
     assert v[0, 0] == v[0, 1] == v[0, 2]
 
 
+@pytest.mark.parametrize("rows,vocab,hidden,k", [(4, 1000, 96, 4), (1, 300, 64, 1),
+                                                 (33, 2000, 64, 4)])
+def test_the_kernel_joins_its_blocks_as_the_tensor_ops_do(rows, vocab, hidden, k):
+    """DRAFTSMITH_HEAD_JOIN=kernel: each row block's last program joins the blocks (the counter
+    names it); ids equal to the tensor ops' join, values to rounding, over three row blocks and
+    a vocabulary ending inside a block, twice in a row on one counter, left at zero."""
+    from draftsmith.models.triton_head import counter, head_top_k
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=g).to(DEVICE)
+    w = torch.randn(vocab, hidden, generator=g).to(DEVICE) / hidden ** 0.5
+    counts = counter(DEVICE)
+    want_v, want_i = head_top_k(x, w, k)
+    for _ in range(2):
+        v, i = head_top_k(x, w, k, counts)
+        assert torch.equal(i, want_i)
+        assert torch.allclose(v, want_v, atol=1e-6)
+        assert not counts.any()
+    small = torch.zeros(-(-rows // 16) - 1, dtype=torch.int32, device=DEVICE)
+    for bad in (small, counts.long()):
+        with pytest.raises(DraftsmithError, match="int32 counter"):
+            head_top_k(x, w, k, bad)
+
+
 def test_bad_calls_are_refused():
     from draftsmith.models.triton_head import head_top_k
 
@@ -71,7 +95,7 @@ def test_head_top_k_in_bf16_at_the_default_drafters_shape():
     head and the tree's top-k pick, logits rounded to bf16 alike (bf16 ties, which go to the
     lower id, are common; H200 run 22's fp32 logits built other trees and accepted 4.15 tokens
     a cycle against 4.22)."""
-    from draftsmith.models.triton_head import head_top_k
+    from draftsmith.models.triton_head import counter, head_top_k
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 576, generator=g).to(DEVICE, torch.bfloat16)
@@ -79,3 +103,7 @@ def test_head_top_k_in_bf16_at_the_default_drafters_shape():
     v, i = head_top_k(x, w, 4)
     rv, ri = reference(x, w, 4)
     assert torch.equal(i, ri) and torch.allclose(v, rv, atol=1e-3)
+    counts = counter(DEVICE)  # DRAFTSMITH_HEAD_JOIN=kernel: the last program joins, on the GPU
+    for _ in range(3):
+        jv, ji = head_top_k(x, w, 4, counts)
+        assert torch.equal(ji, i) and torch.allclose(jv, v, atol=1e-6) and not counts.any()

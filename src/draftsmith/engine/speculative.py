@@ -376,7 +376,7 @@ class SpecDecoder:
             outs = t.nodes() + (st.vtok, st.vpos, st.vmask)
             args = (st.dcaches, st.root_logits, st.root_hidden, st.L, st.last, d2t, t.own,
                     t.ar_k, t.cand_depth, t.cand_qsrc, t.shape, self.tbase, self.drt.max_seq,
-                    self.rt.max_seq)
+                    self.rt.max_seq, t.head_counts)
             if self._fused(st, "draft", outs, trees.GREEDY_FNS, self.drafter, *args):
                 return None
             return greedy_tree_phase(outs, t.fns, self.draft_fn, *args)
@@ -516,12 +516,14 @@ def greedy_tree_phase(outs: tuple[torch.Tensor, ...], fns: tuple, drafter, cache
                       logits: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor,
                       last: torch.Tensor, d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
                       cand_depth: torch.Tensor, cand_qsrc: torch.Tensor, shape: trees.TreeShape,
-                      base: int, total: int, vtotal: int) -> None:
+                      base: int, total: int, vtotal: int,
+                      counts: torch.Tensor | None = None) -> None:
     """A greedy tree's draft phase: `trees.greedy_tree`, then the picked nodes and the verify's
     tokens, positions and mask written into `outs` (the tree's node buffers, then vtok, vpos,
     vmask). The fused engine compiles all of it as one function."""
     write_tree(outs, trees.greedy_tree(fns, drafter, caches, logits, hidden, lengths, last, d2t,
-                                       own, ar_k, cand_depth, cand_qsrc, shape, base, total),
+                                       own, ar_k, cand_depth, cand_qsrc, shape, base, total,
+                                       counts),
                lengths, base, vtotal)
 
 

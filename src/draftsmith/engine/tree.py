@@ -231,6 +231,9 @@ class TreeDraft:
         self.own = torch.zeros(max(1, shape.steps - 1), k, fs, dtype=torch.bool, device=device)
         for d in range(shape.steps - 1):
             self.own[d, torch.arange(k), d * k + torch.arange(k)] = True
+        # DRAFTSMITH_HEAD_JOIN=kernel: the Triton head's counters (greedy trees under it)
+        self.head_counts = (triton_head.counter(device)
+                            if triton_head.AVAILABLE and triton_head.JOIN == "kernel" else None)
         self.blocks: list[tuple[torch.Tensor, ...]] = []  # per depth: (draft, tok, score, parent)
         self.front: tuple[torch.Tensor, ...] = ()  # (ancestry, flat id, token, score, hidden)
         self.committed: torch.Tensor | None = None
@@ -328,17 +331,19 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
                 hidden: torch.Tensor, lengths: torch.Tensor, last: torch.Tensor,
                 d2t: torch.Tensor, own: torch.Tensor, ar_k: torch.Tensor,
                 cand_depth: torch.Tensor, cand_qsrc: torch.Tensor, shape: TreeShape, base: int,
-                total: int) -> tuple[torch.Tensor, ...]:
+                total: int, counts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """A greedy draft tree from the root's logits and hidden state, as `pick_nodes`' values; only
     the drafter's KV cache is written. fns: (greedy_children, grow_greedy, pick_nodes) or their
-    compiled copies; the fused engine compiles this whole function instead."""
+    compiled copies; the fused engine compiles this whole function instead. Under the Triton
+    head the root's logits are not read (`root_by_head`); counts: the head kernel's counters,
+    when it joins its blocks itself (DRAFTSMITH_HEAD_JOIN=kernel)."""
     root, grow, pick = fns
     k, s = shape.topk, shape.steps
     # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies,
     # and `root` too under DRAFTSMITH_ROOT_HEAD=triton (from the fed-back hidden)
     fused = fuses_head(drafter, hidden, k)
     head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
-    ids, score, tok = (root(drafter.head_input(hidden), d2t, k, head)
+    ids, score, tok = (root(drafter.head_input(hidden), d2t, k, head, counts)
                        if fused and ROOT_HEAD == "triton" else root(logits, d2t, k))
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
     blocks, committed = [block], committed_mask(lengths, k, total)
@@ -348,7 +353,7 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
         out, h = drafter(f_tok, f_hidden, pos, caches, slots, mask, **kw)
         ids, _, tok, score, parent, *front = grow(out, h, f_score, f_flat, f_anc,
                                                   own[min(d, s - 2)], d2t, k + (d - 1) * k * k,
-                                                  d == s - 1, head)
+                                                  d == s - 1, head, counts)
         blocks.append((ids.flatten(1), tok, score, parent))
     return pick(last, blocks, cand_depth, cand_qsrc, shape.tokens, s)
 
@@ -372,15 +377,16 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
 
 
 def greedy_children(logits: torch.Tensor, d2t: torch.Tensor, k: int,
-                    head: torch.Tensor | None = None,
+                    head: torch.Tensor | None = None, counts: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
     increments, target tokens). head: the drafter's vocabulary head, when `logits` holds its
-    input instead (DRAFTSMITH_DRAFT_HEAD=triton: head and top-k in one pass). Pure."""
+    input instead (DRAFTSMITH_DRAFT_HEAD=triton: head and top-k in one pass; counts: the
+    kernel joins its blocks). Pure but for the counters, which each call leaves at zero."""
     if head is None:
         ids, inc, _ = children(logits, k, SamplingParams(0.0))
     else:
-        v, ids = triton_head.head_top_k(logits.flatten(0, -2), head, k)
+        v, ids = triton_head.head_top_k(logits.flatten(0, -2), head, k, counts)
         ids, inc = ids.view(*logits.shape[:-1], k), increments(v.view(*logits.shape[:-1], k))
     return ids, inc, ids + d2t[ids]
 
@@ -388,9 +394,9 @@ def greedy_children(logits: torch.Tensor, d2t: torch.Tensor, k: int,
 def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
                 f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
                 start: int, last: bool, head: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, ...]:
+                counts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
-    ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1], head)
+    ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1], head, counts)
     return (ids, inc, *frontier(ids, inc, tok, h, f_score, f_flat, f_anc, own, start, last))
 
 

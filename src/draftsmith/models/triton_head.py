@@ -23,6 +23,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.triton_support import importable
+from draftsmith.switches import env_choice
 
 BLOCK_V = 128  # vocabulary entries a program takes
 BLOCK_H = 64  # hidden features a program multiplies a step
@@ -30,6 +31,11 @@ BLOCK_R = 16  # rows a program takes (tl.dot's least; a grid axis covers more)
 WARPS = 4
 STAGES = 3  # software pipelining of the walk over the hidden features (Triton's default)
 MAX_K = 16
+# Who joins the blocks: a few tensor ops after the kernel ("torch": run 24's, one fused kernel of
+# ~3.4 us a depth in the H200's run 25 probe), or the kernel's own last program of each block of
+# rows, which a counter names ("kernel": one launch fewer a depth; untimed on a GPU as yet).
+JOIN = env_choice("DRAFTSMITH_HEAD_JOIN", "torch", ("torch", "kernel"))
+COUNTERS = 1024  # row programs a counter buffer serves (`counter()`)
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as Triton reads it
@@ -40,15 +46,30 @@ def runs_on(t: torch.Tensor) -> bool:
     return AVAILABLE and (t.is_cuda or INTERPRETED)
 
 
-def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def counter(device: torch.device | str) -> torch.Tensor:
+    """A zeroed counter buffer for `head_top_k(..., counts=...)`: the kernel's programs count
+    themselves in it and its last program of a row block resets its entry, so one buffer
+    serves every call on one stream."""
+    return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+
+
+def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-softmax values [R, k] fp32, ids [R, k] int64) of the k best of x @ w.T per row,
-    best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype."""
+    best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype. counts (`counter()`):
+    the kernel joins its blocks itself (DRAFTSMITH_HEAD_JOIN=kernel), else tensor ops do."""
     if not AVAILABLE:
         raise DraftsmithError("the Triton head kernel needs the triton package")
     if (x.dim() != 2 or not 0 < k <= min(MAX_K, w.shape[0]) or x.shape[-1] != w.shape[1]
             or x.dtype != w.dtype):
         raise DraftsmithError(f"head_top_k: top-{k} of {tuple(x.shape)} x {tuple(w.shape)} "
                               f"({x.dtype}, {w.dtype}); k must be 1-{MAX_K}")
+    if counts is not None:
+        if -(-x.shape[0] // BLOCK_R) > counts.numel() or counts.dtype != torch.int32:
+            raise DraftsmithError(f"head_top_k: {x.shape[0]} rows need an int32 counter of "
+                                  f">= {-(-x.shape[0] // BLOCK_R)} entries, got "
+                                  f"{counts.numel()} ({counts.dtype})")
+        return torch.ops.draftsmith.head_top_k_joined(x, w, k, counts)
     vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks(x, w, k)
     return join_blocks(vals, ids, bmax, bsum, k)
 
@@ -67,26 +88,44 @@ def join_blocks(vals: torch.Tensor, ids: torch.Tensor, bmax: torch.Tensor, bsum:
 
 
 def _register() -> None:
+    import triton
     from torch.library import triton_op, wrap_triton
 
     kernel = _kernel()
 
-    @triton_op("draftsmith::head_blocks", mutates_args={})
-    def op(x: torch.Tensor, w: torch.Tensor, k: int,
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def launch(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor | None,
+               out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         rows, hidden = x.shape
         blocks = -(-w.shape[0] // BLOCK_V)
         f32 = {"dtype": torch.float32, "device": x.device}
         vals = torch.empty((rows, blocks, k), **f32)
         ids = torch.empty((rows, blocks, k), dtype=torch.int64, device=x.device)
         bmax, bsum = torch.empty((rows, blocks), **f32), torch.empty((rows, blocks), **f32)
+        join = counts is not None
         wrap_triton(kernel)[(blocks, -(-rows // BLOCK_R))](
-            x, w, vals, ids, bmax, bsum, rows, hidden, w.shape[0], blocks,
+            x, w, vals, ids, bmax, bsum, *(out if join else (vals, ids)),
+            counts if join else bmax, rows, hidden, w.shape[0], blocks,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1),
             K=k, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H, BLOCK_R=BLOCK_R,
-            IEEE=x.dtype == torch.float32, num_warps=WARPS, num_stages=STAGES,
+            IEEE=x.dtype == torch.float32, JOIN=join,
+            CANDS=max(2, triton.next_power_of_2(blocks * k)),
+            BLOCKS=max(2, triton.next_power_of_2(blocks)),
+            num_warps=WARPS, num_stages=STAGES,
         )
-        return vals, ids, bmax, bsum
+        return (vals, ids, bmax, bsum)
+
+    @triton_op("draftsmith::head_blocks", mutates_args={})
+    def op(x: torch.Tensor, w: torch.Tensor, k: int,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return launch(x, w, k, None, ())
+
+    @triton_op("draftsmith::head_top_k_joined", mutates_args={"counts"})
+    def joined(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        v = torch.empty((x.shape[0], k), dtype=torch.float32, device=x.device)
+        i = torch.empty((x.shape[0], k), dtype=torch.int64, device=x.device)
+        launch(x, w, k, counts, (v, i))
+        return v, i
 
 
 def _kernel():
@@ -94,10 +133,11 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def head_blocks(X, W, VALS, IDS, BMAX, BSUM, rows, hidden, vocab, blocks,
-                    sxr, sxh, swv, swh,
+    def head_blocks(X, W, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows, hidden, vocab,
+                    blocks, sxr, sxh, swv, swh,
                     K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+                    BLOCK_R: tl.constexpr, IEEE: tl.constexpr, JOIN: tl.constexpr,
+                    CANDS: tl.constexpr, BLOCKS: tl.constexpr):
         blk = tl.program_id(0)
         r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
         v = (blk * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)  # vocabularies past 2**31 / H
@@ -129,6 +169,33 @@ def _kernel():
             tl.store(IDS + at * K + j, blk.to(tl.int64) * BLOCK_V + pick, mask=live_r)
             logits = tl.where(tl.arange(0, BLOCK_V)[None, :] == pick[:, None], float("-inf"),
                               logits)
+        if JOIN:
+            tl.debug_barrier()  # every thread's stores above come before the count
+            done = tl.atomic_add(COUNTS + tl.program_id(1), 1, sem="acq_rel")
+            if done == blocks - 1:  # the row block's last program: the others have stored
+                # `join_blocks` for its rows, read past the SM's L1 (an earlier call's lines)
+                c = tl.arange(0, CANDS)
+                bb = tl.arange(0, BLOCKS)
+                for rr in tl.static_range(BLOCK_R):
+                    row = tl.program_id(1) * BLOCK_R + rr
+                    if row < rows:
+                        at = row.to(tl.int64) * blocks
+                        cand = tl.load(VALS + at * K + c, mask=c < blocks * K,
+                                       other=float("-inf"), cache_modifier=".cg")
+                        bm = tl.load(BMAX + at + bb, mask=bb < blocks, other=float("-inf"),
+                                     cache_modifier=".cg")
+                        z = tl.load(BSUM + at + bb, mask=bb < blocks, other=0.0,
+                                    cache_modifier=".cg")
+                        top = tl.max(bm, 0)
+                        lse = top + tl.log(tl.sum(z * tl.exp(bm - top), 0))
+                        for j in tl.static_range(K):
+                            best = tl.max(cand, 0)
+                            pick = tl.argmax(cand, 0, tie_break_left=True)
+                            tl.store(OUT_V + row * K + j, best - lse)
+                            tl.store(OUT_I + row * K + j,
+                                     tl.load(IDS + at * K + pick, cache_modifier=".cg"))
+                            cand = tl.where(c == pick, float("-inf"), cand)
+                tl.atomic_xchg(COUNTS + tl.program_id(1), 0)  # the next call counts from 0
 
     return head_blocks
 
