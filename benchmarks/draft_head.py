@@ -50,11 +50,10 @@ def main() -> None:
                                   fullgraph=True, dynamic=False)
         ref_v, ref_i = compiled(x, w)
         row["compiled"] = round(graph_us(compiled, (x, w)), 2)
-        sets = [(bv, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES)
-                for bv in map(int, a.block_v.split(","))]
-        sets += [tuple(map(int, c.split("/"))) for c in filter(None, a.configs.split(","))]
-        for cfg in sets:
-            name = str(cfg[0]) if cfg[1:] == sets[0][1:] else "/".join(map(str, cfg))
+        sets = {str(bv): (bv, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES)
+                for bv in map(int, a.block_v.split(","))}
+        sets |= {c: tuple(map(int, c.split("/"))) for c in filter(None, a.configs.split(","))}
+        for name, cfg in sets.items():
             row.update(time_config(x, w, k, cfg, name, ref_v, ref_i))
         out.append(row)
         print(json.dumps(row), flush=True)

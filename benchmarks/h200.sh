@@ -322,11 +322,12 @@ respec)
         # SRC=dir (a folder of the checkout holding another draftsmith's src, e.g. `git archive
         # REV src | tar x -C ab_base`): that run imports it, the code before a change beside it
         src=$(tr , '\n' <<< "$extra" | sed -n 's/^SRC=//p')
+        [[ $src == /* ]] || src=$PWD/${src:-src}
         # shellcheck disable=SC2046  # each VAR=value its own word
         # env's last assignment wins: the run's own VAR=value (DRAFTER=runs/init: the drafter
         # bigrun started from, beside the one it trained) overrides the defaults before it
         env WORK=$W DRAFTER=$D ${chain:+CHAIN=$chain} ${trees:+TREES=$trees} ${trees:+SUITES=chat} \
-            PYTHONPATH="/tmp/site:$PWD/${src:-src}" $(tr , ' ' <<< "$extra") \
+            PYTHONPATH="/tmp/site:$src" $(tr , ' ' <<< "$extra") \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-triton} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             DRAFTSMITH_FUSED_PHASES=${fused:-all} OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
             DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \

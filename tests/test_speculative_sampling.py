@@ -180,12 +180,13 @@ def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, 
 def test_the_sliced_argmax_picks_what_argmax_picks():
     """The two-stage argmax over vocabulary-long rows (slices' maxes, then the first slice with
     the largest) picks torch's index, ties to the first and NaN as the largest, eager and
-    compiled, and keeps torch's own where the row is short or not whole slices."""
+    compiled, over whole slices or padded ones (Llama 3's 128,256 tokens are not whole), and
+    keeps torch's own where the row is short."""
     from draftsmith.engine import sampling
 
     g = torch.Generator().manual_seed(0)
     w = sampling.ARGMAX_SLICE
-    for shape in [(3, 4 * w), (2, 5, 3 * w), (1, 48 * w), (2, w), (2, 2 * w + 7)]:
+    for shape in [(3, 4 * w), (2, 5, 3 * w), (1, 48 * w), (2, w), (2, 2 * w + 7), (1, 3 * w - 1)]:
         x = torch.randint(-3, 3, shape, generator=g).float()  # equal values everywhere
         x[..., -1] = 3.0  # a largest value in the last slice, after earlier ones that tie lower
         x.view(-1, shape[-1])[0, shape[-1] // 2] = 3.0  # a tie for the largest: the earlier wins
@@ -195,3 +196,8 @@ def test_the_sliced_argmax_picks_what_argmax_picks():
     x[1, :] = float("-inf")
     assert sampling.argmax(x).tolist() == x.argmax(-1).tolist() == [2 * w, 0]
     assert torch.equal(torch.compile(sampling.argmax)(x), x.argmax(-1))
+    x = torch.full((2, 3 * w - 5), float("-inf"))  # every value the pad's: the first wins
+    ints = torch.randint(-5, 5, (3, 2 * w + 3), generator=g)
+    ints[1] = torch.iinfo(torch.int64).min
+    assert sampling.argmax(x).tolist() == [0, 0]
+    assert torch.equal(sampling.argmax(ints), ints.argmax(-1))

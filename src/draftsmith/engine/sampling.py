@@ -64,10 +64,14 @@ ARGMAX_SLICE = 1024
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(-1), ties to the first (NaN counts as the largest, as in torch): for a last dim
     of at least two slices, each ARGMAX_SLICE-wide slice's max first, then the first slice
-    holding the largest."""
+    holding the largest. A last dim of no whole number of slices is padded with its dtype's
+    least value, which never comes before an equal value of its own."""
     v = x.shape[-1]
-    if v < 2 * ARGMAX_SLICE or v % ARGMAX_SLICE:
+    if v < 2 * ARGMAX_SLICE:
         return x.argmax(-1)
+    if pad := -v % ARGMAX_SLICE:
+        least = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+        x = torch.nn.functional.pad(x, (0, pad), value=least)
     best, at = x.unflatten(-1, (-1, ARGMAX_SLICE)).max(-1)
     s = best.argmax(-1, keepdim=True)
     return s[..., 0] * ARGMAX_SLICE + at.gather(-1, s)[..., 0]

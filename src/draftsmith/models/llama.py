@@ -354,11 +354,12 @@ class Transformer(nn.Module):
         if -1 in want:
             aux[want[-1]] = (h, None)
         delta = None
+        pairs = parts["aux"] is not self.stack_aux  # compiled: the adds in the stack's kernel
         for j, layer in enumerate(parts["layers"]):
             cache = caches[j] if caches is not None else None
             h, delta = layer(h, delta, cos, sin, cache, slots, mask)
-            if j in want:
-                aux[want[j]] = (h, delta)
+            if j in want:  # eager: added at once, one tensor kept a layer (doctor asks for all)
+                aux[want[j]] = (h, delta) if pairs else (h + delta, None)
         hidden = parts["finish"](h, delta)
         logits = None
         if want_logits:

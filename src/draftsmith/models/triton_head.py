@@ -102,9 +102,11 @@ def _register() -> None:
         ids = torch.empty((rows, blocks, k), dtype=torch.int64, device=x.device)
         bmax, bsum = torch.empty((rows, blocks), **f32), torch.empty((rows, blocks), **f32)
         join = counts is not None
+        if not join:  # never written then, yet distinct: aliases may be cloned apart
+            out = (torch.empty(0, **f32), torch.empty(0, dtype=torch.int64, device=x.device))
+            counts = torch.empty(0, dtype=torch.int32, device=x.device)
         wrap_triton(kernel)[(blocks, -(-rows // BLOCK_R))](
-            x, w, vals, ids, bmax, bsum, *(out if join else (vals, ids)),
-            counts if join else bmax, rows, hidden, w.shape[0], blocks,
+            x, w, vals, ids, bmax, bsum, *out, counts, rows, hidden, w.shape[0], blocks,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1),
             K=k, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H, BLOCK_R=BLOCK_R,
             IEEE=x.dtype == torch.float32, JOIN=join,
@@ -178,23 +180,23 @@ def _kernel():
                 bb = tl.arange(0, BLOCKS)
                 for rr in tl.static_range(BLOCK_R):
                     row = tl.program_id(1) * BLOCK_R + rr
-                    if row < rows:
-                        at = row.to(tl.int64) * blocks
-                        cand = tl.load(VALS + at * K + c, mask=c < blocks * K,
+                    if row < rows:  # names of their own: Triton types a name once
+                        ra = row.to(tl.int64) * blocks
+                        cand = tl.load(VALS + ra * K + c, mask=c < blocks * K,
                                        other=float("-inf"), cache_modifier=".cg")
-                        bm = tl.load(BMAX + at + bb, mask=bb < blocks, other=float("-inf"),
+                        bm = tl.load(BMAX + ra + bb, mask=bb < blocks, other=float("-inf"),
                                      cache_modifier=".cg")
-                        z = tl.load(BSUM + at + bb, mask=bb < blocks, other=0.0,
+                        z = tl.load(BSUM + ra + bb, mask=bb < blocks, other=0.0,
                                     cache_modifier=".cg")
                         top = tl.max(bm, 0)
                         lse = top + tl.log(tl.sum(z * tl.exp(bm - top), 0))
-                        for j in tl.static_range(K):
-                            best = tl.max(cand, 0)
-                            pick = tl.argmax(cand, 0, tie_break_left=True)
-                            tl.store(OUT_V + row * K + j, best - lse)
-                            tl.store(OUT_I + row * K + j,
-                                     tl.load(IDS + at * K + pick, cache_modifier=".cg"))
-                            cand = tl.where(c == pick, float("-inf"), cand)
+                        for jj in tl.static_range(K):
+                            jb = tl.max(cand, 0)
+                            jp = tl.argmax(cand, 0, tie_break_left=True)
+                            tl.store(OUT_V + row * K + jj, jb - lse)
+                            tl.store(OUT_I + row * K + jj,
+                                     tl.load(IDS + ra * K + jp, cache_modifier=".cg"))
+                            cand = tl.where(c == jp, float("-inf"), cand)
                 tl.atomic_xchg(COUNTS + tl.program_id(1), 0)  # the next call counts from 0
 
     return head_blocks
