@@ -354,7 +354,7 @@ class Transformer(nn.Module):
         if -1 in want:
             aux[want[-1]] = (h, None)
         delta = None
-        pairs = parts["aux"] is not self.stack_aux  # compiled: the adds in the stack's kernel
+        pairs = parts["aux"] != self.stack_aux  # compiled: the adds in the stack's kernel
         for j, layer in enumerate(parts["layers"]):
             cache = caches[j] if caches is not None else None
             h, delta = layer(h, delta, cos, sin, cache, slots, mask)
