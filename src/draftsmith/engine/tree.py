@@ -344,7 +344,7 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     fused = fuses_head(drafter, hidden, k)
     head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
     ids, score, tok = (root(drafter.head_input(hidden), d2t, k, head, counts)
-                       if fused and ROOT_HEAD == "triton" else root(logits, d2t, k))
+                       if root_by_head(drafter, True, shape) else root(logits, d2t, k))
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
     blocks, committed = [block], committed_mask(lengths, k, total)
     for d in range(1, s):
