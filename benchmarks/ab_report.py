@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 Key = tuple[str, int, str]
@@ -35,14 +36,21 @@ def phase(r: dict, name: str) -> str:
     return f"{ms[name]:.3f}" if name in ms else ""
 
 
+def baseline_of(setting: str) -> str:
+    """The row a setting divides by: "baseline", or "baseline T0.7" for one sampled at 0.7."""
+    tag = re.search(r" T[\d.]+$", setting)
+    return "baseline" + (tag.group() if tag else "")
+
+
 def shared_keys(runs: list[dict[Key, dict]]) -> list[Key]:
     """The rows every run has, baselines first within each (suite, batch)."""
     keys = set(runs[0]).intersection(*runs[1:])
-    return sorted(keys, key=lambda k: (k[0], k[1], k[2] != "baseline", k[2]))
+    return sorted(keys, key=lambda k: (k[0], k[1], baseline_of(k[2]), k[2] != baseline_of(k[2]),
+                                     k[2]))
 
 
 def own_speedup(run: dict[Key, dict], key: Key) -> float:
-    return tok_s(run[key]) / tok_s(run[(key[0], key[1], "baseline")])
+    return tok_s(run[key]) / tok_s(run[(key[0], key[1], baseline_of(key[2]))])
 
 
 def table(labels: list[str], runs: list[dict[Key, dict]]) -> str:
@@ -55,8 +63,8 @@ def table(labels: list[str], runs: list[dict[Key, dict]]) -> str:
         def cells(f, key=key) -> str:
             return " / ".join(f(run, run[key]) for run in runs)
 
-        spec = key[2] != "baseline"
-        has_base = all((key[0], key[1], "baseline") in run for run in runs)
+        spec = not key[2].startswith("baseline")
+        has_base = all((key[0], key[1], baseline_of(key[2])) in run for run in runs)
         ratio = " / ".join(f"{tok_s(run[key]) / tok_s(runs[0][key]):.3f}" for run in runs[1:])
         per = [cells(lambda run, r: f"{tok_s(r):,.0f}"),
                cells(lambda run, r, key=key: f"{own_speedup(run, key):.2f}x")
@@ -74,8 +82,8 @@ def table(labels: list[str], runs: list[dict[Key, dict]]) -> str:
 
 def plotted(runs: list[dict[Key, dict]]) -> list[Key]:
     """The shared speculative rows whose baseline every file has."""
-    return [k for k in shared_keys(runs) if k[2] != "baseline"
-            and all((k[0], k[1], "baseline") in run for run in runs)]
+    return [k for k in shared_keys(runs) if not k[2].startswith("baseline")
+            and all((k[0], k[1], baseline_of(k[2])) in run for run in runs)]
 
 
 def plot(labels: list[str], runs: list[dict[Key, dict]], path: Path) -> None:

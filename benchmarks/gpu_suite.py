@@ -18,7 +18,7 @@ LR, MAX_SAMPLES (train on the first N conversations), COMPILE_LOSS=0 or 1 (defau
 INIT_FROM (a drafter folder whose weights start training), NEW, PROMPTS,
 REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
-setting also with eager bookkeeping),
+setting also with eager bookkeeping), SPEC_TEMPS (0+0.7: greedy and sampled rows), SPEC_TOP_P,
 STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
 Results land in $OUT/gpu_suite.json after every stage.
 """
@@ -394,30 +394,45 @@ def spec_stage() -> dict:
     rt = Runtime(model, max(SPEC_BATCHES), 1024, compile=COMPILE)
     rows = []
     for suite, prompts in suites(t).items():
-        for b in SPEC_BATCHES if suite == "chat" else (1,):
+        for b, params in ((b, p) for b in (SPEC_BATCHES if suite == "chat" else (1,))
+                          for p in spec_params()):
             groups = batches(prompts, b) * int(os.environ.get("REPEATS", "1"))  # less noise
-            warm_each(lambda g: run_generation(rt, g, 8, eos_ids=t.eos_ids), groups)
-            base = measure(lambda g: run_generation(rt, g, NEW, eos_ids=t.eos_ids), groups)
-            rows.append({"suite": suite, "batch": b, "setting": "baseline", **base})
-            print(json.dumps(rows[-1]), flush=True)
+            tag = "" if params.greedy else f" T{params.temperature:g}"
+            warm_each(lambda g, p=params: run_generation(rt, g, 8, p, t.eos_ids), groups)
+            torch.manual_seed(0)  # each sampled run draws from the same seed
+            base = measure(lambda g, p=params: run_generation(rt, g, NEW, p, t.eos_ids), groups)
+            rows.append({"suite": suite, "batch": b, "setting": "baseline" + tag,
+                         "temperature": params.temperature, **base})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
             for steps, topk, n, fuse in variants(settings(b)):
-                dec = SpecDecoder(rt, drafter, steps, topk, n, fuse_bookkeeping=fuse)
+                dec = SpecDecoder(rt, drafter, steps, topk, n, params, fuse_bookkeeping=fuse)
                 warm_each(lambda g, d=dec: d.generate(g, 8, t.eos_ids), groups)
+                torch.manual_seed(0)
                 r = measure(lambda g, d=dec: d.generate(g, NEW, t.eos_ids), groups)
                 dec.profile = True
                 prof = dec.generate(groups[0], NEW, t.eos_ids)
                 r["phases"] = prof.phases.to_dict() if prof.phases else None
                 r["speedup"] = r["tok_s"] / base["tok_s"]
                 r["decode_speedup"] = r["decode_tok_s"] / base["decode_tok_s"]
-                if b == 1:
+                if b == 1 and params.greedy:  # sampled rows differ from greedy by design
                     r["greedy_agreement"] = agreement(model, groups, base["tokens"], r["tokens"],
                                                       t.eos_ids)
-                name = f"{steps}/{topk}/{n}" + (" eager-bk" if fuse is False else "")
-                rows.append({"suite": suite, "batch": b, "setting": name, **r})
+                name = f"{steps}/{topk}/{n}" + (" eager-bk" if fuse is False else "") + tag
+                rows.append({"suite": suite, "batch": b, "setting": name,
+                             "temperature": params.temperature, **r})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
     for r in rows:
         r.pop("tokens", None)
     return {"new_tokens": NEW, "compile": COMPILE, "rows": rows}
+
+
+def spec_params() -> list:
+    """The spec stage's sampling settings: SPEC_TEMPS (e.g. 0+0.7+1: greedy, then sampled at
+    each temperature, rejection-sampled by the engine) with SPEC_TOP_P; default greedy only."""
+    from draftsmith.engine.sampling import SamplingParams
+
+    top_p = float(os.environ.get("SPEC_TOP_P", "1"))
+    return [SamplingParams(float(x), top_p) for x in env_list("SPEC_TEMPS", "0")]
 
 
 def settings(b: int) -> list[tuple[int, int, int]]:

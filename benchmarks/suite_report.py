@@ -70,18 +70,21 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     # eager-bookkeeping rows ("... eager-bk") repeat a setting: the table has them
-    spec = [r for r in rows if r["setting"] != "baseline" and not r["setting"].endswith("eager-bk")]
+    spec = [r for r in rows if not r["setting"].startswith("baseline")
+            and not r["setting"].endswith("eager-bk")]
     chains, trees = [r for r in spec if is_chain(r)], [r for r in spec if not is_chain(r)]
     panels = [p for p in (chains, trees) if p] or [spec]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    keys = sorted({(r["suite"], r["batch"]) for r in rows})
+    keys = sorted({(r["suite"], r["batch"], r.get("temperature", 0.0)) for r in rows})
     for ax, panel in zip(axes[0], panels, strict=True):
         if panel is chains:
-            for suite, b in keys:
-                line = [r for r in chains if (r["suite"], r["batch"]) == (suite, b)]
+            for suite, b, temp in keys:
+                line = [r for r in chains
+                        if (r["suite"], r["batch"], r.get("temperature", 0.0)) == (suite, b, temp)]
                 if line:
                     ax.plot([int(r["setting"].split("/")[0]) for r in line],
-                            [speedup(r) for r in line], marker="o", label=f"{suite}, batch {b}")
+                            [speedup(r) for r in line], marker="o",
+                            label=f"{suite}, batch {b}" + (f", T {temp:g}" if temp else ""))
             ax.set_xlabel("chain steps (topk 1)")
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend()

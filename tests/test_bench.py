@@ -135,7 +135,7 @@ def suite_json(path, rows: list[tuple]) -> str:
     for suite, batch, setting, tps, draft, acc in rows:
         r = {"suite": suite, "batch": batch, "setting": setting, "tok_s": tps * 0.97,
              "decode_tok_s": tps}
-        if setting != "baseline":
+        if not setting.startswith("baseline"):
             r |= {"accept_length": acc, "wall_cycle_ms": draft + 1.0,
                   "phases": {"ms": {"draft": draft, "verify": 0.93}}}
         out.append(r)
@@ -169,6 +169,43 @@ def test_ab_report_sets_shared_rows_side_by_side_with_each_runs_own_baseline(tmp
     with pytest.raises(SystemExit, match="no shared speculative row has a baseline"):
         mod.main([f"a={a}", f"c={lone}", "--out", str(tmp_path / "o2")])
     assert "2,774" in capsys.readouterr().out
+
+
+def test_sampled_rows_divide_by_the_baseline_sampled_alike(tmp_path, monkeypatch):
+    """gpu_suite's SPEC_TEMPS rows ("7/4/24 T0.7" beside "baseline T0.7"): ab_report divides
+    each by the baseline of its own temperature, suite_report plots chains per temperature,
+    and gpu_suite reads the list (0 = greedy) with one top-p, refusing a bad temperature."""
+    ab, sr = load_benchmark("ab_report"), load_benchmark("suite_report")
+    rows = [("chat", 1, "baseline", 1400, 0, 0), ("chat", 1, "7/4/24", 2800, 0.42, 4.2),
+            ("chat", 1, "baseline T0.7", 1000, 0, 0), ("chat", 1, "7/4/24 T0.7", 2500, 0.5, 3.4),
+            ("chat", 1, "3/1/4 T0.7", 1500, 0.15, 2.5)]
+    a = suite_json(tmp_path / "a.json", rows)
+    b = suite_json(tmp_path / "b.json", rows)
+    ab.main([f"x={a}", f"y={b}", "--out", str(tmp_path / "o")])
+    lines = (tmp_path / "o" / "ab.md").read_text().splitlines()
+    assert [ln.split(" | ")[2] for ln in lines[2:]] == [
+        "baseline", "7/4/24", "baseline T0.7", "3/1/4 T0.7", "7/4/24 T0.7"]
+    assert "| 2.00x / 2.00x |" in lines[3] and "| 2.50x / 2.50x |" in lines[6]
+    assert [k[2] for k in ab.plotted([ab.load_rows(tmp_path / "a.json")])] == [
+        "7/4/24", "3/1/4 T0.7", "7/4/24 T0.7"]
+    res = json.loads((tmp_path / "a.json").read_text())
+    for r in res["spec"]["result"]["rows"]:
+        r["temperature"] = 0.7 if "T0.7" in r["setting"] else 0.0
+    (tmp_path / "a.json").write_text(json.dumps(res))
+    sr.plot(res["spec"]["result"]["rows"], tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    monkeypatch.setenv("DEVICE", "cpu")  # gpu_suite names its device at import
+    gs = load_benchmark("gpu_suite")
+    assert [p.temperature for p in gs.spec_params()] == [0.0]
+    monkeypatch.setenv("SPEC_TEMPS", "0+0.7")
+    monkeypatch.setenv("SPEC_TOP_P", "0.9")
+    got = gs.spec_params()
+    assert [(p.temperature, p.top_p, p.greedy) for p in got] == [(0.0, 0.9, True),
+                                                                (0.7, 0.9, False)]
+    monkeypatch.setenv("SPEC_TEMPS", "-1")
+    from draftsmith.errors import DraftsmithError
+    with pytest.raises(DraftsmithError, match="temperature must be >= 0"):
+        gs.spec_params()
 
 
 def load_benchmark(name: str):
