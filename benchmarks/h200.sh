@@ -330,7 +330,7 @@ respec)
             PYTHONPATH="/tmp/site:$src" $(tr , ' ' <<< "$extra") \
             DRAFTSMITH_VERIFY_ATTENTION=${vattn:-triton} DRAFTSMITH_TREE_TOPK=${ttopk:-chunk} \
             DRAFTSMITH_FUSED_PHASES=${fused:-all} OUT=$R/spec_$name STAGES=spec COMPILE=1 SPEC_BATCHES=$batches \
-            DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - 60 ))" \
+            DRAFTSMITH_SMALL_ATTENTION_ROWS=$rows timeout "$(( $(left) - ${MARGIN:-60} ))" \
             python3 benchmarks/gpu_suite.py > $R/spec_${name}_log.txt 2>&1
         # the kernels' autotuned picks, to diff a slow process against a fast one
         icache=$(tr , '\n' <<< "$extra" | sed -n 's/^TORCHINDUCTOR_CACHE_DIR=//p')

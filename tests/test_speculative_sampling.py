@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_speculative import make_drafter, tiny_target
+from test_speculative import Steered, greedy_seq, make_drafter, tiny_target
 
-from draftsmith.engine import verify
+from draftsmith.engine import speculative, verify
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.speculative import SpecDecoder
@@ -116,20 +116,31 @@ def exact_joint(model, prompt: list[int], params: SamplingParams, vocab: int) ->
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
+@pytest.mark.parametrize("drafts", ["topk", "drawn"])
 @pytest.mark.parametrize("steps,topk,n,temp,top_k", [(2, 1, None, 1.0, 0), (2, 3, 5, 0.8, 6)])
-def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k):
+def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, drafts,
+                                                monkeypatch):
     """4096 draws of (x1, x2, x3); x2 and x3 come from the first speculative cycle. With these
-    sizes an acceptance test skewed by a factor 1.25 fails (p < 0.003)."""
+    sizes an acceptance test skewed by a factor 1.25 fails (p < 0.003). Both rules for sampled
+    drafts: greedy's drafts matched against the target's draws (topk), and drafts drawn from
+    the drafter, rejection-sampled (drawn)."""
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     vocab, b, runs = 8, 1024, 4
     target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
                          num_heads=2, num_kv_heads=1, head_dim=8)
-    drafter = make_drafter(target, 6, seed=6, std=0.6)
+    prompt = [3, 1, 4]
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)
-        drafter.lm_head.weight.mul_(0.1)  # a drafter close enough to be accepted often
+    if drafts == "drawn":
+        drafter = make_drafter(target, 6, seed=6, std=0.6)
+        with torch.no_grad():
+            drafter.lm_head.weight.mul_(0.1)  # a q close enough to p to be accepted often
+    else:  # greedy's drafts: the target's greedy continuation, often the target's draw too
+        seq = greedy_seq(Runtime(target, 1, 24), [prompt], 4).expand(b, -1).contiguous()
+        drafter = make_drafter(target, 6, Steered, seed=6, std=0.6).steer(seq, 1.0)
     params = SamplingParams(temp, top_k=top_k)
-    prompt = [3, 1, 4]
     dec = SpecDecoder(Runtime(target, b, 24), drafter, steps, topk, n, params)
+    assert dec.drawn == (drafts == "drawn") and (dec.fusable() >= {"accept"}) != dec.drawn
     torch.manual_seed(7)
     counts = torch.zeros(vocab, vocab, vocab)
     for _ in range(runs):
@@ -140,6 +151,55 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k):
     joint = exact_joint(target, prompt, params, vocab)
     assert chi_square_p(counts, joint) > 1e-3
     assert chi_square_p(counts.sum(2), joint.sum(2)) > 1e-3
+
+
+def test_a_walk_over_the_targets_draws_is_exact_for_fixed_drafts(tables):
+    """The topk rule on the acceptance alone: fixed drafts (a root with three children, the
+    first with two), the target's token drawn at every node, the drafts matching those draws
+    walked as the greedy walk does. The emitted pair follows the target's own p0 and p1, though
+    the drafts never change."""
+    p0, p1, p2, _, _ = tables
+    torch.manual_seed(2)
+    b = 200_000
+    tok = torch.tensor([0, 4, 1, 2, 5, 0]).expand(b, 6)
+    parent = torch.tensor([0, 0, 0, 0, 1, 1]).expand(b, 6)
+    depth = torch.tensor([0, 1, 1, 1, 2, 2]).expand(b, 6)
+    logits = torch.cat([p0.log().expand(b, 1, V), p1[tok[:, 1:4]].log(),
+                        p2[tok[:, parent[0, 4:]], tok[:, 4:]].log()], 1)
+    picks = draw(probs(logits, SamplingParams(1.0)))
+    best, n, bonus = verify.tree_greedy(picks, tok, parent, depth, 2)
+    for a, g in zip(verify.tree_greedy(logits, tok, parent, depth, 2),
+                    verify.tree_greedy(logits.argmax(-1), tok, parent, depth, 2), strict=True):
+        assert torch.equal(a, g)  # logits walk their argmax, as picks of their own
+    first = torch.where(n == 2, parent.gather(1, best[:, None])[:, 0], best)
+    e0 = torch.where(n >= 1, tok.gather(1, first[:, None])[:, 0], bonus)
+    assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
+    assert (n == 2).float().mean() > 0.02  # the walk went two deep often enough to test
+    on = n >= 1
+    e1 = torch.where(n >= 2, tok.gather(1, best[:, None])[:, 0], bonus)
+    assert conditional_p(e0[on], e1[on], p1) > 1e-3
+
+
+@pytest.mark.parametrize("drafts", ["topk", "drawn"])
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
+def test_sampling_that_keeps_one_token_decodes_as_greedy(steps, topk, n, drafts, monkeypatch):
+    """top_k 1 leaves the sampler one token: both sampled-draft rules emit plain greedy's tokens,
+    and under topk the drafts are greedy's too, so each cycle accepts what greedy accepts."""
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
+    target = tiny_target()
+    rt = Runtime(target, 4, 128)
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
+    ref = greedy_seq(rt, prompts, 20)
+    drafter = make_drafter(target, 96)
+    greedy = SpecDecoder(rt, drafter, steps, topk, n).generate(prompts, 20, eos_ids=[])
+    dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.9, top_k=1))
+    torch.manual_seed(3)
+    res = dec.generate(prompts, 20, eos_ids=[])
+    assert res.tokens == greedy.tokens
+    assert [p + t for p, t in zip(prompts, res.tokens, strict=True)] == [
+        r[: len(p) + 20].tolist() for p, r in zip(prompts, ref, strict=True)]
+    if drafts == "topk":
+        assert res.accept_hist == greedy.accept_hist
 
 
 def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():

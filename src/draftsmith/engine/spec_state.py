@@ -92,7 +92,7 @@ class SpecState:
         self.root_hidden = torch.zeros(b, cfg.hidden_size, dtype=ddt, device=dev)
         self.vtok, self.vpos = torch.zeros(b, n, **z), torch.zeros(b, n, **z)
         self.vdraft = torch.zeros(b, s, **z)
-        sampling = not dec.params.greedy
+        sampling = dec.drawn  # drafts drawn from the drafter's q: keep each q for the accept
         self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
                       if sampling and dec.shape is None else None)
         self.tree = None

@@ -31,13 +31,13 @@ from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
-from draftsmith.engine.sampling import SamplingParams, argmax, draw, probs, sample
+from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import Transformer
-from draftsmith.switches import env_flag
+from draftsmith.switches import env_choice, env_flag
 
 # A compiled engine runs these phases each as one compiled function (drafter forwards, picks
 # and buffer writes fused): "draft" (greedy trees), "accept" (greedy), "extend"; the rest are
@@ -48,6 +48,15 @@ from draftsmith.switches import env_flag
 # batch 32, before each batch size got static shapes), that batch size runs that phase in
 # parts, with a warning.
 PHASES_FUSABLE = ("draft", "accept", "extend")
+# Sampled decoding's drafts. "topk" (the default): greedy decoding's own drafts (a tree's top-k
+# expansion, a chain's argmax), then the target draws its token at every verified position and
+# the accept walks the drafts that match those draws, as the greedy accept walks its argmaxes.
+# What it emits is ancestral sampling from the target, so it is exact whatever the drafts are
+# (SGLang's target-only rule); its draft, accept and extend are greedy's graphs. "drawn": drafts
+# drawn from the drafter's distribution, accepted by rejection sampling (Leviathan et al.;
+# SpecInfer's multi-round rule in trees): H200 run 26, chat, T 0.7, batch 1: tree 7/4/24 0.57x
+# (draft 1.07 ms, accept 1.25) and chain 3 1.05x of the sampled baseline.
+SAMPLED_DRAFTS = env_choice("DRAFTSMITH_SAMPLED_DRAFTS", "topk", ("topk", "drawn"))
 
 
 def fused_phases(value: str) -> frozenset[str]:
@@ -117,6 +126,9 @@ class SpecDecoder:
         check_drafting(steps, topk, num_draft_tokens)
         self.rt = target if isinstance(target, Runtime) else Runtime(target, max_batch, max_seq)
         self.steps, self.topk, self.params, self.profile = steps, topk, params, profile
+        # drafts drawn from the drafter's distribution (sampling under "drawn"); otherwise the
+        # drafts are greedy's and so are the draft, accept and extend phases
+        self.drawn = not params.greedy and SAMPLED_DRAFTS == "drawn"
         self.shape = trees.TreeShape(topk, steps, num_draft_tokens) if topk > 1 else None
         self.n_verify = steps + 1 if self.shape is None else self.shape.tokens
         self.tbase = self.rt.max_seq - (0 if self.shape is None else self.n_verify)
@@ -154,14 +166,14 @@ class SpecDecoder:
         want = FUSED_PHASES if self.compiled and fuse else frozenset()
         self.fused: frozenset[str] = want & self.fusable()  # each run as one compiled function
         self.phase_fns: dict[str, Callable] = {p: compiled_phase(p) for p in self.fused}
-        if fuse and params.greedy:
+        if fuse and not self.drawn:
             self.compile_bookkeeping()
 
     def fusable(self) -> frozenset[str]:
-        """The phases this engine can run as one compiled function: the extend; the accept when
-        greedy; a greedy tree's draft, not under DRAFTSMITH_TREE_TOPK=max (inductor failed to
-        compile its root pick)."""
-        greedy, tree = self.params.greedy, self.shape is not None
+        """The phases this engine can run as one compiled function: the extend; the accept unless
+        drafts are drawn; a tree's draft unless drafts are drawn, and not under
+        DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root pick)."""
+        greedy, tree = not self.drawn, self.shape is not None
         return frozenset({"extend"} | ({"accept"} if greedy else set())
                          | ({"draft"} if greedy and tree and trees.TREE_TOPK != "max" else set()))
 
@@ -343,9 +355,7 @@ class SpecDecoder:
 
     # ---- the four phases (graph-captured on CUDA) ----------------------------------------------
 
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.params.greedy:
-            return argmax(logits), None
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q = probs(logits, self.params)
         return draw(q), q
 
@@ -359,7 +369,7 @@ class SpecDecoder:
                 logits, h = self.draft_fn(st.vtok[:, k : k + 1], h, (st.L + k - 1)[:, None],
                                           st.dcaches)
                 logits = logits[:, 0]
-            if self.params.greedy:
+            if not self.drawn:
                 ids, tok = self.chain_child(logits, self.drafter.d2t)
             else:
                 ids, q = self._pick(logits)
@@ -372,7 +382,7 @@ class SpecDecoder:
 
     def _draft_tree(self, st: SpecState) -> None:
         t, d2t = st.tree, self.drafter.d2t
-        if self.params.greedy:
+        if not self.drawn:
             outs = t.nodes() + (st.vtok, st.vpos, st.vmask)
             args = (st.dcaches, st.root_logits, st.root_hidden, st.L, st.last, d2t, t.own,
                     t.ar_k, t.cand_depth, t.cand_qsrc, t.shape, self.tbase, self.drt.max_seq,
@@ -398,11 +408,12 @@ class SpecDecoder:
         )
 
     def _accept(self, st: SpecState) -> None:
-        if self.params.greedy:
+        if not self.drawn:  # sampling draws the target's tokens first (eager: top-p's filter)
+            picks = None if self.params.greedy else sample(st.vout.logits, self.params)
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
-                               self.steps, self.tbase, self.ar):
+                               self.steps, self.tbase, self.ar, picks):
                 greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
-                              self.tbase, self.ar)
+                              self.tbase, self.ar, picks)
             return
         logits, aux, t = st.vout.logits, st.vout.aux, st.tree
         if t is None:
@@ -418,7 +429,7 @@ class SpecDecoder:
         commit(st, self.commit_values, n, bonus, path, aux, self.ar)
 
     def _extend(self, st: SpecState) -> None:
-        logits = not trees.root_by_head(self.drafter, self.params.greedy, self.shape)
+        logits = not trees.root_by_head(self.drafter, not self.drawn, self.shape)
         if not self._fused(st, "extend", st, self.drafter, self.drafter, self.ar, logits):
             extend_phase(st, self.drafter, self.draft_fn, self.ar, logits)
 
@@ -454,11 +465,14 @@ class SpecDecoder:
 
 
 def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
-                  commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor) -> None:
+                  commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor,
+                  picks: torch.Tensor | None = None) -> None:
     """The greedy accept phase: the longest matching prefix (chain) or path (tree) of the verify's
     output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
-    of it as one function (with the plain picks); otherwise the picks come compiled apart."""
-    logits, aux, t = st.vout.logits, st.vout.aux, st.tree
+    of it as one function (with the plain picks); otherwise the picks come compiled apart.
+    picks: the target's tokens [B, N] drawn by sampled decoding, matched in place of the
+    logits' argmax (`SAMPLED_DRAFTS`)."""
+    logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)
         path = ar.expand(st.b, -1)

@@ -29,9 +29,17 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(s > 0, r / s.clamp(min=1e-30), p)
 
 
+def target_picks(x: torch.Tensor) -> torch.Tensor:
+    """The target's token at each verified position: the argmax of logits [B, N, V], or x itself
+    when it holds tokens [B, N] already (sampled decoding draws them from the target's own
+    distributions; matching drafts against those draws is exact sampling, whatever the drafts)."""
+    return x if x.dim() == 2 else argmax(x)
+
+
 def chain_greedy(logits: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, S+1, V] at verify tokens tok [B, S+1] = [last, d1..dS] -> (n, bonus)."""
-    t = argmax(logits)
+    """logits [B, S+1, V] (or the target's picks, `target_picks`) at verify tokens tok [B, S+1]
+    = [last, d1..dS] -> (n, bonus)."""
+    t = target_picks(logits)
     n = (tok[:, 1:] == t[:, :-1]).long().cumprod(1).sum(1)
     return n, t.gather(1, n[:, None])[:, 0]
 
@@ -61,10 +69,11 @@ def chain_sampled(
 def tree_greedy(
     logits: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, steps: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Nodes [B, N] (node 0 the root, parents first) -> (deepest accepted node, n, bonus).
+    """Nodes [B, N] (node 0 the root, parents first) -> (deepest accepted node, n, bonus);
+    logits [B, N, V] or the target's picks (`target_picks`).
 
     Siblings hold distinct tokens, so the accepted nodes form one path."""
-    t = argmax(logits)
+    t = target_picks(logits)
     ok = tok == t.gather(1, parent)
     root = torch.arange(tok.shape[1], device=tok.device) == 0
     acc = root.expand_as(ok)
