@@ -280,17 +280,29 @@ def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
     assert_graphed_chain_and_tree_equal(drafter, ref)
 
 
+@pytest.mark.parametrize("drafts", ["topk", "drawn"])
 @pytest.mark.parametrize("steps,topk,n,compiled", [(3, 1, None, False), (3, 3, 8, False),
-                                                   (3, 3, 8, True)])
-def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled):
-    """compiled: compiled layers, and the extend phase fused (a sampling engine's only one)."""
+                                                   (3, 1, None, True), (3, 3, 8, True)])
+def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, drafts,
+                                                monkeypatch):
+    """compiled: compiled layers and fused phases (drawn drafts: the extend alone; topk: greedy's
+    fused phases, the target's draws made eagerly inside the accept's graph). Rows of one
+    prompt draw apart, and a second run draws afresh: the graphs replay new random numbers."""
+    from draftsmith.engine import speculative
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     target, drafter, _ = pair
     rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
     dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.8, top_p=0.9, top_k=20))
-    assert dec.fused == (frozenset({"extend"}) if compiled else frozenset())
+    want = {"extend"} if drafts == "drawn" else {"extend", "accept"} | (
+        {"draft"} if topk > 1 else set())
+    assert dec.fused == (frozenset(want) if compiled else frozenset())
     res = dec.generate(PROMPTS, NEW, eos_ids=[2, 7])
     assert all(len(t) <= NEW and 2 not in t and 7 not in t for t in res.tokens)
     assert res.mean_accept_length >= 1
+    same = [PROMPTS[0]] * 4
+    first, again = dec.generate(same, NEW, eos_ids=[]), dec.generate(same, NEW, eos_ids=[])
+    assert len({tuple(t) for t in first.tokens}) > 1 and first.tokens != again.tokens
 
 
 def test_bf16_greedy_divergences_sit_at_near_ties():

@@ -202,6 +202,29 @@ def test_sampling_that_keeps_one_token_decodes_as_greedy(steps, topk, n, drafts,
         assert res.accept_hist == greedy.accept_hist
 
 
+def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
+    """Under topk, a sampled tree runs greedy's fused draft, accept and extend (compiled here on
+    CPU, as a compiled engine runs them): at top_k 1 they decode and accept as greedy's do, and
+    at T 0.9 rows of one prompt draw apart and a second run draws afresh."""
+    from draftsmith.engine.speculative import PHASES_FUSABLE
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target = tiny_target()
+    rt = Runtime(target, 4, 128)
+    drafter = make_drafter(target, 96)
+    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
+    greedy = SpecDecoder(rt, drafter, 3, 3, 8).generate(prompts, 20, eos_ids=[])
+    one, warm = (SpecDecoder(rt, drafter, 3, 3, 8, SamplingParams(0.9, top_k=k)) for k in (1, 0))
+    for dec in (one, warm):
+        dec.compile_bookkeeping(fuse=set(PHASES_FUSABLE))
+        assert dec.fused == frozenset(PHASES_FUSABLE)
+    res = one.generate(prompts, 20, eos_ids=[])
+    assert res.tokens == greedy.tokens and res.accept_hist == greedy.accept_hist
+    same = [prompts[0]] * 4
+    first, again = warm.generate(same, 20, eos_ids=[]), warm.generate(same, 20, eos_ids=[])
+    assert len({tuple(t) for t in first.tokens}) > 1 and first.tokens != again.tokens
+
+
 def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():
     """top_p keeps the fewest top tokens whose mass reaches top_p; a compiled caller gets the same
     distribution (the filter runs eagerly: inductor's split cumsum failed on the H200)."""
