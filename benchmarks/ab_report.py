@@ -38,7 +38,7 @@ def phase(r: dict, name: str) -> str:
 
 def baseline_of(setting: str) -> str:
     """The row a setting divides by: "baseline", or "baseline T0.7" for one sampled at 0.7."""
-    tag = re.search(r" T[\d.]+$", setting)
+    tag = re.search(r" T\S+$", setting)
     return "baseline" + (tag.group() if tag else "")
 
 

@@ -423,12 +423,15 @@ def spec_stage() -> dict:
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
     for r in rows:
         r.pop("tokens", None)
-    return {"new_tokens": NEW, "compile": COMPILE, "rows": rows}
+    from draftsmith.engine.speculative import SAMPLED_DRAFTS
+
+    return {"new_tokens": NEW, "compile": COMPILE, "sampled_drafts": SAMPLED_DRAFTS, "rows": rows}
 
 
 def spec_params() -> list:
     """The spec stage's sampling settings: SPEC_TEMPS (e.g. 0+0.7+1: greedy, then sampled at
-    each temperature, rejection-sampled by the engine) with SPEC_TOP_P; default greedy only."""
+    each temperature under the engine's DRAFTSMITH_SAMPLED_DRAFTS rule) with SPEC_TOP_P;
+    default greedy only."""
     from draftsmith.engine.sampling import SamplingParams
 
     top_p = float(os.environ.get("SPEC_TOP_P", "1"))

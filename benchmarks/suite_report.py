@@ -71,7 +71,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     # eager-bookkeeping rows ("... eager-bk") repeat a setting: the table has them
     spec = [r for r in rows if not r["setting"].startswith("baseline")
-            and not r["setting"].endswith("eager-bk")]
+            and " eager-bk" not in r["setting"]]
     chains, trees = [r for r in spec if is_chain(r)], [r for r in spec if not is_chain(r)]
     panels = [p for p in (chains, trees) if p] or [spec]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)

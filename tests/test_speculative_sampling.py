@@ -223,6 +223,17 @@ def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
     same = [prompts[0]] * 4
     first, again = warm.generate(same, 20, eos_ids=[]), warm.generate(same, 20, eos_ids=[])
     assert len({tuple(t) for t in first.tokens}) > 1 and first.tokens != again.tokens
+    assert left_greedy(rt, same, first.tokens)  # draws past the prefill's, not the argmax
+
+
+def left_greedy(rt: Runtime, prompts: list[list[int]], tokens: list[list[int]]) -> bool:
+    """Whether some row's tokens after its first leave the greedy continuation of that first
+    token: the prefill draws the first token eagerly, so only later ones show the accept's."""
+    from draftsmith.engine.generate import generate
+
+    conts = generate(rt, [p + t[:1] for p, t in zip(prompts, tokens, strict=True)],
+                     len(tokens[0]) - 1, eos_ids=[])
+    return any(t[1:] != c for t, c in zip(tokens, conts, strict=True))
 
 
 def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():

@@ -40,7 +40,8 @@ from draftsmith.models.llama import Transformer
 from draftsmith.switches import env_choice, env_flag
 
 # A compiled engine runs these phases each as one compiled function (drafter forwards, picks
-# and buffer writes fused): "draft" (greedy trees), "accept" (greedy), "extend"; the rest are
+# and buffer writes fused): "draft" (trees), "accept", "extend" (drawn sampled drafts: the
+# extend alone, `SAMPLED_DRAFTS`); the rest are
 # compiled in parts (the drafter, each pick) with eager glue between them. "0" fuses none.
 # H200 run 9 (draft only): tree 7/4/24's draft phase 0.58 -> 0.46 ms, decode-only 2.16x -> 2.28x
 # at batch 1. Run 10, accept and extend fused too, same lease: +1.1 % decode tok/s (7/4/24),
@@ -442,7 +443,10 @@ class SpecDecoder:
         try:
             self.phase_fns[phase](*args)
             return True
-        except torch._dynamo.exc.BackendCompilerFailed as e:  # raised before anything ran
+        # raised before anything ran; the limit: each batch size, setting and kind of pick (the
+        # argmax, or sampled draws) is an entry of the process's one compiled phase
+        except (torch._dynamo.exc.BackendCompilerFailed,
+                torch._dynamo.exc.FailOnRecompileLimitHit) as e:
             st.unfused.add(phase)
             first = str(e).strip().splitlines()[-1][:200]
             warnings.warn(f"the fused {phase} phase failed to compile at batch {st.b} ({first}); "

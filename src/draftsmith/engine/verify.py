@@ -32,8 +32,9 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def target_picks(x: torch.Tensor) -> torch.Tensor:
     """The target's token at each verified position: the argmax of logits [B, N, V], or x itself
     when it holds tokens [B, N] already (sampled decoding draws them from the target's own
-    distributions; matching drafts against those draws is exact sampling, whatever the drafts)."""
-    return x if x.dim() == 2 else argmax(x)
+    distributions; matching drafts against those draws is exact sampling, whatever the drafts).
+    Told apart by dtype: tokens are integers, logits never are."""
+    return argmax(x) if x.is_floating_point() else x
 
 
 def chain_greedy(logits: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
