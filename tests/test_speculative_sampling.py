@@ -250,10 +250,13 @@ def test_top_p_keeps_the_smallest_prefix_and_stays_eager_under_compile():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
-def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, n):
-    """A compiled sampling engine fuses its extend phase (it draws nothing): the same seed gives
-    the same tokens as the extend in parts, chain and tree."""
+def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, n, monkeypatch):
+    """A compiled engine with drawn drafts fuses its extend phase alone (it draws nothing): the
+    same seed gives the same tokens as the extend in parts, chain and tree. (Under topk the
+    phases are greedy's: `test_greedys_fused_phases_serve_sampled_trees`.)"""
     from draftsmith.engine.speculative import compiled_phase
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")
 
     target = tiny_target()
     drafter = make_drafter(target, 96)
