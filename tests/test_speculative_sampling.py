@@ -15,6 +15,7 @@ from draftsmith.engine.tree import draw_k
 
 V, VD = 6, 5
 HOT = torch.tensor([0, 1, 2, 4, 5])  # target id 3 is outside the draft vocabulary
+PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]  # the engine tests' rows
 
 
 def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
@@ -188,16 +189,15 @@ def test_sampling_that_keeps_one_token_decodes_as_greedy(steps, topk, n, drafts,
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     target = tiny_target()
     rt = Runtime(target, 4, 128)
-    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
-    ref = greedy_seq(rt, prompts, 20)
+    ref = greedy_seq(rt, PROMPTS, 20)
     drafter = make_drafter(target, 96)
-    greedy = SpecDecoder(rt, drafter, steps, topk, n).generate(prompts, 20, eos_ids=[])
+    greedy = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, 20, eos_ids=[])
     dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.9, top_k=1))
     torch.manual_seed(3)
-    res = dec.generate(prompts, 20, eos_ids=[])
+    res = dec.generate(PROMPTS, 20, eos_ids=[])
     assert res.tokens == greedy.tokens
-    assert [p + t for p, t in zip(prompts, res.tokens, strict=True)] == [
-        r[: len(p) + 20].tolist() for p, r in zip(prompts, ref, strict=True)]
+    assert [p + t for p, t in zip(PROMPTS, res.tokens, strict=True)] == [
+        r[: len(p) + 20].tolist() for p, r in zip(PROMPTS, ref, strict=True)]
     if drafts == "topk":
         assert res.accept_hist == greedy.accept_hist
 
@@ -212,15 +212,14 @@ def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
     target = tiny_target()
     rt = Runtime(target, 4, 128)
     drafter = make_drafter(target, 96)
-    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
-    greedy = SpecDecoder(rt, drafter, 3, 3, 8).generate(prompts, 20, eos_ids=[])
+    greedy = SpecDecoder(rt, drafter, 3, 3, 8).generate(PROMPTS, 20, eos_ids=[])
     one, warm = (SpecDecoder(rt, drafter, 3, 3, 8, SamplingParams(0.9, top_k=k)) for k in (1, 0))
     for dec in (one, warm):
         dec.compile_bookkeeping(fuse=set(PHASES_FUSABLE))
         assert dec.fused == frozenset(PHASES_FUSABLE)
-    res = one.generate(prompts, 20, eos_ids=[])
+    res = one.generate(PROMPTS, 20, eos_ids=[])
     assert res.tokens == greedy.tokens and res.accept_hist == greedy.accept_hist
-    same = [prompts[0]] * 4
+    same = [PROMPTS[0]] * 4
     first, again = warm.generate(same, 20, eos_ids=[]), warm.generate(same, 20, eos_ids=[])
     assert len({tuple(t) for t in first.tokens}) > 1 and first.tokens != again.tokens
     assert left_greedy(rt, same, first.tokens)  # draws past the prefill's, not the argmax
@@ -262,14 +261,13 @@ def test_sampling_with_a_fused_extend_draws_what_it_draws_in_parts(steps, topk, 
     drafter = make_drafter(target, 96)
     rt = Runtime(target, 4, 128)
     params = SamplingParams(0.9, top_k=20)
-    prompts = [[1, 5, 9, 30, 44], [1, 60, 61], [1, 7, 8, 9, 10], [1, 20]]
     out = []
     for fused in (False, True):
         dec = SpecDecoder(rt, drafter, steps, topk, n, params)
         if fused:  # what a compiled engine sets up, without compiling the target
             dec.fused, dec.phase_fns = frozenset({"extend"}), {"extend": compiled_phase("extend")}
         torch.manual_seed(11)
-        out.append(dec.generate(prompts, 24, eos_ids=[]))
+        out.append(dec.generate(PROMPTS, 24, eos_ids=[]))
     assert out[0].tokens == out[1].tokens and out[0].accept_hist == out[1].accept_hist
     assert out[0].mean_accept_length > 1
 

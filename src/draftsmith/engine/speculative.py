@@ -174,9 +174,10 @@ class SpecDecoder:
         """The phases this engine can run as one compiled function: the extend; the accept unless
         drafts are drawn; a tree's draft unless drafts are drawn, and not under
         DRAFTSMITH_TREE_TOPK=max (inductor failed to compile its root pick)."""
-        greedy, tree = not self.drawn, self.shape is not None
-        return frozenset({"extend"} | ({"accept"} if greedy else set())
-                         | ({"draft"} if greedy and tree and trees.TREE_TOPK != "max" else set()))
+        greedy_drafts, tree = not self.drawn, self.shape is not None
+        return frozenset({"extend"} | ({"accept"} if greedy_drafts else set())
+                         | ({"draft"} if greedy_drafts and tree and trees.TREE_TOPK != "max"
+                            else set()))
 
     def _check_pair(self) -> None:
         self.aux_ids = check_pair(self.rt.model.cfg, self.drafter.cfg)

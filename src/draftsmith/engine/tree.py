@@ -319,11 +319,12 @@ def fuses_head(drafter: Callable, hidden: torch.Tensor, k: int) -> bool:
             and k <= min(triton_head.MAX_K, drafter.lm_head.weight.shape[0]))
 
 
-def root_by_head(drafter: Callable, greedy: bool, shape: TreeShape | None) -> bool:
+def root_by_head(drafter: Callable, greedy_drafts: bool, shape: TreeShape | None) -> bool:
     """Whether a decoder's draft forms the root's children from its hidden state by the Triton
-    head (`greedy_tree` under `fuses_head`), so that its extend need not form root logits."""
+    head (`greedy_tree` under `fuses_head`), so that its extend need not form root logits.
+    greedy_drafts: the tree drafts as greedy decoding does (sampling too, unless it draws)."""
     w = drafter.lm_head.weight
-    return (ROOT_HEAD == "triton" and greedy and shape is not None
+    return (ROOT_HEAD == "triton" and greedy_drafts and shape is not None
             and fuses_head(drafter, w, shape.topk))
 
 
