@@ -117,14 +117,16 @@ def exact_joint(model, prompt: list[int], params: SamplingParams, vocab: int) ->
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-@pytest.mark.parametrize("drafts", ["topk", "drawn"])
+@pytest.mark.parametrize("drafts", ["topk", "topk-fused", "drawn"])
 @pytest.mark.parametrize("steps,topk,n,temp,top_k", [(2, 1, None, 1.0, 0), (2, 3, 5, 0.8, 6)])
 def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, drafts,
                                                 monkeypatch):
     """4096 draws of (x1, x2, x3); x2 and x3 come from the first speculative cycle. With these
     sizes an acceptance test skewed by a factor 1.25 fails (p < 0.003). Both rules for sampled
-    drafts: greedy's drafts matched against the target's draws (topk), and drafts drawn from
-    the drafter, rejection-sampled (drawn)."""
+    drafts: greedy's drafts matched against the target's draws (topk; -fused: drawn inside the
+    accept's one compiled function, as a compiled engine draws them), and drafts drawn from the
+    drafter, rejection-sampled (drawn)."""
+    drafts, fused = drafts.removesuffix("-fused"), drafts.endswith("-fused")
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     vocab, b, runs = 8, 1024, 4
     target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
@@ -142,6 +144,9 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
     params = SamplingParams(temp, top_k=top_k)
     dec = SpecDecoder(Runtime(target, b, 24), drafter, steps, topk, n, params)
     assert dec.drawn == (drafts == "drawn") and (dec.fusable() >= {"accept"}) != dec.drawn
+    if fused:
+        dec.compile_bookkeeping(fuse={"accept"})
+        assert dec.fused == {"accept"}
     torch.manual_seed(7)
     counts = torch.zeros(vocab, vocab, vocab)
     for _ in range(runs):
@@ -149,6 +154,7 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
         for t in res.tokens:
             counts[t[0], t[1], t[2]] += 1
     assert res.mean_accept_length > 1.3
+    assert not any(st.unfused for st in dec.states.values())  # no fallback from the fused accept
     joint = exact_joint(target, prompt, params, vocab)
     assert chi_square_p(counts, joint) > 1e-3
     assert chi_square_p(counts.sum(2), joint.sum(2)) > 1e-3

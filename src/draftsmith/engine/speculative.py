@@ -410,12 +410,14 @@ class SpecDecoder:
         )
 
     def _accept(self, st: SpecState) -> None:
-        if not self.drawn:  # sampling draws the target's tokens first (eager: top-p's filter)
-            picks = None if self.params.greedy else sample(st.vout.logits, self.params)
+        if not self.drawn:  # sampling draws the target's tokens: in the accept, or first
+            p = self.params  # and eagerly under top-p (its filter stays eager)
+            inside = None if p.greedy or p.top_p < 1 else p
+            picks = None if p.greedy or inside else sample(st.vout.logits, p)
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
-                               self.steps, self.tbase, self.ar, picks):
+                               self.steps, self.tbase, self.ar, picks, inside):
                 greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
-                              self.tbase, self.ar, picks)
+                              self.tbase, self.ar, picks, inside)
             return
         logits, aux, t = st.vout.logits, st.vout.aux, st.tree
         if t is None:
@@ -471,12 +473,15 @@ class SpecDecoder:
 
 def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
                   commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor,
-                  picks: torch.Tensor | None = None) -> None:
+                  picks: torch.Tensor | None = None, sampler: SamplingParams | None = None) -> None:
     """The greedy accept phase: the longest matching prefix (chain) or path (tree) of the verify's
     output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
     of it as one function (with the plain picks); otherwise the picks come compiled apart.
     picks: the target's tokens [B, N] drawn by sampled decoding, matched in place of the
-    logits' argmax (`SAMPLED_DRAFTS`)."""
+    logits' argmax (`SAMPLED_DRAFTS`); sampler: settings to draw them here instead, inside
+    the fused accept's one compiled function."""
+    if sampler is not None:
+        picks = sample(st.vout.logits, sampler)
     logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)
