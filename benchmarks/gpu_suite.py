@@ -19,7 +19,8 @@ INIT_FROM (a drafter folder whose weights start training), NEW, PROMPTS,
 REPEATS (spec: each group timed that often), SPEC_BATCHES,
 COMPILE (1 = spec and tune compiled), SUITES, CHAIN, TREES, BOOKKEEPING_AB (1: each
 setting also with eager bookkeeping), SPEC_TEMPS (0+0.7: greedy and sampled rows), SPEC_TOP_P,
-STAGES, TARGET, DEVICE, KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
+TUNE_TEMPS (0+0.7: a tune each), TUNE_BATCHES, TUNE_STEPS, TUNE_TOPK, STAGES, TARGET, DEVICE,
+KEPT (restore), DATA_PARTS (unpack: folders of packed answers).
 Results land in $OUT/gpu_suite.json after every stage.
 """
 
@@ -512,12 +513,25 @@ def doctor_stage() -> dict:
 
 
 def tune_stage() -> dict:
+    """`draftsmith tune` at each of TUNE_TEMPS (default 0: greedy; "0+0.7+1": three tunes, into
+    OUT/tune, OUT/tune_t0.7, OUT/tune_t1), over TUNE_BATCHES, TUNE_STEPS, TUNE_TOPK."""
+    from draftsmith.engine.sampling import SamplingParams
     from draftsmith.tune.cli import run_tune
 
     src = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
-    rep = run_tune(DRAFTER, TARGET, src, [1, 8, 32], 6, 96, 2, DEVICE, DT, COMPILE,
-                   OUT / "tune", max_topk=4)
-    return {k: v for k, v in rep.items() if k != "costs"}
+    batches = [int(b) for b in os.environ.get("TUNE_BATCHES", "1,8,32").split(",")]
+    steps, topk = int(os.environ.get("TUNE_STEPS", "6")), int(os.environ.get("TUNE_TOPK", "4"))
+    reps = {}
+    for temp in (float(t) for t in os.environ.get("TUNE_TEMPS", "0").split("+")):
+        out = OUT / ("tune" if temp == 0 else f"tune_t{temp:g}")
+        t0 = time.time()
+        rep = run_tune(DRAFTER, TARGET, src, batches, steps, NEW, 2, DEVICE, DT, COMPILE, out,
+                       topk, SamplingParams(temp))
+        reps[f"T{temp:g}"] = {k: v for k, v in rep.items() if k != "costs"}
+        reps[f"T{temp:g}"]["wall_s"] = time.time() - t0
+        print(json.dumps({"tune": f"T{temp:g}", "recommendations": rep["recommendations"]}),
+              flush=True)
+    return reps["T0"] if list(reps) == ["T0"] else reps
 
 
 if __name__ == "__main__":

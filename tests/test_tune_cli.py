@@ -49,6 +49,45 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     )
 
 
+def test_tune_for_sampling_samples_every_decode_it_times(tmp_path, monkeypatch):
+    """--temperature reaches every decode tune runs: the acceptance run, the cost probes, the
+    baselines and the sweep, and the report says what it was tuned for."""
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.tune import measure
+    from draftsmith.tune.cli import run_tune
+
+    seen = []
+
+    def generation(rt, rows, new, params=SamplingParams(), eos=None):
+        seen.append(("baseline", params))
+        return real_generation(rt, rows, new, params, eos)
+
+    def spec(*args, **kw):
+        dec = real_spec(*args, **kw)
+        seen.append(("speculative", dec.params))
+        return dec
+
+    real_generation, real_spec = measure.run_generation, measure.SpecDecoder
+    monkeypatch.setattr(measure, "run_generation", generation)
+    monkeypatch.setattr(measure, "SpecDecoder", spec)
+    folder, prompts = _tiny_pair(tmp_path)
+    params = SamplingParams(0.8, top_k=20)
+    report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 4, 1, "cpu",
+                      torch.float32, False, tmp_path / "tune", 2, params, 3)
+    assert {kind for kind, _ in seen} == {"baseline", "speculative"}
+    assert all(p == params for _, p in seen)
+    assert report["sampling"] == {"temperature": 0.8, "top_p": 1.0, "top_k": 20}
+    assert "temperature 0.8" in report["texts"][0]
+    assert [r["batch"] for r in report["recommendations"]] == [1, 2]
+
+
+def test_tune_refuses_a_bad_sampler_before_loading(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    res = invoke_tune("--drafter", str(tmp_path / "none"), "--temperature", "-1")
+    assert isinstance(res.exception, DraftsmithError) and "temperature" in str(res.exception)
+
+
 def invoke_tune(*args: str):
     import typer
     from typer.testing import CliRunner

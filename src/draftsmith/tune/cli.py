@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import DEVICE, DTYPE, TARGET, int_list
+
+if TYPE_CHECKING:
+    from draftsmith.engine.sampling import SamplingParams
 
 console = Console()
 
@@ -24,6 +28,11 @@ def tune(
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
     max_topk: int = typer.Option(8, "--max-topk", help="Widest tree to consider (1 = chains)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="Tune for sampled decoding at "
+                                      "this temperature (0: greedy); baselines sample alike"),
+    top_p: float = typer.Option(1.0, "--top-p", help="With --temperature: nucleus sampling"),
+    top_k: int = typer.Option(0, "--top-k", help="With --temperature: the k likeliest only"),
+    seed: int = typer.Option(0, help="Seeds the sampling (every TP rank alike)"),
     top: int = typer.Option(3, help="Predicted settings to sweep (plus neighbours)"),
     device: str = DEVICE,
     dtype: str = DTYPE,
@@ -43,10 +52,13 @@ def tune(
                               f"{max_topk}")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
+    from draftsmith.engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature, top_p, top_k)
     dev, dt = device_dtype(device, dtype)
     batches = sorted(int_list(batch_sizes, "--batch-sizes"))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
-            out, max_topk)
+            out, max_topk, params, seed)
     if tp == 1:
         report = run_tune(*args)
     else:
@@ -99,8 +111,12 @@ def run_tune(
     compile,
     out: Path,
     max_topk: int = 8,
+    params: SamplingParams | None = None,
+    seed: int = 0,
     tp=None,
 ) -> dict:
+    import torch
+
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
     from draftsmith.models.eagle3 import load_drafter
@@ -115,6 +131,7 @@ def run_tune(
     )
     from draftsmith.tune.flags import recommendation_text
 
+    torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
         dev = str(tp.device)
@@ -129,7 +146,7 @@ def run_tune(
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
                          compile=compile)
-    eng = measure.Engine(rt, drt, drafter)
+    eng = measure.Engine(rt, drt, drafter, params or measure.SamplingParams())
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
     acc = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers only
@@ -153,10 +170,14 @@ def run_tune(
             meas.append(measure.run_setting(eng, s, ids, b, new, eos))
     recs = recommend(preds, meas)
     texts = [recommendation_text(r, str(drafter_dir)) for r in recs]
+    if not eng.params.greedy:
+        p = eng.params
+        texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p {p.top_p:g}, "
+                        f"top-k {p.top_k or 'off'}: acceptance, baselines and sweep all sampled")
     if tp is not None and tp.rank != 0:
         return {"texts": texts}  # launch_tp hands back rank 0's report
     report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
-                          1 if tp is None else tp.size)
+                          1 if tp is None else tp.size, eng.params)
     report["texts"] = texts
     return report
 
@@ -181,7 +202,7 @@ def suite(path: Path | None) -> list[str]:
 
 
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
-                 tp_size: int = 1) -> dict:
+                 tp_size: int = 1, params: SamplingParams | None = None) -> dict:
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +221,8 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
     report = {
         "device": device_name(dev),
         "tp": tp_size,
+        "sampling": {"temperature": params.temperature, "top_p": params.top_p,
+                     "top_k": params.top_k} if params else {"temperature": 0.0},
         "acceptance": acc.to_dict(),
         "costs": costs.to_dict(),
         "recommendations": [

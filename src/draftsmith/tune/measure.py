@@ -16,6 +16,7 @@ import torch
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import run_generation
 from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.tune.cost_model import Acceptance, CostTable, Measurement, SpecSetting
@@ -44,11 +45,13 @@ def time_ms(fn: Callable[[], object], device: torch.device, iters: int | None = 
 
 @dataclass
 class Engine:
-    """The pieces every measurement shares: one target runtime and one drafter runtime."""
+    """The pieces every measurement shares: one target runtime and one drafter runtime, and the
+    sampling every decode runs under (greedy by default), baselines and acceptance alike."""
 
     rt: Runtime
     drt: DrafterRuntime
     drafter: Eagle3Drafter
+    params: SamplingParams = SamplingParams()
 
     @property
     def device(self) -> torch.device:
@@ -90,8 +93,8 @@ def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]]) -> d
     out = {}
     for b in batches:
         rows = [prompts[i % len(prompts)] for i in range(b)]
-        run_generation(eng.rt, rows, 16)
-        g = run_generation(eng.rt, rows, 64)
+        run_generation(eng.rt, rows, 16, eng.params)
+        g = run_generation(eng.rt, rows, 64, eng.params)
         out[b] = g.decode_s / 63 * 1e3
     return out
 
@@ -115,8 +118,8 @@ def run_setting(
     idle in its static batch, which the cost model does not predict."""
     rows = [prompts[i % len(prompts)] for i in range(batch)]
     if setting.is_baseline:
-        run_generation(eng.rt, rows, 8, eos_ids=eos)
-        g = run_generation(eng.rt, rows, new, eos_ids=eos)
+        run_generation(eng.rt, rows, 8, eng.params, eos)
+        g = run_generation(eng.rt, rows, new, eng.params, eos)
         return Measurement(setting, batch, decode_rate(g.new_tokens, batch, g.decode_s))
     dec = decoder(eng, setting)
     dec.generate(rows, 8, eos)  # warm-up and capture
@@ -131,7 +134,7 @@ def run_setting(
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
     n = None if s.topk == 1 else s.num_draft_tokens
-    return SpecDecoder(eng.rt, eng.drt, s.steps, s.topk, n, profile=False)
+    return SpecDecoder(eng.rt, eng.drt, s.steps, s.topk, n, eng.params, profile=False)
 
 
 def chain_acceptance(
