@@ -410,8 +410,8 @@ class SpecDecoder:
         )
 
     def _accept(self, st: SpecState) -> None:
-        if not self.drawn:  # sampling draws the target's tokens: in the accept, or first
-            p = self.params  # and eagerly under top-p (its filter stays eager)
+        if not self.drawn:  # greedy's drafts: sampling draws the target's tokens inside the
+            p = self.params  # accept, or before it under top-p (its filter stays eager)
             inside = None if p.greedy or p.top_p < 1 else p
             picks = None if p.greedy or inside else sample(st.vout.logits, p)
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,

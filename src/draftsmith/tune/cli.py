@@ -119,6 +119,7 @@ def run_tune(
 
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.eagle3 import load_drafter
     from draftsmith.targets import load_target
     from draftsmith.tune import measure
@@ -146,7 +147,7 @@ def run_tune(
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
                          compile=compile)
-    eng = measure.Engine(rt, drt, drafter, params or measure.SamplingParams())
+    eng = measure.Engine(rt, drt, drafter, params or SamplingParams())
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
     acc = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers only
@@ -201,8 +202,8 @@ def suite(path: Path | None) -> list[str]:
     return [json.loads(line)["prompt"] for line in src.read_text().splitlines() if line.strip()]
 
 
-def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
-                 tp_size: int = 1, params: SamplingParams | None = None) -> dict:
+def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
+                 params: SamplingParams) -> dict:
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +223,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev,
         "device": device_name(dev),
         "tp": tp_size,
         "sampling": {"temperature": params.temperature, "top_p": params.top_p,
-                     "top_k": params.top_k} if params else {"temperature": 0.0},
+                     "top_k": params.top_k},
         "acceptance": acc.to_dict(),
         "costs": costs.to_dict(),
         "recommendations": [
