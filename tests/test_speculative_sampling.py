@@ -123,10 +123,11 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
                                                 monkeypatch):
     """4096 draws of (x1, x2, x3); x2 and x3 come from the first speculative cycle. With these
     sizes an acceptance test skewed by a factor 1.25 fails (p < 0.003). Both rules for sampled
-    drafts: greedy's drafts matched against the target's draws (topk; -fused: drawn inside the
-    accept's one compiled function, as a compiled engine draws them), and drafts drawn from the
-    drafter, rejection-sampled (drawn)."""
+    drafts: greedy's drafts matched against the target's draws (topk; -fused: top-k off, so the
+    draws are made inside the accept's one compiled function, as a compiled engine makes them),
+    and drafts drawn from the drafter, rejection-sampled (drawn)."""
     drafts, fused = drafts.removesuffix("-fused"), drafts.endswith("-fused")
+    top_k = 0 if fused else top_k
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     vocab, b, runs = 8, 1024, 4
     target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
@@ -146,7 +147,7 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
     assert dec.drawn == (drafts == "drawn") and (dec.fusable() >= {"accept"}) != dec.drawn
     if fused:
         dec.compile_bookkeeping(fuse={"accept"})
-        assert dec.fused == {"accept"}
+        assert dec.fused == {"accept"} and dec.accept_temp is not None
     torch.manual_seed(7)
     counts = torch.zeros(vocab, vocab, vocab)
     for _ in range(runs):
@@ -229,6 +230,24 @@ def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
     first, again = warm.generate(same, 20, eos_ids=[]), warm.generate(same, 20, eos_ids=[])
     assert len({tuple(t) for t in first.tokens}) > 1 and first.tokens != again.tokens
     assert left_greedy(rt, same, first.tokens)  # draws past the prefill's, not the argmax
+
+
+def test_every_temperature_shares_one_compiled_accept(monkeypatch):
+    """The fused accept draws at a temperature held as a tensor: a second temperature (a server's
+    next request) reuses the compiled accept instead of compiling another."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target = tiny_target()
+    rt, drafter = Runtime(target, 4, 128), make_drafter(target, 96)
+    graphs = []
+    for temp in (0.7, 1.3):
+        dec = SpecDecoder(rt, drafter, 3, 3, 8, SamplingParams(temp))
+        dec.compile_bookkeeping(fuse={"accept"})
+        dec.generate(PROMPTS, 8, eos_ids=[])
+        assert not any(st.unfused for st in dec.states.values())
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0]
 
 
 def left_greedy(rt: Runtime, prompts: list[list[int]], tokens: list[list[int]]) -> bool:

@@ -156,6 +156,10 @@ class SpecDecoder:
         self.graphs = self.rt.graphs
         self.gkey = None if self.graphs is None else self.graphs.owner(self)
         self.ar = torch.arange(steps + 1, device=self.device)
+        # sampling without top-k or top-p draws the target's tokens inside the accept, at a
+        # temperature held as a tensor: every temperature shares the one compiled accept
+        self.accept_temp = None if params.greedy or params.top_k or params.top_p < 1 else (
+            torch.tensor(max(params.temperature, 1e-6), device=self.device))
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
         self.states: dict[int, SpecState] = {}
@@ -411,13 +415,13 @@ class SpecDecoder:
 
     def _accept(self, st: SpecState) -> None:
         if not self.drawn:  # greedy's drafts: sampling draws the target's tokens inside the
-            p = self.params  # accept, or before it under top-p (its filter stays eager)
-            inside = None if p.greedy or p.top_p < 1 else p
-            picks = None if p.greedy or inside else sample(st.vout.logits, p)
+            temp = self.accept_temp  # accept, or before it under top-k or top-p
+            eager = not self.params.greedy and temp is None
+            picks = sample(st.vout.logits, self.params) if eager else None
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
-                               self.steps, self.tbase, self.ar, picks, inside):
+                               self.steps, self.tbase, self.ar, picks, temp):
                 greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
-                              self.tbase, self.ar, picks, inside)
+                              self.tbase, self.ar, picks, temp)
             return
         logits, aux, t = st.vout.logits, st.vout.aux, st.tree
         if t is None:
@@ -473,15 +477,16 @@ class SpecDecoder:
 
 def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
                   commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor,
-                  picks: torch.Tensor | None = None, sampler: SamplingParams | None = None) -> None:
+                  picks: torch.Tensor | None = None,
+                  temperature: torch.Tensor | None = None) -> None:
     """The greedy accept phase: the longest matching prefix (chain) or path (tree) of the verify's
     output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
     of it as one function (with the plain picks); otherwise the picks come compiled apart.
     picks: the target's tokens [B, N] drawn by sampled decoding, matched in place of the
-    logits' argmax (`SAMPLED_DRAFTS`); sampler: settings to draw them here instead, inside
-    the fused accept's one compiled function."""
-    if sampler is not None:
-        picks = sample(st.vout.logits, sampler)
+    logits' argmax (`SAMPLED_DRAFTS`); temperature: a 0-dim tensor to draw them here instead
+    (plain temperature sampling), inside the fused accept's one compiled function."""
+    if temperature is not None:
+        picks = draw((st.vout.logits.float() / temperature).softmax(-1))
     logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)
