@@ -158,8 +158,9 @@ class SpecDecoder:
         self.ar = torch.arange(steps + 1, device=self.device)
         # sampling without top-k or top-p draws the target's tokens inside the accept, at a
         # temperature held as a tensor: every temperature shares the one compiled accept
-        self.accept_temp = None if params.greedy or params.top_k or params.top_p < 1 else (
-            torch.tensor(max(params.temperature, 1e-6), device=self.device))
+        plain = not (params.greedy or self.drawn or params.top_k or params.top_p < 1)
+        self.accept_temp = (torch.tensor(max(params.temperature, 1e-6), device=self.device)
+                            if plain else None)
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
         self.states: dict[int, SpecState] = {}
