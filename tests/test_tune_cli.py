@@ -81,6 +81,55 @@ def test_tune_for_sampling_samples_every_decode_it_times(tmp_path, monkeypatch):
     assert [r["batch"] for r in report["recommendations"]] == [1, 2]
 
 
+def test_prompt_groups_take_every_prompt_in_full_batches():
+    from draftsmith.tune.measure import prompt_groups
+
+    p = [[i] for i in range(5)]
+    assert prompt_groups(p, 1) == [[[i]] for i in range(5)]
+    assert prompt_groups(p, 2) == [[[0], [1]], [[2], [3]], [[4], [0]]]
+    assert prompt_groups(p, 8) == [[[0], [1], [2], [3], [4], [0], [1], [2]]]
+
+
+def test_a_setting_is_measured_over_every_prompt(tmp_path, monkeypatch):
+    """At batch 1 the sweep decodes each prompt in turn (it measured the first prompt alone, whose
+    acceptance stood for all: H200 tune run 3), speculative and baseline alike, and its accept
+    length is the mean over all of them."""
+    from draftsmith.engine.drafter_runtime import DrafterRuntime
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.targets import load_target
+    from draftsmith.tune import measure
+    from draftsmith.tune.cost_model import SpecSetting
+
+    folder, _ = _tiny_pair(tmp_path)
+    model = load_target(folder).build(torch.float32, "cpu")
+    drafter = load_drafter(tmp_path / "d", "cpu", torch.float32, embed=model.embed.weight)
+    eng = measure.Engine(Runtime(model, 2, 64), DrafterRuntime(drafter, 2, 256, False), drafter)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    seen, real_spec, real_generation = [], measure.SpecDecoder.generate, measure.run_generation
+
+    def spec(self, rows, new, eos=None):
+        res = real_spec(self, rows, new, eos)
+        if new == 6 and not self.profile:
+            seen.append(("spec", rows, res.accept_hist))
+        return res
+
+    def generation(rt, rows, new, *args):
+        seen.append(("base", rows, None))
+        return real_generation(rt, rows, new, *args)
+
+    monkeypatch.setattr(measure.SpecDecoder, "generate", spec)
+    monkeypatch.setattr(measure, "run_generation", generation)
+    m = measure.run_setting(eng, SpecSetting(2, 1, 3), prompts, 1, 6, [])
+    runs = [(rows, hist) for kind, rows, hist in seen if kind == "spec"]
+    assert [rows for rows, _ in runs] == [[p] for p in prompts]
+    hist = [sum(c) for c in zip(*(h for _, h in runs), strict=True)]
+    assert m.accept_length == pytest.approx(sum(k * c for k, c in enumerate(hist)) / sum(hist))
+    seen.clear()
+    measure.run_setting(eng, SpecSetting.baseline(), prompts, 1, 6, [])
+    assert [rows for _, rows, _ in seen[1:]] == [[p] for p in prompts]  # after the warm-up
+
+
 def test_tune_refuses_a_bad_sampler_before_loading(tmp_path):
     from draftsmith.errors import DraftsmithError
 

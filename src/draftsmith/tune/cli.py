@@ -152,7 +152,8 @@ def run_tune(
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
     acc = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers only
     console.print("measuring costs ...")
-    probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids, b, 32, eos) for b in batches}
+    probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids[:b], b, 32, eos)
+             for b in batches}  # the phases alone: one batch of prompts
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
     costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,

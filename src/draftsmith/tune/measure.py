@@ -105,6 +105,15 @@ def decode_rate(new_tokens: int, rows: int, decode_s: float) -> float:
     return (new_tokens - rows) / max(decode_s, 1e-9)
 
 
+def prompt_groups(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+    """Every prompt at least once, in batches of `batch` rows (the last batch, or one larger than
+    the prompts, filled round-robin from the first): a small batch's figure is then the
+    prompts' figure, not the first prompt's."""
+    count = -(-len(prompts) // batch)
+    return [[prompts[(g * batch + i) % len(prompts)] for i in range(batch)]
+            for g in range(count)]
+
+
 def run_setting(
     eng: Engine,
     setting: SpecSetting,
@@ -113,23 +122,28 @@ def run_setting(
     new: int,
     eos: list[int],
 ) -> Measurement:
-    """Decode tokens/s of one setting on the real engine (baseline for steps 0), phases
-    profiled in a separate run. Pass eos=[] for fixed-length rows: a row stopped early would
-    idle in its static batch, which the cost model does not predict."""
-    rows = [prompts[i % len(prompts)] for i in range(batch)]
+    """Decode tokens/s of one setting on the real engine (baseline for steps 0) over every
+    prompt (`prompt_groups`), phases profiled in a separate run of the first group. Pass eos=[]
+    for fixed-length rows: a row stopped early would idle in its static batch, which the cost
+    model does not predict."""
+    groups = prompt_groups(prompts, batch)
+    rows = batch * len(groups)
     if setting.is_baseline:
-        run_generation(eng.rt, rows, 8, eng.params, eos)
-        g = run_generation(eng.rt, rows, new, eng.params, eos)
-        return Measurement(setting, batch, decode_rate(g.new_tokens, batch, g.decode_s))
+        run_generation(eng.rt, groups[0], 8, eng.params, eos)
+        gs = [run_generation(eng.rt, g, new, eng.params, eos) for g in groups]
+        return Measurement(setting, batch, decode_rate(sum(g.new_tokens for g in gs), rows,
+                                                       sum(g.decode_s for g in gs)))
     dec = decoder(eng, setting)
-    dec.generate(rows, 8, eos)  # warm-up and capture
+    dec.generate(groups[0], 8, eos)  # warm-up and capture
     dec.profile = False
-    res = dec.generate(rows, new, eos)
+    res = [dec.generate(g, new, eos) for g in groups]
     dec.profile = True
-    prof = dec.generate(rows, new, eos)
+    prof = dec.generate(groups[0], new, eos)
     phases = dict(prof.phases.ms) if prof.phases else None
-    return Measurement(setting, batch, decode_rate(res.new_tokens, batch, res.decode_s),
-                       res.mean_accept_length, phases)
+    hist = [sum(c) for c in zip(*(r.accept_hist for r in res), strict=True)]
+    accept = sum(k * c for k, c in enumerate(hist)) / max(sum(hist), 1)
+    return Measurement(setting, batch, decode_rate(sum(r.new_tokens for r in res), rows,
+                                                   sum(r.decode_s for r in res)), accept, phases)
 
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
