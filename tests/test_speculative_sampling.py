@@ -247,7 +247,7 @@ def test_every_temperature_shares_one_compiled_accept(monkeypatch):
         dec.generate(PROMPTS, 8, eos_ids=[])
         assert not any(st.unfused for st in dec.states.values())
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[1] == graphs[0]
+    assert graphs[0] > 0 and graphs[1] == graphs[0]  # the counter counts, and held still
 
 
 def left_greedy(rt: Runtime, prompts: list[list[int]], tokens: list[list[int]]) -> bool:
