@@ -519,10 +519,10 @@ def tune_stage() -> dict:
     from draftsmith.tune.cli import run_tune
 
     src = Path(__file__).resolve().parents[1] / "src/draftsmith/bench/chat_suite.jsonl"
-    batches = [int(b) for b in os.environ.get("TUNE_BATCHES", "1,8,32").split(",")]
+    batches = [int(b) for b in env_list("TUNE_BATCHES", "1,8,32")]
     steps, topk = int(os.environ.get("TUNE_STEPS", "6")), int(os.environ.get("TUNE_TOPK", "4"))
     reps = {}
-    for temp in (float(t) for t in os.environ.get("TUNE_TEMPS", "0").split("+")):
+    for temp in (float(t) for t in env_list("TUNE_TEMPS", "0")):
         out = OUT / ("tune" if temp == 0 else f"tune_t{temp:g}")
         t0 = time.time()
         rep = run_tune(DRAFTER, TARGET, src, batches, steps, NEW, 2, DEVICE, DT, COMPILE, out,

@@ -17,6 +17,7 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import run_generation
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.tune.cost_model import Acceptance, CostTable, Measurement, SpecSetting
@@ -136,14 +137,12 @@ def run_setting(
     dec = decoder(eng, setting)
     dec.generate(groups[0], 8, eos)  # warm-up and capture
     dec.profile = False
-    res = [dec.generate(g, new, eos) for g in groups]
+    res = SpecResult.merged([dec.generate(g, new, eos) for g in groups])
     dec.profile = True
     prof = dec.generate(groups[0], new, eos)
     phases = dict(prof.phases.ms) if prof.phases else None
-    hist = [sum(c) for c in zip(*(r.accept_hist for r in res), strict=True)]
-    accept = sum(k * c for k, c in enumerate(hist)) / max(sum(hist), 1)
-    return Measurement(setting, batch, decode_rate(sum(r.new_tokens for r in res), rows,
-                                                   sum(r.decode_s for r in res)), accept, phases)
+    return Measurement(setting, batch, decode_rate(res.new_tokens, rows, res.decode_s),
+                       res.mean_accept_length, phases)
 
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
