@@ -281,13 +281,15 @@ def test_static_shapes_equal_plain_greedy(pair, monkeypatch):
 
 
 @pytest.mark.parametrize("drafts", ["topk", "drawn"])
-@pytest.mark.parametrize("steps,topk,n,compiled", [(3, 1, None, False), (3, 3, 8, False),
-                                                   (3, 1, None, True), (3, 3, 8, True)])
-def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, drafts,
+@pytest.mark.parametrize("steps,topk,n,compiled,plain", [
+    (3, 1, None, False, False), (3, 3, 8, False, False), (3, 1, None, True, False),
+    (3, 3, 8, True, False), (3, 1, None, True, True), (3, 3, 8, True, True)])
+def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, plain, drafts,
                                                 monkeypatch):
     """compiled: compiled layers and fused phases (drawn drafts: the extend alone; topk: greedy's
-    fused phases, the target's draws made eagerly inside the accept's graph). Rows of one
-    prompt draw apart, and a second run draws afresh: the graphs replay new random numbers."""
+    fused phases, the target's draws made eagerly before the fused accept under top-k and top-p,
+    or, plain: temperature alone, inside it). Rows of one prompt draw apart, and a second run
+    draws afresh: the graphs replay new random numbers."""
     from draftsmith.engine import speculative
 
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
@@ -297,11 +299,14 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, 
     if compiled and topk > 1:  # a plain drafter: the Triton head forms its trees, root included
         drafter = cast(make_drafter(target, 96), torch.float32)
     rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
-    dec = SpecDecoder(rt, drafter, steps, topk, n, SamplingParams(0.8, top_p=0.9, top_k=20))
+    params = SamplingParams(0.8) if plain else SamplingParams(0.8, top_p=0.9, top_k=20)
+    dec = SpecDecoder(rt, drafter, steps, topk, n, params)
     want = {"extend"} if drafts == "drawn" else {"extend", "accept"} | (
         {"draft"} if topk > 1 else set())
     assert dec.fused == (frozenset(want) if compiled else frozenset())
+    assert (dec.accept_temp is not None) == (plain and drafts == "topk")
     res = dec.generate(PROMPTS, NEW, eos_ids=[2, 7])
+    assert not any(st.unfused for st in dec.states.values())  # no fallback from a fused phase
     assert all(len(t) <= NEW and 2 not in t and 7 not in t for t in res.tokens)
     assert res.mean_accept_length >= 1
     same = [PROMPTS[0]] * 4
