@@ -10,7 +10,9 @@ from draftsmith.tune.cost_model import (
     Acceptance,
     CostTable,
     Measurement,
+    PromptMix,
     SpecSetting,
+    batch_groups,
     candidate_grid,
     chain_tokens_per_cycle,
     disagreement_cause,
@@ -244,6 +246,48 @@ def test_disagreement_from_acceptance_and_unprofiled_time() -> None:
     slow = Measurement(SpecSetting(2), 1, 100.0, pred.tokens_per_cycle, dict(pred.phases))
     assert wall > pred.cycle_ms
     assert disagreement_cause(pred, slow).startswith("unprofiled: +4.55 ms")
+
+
+def test_a_static_batch_runs_at_its_slowest_rows_pace() -> None:
+    """Two prompts that accept 3.0 and 1.5 tokens a cycle: alone, 2N tokens take N/3 + N/1.5
+    cycles (a slot's tokens are their harmonic mean, 2); in one batch of two, N/1.5 cycles
+    carry 2N tokens, 1.5 a slot, so 75 % of the slots decode."""
+    fast, slow = Acceptance(chain=(1.0, 1.0)), Acceptance(chain=(0.5, 0.0))
+    chain2 = SpecSetting(2)
+    assert (tokens_per_cycle(fast, chain2), tokens_per_cycle(slow, chain2)) == (3.0, 1.5)
+    mix = PromptMix((fast, slow))
+    assert mix.slot_tokens(chain2, 1) == pytest.approx(2.0)
+    assert mix.slot_tokens(chain2, 2) == pytest.approx(1.5)
+    assert mix.busy(chain2, 2) == pytest.approx(0.75)
+    assert mix.busy(chain2, 1) == 1.0 and mix.busy(SpecSetting.baseline(), 2) == 1.0
+    assert PromptMix((fast, fast)).busy(chain2, 2) == 1.0  # alike rows end together
+    # three prompts in batches of 2: [fast, slow] then [fast, fast] (filled from the first)
+    assert batch_groups(3, 2) == [[0, 1], [2, 0]]
+    three = PromptMix((fast, slow, fast))
+    assert three.slot_tokens(chain2, 2) == pytest.approx(2 / (1 / 1.5 + 1 / 3.0))
+    pooled = Acceptance(chain=(0.8, 0.5))
+    costs = CostTable(verify={b: {1: 5.0 * b, 4: 6.0 * b} for b in (1, 2)},
+                      draft_step={b: {1: 0.3 * b} for b in (1, 2)})
+    alone, batched = (predict(costs, pooled, chain2, b, mix) for b in (1, 2))
+    assert batched.busy == pytest.approx(0.75) and alone.busy == 1.0
+    assert batched.tokens_per_s == pytest.approx(
+        2 * batched.tokens_per_cycle * 0.75 * 1000 / batched.cycle_ms)
+    with pytest.raises(DraftsmithError, match="no prompt"):
+        PromptMix(())
+
+
+def test_disagreement_from_idle_rows_and_the_engines_own_cycle() -> None:
+    """Rows idling in their batch are named as such, not as time no phase accounts for; the
+    engine's cycle time, where given, is the wall time the phases are held against."""
+    pred = predict(seed_costs(), Acceptance.constant(0.8), SpecSetting(2), batch=1)
+    tpc, cycle = pred.tokens_per_cycle, pred.cycle_ms
+    idle = Measurement(SpecSetting(2), 1, 0.6 * tpc * 1000 / cycle, tpc, dict(pred.phases),
+                       cycle, 0.6)
+    assert disagreement_cause(pred, idle).startswith(
+        "idle rows: predicted 100% of row slots decoding, measured 60%")
+    slow = Measurement(SpecSetting(2), 1, tpc * 1000 / (cycle + 3), tpc, dict(pred.phases),
+                       cycle + 3.0, 1.0)
+    assert disagreement_cause(pred, slow).startswith("unprofiled: +3.00 ms")
 
 
 def test_recommend_one_per_batch() -> None:

@@ -43,6 +43,8 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     spec = [r for r in report["phases"] if r["setting"] != "no speculation"]
     assert spec and all(r["measured_phases_ms"].get("verify", 0) > 0 for r in spec)
     assert all(r["measured_cycle_ms"] > 0 for r in spec if r["measured_accept"])
+    assert all(0 < r["measured_busy"] <= 1 and 0 < r["predicted_busy"] <= 1 for r in spec
+               if r["predicted_phases_ms"])
     assert any(r["predicted_phases_ms"] for r in spec)
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
@@ -128,6 +130,31 @@ def test_a_setting_is_measured_over_every_prompt(tmp_path, monkeypatch):
     seen.clear()
     measure.run_setting(eng, SpecSetting.baseline(), prompts, 1, 6, [])
     assert [rows for _, rows, _ in seen[1:]] == [[p] for p in prompts]  # after the warm-up
+
+
+def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path):
+    """Each prompt decoded alone gives its own acceptance (the mix the batches' idle rows are
+    predicted from); their counts pooled equal one greedy batch's, as they must; a setting's
+    measurement carries the engine's cycle time and the share of row slots that decoded."""
+    from draftsmith.engine.drafter_runtime import DrafterRuntime
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.targets import load_target
+    from draftsmith.tune import measure
+    from draftsmith.tune.cost_model import Acceptance, SpecSetting
+
+    folder, _ = _tiny_pair(tmp_path)
+    model = load_target(folder).build(torch.float32, "cpu")
+    drafter = load_drafter(tmp_path / "d", "cpu", torch.float32, embed=model.embed.weight)
+    eng = measure.Engine(Runtime(model, 3, 64), DrafterRuntime(drafter, 3, 256, False), drafter)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    pooled, mix = measure.chain_acceptance(eng, prompts, 2, 8, [])
+    res = measure.decoder(eng, SpecSetting(2)).generate(prompts, 8, [])
+    assert pooled == Acceptance.from_chain_counts(res.reached, res.accepted)
+    assert len(mix.prompts) == 3
+    m = measure.run_setting(eng, SpecSetting(2), prompts, 3, 8, [])
+    assert m.cycle_ms is not None and m.cycle_ms > 0
+    assert m.busy is not None and 0 < m.busy <= 1
 
 
 def test_tune_refuses_a_bad_sampler_before_loading(tmp_path):

@@ -28,7 +28,7 @@ eng = measure.Engine(rt, drt, drafter, SamplingParams(temp))
 out = {"temperature": temp}
 for name, eos in (("eos", t.eos_ids), ("fixed", [])):
     s = time.time()
-    acc = measure.chain_acceptance(eng, ids, 6, new, eos)
+    acc, _ = measure.chain_acceptance(eng, ids, 6, new, eos)
     out[name] = {"chain": [round(x, 3) for x in acc.chain],
                  "tokens_per_cycle_chain3": round(chain_tokens_per_cycle(acc, 3), 3),
                  "s": round(time.time() - s)}

@@ -150,18 +150,18 @@ def run_tune(
     eng = measure.Engine(rt, drt, drafter, params or SamplingParams())
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
-    acc = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers only
+    acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
     console.print("measuring costs ...")
     probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids[:b], b, 32, eos)
              for b in batches}  # the phases alone: one batch of prompts
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
     costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
-        costs, acc = _from_rank0(tp, (costs, acc))  # or their sweeps (and collectives) would part
+        costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
     preds, meas = [], []
     grid = [s for s in candidate_grid(max_steps) if s.topk <= max_topk and s.num_draft_tokens <= 16]
     for b in batches:
-        ranked = rank_settings(costs, acc, b, grid)
+        ranked = rank_settings(costs, acc, b, grid, mix)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
@@ -252,8 +252,8 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
 
 def _phase_rows(preds, meas) -> list[dict]:
     """Per measured setting: predicted and profiled ms per cycle by phase, tokens per cycle
-    (row-cycle) predicted and measured, and the cycle the measured tokens/s implies: where the
-    model and the engine part ways."""
+    (row-cycle) and the share of row slots decoding, predicted and measured, and the engine's
+    own cycle time: where the model and the engine part ways."""
     pred = {(p.batch, p.setting): p for p in preds}
     out = []
     for m in meas:
@@ -262,9 +262,10 @@ def _phase_rows(preds, meas) -> list[dict]:
                "measured_phases_ms": dict(m.phases or {}), "measured_accept": m.accept_length,
                "predicted_phases_ms": dict(p.phases) if p else None,
                "predicted_tokens_per_cycle": p.tokens_per_cycle if p else None,
-               "predicted_cycle_ms": p.cycle_ms if p else None}
-        if m.accept_length:
-            row["measured_cycle_ms"] = 1e3 * m.accept_length * m.batch / m.tokens_per_s
+               "predicted_cycle_ms": p.cycle_ms if p else None,
+               "predicted_busy": p.busy if p else None, "measured_busy": m.busy}
+        if m.cycle_ms is not None:
+            row["measured_cycle_ms"] = m.cycle_ms
         out.append(row)
     return out
 

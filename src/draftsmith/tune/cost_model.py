@@ -224,6 +224,44 @@ def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
     return tree_tokens_per_cycle(acc, setting.steps, setting.topk, setting.num_draft_tokens)
 
 
+def batch_groups(count: int, batch: int) -> list[list[int]]:
+    """Indices of `count` prompts in static batches of `batch` rows, every prompt at least
+    once: the last batch, or one larger than the prompts, filled round-robin from the first."""
+    if count < 1 or batch < 1:
+        raise CostModelError(f"batch_groups: need prompts and a batch, got {count} and {batch}")
+    groups = -(-count // batch)
+    return [[(g * batch + i) % count for i in range(batch)] for g in range(groups)]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMix:
+    """Each prompt's own acceptance, for static batches: a batch runs until its slowest row is
+    done, and rows that finish first idle in their slots (no refill). A row needs
+    new_tokens / (its tokens per cycle) cycles, so a batch emits, per slot and cycle, its
+    slowest row's tokens per cycle (H200 tune run 4: idle rows took up to 45 % of the
+    batch-8 sweep's row slots)."""
+
+    prompts: tuple[Acceptance, ...]
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise CostModelError("prompt mix: no prompt has a measured acceptance")
+
+    def slot_tokens(self, setting: SpecSetting, batch: int) -> float:
+        """Tokens per row slot per cycle over the sweep's batches (`batch_groups`): how many
+        batches there are over how many cycles they take, in units of new_tokens."""
+        if setting.is_baseline:
+            return 1.0
+        per = [tokens_per_cycle(a, setting) for a in self.prompts]
+        groups = batch_groups(len(per), batch)
+        return len(groups) / math.fsum(1.0 / min(per[i] for i in g) for g in groups)
+
+    def busy(self, setting: SpecSetting, batch: int) -> float:
+        """The share of row slots that decode: batch 1's tokens per slot (each prompt alone,
+        never idle) against this batch's."""
+        return min(1.0, self.slot_tokens(setting, batch) / self.slot_tokens(setting, 1))
+
+
 def leviathan_tokens_per_cycle(alpha: float, gamma: int) -> float:
     """(1 - alpha^(gamma+1)) / (1 - alpha), Leviathan et al.; gamma + 1 when alpha is 1."""
     return gamma + 1.0 if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
@@ -356,6 +394,7 @@ class Prediction:
     tokens_per_s: float
     phases: Mapping[str, float]
     extrapolated: bool = False
+    busy: float = 1.0  # the share of row slots that decode (below 1: rows idle in their batch)
 
 
 def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[str, float]:
@@ -370,14 +409,22 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
     }
 
 
-def predict(costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int) -> Prediction:
+def predict(
+    costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
+    mix: PromptMix | None = None,
+) -> Prediction:
+    """Tokens/s of one setting: batch x tokens per cycle x the share of rows busy x cycles per
+    second. Without a prompt mix every row is taken to decode until the end; with one, rows
+    done before their batch idle (`PromptMix.busy`)."""
     phases = predict_phases(costs, setting, batch)
     cycle = math.fsum(phases.values())
     if cycle <= 0:
         raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
     tpc = tokens_per_cycle(acc, setting)
+    busy = 1.0 if mix is None else mix.busy(setting, batch)
     beyond = not costs.covers(setting) or setting.steps > acc.depth
-    return Prediction(setting, batch, tpc, cycle, batch * tpc * 1000.0 / cycle, phases, beyond)
+    return Prediction(setting, batch, tpc, cycle, batch * tpc * busy * 1000.0 / cycle, phases,
+                      beyond, busy)
 
 
 def _simpler_first(s: SpecSetting) -> tuple[int, int, int]:
@@ -407,10 +454,11 @@ def rank_settings(
     acc: Acceptance,
     batch: int,
     candidates: Iterable[SpecSetting] | None = None,
+    mix: PromptMix | None = None,
 ) -> list[Prediction]:
     """Predictions for the candidates and the baseline, fastest first (ties: simplest)."""
     settings = dict.fromkeys([SpecSetting.baseline(), *(candidates or candidate_grid())])
-    preds = [predict(costs, acc, s, batch) for s in settings]
+    preds = [predict(costs, acc, s, batch, mix) for s in settings]
     return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
 
 
@@ -447,13 +495,16 @@ def sweep_plan(ranked: Sequence[Prediction], top: int = 3) -> list[SpecSetting]:
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """The real engine's figures for one setting: accept_length counts the bonus token
-    (tokens per cycle per request); phases are ms per cycle (the profiler's names)."""
+    (tokens per cycle per decoding row); phases are ms per cycle (the profiler's names);
+    cycle_ms the wall time per cycle; busy the share of row slots that decoded."""
 
     setting: SpecSetting
     batch: int
     tokens_per_s: float
     accept_length: float | None = None
     phases: Mapping[str, float] | None = None
+    cycle_ms: float | None = None
+    busy: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,22 +554,32 @@ def _accept_length(meas: Measurement) -> float | None:
 
 
 def _measured_phases(meas: Measurement) -> dict[str, float] | None:
-    """The profiled phases, plus "unprofiled": the wall time per cycle (from tokens/s and
-    accept length) that no phase accounts for."""
+    """The profiled phases, plus "unprofiled": the wall time per cycle that no phase accounts
+    for."""
     if not meas.phases:
         return None
     phases = dict(meas.phases)
-    accept = _accept_length(meas)
-    if accept and meas.tokens_per_s > 0:
-        wall = meas.batch * accept * 1000.0 / meas.tokens_per_s
+    wall = _wall_cycle_ms(meas)
+    if wall is not None:
         phases["unprofiled"] = wall - math.fsum(phases.values())
     return phases
 
 
-def _measured_cycle_ms(meas: Measurement) -> float | None:
+def _wall_cycle_ms(meas: Measurement) -> float | None:
+    """The engine's own cycle time, else the one tokens/s implies (batch x accept length x
+    busy share tokens a cycle)."""
+    if meas.cycle_ms is not None:
+        return meas.cycle_ms
     accept = _accept_length(meas)
     if accept and meas.tokens_per_s > 0:
-        return meas.batch * accept * 1000.0 / meas.tokens_per_s
+        return meas.batch * accept * (meas.busy or 1.0) * 1000.0 / meas.tokens_per_s
+    return None
+
+
+def _measured_cycle_ms(meas: Measurement) -> float | None:
+    wall = _wall_cycle_ms(meas)
+    if wall is not None:
+        return wall
     return math.fsum(meas.phases.values()) if meas.phases else None
 
 
@@ -538,15 +599,23 @@ def _phase_cause(predicted: Mapping[str, float], measured: Mapping[str, float]) 
 
 def disagreement_cause(pred: Prediction, meas: Measurement) -> str:
     """Name what moved the measurement furthest from the model: acceptance (tokens per
-    cycle) or time per cycle, and for time the phase with the largest absolute difference
-    (time outside every profiled phase counts as the phase "unprofiled")."""
+    cycle), idle rows (the share of row slots that decoded) or time per cycle, and for time
+    the phase with the largest absolute difference (time outside every profiled phase counts
+    as the phase "unprofiled"). Tokens/s is batch x tokens per cycle x busy share / cycle, so
+    the three log errors add up to the model's."""
     accept, cycle = _accept_length(meas), _measured_cycle_ms(meas)
     acc_err = abs(math.log(pred.tokens_per_cycle / accept)) if accept else 0.0
+    idle_err = abs(math.log(pred.busy / meas.busy)) if meas.busy else 0.0
     time_err = abs(math.log(cycle / pred.cycle_ms)) if cycle else 0.0
-    if accept and acc_err >= time_err and acc_err > 0:
+    if accept and acc_err >= max(time_err, idle_err) and acc_err > 0:
         return (
             f"acceptance: predicted {pred.tokens_per_cycle:.2f} tokens per cycle, "
             f"measured {accept:.2f}"
+        )
+    if idle_err > time_err:
+        return (
+            f"idle rows: predicted {pred.busy:.0%} of row slots decoding, measured "
+            f"{meas.busy:.0%} (a static batch runs until its slowest row is done)"
         )
     phases = _measured_phases(meas)
     if phases:

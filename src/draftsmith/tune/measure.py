@@ -20,7 +20,14 @@ from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.models.eagle3 import Eagle3Drafter
-from draftsmith.tune.cost_model import Acceptance, CostTable, Measurement, SpecSetting
+from draftsmith.tune.cost_model import (
+    Acceptance,
+    CostTable,
+    Measurement,
+    PromptMix,
+    SpecSetting,
+    batch_groups,
+)
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16)
 
@@ -107,12 +114,10 @@ def decode_rate(new_tokens: int, rows: int, decode_s: float) -> float:
 
 
 def prompt_groups(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
-    """Every prompt at least once, in batches of `batch` rows (the last batch, or one larger than
-    the prompts, filled round-robin from the first): a small batch's figure is then the
-    prompts' figure, not the first prompt's."""
-    count = -(-len(prompts) // batch)
-    return [[prompts[(g * batch + i) % len(prompts)] for i in range(batch)]
-            for g in range(count)]
+    """Every prompt at least once, in batches of `batch` rows (`batch_groups`: the cost model
+    predicts these very batches): a small batch's figure is then the prompts' figure, not the
+    first prompt's."""
+    return [[prompts[i] for i in g] for g in batch_groups(len(prompts), batch)]
 
 
 def run_setting(
@@ -141,8 +146,10 @@ def run_setting(
     dec.profile = True
     prof = dec.generate(groups[0], new, eos)
     phases = dict(prof.phases.ms) if prof.phases else None
+    slots = max(res.cycles, 1) * batch
     return Measurement(setting, batch, decode_rate(res.new_tokens, rows, res.decode_s),
-                       res.mean_accept_length, phases)
+                       res.mean_accept_length, phases, 1e3 * res.decode_s / max(res.cycles, 1),
+                       sum(res.accept_hist) / slots)
 
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
@@ -152,17 +159,17 @@ def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
 
 def chain_acceptance(
     eng: Engine, prompts: list[list[int]], steps: int, new: int, eos: list[int]
-) -> Acceptance:
+) -> tuple[Acceptance, PromptMix]:
     """Conditional per-position acceptance from a deep chain run (position k counted only
-    where positions < k were accepted)."""
+    where positions < k were accepted): pooled over the prompts, and each prompt's own (each
+    decoded alone, so its counts are its own) for the static batches' idle rows. A prompt
+    that never reached a draft (done at its prefill) is left out of the mix."""
     dec = decoder(eng, SpecSetting(steps, 1, steps + 1))
-    reached = [0] * steps
-    accepted = [0] * steps
-    for i in range(0, len(prompts), eng.rt.max_batch):
-        res = dec.generate(prompts[i : i + eng.rt.max_batch], new, eos)
-        reached = [a + b for a, b in zip(reached, res.reached, strict=True)]
-        accepted = [a + b for a, b in zip(accepted, res.accepted, strict=True)]
-    return Acceptance.from_chain_counts(reached, accepted)
+    runs = [dec.generate([p], new, eos) for p in prompts]
+    reached = [sum(c) for c in zip(*(r.reached for r in runs), strict=True)]
+    accepted = [sum(c) for c in zip(*(r.accepted for r in runs), strict=True)]
+    own = [Acceptance.from_chain_counts(r.reached, r.accepted) for r in runs if r.reached[0]]
+    return Acceptance.from_chain_counts(reached, accepted), PromptMix(tuple(own))
 
 
 def cost_table(
