@@ -152,6 +152,9 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path):
     res = measure.decoder(eng, SpecSetting(2)).generate(prompts, 8, [])
     assert pooled == Acceptance.from_chain_counts(res.reached, res.accepted)
     assert len(mix.prompts) == 3
+    first = measure.decoder(eng, SpecSetting(2)).generate(prompts[:1], 1, []).tokens[0][0]
+    pooled, mix = measure.chain_acceptance(eng, prompts, 2, 8, [first])  # prompt 0: done at once
+    assert len(mix.prompts) == 3 and mix.prompts[0] == pooled  # the mix stays aligned
     m = measure.run_setting(eng, SpecSetting(2), prompts, 3, 8, [])
     assert m.cycle_ms is not None and m.cycle_ms > 0
     assert m.busy is not None and 0 < m.busy <= 1

@@ -238,8 +238,8 @@ class PromptMix:
     """Each prompt's own acceptance, for static batches: a batch runs until its slowest row is
     done, and rows that finish first idle in their slots (no refill). A row needs
     new_tokens / (its tokens per cycle) cycles, so a batch emits, per slot and cycle, its
-    slowest row's tokens per cycle (H200 tune run 4: idle rows took up to 45 % of the
-    batch-8 sweep's row slots)."""
+    slowest row's tokens per cycle (H200 tune run 4: idle rows took 42 % of the batch-8
+    sweep's row slots at chain 6)."""
 
     prompts: tuple[Acceptance, ...]
 

@@ -163,13 +163,16 @@ def chain_acceptance(
     """Conditional per-position acceptance from a deep chain run (position k counted only
     where positions < k were accepted): pooled over the prompts, and each prompt's own (each
     decoded alone, so its counts are its own) for the static batches' idle rows. A prompt
-    that never reached a draft (done at its prefill) is left out of the mix."""
+    that never reached a draft (done at its prefill) takes the pooled figures, so the mix
+    stays aligned with the sweep's batches."""
     dec = decoder(eng, SpecSetting(steps, 1, steps + 1))
     runs = [dec.generate([p], new, eos) for p in prompts]
     reached = [sum(c) for c in zip(*(r.reached for r in runs), strict=True)]
     accepted = [sum(c) for c in zip(*(r.accepted for r in runs), strict=True)]
-    own = [Acceptance.from_chain_counts(r.reached, r.accepted) for r in runs if r.reached[0]]
-    return Acceptance.from_chain_counts(reached, accepted), PromptMix(tuple(own))
+    pooled = Acceptance.from_chain_counts(reached, accepted)
+    own = [Acceptance.from_chain_counts(r.reached, r.accepted) if r.reached[0] else pooled
+           for r in runs]
+    return pooled, PromptMix(tuple(own))
 
 
 def cost_table(
