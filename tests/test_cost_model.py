@@ -248,6 +248,26 @@ def test_disagreement_from_acceptance_and_unprofiled_time() -> None:
     assert disagreement_cause(pred, slow).startswith("unprofiled: +4.55 ms")
 
 
+def test_tree_acceptance_from_counts_by_depth_and_rank() -> None:
+    """q is accepted over reached per rank; a row whose ratios overshoot 1 (a rarely verified
+    rank) is scaled back to a distribution; a depth whose rank 0 was never reached ends it;
+    chains keep their own figures, trees read the measured ones."""
+    acc = Acceptance.from_rank_counts([[10, 10], [8, 4], [0, 3]], [[6, 3], [4, 4], [0, 0]],
+                                      chain=(0.6, 0.5))
+    assert acc.chain == (0.6, 0.5)
+    assert acc.tree[0] == pytest.approx((0.6, 0.3))
+    assert acc.tree[1] == pytest.approx((1 / 3, 2 / 3))
+    assert len(acc.tree) == 2
+    assert acc.p(1) == 0.6 and acc.q(1, 1) == pytest.approx(0.3)
+    chain_only = Acceptance(chain=(0.6, 0.5))
+    tree = SpecSetting(2, 2, 4)
+    assert tokens_per_cycle(acc, tree) > tokens_per_cycle(chain_only, tree)
+    with pytest.raises(DraftsmithError, match="depth 1 accepted"):
+        Acceptance.from_rank_counts([[2, 2]], [[3, 0]])
+    with pytest.raises(DraftsmithError, match="never reached"):
+        Acceptance.from_rank_counts([[0, 0]], [[0, 0]])
+
+
 def test_a_static_batch_runs_at_its_slowest_rows_pace() -> None:
     """Two prompts that accept 3.0 and 1.5 tokens a cycle: alone, 2N tokens take N/3 + N/1.5
     cycles (a slot's tokens are their harmonic mean, 2); in one batch of two, N/1.5 cycles

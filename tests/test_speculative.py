@@ -15,6 +15,7 @@ from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.tree import RankCounts
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import default_aux_layers
 from draftsmith.models.config import ModelConfig
@@ -75,15 +76,31 @@ class Steered(Eagle3Drafter):
         self.index[torch.arange(vd, device=dev) + self.d2t] = torch.arange(vd, device=dev)
         return self
 
-    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None, at=None):
-        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask, at)
+    def wanted(self, tokens, positions, at) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the draft id of the target's next token, whether this position is steered)."""
         rows = self.row0 + torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         if at is not None:
             positions = positions.gather(1, at[:, None])
         want = self.index[self.seq[rows, (positions + 2).clamp(max=self.seq.shape[1] - 1)]]
         on = (((rows * 7919 + positions * 104729) % 97) < self.rate * 97) & (want >= 0)
+        return want, on
+
+    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None, at=None):
+        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask, at)
+        want, on = self.wanted(tokens, positions, at)
         bump = torch.nn.functional.one_hot(want.clamp(min=0), logits.shape[-1])
         return logits + 30.0 * self.sign * bump * on[..., None], h
+
+
+class Decoyed(Steered):
+    """Steered at every position, with a decoy ten logits above the target's token: the
+    target's token is always its parent's rank-1 child."""
+
+    def forward(self, tokens, hidden, positions, caches=None, slots=None, mask=None, at=None):
+        logits, h = super().forward(tokens, hidden, positions, caches, slots, mask, at)
+        want, on = self.wanted(tokens, positions, at)
+        decoy = torch.nn.functional.one_hot((want + 1) % logits.shape[-1], logits.shape[-1])
+        return logits + 40.0 * decoy * on[..., None], h
 
 
 def greedy_seq(rt: Runtime, prompts: list[list[int]], new: int) -> torch.Tensor:
@@ -154,6 +171,36 @@ def test_never_drafter_emits_one_token_per_cycle(setup, steps, topk, n):
     res = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS[:1], NEW, eos_ids=[])
     assert res.tokens == ref[:1]
     assert res.cycles == NEW - 1 and res.accept_hist[1] == NEW - 1 and sum(res.accepted) == 0
+
+
+def _rank_counted(dec: SpecDecoder, prompts: list) -> tuple[SpecResult, list, list]:
+    dec.rank_counts = counts = RankCounts(dec.steps, dec.topk, dec.device)
+    res = dec.generate(prompts, NEW, eos_ids=[])
+    return (res, *counts.counts())
+
+
+def test_rank_counts_name_the_sibling_each_cycle_accepted(setup):
+    """A decoy above the target's token makes every accepted node a rank-1 child: a
+    tree 3 deep, 2 wide, all 10 candidates verified, accepts depths 1 and 2 (rank 1 both) and
+    never depth 3 (the rank-1 path leaves the frontier). The oracle accepts rank 0 throughout.
+    Either way the counts add up to the engine's own accepted counts per depth."""
+    target, rt, ref, seq = setup
+    decoyed = make_drafter(target, 128, Decoyed).steer(seq, 1.0)
+    res, reached, accepted = _rank_counted(SpecDecoder(rt, decoyed, 3, 2, 11), PROMPTS)
+    assert res.tokens == ref
+    cycles = res.reached[0]
+    assert cycles > 0 and res.accepted == [cycles, cycles, 0]
+    assert accepted == [[0, cycles], [0, cycles], [0, 0]]
+    assert reached[:2] == [[cycles, cycles], [cycles, cycles]]
+    oracle = make_drafter(target, 128, Steered).steer(seq, 1.0)
+    res, reached, accepted = _rank_counted(SpecDecoder(rt, oracle, 4, 3, 8), PROMPTS)
+    assert [row[0] for row in accepted] == res.accepted == [row[0] for row in reached]
+    assert all(row[1:] == [0, 0] for row in accepted)
+    partial = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    res, reached, accepted = _rank_counted(SpecDecoder(rt, partial, 4, 4, 10), PROMPTS)
+    assert [sum(row) for row in accepted] == res.accepted and sum(res.accepted) > 0
+    assert all(a <= r for ra, rr in zip(accepted, reached, strict=True)
+               for a, r in zip(ra, rr, strict=True))
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])

@@ -156,6 +156,8 @@ class SpecDecoder:
         self.graphs = self.rt.graphs
         self.gkey = None if self.graphs is None else self.graphs.owner(self)
         self.ar = torch.arange(steps + 1, device=self.device)
+        # set by `tune`: a tree's accepted nodes counted by depth and sibling rank, every cycle
+        self.rank_counts: trees.RankCounts | None = None
         # sampling without top-k or top-p draws the target's tokens inside the accept, at a
         # temperature held as a tensor: every temperature shares the one compiled accept
         plain = not (params.greedy or self.drawn or params.top_k or params.top_p < 1)
@@ -254,12 +256,16 @@ class SpecDecoder:
     @torch.no_grad()  # the fused draft mutates caches inside a compiled graph: no autograd there
     def cycle(self, st: SpecState, prof=None) -> None:
         """One speculative cycle: draft, verify, accept, extend (each a graph on CUDA)."""
+        counts = self.rank_counts if st.tree is not None else None
+        active = None if counts is None else ~st.done
         if prof is not None:
             prof.start()
         for phase in PHASES:
             self._run(st, phase)
             if prof is not None:
                 prof.mark(phase)
+        if counts is not None:
+            counts.add(st.tree, st.n, st.ext_tok, active)
 
     def may_end_all(self, count: torch.Tensor, done: torch.Tensor, max_new: int) -> bool:
         """Whether the cycle after these output counts and done flags can bring every row still

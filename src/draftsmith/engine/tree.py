@@ -287,6 +287,44 @@ class TreeDraft:
         self.fns = (root if TREE_TOPK != "max" else greedy_children, grow, pick)
 
 
+class RankCounts:
+    """Tree acceptance by depth and sibling rank, counted after each cycle from the state's
+    buffers (eager ops between the cycle's graphs; off the timed path, for `tune`).
+
+    reached[d-1][r]: row-cycles whose verified tree held the rank-r child of the accepted
+    depth-(d-1) node; accepted[d-1][r]: of those, the cycles that accepted it. Siblings are
+    verified in rank order and a kept child's better siblings are kept too (they score higher),
+    so a node's rank is the number of verified siblings before it."""
+
+    def __init__(self, steps: int, topk: int, device: torch.device) -> None:
+        self.steps, self.topk = steps, topk
+        self.reached = torch.zeros(steps * topk, dtype=torch.long, device=device)
+        self.accepted = torch.zeros_like(self.reached)
+
+    def add(self, t: TreeDraft, n: torch.Tensor, emitted: torch.Tensor,
+            active: torch.Tensor) -> None:
+        """One cycle: n accepted drafts a row, emitted[:, d-1] the token accepted at depth d
+        (d <= n), active the rows that decoded in it."""
+        parent, depth, tok = t.node_parent, t.node_depth, t.node_tok
+        idx = torch.arange(parent.shape[1], device=parent.device)
+        before = (idx[None, :] < idx[:, None]) & (idx[None, :] >= 1)  # [j, i]: i before j
+        rank = ((parent[:, :, None] == parent[:, None, :]) & before).sum(-1)
+        on = (idx == 0).expand_as(parent)  # on the accepted path: the root, then by depth
+        for d in range(1, self.steps + 1):
+            at = (depth == d) & (tok == emitted[:, d - 1 : d]) & (n[:, None] >= d)
+            on = on | (at & on.gather(1, parent))
+        real = (idx[None, :] >= 1) & active[:, None]
+        slot = ((depth - 1).clamp(min=0) * self.topk + rank.clamp(max=self.topk - 1))
+        for total, hit in ((self.reached, real & on.gather(1, parent)), (self.accepted, real & on)):
+            total.scatter_add_(0, slot[hit], torch.ones_like(slot[hit]))
+
+    def counts(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(reached, accepted) as [depth][rank] lists."""
+        def rows(x: torch.Tensor) -> list[list[int]]:
+            return x.view(self.steps, self.topk).tolist()
+        return rows(self.reached), rows(self.accepted)
+
+
 def first_front(ids: torch.Tensor, tok: torch.Tensor, score: torch.Tensor, hidden: torch.Tensor,
                 own0: torch.Tensor, ar_k: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
     """The root's children as a candidate block (draft, tok, score, parent) and as the first

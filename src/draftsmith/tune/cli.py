@@ -151,6 +151,9 @@ def run_tune(
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     console.print("measuring acceptance (chain of", max_steps, "steps) ...")
     acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
+    if max_topk > 1:
+        console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
+        acc = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc)
     console.print("measuring costs ...")
     probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids[:b], b, 32, eos)
              for b in batches}  # the phases alone: one batch of prompts

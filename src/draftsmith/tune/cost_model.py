@@ -119,7 +119,8 @@ class Acceptance:
     ranks by the drafter's own score, so sum over r <= 1 (siblings exclude each other).
     Beyond the measured depth the last measured value is reused (Prediction.extrapolated
     says so); a rank not measured counts as never accepted. Without tree data, rank 0 uses
-    the chain value and other ranks 0, so trees can only tie with chains.
+    the chain value and other ranks 0, so trees can only tie with chains (`tune` measures
+    both: `from_rank_counts`).
     """
 
     chain: tuple[float, ...] = ()
@@ -183,6 +184,29 @@ class Acceptance:
         depth = len(_ratio(totals, reached, "tree counts"))
         rows = tuple(tuple(a / reached[d] for a in accepted[d]) for d in range(depth))
         return cls(tree=rows)
+
+    @classmethod
+    def from_rank_counts(
+        cls, reached: Sequence[Sequence[int]], accepted: Sequence[Sequence[int]],
+        chain: Sequence[float] = (),
+    ) -> Acceptance:
+        """From a tree run's counts by depth and sibling rank: reached[d-1][r], cycles whose
+        tree verified the rank-r child of the accepted depth-(d-1) node; accepted[d-1][r], of
+        those, cycles that accepted it. q is their ratio (0 where never reached), a row scaled
+        to sum to 1 at most (a rarely verified rank's own ratio can overshoot); depths from the
+        first whose rank 0 was never reached are left out. chain: the chain's own figures."""
+        rows = []
+        for d, (got, seen) in enumerate(zip(accepted, reached, strict=True), start=1):
+            if len(got) != len(seen) or any(a < 0 or a > r for a, r in zip(got, seen,
+                                                                               strict=True)):
+                raise CostModelError(f"rank counts: depth {d} accepted {got} of reached {seen}")
+            if not seen or seen[0] == 0:
+                break
+            q = [a / r if r else 0.0 for a, r in zip(got, seen, strict=True)]
+            rows.append(tuple(x / max(1.0, math.fsum(q)) for x in q))
+        if not rows:
+            raise CostModelError("rank counts: depth 1 was never reached, nothing was measured")
+        return cls(chain=tuple(chain), tree=tuple(rows))
 
     def to_dict(self) -> dict[str, list]:
         return {"chain": list(self.chain), "tree": [list(row) for row in self.tree]}

@@ -19,6 +19,7 @@ from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
+from draftsmith.engine.tree import RankCounts
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.tune.cost_model import (
     Acceptance,
@@ -27,6 +28,7 @@ from draftsmith.tune.cost_model import (
     PromptMix,
     SpecSetting,
     batch_groups,
+    tree_capacity,
 )
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16)
@@ -173,6 +175,21 @@ def chain_acceptance(
     own = [Acceptance.from_chain_counts(r.reached, r.accepted) if r.reached[0] else pooled
            for r in runs]
     return pooled, PromptMix(tuple(own))
+
+
+def tree_acceptance(
+    eng: Engine, prompts: list[list[int]], steps: int, topk: int, new: int, eos: list[int],
+    chain: Acceptance,
+) -> Acceptance:
+    """The chain's figures plus a tree's by depth and sibling rank (`RankCounts`), from one
+    run of a wide tree (steps deep, topk wide, up to 32 verified tokens) over the prompts, in
+    batches of the runtime's largest."""
+    tokens = min(tree_capacity(steps, topk), 32)
+    dec = decoder(eng, SpecSetting(steps, topk, tokens))
+    dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
+    for i in range(0, len(prompts), eng.rt.max_batch):
+        dec.generate(prompts[i : i + eng.rt.max_batch], new, eos)
+    return Acceptance.from_rank_counts(*counts.counts(), chain=chain.chain)
 
 
 def cost_table(
