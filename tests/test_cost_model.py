@@ -248,6 +248,16 @@ def test_disagreement_from_acceptance_and_unprofiled_time() -> None:
     assert disagreement_cause(pred, slow).startswith("unprofiled: +4.55 ms")
 
 
+def test_a_trees_extend_is_priced_at_its_accepted_path() -> None:
+    """The drafter re-extends over steps + 1 tokens whatever the tree verified (the engine's
+    extend width), so a 32-token tree of 3 steps pays a 4-token extend, not a 32-token one."""
+    costs = CostTable(verify={1: {1: 5.0, 32: 20.0}}, draft_step={1: {1: 0.3, 4: 0.5}},
+                      extend={1: {2: 1.0, 8: 4.0}})
+    pred = predict(costs, Acceptance.constant(0.5), SpecSetting(3, 4, 32), 1)
+    assert pred.phases["extend"] == pytest.approx(2.0)
+    assert SpecSetting(3, 4, 24) in candidate_grid(3, (4,))
+
+
 def test_tree_acceptance_from_counts_by_depth_and_rank() -> None:
     """q is accepted over reached per rank; a row whose ratios overshoot 1 (a rarely verified
     rank) is scaled back to a distribution; a depth whose rank 0 was never reached ends it;

@@ -33,8 +33,11 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     folder, prompts = _tiny_pair(tmp_path)
     out = tmp_path / "tune"
     report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 4, 1, "cpu",
-                      torch.float32, False, out, max_topk=2)
+                      torch.float32, False, out, max_topk=2, max_draft=5)
     recs = report["recommendations"]
+    drafts = [int(r["setting"].split(", ")[2].split()[0]) for r in report["rows"]
+              if r["setting"] != "no speculation"]
+    assert max(drafts) <= 5 and max(report["costs"]["verify"][1]) == 5
     assert [r["batch"] for r in recs] == [1, 2]
     for r in recs:
         assert r["tokens_per_s"] > 0 and r["best_measured_tok_s"] is not None
@@ -210,6 +213,6 @@ def test_tune_refuses_an_nccl_sweep_without_tp(tmp_path):
 def test_tune_refuses_bad_step_and_topk_limits_before_loading(tmp_path):
     from draftsmith.errors import DraftsmithError
 
-    for flag in ("--max-steps", "--max-topk"):
+    for flag in ("--max-steps", "--max-topk", "--max-draft-tokens"):
         res = invoke_tune("--drafter", str(tmp_path / "none"), flag, "0")
         assert isinstance(res.exception, DraftsmithError) and flag in str(res.exception)

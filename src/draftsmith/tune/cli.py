@@ -27,6 +27,8 @@ def tune(
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes"),
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
     max_topk: int = typer.Option(8, "--max-topk", help="Widest tree to consider (1 = chains)"),
+    max_draft_tokens: int = typer.Option(32, "--max-draft-tokens",
+                                         help="Most tokens a tree may verify (the root counted)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature", help="Tune for sampled decoding at "
                                       "this temperature (0: greedy); baselines sample alike"),
@@ -50,6 +52,8 @@ def tune(
     if max_steps < 1 or max_topk < 1:
         raise DraftsmithError(f"--max-steps and --max-topk must be >= 1, got {max_steps} and "
                               f"{max_topk}")
+    if max_draft_tokens < 2:
+        raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
     from draftsmith.engine.sampling import SamplingParams
@@ -58,7 +62,7 @@ def tune(
     dev, dt = device_dtype(device, dtype)
     batches = sorted(int_list(batch_sizes, "--batch-sizes"))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
-            out, max_topk, params, seed)
+            out, max_topk, params, seed, max_draft_tokens)
     if tp == 1:
         report = run_tune(*args)
     else:
@@ -113,6 +117,7 @@ def run_tune(
     max_topk: int = 8,
     params: SamplingParams | None = None,
     seed: int = 0,
+    max_draft: int = 32,
     tp=None,
 ) -> dict:
     import torch
@@ -153,23 +158,25 @@ def run_tune(
     acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
     if max_topk > 1:
         console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
-        acc = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc)
+        acc = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc,
+                                      max(32, max_draft))
     console.print("measuring costs ...")
     probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids[:b], b, 32, eos)
              for b in batches}  # the phases alone: one batch of prompts
     overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
-    costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps)
+    costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps, max_draft)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
         costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
     preds, meas = [], []
-    grid = [s for s in candidate_grid(max_steps) if s.topk <= max_topk and s.num_draft_tokens <= 16]
+    grid = [s for s in candidate_grid(max_steps)
+            if s.topk <= max_topk and s.num_draft_tokens <= max_draft]
     for b in batches:
         ranked = rank_settings(costs, acc, b, grid, mix)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
         for s in plan:
-            if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > 16:
+            if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > max_draft:
                 continue
             console.print(f"batch {b}: {s}")
             meas.append(measure.run_setting(eng, s, ids, b, new, eos))

@@ -16,7 +16,7 @@ import numpy as np
 from draftsmith.errors import DraftsmithError
 
 TOPKS = (1, 2, 4, 8)
-DRAFT_TOKENS = (4, 8, 16, 32, 64)
+DRAFT_TOKENS = (4, 8, 16, 24, 32, 64)
 MAX_STEPS = 10
 
 
@@ -346,9 +346,9 @@ class CostTable:
     """Measured milliseconds per cycle, keyed by batch size.
 
     verify: batch -> {tokens verified per request: ms}; draft_step: batch -> {topk: ms per
-    step}; extend: batch -> {num_draft_tokens: ms of the drafter's re-extend}; overhead:
-    batch -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode step
-    (defaults to verify of 1 token). Values between measured points are interpolated.
+    step}; extend: batch -> {tokens re-extended (a setting's steps + 1, tree or chain): ms};
+    overhead: batch -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode
+    step (defaults to verify of 1 token). Values between measured points are interpolated.
     """
 
     verify: Mapping[int, Mapping[int, float]]
@@ -428,7 +428,7 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
     return {
         "draft": setting.steps * costs.draft_step_ms(batch, setting.topk),
         "verify": costs.verify_ms(batch, n),
-        "extend": costs.extend_ms(batch, n),
+        "extend": costs.extend_ms(batch, setting.steps + 1),  # the accepted path, any shape
         "overhead": costs.overhead_ms(batch),
     }
 

@@ -31,7 +31,7 @@ from draftsmith.tune.cost_model import (
     tree_capacity,
 )
 
-VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16)
+VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32)
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, iters: int | None = None) -> float:
@@ -179,12 +179,12 @@ def chain_acceptance(
 
 def tree_acceptance(
     eng: Engine, prompts: list[list[int]], steps: int, topk: int, new: int, eos: list[int],
-    chain: Acceptance,
+    chain: Acceptance, tokens: int = 32,
 ) -> Acceptance:
     """The chain's figures plus a tree's by depth and sibling rank (`RankCounts`), from one
-    run of a wide tree (steps deep, topk wide, up to 32 verified tokens) over the prompts, in
+    run of a wide tree (steps deep, topk wide, up to `tokens` verified) over the prompts, in
     batches of the runtime's largest."""
-    tokens = min(tree_capacity(steps, topk), 32)
+    tokens = min(tree_capacity(steps, topk), tokens)
     dec = decoder(eng, SpecSetting(steps, topk, tokens))
     dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
     for i in range(0, len(prompts), eng.rt.max_batch):
@@ -199,10 +199,11 @@ def cost_table(
     max_topk: int,
     overhead: dict,
     max_steps: int = 10,
+    max_draft: int = 16,
 ) -> CostTable:
     topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
     qs = sorted(set(topks) | set(range(2, max_steps + 2)))
-    widest = max_steps + 1 if max_topk == 1 else 16
+    widest = max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
     drafts = drafter_costs(eng, batches, qs)
     return CostTable(
         verify=verify_costs(eng, batches, widest),
