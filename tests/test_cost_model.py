@@ -248,6 +248,22 @@ def test_disagreement_from_acceptance_and_unprofiled_time() -> None:
     assert disagreement_cause(pred, slow).startswith("unprofiled: +4.55 ms")
 
 
+def test_the_draft_phase_is_its_first_step_then_the_rest() -> None:
+    """With the engine's own draft phase timed (a first step that reads the root from the
+    extend, then full steps), a draft of s steps costs first + (s - 1) x step; without it,
+    s x step as before. A JSON round trip keeps the first steps."""
+    costs = CostTable(verify={1: {1: 5.0, 16: 9.0}}, draft_step={1: {1: 0.2, 4: 0.3}},
+                      draft_first={1: {1: 0.05, 4: 0.2}})
+    assert predict(costs, Acceptance.constant(0.5), SpecSetting(5), 1).phases["draft"] == (
+        pytest.approx(0.05 + 4 * 0.2))
+    tree = predict(costs, Acceptance.constant(0.5), SpecSetting(5, 4, 16), 1)
+    assert tree.phases["draft"] == pytest.approx(0.2 + 4 * 0.3)
+    assert costs.draft_ms(1, 2, 3) == pytest.approx(0.1 + 2 * (0.2 + 0.1 / 3))  # topk between
+    plain = CostTable(verify=costs.verify, draft_step=costs.draft_step)
+    assert plain.draft_ms(1, 4, 5) == pytest.approx(1.5)
+    assert CostTable.from_dict(json.loads(json.dumps(costs.to_dict()))) == costs
+
+
 def test_a_trees_extend_is_priced_at_its_accepted_path() -> None:
     """The drafter re-extends over steps + 1 tokens whatever the tree verified (the engine's
     extend width), so a 32-token tree of 3 steps pays a 4-token extend, not a 32-token one."""

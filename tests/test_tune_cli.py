@@ -49,6 +49,9 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert all(0 < r["measured_busy"] <= 1 and 0 < r["predicted_busy"] <= 1 for r in spec
                if r["predicted_phases_ms"])
     assert any(r["predicted_phases_ms"] for r in spec)
+    first, step = report["costs"]["draft_first"], report["costs"]["draft_step"]
+    assert set(first) == set(step) == {1, 2} and all(set(first[b]) == {1, 2} for b in first)
+    assert all(ms >= 0 for b in step for ms in [*step[b].values(), *first[b].values()])
     tree = report["acceptance"]["tree"]  # --max-topk 2: measured by depth and rank
     assert tree and all(len(row) == 2 and sum(row) <= 1 + 1e-9 for row in tree)
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(

@@ -346,9 +346,11 @@ class CostTable:
     """Measured milliseconds per cycle, keyed by batch size.
 
     verify: batch -> {tokens verified per request: ms}; draft_step: batch -> {topk: ms per
-    step}; extend: batch -> {tokens re-extended (a setting's steps + 1, tree or chain): ms};
-    overhead: batch -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode
-    step (defaults to verify of 1 token). Values between measured points are interpolated.
+    step}; draft_first: batch -> {topk: ms of the first step} (the root's children, from the
+    extend's output: cheaper than a step; without it every step costs draft_step); extend:
+    batch -> {tokens re-extended (a setting's steps + 1, tree or chain): ms}; overhead: batch
+    -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode step (defaults to
+    verify of 1 token). Values between measured points are interpolated.
     """
 
     verify: Mapping[int, Mapping[int, float]]
@@ -356,9 +358,10 @@ class CostTable:
     extend: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     overhead: Mapping[int, float] = field(default_factory=dict)
     decode: Mapping[int, float] = field(default_factory=dict)
+    draft_first: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("verify", "draft_step", "extend"):
+        for name in ("verify", "draft_step", "extend", "draft_first"):
             object.__setattr__(self, name, _table(getattr(self, name), name))
         for name in ("overhead", "decode"):
             object.__setattr__(self, name, _row(getattr(self, name), name))
@@ -375,6 +378,13 @@ class CostTable:
 
     def draft_step_ms(self, batch: int, topk: int) -> float:
         return self._lookup(self.draft_step, batch, topk, "draft_step")
+
+    def draft_ms(self, batch: int, topk: int, steps: int) -> float:
+        """The draft phase of `steps` steps: the first step, then steps - 1 more."""
+        step = self.draft_step_ms(batch, topk)
+        if not self.draft_first:
+            return steps * step
+        return self._lookup(self.draft_first, batch, topk, "draft_first") + (steps - 1) * step
 
     def extend_ms(self, batch: int, n_tokens: int) -> float:
         return self._lookup(self.extend, batch, n_tokens, "extend") if self.extend else 0.0
@@ -426,7 +436,7 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
         return {"decode": costs.decode_ms(batch)}
     n = setting.num_draft_tokens
     return {
-        "draft": setting.steps * costs.draft_step_ms(batch, setting.topk),
+        "draft": costs.draft_ms(batch, setting.topk, setting.steps),
         "verify": costs.verify_ms(batch, n),
         "extend": costs.extend_ms(batch, setting.steps + 1),  # the accepted path, any shape
         "overhead": costs.overhead_ms(batch),

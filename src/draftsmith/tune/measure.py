@@ -192,6 +192,33 @@ def tree_acceptance(
     return Acceptance.from_rank_counts(*counts.counts(), chain=chain.chain)
 
 
+def draft_phase_costs(
+    eng: Engine, batches: list[int], prompts: list[list[int]], topks: list[int],
+    shallow: int = 2, deep: int = 4,
+) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+    """(first step, each further step) of the engine's own draft phase, in ms, per batch and
+    topk: the profiled draft of a shallow and a deep setting, a line through the two. A tree's
+    step is its drafter forward plus its top-k and frontier bookkeeping; a chain's first step
+    reads the root from the extend's output (H200 tune run 6: 0.03 ms, where a drafter
+    forward takes 0.16; a 4-wide tree's step 0.30)."""
+    first: dict[int, dict[int, float]] = {}
+    step: dict[int, dict[int, float]] = {}
+    for b in batches:
+        first[b], step[b] = {}, {}
+        for k in topks:
+            lo, hi = (_probe_draft(eng, SpecSetting(s, k, s + 1 if k == 1 else
+                                                    min(tree_capacity(s, k), 8)), prompts, b)
+                      for s in (shallow, deep))
+            step[b][k] = max(0.0, (hi - lo) / (deep - shallow))
+            first[b][k] = max(0.0, lo - (shallow - 1) * step[b][k])
+    return first, step
+
+
+def _probe_draft(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int) -> float:
+    m = run_setting(eng, s, [prompts[i % len(prompts)] for i in range(b)], b, 32, [])
+    return (m.phases or {}).get("draft", 0.0)
+
+
 def cost_table(
     eng: Engine,
     batches: list[int],
@@ -205,9 +232,11 @@ def cost_table(
     qs = sorted(set(topks) | set(range(2, max_steps + 2)))
     widest = max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
     drafts = drafter_costs(eng, batches, qs)
+    first, step = draft_phase_costs(eng, batches, prompts, topks)
     return CostTable(
         verify=verify_costs(eng, batches, widest),
-        draft_step={b: {k: row[k] for k in topks} for b, row in drafts.items()},
+        draft_step=step,
+        draft_first=first,
         extend={b: {n: row[n] for n in row if n >= 2} for b, row in drafts.items()},
         overhead=overhead,
         decode=decode_costs(eng, batches, prompts),
