@@ -229,7 +229,7 @@ def cost_table(
     max_draft: int = 16,
 ) -> CostTable:
     topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
-    qs = sorted(set(topks) | set(range(2, max_steps + 2)))
+    qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
     widest = max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
     drafts = drafter_costs(eng, batches, qs)
     first, step = draft_phase_costs(eng, batches, prompts, topks)
