@@ -140,7 +140,7 @@ def test_a_setting_is_measured_over_every_prompt(tmp_path, monkeypatch):
     assert [rows for _, rows, _ in seen[1:]] == [[p] for p in prompts]  # after the warm-up
 
 
-def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path):
+def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
     """Each prompt decoded alone gives its own acceptance (the mix the batches' idle rows are
     predicted from); their counts pooled equal one greedy batch's, as they must; a setting's
     measurement carries the engine's cycle time and the share of row slots that decoded."""
@@ -163,6 +163,14 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path):
     first = measure.decoder(eng, SpecSetting(2)).generate(prompts[:1], 1, []).tokens[0][0]
     pooled, mix = measure.chain_acceptance(eng, prompts, 2, 8, [first])  # prompt 0: done at once
     assert len(mix.prompts) == 3 and mix.prompts[0] == pooled  # the mix stays aligned
+    tree = measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled)
+    assert tree.chain == pooled.chain and tree.tree  # a random drafter: depth 1 at least
+    from draftsmith.engine import speculative
+    from draftsmith.engine.sampling import SamplingParams
+
+    eng.params = SamplingParams(0.8)
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")  # siblings may repeat a token
+    assert measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled) == pooled
     m = measure.run_setting(eng, SpecSetting(2), prompts, 3, 8, [])
     assert m.cycle_ms is not None and m.cycle_ms > 0
     assert m.busy is not None and 0 < m.busy <= 1

@@ -183,9 +183,13 @@ def tree_acceptance(
 ) -> Acceptance:
     """The chain's figures plus a tree's by depth and sibling rank (`RankCounts`), from one
     run of a wide tree (steps deep, topk wide, up to `tokens` verified) over the prompts, in
-    batches of the runtime's largest."""
+    batches of the runtime's largest. Drafts drawn from the drafter (sampling under
+    DRAFTSMITH_SAMPLED_DRAFTS=drawn) may repeat a token among siblings, so the accepted node is
+    not known from its token: then the chain's figures alone."""
     tokens = min(tree_capacity(steps, topk), tokens)
     dec = decoder(eng, SpecSetting(steps, topk, tokens))
+    if dec.drawn:
+        return chain
     dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
     for i in range(0, len(prompts), eng.rt.max_batch):
         dec.generate(prompts[i : i + eng.rt.max_batch], new, eos)
