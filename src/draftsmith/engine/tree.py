@@ -315,7 +315,8 @@ class RankCounts:
             on = on | (at & on.gather(1, parent))
         real = (idx[None, :] >= 1) & active[:, None]
         slot = ((depth - 1).clamp(min=0) * self.topk + rank.clamp(max=self.topk - 1))
-        for total, hit in ((self.reached, real & on.gather(1, parent)), (self.accepted, real & on)):
+        reached = real & on.gather(1, parent)  # the parent was accepted
+        for total, hit in ((self.reached, reached), (self.accepted, reached & on)):
             total.scatter_add_(0, slot[hit], torch.ones_like(slot[hit]))
 
     def counts(self) -> tuple[list[list[int]], list[list[int]]]:
