@@ -25,12 +25,12 @@ rt = Runtime(model, 1, max_seq + 40)
 drt = DrafterRuntime(drafter, 1, max_seq + 40 + 64 * 7, False)
 eng = measure.Engine(rt, drt, drafter)
 start = time.time()
-first, step = measure.draft_phase_costs(eng, [1], ids, [1, 2, 4])
+first, step, _ = measure.draft_phase_costs(eng, [1], ids, [1, 2, 4])
 forward = measure.drafter_costs(eng, [1], [1, 2, 4])[1]
 for k in (1, 2, 4):
     for s in (3, 5, 6):
         n = s + 1 if k == 1 else min(tree_capacity(s, k), 16)
-        got = measure._probe_draft(eng, SpecSetting(s, k, n), ids, 1)
+        got = measure.probe_phases(eng, SpecSetting(s, k, n), ids, 1).get("draft", 0.0)
         new = first[1][k] + (s - 1) * step[1][k]
         print(json.dumps({"topk": k, "steps": s, "measured_ms": round(got, 2),
                           "old_price_ms": round(s * forward[k], 2), "new_price_ms": round(new, 2),

@@ -161,10 +161,7 @@ def run_tune(
         acc = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc,
                                       max(32, max_draft))
     console.print("measuring costs ...")
-    probe = {b: measure.run_setting(eng, SpecSetting(2, 1, 3), ids[:b], b, 32, eos)
-             for b in batches}  # the phases alone: one batch of prompts
-    overhead = {b: (m.phases or {}).get("accept", 0.0) for b, m in probe.items()}
-    costs = measure.cost_table(eng, batches, ids, max_topk, overhead, max_steps, max_draft)
+    costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
         costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
     preds, meas = [], []

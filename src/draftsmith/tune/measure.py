@@ -199,28 +199,33 @@ def tree_acceptance(
 def draft_phase_costs(
     eng: Engine, batches: list[int], prompts: list[list[int]], topks: list[int],
     shallow: int = 2, deep: int = 4,
-) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]], dict[int, float]]:
     """(first step, each further step) of the engine's own draft phase, in ms, per batch and
     topk: the profiled draft of a shallow and a deep setting, a line through the two. A tree's
     step is its drafter forward plus its top-k and frontier bookkeeping; a chain's first step
     reads the root from the extend's output (H200 tune run 6: 0.03 ms, where a drafter
-    forward takes 0.16; a 4-wide tree's step 0.30)."""
+    forward takes 0.16; a 4-wide tree's step 0.30). Third, per batch: the bookkeeping of a
+    cycle, the shallow chain's accept phase."""
     first: dict[int, dict[int, float]] = {}
     step: dict[int, dict[int, float]] = {}
+    overhead: dict[int, float] = {}
     for b in batches:
         first[b], step[b] = {}, {}
         for k in topks:
-            lo, hi = (_probe_draft(eng, SpecSetting(s, k, s + 1 if k == 1 else
+            lo, hi = (probe_phases(eng, SpecSetting(s, k, s + 1 if k == 1 else
                                                     min(tree_capacity(s, k), 8)), prompts, b)
                       for s in (shallow, deep))
-            step[b][k] = max(0.0, (hi - lo) / (deep - shallow))
-            first[b][k] = max(0.0, lo - (shallow - 1) * step[b][k])
-    return first, step
+            step[b][k] = max(0.0, (hi.get("draft", 0.0) - lo.get("draft", 0.0)) / (deep - shallow))
+            first[b][k] = max(0.0, lo.get("draft", 0.0) - (shallow - 1) * step[b][k])
+            if k == 1:
+                overhead[b] = lo.get("accept", 0.0)
+    return first, step, overhead
 
 
-def _probe_draft(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int) -> float:
-    m = run_setting(eng, s, [prompts[i % len(prompts)] for i in range(b)], b, 32, [])
-    return (m.phases or {}).get("draft", 0.0)
+def probe_phases(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int) -> dict:
+    """The profiled phases (ms per cycle) of one batch of the prompts, 32 new tokens, rows of
+    fixed length."""
+    return dict(run_setting(eng, s, prompts[:b], b, 32, []).phases or {})
 
 
 def cost_table(
@@ -228,7 +233,6 @@ def cost_table(
     batches: list[int],
     prompts: list[list[int]],
     max_topk: int,
-    overhead: dict,
     max_steps: int = 10,
     max_draft: int = 16,
 ) -> CostTable:
@@ -236,7 +240,7 @@ def cost_table(
     qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
     widest = max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
     drafts = drafter_costs(eng, batches, qs)
-    first, step = draft_phase_costs(eng, batches, prompts, topks)
+    first, step, overhead = draft_phase_costs(eng, batches, prompts, topks)
     return CostTable(
         verify=verify_costs(eng, batches, widest),
         draft_step=step,
