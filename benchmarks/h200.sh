@@ -19,6 +19,7 @@
 #                                     # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
+#   bash benchmarks/h200.sh specrefill # spec_refill_bench.py: bench static vs --refill (DRAFTER)
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
 #                                     # (env N, EPOCHS, TRAIN_BATCH, OPENINGS=builtin|mixed, BUDGET,
@@ -214,6 +215,16 @@ refill)
     timeout "${LIMIT:-400}" python3 benchmarks/refill_bench.py --device cuda --batch 64 \
         --new 256 --rounds 2 --humaneval 164 --n 512 --out "$OUT/refill.json" 2>&1 | tee "$OUT/refill_log.txt"
     ;;
+specrefill)
+    # spec_refill_bench.py: `bench` static vs --refill, baseline and speculative, one process;
+    # DRAFTER a restored drafter (first: KEPT=/tmp/kept DRAFTER=runs/kept/drafter
+    # STAGES=restore bash benchmarks/h200.sh suite, in the same call)
+    timeout "${LIMIT:-500}" python3 benchmarks/spec_refill_bench.py \
+        --drafter "${DRAFTER:-runs/kept/drafter}" --device cuda --batch-size "${BATCHES:-8,32}" \
+        --num-prompts "${PROMPTS:-64}" --steps "${STEPS:-3}" --topk 1,4 \
+        --num-draft-tokens "${TREE_TOKENS:-24}" --max-new-tokens "${NEW:-256}" \
+        --out "$OUT/spec_refill" 2>&1 | tee "$OUT/spec_refill_log.txt"
+    ;;
 tp)
     timeout "${LIMIT:-560}" python3 benchmarks/tp_bench.py --out "$OUT/tp" 2>&1 \
         | tee "$OUT/tp_log.txt"
@@ -344,6 +355,6 @@ respec)
     tar czf "$OUT/respec.tgz" -C "$(dirname "$R")" "$(basename "$R")"
     ;;
 *)
-    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|kernels|enginetests|probe|tp|refill|bigrun|respec"; exit 2
+    echo "usage: benchmarks/h200.sh demo|gen|train|suite|baseline|trainbench|kernels|enginetests|probe|tp|refill|specrefill|bigrun|respec"; exit 2
     ;;
 esac

@@ -325,3 +325,22 @@ def test_autotune_split_names_the_kernel_whose_pick_separates_fast_from_slow(tmp
     out = capsys.readouterr().out
     assert "triton_per_attn_4" in out and "triton_poi_copy_9" not in out
     assert mod.main(["split", str(paths[0])]) == 2  # no "--": the usage
+
+
+def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_dir, drafter_dir,
+                                                                    tmp_path):
+    args = ("--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--suite", "chat",
+            "--num-prompts", "5", "--steps", "2", "--topk", "1,2", "--num-draft-tokens", "4",
+            "--batch-size", "2", "--max-new-tokens", "6", "--device", "cpu")
+    static = invoke(*args, "--out", str(tmp_path / "s"))
+    refill = invoke(*args, "--refill", "--out", str(tmp_path / "r"))
+    assert static.exit_code == 0 and refill.exit_code == 0, refill.output
+    rows = {k: json.loads(r.stdout.strip().splitlines()[-1])["results"]
+            for k, r in (("static", static), ("refill", refill))}
+    assert [r["setting"] for r in rows["refill"]] == ["baseline", "chain 2", "tree 2/2/4"]
+    for s, r in zip(rows["static"], rows["refill"], strict=True):
+        assert r["new_tokens"] == s["new_tokens"]  # the same prompts, the same greedy answers
+        if r["setting"] != "baseline":
+            assert r["refill"] and r["phases"] is None
+            assert r["agreement"]["identical"] == r["agreement"]["prompts"] == 6  # 3 full batches
+    assert (tmp_path / "r" / "bench.png").stat().st_size > 10_000

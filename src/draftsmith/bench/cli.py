@@ -33,6 +33,9 @@ def bench(
                                  help="phase profiler (also DRAFTSMITH_PROFILE=1)"),
     out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),
     seed: int = typer.Option(0),
+    refill: bool = typer.Option(False, "--refill",
+                                help="a finished row takes the next prompt (baseline and "
+                                     "speculative alike); tokens/s over wall time"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
@@ -50,7 +53,7 @@ def bench(
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
         params=SamplingParams(temperature, top_p, top_k), device=dev,
         dtype=dt, profile=True if profile else None,
-        seed=seed, compile=compile,
+        seed=seed, compile=compile, refill=refill,
     )
     console = Console(stderr=True)
     report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))

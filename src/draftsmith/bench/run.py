@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from draftsmith.bench.suites import fill_batches, suite_label, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import run_generation
+from draftsmith.engine.generate import run_generation, sync
 from draftsmith.engine.profiler import PhaseSummary
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
@@ -48,6 +49,9 @@ class BenchConfig:
     profile: bool | None = None
     seed: int = 0
     compile: bool = False  # torch.compile the target's layers: baseline and verify alike
+    # rows refilled: a finished row takes the next prompt (engine/refill.py, spec_refill.py),
+    # baseline and speculative alike; tokens/s is then wall time, prefills included
+    refill: bool = False
 
     def settings(self) -> list[Setting]:
         out: list[Setting] = []
@@ -91,11 +95,13 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         for b in sorted(cfg.batch_sizes, reverse=True):
             batches = fill_batches(prompts, b)
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
-            base, base_tokens = _baseline(rt, batches, cfg, eos)
+            run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
+                _baseline, _speculative)
+            base, base_tokens = run_base(rt, batches, cfg, eos)
             rows.append({"suite": name, "batch": b, "setting": "baseline", **base})
             for s in settings:
                 log(f"{name}: batch {b}, {setting_name(s)}")
-                row, tokens = _speculative(rt, drt, s, batches, cfg, eos)
+                row, tokens = run_spec(rt, drt, s, batches, cfg, eos)
                 row["speedup"] = row["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)
                 row["decode_speedup"] = (row["decode_tokens_per_s"]
                                          / max(base["decode_tokens_per_s"], 1e-9))
@@ -159,6 +165,36 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
         "position_rates": m.position_rates,
         "phases": merge_phases([r.phases for r in results], m.mean_accept_length, steps),
+    }
+    return row, m.tokens
+
+
+def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
+    from draftsmith.engine.refill import generate_refill
+
+    flat, rows = [p for b in batches for p in b], len(batches[0])
+    generate_refill(rt, flat[: 2 * rows], min(8, cfg.max_new_tokens), cfg.params, eos, rows)
+    sync(rt)
+    t0 = time.perf_counter()
+    tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows)
+    sync(rt)
+    secs = time.perf_counter() - t0
+    return _speed(sum(map(len, tokens)), secs, secs), tokens
+
+
+def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
+    from draftsmith.engine.spec_refill import generate_refill, warm_refill
+
+    steps, topk, n = s
+    flat, rows = [p for b in batches for p in b], len(batches[0])
+    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
+    warm_refill(dec, flat, rows)
+    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows)
+    row: dict[str, Any] = {
+        **_speed(m.new_tokens, m.decode_s, m.decode_s),
+        "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
+        "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
+        "position_rates": m.position_rates, "phases": None, "refill": True,
     }
     return row, m.tokens
 

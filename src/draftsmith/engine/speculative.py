@@ -280,15 +280,17 @@ class SpecDecoder:
 
     # ---- setup --------------------------------------------------------------------------------
 
-    def _check_inputs(self, prompts: list[list[int]], max_new: int, eos: list[int]) -> None:
+    def _check_inputs(self, prompts: list[list[int]], max_new: int, eos: list[int],
+                      batch: int | None = None) -> None:
+        """batch: the rows the prompts run in (default: one row each)."""
         if not prompts or any(not p for p in prompts):
             raise DraftsmithError("empty prompt list or empty prompt")
         if max_new < 1:
             raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
         if len(eos) > MAX_EOS:
             raise DraftsmithError(f"at most {MAX_EOS} eos ids, got {len(eos)}")
-        if len(prompts) > self.rt.max_batch:
-            raise DraftsmithError(f"batch {len(prompts)} exceeds max_batch {self.rt.max_batch}")
+        if (b := batch or len(prompts)) > self.rt.max_batch:
+            raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
         need = max(len(p) for p in prompts) + max_new
         if need > self.capacity():
             raise DraftsmithError(
@@ -332,12 +334,9 @@ class SpecDecoder:
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
                                                                    first[:, None])
         q = self.rt.bucket(*tokens.shape)
-        if q is None or q > self.drt.max_seq:
-            self._extend_prompt(st, ext, self.drafter.fuse(out.aux), pos, lens)
-        else:
-            logits, hidden = self.drt.prompt(ext, out.aux, lens, q)
-            st.root_logits.copy_(logits[:, 0])
-            st.root_hidden.copy_(hidden[:, 0])
+        logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q, st.dcaches)
+        st.root_logits.copy_(logits)
+        st.root_hidden.copy_(hidden)
         st.L.copy_(lens)
         st.last.copy_(first)
         st.out.zero_()
@@ -351,20 +350,6 @@ class SpecDecoder:
         st.all_done.copy_(st.done.all())
         for t in (st.hist, st.reached, st.accepted):
             t.zero_()
-
-    def _extend_prompt(self, st: SpecState, ext: torch.Tensor, hidden: torch.Tensor,
-                       pos: torch.Tensor, lens: torch.Tensor) -> None:
-        """The drafter over the prompt in chunks (its logits over a long prompt are large)."""
-        longest = ext.shape[1]
-        chunk = max(1, 2**25 // (st.b * self.drafter.cfg.draft_vocab_size))
-        for s in range(0, longest, chunk):
-            e = min(longest, s + chunk)
-            logits, h = self.drafter(ext[:, s:e], hidden[:, s:e], pos[:, s:e], st.dcaches)
-            idx = lens - 1 - s
-            inside = ((idx >= 0) & (idx < e - s))[:, None]
-            idx = idx.clamp(0, e - s - 1)
-            st.root_logits.copy_(torch.where(inside, logits[st.rows, idx], st.root_logits))
-            st.root_hidden.copy_(torch.where(inside, h[st.rows, idx], st.root_hidden))
 
     # ---- the four phases (graph-captured on CUDA) ----------------------------------------------
 
@@ -480,6 +465,33 @@ class SpecDecoder:
             if st.tree is not None:
                 st.tree.compile()
         self.bookkeeping_compiled = True
+
+
+def drafter_prompt(drt: DrafterRuntime, ext: torch.Tensor, aux: torch.Tensor, pos: torch.Tensor,
+                   lens: torch.Tensor, q: int | None,
+                   caches: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's pass over prompt rows (`ext`: each prompt shifted by one, its first new
+    token last) into `caches`: the root's logits and hidden at lens - 1 ([b, V], [b, H]).
+    Graphed per (b, bucket q) by `drt.prompt` (which writes `drt`'s own first b rows, so
+    `caches` must be those); eager in chunks otherwise (its logits over a long prompt are
+    large)."""
+    if q is not None and q <= drt.max_seq:
+        logits, hidden = drt.prompt(ext, aux, lens, q)
+        return logits[:, 0], hidden[:, 0]
+    drafter, hidden = drt.drafter, drt.drafter.fuse(aux)
+    (b, longest), rows = ext.shape, torch.arange(ext.shape[0], device=ext.device)
+    chunk = max(1, 2**25 // (b * drafter.cfg.draft_vocab_size))
+    root_l = root_h = None
+    for s in range(0, longest, chunk):
+        e = min(longest, s + chunk)
+        logits, h = drafter(ext[:, s:e], hidden[:, s:e], pos[:, s:e], caches)
+        idx = lens - 1 - s
+        inside = ((idx >= 0) & (idx < e - s))[:, None]
+        idx = idx.clamp(0, e - s - 1)
+        pick_l, pick_h = logits[rows, idx], h[rows, idx]
+        root_l = pick_l if root_l is None else torch.where(inside, pick_l, root_l)
+        root_h = pick_h if root_h is None else torch.where(inside, pick_h, root_h)
+    return root_l, root_h
 
 
 def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
