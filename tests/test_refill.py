@@ -67,3 +67,17 @@ def test_sampled_answers_are_seeded_and_bounded(model):
 def test_bad_input_is_refused(model, prompts, new, what):
     with pytest.raises(DraftsmithError, match=what):
         generate_refill(Runtime(model, 2, 64, graphs=False), prompts, new)
+
+
+def test_warm_prompts_covers_every_padded_row_count_and_bucket():
+    """Refills pad their rows to a power of two (or the prefill runtime's rows) and their
+    prompts to a bucket: the warm-up must have run each pair, so none is captured while timed."""
+    from types import SimpleNamespace
+
+    from draftsmith.engine.refill import warm_prompts
+
+    pre = SimpleNamespace(graphs=object(), max_batch=5,
+                          bucket=lambda b, n: 16 if n <= 16 else 24)
+    calls = []
+    warm_prompts(pre, [[1] * 3, [2] * 20, [3] * 9], lambda r, p: calls.append((len(r), len(p[0]))))
+    assert sorted(calls) == [(s, n) for s in (1, 2, 4, 5) for n in (9, 20)]

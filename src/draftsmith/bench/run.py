@@ -170,10 +170,10 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
 
 
 def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
-    from draftsmith.engine.refill import generate_refill
+    from draftsmith.engine.refill import generate_refill, prepare
 
     flat, rows = [p for b in batches for p in b], len(batches[0])
-    generate_refill(rt, flat[: 2 * rows], min(8, cfg.max_new_tokens), cfg.params, eos, rows)
+    prepare(rt, rows, cfg.max_new_tokens, eos, cfg.params, flat)
     sync(rt)
     t0 = time.perf_counter()
     tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows)

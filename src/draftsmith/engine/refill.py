@@ -2,15 +2,16 @@
 
 A static batch idles a row from its EOS until the longest answer ends; here the host looks at
 the `done` flags every `check_every` steps, harvests the finished rows, prefills the next
-prompts together (into a scratch cache sized to them, then copied into those rows of the pool)
-and decoding goes on. The decode step (forward, sample, per-row append and advance) is one CUDA
-graph on GPU, as in `generate.py`; rows are independent, so a greedy answer is the one a
-prompt gets alone.
+prompts together (`prompt_into_rows`: a runtime of their own, graphed per bucket, then their K/V
+copied into those rows of the pool) and decoding goes on. The decode step (forward, sample,
+per-row append and advance) is one CUDA graph on GPU, as in `generate.py`; rows are
+independent, so a greedy answer is the one a prompt gets alone.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -18,7 +19,6 @@ from draftsmith.engine.generate import _trim, check_request, graphed_step, padde
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.llama import KVCache
 
 
 class RefillState:
@@ -35,6 +35,7 @@ class RefillState:
         self.eos = torch.tensor(eos or [-1], device=dev)
         self.ar = torch.arange(rows, device=dev)
         self.caches = rt.caches_for(rows)
+        self.pre = prefill_runtime(rt, rows)
 
     def step(self) -> None:
         rt = self.rt
@@ -50,17 +51,16 @@ class RefillState:
         self.pos.add_(live.long().unsqueeze(1))
 
     def start(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """Prefill `prompts` into `rows` (any rows, in one forward) and sample their first token."""
-        rt = self.rt
-        tokens, lens, positions = padded(prompts, rt.device)
-        pool, (b, longest) = rt.kv, tokens.shape
-        scratch = torch.zeros((pool.shape[0], 2, b, pool.shape[3], longest, pool.shape[5]),
-                              dtype=pool.dtype, device=pool.device)
-        caches = [KVCache(layer[0], layer[1]) for layer in scratch]
-        out = rt.model(tokens, positions, caches, logits_at=lens - 1)
-        idx = torch.tensor(rows, device=rt.device)
-        pool[:, :, idx, :, :longest] = scratch
-        first = sample(out.logits[:, 0], self.params)
+        """Prefill `prompts` into `rows` (any rows) and sample their first token."""
+        for at in range(0, len(rows), self.pre.max_batch):
+            part = slice(at, at + self.pre.max_batch)
+            out, lens, _, _, _ = prompt_into_rows(self.pre, self.rt.kv, rows[part], prompts[part])
+            k = len(rows[part])
+            self._first(torch.tensor(rows[part], device=self.rt.device), out.logits[:k, 0],
+                        lens[:k])
+
+    def _first(self, idx: torch.Tensor, logits: torch.Tensor, lens: torch.Tensor) -> None:
+        first = sample(logits, self.params)
         self.tok[idx] = first.unsqueeze(1)
         self.pos[idx] = lens.unsqueeze(1)
         self.out[idx, 0] = first
@@ -68,11 +68,57 @@ class RefillState:
         self.done[idx] = (first.unsqueeze(1) == self.eos).any(-1) | (self.max_new <= 1)
 
 
-def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
+# the prefill runtime's rows: refills of more rows than this prefill in parts (its pool is a
+# second KV cache of this many rows)
+PREFILL_ROWS = 64
+
+
+def prefill_runtime(rt: Runtime, rows: int) -> Runtime:
+    """A runtime over `rt`'s model for prompt passes apart from `rt`'s rows: `rt.prompt` writes
+    rows 0..b-1, which a refill must leave alone. Graphed per (rows, bucket) where `rt` is."""
+    return Runtime(rt.model, min(rows, PREFILL_ROWS), rt.max_seq, graphs=rt.graphs is not None,
+                   prompt_buckets=rt.prompt_buckets)
+
+
+def warm_prompts(pre: Runtime, prompts: list[list[int]],
+                 start: Callable[[list[int], list[list[int]]], object]) -> None:
+    """Run `start(rows, prompts)` untimed once for every padded row count `prompt_into_rows`
+    can use and every bucket these prompts fall in: what a refill run replays is captured."""
+    if pre.graphs is None:
+        return
+    one = {pre.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
+    sizes = {min(pre.max_batch, 1 << i) for i in range(pre.max_batch.bit_length() + 1)}
+    for size in sorted(sizes):
+        for p in one.values():
+            start(list(range(size)), [p] * size)
+
+
+def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts: list[list[int]],
+                     aux_ids: tuple[int, ...] = ()):
+    """The prompt pass of `prompts` on `pre` (rows padded to a power of two with copies of the
+    last: one prompt graph per power and bucket), their K/V copied into `rows` of `pool`
+    ([layers, 2, batch, heads, seq, dim]). Returns pre's output and the padded tokens' lengths,
+    tokens, positions and bucket: each covers the padded rows (the first len(rows) are real)."""
+    k = len(prompts)
+    more = min(pre.max_batch, 1 << (k - 1).bit_length()) - k
+    tokens, lens, pos = padded(prompts + prompts[-1:] * more, pre.device)
+    out = pre.prompt(tokens, lens, aux_ids)
+    q = pre.bucket(*tokens.shape)
+    width = q or tokens.shape[1]
+    pool[:, :, torch.tensor(rows, device=pre.device), :, :width] = pre.kv[:, :, :k, :, :width]
+    return out, lens, tokens, pos, q
+
+
+def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams,
+            prompts: list[list[int]] = ()):
     """Build (and on GPU capture) the step for these settings now: capture's warm-up steps
     draw random numbers, so a caller that seeds per chunk prepares before its first seed and
-    a resumed run samples what an uninterrupted one does."""
-    return _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
+    a resumed run samples what an uninterrupted one does. `prompts`: also capture the prompt
+    graphs their refills will use (`warm_prompts`)."""
+    state, step = _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
+    warm_prompts(state.pre, list(prompts), state.start)
+    state.done.fill_(True)
+    return state, step
 
 
 def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):

@@ -18,12 +18,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, padded, sync
-from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
 from draftsmith.engine.sampling import sample
 from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.engine.speculative import SpecDecoder, drafter_prompt
@@ -31,44 +33,44 @@ from draftsmith.errors import DraftsmithError
 
 
 class Prefiller:
-    """Prompt passes for `rows` rows at most, into caches apart from the decoder's."""
+    """Prompt passes for up to `rows` rows, into caches apart from the decoder's."""
 
     def __init__(self, dec: SpecDecoder, rows: int) -> None:
-        rt = dec.rt
         self.dec = dec
-        self.rt = Runtime(rt.model, rows, rt.max_seq, graphs=rt.graphs is not None,
-                          prompt_buckets=rt.prompt_buckets)
-        self.drt = DrafterRuntime(dec.drafter, rows, dec.drt.max_seq, self.rt.graphs or False)
+        self.rt = prefill_runtime(dec.rt, rows)
+        self.drt = DrafterRuntime(dec.drafter, self.rt.max_batch, dec.drt.max_seq,
+                                  self.rt.graphs or False)
 
     @torch.no_grad()
     def start(self, st: SpecState, rows: list[int], prompts: list[list[int]]) -> None:
         """Prefill `prompts` and put each into its row of `st` (the other rows are untouched):
         K/V of both models, the root of the first draft, the first token, counts and flags."""
+        for at in range(0, len(rows), self.rt.max_batch):
+            self._start(st, rows[at : at + self.rt.max_batch], prompts[at : at + self.rt.max_batch])
+
+    def _start(self, st: SpecState, rows: list[int], prompts: list[list[int]]) -> None:
         dec, k = self.dec, len(prompts)
-        # a prompt graph per (rows, bucket): pad the rows to a power of two with copies
-        more = min(self.rt.max_batch, 1 << (k - 1).bit_length()) - k
-        tokens, lens, pos = padded(prompts + prompts[-1:] * more, dec.device)
-        out = self.rt.prompt(tokens, lens, dec.aux_ids)
+        out, lens, tokens, pos, q = prompt_into_rows(self.rt, st.tpool, rows, prompts,
+                                                     dec.aux_ids)
         first = sample(out.logits[:, 0], dec.params)
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
                                                                    first[:, None])
-        q = self.rt.bucket(*tokens.shape)
         logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q,
                                         self.drt.caches_for(len(ext)))
         width = q or tokens.shape[1]
         idx = torch.tensor(rows, device=dec.device)
-        st.tpool[:, :, idx, :, :width] = self.rt.kv[:, :, :k, :, :width]
         for mine, theirs in zip(st.dcaches, self.drt.caches, strict=True):
             mine.k[idx, :, :width] = theirs.k[:k, :, :width]
             mine.v[idx, :, :width] = theirs.v[:k, :, :width]
-        lens, first = lens[:k], first[:k]
+        first = first[:k]
         st.root_logits[idx] = logits[:k]
         st.root_hidden[idx] = hidden[:k]
-        st.L[idx], st.last[idx] = lens, first
+        st.L[idx], st.last[idx] = lens[:k], first
         st.out[idx] = 0
         st.out[idx, 0] = first
         st.count[idx] = 1
         st.done[idx] = (first[:, None] == st.eos).any(-1) | (st.count[idx] >= st.max_new)
+        st.all_done.copy_(st.done.all())
 
 
 @dataclass
@@ -92,58 +94,53 @@ class _Rows:
 @torch.no_grad()
 def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: int,
                     eos_ids: list[int] | None = None, rows: int | None = None,
-                    check_every: int = 8) -> SpecResult:
+                    check_every: int = 4) -> SpecResult:
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight.
 
-    The result's `decode_s` is the whole wall time, prefills included (they interleave with the
-    cycles; `prefill_s` is 0), so `tokens_per_s` is the serving rate. Statistics (accept
-    histogram, per-position counts) cover every prompt."""
+    The host reads the done flags one cycle late (`LateFlag`: the queue never drains for it) and
+    refills the ended rows at most every `check_every` cycles (a refill drains the queue once);
+    once no prompt waits, it stops the cycle after every row is done. The result's `decode_s` is
+    the whole wall time, prefills included (`prefill_s` is 0), so `tokens_per_s` is the serving
+    rate; the accept statistics cover every prompt."""
     rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
     eos = list(eos_ids or [])
     _check(dec, prompts, max_new_tokens, eos, rows)
-    st = dec._state(rows)
-    pre = _prefiller(dec, rows)
+    st, pre = dec._state(rows), _prefiller(dec, rows)
     sync(dec.rt)
     t0 = time.perf_counter()
     _reset(st, max_new_tokens, eos)
     book = _Rows([None] * rows, deque(range(len(prompts))))
     results: list[list[int]] = [[] for _ in prompts]
     _fill(pre, st, book, list(range(rows)), prompts)
-    every = max(1, min(check_every, max_new_tokens // (dec.steps + 1)))
-    cycles = 0
-    while book.busy:
-        ended = _ended(st, book)
-        if not ended:
-            for _ in range(every):
-                dec.cycle(st)
-            cycles += every
-            continue
-        _harvest(st, book, ended, results, eos, max_new_tokens)
-        _fill(pre, st, book, ended, prompts)
+    late = LateFlag(st.all_done, extra=(st.done,))
+    all_done, cycles, since = late.seen(), 0, 0
+    while not all_done or book.queue:
+        dec.cycle(st)
+        cycles, since = cycles + 1, since + 1
+        all_done = late.seen()  # as of the cycle before this one, which ran it inert
+        if book.queue and since >= check_every and (ended := _ended(late.extra_seen[0], book)):
+            _harvest(st, book, ended, results, eos, max_new_tokens)
+            _fill(pre, st, book, ended, prompts)
+            late.seen()  # posts the refilled rows' flags (what it reads predates the refill)
+            all_done, since = False, 0
+    _harvest(st, book, [r for r, o in enumerate(book.owner) if o is not None], results, eos,
+             max_new_tokens)
     sync(dec.rt)
     res = SpecResult(results, 0.0, time.perf_counter() - t0, cycles, dec.steps,
                      st.hist.tolist(), st.reached.tolist(), st.accepted.tolist())
-    res.extra.update(refill_rows=rows, check_every=every)
+    res.extra.update(refill_rows=rows, check_every=check_every)
     return res
 
 
 @torch.no_grad()
 def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
     """Capture, untimed, what a refill run of these prompts will replay: the cycle's graphs at
-    `rows` and the prompt graphs of every (power-of-two row count, bucket) its prefills use."""
+    `rows` and the prompt graphs (target and drafter) of every row count and bucket its
+    prefills use."""
     rows = min(rows, len(prompts))
     st, pre = dec._state(rows), _prefiller(dec, rows)
-    if dec.graphs is None:
-        return
     _reset(st, 1, [])
-    one = {pre.rt.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
-    k = 1
-    while k <= rows:
-        for p in one.values():
-            pre.start(st, list(range(k)), [p] * k)
-        k *= 2
-    pre.start(st, list(range(rows)), [next(iter(one.values()))] * rows)
-    dec.cycle(st)
+    warm_prompts(pre.rt, prompts, partial(pre.start, st))
     sync(dec.rt)
 
 
@@ -175,10 +172,10 @@ def _reset(st: SpecState, max_new: int, eos: list[int]) -> None:
         t.zero_()
 
 
-def _ended(st: SpecState, book: _Rows) -> list[int]:
-    """The rows holding a prompt whose answer is done (the loop's one read-back)."""
-    done = st.done.tolist()
-    return [r for r, o in enumerate(book.owner) if o is not None and done[r]]
+def _ended(done: torch.Tensor, book: _Rows) -> list[int]:
+    """The rows holding a prompt whose answer is done, from host-side flags."""
+    flags = done.tolist()
+    return [r for r, o in enumerate(book.owner) if o is not None and flags[r]]
 
 
 def _harvest(st: SpecState, book: _Rows, ended: list[int], results: list[list[int]],
