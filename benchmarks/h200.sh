@@ -220,7 +220,7 @@ specrefill)
     # DRAFTER a restored drafter (first: KEPT=/tmp/kept DRAFTER=runs/kept/drafter
     # STAGES=restore bash benchmarks/h200.sh suite, in the same call)
     timeout "${LIMIT:-500}" python3 benchmarks/spec_refill_bench.py \
-        --drafter "${DRAFTER:-runs/kept/drafter}" --device cuda --batch-size "${BATCHES:-8,32}" \
+        --drafter "${DRAFTER:-runs/kept/drafter}" --device cuda --batch-size "${BATCHES:-8,32}" --refill-every "${EVERY:-4}" \
         --num-prompts "${PROMPTS:-64}" --steps "${STEPS:-3}" --topk 1,4 \
         --num-draft-tokens "${TREE_TOKENS:-24}" --max-new-tokens "${NEW:-256}" \
         --out "$OUT/spec_refill" 2>&1 | tee "$OUT/spec_refill_log.txt"

@@ -36,6 +36,9 @@ def bench(
     refill: bool = typer.Option(False, "--refill",
                                 help="a finished row takes the next prompt (baseline and "
                                      "speculative alike); tokens/s over wall time"),
+    refill_every: int = typer.Option(4, "--refill-every",
+                                     help="with --refill: refill ended rows at most every N "
+                                          "cycles (decode steps for the baseline)"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
@@ -43,6 +46,8 @@ def bench(
     from draftsmith.cli import device_dtype
     from draftsmith.engine.sampling import SamplingParams
 
+    if refill_every < 1:
+        raise DraftsmithError(f"--refill-every must be >= 1, got {refill_every}")
     if max_new_tokens < 1:
         raise DraftsmithError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     dev, dt = device_dtype(device, dtype)
@@ -53,7 +58,7 @@ def bench(
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
         params=SamplingParams(temperature, top_p, top_k), device=dev,
         dtype=dt, profile=True if profile else None,
-        seed=seed, compile=compile, refill=refill,
+        seed=seed, compile=compile, refill=refill, refill_every=refill_every,
     )
     console = Console(stderr=True)
     report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))

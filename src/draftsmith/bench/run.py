@@ -52,6 +52,7 @@ class BenchConfig:
     # rows refilled: a finished row takes the next prompt (engine/refill.py, spec_refill.py),
     # baseline and speculative alike; tokens/s is then wall time, prefills included
     refill: bool = False
+    refill_every: int = 4  # refill ended rows at most every this many cycles (decode steps)
 
     def settings(self) -> list[Setting]:
         out: list[Setting] = []
@@ -176,7 +177,8 @@ def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     prepare(rt, rows, cfg.max_new_tokens, eos, cfg.params, flat)
     sync(rt)
     t0 = time.perf_counter()
-    tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows)
+    tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
+                             cfg.refill_every)
     sync(rt)
     secs = time.perf_counter() - t0
     return _speed(sum(map(len, tokens)), secs, secs), tokens
@@ -189,7 +191,7 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     flat, rows = [p for b in batches for p in b], len(batches[0])
     dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
     warm_refill(dec, flat, rows)
-    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows)
+    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every)
     row: dict[str, Any] = {
         **_speed(m.new_tokens, m.decode_s, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
