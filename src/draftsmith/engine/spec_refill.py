@@ -28,7 +28,7 @@ from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
 from draftsmith.engine.sampling import sample
 from draftsmith.engine.spec_state import SpecResult, SpecState
-from draftsmith.engine.speculative import SpecDecoder, drafter_prompt
+from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens
 from draftsmith.errors import DraftsmithError
 
 
@@ -53,8 +53,7 @@ class Prefiller:
         out, lens, tokens, pos, q = prompt_into_rows(self.rt, st.tpool, rows, prompts,
                                                      dec.aux_ids)
         first = sample(out.logits[:, 0], dec.params)
-        ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
-                                                                   first[:, None])
+        ext = drafter_tokens(tokens, lens, first)
         logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q,
                                         self.drt.caches_for(len(ext)))
         width = q or tokens.shape[1]

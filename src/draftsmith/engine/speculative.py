@@ -331,8 +331,7 @@ class SpecDecoder:
         tokens, lens, pos = padded(prompts, dev)
         out = self.rt.prompt(tokens, lens, self.aux_ids)
         first = sample(out.logits[:, 0], self.params)
-        ext = torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
-                                                                   first[:, None])
+        ext = drafter_tokens(tokens, lens, first)
         q = self.rt.bucket(*tokens.shape)
         logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q, st.dcaches)
         st.root_logits.copy_(logits)
@@ -465,6 +464,13 @@ class SpecDecoder:
             if st.tree is not None:
                 st.tree.compile()
         self.bookkeeping_compiled = True
+
+
+def drafter_tokens(tokens: torch.Tensor, lens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """The drafter's prompt tokens: position p pairs token p+1 with the target's state at p, so
+    each right-padded prompt moves left by one and its first new token goes at lens - 1."""
+    return torch.cat([tokens[:, 1:], tokens[:, :1]], 1).scatter_(1, (lens - 1)[:, None],
+                                                                 first[:, None])
 
 
 def drafter_prompt(drt: DrafterRuntime, ext: torch.Tensor, aux: torch.Tensor, pos: torch.Tensor,
