@@ -653,6 +653,43 @@ def test_forgetting_an_owner_while_another_is_forgotten_drops_both():
     assert list(g.graphs) == [("prompt", 4)]
 
 
+def test_no_graph_is_destroyed_while_a_capture_runs():
+    """Destroying a CUDA graph during another's capture invalidates the capture (H200: the
+    fifth `run_bench` of one process died in a prompt graph's capture, CUBLAS_STATUS_EXECUTION_
+    FAILED, after the cyclic GC collected earlier runs' decoders mid-capture). Inside the guard
+    the cyclic GC waits, and graphs an owner's finalizer drops are held: gone from the dict (never
+    replayed) but alive until the last nested capture ends."""
+    import gc
+    import weakref
+
+    from draftsmith.engine.graphs import capture_guard
+
+    class Graph:
+        pass
+
+    class Owner:
+        pass
+
+    g = Graphs(torch.device("cpu"))
+    dead = Owner()
+    dead.me = dead  # cyclic garbage, as a decoder holding its prefillers is
+    tag = g.owner(dead)
+    graph = Graph()
+    alive = weakref.ref(graph)
+    g.graphs = {(tag, 1): (graph, None), ("prompt", 4): (Graph(), None)}
+    del graph, dead
+    with capture_guard():
+        with capture_guard():  # a nested capture (a graph's first run captures another)
+            junk = [[i] for i in range(50_000)]  # would trigger collections with the GC on
+            assert list(g.graphs) == [(tag, 1), ("prompt", 4)]  # the owner was not collected
+            gc.collect()  # an explicit collection still runs: its finalizer drops the graph
+            assert list(g.graphs) == [("prompt", 4)]
+        assert alive() is not None, "destroyed while the outer capture runs"
+        assert not gc.isenabled()
+    assert alive() is None and gc.isenabled()
+    del junk
+
+
 def test_top_k_by_max_equals_torch_topk():
     """DRAFTSMITH_TREE_TOPK=max picks what torch.topk picks: the same values and indices, best
     first; ties go to the lower index."""

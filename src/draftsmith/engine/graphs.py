@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 _OWNERS = itertools.count(1)
+_HELD: list[Any] = []  # graphs dropped while a capture ran, destroyed once it ends
+_CAPTURES = [0]  # captures in progress, any Graphs
+
+
+@contextmanager
+def capture_guard() -> Iterator[None]:
+    """No graph is destroyed while a capture runs: destroying one is an illegal call then, and
+    invalidates the capture (the H200's CUBLAS_STATUS_EXECUTION_FAILED in a process that had run
+    `bench` before: the cyclic GC collected its dead decoders mid-capture). The cyclic GC waits,
+    and graphs dropped meanwhile are held until the last capture ends."""
+    paused = gc.isenabled()
+    gc.disable()
+    _CAPTURES[0] += 1
+    try:
+        yield
+    finally:
+        _CAPTURES[0] -= 1
+        if not _CAPTURES[0]:
+            _HELD.clear()
+        if paused:
+            gc.enable()
 
 
 class Graphs:
@@ -42,7 +65,9 @@ class Graphs:
         """Drop the graphs whose keys match (their memory goes back to the pool). A finalizer
         may call this from whichever thread collects an owner: it iterates a snapshot."""
         for key in [k for k in list(self.graphs) if match(k)]:
-            self.graphs.pop(key, None)
+            gone = self.graphs.pop(key, None)
+            if _CAPTURES[0]:
+                _HELD.append(gone)
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int = 2) -> Any:
         stream = torch.cuda.Stream(self.device)
@@ -54,7 +79,7 @@ class Graphs:
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capture_guard(), torch.cuda.graph(graph, pool=self.pool):
             out = fn()
         self.graphs[key] = (graph, out)
         return out
