@@ -333,7 +333,7 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
             "--num-prompts", "5", "--steps", "2", "--topk", "1,2", "--num-draft-tokens", "4",
             "--batch-size", "2", "--max-new-tokens", "6", "--device", "cpu")
     static = invoke(*args, "--out", str(tmp_path / "s"))
-    refill = invoke(*args, "--refill", "--out", str(tmp_path / "r"))
+    refill = invoke(*args, "--refill", "--profile", "--out", str(tmp_path / "r"))
     assert static.exit_code == 0 and refill.exit_code == 0, refill.output
     rows = {k: json.loads(r.stdout.strip().splitlines()[-1])["results"]
             for k, r in (("static", static), ("refill", refill))}
@@ -341,6 +341,7 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
     for s, r in zip(rows["static"], rows["refill"], strict=True):
         assert r["new_tokens"] == s["new_tokens"]  # the same prompts, the same greedy answers
         if r["setting"] != "baseline":
-            assert r["refill"] and r["phases"] is None
+            assert r["refill"] and r["phases"]["ms"]["refill"] > 0  # profiled: refills timed
             assert r["agreement"]["identical"] == r["agreement"]["prompts"] == 6  # 3 full batches
     assert (tmp_path / "r" / "bench.png").stat().st_size > 10_000
+    assert "refill (harvest, prefill)" in refill.output  # the fastest row's phase table

@@ -68,6 +68,25 @@ def test_fewer_prompts_than_rows(setup):
     assert res.tokens == want[:2] and res.extra["refill_rows"] == 2
 
 
+def test_a_profiled_refill_times_its_refills_and_decodes_the_same(setup):
+    """`--profile` with refilled rows: the four phases of every cycle plus `refill` (harvest and
+    prefill, per cycle over all cycles), and the same answers as unprofiled."""
+    _, eos, want, _ = setup
+    dec = decoder(setup, 3, 2, 6)
+    dec.profile = True
+    res = generate_refill(dec, PROMPTS, NEW, eos_ids=eos, rows=3, check_every=2)
+    assert res.tokens == want
+    ph = res.phases
+    assert ph is not None and ph.cycles == res.cycles
+    assert list(ph.ms) == ["draft", "verify", "accept", "extend", "refill"]
+    assert all(v > 0 for v in ph.ms.values())
+    assert sum(ph.pct.values()) == pytest.approx(100)
+    assert ph.cycle_ms == pytest.approx(sum(ph.ms.values()))
+    assert ph.accept_length == res.mean_accept_length
+    dec.profile = False
+    assert generate_refill(dec, PROMPTS, NEW, eos_ids=eos, rows=3).phases is None
+
+
 @pytest.mark.parametrize(("prompts", "new", "rows", "what"), [
     ([[1, 2], []], 4, 2, "empty prompt"), ([], 4, 2, "empty prompt list"),
     ([[1] * 90], 8, 2, "exceeds this decoder's capacity"),

@@ -30,7 +30,8 @@ def bench(
     dtype: str = DTYPE,
     compile: bool = COMPILE,
     profile: bool = typer.Option(False, "--profile",
-                                 help="phase profiler (also DRAFTSMITH_PROFILE=1)"),
+                                 help="phase profiler (also DRAFTSMITH_PROFILE=1); with "
+                                      "--refill it adds the refills' share"),
     out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),
     seed: int = typer.Option(0),
     refill: bool = typer.Option(False, "--refill",

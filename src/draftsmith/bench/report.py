@@ -12,14 +12,21 @@ from rich.table import Table
 
 from draftsmith.engine.profiler import PHASES, PhaseSummary, table
 
-SHORT = {"draft": "draft", "verify": "verify", "accept": "accept", "extend": "extend"}
+SHORT = {"draft": "draft", "verify": "verify", "accept": "accept", "extend": "extend",
+         "refill": "refill"}
+
+
+def phase_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The cycle's phases, and `refill` where a refilled run was profiled."""
+    seen = {k for r in rows if r.get("phases") for k in r["phases"]["ms"]}
+    return [*PHASES, *sorted(seen - set(PHASES))]
 
 
 def results_table(report: dict[str, Any]) -> Table:
     rows = report["results"]
     npos = max((len(r.get("position_rates", [])) for r in rows), default=0)
     show = min(npos, 4)
-    profiled = any(r.get("phases") for r in rows)
+    profiled, keys = any(r.get("phases") for r in rows), phase_keys(rows)
     t = Table(title=f"draftsmith bench · {report['meta']['device']} · {report['meta']['dtype']}")
     for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
                 "decode speedup", "accept len", "rate"):
@@ -27,8 +34,8 @@ def results_table(report: dict[str, Any]) -> Table:
     for i in range(show):
         t.add_column(f"p{i + 1}", justify="right")
     if profiled:
-        for k in PHASES:
-            t.add_column(f"{SHORT[k]} %", justify="right")
+        for k in keys:
+            t.add_column(f"{SHORT.get(k, k)} %", justify="right")
         t.add_column("cycle ms", justify="right")
     if any("agreement" in r for r in rows):
         t.add_column("same", justify="right")
@@ -43,7 +50,7 @@ def results_table(report: dict[str, Any]) -> Table:
         cells += [f"{rates[i]:.0%}" if i < len(rates) else "" for i in range(show)]
         if profiled:
             ph = r.get("phases")
-            cells += [f"{ph['pct'][k]:.1f}" if ph else "" for k in PHASES]
+            cells += [f"{ph['pct'].get(k, 0.0):.1f}" if ph else "" for k in keys]
             cells.append(f"{ph['cycle_ms']:.2f}" if ph else "")
         if any("agreement" in x for x in rows):
             a = r.get("agreement")
@@ -136,8 +143,8 @@ def _phases(ax, rows: list[dict[str, Any]]) -> None:
         return
     labels = [f"{r['suite']} b{r['batch']} {r['setting']}" for r in prof]
     bottom = [0.0] * len(prof)
-    for k in PHASES:
-        vals = [r["phases"]["ms"][k] for r in prof]
+    for k in phase_keys(prof):
+        vals = [r["phases"]["ms"].get(k, 0.0) for r in prof]
         ax.barh(labels, vals, left=bottom, label=k)
         bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
     ax.set(xlabel="ms per cycle", title="phase breakdown")

@@ -189,14 +189,15 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
 
     steps, topk, n = s
     flat, rows = [p for b in batches for p in b], len(batches[0])
-    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
+    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, cfg.profile)
     warm_refill(dec, flat, rows)
     m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every)
     row: dict[str, Any] = {
         **_speed(m.new_tokens, m.decode_s, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
-        "position_rates": m.position_rates, "phases": None, "refill": True,
+        "position_rates": m.position_rates, "refill": True,
+        "phases": merge_phases([m.phases], m.mean_accept_length, steps),
     }
     return row, m.tokens
 

@@ -23,6 +23,7 @@ LABELS = {
     "verify": "target verify",
     "accept": "accept/bookkeeping",
     "extend": "draft re-extend",
+    "refill": "refill (harvest, prefill)",
 }
 
 

@@ -25,6 +25,7 @@ import torch
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, sync
 from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.profiler import make_profiler
 from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
 from draftsmith.engine.sampling import sample
 from draftsmith.engine.spec_state import SpecResult, SpecState
@@ -105,6 +106,7 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     eos = list(eos_ids or [])
     _check(dec, prompts, max_new_tokens, eos, rows)
     st, pre = dec._state(rows), _prefiller(dec, rows)
+    prof = make_profiler(dec.device, dec.profile)
     sync(dec.rt)
     t0 = time.perf_counter()
     _reset(st, max_new_tokens, eos)
@@ -114,12 +116,13 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     late = LateFlag(st.all_done, extra=(st.done,))
     all_done, cycles, since = late.seen(), 0, 0
     while not all_done or book.queue:
-        dec.cycle(st)
+        dec.cycle(st, prof)
         cycles, since = cycles + 1, since + 1
         all_done = late.seen()  # as of the cycle before this one, which ran it inert
         if book.queue and since >= check_every and (ended := _ended(late.extra_seen[0], book)):
             _harvest(st, book, ended, results, eos, max_new_tokens)
             _fill(pre, st, book, ended, prompts)
+            prof.mark("refill")
             late.seen()  # posts the refilled rows' flags (what it reads predates the refill)
             all_done, since = False, 0
     _harvest(st, book, [r for r, o in enumerate(book.owner) if o is not None], results, eos,
@@ -128,6 +131,9 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     res = SpecResult(results, 0.0, time.perf_counter() - t0, cycles, dec.steps,
                      st.hist.tolist(), st.reached.tolist(), st.accepted.tolist())
     res.extra.update(refill_rows=rows, check_every=check_every)
+    res.phases = prof.summary()
+    if res.phases is not None:
+        res.phases.accept_length, res.phases.accept_rate = res.mean_accept_length, res.accept_rate
     return res
 
 
