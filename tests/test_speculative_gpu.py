@@ -362,3 +362,56 @@ def test_small_linears_as_reductions_equal_plain_greedy(pair, monkeypatch, steps
     plain.capture([4, 1], [1, 8, 16])
     assert generate(plain, PROMPTS, NEW, eos_ids=[]) == ref
     assert hits.item() > 0  # the compiled graphs ran reductions
+
+
+@pytest.mark.parametrize("steps,topk,n,compiled", [
+    (3, 1, None, False), (4, 4, 10, False), (3, 1, None, True), (4, 4, 10, True)])
+def test_refilled_rows_equal_plain_greedy_alone(pair, steps, topk, n, compiled):
+    """Speculative refill on the GPU, graphed (and compiled): eight prompts through three rows,
+    rows ending at EOS at different lengths, each answer the one its prompt gets alone from plain
+    greedy decoding; profiled, the refills are timed."""
+    from test_refill import PROMPTS as MANY
+
+    from draftsmith.engine.spec_refill import generate_refill, warm_refill
+
+    target, drafter, eager = pair
+    alone = [generate(eager, [p], NEW, eos_ids=[])[0] for p in MANY]
+    eos = sorted({alone[0][3], alone[2][7]})
+    want = [generate(eager, [p], NEW, eos_ids=eos)[0] for p in MANY]
+    assert len({len(w) for w in want}) > 2
+    rt = Runtime(target, 3, 160, graphs=True, compile=compiled)
+    dec = SpecDecoder(rt, drafter, steps, topk, n, profile=True)
+    warm_refill(dec, MANY, 3)
+    res = generate_refill(dec, MANY, NEW, eos_ids=eos, rows=3, check_every=2)
+    assert res.tokens == want
+    assert res.phases is not None and res.phases.ms["refill"] > 0
+    assert generate_refill(dec, MANY[::-1], NEW, eos_ids=eos, rows=3).tokens == want[::-1]
+
+
+def test_graphs_dropped_during_a_capture_are_destroyed_after_it(pair, monkeypatch):
+    """A dead decoder's graphs dropped while another graph is being captured (its finalizer,
+    when the GC collects it then) must not be destroyed then: that invalidates the capture (the
+    H200's CUBLAS_STATUS_EXECUTION_FAILED in a one-process sweep of `bench` runs). Here the drop
+    happens right after a real capture begins; the new decoder still decodes plain greedy, and
+    the cyclic GC was off inside every capture."""
+    import gc
+
+    target, drafter, eager = pair
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    rt = Runtime(target, 4, 160, graphs=True)
+    old = SpecDecoder(rt, drafter, 3, 2, 6)
+    old.generate(PROMPTS, 8, eos_ids=[])
+    assert any(isinstance(k, tuple) and k[0] == old.gkey for k in rt.graphs.graphs)
+    begin, seen = torch.cuda.CUDAGraph.capture_begin, []
+
+    def begin_then_drop(self, *a, **kw):
+        begin(self, *a, **kw)
+        seen.append(gc.isenabled())
+        if len(seen) == 1:
+            rt.graphs.forget(old.gkey)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", begin_then_drop)
+    new = SpecDecoder(rt, drafter, 4, 4, 10)
+    assert new.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref
+    assert seen and not any(seen)
+    assert not any(isinstance(k, tuple) and k[0] == old.gkey for k in rt.graphs.graphs)
