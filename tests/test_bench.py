@@ -345,3 +345,5 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
             assert r["agreement"]["identical"] == r["agreement"]["prompts"] == 6  # 3 full batches
     assert (tmp_path / "r" / "bench.png").stat().st_size > 10_000
     assert "refill (harvest, prefill)" in refill.output  # the fastest row's phase table
+    bad = invoke(*args, "--refill", "--refill-every", "-1", "--out", str(tmp_path / "b"))
+    assert "--refill-every must be >= 0" in str(bad.exception)  # before any model is built

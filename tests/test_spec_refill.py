@@ -68,6 +68,17 @@ def test_fewer_prompts_than_rows(setup):
     assert res.tokens == want[:2] and res.extra["refill_rows"] == 2
 
 
+def test_refills_come_further_apart_from_32_rows_by_default(setup):
+    """The default spacing follows the H200 sweeps: every 4 cycles below 32 rows, every 8 from
+    32; an explicit spacing is kept."""
+    from draftsmith.engine.spec_refill import refill_every_for
+
+    assert [refill_every_for(r) for r in (1, 8, 31, 32, 64)] == [4, 4, 4, 8, 8]
+    dec = decoder(setup, 3, 1, None)
+    assert generate_refill(dec, PROMPTS, 4, rows=3).extra["check_every"] == 4
+    assert generate_refill(dec, PROMPTS, 4, rows=3, check_every=6).extra["check_every"] == 6
+
+
 def test_a_profiled_refill_times_its_refills_and_decodes_the_same(setup):
     """`--profile` with refilled rows: the four phases of every cycle plus `refill` (harvest and
     prefill, per cycle over all cycles), and the same answers as unprofiled."""

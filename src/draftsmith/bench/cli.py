@@ -37,9 +37,10 @@ def bench(
     refill: bool = typer.Option(False, "--refill",
                                 help="a finished row takes the next prompt (baseline and "
                                      "speculative alike); tokens/s over wall time"),
-    refill_every: int = typer.Option(4, "--refill-every",
+    refill_every: int = typer.Option(0, "--refill-every",
                                      help="with --refill: refill ended rows at most every N "
-                                          "cycles (decode steps for the baseline)"),
+                                          "cycles (decode steps for the baseline); 0: 4 below "
+                                          "32 rows, 8 from 32"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
@@ -47,8 +48,9 @@ def bench(
     from draftsmith.cli import device_dtype
     from draftsmith.engine.sampling import SamplingParams
 
-    if refill_every < 1:
-        raise DraftsmithError(f"--refill-every must be >= 1, got {refill_every}")
+    if refill_every < 0:
+        raise DraftsmithError(f"--refill-every must be >= 0 (0: by batch size), got "
+                              f"{refill_every}")
     if max_new_tokens < 1:
         raise DraftsmithError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     dev, dt = device_dtype(device, dtype)

@@ -52,7 +52,9 @@ class BenchConfig:
     # rows refilled: a finished row takes the next prompt (engine/refill.py, spec_refill.py),
     # baseline and speculative alike; tokens/s is then wall time, prefills included
     refill: bool = False
-    refill_every: int = 4  # refill ended rows at most every this many cycles (decode steps)
+    # refill ended rows at most every this many cycles (decode steps); 0: by rows, as
+    # spec_refill.refill_every_for (4 below 32 rows, 8 from 32)
+    refill_every: int = 0
 
     def settings(self) -> list[Setting]:
         out: list[Setting] = []
@@ -172,13 +174,14 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
 
 def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     from draftsmith.engine.refill import generate_refill, prepare
+    from draftsmith.engine.spec_refill import refill_every_for
 
     flat, rows = [p for b in batches for p in b], len(batches[0])
     prepare(rt, rows, cfg.max_new_tokens, eos, cfg.params, flat)
     sync(rt)
     t0 = time.perf_counter()
     tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
-                             cfg.refill_every)
+                             cfg.refill_every or refill_every_for(rows))
     sync(rt)
     secs = time.perf_counter() - t0
     return _speed(sum(map(len, tokens)), secs, secs), tokens
@@ -191,7 +194,7 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     flat, rows = [p for b in batches for p in b], len(batches[0])
     dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, cfg.profile)
     warm_refill(dec, flat, rows)
-    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every)
+    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
     row: dict[str, Any] = {
         **_speed(m.new_tokens, m.decode_s, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,

@@ -91,18 +91,29 @@ class _Rows:
         return any(o is not None for o in self.owner)
 
 
+def refill_every_for(rows: int) -> int:
+    """How many cycles apart refills may come by default. Each refill costs a host read and a
+    prefill launch whatever its size, and more rows end per cycle at 32 rows than at 8: on the
+    H200 (`benchmarks/spec_refill.md`, runs 2-5), every 8 beat every 4 at batch 32 on HumanEval
+    in all three runs (chain 1.15-1.19x against 1.10-1.14x, tree 1.13-1.14x against 1.06-1.09x
+    over static batches) and tied at batch 8."""
+    return 8 if rows >= 32 else 4
+
+
 @torch.no_grad()
 def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: int,
                     eos_ids: list[int] | None = None, rows: int | None = None,
-                    check_every: int = 4) -> SpecResult:
+                    check_every: int | None = None) -> SpecResult:
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight.
 
     The host reads the done flags one cycle late (`LateFlag`: the queue never drains for it) and
-    refills the ended rows at most every `check_every` cycles (a refill drains the queue once);
+    refills the ended rows at most every `check_every` cycles (a refill drains the queue once;
+    None: `refill_every_for(rows)`);
     once no prompt waits, it stops the cycle after every row is done. The result's `decode_s` is
     the whole wall time, prefills included (`prefill_s` is 0), so `tokens_per_s` is the serving
     rate; the accept statistics cover every prompt."""
     rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
+    check_every = check_every or refill_every_for(rows)
     eos = list(eos_ids or [])
     _check(dec, prompts, max_new_tokens, eos, rows)
     st, pre = dec._state(rows), _prefiller(dec, rows)
