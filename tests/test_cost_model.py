@@ -227,6 +227,19 @@ def test_recommend_picks_the_measured_best_and_reports_the_error() -> None:
     assert '"num_speculative_tokens": 2' in text
 
 
+def test_idle_rows_point_at_refill_only_where_many_row_slots_idle() -> None:
+    """The text names refilled rows where the choice's measured share of row slots decoding is
+    under 90 % (static batches of answers of different lengths), and not otherwise."""
+    for busy, hint in ((0.76, True), (0.95, False), (None, False)):
+        measured = [Measurement(SpecSetting.baseline(), 8, 500.0, busy=busy),
+                    Measurement(SpecSetting(2), 8, 900.0, accept_length=2.2, busy=busy)]
+        (rec,) = recommend([], measured)
+        assert rec.setting == SpecSetting(2) and rec.busy == busy
+        text = recommendation_text(rec, "/models/drafter")
+        assert ("24% of row slots idle" in text) == hint
+        assert ("bench --refill" in text) == hint
+
+
 def test_recommend_says_no_speculation_when_the_measured_baseline_wins() -> None:
     preds = rank_settings(seed_costs(), Acceptance.constant(0.7), batch=1)
     measured = [

@@ -244,6 +244,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
                 "speedup": r.speedup,
                 "error_pct": r.error_pct,
                 "cause": r.cause,
+                "busy": r.busy,
                 "best_measured_tok_s": best_measured(meas, r.batch),
             }
             for r in recs

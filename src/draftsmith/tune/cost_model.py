@@ -567,6 +567,7 @@ class Recommendation:
     error_pct: float | None  # of the model, for the chosen setting
     cause: str  # the largest cause of disagreement between model and measurement
     rows: tuple[Comparison, ...]  # measured settings fastest first, then predicted-only
+    busy: float | None = None  # the choice's share of row slots decoding, measured if it was
 
     @property
     def speculate(self) -> bool:
@@ -698,8 +699,9 @@ def _recommend_batch(
         cause = "not measured" if m is None else "not predicted"
     base = meas.get(SpecSetting.baseline()) or preds.get(SpecSetting.baseline())
     base_tps = base.tokens_per_s if base else None
+    busy = m.busy if m and m.busy is not None else (p.busy if p else None)
     return Recommendation(
-        batch, setting, source, tps, base_tps, chosen.error_pct, cause, tuple(rows)
+        batch, setting, source, tps, base_tps, chosen.error_pct, cause, tuple(rows), busy
     )
 
 

@@ -52,6 +52,9 @@ def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
     return f"--speculative-config {shlex.quote(config)}" if config else ""
 
 
+IDLE_HINT = 0.1  # idle share of row slots from which the text points at refilled rows
+
+
 def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
     ones when nothing was measured) with both figures side by side, and the flags."""
@@ -66,6 +69,12 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
         lines.append(f"  {row.setting!s:<40} predicted {pred:>8}  measured {meas:>8}{err}")
     if rec.error_pct is not None:
         lines.append(f"  model error on the choice: {rec.error_pct:+.1f} %; cause: {rec.cause}")
+    if rec.busy is not None and rec.busy < 1 - IDLE_HINT:
+        lines.append(
+            f"  idle rows: {1 - rec.busy:.0%} of row slots idle (a static batch runs until its "
+            "slowest row ends); refilled rows take them back: measure with `draftsmith bench "
+            "--refill` (H200: 1.08-1.35x over static batches at batch 8, "
+            "benchmarks/spec_refill.md)")
     if rec.speculate:
         vllm = vllm_speculative_config(rec.setting, model_path)
         lines.append(f"  SGLang: {sglang_flags(rec.setting, model_path)}")
