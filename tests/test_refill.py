@@ -78,6 +78,8 @@ def test_warm_prompts_covers_every_padded_row_count_and_bucket():
 
     pre = SimpleNamespace(graphs=object(), max_batch=5,
                           bucket=lambda b, n: 16 if n <= 16 else 24)
-    calls = []
-    warm_prompts(pre, [[1] * 3, [2] * 20, [3] * 9], lambda r, p: calls.append((len(r), len(p[0]))))
-    assert sorted(calls) == [(s, n) for s in (1, 2, 4, 5) for n in (9, 20)]
+    for rows, sizes in ((5, (1, 2, 4, 5)), (9, (1, 2, 4, 5)), (3, (1, 2, 4)), (1, (1,))):
+        calls = []
+        warm_prompts(pre, [[1] * 3, [2] * 20, [3] * 9],
+                     lambda r, p, calls=calls: calls.append((len(r), len(p[0]))), rows)
+        assert sorted(calls) == [(s, n) for s in sizes for n in (9, 20)]

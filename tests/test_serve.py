@@ -262,18 +262,26 @@ def test_sixteen_concurrent_requests(srv: dict, engine: ServeEngine) -> None:
     after = httpx.get(srv["url"] + "/metrics").json()
     assert after["completed"] - before["completed"] == 16
     assert after["batches"] - before["batches"] < 16  # some requests shared a batch
+    assert after["joined_rows"] > before["joined_rows"]  # and some joined a running one
 
 
 def test_engine_error_is_one_500(srv: dict, engine: ServeEngine, monkeypatch) -> None:
     poison = chat_ids(engine, "poison")
-    real = engine.run
+    real = engine.open
 
-    def run(prompts, *a, **kw):
-        if poison in prompts:
-            raise RuntimeError("boom")
-        return real(prompts, *a, **kw)
+    def open_rows(*a, **kw):
+        live = real(*a, **kw)
+        add = live.add
 
-    monkeypatch.setattr(engine, "run", run)
+        def checked(slots, prompts):
+            if poison in prompts:
+                raise RuntimeError("boom")
+            add(slots, prompts)
+
+        live.add = checked
+        return live
+
+    monkeypatch.setattr(engine, "open", open_rows)
     with ThreadPoolExecutor(4) as pool:
         futs = [pool.submit(ask, srv, t, 8) for t in ("poison", "hello", "abc def", "ok")]
         with pytest.raises(openai.InternalServerError, match="boom"):
@@ -320,13 +328,15 @@ def test_speculative_server(engine: ServeEngine, tiny_dir: Path, drafter_dir: Pa
                        num_draft_tokens=ndt)
     spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
     with live(spec, str(tiny_dir)) as s:
-        with ThreadPoolExecutor(3) as pool:
-            outs = list(pool.map(lambda p: ask(s, p, 20), PROMPTS[:3]))
-        for p, r in zip(PROMPTS[:3], outs, strict=True):
-            assert r.choices[0].message.content == reference(engine, chat_ids(engine, p), 20)
+        lens = [20, 6, 14, 9, 17, 4]  # rows end apart: queued requests join running batches
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(lambda pn: ask(s, *pn), zip(PROMPTS[:6], lens, strict=True)))
+        for p, n, r in zip(PROMPTS[:6], lens, outs, strict=True):
+            assert r.choices[0].message.content == reference(engine, chat_ids(engine, p), n)
         assert streamed(s, PROMPTS[0], 20)[0] == outs[0].choices[0].message.content
         m = httpx.get(s["url"] + "/metrics").json()
         assert m["speculative"] is True and m["mean_accept_length"] >= 1.0
+        assert m["joined_rows"] > 0
         assert m["steps"] == 3 and m["topk"] == topk
 
 
@@ -404,3 +414,27 @@ def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
     assert sorted(kept) == pytest.approx(temps[-MAX_DECODERS:])
     assert any(k[3] == SamplingParams() for k in steps)
     assert {k for k in eng.rt.graphs.graphs if k[0] == "decode"} == steps
+
+
+def test_warmup_opens_every_row_count_the_scheduler_opens(tiny_dir: Path,
+                                                          drafter_dir: Path) -> None:
+    """`serve --warmup` (the default on GPU) fills and steps rows at each power of two up to
+    --max-batch and at --max-batch itself, the sizes a batch opens with, baseline and
+    speculative; the rows decode after it as they would cold."""
+    from draftsmith.engine.sampling import SamplingParams
+
+    cfg = EngineConfig(max_batch=6, max_prompt_tokens=32, max_tokens=8, steps=2)
+    base = load_engine(str(tiny_dir), None, "cpu", torch.float32, cfg)
+    base.warmup()
+    assert sorted(k[1] for k in base.rt._steps if k[0] == "refill") == [1, 2, 4, 6]
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    spec.warmup()
+    assert sorted(spec._spec_for(SamplingParams()).states) == [1, 2, 4, 6]
+    ids = chat_ids(base, "hello")
+    for eng in (base, spec):
+        live = eng.open(2, SamplingParams())
+        live.add([1], [ids])
+        live.step(7)
+        toks, ended = live.read([1])
+        assert toks[0] == generate(base.rt.model, [ids], 8, eos_ids=[])[0][: len(toks[0])]
+        assert len(toks[0]) == 8 or ended[0]

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from draftsmith.engine.sampling import SamplingParams
-from draftsmith.serve.engine import RunResult
 from draftsmith.serve.protocol import ApiError, ServeConfig, parse_chat, parse_completion
 from draftsmith.serve.scheduler import Job, Scheduler
 from draftsmith.serve.text import ChoiceText
@@ -106,28 +105,67 @@ def test_parse_errors_name_the_field() -> None:
 # ---- scheduler -------------------------------------------------------------------------------
 
 
-class FakeEngine:
-    """Echoes each prompt's first token as the whole completion; records batches."""
+class FakeLive:
+    """Rows whose every step appends the prompt's first token; a row ends at max_tokens."""
 
-    def __init__(self, max_batch: int = 4) -> None:
-        self.cfg = SimpleNamespace(max_batch=max_batch)
+    def __init__(self, eng: FakeEngine, rows: int) -> None:
+        self.eng, self.rows = eng, [None] * rows
+        self.hist = None
+
+    def add(self, slots, prompts) -> None:
+        if self.eng.bad in prompts:
+            raise RuntimeError("bad row")
+        self.eng.adds.append((len(self.eng.batches), list(slots)))
+        for i, p in zip(slots, prompts, strict=True):
+            self.rows[i] = [p[0]]
+
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self.eng.gate.wait(10)
+            if self.eng.ticks is not None:
+                assert self.eng.ticks.acquire(timeout=10)
+            self.eng.steps += 1
+            for r in self.rows:
+                if r is not None and len(r) < self.eng.cfg.max_tokens:
+                    r.append(r[0])
+
+    def read(self, slots):
+        rows = [list(self.rows[i]) for i in slots]
+        return rows, [len(r) >= self.eng.cfg.max_tokens for r in rows]
+
+    def drop(self, slots) -> None:
+        for i in slots:
+            self.rows[i] = None
+
+
+class FakeEngine:
+    """Echoes each prompt's first token as the whole completion; records batches (their rows)
+    and which slots each prefill filled."""
+
+    def __init__(self, max_batch: int = 4, max_tokens: int = 3) -> None:
+        self.cfg = SimpleNamespace(max_batch=max_batch, max_tokens=max_tokens)
         self.speculative, self.eos = False, [0]
         self.batches: list[int] = []
+        self.adds: list[tuple[int, list[int]]] = []
+        self.steps = 0
+        self.ticks: threading.Semaphore | None = None  # set: each step waits for a release
+        self.bad: list[int] | None = None  # a prompt whose prefill raises
         self.gate = threading.Event()
         self.gate.set()
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(96 + i) for i in ids)
 
-    def run(self, prompts, max_new, params, watch=None, every=1) -> RunResult:
+    def open(self, rows: int, params) -> FakeLive:
         self.gate.wait(10)
-        self.batches.append(len(prompts))
-        return RunResult([[p[0]] * max_new for p in prompts], 0.01)
+        self.batches.append(rows)
+        return FakeLive(self, rows)
 
 
-def job(text: str, events: list, temperature: float = 0.0, n: int = 1) -> Job:
-    req = parse_completion({"prompt": text, "max_tokens": 3, "temperature": temperature, "n": n},
-                           CFG, FakePrompter())
+def job(text: str, events: list, temperature: float = 0.0, n: int = 1,
+        max_tokens: int = 3, stream: bool = False) -> Job:
+    req = parse_completion({"prompt": text, "max_tokens": max_tokens, "stream": stream,
+                            "temperature": temperature, "n": n}, CFG, FakePrompter())
     req.prompts = [[ord(text[0]) - 96]]
     return Job(req, events.append)
 
@@ -161,21 +199,57 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     eng.gate.set()
     wait_done(events, 7)
     s.stop()
-    assert eng.batches == [1, 4, 1, 1]  # a | b d e f | c | g
+    # a, and b joining a's row when it ends | c | d e f g: the first batch opened with a alone,
+    # one row; b, next in the queue with a's settings, took that row (batch 1, slot 0); c's
+    # other settings then held the queue until a's batch drained
+    assert eng.batches == [1, 1, 4]
+    assert eng.adds[:2] == [(1, [0]), (1, [0])]
     texts = [e[2].text for e in events if e[0] == "finish"]
     assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
 
 
+def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> None:
+    """Continuous batching: a long job keeps decoding while a short one beside it ends and the
+    next queued job of the same settings takes its row and finishes first; a job of other
+    settings at the head of the queue stops further joins, and the same-settings job behind it
+    waits for its turn (FIFO, no starvation)."""
+    eng = FakeEngine(max_batch=4, max_tokens=12)
+    eng.ticks = threading.Semaphore(0)
+    s = Scheduler(eng, max_queue=8, batch_wait=0.5)
+    s.start()
+    ev: dict[str, list] = {t: [] for t in "ABCDE"}
+    order: list[str] = []
+
+    def sink(t: str):
+        return lambda e: (ev[t].append(e), e[0] == "done" and order.append(t))
+
+    def submit(t: str, **kw) -> None:
+        j = job(t.lower(), [], **kw)
+        j._sink = sink(t)
+        s.submit(j)
+
+    submit("A", max_tokens=12, stream=True)
+    submit("B", max_tokens=2)
+    time.sleep(0.7)  # the batch opened with A and B: two rows
+    submit("C", max_tokens=3)
+    submit("D", temperature=0.7)
+    submit("E", max_tokens=3)
+    eng.ticks.release(100)
+    for t in "ABCDE":
+        wait_done(ev[t], 1)
+    s.stop()
+    assert eng.batches == [2, 1, 1]  # A B, C joining | D | E
+    assert eng.adds[:2] == [(1, [0, 1]), (1, [1])]  # C took B's row in the first batch
+    assert order == ["B", "C", "A", "D", "E"]
+    assert "".join(e[2] for e in ev["A"] if e[0] == "delta") == "a" * 12
+    assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
+    m = s.metrics.snapshot(0)
+    assert m["batches"] == 3 and m["batch_rows"] == 5 and m["completed"] == 5
+
+
 def test_scheduler_isolates_engine_errors() -> None:
     eng = FakeEngine(max_batch=4)
-    real = eng.run
-
-    def run(prompts, *a, **kw):
-        if [2] in prompts:
-            raise RuntimeError("bad row")
-        return real(prompts, *a, **kw)
-
-    eng.run = run
+    eng.bad = [2]  # "b": its prefill raises
     s = Scheduler(eng, max_queue=8)
     s.start()
     eng.gate.clear()

@@ -35,7 +35,7 @@ class RefillState:
         self.eos = torch.tensor(eos or [-1], device=dev)
         self.ar = torch.arange(rows, device=dev)
         self.caches = rt.caches_for(rows)
-        self.pre = prefill_runtime(rt, rows)
+        self.pre = prefill_runtime(rt)
 
     def step(self) -> None:
         rt = self.rt
@@ -73,21 +73,29 @@ class RefillState:
 PREFILL_ROWS = 64
 
 
-def prefill_runtime(rt: Runtime, rows: int) -> Runtime:
+def prefill_runtime(rt: Runtime) -> Runtime:
     """A runtime over `rt`'s model for prompt passes apart from `rt`'s rows: `rt.prompt` writes
-    rows 0..b-1, which a refill must leave alone. Graphed per (rows, bucket) where `rt` is."""
-    return Runtime(rt.model, min(rows, PREFILL_ROWS), rt.max_seq, graphs=rt.graphs is not None,
-                   prompt_buckets=rt.prompt_buckets)
+    rows 0..b-1, which a refill must leave alone. Graphed per (rows, bucket) where `rt` is. One
+    per runtime, as many rows as `rt` (at most PREFILL_ROWS): its cache is scratch, copied out at
+    once, so every refilling state of `rt` (any row count, any sampling setting, baseline or
+    speculative) shares it."""
+    if "_prefill_rt" not in rt.__dict__:
+        rt.__dict__["_prefill_rt"] = Runtime(
+            rt.model, min(rt.max_batch, PREFILL_ROWS), rt.max_seq, graphs=rt.graphs is not None,
+            prompt_buckets=rt.prompt_buckets)
+    return rt.__dict__["_prefill_rt"]
 
 
 def warm_prompts(pre: Runtime, prompts: list[list[int]],
-                 start: Callable[[list[int], list[list[int]]], object]) -> None:
+                 start: Callable[[list[int], list[list[int]]], object], rows: int) -> None:
     """Run `start(rows, prompts)` untimed once for every padded row count `prompt_into_rows`
-    can use and every bucket these prompts fall in: what a refill run replays is captured."""
+    can use for refills of up to `rows` rows, and every bucket these prompts fall in: what a
+    refill run replays is captured."""
     if pre.graphs is None:
         return
     one = {pre.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
-    sizes = {min(pre.max_batch, 1 << i) for i in range(pre.max_batch.bit_length() + 1)}
+    sizes = {min(pre.max_batch, 1 << (k - 1).bit_length())
+             for k in range(1, min(rows, pre.max_batch) + 1)}
     for size in sorted(sizes):
         for p in one.values():
             start(list(range(size)), [p] * size)
@@ -116,7 +124,7 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
     a resumed run samples what an uninterrupted one does. `prompts`: also capture the prompt
     graphs their refills will use (`warm_prompts`)."""
     state, step = _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
-    warm_prompts(state.pre, list(prompts), state.start)
+    warm_prompts(state.pre, list(prompts), state.start, state.rows)
     state.done.fill_(True)
     return state, step
 

@@ -8,8 +8,8 @@ the next prompts into them while the other rows keep their state. The cycle itse
 slice of every buffer and cache, and rows are independent, so each greedy answer is the one its
 prompt gets alone.
 
-The new prompts are prefilled by a runtime of their own (`Prefiller`: the target and the drafter
-over the same weights, with caches of `rows` rows and their own prompt graphs), and their K/V
+The new prompts are prefilled by runtimes of their own (`Prefiller`: the target and the drafter
+over the same weights, with caches and prompt graphs apart from the decoder's), and their K/V
 copied into the freed rows: the decoder's own prompt pass writes rows 0..k-1, which are busy.
 """
 
@@ -34,11 +34,13 @@ from draftsmith.errors import DraftsmithError
 
 
 class Prefiller:
-    """Prompt passes for up to `rows` rows, into caches apart from the decoder's."""
+    """Prompt passes into caches apart from the decoder's: the target's through its runtime's
+    shared prefill runtime (`prefill_runtime`), the drafter's through a runtime of the same
+    rows."""
 
-    def __init__(self, dec: SpecDecoder, rows: int) -> None:
+    def __init__(self, dec: SpecDecoder) -> None:
         self.dec = dec
-        self.rt = prefill_runtime(dec.rt, rows)
+        self.rt = prefill_runtime(dec.rt)
         self.drt = DrafterRuntime(dec.drafter, self.rt.max_batch, dec.drt.max_seq,
                                   self.rt.graphs or False)
 
@@ -116,7 +118,7 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     check_every = check_every or refill_every_for(rows)
     eos = list(eos_ids or [])
     _check(dec, prompts, max_new_tokens, eos, rows)
-    st, pre = dec._state(rows), _prefiller(dec, rows)
+    st, pre = dec._state(rows), _prefiller(dec)
     prof = make_profiler(dec.device, dec.profile)
     sync(dec.rt)
     t0 = time.perf_counter()
@@ -154,9 +156,9 @@ def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
     `rows` and the prompt graphs (target and drafter) of every row count and bucket its
     prefills use."""
     rows = min(rows, len(prompts))
-    st, pre = dec._state(rows), _prefiller(dec, rows)
+    st, pre = dec._state(rows), _prefiller(dec)
     _reset(st, 1, [])
-    warm_prompts(pre.rt, prompts, partial(pre.start, st))
+    warm_prompts(pre.rt, prompts, partial(pre.start, st), rows)
     sync(dec.rt)
 
 
@@ -169,12 +171,11 @@ def _check(dec: SpecDecoder, prompts: list[list[int]], max_new: int, eos: list[i
     dec._check_inputs(prompts, max_new, eos, batch=rows)
 
 
-def _prefiller(dec: SpecDecoder, rows: int) -> Prefiller:
-    """One per decoder and row count: its prompt graphs are captured once."""
-    cache = dec.__dict__.setdefault("_prefillers", {})
-    if rows not in cache:
-        cache[rows] = Prefiller(dec, rows)
-    return cache[rows]
+def _prefiller(dec: SpecDecoder) -> Prefiller:
+    """One per decoder: its prompt graphs are captured once."""
+    if "_prefiller" not in dec.__dict__:
+        dec.__dict__["_prefiller"] = Prefiller(dec)
+    return dec.__dict__["_prefiller"]
 
 
 def _reset(st: SpecState, max_new: int, eos: list[int]) -> None:

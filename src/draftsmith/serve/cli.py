@@ -57,7 +57,7 @@ def serve(
                         num_draft_tokens)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warmup if warmup is not None else dev != "cpu":
-        _say(f"warming up batch sizes 1..{max_batch}")
+        _say(f"warming up batches of 1..{max_batch} rows (powers of two)")
         engine.warmup()
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter)
     if host not in LOOPBACK and not api_key:

@@ -3,6 +3,9 @@ driven step by step so a caller can watch tokens as they come and stop a batch e
 
 The baseline driver is `run_generation`'s loop with a watch point added; the speculative driver
 is `SpecDecoder`'s step API (`start`, `cycle`, `finished`) with the same watch point per cycle.
+`open(rows, params)` gives the scheduler's continuous batches instead: a set of rows that new
+requests join as others end (`LiveRows`: the refilling states of `engine/refill.py` and
+`engine/spec_refill.py`).
 """
 
 from __future__ import annotations
@@ -114,10 +117,25 @@ class ServeEngine:
             rows, hist = self._run_baseline(prompts, max_new, params, watch, every), None
         return RunResult(rows, time.perf_counter() - t0, hist)
 
+    def open(self, rows: int, params: SamplingParams) -> LiveRows:
+        """`rows` idle rows that prompts join (`add`) and leave (`drop`) while others decode."""
+        if not 1 <= rows <= self.cfg.max_batch:
+            raise DraftsmithError(f"rows {rows} outside 1..max_batch {self.cfg.max_batch}")
+        if self.speculative:
+            return _SpecRows(self, rows, params)
+        self._keep_baseline(params)
+        return _BaselineRows(self, rows, params)
+
     def warmup(self, batch_sizes: list[int] | None = None) -> None:
-        """Run every batch size once greedily (on CUDA this captures the graphs up front)."""
-        for b in sorted(batch_sizes or range(1, self.cfg.max_batch + 1), reverse=True):
-            self.run([[self.eos[0] if self.eos else 0]] * b, 2, SamplingParams())
+        """Open, fill and step greedy rows at every size the scheduler opens (powers of two up
+        to max_batch, and max_batch), or at `batch_sizes`: on CUDA this captures their graphs
+        up front."""
+        top, tok = self.cfg.max_batch, [self.eos[0] if self.eos else 0]
+        sizes = batch_sizes or {min(top, 1 << i) for i in range(top.bit_length() + 1)}
+        for b in sorted(sizes, reverse=True):
+            live = self.open(b, SamplingParams())
+            live.add(list(range(b)), [tok] * b)
+            live.step(1)
 
     @torch.no_grad()
     def _run_baseline(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
@@ -181,17 +199,90 @@ class ServeEngine:
 
     def _keep_baseline(self, params: SamplingParams) -> None:
         """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key,
-        ("decode", batch, eos, params), among the runtime's graphed steps)."""
+        ("decode", batch, eos, params), and the continuous rows one per ("refill", rows,
+        max_new, eos, params), among the runtime's graphed steps)."""
         cache: dict = getattr(self.rt, "_steps", {})
-        keys = [k for k in cache
-                if k[0] == "decode" and k[3] != SamplingParams() and k[3] != params]
-        settings = list(dict.fromkeys(k[3] for k in keys))
+        keys = [k for k in cache if k[0] in ("decode", "refill")
+                and k[-1] != SamplingParams() and k[-1] != params]
+        settings = list(dict.fromkeys(k[-1] for k in keys))
         old = set(settings[: max(0, len(settings) - MAX_DECODERS + 1)])
         doomed = {k for k in keys if k[3] in old}
         for k in doomed:
             cache.pop(k)
         if doomed and self.rt.graphs is not None:
             self.rt.graphs.drop(doomed.__contains__)
+
+
+class LiveRows:
+    """Rows decoding together, each its own request's: `add` prefills prompts into idle rows,
+    `step(n)` runs n decode steps (or speculative cycles) over all of them, `read` returns rows'
+    tokens so far (eos not trimmed) and whether each ended (eos or the server's max_tokens),
+    `drop` idles rows. An idle or ended row is inert: it emits nothing."""
+
+    def __init__(self, eng: ServeEngine, rows: int) -> None:
+        self.eng, self.rows = eng, rows
+
+    def _idx(self, slots: list[int]) -> torch.Tensor:
+        return torch.tensor(slots, device=self.eng.rt.device)
+
+    def read(self, slots: list[int]) -> tuple[list[list[int]], list[bool]]:
+        st, idx = self.state, self._idx(slots)
+        cap = self.eng.cfg.max_tokens
+        counts, outs, done = st.count[idx].tolist(), st.out[idx].tolist(), st.done[idx].tolist()
+        return [o[: min(c, cap)] for o, c in zip(outs, counts, strict=True)], done
+
+    def drop(self, slots: list[int]) -> None:
+        if slots:
+            self.state.done[self._idx(slots)] = True
+
+    @property
+    def hist(self) -> list[int] | None:
+        return None
+
+
+class _BaselineRows(LiveRows):
+    def __init__(self, eng: ServeEngine, rows: int, params: SamplingParams) -> None:
+        from draftsmith.engine.refill import _refiller
+
+        super().__init__(eng, rows)
+        self.state, self._step = _refiller(eng.rt, rows, eng.cfg.max_tokens, eng.eos, params)
+        self.state.done.fill_(True)
+
+    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+        check_request(self.eng.rt, prompts, self.eng.cfg.max_tokens)
+        self.state.start(slots, prompts)
+
+    @torch.no_grad()
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self._step()
+
+
+class _SpecRows(LiveRows):
+    def __init__(self, eng: ServeEngine, rows: int, params: SamplingParams) -> None:
+        from draftsmith.engine.spec_refill import _prefiller, _reset
+
+        super().__init__(eng, rows)
+        self.dec = eng._spec_for(params)
+        self.state, self.pre = self.dec._state(rows), _prefiller(self.dec)
+        _reset(self.state, eng.cfg.max_tokens, eng.eos)
+
+    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+        self.dec._check_inputs(prompts, self.eng.cfg.max_tokens, self.eng.eos, batch=self.rows)
+        self.pre.start(self.state, slots, prompts)
+
+    @torch.no_grad()
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            self.dec.cycle(self.state)
+
+    def drop(self, slots: list[int]) -> None:
+        super().drop(slots)
+        self.state.all_done.copy_(self.state.done.all())
+
+    @property
+    def hist(self) -> list[int]:
+        return self.state.hist.tolist()
 
 
 def _spec_rows(st: Any, max_new: int) -> list[list[int]]:

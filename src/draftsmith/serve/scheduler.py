@@ -1,10 +1,15 @@
-"""One engine worker thread: a FIFO queue of jobs, batched by sampling settings.
+"""One engine worker thread: a FIFO queue of jobs, batched continuously by sampling settings.
 
 The oldest job always runs next (no starvation); queued jobs with the same sampling settings
-join its static batch up to `max_batch` rows. A job reports through `sink(event)`, called on the
-worker thread: ("delta", index, text), ("finish", index, Choice), ("done", completion_tokens),
-("error", status, message). An engine exception fails only that batch: its jobs that have sent
-nothing yet are rerun one by one, so only the culprit gets the error.
+start with it, up to `max_batch` rows (a power of two of them: the engine's states come in those
+sizes). While the batch decodes, a row that ends frees its slot, and the jobs at the head of the
+queue join it while they have its settings and fit; a job of other settings at the head waits
+for the batch to drain, and so does everything queued behind it. Seeded sampled jobs never join
+a running batch (their draws would depend on it). A job reports through `sink(event)`, called on
+the worker thread: ("delta", index, text), ("finish", index, Choice), ("done",
+completion_tokens), ("error", status, message). An engine exception fails only the jobs of that
+batch still running: those that have sent nothing yet are rerun one by one, so only the culprit
+gets the error.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Job:
         self.cancelled = False
         self.solo = False
         self.sent = False  # a delta or a finish went out: a rerun would repeat it
+        self.done = False  # every row finished and "done" sent
+        self.rows: list[Row] = []
         self.queued_at = time.perf_counter()
 
     @property
@@ -84,7 +91,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.counts = dict.fromkeys(
             ("requests", "completed", "rejected", "failed", "cancelled", "batches", "batch_rows",
-             "prompt_tokens", "completion_tokens"), 0)
+             "joined_rows", "prompt_tokens", "completion_tokens"), 0)
         self.engine_s = 0.0
         self.queue_s = 0.0
         self.accept_hist: list[int] = []
@@ -213,51 +220,101 @@ class Scheduler:
         self._queue = deque(j for j in live if j not in batch)
         return batch
 
-    def _rows_of(self, batch: list[Job]) -> list[Row]:
-        eng = self.engine
-        rows = []
-        for job in batch:
-            req = job.req
-            for p, prompt in enumerate(req.prompts):
-                for k in range(req.n):
-                    rows.append(Row(job, p * req.n + k, prompt, eng.eos, eng.decode))
-        return rows
+    def _rows_of(self, job: Job) -> list[Row]:
+        eng, req = self.engine, job.req
+        return [Row(job, p * req.n + k, prompt, eng.eos, eng.decode)
+                for p, prompt in enumerate(req.prompts) for k in range(req.n)]
 
     def _run(self, batch: list[Job]) -> None:
-        rows = self._rows_of(batch)
+        """Decode `batch` as one continuous batch; jobs that join are appended to it."""
         req = batch[0].req
-        watching = any(j.req.stream or j.req.stop for j in batch) or len(
-            {j.req.max_tokens for j in batch}) > 1
-
-        def watch(raw: list[list[int]]) -> bool:
-            for r, toks in zip(rows, raw, strict=True):
-                r.feed(toks, False)
-            return all(r.finished for r in rows)
-
-        if req.seed is not None and not req.params.greedy:
+        seeded = req.seed is not None and not req.params.greedy
+        if seeded:
             torch.manual_seed(req.seed)
-        now = time.perf_counter()
-        waited = sum((now - j.queued_at) * j.req.rows for j in batch)
-        every = 1 if any(j.req.stream for j in batch) else CHECK_EVERY
-        res = self.engine.run([r.prompt for r in rows], max(j.req.max_tokens for j in batch),
-                              req.params, watch if watching else None, every)
-        for r, toks in zip(rows, res.rows, strict=True):
-            r.feed(toks, True)
-        self.metrics.batch(len(rows), res.seconds, res.accept_hist, waited)
-        self._finish(batch, rows)
+        need = sum(j.req.rows for j in batch)
+        size = need if seeded else min(self.max_batch, 1 << (need - 1).bit_length())
+        live = self.engine.open(size, req.params)
+        slots: list[Row | None] = [None] * size
+        t0, waited = time.perf_counter(), self._admit(live, slots, batch)
+        while any(slots):
+            live.step(self._steps(slots))
+            self._collect(live, slots)
+            free = slots.count(None)
+            if free and not seeded and (more := self._join(batch[0].key, free)):
+                batch.extend(more)
+                waited += self._admit(live, slots, more)
+                self.metrics.add(joined_rows=sum(j.req.rows for j in more))
+        rows = sum(len(j.rows) for j in batch)
+        self.metrics.batch(rows, time.perf_counter() - t0, live.hist, waited)
 
-    def _finish(self, batch: list[Job], rows: list[Row]) -> None:
-        for job in batch:
-            mine = [r for r in rows if r.job is job]
-            used = sum(len(r.tokens) for r in mine)
-            self.metrics.add(completed=1, completion_tokens=used,
-                             prompt_tokens=sum(len(p) for p in job.req.prompts))
-            job.emit(("done", used))
+    def _admit(self, live: Any, slots: list[Row | None], jobs: list[Job]) -> float:
+        """Put the jobs' rows into free slots and prefill them together; returns their summed
+        queue wait (row-seconds)."""
+        now, at, prompts, waited = time.perf_counter(), [], [], 0.0
+        for job in jobs:
+            job.rows = self._rows_of(job)
+            waited += (now - job.queued_at) * len(job.rows)
+            for row in job.rows:
+                i = slots.index(None)
+                slots[i] = row
+                at.append(i)
+                prompts.append(row.prompt)
+        live.add(at, prompts)
+        return waited
+
+    @staticmethod
+    def _steps(slots: list[Row | None]) -> int:
+        """Steps before the next look: 1 while a row streams, else up to CHECK_EVERY but no more
+        than the nearest row's tokens left (a step emits at least one token a row)."""
+        busy = [r for r in slots if r is not None]
+        if any(r.job.req.stream for r in busy):
+            return 1
+        return max(1, min(CHECK_EVERY, *(r.limit - len(r.tokens) for r in busy)))
+
+    def _collect(self, live: Any, slots: list[Row | None]) -> None:
+        """Feed every busy row its tokens; free the slots of rows that finished (ended, hit
+        their own limit or stop string, or were cancelled) and finish their jobs."""
+        busy = [i for i, r in enumerate(slots) if r is not None]
+        tokens, ended = live.read(busy)
+        gone = []
+        for i, toks, end in zip(busy, tokens, ended, strict=True):
+            row = slots[i]
+            row.feed(toks, end)
+            if row.finished:
+                slots[i] = None
+                gone.append(i)
+                if all(r.finished for r in row.job.rows):
+                    self._finish(row.job)
+        live.drop(gone)
+
+    def _join(self, key: tuple, free: int) -> list[Job]:
+        """The jobs at the head of the queue with these settings that fit in `free` rows."""
+        take, rows = [], 0
+        with self._cv:
+            while self._queue:
+                job = self._queue[0]
+                if job.cancelled:
+                    self._queue.popleft()
+                    self.metrics.add(cancelled=1)
+                    continue
+                if job.key != key or rows + job.req.rows > free:
+                    break
+                take.append(self._queue.popleft())
+                rows += job.req.rows
+        return take
+
+    def _finish(self, job: Job) -> None:
+        used = sum(len(r.tokens) for r in job.rows)
+        self.metrics.add(completed=1, completion_tokens=used,
+                         prompt_tokens=sum(len(p) for p in job.req.prompts))
+        job.done = True
+        job.emit(("done", used))
 
     def _fail(self, batch: list[Job], e: Exception) -> None:
         print(f"draftsmith serve: engine error on a batch of {len(batch)} request(s):",
               file=sys.stderr)
         traceback.print_exception(e, file=sys.stderr)
+        batch = [j for j in batch if not j.done]
         retry = [j for j in batch if len(batch) > 1 and not j.sent and not j.cancelled]
         for job in batch:
             if job not in retry:
