@@ -208,24 +208,20 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
 
 
-def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> None:
-    """Continuous batching: a long job keeps decoding while a short one beside it ends and the
-    next queued job of the same settings takes its row and finishes first; a job of other
-    settings at the head of the queue stops further joins, and the same-settings job behind it
-    waits for its turn (FIFO, no starvation)."""
+def scenario(continuous: bool) -> tuple[FakeEngine, Scheduler, dict[str, list], list[str]]:
+    """A long streamed job A beside a short B; then C (A's settings), D (other settings), E
+    (A's settings) queue while they decode. Returns the engine, the scheduler, each job's events
+    and the order the jobs ended in."""
     eng = FakeEngine(max_batch=4, max_tokens=12)
     eng.ticks = threading.Semaphore(0)
-    s = Scheduler(eng, max_queue=8, batch_wait=0.5)
+    s = Scheduler(eng, max_queue=8, batch_wait=0.5, continuous=continuous)
     s.start()
     ev: dict[str, list] = {t: [] for t in "ABCDE"}
     order: list[str] = []
 
-    def sink(t: str):
-        return lambda e: (ev[t].append(e), e[0] == "done" and order.append(t))
-
     def submit(t: str, **kw) -> None:
         j = job(t.lower(), [], **kw)
-        j._sink = sink(t)
+        j._sink = lambda e, t=t: (ev[t].append(e), e[0] == "done" and order.append(t))
         s.submit(j)
 
     submit("A", max_tokens=12, stream=True)
@@ -238,6 +234,15 @@ def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> 
     for t in "ABCDE":
         wait_done(ev[t], 1)
     s.stop()
+    return eng, s, ev, order
+
+
+def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> None:
+    """Continuous batching: a long job keeps decoding while a short one beside it ends and the
+    next queued job of the same settings takes its row and finishes first; a job of other
+    settings at the head of the queue stops further joins, and the same-settings job behind it
+    waits for its turn (FIFO, no starvation)."""
+    eng, s, ev, order = scenario(continuous=True)
     assert eng.batches == [2, 1, 1]  # A B, C joining | D | E
     assert eng.adds[:2] == [(1, [0, 1]), (1, [1])]  # C took B's row in the first batch
     assert order == ["B", "C", "A", "D", "E"]
@@ -245,6 +250,46 @@ def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> 
     assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
     m = s.metrics.snapshot(0)
     assert m["batches"] == 3 and m["batch_rows"] == 5 and m["completed"] == 5
+    assert m["joined_rows"] == 1
+
+
+def test_a_small_batch_drains_rather_than_take_a_queue_one_row_at_a_time() -> None:
+    """A batch opened with one row, and three jobs of its settings queued meanwhile: when its
+    row ends it takes none of them (they do not all fit), so the next batch opens with all three
+    in four rows, where a fifth job later joins a freed row."""
+    eng = FakeEngine(max_batch=4, max_tokens=12)
+    eng.ticks = threading.Semaphore(0)
+    s = Scheduler(eng, max_queue=8, batch_wait=0.2)
+    s.start()
+    events: list = []
+    s.submit(job("a", events, max_tokens=4))
+    time.sleep(0.4)  # a's batch opened alone
+    for t, n in (("b", 2), ("c", 6), ("d", 6)):
+        s.submit(job(t, events, max_tokens=n))
+    time.sleep(0.3)
+    eng.ticks.release(3)  # a ends (4 tokens); b c d wait
+    deadline = time.time() + 10
+    while len(eng.batches) < 2:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    s.submit(job("e", events, max_tokens=3))
+    time.sleep(0.3)
+    eng.ticks.release(100)
+    wait_done(events, 5)
+    s.stop()
+    assert eng.batches == [1, 4]
+    assert eng.adds == [(1, [0]), (2, [0, 1, 2]), (2, [0])]  # e took b's row, ended first
+    assert s.metrics.snapshot(0)["joined_rows"] == 1
+
+
+def test_static_batches_run_until_their_last_row_ends() -> None:
+    """`serve --static-batches`: no job joins a running batch; C waits for A, then runs with E
+    (the next batch gathers the oldest job's settings from the whole queue), then D."""
+    eng, s, ev, order = scenario(continuous=False)
+    assert eng.batches == [2, 2, 1]
+    assert order == ["B", "A", "C", "E", "D"]
+    assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
+    assert s.metrics.snapshot(0)["joined_rows"] == 0
 
 
 def test_scheduler_isolates_engine_errors() -> None:

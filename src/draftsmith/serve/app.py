@@ -26,7 +26,7 @@ MAX_BODY = 16 << 20
 
 
 def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
-    sched = Scheduler(engine, cfg.max_queue)
+    sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

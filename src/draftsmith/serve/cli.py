@@ -37,6 +37,10 @@ def serve(
                                 help="Require 'Authorization: Bearer KEY' on /v1"),
     warmup: bool = typer.Option(None, "--warmup/--no-warmup",
                                 help="Run every batch size once before serving (default: on GPU)"),
+    continuous: bool = typer.Option(True, "--continuous/--static-batches",
+                                    help="A row whose answer ended takes the next queued "
+                                         "request of its settings (static: a batch runs until "
+                                         "its last row ends)"),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the target over an OpenAI-compatible HTTP API (speculative with --drafter)."""
@@ -59,7 +63,8 @@ def serve(
     if warmup if warmup is not None else dev != "cpu":
         _say(f"warming up batches of 1..{max_batch} rows (powers of two)")
         engine.warmup()
-    cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter)
+    cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
+                        continuous)
     if host not in LOOPBACK and not api_key:
         _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
     mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
@@ -87,7 +92,7 @@ def check_bindable(host: str, port: int) -> None:
 
 
 def server_config(engine, target: str, name: str | None, api_key: str | None,
-                  max_queue: int, drafter: Path | None = None):
+                  max_queue: int, drafter: Path | None = None, continuous: bool = True):
     from draftsmith.serve.protocol import ServeConfig
 
     t, c = engine.target, engine.cfg
@@ -98,9 +103,9 @@ def server_config(engine, target: str, name: str | None, api_key: str | None,
             "steps": c.steps if spec else None, "topk": c.topk if spec else None,
             "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
             "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
-            "target_fingerprint": t.fingerprint}
+            "target_fingerprint": t.fingerprint, "continuous": continuous}
     return ServeConfig(model_name, aliases, c.max_tokens, c.max_prompt_tokens, c.max_batch,
-                       max_queue, api_key, t.fingerprint, info)
+                       max_queue, api_key, t.fingerprint, info, continuous)
 
 
 def _default_name(t, target: str) -> str:

@@ -44,6 +44,7 @@ class ServeConfig:
     api_key: str | None = None
     fingerprint: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    continuous: bool = True  # rows that end take queued jobs (False: batches run to the end)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue"):

@@ -3,13 +3,14 @@
 The oldest job always runs next (no starvation); queued jobs with the same sampling settings
 start with it, up to `max_batch` rows (a power of two of them: the engine's states come in those
 sizes). While the batch decodes, a row that ends frees its slot, and the jobs at the head of the
-queue join it while they have its settings and fit; a job of other settings at the head waits
-for the batch to drain, and so does everything queued behind it. Seeded sampled jobs never join
-a running batch (their draws would depend on it). A job reports through `sink(event)`, called on
-the worker thread: ("delta", index, text), ("finish", index, Choice), ("done",
-completion_tokens), ("error", status, message). An engine exception fails only the jobs of that
-batch still running: those that have sent nothing yet are rerun one by one, so only the culprit
-gets the error.
+queue join it while they have its settings and fit (a batch under max_batch rows takes them only
+if all of them fit, else it drains and the next opens larger); a job of other settings at the
+head waits for the batch to drain, and so does everything queued behind it. Seeded sampled jobs
+never join a running batch (their draws would depend on it). A job reports through
+`sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
+("done", completion_tokens), ("error", status, message). An engine exception fails only the jobs
+of that batch still running: those that have sent nothing yet are rerun one by one, so only the
+culprit gets the error.
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ class Metrics:
 
 class Scheduler:
     def __init__(self, engine: ServeEngine, max_queue: int = 256,
-                 batch_wait: float = BATCH_WAIT_S) -> None:
+                 batch_wait: float = BATCH_WAIT_S, continuous: bool = True) -> None:
         self.engine, self.max_queue, self.batch_wait = engine, max_queue, batch_wait
+        self.continuous = continuous  # False: a batch runs until its last row ends
         self.max_batch = engine.cfg.max_batch
         self.metrics = Metrics(engine.speculative)
         self._queue: deque[Job] = deque()
@@ -232,7 +234,8 @@ class Scheduler:
         if seeded:
             torch.manual_seed(req.seed)
         need = sum(j.req.rows for j in batch)
-        size = need if seeded else min(self.max_batch, 1 << (need - 1).bit_length())
+        pow2 = self.continuous and not seeded
+        size = min(self.max_batch, 1 << (need - 1).bit_length()) if pow2 else need
         live = self.engine.open(size, req.params)
         slots: list[Row | None] = [None] * size
         t0, waited = time.perf_counter(), self._admit(live, slots, batch)
@@ -240,7 +243,8 @@ class Scheduler:
             live.step(self._steps(slots))
             self._collect(live, slots)
             free = slots.count(None)
-            if free and not seeded and (more := self._join(batch[0].key, free)):
+            if free and self.continuous and not seeded and (
+                    more := self._join(batch[0].key, free, size < self.max_batch)):
                 batch.extend(more)
                 waited += self._admit(live, slots, more)
                 self.metrics.add(joined_rows=sum(j.req.rows for j in more))
@@ -265,11 +269,12 @@ class Scheduler:
     @staticmethod
     def _steps(slots: list[Row | None]) -> int:
         """Steps before the next look: 1 while a row streams, else up to CHECK_EVERY but no more
-        than the nearest row's tokens left (a step emits at least one token a row)."""
+        than the nearest row's tokens left (a step emits at least one token a row; a row's
+        prefill made its first)."""
         busy = [r for r in slots if r is not None]
         if any(r.job.req.stream for r in busy):
             return 1
-        return max(1, min(CHECK_EVERY, *(r.limit - len(r.tokens) for r in busy)))
+        return max(1, min(CHECK_EVERY, *(r.limit - max(len(r.tokens), 1) for r in busy)))
 
     def _collect(self, live: Any, slots: list[Row | None]) -> None:
         """Feed every busy row its tokens; free the slots of rows that finished (ended, hit
@@ -287,10 +292,15 @@ class Scheduler:
                     self._finish(row.job)
         live.drop(gone)
 
-    def _join(self, key: tuple, free: int) -> list[Job]:
-        """The jobs at the head of the queue with these settings that fit in `free` rows."""
+    def _join(self, key: tuple, free: int, small: bool) -> list[Job]:
+        """The jobs at the head of the queue with these settings that fit in `free` rows. A
+        `small` batch (under max_batch rows) takes none when they do not all fit: it drains,
+        and the next batch opens with more rows (joining one at a time would keep a batch of one
+        row going for the whole queue)."""
         take, rows = [], 0
         with self._cv:
+            if small and self._head_rows(key) > free:
+                return []
             while self._queue:
                 job = self._queue[0]
                 if job.cancelled:
@@ -302,6 +312,18 @@ class Scheduler:
                 take.append(self._queue.popleft())
                 rows += job.req.rows
         return take
+
+    def _head_rows(self, key: tuple) -> int:
+        """Rows of the live jobs with these settings at the head of the queue, up to the first
+        of other settings."""
+        rows = 0
+        for job in self._queue:
+            if job.cancelled:
+                continue
+            if job.key != key:
+                break
+            rows += job.req.rows
+        return rows
 
     def _finish(self, job: Job) -> None:
         used = sum(len(r.tokens) for r in job.rows)
