@@ -336,7 +336,6 @@ def test_speculative_server(engine: ServeEngine, tiny_dir: Path, drafter_dir: Pa
         assert streamed(s, PROMPTS[0], 20)[0] == outs[0].choices[0].message.content
         m = httpx.get(s["url"] + "/metrics").json()
         assert m["speculative"] is True and m["mean_accept_length"] >= 1.0
-        assert m["joined_rows"] > 0
         assert m["steps"] == 3 and m["topk"] == topk
 
 
@@ -407,34 +406,45 @@ def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
     eng = load_engine(str(tiny_dir), None, "cpu", torch.float32, EngineConfig(**LIMITS))
     eng.rt.graphs = Graphs(torch.device("cpu"))
     temps = [0.3 + 0.1 * i for i in range(MAX_DECODERS + 3)]
+    first = SamplingParams(temperature=temps[0])
     for params in [SamplingParams(), *(SamplingParams(temperature=t) for t in temps)]:
         eng.run([[5, 6, 7]], 3, params)
-    steps = {k for k in eng.rt._steps if k[0] == "decode"}
-    kept = [k[3].temperature for k in steps if k[3] != SamplingParams()]
-    assert sorted(kept) == pytest.approx(temps[-MAX_DECODERS:])
-    assert any(k[3] == SamplingParams() for k in steps)
-    assert {k for k in eng.rt.graphs.graphs if k[0] == "decode"} == steps
+        live = eng.open(1, params)  # the scheduler's continuous rows: ("refill", ...) steps
+        live.add([0], [[5, 6, 7]])
+        eng.open(1, first)  # used again and again: the least recently used go, not it
+    for kind in ("decode", "refill"):
+        steps = {k for k in eng.rt._steps if k[0] == kind}
+        kept = {k[-1].temperature for k in steps if k[-1] != SamplingParams()}
+        want = {first.temperature, *temps[-MAX_DECODERS + 1:]}  # a setting's steps go together
+        assert sorted(kept) == pytest.approx(sorted(want)), kind
+        assert any(k[-1] == SamplingParams() for k in steps)
+        assert {k for k in eng.rt.graphs.graphs if k[0] == kind} == steps
 
 
 def test_warmup_opens_every_row_count_the_scheduler_opens(tiny_dir: Path,
                                                           drafter_dir: Path) -> None:
-    """`serve --warmup` (the default on GPU) fills and steps rows at each power of two up to
-    --max-batch and at --max-batch itself, the sizes a batch opens with, baseline and
-    speculative; the rows decode after it as they would cold."""
+    """`serve --warmup` (the default on GPU) fills and steps rows at every size up to
+    --max-batch (continuous batches open at powers of two, static ones at any size), baseline
+    and speculative; the rows decode after it as they would cold."""
     from draftsmith.engine.sampling import SamplingParams
 
-    cfg = EngineConfig(max_batch=6, max_prompt_tokens=32, max_tokens=8, steps=2)
+    cfg = EngineConfig(max_batch=6, max_prompt_tokens=64, max_tokens=8, steps=2)
     base = load_engine(str(tiny_dir), None, "cpu", torch.float32, cfg)
     base.warmup()
-    assert sorted(k[1] for k in base.rt._steps if k[0] == "refill") == [1, 2, 4, 6]
+    assert sorted(k[1] for k in base.rt._steps if k[0] == "refill") == [1, 2, 3, 4, 5, 6]
     spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
     spec.warmup()
-    assert sorted(spec._spec_for(SamplingParams()).states) == [1, 2, 4, 6]
-    ids = chat_ids(base, "hello")
-    for eng in (base, spec):
+    assert sorted(spec._spec_for(SamplingParams()).states) == [1, 2, 3, 4, 5, 6]
+    a, b = chat_ids(base, "hello"), chat_ids(base, "Tell me a story")
+    want = [generate(base.rt.model, [p], 8, eos_ids=[])[0] for p in (a, b)]
+    for eng in (base, spec):  # b joins row 0 while a decodes in row 1, then a's row is dropped
         live = eng.open(2, SamplingParams())
-        live.add([1], [ids])
+        live.add([1], [a])
+        live.step(2)
+        live.add([0], [b])
         live.step(7)
-        toks, ended = live.read([1])
-        assert toks[0] == generate(base.rt.model, [ids], 8, eos_ids=[])[0][: len(toks[0])]
-        assert len(toks[0]) == 8 or ended[0]
+        (ta, tb), ended = live.read([1, 0])
+        assert ta == want[0][: len(ta)] and tb == want[1][: len(tb)]
+        assert all(len(t) == 8 or e for t, e in zip((ta, tb), ended, strict=True))
+        live.drop([1])
+        assert live.read([1])[1] == [True]

@@ -13,7 +13,7 @@ import pytest
 
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.serve.protocol import ApiError, ServeConfig, parse_chat, parse_completion
-from draftsmith.serve.scheduler import Job, Scheduler
+from draftsmith.serve.scheduler import Job, Row, Scheduler
 from draftsmith.serve.text import ChoiceText
 
 # ---- text ------------------------------------------------------------------------------------
@@ -107,6 +107,8 @@ def test_parse_errors_name_the_field() -> None:
 
 class FakeLive:
     """Rows whose every step appends the prompt's first token; a row ends at max_tokens."""
+
+    tokens_per_step = 1
 
     def __init__(self, eng: FakeEngine, rows: int) -> None:
         self.eng, self.rows = eng, [None] * rows
@@ -249,7 +251,7 @@ def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> 
     assert "".join(e[2] for e in ev["A"] if e[0] == "delta") == "a" * 12
     assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
     m = s.metrics.snapshot(0)
-    assert m["batches"] == 3 and m["batch_rows"] == 5 and m["completed"] == 5
+    assert m["batches"] == 3 and m["batch_rows"] == 4 and m["completed"] == 5
     assert m["joined_rows"] == 1
 
 
@@ -280,6 +282,50 @@ def test_a_small_batch_drains_rather_than_take_a_queue_one_row_at_a_time() -> No
     assert eng.batches == [1, 4]
     assert eng.adds == [(1, [0]), (2, [0, 1, 2]), (2, [0])]  # e took b's row, ended first
     assert s.metrics.snapshot(0)["joined_rows"] == 1
+
+
+def test_a_joiner_that_fails_leaves_the_running_rows_decoding() -> None:
+    """A job whose prefill fails as it joins gets its 500; the streamed job already running
+    beside it goes on to the end, and /metrics shows the running batch's engine time before it
+    drains."""
+    eng = FakeEngine(max_batch=4, max_tokens=12)
+    eng.ticks, eng.bad = threading.Semaphore(0), [3]  # "c" fails to prefill
+    s = Scheduler(eng, max_queue=8, batch_wait=0.3)
+    s.start()
+    ev: dict[str, list] = {t: [] for t in "abc"}
+    for t, n, stream in (("a", 12, True), ("b", 2, False)):
+        s.submit(job(t, ev[t], max_tokens=n, stream=stream))
+    time.sleep(0.5)
+    s.submit(job("c", ev["c"], max_tokens=3))
+    eng.ticks.release(3)
+    wait_done(ev["c"], 1)
+    m = s.metrics.snapshot(0)
+    assert m["engine_busy_s"] > 0 and m["completed"] == 1 and m["batches"] == 1  # b, mid-batch
+    eng.ticks.release(100)
+    wait_done(ev["a"], 1)
+    s.stop()
+    assert ev["c"][-1][:2] == ("error", 500) and "bad row" in ev["c"][-1][2]
+    assert ev["a"][-1][0] == "done"
+    assert "".join(e[2] for e in ev["a"] if e[0] == "delta") == "a" * 12
+
+
+def test_an_eos_past_the_limit_is_a_length_finish_and_steps_stop_near_it() -> None:
+    """A speculative cycle can run a row past its max_tokens: an eos found only past the limit
+    does not make the finish a "stop". And the worker looks again once the nearest row can have
+    reached its limit at the most tokens a step emits."""
+    events: list = []
+    j = job("e", events, max_tokens=4)
+    row = Row(j, 0, [5], [0], FakeEngine().decode)
+    j.rows = [row]
+    row.feed([5, 5, 5, 5, 5, 5, 0], True)
+    (finish,) = [e for e in events if e[0] == "finish"]
+    assert finish[2].finish_reason == "length" and finish[2].text == "eeee"
+    long = Row(job("f", [], max_tokens=30), 0, [6], [0], FakeEngine().decode)
+    long.tokens = [6]
+    assert Scheduler._steps([long], 1) == 16  # CHECK_EVERY
+    assert Scheduler._steps([long], 4) == 8  # 29 left, 4 a cycle
+    long.tokens = [6] * 29
+    assert Scheduler._steps([long, None], 4) == 1
 
 
 def test_static_batches_run_until_their_last_row_ends() -> None:

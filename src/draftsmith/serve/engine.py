@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from draftsmith.engine.generate import check_request, decoder, prefill
+from draftsmith.engine.refill import prefill_runtime
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -74,6 +75,8 @@ class ServeEngine:
         # live request, and the cache is sized up front with no room for graphs' outputs
         self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin,
                           prompt_buckets=False)
+        # the continuous rows' prompt passes: a cache only as long as the longest prompt
+        prefill_runtime(self.rt, c.max_prompt_tokens)
         self.vocab_size = target.cfg.vocab_size
         self._tok_lock = threading.Lock()
         self._spec: OrderedDict[SamplingParams, Any] = OrderedDict()
@@ -127,12 +130,11 @@ class ServeEngine:
         return _BaselineRows(self, rows, params)
 
     def warmup(self, batch_sizes: list[int] | None = None) -> None:
-        """Open, fill and step greedy rows at every size the scheduler opens (powers of two up
-        to max_batch, and max_batch), or at `batch_sizes`: on CUDA this captures their graphs
-        up front."""
-        top, tok = self.cfg.max_batch, [self.eos[0] if self.eos else 0]
-        sizes = batch_sizes or {min(top, 1 << i) for i in range(top.bit_length() + 1)}
-        for b in sorted(sizes, reverse=True):
+        """Open, fill and step greedy rows at every size 1..max_batch (continuous batches open
+        at powers of two, static ones at any size), or at `batch_sizes`: on CUDA this captures
+        their graphs up front."""
+        tok = [self.eos[0] if self.eos else 0]
+        for b in sorted(batch_sizes or range(1, self.cfg.max_batch + 1), reverse=True):
             live = self.open(b, SamplingParams())
             live.add(list(range(b)), [tok] * b)
             live.step(1)
@@ -202,11 +204,13 @@ class ServeEngine:
         ("decode", batch, eos, params), and the continuous rows one per ("refill", rows,
         max_new, eos, params), among the runtime's graphed steps)."""
         cache: dict = getattr(self.rt, "_steps", {})
+        for k in [k for k in cache if k[0] in ("decode", "refill") and k[-1] == params]:
+            cache[k] = cache.pop(k)  # most recently used last: eviction takes the oldest
         keys = [k for k in cache if k[0] in ("decode", "refill")
                 and k[-1] != SamplingParams() and k[-1] != params]
         settings = list(dict.fromkeys(k[-1] for k in keys))
         old = set(settings[: max(0, len(settings) - MAX_DECODERS + 1)])
-        doomed = {k for k in keys if k[3] in old}
+        doomed = {k for k in keys if k[-1] in old}
         for k in doomed:
             cache.pop(k)
         if doomed and self.rt.graphs is not None:
@@ -218,6 +222,8 @@ class LiveRows:
     `step(n)` runs n decode steps (or speculative cycles) over all of them, `read` returns rows'
     tokens so far (eos not trimmed) and whether each ended (eos or the server's max_tokens),
     `drop` idles rows. An idle or ended row is inert: it emits nothing."""
+
+    tokens_per_step = 1  # the most tokens a step can emit a row
 
     def __init__(self, eng: ServeEngine, rows: int) -> None:
         self.eng, self.rows = eng, rows
@@ -264,6 +270,7 @@ class _SpecRows(LiveRows):
 
         super().__init__(eng, rows)
         self.dec = eng._spec_for(params)
+        self.tokens_per_step = self.dec.steps + 1
         self.state, self.pre = self.dec._state(rows), _prefiller(self.dec)
         _reset(self.state, eng.cfg.max_tokens, eng.eos)
 

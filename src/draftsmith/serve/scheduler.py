@@ -71,7 +71,7 @@ class Row:
         if self.job.cancelled:
             self.finished = True
             return
-        toks, eos_hit = trim(raw, self.eos)
+        toks, eos_hit = trim(raw[: self.limit], self.eos)  # an eos past the limit is not ours
         self.tokens = toks[: self.limit]
         done = final or eos_hit or len(toks) >= self.limit
         delta = self.text.feed(self.tokens, done)
@@ -102,11 +102,20 @@ class Metrics:
             for k, v in kv.items():
                 self.counts[k] += v
 
-    def batch(self, rows: int, seconds: float, hist: list[int] | None, waited: float) -> None:
+    def admitted(self, rows: int, waited: float, opened: bool) -> None:
+        """Rows that opened a batch (or joined one), and their summed queue wait."""
         with self.lock:
             self.queue_s += waited
-            self.counts["batches"] += 1
-            self.counts["batch_rows"] += rows
+            if opened:
+                self.counts["batches"] += 1
+                self.counts["batch_rows"] += rows
+            else:
+                self.counts["joined_rows"] += rows
+
+    def ran(self, seconds: float, hist: list[int] | None) -> None:
+        """Engine time and accepted-length counts since the last look, recorded every look so
+        a batch that never drains still shows in /metrics."""
+        with self.lock:
             self.engine_s += seconds
             if hist:
                 if len(self.accept_hist) < len(hist):
@@ -122,7 +131,8 @@ class Metrics:
             out["tokens_generated"] = c["completion_tokens"]
             out["tokens_per_s"] = c["completion_tokens"] / self.engine_s if self.engine_s else 0.0
             out["mean_batch_rows"] = c["batch_rows"] / c["batches"] if c["batches"] else 0.0
-            out["mean_queue_wait_s"] = self.queue_s / c["batch_rows"] if c["batch_rows"] else 0.0
+            rows = c["batch_rows"] + c["joined_rows"]
+            out["mean_queue_wait_s"] = self.queue_s / rows if rows else 0.0
             out["speculative"] = self.speculative
             if self.speculative:
                 n = sum(self.accept_hist)
@@ -238,18 +248,39 @@ class Scheduler:
         size = min(self.max_batch, 1 << (need - 1).bit_length()) if pow2 else need
         live = self.engine.open(size, req.params)
         slots: list[Row | None] = [None] * size
-        t0, waited = time.perf_counter(), self._admit(live, slots, batch)
-        while any(slots):
-            live.step(self._steps(slots))
-            self._collect(live, slots)
+        self.metrics.admitted(need, self._admit(live, slots, batch), opened=True)
+        t0, seen = time.perf_counter(), live.hist
+        while True:
+            self._collect(live, slots)  # first right after a prefill: its token may end a row
+            hist = live.hist
+            now = time.perf_counter()
+            self.metrics.ran(now - t0, hist and [a - b for a, b in zip(hist, seen, strict=True)])
+            t0, seen = now, hist
             free = slots.count(None)
-            if free and self.continuous and not seeded and (
-                    more := self._join(batch[0].key, free, size < self.max_batch)):
-                batch.extend(more)
-                waited += self._admit(live, slots, more)
-                self.metrics.add(joined_rows=sum(j.req.rows for j in more))
-        rows = sum(len(j.rows) for j in batch)
-        self.metrics.batch(rows, time.perf_counter() - t0, live.hist, waited)
+            if free and self.continuous and not seeded:
+                self._join_into(live, slots, batch, size < self.max_batch)
+            if not any(slots):
+                return
+            live.step(self._steps(slots, live.tokens_per_step))
+
+    def _join_into(self, live: Any, slots: list[Row | None], batch: list[Job],
+                   small: bool) -> None:
+        """Admit the queued jobs that may join; a failure to admit them fails or reruns them
+        alone and leaves the running rows decoding."""
+        more = self._join(batch[0].key, slots.count(None), small)
+        if not more:
+            return
+        try:
+            waited = self._admit(live, slots, more)
+        except Exception as e:  # the joiners' fault, not the running rows'
+            mine = [i for i, r in enumerate(slots) if r is not None and r.job in more]
+            for i in mine:
+                slots[i] = None
+            live.drop(mine)
+            self._fail(more, e)
+            return
+        batch.extend(more)
+        self.metrics.admitted(sum(j.req.rows for j in more), waited, opened=False)
 
     def _admit(self, live: Any, slots: list[Row | None], jobs: list[Job]) -> float:
         """Put the jobs' rows into free slots and prefill them together; returns their summed
@@ -267,14 +298,15 @@ class Scheduler:
         return waited
 
     @staticmethod
-    def _steps(slots: list[Row | None]) -> int:
+    def _steps(slots: list[Row | None], most: int = 1) -> int:
         """Steps before the next look: 1 while a row streams, else up to CHECK_EVERY but no more
-        than the nearest row's tokens left (a step emits at least one token a row; a row's
-        prefill made its first)."""
+        than it takes the nearest row to reach its limit if every step emits `most` tokens (a
+        speculative cycle: steps + 1), so no row runs far past its max_tokens."""
         busy = [r for r in slots if r is not None]
         if any(r.job.req.stream for r in busy):
             return 1
-        return max(1, min(CHECK_EVERY, *(r.limit - max(len(r.tokens), 1) for r in busy)))
+        left = min(r.limit - len(r.tokens) for r in busy)
+        return max(1, min(CHECK_EVERY, -(-left // most)))
 
     def _collect(self, live: Any, slots: list[Row | None]) -> None:
         """Feed every busy row its tokens; free the slots of rows that finished (ended, hit
