@@ -25,7 +25,7 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 from draftsmith.layers import CANONICAL_WORDS
-from draftsmith.models import llama, triton_norm_linear
+from draftsmith.models import llama, triton_draft_layer, triton_norm_linear
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
 from draftsmith.models.parallel import SINGLE, TP, linear
@@ -233,21 +233,30 @@ class Eagle3Drafter(nn.Module):
         final norm) in place of the logits, for a caller that applies the head itself.
         Masks and slots behave as in `Transformer.forward`.
         """
-        emb = self.embed_tokens(tokens).to(hidden.dtype)
-        cos, sin = self.rope(positions, hidden.dtype)
         if caches is not None:
             slots = positions if slots is None else slots
             if mask is None:
                 mask = causal_mask(positions, caches[0].k.shape[2])
+        if triton_draft_layer.takes(self, tokens, hidden, caches, mask):
+            h = triton_draft_layer.forward(self, tokens, hidden, positions, caches[0], slots, mask)
+        else:
+            h = self.layers_forward(tokens, hidden, positions, caches, slots, mask)
+        if at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), at].unsqueeze(1)
+        return self.head(h, logits)
+
+    def layers_forward(self, tokens, hidden, positions, caches, slots, mask) -> torch.Tensor:
+        """The decoder layers' output (pre-norm) for `forward`'s inputs, slots and mask set."""
+        emb = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = self.rope(positions, hidden.dtype)
+        if caches is not None:
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
         h = hidden
         for i, layer in enumerate(self.layers):
             cache = caches[i] if caches is not None else None
             h = layer(emb, h, cos, sin, cache, slots, mask)
-        if at is not None:
-            h = h[torch.arange(h.shape[0], device=h.device), at].unsqueeze(1)
-        return self.head(h, logits)
+        return h
 
     def head(self, h: torch.Tensor, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm layer output -> (draft logits, or the head's input when not `logits`; hidden

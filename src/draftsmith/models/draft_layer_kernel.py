@@ -1,0 +1,315 @@
+"""The Triton code of `triton_draft_layer`: the drafter's layer as six stages, run as one
+persistent kernel whose programs meet at grid barriers, or one launch a stage.
+
+Imported only where Triton is (`triton_draft_layer.AVAILABLE`). Reads of what other programs
+wrote in the same launch bypass the SM's L1 (`.cg`): L1 is not coherent between SMs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SPIN_LIMIT = tl.constexpr(1 << 22)  # a barrier gives up (and flags it) rather than hang the GPU
+
+
+@triton.jit
+def _inv_rms(A, rows, live, eps, H: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr):
+    """1 / rms of each row of A [rows, H] (fp32 sums)."""
+    ss = tl.zeros([rows.shape[0]], tl.float32)
+    for k0 in range(0, H, BK):
+        kk = k0 + tl.arange(0, BK)
+        m = live[:, None] & (kk[None, :] < H)
+        if CG:
+            a = tl.load(A + rows[:, None] * H + kk[None, :], mask=m, other=0.0,
+                        cache_modifier=".cg")
+        else:
+            a = tl.load(A + rows[:, None] * H + kk[None, :], mask=m, other=0.0)
+        a = a.to(tl.float32)
+        ss += tl.sum(a * a, 1)
+    return 1.0 / tl.sqrt(ss / H + eps)
+
+
+@triton.jit
+def _normed_dot(A, a_rows, r, WN, W, ldw, koff, cols, live, H: tl.constexpr,
+                BK: tl.constexpr, CG: tl.constexpr):
+    """sum_k rmsnorm(A)[m, k] W[cols, koff + k] in fp32: A's rows (a_rows [BM], each H wide)
+    scaled by r and the norm's weights WN, rounded to A's dtype as the module's norm rounds."""
+    acc = tl.zeros([a_rows.shape[0], cols.shape[0]], tl.float32)
+    for k0 in range(0, H, BK):
+        kk = k0 + tl.arange(0, BK)
+        kin = kk < H
+        m = live[:, None] & kin[None, :]
+        if CG:
+            a = tl.load(A + a_rows[:, None] * H + kk[None, :], mask=m, other=0.0,
+                        cache_modifier=".cg")
+        else:
+            a = tl.load(A + a_rows[:, None] * H + kk[None, :], mask=m, other=0.0)
+        wn = tl.load(WN + kk, mask=kin, other=0.0).to(tl.float32)
+        x = (a.to(tl.float32) * r[:, None] * wn[None, :]).to(A.dtype.element_ty)
+        w = tl.load(W + cols[:, None] * ldw + koff + kk[None, :], mask=kin[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+    return acc
+
+
+@triton.jit
+def _dot(A, rows, live, K: tl.constexpr, W, cols, BK: tl.constexpr):
+    """sum_k A[rows, k] W[cols, k] in fp32 (A written in this launch: read past L1)."""
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kin = kk < K
+        a = tl.load(A + rows[:, None] * K + kk[None, :], mask=live[:, None] & kin[None, :],
+                    other=0.0, cache_modifier=".cg")
+        w = tl.load(W + cols[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+    return acc
+
+
+@triton.jit
+def _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WIN, WHN, WQKV, QB, KC, VC, skb, skh, sks, skd,
+         M, Q, eps, H: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, KVH: tl.constexpr,
+         BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr):
+    """Task t: NB rotary pairs of one q/k/v head: (norm(emb) | norm(h)) W^T, RoPE, and q to
+    its buffer, k and v into the cache at the rows' slots."""
+    pairs = D // 2 // NB
+    hh = t // pairs
+    j = (t % pairs) * NB + tl.arange(0, NB)
+    rows = tl.arange(0, BM)
+    live = rows < M
+    tok = tl.load(TOK + rows, mask=live, other=0)
+    c0 = hh * D + j
+    c1 = c0 + D // 2
+    re = _inv_rms(EMB, tok, live, eps, H, BK, False)
+    rx = _inv_rms(X, rows, live, eps, H, BK, False)
+    a0 = _normed_dot(EMB, tok, re, WIN, WQKV, 2 * H, 0, c0, live, H, BK, False)
+    a1 = _normed_dot(EMB, tok, re, WIN, WQKV, 2 * H, 0, c1, live, H, BK, False)
+    a0 += _normed_dot(X, rows, rx, WHN, WQKV, 2 * H, H, c0, live, H, BK, False)
+    a1 += _normed_dot(X, rows, rx, WHN, WQKV, 2 * H, H, c1, live, H, BK, False)
+    dt = X.dtype.element_ty
+    x0 = a0.to(dt).to(tl.float32)
+    x1 = a1.to(dt).to(tl.float32)
+    pos = tl.load(POS + rows, mask=live, other=0).to(tl.float32)
+    f = pos[:, None] * tl.load(FREQ + j)[None, :]
+    cos = tl.cos(f).to(dt).to(tl.float32)
+    sin = tl.sin(f).to(dt).to(tl.float32)
+    hv = (hh + 0 * rows)[:, None]  # the head as a tensor: masks need one
+    rope = hv < NH + KVH
+    y0 = tl.where(rope, x0 * cos - x1 * sin, x0).to(dt)
+    y1 = tl.where(rope, x1 * cos + x0 * sin, x1).to(dt)
+    is_q = live[:, None] & (hv < NH)
+    qa = QB + rows[:, None] * (NH * D) + c0[None, :]
+    tl.store(qa, y0, mask=is_q)
+    tl.store(qa + D // 2, y1, mask=is_q)
+    is_k = live[:, None] & (hv >= NH) & (hv < NH + KVH)
+    kvh = tl.where(hh < NH + KVH, hh - NH, hh - NH - KVH)
+    slot = tl.load(SLOT + rows, mask=live, other=0)
+    at = (rows // Q).to(tl.int64) * skb + kvh * skh + slot * sks
+    ka = at[:, None] + j[None, :] * skd
+    tl.store(KC + ka, y0, mask=is_k)
+    tl.store(KC + ka + (D // 2) * skd, y1, mask=is_k)
+    is_v = live[:, None] & (hv >= NH + KVH)
+    tl.store(VC + ka, y0, mask=is_v)
+    tl.store(VC + ka + (D // 2) * skd, y1, mask=is_v)
+
+
+@triton.jit
+def _attend(t, QB, KC, VC, MASK, MP, LP, AP, skb, skh, sks, skd, smb, smq, sms,
+            Q, slots, chunk, splits, scale, D: tl.constexpr, NH: tl.constexpr,
+            KVH: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr):
+    """Task t: one KV head of one batch row over one chunk of the cache, an online softmax;
+    its state (max, sum, weighted values) to the partial buffers."""
+    g = NH // KVH
+    bh = t // splits
+    sp = t % splits
+    b = (bh // KVH).to(tl.int64)
+    h = bh % KVH
+    r = tl.arange(0, BR)
+    live = r < g * Q
+    qi = r % Q
+    head = h * g + r // Q
+    d = tl.arange(0, D)
+    q = tl.load(QB + ((b * Q + qi) * NH + head)[:, None] * D + d[None, :], mask=live[:, None],
+                other=0.0, cache_modifier=".cg")
+    m_i = tl.full((BR,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BR,), tl.float32)
+    acc = tl.zeros((BR, D), tl.float32)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, slots)
+    for start in range(lo, hi, BN):
+        s_idx = start + tl.arange(0, BN)
+        in_cache = s_idx < hi
+        kv_at = b * skb + h * skh + s_idx[:, None] * sks + d[None, :] * skd
+        k = tl.load(KC + kv_at, mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
+        if IEEE:  # noqa: SIM108 (a branch on a constexpr: compiled out)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        allow = tl.load(MASK + b * smb + qi[:, None] * smq + s_idx[None, :] * sms,
+                        mask=live[:, None] & in_cache[None, :], other=0)
+        s = tl.where(allow != 0, (s * scale).to(tl.float32), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VC + kv_at, mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
+        if IEEE:  # noqa: SIM108
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    at = (bh * BR + r) * splits + sp
+    tl.store(MP + at, m_i)
+    tl.store(LP + at, l_i)
+    tl.store(AP + at[:, None] * D + d[None, :], acc)
+
+
+@triton.jit
+def _join(t, ATT, MP, LP, AP, Q, splits, D: tl.constexpr, NH: tl.constexpr,
+          KVH: tl.constexpr, BR: tl.constexpr, SPLITS: tl.constexpr):
+    """Task t: one KV head of one batch row: its chunks' states joined into the attention
+    output, laid out as the o projection reads it."""
+    g = NH // KVH
+    b = t // KVH
+    h = t % KVH
+    r = tl.arange(0, BR)
+    live = r < g * Q
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    at = (t * BR + r[:, None]) * splits + sp[None, :]
+    used = sp[None, :] < splits
+    m = tl.load(MP + at, mask=used, other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(m, 1)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp(m - top[:, None])
+    l_sum = tl.sum(w * tl.load(LP + at, mask=used, other=0.0, cache_modifier=".cg"), 1)
+    acc = tl.load(AP + at[:, :, None] * D + d[None, None, :], mask=used[:, :, None], other=0.0,
+                  cache_modifier=".cg")
+    out = tl.sum(acc * w[:, :, None], 1) / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    qi = r % Q
+    head = h * g + r // Q
+    o_at = ATT + ((b * Q + qi[:, None]) * NH + head[:, None]) * D + d[None, :]
+    tl.store(o_at, out.to(ATT.dtype.element_ty), mask=live[:, None])
+
+
+@triton.jit
+def _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H: tl.constexpr, NHD: tl.constexpr,
+            BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, RESID_NORMED: tl.constexpr):
+    """Task t: NB features of h1 = residual + attention W_o^T."""
+    rows = tl.arange(0, BM)
+    live = rows < M
+    cols = t * NB + tl.arange(0, NB)
+    dt = X.dtype.element_ty
+    o = _dot(ATT, rows, live, NHD, WO, cols, BK).to(dt).to(tl.float32)
+    res = tl.load(X + rows[:, None] * H + cols[None, :], mask=live[:, None], other=0.0)
+    res = res.to(tl.float32)
+    if RESID_NORMED:  # the residual is norm(h)
+        rx = _inv_rms(X, rows, live, eps, H, BK, False)
+        wn = tl.load(WHN + cols).to(tl.float32)
+        res = (res * rx[:, None] * wn[None, :]).to(dt).to(tl.float32)
+    tl.store(H1 + rows[:, None] * H + cols[None, :], (res + o).to(dt), mask=live[:, None])
+
+
+@triton.jit
+def _gate_up(t, H1, WPOST, WGU, ACT, M, eps, H: tl.constexpr, INTER: tl.constexpr,
+             BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr):
+    """Task t: NB units of silu(gate) * up over norm(h1)."""
+    rows = tl.arange(0, BM)
+    live = rows < M
+    cols = t * NB + tl.arange(0, NB)
+    dt = H1.dtype.element_ty
+    r = _inv_rms(H1, rows, live, eps, H, BK, True)
+    gate = _normed_dot(H1, rows, r, WPOST, WGU, H, 0, cols, live, H, BK, True)
+    up = _normed_dot(H1, rows, r, WPOST, WGU, H, 0, cols + INTER, live, H, BK, True)
+    gate = gate.to(dt).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    act = silu * up.to(dt).to(tl.float32)
+    tl.store(ACT + rows[:, None] * INTER + cols[None, :], act.to(dt), mask=live[:, None])
+
+
+@triton.jit
+def _down(t, ACT, H1, WD, OUT, M, H: tl.constexpr, INTER: tl.constexpr, BM: tl.constexpr,
+          BK: tl.constexpr, NB: tl.constexpr):
+    """Task t: NB features of the layer's output h1 + act W_down^T."""
+    rows = tl.arange(0, BM)
+    live = rows < M
+    cols = t * NB + tl.arange(0, NB)
+    dt = H1.dtype.element_ty
+    down = _dot(ACT, rows, live, INTER, WD, cols, BK).to(dt).to(tl.float32)
+    h1 = tl.load(H1 + rows[:, None] * H + cols[None, :], mask=live[:, None], other=0.0,
+                 cache_modifier=".cg")
+    tl.store(OUT + rows[:, None] * H + cols[None, :], (h1.to(tl.float32) + down).to(dt),
+             mask=live[:, None])
+
+
+@triton.jit
+def _grid_sync(SYNC, target):
+    """Every program's stores so far are seen by every program after this (all programs are
+    resident: the grid is no larger than the SMs). A barrier that waits past SPIN_LIMIT polls
+    sets SYNC[2] and lets its program go on (wrong output, not a hung GPU)."""
+    tl.debug_barrier()
+    tl.atomic_add(SYNC, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
+    spins = seen * 0
+    while (seen < target) & (spins < SPIN_LIMIT):
+        seen = tl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < target:
+        tl.atomic_xchg(SYNC + 2, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WIN, WHN, WQKV, WO, WPOST, WGU, WD,
+                KC, VC, QB, MP, LP, AP, ATT, H1, ACT, OUT, SYNC,
+                skb, skh, sks, skd, smb, smq, sms,
+                M, Q, batch, slots, chunk, splits, eps, scale,
+                H: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, KVH: tl.constexpr,
+                INTER: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+                BN: tl.constexpr, SPLITS: tl.constexpr, NB_QKV: tl.constexpr,
+                NB_O: tl.constexpr, NB_GU: tl.constexpr, NB_D: tl.constexpr,
+                RESID_NORMED: tl.constexpr, IEEE: tl.constexpr, FIRST: tl.constexpr,
+                LAST: tl.constexpr, BARRIER: tl.constexpr):
+    """Stages FIRST..LAST of the layer (1 qkv, 2 attend, 3 join, 4 o, 5 gate_up, 6 down), each
+    a loop over its tasks by the grid's programs; BARRIER: the programs meet between stages
+    (one launch for all six; SYNC zeroed before it)."""
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    met = 0
+    if FIRST <= 1 and LAST >= 1:
+        for t in range(pid, (NH + 2 * KVH) * (D // 2 // NB_QKV), progs):
+            _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WIN, WHN, WQKV, QB, KC, VC, skb, skh, sks,
+                 skd, M, Q, eps, H, D, NH, KVH, BM, BK, NB_QKV)
+        if BARRIER:
+            met += 1
+            _grid_sync(SYNC, met * progs)
+    if FIRST <= 2 and LAST >= 2:
+        for t in range(pid, batch * KVH * splits, progs):
+            _attend(t, QB, KC, VC, MASK, MP, LP, AP, skb, skh, sks, skd, smb, smq, sms,
+                    Q, slots, chunk, splits, scale, D, NH, KVH, BR, BN, IEEE)
+        if BARRIER:
+            met += 1
+            _grid_sync(SYNC, met * progs)
+    if FIRST <= 3 and LAST >= 3:
+        for t in range(pid, batch * KVH, progs):
+            _join(t, ATT, MP, LP, AP, Q, splits, D, NH, KVH, BR, SPLITS)
+        if BARRIER:
+            met += 1
+            _grid_sync(SYNC, met * progs)
+    if FIRST <= 4 and LAST >= 4:
+        for t in range(pid, H // NB_O, progs):
+            _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H, NH * D, BM, BK, NB_O, RESID_NORMED)
+        if BARRIER:
+            met += 1
+            _grid_sync(SYNC, met * progs)
+    if FIRST <= 5 and LAST >= 5:
+        for t in range(pid, INTER // NB_GU, progs):
+            _gate_up(t, H1, WPOST, WGU, ACT, M, eps, H, INTER, BM, BK, NB_GU)
+        if BARRIER:
+            met += 1
+            _grid_sync(SYNC, met * progs)
+    if FIRST <= 6 and LAST >= 6:
+        for t in range(pid, H // NB_D, progs):
+            _down(t, ACT, H1, WD, OUT, M, H, INTER, BM, BK, NB_D)
