@@ -22,7 +22,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def drafter(dtype: torch.dtype, norm_before_residual: bool = False, **shape) -> Eagle3Drafter:
     dims = dict(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,
-                head_dim=16)
+                head_dim=32)
     dims.update(shape)
     cfg = ModelConfig(arch="llama", vocab_size=96, num_layers=4, **dims)
     dcfg = Eagle3Config.for_target(cfg, 48, default_aux_layers(4),
@@ -119,7 +119,7 @@ def test_speculative_decoding_drafts_the_same_through_the_kernel(monkeypatch, st
     if DEVICE == "cuda":
         pytest.skip("the interpreter's stage-by-stage path (CPU)")
     prompts = PROMPTS[:2]
-    target = tiny_target()
+    target = tiny_target(head_dim=32)  # the kernel's least: 16 rotary pairs
     rt = Runtime(target, 4, 128)
     drafter = make_drafter(target, 96, Steered).steer(greedy_seq(rt, prompts, 20), 0.6)
     ref = generate(rt, prompts, 12, eos_ids=[])
@@ -155,10 +155,10 @@ importlib.import_module("triton.runtime.driver").driver.set_active(Hopper())
 from draftsmith.models import draft_layer_kernel as k
 
 kern = k.draft_layer
-pointers = dict.fromkeys(kern.arg_names[:25], "*bf16")
+pointers = dict.fromkeys(kern.arg_names[:23], "*bf16")
 pointers.update(TOK="*i64", POS="*i64", SLOT="*i64", FREQ="*fp32", MASK="*i1", MP="*fp32",
                 LP="*fp32", AP="*fp32", SYNC="*i32")
-ints = dict.fromkeys(kern.arg_names[25:38], "i32")
+ints = dict.fromkeys(kern.arg_names[23:36], "i32")
 ints.update(eps="fp32", scale="fp32")
 for barrier, first, last in ((True, 1, 6), (False, 1, 1), (False, 2, 2), (False, 6, 6)):
     const = dict(H=576, D=64, NH=9, KVH=3, INTER=1536, BM=4, BK=64, BR=16, BN=64, SPLITS=8,
@@ -192,21 +192,27 @@ def test_the_kernel_compiles_for_a_hopper_gpu():
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["fused", "staged"])
 def test_the_fused_kernel_on_a_gpu_equals_the_module(monkeypatch, mode):
-    """bf16 at the default drafter's shapes, compiled and graphed as the engine runs it."""
+    """bf16 at the default drafter's shapes with a trained drafter's scales (weights std 0.02,
+    so no score is sharp enough for bf16 rounding to pick another key), compiled and graphed
+    as the engine runs it, against the module path compiled alike."""
     d = drafter(torch.bfloat16, hidden_size=576, intermediate_size=1536, num_heads=9,
                 num_kv_heads=3, head_dim=64)
-    args = inputs(d, 1, 4, 400, torch.bfloat16)
-    (ref_x, ref_h), ref_cache = run(d, "off", monkeypatch, *args)
-    monkeypatch.setattr(tdl, "MODE", mode)
-    cache = KVCache(args[5].k.clone(), args[5].v.clone())
-    tokens, hidden, positions, slot, mask, _ = args
-    step = torch.compile(lambda *a: d(*a, logits=False), fullgraph=True)
     with torch.no_grad():
-        x, h = step(tokens, hidden, positions, [cache], slot, mask)
-    torch.testing.assert_close(h.float(), ref_h.float(), atol=0.1, rtol=0.03)
-    torch.testing.assert_close(x.float(), ref_x.float(), atol=0.1, rtol=0.03)
-    torch.testing.assert_close(cache.k.float(), ref_cache.k.float(), atol=0.1, rtol=0.03)
-    torch.testing.assert_close(cache.v.float(), ref_cache.v.float(), atol=0.1, rtol=0.03)
+        d.init_weights()
+    tokens, hidden, positions, slot, mask, cache0 = inputs(d, 1, 4, 400, torch.bfloat16)
+    got = {}
+    for way in ("off", mode):
+        torch._dynamo.reset()
+        monkeypatch.setattr(tdl, "MODE", way)
+        cache = KVCache(cache0.k.clone(), cache0.v.clone())
+        step = torch.compile(lambda *a: d(*a, logits=False), fullgraph=True)
+        with torch.no_grad():
+            got[way] = (*step(tokens, hidden, positions, [cache], slot, mask), cache)
+    (ref_x, ref_h, ref_cache), (x, h, cache) = got["off"], got[mode]
+    torch.testing.assert_close(h.float(), ref_h.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(x.float(), ref_x.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(cache.k.float(), ref_cache.k.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(cache.v.float(), ref_cache.v.float(), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.gpu
@@ -224,7 +230,7 @@ def test_the_fused_kernel_builds_the_same_trees_in_the_graphed_engine(monkeypatc
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
 
-    target = cast(tiny_target(), torch.float32)
+    target = cast(tiny_target(head_dim=32), torch.float32)
     drafter = cast(make_drafter(target, 96, std=0.3), torch.float32)
     ref = generate(Runtime(target, 4, 160, graphs=False), PROMPTS, NEW, eos_ids=[])
     calls = count_compiled_calls(monkeypatch, tdl, "forward", lambda *a: True)

@@ -12,6 +12,7 @@ import torch
 from draftsmith.engine.graphs import Graphs, fill, fill_padded, pad_to, run_keyed, static_inputs
 from draftsmith.engine.runtime import engine_compile
 from draftsmith.errors import DraftsmithError
+from draftsmith.models import triton_draft_layer
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.models.llama import KVCache
 
@@ -43,6 +44,8 @@ class DrafterRuntime:
             self.graphs = Graphs(p.device) if use else None
         self.gkey = None if self.graphs is None else self.graphs.owner(self)
         self._static: dict[tuple, dict[str, torch.Tensor]] = {}
+        if triton_draft_layer.MODE != "off" and len(drafter.layers) == 1:
+            triton_draft_layer.prepare(drafter)  # the folded weights its compiled calls read
         self._batches: dict[tuple, list[int]] = {}
         if compile:
             self.compile()

@@ -14,64 +14,60 @@ SPIN_LIMIT = tl.constexpr(1 << 22)  # a barrier gives up (and flags it) rather t
 
 
 @triton.jit
-def _inv_rms(A, rows, live, eps, H: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr):
+def _inv_rms(A, rows, live, eps, H: tl.constexpr, BK: tl.constexpr):
     """1 / rms of each row of A [rows, H] (fp32 sums)."""
     ss = tl.zeros([rows.shape[0]], tl.float32)
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
-        m = live[:, None] & (kk[None, :] < H)
-        if CG:
-            a = tl.load(A + rows[:, None] * H + kk[None, :], mask=m, other=0.0,
-                        cache_modifier=".cg")
-        else:
-            a = tl.load(A + rows[:, None] * H + kk[None, :], mask=m, other=0.0)
-        a = a.to(tl.float32)
+        a = tl.load(A + rows[:, None] * H + kk[None, :], mask=live[:, None] & (kk[None, :] < H),
+                    other=0.0).to(tl.float32)
         ss += tl.sum(a * a, 1)
     return 1.0 / tl.sqrt(ss / H + eps)
 
 
 @triton.jit
-def _normed_dot(A, a_rows, r, WN, W, ldw, koff, cols, live, H: tl.constexpr,
-                BK: tl.constexpr, CG: tl.constexpr):
-    """sum_k rmsnorm(A)[m, k] W[cols, koff + k] in fp32: A's rows (a_rows [BM], each H wide)
-    scaled by r and the norm's weights WN, rounded to A's dtype as the module's norm rounds."""
-    acc = tl.zeros([a_rows.shape[0], cols.shape[0]], tl.float32)
-    for k0 in range(0, H, BK):
-        kk = k0 + tl.arange(0, BK)
-        kin = kk < H
-        m = live[:, None] & kin[None, :]
-        if CG:
-            a = tl.load(A + a_rows[:, None] * H + kk[None, :], mask=m, other=0.0,
-                        cache_modifier=".cg")
-        else:
-            a = tl.load(A + a_rows[:, None] * H + kk[None, :], mask=m, other=0.0)
-        wn = tl.load(WN + kk, mask=kin, other=0.0).to(tl.float32)
-        x = (a.to(tl.float32) * r[:, None] * wn[None, :]).to(A.dtype.element_ty)
-        w = tl.load(W + cols[:, None] * ldw + koff + kk[None, :], mask=kin[None, :], other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-    return acc
-
-
-@triton.jit
-def _dot(A, rows, live, K: tl.constexpr, W, cols, BK: tl.constexpr):
-    """sum_k A[rows, k] W[cols, k] in fp32 (A written in this launch: read past L1)."""
-    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+def _dot2(A, a_rows, live, W, ldw, koff, c0, c1, eps, K: tl.constexpr, NORM: tl.constexpr,
+          CG: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """(x W[c0, koff:koff+K]^T, x W[c1, ...]^T) in fp32 for x = A's rows a_rows (K wide; CG: A
+    was written in this launch, read past L1), or under NORM rmsnorm(A) for W with the norm's
+    weights folded in: the rows' 1/rms, summed in the same pass, scales the products. The
+    loaded rows feed the products as they are, which keeps their loads pipelined (a norm
+    applied to them first made those stages two to three times slower on the H200)."""
+    acc0 = tl.zeros([a_rows.shape[0], c0.shape[0]], tl.float32)
+    acc1 = tl.zeros([a_rows.shape[0], c1.shape[0]], tl.float32)
+    ss = tl.zeros([a_rows.shape[0]], tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kin = kk < K
-        a = tl.load(A + rows[:, None] * K + kk[None, :], mask=live[:, None] & kin[None, :],
-                    other=0.0, cache_modifier=".cg")
-        w = tl.load(W + cols[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
-        acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-    return acc
+        at = A + a_rows[:, None] * K + kk[None, :]
+        if CG:
+            a = tl.load(at, mask=live[:, None] & kin[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            a = tl.load(at, mask=live[:, None] & kin[None, :], other=0.0)
+        if NORM:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, 1)
+        w0 = tl.load(W + c0[:, None] * ldw + koff + kk[None, :], mask=kin[None, :], other=0.0)
+        w1 = tl.load(W + c1[:, None] * ldw + koff + kk[None, :], mask=kin[None, :], other=0.0)
+        if IEEE:
+            acc0 += tl.dot(a, tl.trans(w0), input_precision="ieee")
+            acc1 += tl.dot(a, tl.trans(w1), input_precision="ieee")
+        else:
+            acc0 += tl.dot(a, tl.trans(w0))
+            acc1 += tl.dot(a, tl.trans(w1))
+    if NORM:
+        r = 1.0 / tl.sqrt(ss / K + eps)
+        acc0 = acc0 * r[:, None]
+        acc1 = acc1 * r[:, None]
+    return acc0, acc1
 
 
 @triton.jit
-def _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WIN, WHN, WQKV, QB, KC, VC, skb, skh, sks, skd,
+def _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WQKV, QB, KC, VC, skb, skh, sks, skd,
          M, Q, eps, H: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, KVH: tl.constexpr,
-         BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr):
-    """Task t: NB rotary pairs of one q/k/v head: (norm(emb) | norm(h)) W^T, RoPE, and q to
-    its buffer, k and v into the cache at the rows' slots."""
+         BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, IEEE: tl.constexpr):
+    """Task t: NB rotary pairs of one q/k/v head: (norm(emb) | norm(h)) W^T (WQKV: the norms'
+    weights folded in), RoPE, and q to its buffer, k and v into the cache at the rows' slots."""
     pairs = D // 2 // NB
     hh = t // pairs
     j = (t % pairs) * NB + tl.arange(0, NB)
@@ -80,17 +76,17 @@ def _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WIN, WHN, WQKV, QB, KC, VC, skb, skh, 
     tok = tl.load(TOK + rows, mask=live, other=0)
     c0 = hh * D + j
     c1 = c0 + D // 2
-    re = _inv_rms(EMB, tok, live, eps, H, BK, False)
-    rx = _inv_rms(X, rows, live, eps, H, BK, False)
-    a0 = _normed_dot(EMB, tok, re, WIN, WQKV, 2 * H, 0, c0, live, H, BK, False)
-    a1 = _normed_dot(EMB, tok, re, WIN, WQKV, 2 * H, 0, c1, live, H, BK, False)
-    a0 += _normed_dot(X, rows, rx, WHN, WQKV, 2 * H, H, c0, live, H, BK, False)
-    a1 += _normed_dot(X, rows, rx, WHN, WQKV, 2 * H, H, c1, live, H, BK, False)
+    e0, e1 = _dot2(EMB, tok, live, WQKV, 2 * H, 0, c0, c1, eps, H, True, False, BK, IEEE)
+    x0, x1 = _dot2(X, rows, live, WQKV, 2 * H, H, c0, c1, eps, H, True, False, BK, IEEE)
     dt = X.dtype.element_ty
-    x0 = a0.to(dt).to(tl.float32)
-    x1 = a1.to(dt).to(tl.float32)
+    x0 = (x0 + e0).to(dt).to(tl.float32)
+    x1 = (x1 + e1).to(dt).to(tl.float32)
     pos = tl.load(POS + rows, mask=live, other=0).to(tl.float32)
     f = pos[:, None] * tl.load(FREQ + j)[None, :]
+    # reduced to [-pi, pi] first (2 pi in two parts, k * 6.28125 exact): the GPU's cos and sin
+    # are approximations that lose their accuracy far from 0, and positions run to thousands
+    k = tl.floor(f * 0.15915494309189535 + 0.5)
+    f = (f - k * 6.28125) - k * 0.0019353071795864769
     cos = tl.cos(f).to(dt).to(tl.float32)
     sin = tl.sin(f).to(dt).to(tl.float32)
     hv = (hh + 0 * rows)[:, None]  # the head as a tensor: masks need one
@@ -196,33 +192,41 @@ def _join(t, ATT, MP, LP, AP, Q, splits, D: tl.constexpr, NH: tl.constexpr,
 
 @triton.jit
 def _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H: tl.constexpr, NHD: tl.constexpr,
-            BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, RESID_NORMED: tl.constexpr):
-    """Task t: NB features of h1 = residual + attention W_o^T."""
+            BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, RESID_NORMED: tl.constexpr,
+            IEEE: tl.constexpr):
+    """Task t: 2 NB features of h1 = residual + attention W_o^T."""
     rows = tl.arange(0, BM)
     live = rows < M
-    cols = t * NB + tl.arange(0, NB)
-    dt = X.dtype.element_ty
-    o = _dot(ATT, rows, live, NHD, WO, cols, BK).to(dt).to(tl.float32)
-    res = tl.load(X + rows[:, None] * H + cols[None, :], mask=live[:, None], other=0.0)
-    res = res.to(tl.float32)
-    if RESID_NORMED:  # the residual is norm(h)
-        rx = _inv_rms(X, rows, live, eps, H, BK, False)
-        wn = tl.load(WHN + cols).to(tl.float32)
-        res = (res * rx[:, None] * wn[None, :]).to(dt).to(tl.float32)
-    tl.store(H1 + rows[:, None] * H + cols[None, :], (res + o).to(dt), mask=live[:, None])
+    c0 = t * 2 * NB + tl.arange(0, NB)
+    o0, o1 = _dot2(ATT, rows, live, WO, NHD, 0, c0, c0 + NB, eps, NHD, False, True, BK, IEEE)
+    _residual(X, WHN, H1, rows, live, c0, o0, eps, H, BK, RESID_NORMED)
+    _residual(X, WHN, H1, rows, live, c0 + NB, o1, eps, H, BK, RESID_NORMED)
 
 
 @triton.jit
-def _gate_up(t, H1, WPOST, WGU, ACT, M, eps, H: tl.constexpr, INTER: tl.constexpr,
-             BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr):
-    """Task t: NB units of silu(gate) * up over norm(h1)."""
+def _residual(X, WHN, H1, rows, live, cols, o, eps, H: tl.constexpr, BK: tl.constexpr,
+              RESID_NORMED: tl.constexpr):
+    dt = X.dtype.element_ty
+    res = tl.load(X + rows[:, None] * H + cols[None, :], mask=live[:, None], other=0.0)
+    res = res.to(tl.float32)
+    if RESID_NORMED:  # the residual is norm(h)
+        rx = _inv_rms(X, rows, live, eps, H, BK)
+        wn = tl.load(WHN + cols).to(tl.float32)
+        res = (res * rx[:, None] * wn[None, :]).to(dt).to(tl.float32)
+    h1 = res + o.to(dt).to(tl.float32)
+    tl.store(H1 + rows[:, None] * H + cols[None, :], h1.to(dt), mask=live[:, None])
+
+
+@triton.jit
+def _gate_up(t, H1, WGU, ACT, M, eps, H: tl.constexpr, INTER: tl.constexpr,
+             BM: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, IEEE: tl.constexpr):
+    """Task t: NB units of silu(gate) * up over norm(h1) (WGU: the norm's weights folded in)."""
     rows = tl.arange(0, BM)
     live = rows < M
     cols = t * NB + tl.arange(0, NB)
     dt = H1.dtype.element_ty
-    r = _inv_rms(H1, rows, live, eps, H, BK, True)
-    gate = _normed_dot(H1, rows, r, WPOST, WGU, H, 0, cols, live, H, BK, True)
-    up = _normed_dot(H1, rows, r, WPOST, WGU, H, 0, cols + INTER, live, H, BK, True)
+    gate, up = _dot2(H1, rows, live, WGU, H, 0, cols, cols + INTER, eps, H, True, True, BK,
+                     IEEE)
     gate = gate.to(dt).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
     act = silu * up.to(dt).to(tl.float32)
@@ -230,18 +234,25 @@ def _gate_up(t, H1, WPOST, WGU, ACT, M, eps, H: tl.constexpr, INTER: tl.constexp
 
 
 @triton.jit
-def _down(t, ACT, H1, WD, OUT, M, H: tl.constexpr, INTER: tl.constexpr, BM: tl.constexpr,
-          BK: tl.constexpr, NB: tl.constexpr):
-    """Task t: NB features of the layer's output h1 + act W_down^T."""
+def _down(t, ACT, H1, WD, OUT, M, eps, H: tl.constexpr, INTER: tl.constexpr, BM: tl.constexpr,
+          BK: tl.constexpr, NB: tl.constexpr, IEEE: tl.constexpr):
+    """Task t: 2 NB features of the layer's output h1 + act W_down^T."""
     rows = tl.arange(0, BM)
     live = rows < M
-    cols = t * NB + tl.arange(0, NB)
+    c0 = t * 2 * NB + tl.arange(0, NB)
+    d0, d1 = _dot2(ACT, rows, live, WD, INTER, 0, c0, c0 + NB, eps, INTER, False, True, BK,
+                   IEEE)
+    _add_out(H1, OUT, rows, live, c0, d0, H)
+    _add_out(H1, OUT, rows, live, c0 + NB, d1, H)
+
+
+@triton.jit
+def _add_out(H1, OUT, rows, live, cols, down, H: tl.constexpr):
     dt = H1.dtype.element_ty
-    down = _dot(ACT, rows, live, INTER, WD, cols, BK).to(dt).to(tl.float32)
     h1 = tl.load(H1 + rows[:, None] * H + cols[None, :], mask=live[:, None], other=0.0,
                  cache_modifier=".cg")
-    tl.store(OUT + rows[:, None] * H + cols[None, :], (h1.to(tl.float32) + down).to(dt),
-             mask=live[:, None])
+    out = h1.to(tl.float32) + down.to(dt).to(tl.float32)
+    tl.store(OUT + rows[:, None] * H + cols[None, :], out.to(dt), mask=live[:, None])
 
 
 @triton.jit
@@ -262,7 +273,7 @@ def _grid_sync(SYNC, target):
 
 
 @triton.jit
-def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WIN, WHN, WQKV, WO, WPOST, WGU, WD,
+def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WHN, WQKV, WO, WGU, WD,
                 KC, VC, QB, MP, LP, AP, ATT, H1, ACT, OUT, SYNC,
                 skb, skh, sks, skd, smb, smq, sms,
                 M, Q, batch, slots, chunk, splits, eps, scale,
@@ -280,8 +291,8 @@ def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WIN, WHN, WQKV, WO, WPOST, W
     met = 0
     if FIRST <= 1 and LAST >= 1:
         for t in range(pid, (NH + 2 * KVH) * (D // 2 // NB_QKV), progs):
-            _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WIN, WHN, WQKV, QB, KC, VC, skb, skh, sks,
-                 skd, M, Q, eps, H, D, NH, KVH, BM, BK, NB_QKV)
+            _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WQKV, QB, KC, VC, skb, skh, sks,
+                 skd, M, Q, eps, H, D, NH, KVH, BM, BK, NB_QKV, IEEE)
         if BARRIER:
             met += 1
             _grid_sync(SYNC, met * progs)
@@ -299,17 +310,18 @@ def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WIN, WHN, WQKV, WO, WPOST, W
             met += 1
             _grid_sync(SYNC, met * progs)
     if FIRST <= 4 and LAST >= 4:
-        for t in range(pid, H // NB_O, progs):
-            _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H, NH * D, BM, BK, NB_O, RESID_NORMED)
+        for t in range(pid, H // (2 * NB_O), progs):
+            _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H, NH * D, BM, BK, NB_O, RESID_NORMED,
+                    IEEE)
         if BARRIER:
             met += 1
             _grid_sync(SYNC, met * progs)
     if FIRST <= 5 and LAST >= 5:
         for t in range(pid, INTER // NB_GU, progs):
-            _gate_up(t, H1, WPOST, WGU, ACT, M, eps, H, INTER, BM, BK, NB_GU)
+            _gate_up(t, H1, WGU, ACT, M, eps, H, INTER, BM, BK, NB_GU, IEEE)
         if BARRIER:
             met += 1
             _grid_sync(SYNC, met * progs)
     if FIRST <= 6 and LAST >= 6:
-        for t in range(pid, H // NB_D, progs):
-            _down(t, ACT, H1, WD, OUT, M, H, INTER, BM, BK, NB_D)
+        for t in range(pid, H // (2 * NB_D), progs):
+            _down(t, ACT, H1, WD, OUT, M, eps, H, INTER, BM, BK, NB_D, IEEE)
