@@ -138,20 +138,6 @@ def test_speculative_decoding_drafts_the_same_through_the_kernel(monkeypatch, st
 
 
 COMPILE_FOR_HOPPER = """
-import importlib
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-hopper = GPUTarget("cuda", 90, 32)
-
-
-class Hopper:  # no GPU here: the driver only names the target
-    def get_current_target(self):
-        return hopper
-
-
-importlib.import_module("triton.runtime.driver").driver.set_active(Hopper())
 from draftsmith.models import draft_layer_kernel as k
 
 kern = k.draft_layer
@@ -176,16 +162,9 @@ def test_the_kernel_compiles_for_a_hopper_gpu():
     """The real compiler for sm_90, fused (barriers) and stage by stage: the interpreter runs
     Python and misses what only the compiler checks (types of loop-carried values, constexpr
     globals)."""
-    import os
-    import subprocess
-    import sys
+    from conftest import compile_for_hopper
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True,
-                       text=True, timeout=600)
-    if r.returncode and "ImportError" in r.stderr and "draftsmith" not in r.stderr:
-        pytest.skip(f"this Triton cannot compile for a GPU here: {r.stderr[-300:]}")
-    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+    compile_for_hopper(COMPILE_FOR_HOPPER)
 
 
 @pytest.mark.gpu

@@ -82,20 +82,6 @@ def test_the_kernel_joins_its_blocks_as_the_tensor_ops_do(rows, vocab, hidden, k
 
 
 COMPILE_FOR_HOPPER = """
-import importlib, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-hopper = GPUTarget("cuda", 90, 32)
-
-
-class Hopper:  # no GPU here: the driver only names the target
-    def get_current_target(self):
-        return hopper
-
-
-importlib.import_module("triton.runtime.driver").driver.set_active(Hopper())
 from draftsmith.models import triton_head as th
 
 kern = th._kernel()
@@ -115,16 +101,9 @@ def test_the_kernel_compiles_for_a_hopper_gpu():
     """The real compiler, for sm_90, with and without the join (no GPU needed). The interpreter
     runs kernels as Python and misses what only the compiler checks: the join once reused a
     name the kernel had typed as a tensor, which the compiler refuses."""
-    import os
-    import subprocess
-    import sys
+    from conftest import compile_for_hopper
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True,
-                       text=True, timeout=300)
-    if r.returncode and "ImportError" in r.stderr and "draftsmith" not in r.stderr:
-        pytest.skip(f"this Triton cannot compile for a GPU here: {r.stderr[-300:]}")
-    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+    compile_for_hopper(COMPILE_FOR_HOPPER)
 
 
 def test_bad_calls_are_refused():
