@@ -101,7 +101,7 @@ def blocks(cfg: tuple | None):
     names = ("BLOCK_K", "WARPS", "NB_QKV", "NB_O", "NB_GU", "NB_D")
     keep = tuple(getattr(tdl, n) for n in names)
     if cfg is not None and cfg[0] == "stages":
-        tdl.ONLY = (1, cfg[1])
+        tdl.UPTO = cfg[1]
     elif cfg is not None:
         for n, v in zip(names, (cfg[0], cfg[1], cfg[2], cfg[2], cfg[2], cfg[2]), strict=True):
             setattr(tdl, n, v)
@@ -110,7 +110,7 @@ def blocks(cfg: tuple | None):
     finally:
         for n, v in zip(names, keep, strict=True):
             setattr(tdl, n, v)
-        tdl.ONLY = None
+        tdl.UPTO = tdl.STAGES
 
 
 def time_way(d: Eagle3Drafter, mode: str, args: tuple) -> tuple[torch.Tensor, float]:

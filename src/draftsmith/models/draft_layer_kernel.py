@@ -288,40 +288,34 @@ def draft_layer(TOK, EMB, X, POS, FREQ, SLOT, MASK, WHN, WQKV, WO, WGU, WD,
     (one launch for all six; SYNC zeroed before it)."""
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
-    met = 0
     if FIRST <= 1 and LAST >= 1:
         for t in range(pid, (NH + 2 * KVH) * (D // 2 // NB_QKV), progs):
             _qkv(t, TOK, EMB, X, POS, FREQ, SLOT, WQKV, QB, KC, VC, skb, skh, sks,
                  skd, M, Q, eps, H, D, NH, KVH, BM, BK, NB_QKV, IEEE)
-        if BARRIER:
-            met += 1
-            _grid_sync(SYNC, met * progs)
+        if BARRIER:  # a fused launch starts at stage 1: stage s ends at the s-th meeting
+            _grid_sync(SYNC, 1 * progs)
     if FIRST <= 2 and LAST >= 2:
         for t in range(pid, batch * KVH * splits, progs):
             _attend(t, QB, KC, VC, MASK, MP, LP, AP, skb, skh, sks, skd, smb, smq, sms,
                     Q, slots, chunk, splits, scale, D, NH, KVH, BR, BN, IEEE)
         if BARRIER:
-            met += 1
-            _grid_sync(SYNC, met * progs)
+            _grid_sync(SYNC, 2 * progs)
     if FIRST <= 3 and LAST >= 3:
         for t in range(pid, batch * KVH, progs):
             _join(t, ATT, MP, LP, AP, Q, splits, D, NH, KVH, BR, SPLITS)
         if BARRIER:
-            met += 1
-            _grid_sync(SYNC, met * progs)
+            _grid_sync(SYNC, 3 * progs)
     if FIRST <= 4 and LAST >= 4:
         for t in range(pid, H // (2 * NB_O), progs):
             _o_proj(t, ATT, X, WHN, WO, H1, M, eps, H, NH * D, BM, BK, NB_O, RESID_NORMED,
                     IEEE)
         if BARRIER:
-            met += 1
-            _grid_sync(SYNC, met * progs)
+            _grid_sync(SYNC, 4 * progs)
     if FIRST <= 5 and LAST >= 5:
         for t in range(pid, INTER // NB_GU, progs):
             _gate_up(t, H1, WGU, ACT, M, eps, H, INTER, BM, BK, NB_GU, IEEE)
         if BARRIER:
-            met += 1
-            _grid_sync(SYNC, met * progs)
+            _grid_sync(SYNC, 5 * progs)
     if FIRST <= 6 and LAST >= 6:
         for t in range(pid, H // (2 * NB_D), progs):
             _down(t, ACT, H1, WD, OUT, M, eps, H, INTER, BM, BK, NB_D, IEEE)

@@ -41,9 +41,9 @@ SPLITS = 8  # the most chunks the cache splits into (`triton_attention.chunking`
 WARPS = env_pow2("DRAFTSMITH_DRAFT_LAYER_WARPS", "4")
 STAGES = 6
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# (first, last): a fused launch runs only these stages (benchmarks/draft_layer.py --stages
-# times the stages so; the layer's output is then wrong)
-ONLY: tuple[int, int] | None = None
+# a fused launch runs only stages 1..UPTO (benchmarks/draft_layer.py --stages times the stages
+# so; the layer's output is then wrong)
+UPTO = STAGES
 
 
 def _pow2(n: int, least: int) -> int:
@@ -160,8 +160,7 @@ def _register() -> None:
                 kernel[(n,)](*args, FIRST=stage, LAST=stage, BARRIER=False, **meta)
         else:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-            first, last = ONLY or (1, STAGES)
-            kernel[(min(max(tasks), sms),)](*args, FIRST=first, LAST=last, BARRIER=True, **meta)
+            kernel[(min(max(tasks), sms),)](*args, FIRST=1, LAST=UPTO, BARRIER=True, **meta)
         return out
 
 
