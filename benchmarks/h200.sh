@@ -222,18 +222,17 @@ refill)
     ;;
 serve)
     # serve_bench.py: the real server (continuous against static batches, the real openai
-    # client) on the default target, baseline, then speculative with DRAFTER if given (first:
-    # KEPT=/tmp/kept DRAFTER=runs/kept/drafter STAGES=restore bash benchmarks/h200.sh suite);
-    # SPEC="3 1" or "3 4 8": steps, topk and draft tokens (needs .whl's serve wheels)
-    timeout "${LIMIT:-240}" python3 benchmarks/serve_bench.py --device cuda \
-        --requests "${REQUESTS:-32}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
-        --out "$OUT/serve_base" 2>&1 | tee "$OUT/serve_base_log.txt"
+    # client in its own process) on the default target, baseline and, with DRAFTER, speculative
+    # (first: KEPT=/tmp/kept DRAFTER=runs/kept/drafter STAGES=restore bash benchmarks/h200.sh
+    # suite); SPEC="3 1" or "3 4 8": steps, topk and draft tokens; LENGTHS: max_tokens in turn;
+    # COMPILE=1: serve --compile (needs .whl's serve wheels)
     read -r steps topk ndt <<< "${SPEC:-3 1}"
-    [ -n "${DRAFTER:-}" ] && timeout "${LIMIT:-240}" python3 benchmarks/serve_bench.py \
-        --device cuda --requests "${REQUESTS:-32}" --max-batch "${MAXB:-8}" \
-        --rounds "${ROUNDS:-2}" --drafter "$DRAFTER" --steps "$steps" --topk "$topk" \
-        ${ndt:+--num-draft-tokens "$ndt"} --out "$OUT/serve_spec" 2>&1 \
-        | tee "$OUT/serve_spec_log.txt"
+    timeout "${LIMIT:-400}" python3 benchmarks/serve_bench.py --device cuda \
+        --requests "${REQUESTS:-64}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
+        ${LENGTHS:+--lengths "$LENGTHS"} ${DRAFTER:+--drafter "$DRAFTER"} --steps "$steps" \
+        --topk "$topk" ${ndt:+--num-draft-tokens "$ndt"} ${COMPILE:+--compile} \
+        --out "$OUT/serve${TAG:-}" 2>&1 \
+        | tee "$OUT/serve${TAG:-}_log.txt"
     ;;
 specrefill)
     # spec_refill_bench.py: `bench` static vs --refill, baseline and speculative, one process;

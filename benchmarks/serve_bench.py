@@ -1,28 +1,32 @@
-"""`draftsmith serve` under concurrent load: continuous batching against static batches.
+"""`draftsmith serve` under concurrent load: continuous batching against static batches, and
+speculative against baseline decoding when a drafter is given.
 
 Usage: python benchmarks/serve_bench.py [--target default] [--device cpu] [--requests 24]
-       [--max-batch 8] [--rounds 2] [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]]
-       [--out DIR]
-Starts the real server (uvicorn, in this process) on one engine, with `--static-batches`
-behaviour and continuous, in turn for `--rounds` rounds (the order alternating), sends the same
-requests at once through the
-real `openai` client (greedy, chat suite prompts, max_tokens cycling through LENGTHS so answers
-end apart), and reports wall time, completion tokens/s, per-request latency (mean, p50, p90),
-batches and joined rows. Greedy: both modes must return the same texts (checked). Writes
-serve_bench.json and serve_bench.png.
+       [--max-batch 8] [--rounds 2] [--lengths 16,96,32,64,24,80,48,8]
+       [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]] [--compile] [--out DIR]
+Starts the real server (uvicorn, in this process) on the baseline engine (and, with --drafter,
+on a speculative engine too), with `--static-batches` behaviour and continuous, in turn for
+`--rounds` rounds (the order alternating). A separate process (so the clients never hold this
+one's GIL) sends the same requests at once through the real `openai` client (AsyncOpenAI):
+greedy, chat suite prompts, max_tokens cycling through --lengths so answers end apart. Reports
+wall time, completion tokens/s, per-request latency (mean, p50, p90), batches, joined rows and
+the share of the wall time the server's batch loop ran. Greedy: every run must return the same
+texts (checked). Writes serve_bench.json and serve_bench.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
+import multiprocessing
 import platform
 import socket
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -43,7 +47,7 @@ def serve(engine, target: str, continuous: bool):
 
     from draftsmith.serve.app import create_app
 
-    cfg = server_config(engine, target, None, None, 256, continuous=continuous)
+    cfg = server_config(engine, target, None, None, 4096, continuous=continuous)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -56,32 +60,59 @@ def serve(engine, target: str, continuous: bool):
 
 
 def load(url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+    """Send every job at once (in the client process) and time them."""
     import httpx
     import openai
 
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
-    before = httpx.get(url + "/metrics").json()
+    async def run() -> tuple[list[tuple[str, int, float]], float]:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
+                                    timeout=1800,
+                                    http_client=openai.DefaultAsyncHttpxClient(
+                                        limits=httpx.Limits(max_connections=len(jobs))))
 
-    def one(job: tuple[str, int]) -> tuple[str, int, float]:
+        async def one(job: tuple[str, int]) -> tuple[str, int, float]:
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": job[0]}],
+                max_tokens=job[1], temperature=0)
+            return (r.choices[0].message.content, r.usage.completion_tokens,
+                    time.perf_counter() - t0)
+
         t0 = time.perf_counter()
-        r = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": job[0]}], max_tokens=job[1],
-            temperature=0)
-        return r.choices[0].message.content, r.usage.completion_tokens, time.perf_counter() - t0
+        got = await asyncio.gather(*(one(j) for j in jobs))
+        return got, time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        got = list(pool.map(one, jobs))
-    wall = time.perf_counter() - t0
+    before = httpx.get(url + "/metrics").json()
+    got, wall = asyncio.run(run())
     after = httpx.get(url + "/metrics").json()
     lat = sorted(g[2] for g in got)
     tokens = sum(g[1] for g in got)
+    busy = after["engine_busy_s"] - before["engine_busy_s"]
     return {"wall_s": wall, "completion_tokens": tokens, "tok_s": tokens / wall,
             "latency_mean_s": statistics.fmean(lat), "latency_p50_s": lat[len(lat) // 2],
             "latency_p90_s": lat[int(0.9 * (len(lat) - 1))],
             "batches": after["batches"] - before["batches"],
             "joined_rows": after["joined_rows"] - before["joined_rows"],
+            "loop_busy_s": busy, "loop_share": busy / wall,
             "texts": [g[0] for g in got], "latencies_s": [g[2] for g in got]}
+
+
+def rounds(engines: dict, target: str, jobs: list, n: int, client: ProcessPoolExecutor) -> dict:
+    """Each engine in both modes, `n` rounds, the order of the modes alternating."""
+    runs: dict[str, dict] = {}
+    for i in range(n):
+        modes = [("static", False), ("continuous", True)]
+        for name, engine in engines.items():
+            for mode, continuous in modes if i % 2 == 0 else modes[::-1]:
+                server, url, model = serve(engine, target, continuous)
+                r = runs[f"{name} {mode} {i + 1}"] = client.submit(load, url, model, jobs).result()
+                server.should_exit = True
+                time.sleep(0.5)
+                print(f"{name} {mode} (round {i + 1}): {r['wall_s']:.2f} s, {r['tok_s']:.1f} "
+                      f"tok/s, latency mean {r['latency_mean_s']:.2f} s, p90 "
+                      f"{r['latency_p90_s']:.2f} s, batches {r['batches']}, joined rows "
+                      f"{r['joined_rows']}, loop busy {100 * r['loop_share']:.0f} %", flush=True)
+    return runs
 
 
 def main() -> None:
@@ -92,61 +123,80 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                    help="max_tokens of the requests, in turn")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--num-draft-tokens", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="serve --compile (GPU)")
     ap.add_argument("--out", default="serve-bench-out")
     a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")]
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
-    cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(LENGTHS),
-                       steps=a.steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens)
-    engine = load_engine(a.target, a.drafter, a.device, dtype, cfg)
-    if a.device == "cuda":
-        engine.warmup()
+    cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(lengths),
+                       steps=a.steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
+                       compile=a.compile)
+    engines = {"baseline": load_engine(a.target, None, a.device, dtype, cfg)}
+    if a.drafter:
+        engines["speculative"] = load_engine(a.target, a.drafter, a.device, dtype, cfg)
+    warm = {}
+    for name, engine in engines.items():
+        t0 = time.perf_counter()
+        if a.device == "cuda":
+            engine.warmup()
+        warm[name] = time.perf_counter() - t0
+        print(f"{name}: warm-up {warm[name]:.1f} s", flush=True)
     msgs = suite_messages("chat", a.requests)
-    jobs = [(m[-1]["content"], LENGTHS[i % len(LENGTHS)]) for i, m in enumerate(msgs)]
+    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
     jobs = (jobs * (a.requests // len(jobs) + 1))[: a.requests]
-    load(*serve(engine, a.target, True)[1:], jobs[:2])  # untimed: first-call costs
-    runs: dict[str, dict] = {}
-    for i in range(a.rounds):
-        modes = [("static", False), ("continuous", True)]
-        for mode, continuous in modes if i % 2 == 0 else modes[::-1]:
-            server, url, model = serve(engine, a.target, continuous)
-            r = runs[f"{mode} {i + 1}"] = load(url, model, jobs)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
+        for engine in engines.values():  # untimed: first-call costs, the client's start
+            server, url, model = serve(engine, a.target, True)
+            client.submit(load, url, model, jobs[:2]).result()
             server.should_exit = True
-            time.sleep(0.5)
-            print(f"{mode} (round {i + 1}): {r['wall_s']:.1f} s, {r['tok_s']:.1f} tok/s, latency "
-                  f"mean {r['latency_mean_s']:.2f} s, p90 {r['latency_p90_s']:.2f} s, batches "
-                  f"{r['batches']}, joined rows {r['joined_rows']}", flush=True)
+        runs = rounds(engines, a.target, jobs, a.rounds, client)
     same = len({tuple(r["texts"]) for r in runs.values()}) == 1
-    s, c = (pooled([r for k, r in runs.items() if k.startswith(m)])
-            for m in ("static", "continuous"))
+    pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
+             for e in engines for m in ("static", "continuous")}
+    ratios = {f"{e}: continuous / static": ratio(pools[f"{e} continuous"], pools[f"{e} static"])
+              for e in engines}
+    if a.drafter:
+        for m in ("static", "continuous"):
+            ratios[f"{m}: speculative / baseline"] = ratio(pools[f"speculative {m}"],
+                                                           pools[f"baseline {m}"])
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "target": a.target,
         "drafter": a.drafter, "steps": a.steps, "topk": a.topk,
-        "num_draft_tokens": a.num_draft_tokens, "requests": a.requests, "max_batch": a.max_batch,
-        "lengths": LENGTHS, "same_texts": same, "rounds": a.rounds,
-        "continuous_over_static": {"tok_s": c["tok_s"] / s["tok_s"],
-                                   "latency_mean": c["latency_mean_s"] / s["latency_mean_s"]},
+        "num_draft_tokens": a.num_draft_tokens, "compile": a.compile, "requests": a.requests,
+        "max_batch": a.max_batch,
+        "lengths": lengths, "same_texts": same, "rounds": a.rounds, "pooled": pools,
+        "ratios": ratios, "warmup_s": warm,
         "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
-    print("| mode | wall s | tok/s | latency mean s | p50 | p90 | batches | joined rows |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | wall s | tok/s | latency mean s | p50 | p90 | batches | joined rows "
+          "| loop busy |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k, v in runs.items():
-        print(f"| {k} | {v['wall_s']:.1f} | {v['tok_s']:.1f} | {v['latency_mean_s']:.2f} | "
+        print(f"| {k} | {v['wall_s']:.2f} | {v['tok_s']:.1f} | {v['latency_mean_s']:.2f} | "
               f"{v['latency_p50_s']:.2f} | {v['latency_p90_s']:.2f} | {v['batches']} | "
-              f"{v['joined_rows']} |")
-    print("continuous / static over all rounds (tokens over summed wall time; mean latency):")
-    print(f"continuous / static: tok/s {report['continuous_over_static']['tok_s']:.2f}x, mean "
-          f"latency {report['continuous_over_static']['latency_mean']:.2f}x; same texts: {same}")
+              f"{v['joined_rows']} | {100 * v['loop_share']:.0f} % |")
+    print("pooled over the rounds (tokens over summed wall time; mean latency):")
+    for k, v in ratios.items():
+        print(f"{k}: tok/s {v['tok_s']:.2f}x, mean latency {v['latency_mean']:.2f}x")
+    print(f"same texts in every run: {same}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_bench.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(runs, out / "serve_bench.png")
-    print(json.dumps(report, separators=(",", ":")))
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, separators=(",", ":")))
     if not same:
-        raise SystemExit("greedy texts differ between the modes")
+        raise SystemExit("greedy texts differ between the runs")
+
+
+def ratio(a: dict, b: dict) -> dict:
+    return {"tok_s": a["tok_s"] / b["tok_s"],
+            "latency_mean": a["latency_mean_s"] / b["latency_mean_s"]}
 
 
 def pooled(rs: list[dict]) -> dict:
@@ -155,15 +205,16 @@ def pooled(rs: list[dict]) -> dict:
 
 
 def plot(runs: dict, path: Path) -> None:
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     for mode, r in runs.items():
         lat = sorted(r["latencies_s"])
         ax[0].step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post", label=mode)
     ax[0].set(xlabel="request latency, s", ylabel="share of requests done", title="latency")
-    ax[0].legend()
+    ax[0].legend(fontsize=7)
     modes = list(runs)
     ax[1].bar(modes, [runs[m]["tok_s"] for m in modes])
     ax[1].set(ylabel="completion tokens/s", title="throughput")
+    ax[1].tick_params(axis="x", labelrotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -19,6 +19,7 @@ from conftest import write_tiny_folder  # noqa: E402
 from test_serve import PROMPTS, ask, chat_ids, live, streamed, write_drafter  # noqa: E402
 
 from draftsmith.engine.generate import generate  # noqa: E402
+from draftsmith.engine.refill import prefill_runtime  # noqa: E402
 from draftsmith.engine.runtime import Runtime  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
 
@@ -56,24 +57,38 @@ def check_continuous(engine: ServeEngine, tiny_dir: Path) -> dict:
     return m
 
 
-def test_baseline_server_continuous_rows_on_cuda_graphs(tiny_dir: Path) -> None:
-    cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32)
+def graph_keys(engine: ServeEngine) -> tuple[set, set]:
+    """The rows' decode steps and the prompt passes captured so far."""
+    steps = {k[:2] for k in engine.rt.graphs.graphs if k[0] == "refill"}
+    return steps, set(prefill_runtime(engine.rt).graphs.graphs)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_baseline_server_continuous_rows_on_cuda_graphs(tiny_dir: Path, compile: bool) -> None:
+    cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32, compile=compile)
     engine = load_engine(str(tiny_dir), None, "cuda", torch.float32, cfg)
+    assert engine.rt.graph_compiled == compile
     engine.warmup()
-    captured = {k[:2] for k in engine.rt.graphs.graphs if k[0] == "refill"}
-    assert captured == {("refill", b) for b in (1, 2, 3, 4)}  # warm-up captured every size
+    steps, prompts = graph_keys(engine)
+    assert steps == {("refill", b) for b in (1, 2, 4)}  # every size a batch opens at
+    # prompt passes: rows padded to 1, 2 or 4, every bucket up to 64 tokens
+    assert {k[1:3] for k in prompts} == {(b, q) for b in (1, 2, 4) for q in (16, 24, 32, 48, 64)}
     check_continuous(engine, tiny_dir)
-    assert {k[:2] for k in engine.rt.graphs.graphs if k[0] == "refill"} == captured
+    assert graph_keys(engine) == (steps, prompts)  # serving captured nothing new
 
 
-@pytest.mark.parametrize(("topk", "ndt"), [(1, None), (2, 6)])
+@pytest.mark.parametrize(("topk", "ndt", "compile"), [(1, None, False), (2, 6, False),
+                                                      (2, 6, True)])
 def test_speculative_server_continuous_rows_on_cuda_graphs(tiny_dir: Path, tmp_path: Path,
-                                                           topk: int, ndt: int | None) -> None:
+                                                           topk: int, ndt: int | None,
+                                                           compile: bool) -> None:
     cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32, steps=3, topk=topk,
-                       num_draft_tokens=ndt)
+                       num_draft_tokens=ndt, compile=compile)
     base = load_engine(str(tiny_dir), None, "cuda", torch.float32, cfg)
     engine = load_engine(str(tiny_dir), write_drafter(base, tmp_path), "cuda", torch.float32, cfg)
     del base
     engine.warmup()
+    prompts = graph_keys(engine)[1]
     m = check_continuous(engine, tiny_dir)
+    assert graph_keys(engine)[1] == prompts and prompts
     assert m["speculative"] is True and m["mean_accept_length"] >= 1.0

@@ -73,17 +73,20 @@ class RefillState:
 PREFILL_ROWS = 64
 
 
-def prefill_runtime(rt: Runtime, max_seq: int | None = None) -> Runtime:
+def prefill_runtime(rt: Runtime, max_seq: int | None = None,
+                    buckets: bool | None = None) -> Runtime:
     """A runtime over `rt`'s model for prompt passes apart from `rt`'s rows: `rt.prompt` writes
     rows 0..b-1, which a refill must leave alone. Graphed per (rows, bucket) where `rt` is. One
     per runtime, as many rows as `rt` (at most PREFILL_ROWS): its cache is scratch, copied out at
     once, so every refilling state of `rt` (any row count, any sampling setting, baseline or
     speculative) shares it. `max_seq` (the first call's): its cache's length, where the caller
-    knows the longest prompt (default: `rt`'s)."""
+    knows the longest prompt (default: `rt`'s); `buckets` (the first call's): prompts padded to
+    buckets and graphed (default: as `rt`'s)."""
     if "_prefill_rt" not in rt.__dict__:
         rt.__dict__["_prefill_rt"] = Runtime(
             rt.model, min(rt.max_batch, PREFILL_ROWS), max_seq or rt.max_seq,
-            graphs=rt.graphs is not None, prompt_buckets=rt.prompt_buckets)
+            graphs=rt.graphs is not None,
+            prompt_buckets=rt.prompt_buckets if buckets is None else buckets)
     return rt.__dict__["_prefill_rt"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -41,6 +41,7 @@ def serve(
                                     help="A row whose answer ended takes the next queued "
                                          "request of its settings (static: a batch runs until "
                                          "its last row ends)"),
+    compile: bool = COMPILE,
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the target over an OpenAI-compatible HTTP API (speculative with --drafter)."""
@@ -58,10 +59,11 @@ def serve(
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
     check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
-                        num_draft_tokens)
+                        num_draft_tokens, compile and dev != "cpu")
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warmup if warmup is not None else dev != "cpu":
-        _say(f"warming up batches of 1..{max_batch} rows (powers of two)")
+        _say(f"warming up batches of up to {max_batch} rows (powers of two) and prompt passes"
+             + (", compiling" if ecfg.compile else ""))
         engine.warmup()
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
                         continuous)
@@ -103,7 +105,8 @@ def server_config(engine, target: str, name: str | None, api_key: str | None,
             "steps": c.steps if spec else None, "topk": c.topk if spec else None,
             "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
             "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
-            "target_fingerprint": t.fingerprint, "continuous": continuous}
+            "target_fingerprint": t.fingerprint, "continuous": continuous,
+            "compiled": c.compile}
     return ServeConfig(model_name, aliases, c.max_tokens, c.max_prompt_tokens, c.max_batch,
                        max_queue, api_key, t.fingerprint, info, continuous)
 

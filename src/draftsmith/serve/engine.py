@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from draftsmith.engine.generate import check_request, decoder, prefill
-from draftsmith.engine.refill import prefill_runtime
-from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.refill import prefill_runtime, warm_prompts
+from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
 
@@ -41,6 +41,7 @@ class EngineConfig:
     steps: int = 3
     topk: int = 1
     num_draft_tokens: int | None = None
+    compile: bool = False  # torch.compile the target's layers (and the drafter's phases)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_prompt_tokens", "max_tokens", "steps", "topk"):
@@ -71,12 +72,13 @@ class ServeEngine:
         c = self.cfg
         self.eos = list(target.eos_ids)
         margin = c.spec_margin if drafter is not None else 1
-        # prompts prefill eagerly here: a bucket graph captured on its first use would stall a
-        # live request, and the cache is sized up front with no room for graphs' outputs
+        # rows' prompts prefill in the prefill runtime below, never in this one's rows: no bucket
+        # padding here, where the cache is sized up front for prompt + completion
         self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin,
-                          prompt_buckets=False)
-        # the continuous rows' prompt passes: a cache only as long as the longest prompt
-        prefill_runtime(self.rt, c.max_prompt_tokens)
+                          compile=c.compile, prompt_buckets=False)
+        # the rows' prompt passes: a cache only as long as the longest prompt, graphed per
+        # (rows, bucket) on CUDA (`warmup` captures them: a capture on first use stalls a request)
+        prefill_runtime(self.rt, c.max_prompt_tokens, buckets=self.rt.graphs is not None)
         self.vocab_size = target.cfg.vocab_size
         self._tok_lock = threading.Lock()
         self._spec: OrderedDict[SamplingParams, Any] = OrderedDict()
@@ -130,14 +132,22 @@ class ServeEngine:
         return _BaselineRows(self, rows, params)
 
     def warmup(self, batch_sizes: list[int] | None = None) -> None:
-        """Open, fill and step greedy rows at every size 1..max_batch (continuous batches open
-        at powers of two, static ones at any size), or at `batch_sizes`: on CUDA this captures
-        their graphs up front."""
+        """Open, fill and step greedy rows at every size a batch opens at (`batch_rows`: powers
+        of two up to max_batch), or at `batch_sizes`, and prefill rows at every row count and
+        prompt bucket: on CUDA this captures (and compiles) their graphs up front."""
         tok = [self.eos[0] if self.eos else 0]
-        for b in sorted(batch_sizes or range(1, self.cfg.max_batch + 1), reverse=True):
+        c = self.cfg
+        sizes = batch_sizes or sorted({batch_rows(k, c.max_batch)
+                                       for k in range(1, c.max_batch + 1)})
+        for b in sorted(sizes, reverse=True):
             live = self.open(b, SamplingParams())
             live.add(list(range(b)), [tok] * b)
             live.step(1)
+        pre = prefill_runtime(self.rt)
+        if pre.graphs is not None and pre.prompt_buckets:
+            lens = [n for n in PROMPT_BUCKETS if n < c.max_prompt_tokens] + [c.max_prompt_tokens]
+            live = self.open(max(sizes), SamplingParams())
+            warm_prompts(pre, [tok * n for n in lens], live.add, live.rows)
 
     @torch.no_grad()
     def _run_baseline(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
@@ -295,6 +305,12 @@ class _SpecRows(LiveRows):
 def _spec_rows(st: Any, max_new: int) -> list[list[int]]:
     out, counts = st.out[:, :max_new].tolist(), st.count.tolist()
     return [r[: min(c, max_new)] for r, c in zip(out, counts, strict=True)]
+
+
+def batch_rows(need: int, max_batch: int) -> int:
+    """The rows a batch for `need` rows opens with: the next power of two, at most max_batch
+    (a few sizes, each captured and compiled once; the spare rows take joiners or idle)."""
+    return min(max_batch, 1 << (need - 1).bit_length())
 
 
 def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:

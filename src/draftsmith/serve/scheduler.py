@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.serve.engine import CHECK_EVERY, ServeEngine, trim
+from draftsmith.serve.engine import CHECK_EVERY, ServeEngine, batch_rows, trim
 from draftsmith.serve.protocol import ApiError, Choice, GenRequest
 from draftsmith.serve.text import ChoiceText
 
@@ -244,8 +244,7 @@ class Scheduler:
         if seeded:
             torch.manual_seed(req.seed)
         need = sum(j.req.rows for j in batch)
-        pow2 = self.continuous and not seeded
-        size = min(self.max_batch, 1 << (need - 1).bit_length()) if pow2 else need
+        size = need if seeded else batch_rows(need, self.max_batch)  # seeded: draws as alone
         live = self.engine.open(size, req.params)
         slots: list[Row | None] = [None] * size
         self.metrics.admitted(need, self._admit(live, slots, batch), opened=True)
