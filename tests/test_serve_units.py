@@ -131,14 +131,9 @@ class FakeLive:
                 if r is not None and len(r) < self.eng.cfg.max_tokens:
                     r.append(r[0])
 
-    def status(self, slots):
-        self.eng.reads.append(list(slots))
-        rows = [self.rows[i] for i in slots]
-        return [len(r) for r in rows], [len(r) >= self.eng.cfg.max_tokens for r in rows]
-
-    def tokens(self, slots, counts):
-        self.eng.token_reads.append(list(slots))
-        return [list(self.rows[i][:c]) for i, c in zip(slots, counts, strict=True)]
+    def read(self, slots):
+        rows = [list(self.rows[i]) for i in slots]
+        return rows, [len(r) >= self.eng.cfg.max_tokens for r in rows]
 
     def drop(self, slots) -> None:
         for i in slots:
@@ -155,8 +150,6 @@ class FakeEngine:
         self.batches: list[int] = []
         self.adds: list[tuple[int, list[int]]] = []
         self.steps = 0
-        self.reads: list[list[int]] = []  # the slots of each look's status read
-        self.token_reads: list[list[int]] = []  # and of each tokens read
         self.ticks: threading.Semaphore | None = None  # set: each step waits for a release
         self.bad: list[int] | None = None  # a prompt whose prefill raises
         self.gate = threading.Event()
@@ -328,33 +321,11 @@ def test_an_eos_past_the_limit_is_a_length_finish_and_steps_stop_near_it() -> No
     (finish,) = [e for e in events if e[0] == "finish"]
     assert finish[2].finish_reason == "length" and finish[2].text == "eeee"
     long = Row(job("f", [], max_tokens=30), 0, [6], [0], FakeEngine().decode)
-    long.count = 1
+    long.tokens = [6]
     assert Scheduler._steps([long], 1) == 16  # CHECK_EVERY
     assert Scheduler._steps([long], 4) == 8  # 29 left, 4 a cycle
-    long.count = 29
+    long.tokens = [6] * 29
     assert Scheduler._steps([long, None], 4) == 1
-
-
-def test_a_look_reads_tokens_only_of_rows_that_stream_stop_or_end() -> None:
-    """Each look reads every row's count and end flag; the tokens only of rows that stream,
-    have stop strings, or may be finished. A plain row's text is decoded once, at its end."""
-    eng = FakeEngine(max_batch=2, max_tokens=30)
-    eng.ticks = threading.Semaphore(0)
-    s = Scheduler(eng, max_queue=8, batch_wait=0.5)
-    s.start()
-    events: list = []
-    s.submit(job("a", events, max_tokens=30))  # plain: slot 0
-    s.submit(job("b", events, max_tokens=20, stream=True))  # slot 1
-    time.sleep(0.7)
-    eng.ticks.release(100)
-    wait_done(events, 2)
-    s.stop()
-    assert len(eng.reads) > 3  # a look after the prefill, then at most 16 steps apart
-    plain = [r for r in eng.token_reads if 0 in r]
-    assert plain == [[0]]  # slot 0's tokens once: at its limit
-    assert sum(1 in r for r in eng.token_reads) == sum(1 in r for r in eng.reads)  # streamed
-    texts = sorted(e[2].text for e in events if e[0] == "finish")
-    assert texts == ["", "a" * 30]  # a streamed choice's text went out in deltas
 
 
 def test_static_batches_run_until_their_last_row_ends() -> None:

@@ -229,10 +229,9 @@ class ServeEngine:
 
 class LiveRows:
     """Rows decoding together, each its own request's: `add` prefills prompts into idle rows,
-    `step(n)` runs n decode steps (or speculative cycles) over all of them, `status` returns
-    rows' token counts and whether each ended (eos or the server's max_tokens), `tokens` their
-    tokens so far (eos not trimmed; `read`: both), `drop` idles rows. An idle or ended row is
-    inert: it emits nothing."""
+    `step(n)` runs n decode steps (or speculative cycles) over all of them, `read` returns rows'
+    tokens so far (eos not trimmed) and whether each ended (eos or the server's max_tokens),
+    `drop` idles rows. An idle or ended row is inert: it emits nothing."""
 
     tokens_per_step = 1  # the most tokens a step can emit a row
 
@@ -242,21 +241,11 @@ class LiveRows:
     def _idx(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, device=self.eng.rt.device)
 
-    def status(self, slots: list[int]) -> tuple[list[int], list[bool]]:
-        """Each row's token count so far (at most max_tokens) and whether it ended: one read."""
-        st, idx = self.state, self._idx(slots)
-        counts, done = torch.stack((st.count[idx], st.done[idx].long())).tolist()
-        cap = self.eng.cfg.max_tokens
-        return [min(c, cap) for c in counts], [bool(d) for d in done]
-
-    def tokens(self, slots: list[int], counts: list[int]) -> list[list[int]]:
-        """The rows' first `counts` tokens (from `status`): one read of the longest's width."""
-        outs = self.state.out[self._idx(slots), : max(counts)].tolist()
-        return [o[:c] for o, c in zip(outs, counts, strict=True)]
-
     def read(self, slots: list[int]) -> tuple[list[list[int]], list[bool]]:
-        counts, ended = self.status(slots)
-        return self.tokens(slots, counts), ended
+        st, idx = self.state, self._idx(slots)
+        cap = self.eng.cfg.max_tokens
+        counts, outs, done = st.count[idx].tolist(), st.out[idx].tolist(), st.done[idx].tolist()
+        return [o[: min(c, cap)] for o, c in zip(outs, counts, strict=True)], done
 
     def drop(self, slots: list[int]) -> None:
         if slots:

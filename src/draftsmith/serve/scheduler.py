@@ -63,15 +63,7 @@ class Row:
         self.limit = job.req.max_tokens
         self.text = ChoiceText(decode, job.req.stop, job.req.stream)
         self.tokens: list[int] = []
-        self.count = 0  # tokens the engine has emitted for this row (eos included)
         self.finished = False
-
-    def needs_tokens(self, count: int, ended: bool) -> bool:
-        """Whether a look must read this row's tokens: it may be finished, it streams, or its
-        stop strings must be searched. Otherwise its count is enough, and the text is decoded
-        once, at the end."""
-        r = self.job.req
-        return ended or count >= self.limit or self.job.cancelled or r.stream or bool(r.stop)
 
     def feed(self, raw: list[int], final: bool) -> None:
         if self.finished:
@@ -79,7 +71,6 @@ class Row:
         if self.job.cancelled:
             self.finished = True
             return
-        self.count = len(raw)
         toks, eos_hit = trim(raw[: self.limit], self.eos)  # an eos past the limit is not ours
         self.tokens = toks[: self.limit]
         done = final or eos_hit or len(toks) >= self.limit
@@ -313,24 +304,18 @@ class Scheduler:
         busy = [r for r in slots if r is not None]
         if any(r.job.req.stream for r in busy):
             return 1
-        left = min(r.limit - r.count for r in busy)
+        left = min(r.limit - len(r.tokens) for r in busy)
         return max(1, min(CHECK_EVERY, -(-left // most)))
 
     def _collect(self, live: Any, slots: list[Row | None]) -> None:
         """Feed every busy row its tokens; free the slots of rows that finished (ended, hit
         their own limit or stop string, or were cancelled) and finish their jobs."""
         busy = [i for i, r in enumerate(slots) if r is not None]
-        counts, ended = live.status(busy)  # one small read; tokens only for the rows that need
-        need = [k for k, i in enumerate(busy) if slots[i].needs_tokens(counts[k], ended[k])]
-        tokens = dict(zip(need, live.tokens([busy[k] for k in need], [counts[k] for k in need]),
-                          strict=True)) if need else {}
+        tokens, ended = live.read(busy)
         gone = []
-        for k, (i, end) in enumerate(zip(busy, ended, strict=True)):
+        for i, toks, end in zip(busy, tokens, ended, strict=True):
             row = slots[i]
-            if k in tokens:
-                row.feed(tokens[k], end)
-            else:
-                row.count = counts[k]
+            row.feed(toks, end)
             if row.finished:
                 slots[i] = None
                 gone.append(i)
