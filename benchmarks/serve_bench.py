@@ -11,7 +11,8 @@ one's GIL) sends the same requests at once through the real `openai` client (Asy
 greedy, chat suite prompts, max_tokens cycling through --lengths so answers end apart. Reports
 wall time, completion tokens/s, per-request latency (mean, p50, p90), batches, joined rows and
 the share of the wall time the server's batch loop ran. Greedy: every run must return the same
-texts (checked). Writes serve_bench.json and serve_bench.png.
+texts (checked; `text_diffs` lists the requests that differ). Writes serve_bench.json and
+serve_bench.png.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def main() -> None:
             server.should_exit = True
         runs = rounds(engines, a.target, jobs, a.rounds, client)
     same = len({tuple(r["texts"]) for r in runs.values()}) == 1
+    diffs = text_diffs(runs, jobs)
     pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
              for e in engines for m in ("static", "continuous")}
     ratios = {f"{e}: continuous / static": ratio(pools[f"{e} continuous"], pools[f"{e} static"])
@@ -172,7 +174,7 @@ def main() -> None:
         "num_draft_tokens": a.num_draft_tokens, "compile": a.compile, "requests": a.requests,
         "max_batch": a.max_batch,
         "lengths": lengths, "same_texts": same, "rounds": a.rounds, "pooled": pools,
-        "ratios": ratios, "warmup_s": warm,
+        "ratios": ratios, "warmup_s": warm, "text_diffs": diffs,
         "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
     print("| run | wall s | tok/s | latency mean s | p50 | p90 | batches | joined rows "
           "| loop busy |")
@@ -185,6 +187,9 @@ def main() -> None:
     for k, v in ratios.items():
         print(f"{k}: tok/s {v['tok_s']:.2f}x, mean latency {v['latency_mean']:.2f}x")
     print(f"same texts in every run: {same}")
+    for d in diffs:
+        print(f"request {d['request']} (max_tokens {d['max_tokens']}): {d['runs_apart']} "
+              f"apart from the first run, from character {d['first_diff_char']}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_bench.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -192,6 +197,24 @@ def main() -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, separators=(",", ":")))
     if not same:
         raise SystemExit("greedy texts differ between the runs")
+
+
+def text_diffs(runs: dict, jobs: list[tuple[str, int]]) -> list[dict]:
+    """Each request whose text is not the same in every run: which runs differ from the first,
+    where they first part, and both texts around it (greedy: they should never differ)."""
+    names = list(runs)
+    first = runs[names[0]]["texts"]
+    out = []
+    for i, ref in enumerate(first):
+        apart = [n for n in names[1:] if runs[n]["texts"][i] != ref]
+        if apart:
+            other = runs[apart[0]]["texts"][i]
+            at = next((k for k, (x, y) in enumerate(zip(ref, other, strict=False)) if x != y),
+                      min(len(ref), len(other)))
+            out.append({"request": i, "max_tokens": jobs[i][1], "runs_apart": apart,
+                        "first_diff_char": at, "first": ref[max(0, at - 40): at + 40],
+                        "other": other[max(0, at - 40): at + 40]})
+    return out
 
 
 def ratio(a: dict, b: dict) -> dict:
