@@ -185,8 +185,9 @@ kernels)
 enginetests)
     # the engine's greedy equality under each attention, tree top-k and draft head, and the
     # graphed baseline's under each one-token attention (no model, no carry); 16 of these took
-    # ~585 s in run 22, so the split linears (off; passed in run 21) need ENGINE_K=split_linear
-    # and the fused norms (off, untimed) ENGINE_K=norm_linear
+    # ~585 s in run 22, so the split linears (off; passed in run 21) need ENGINE_K=split_linear,
+    # the fused norms (off, untimed) ENGINE_K=norm_linear and the server's tests (5, ~115 s,
+    # carry .whl) ENGINE_K=server
     timeout "${LIMIT:-585}" python3 -m pytest -p no:cacheprovider -p no:logging -m gpu -v \
         tests/test_speculative_gpu.py tests/test_gpu.py tests/test_serve_gpu.py \
         -k "${ENGINE_K:-triton or other_verify or compiled_verify or graphed_decode}" \

@@ -71,7 +71,9 @@ def test_bad_input_is_refused(model, prompts, new, what):
 
 def test_warm_prompts_covers_every_padded_row_count_and_bucket():
     """Refills pad their rows to a power of two (or the prefill runtime's rows) and their
-    prompts to a bucket: the warm-up must have run each pair, so none is captured while timed."""
+    prompts to a bucket: the warm-up must have run each pair, so none is captured while timed.
+    It never starts more rows than the state has (3 rows pad to 4 all the same), largest pairs
+    first (the graphs share one pool), and skips pairs too big for a graph (eager anyway)."""
     from types import SimpleNamespace
 
     from draftsmith.engine.refill import warm_prompts
@@ -82,4 +84,9 @@ def test_warm_prompts_covers_every_padded_row_count_and_bucket():
         calls = []
         warm_prompts(pre, [[1] * 3, [2] * 20, [3] * 9],
                      lambda r, p, calls=calls: calls.append((len(r), len(p[0]))), rows)
-        assert sorted(calls) == [(s, n) for s in sizes for n in (9, 20)]
+        assert sorted(calls) == [(min(s, rows), n) for s in sizes for n in (9, 20)]
+        assert calls == sorted(calls, reverse=True)
+    pre.bucket = lambda b, n: None if b * n > 64 else (16 if n <= 16 else 24)
+    calls = []
+    warm_prompts(pre, [[3] * 9, [2] * 20], lambda r, p: calls.append((len(r), len(p[0]))), 4)
+    assert sorted(calls) == [(1, 9), (1, 20), (2, 9), (2, 20), (4, 9)]  # 4 x 20: eager

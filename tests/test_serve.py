@@ -426,6 +426,34 @@ def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
         assert {k for k in eng.rt.graphs.graphs if k[0] == kind} == steps
 
 
+def test_seeded_requests_draw_the_same_alone_or_beside_a_twin(srv: dict) -> None:
+    """A seeded sampled request never shares a batch (its draws would depend on the other
+    rows): two identical ones sent at once each get what one alone gets."""
+    def one(_: int) -> str:
+        r = srv["client"].chat.completions.create(
+            model=srv["model"], messages=[{"role": "user", "content": PROMPTS[2]}],
+            max_tokens=16, temperature=0.9, seed=11)
+        return r.choices[0].message.content
+
+    alone = one(0)
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(one, range(2))) == [alone, alone]
+
+
+def test_sampled_decoders_share_the_drafter_prompt_runtime(tiny_dir: Path,
+                                                           drafter_dir: Path) -> None:
+    """Every sampling setting's decoder prefills through one drafter prompt runtime (and its
+    graphs on CUDA): a new setting captures none, an evicted one leaves none behind."""
+    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.engine.spec_refill import _prefiller
+
+    cfg = EngineConfig(max_batch=2, max_prompt_tokens=32, max_tokens=8, steps=2)
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    greedy = _prefiller(spec._spec_for(SamplingParams()))
+    warm = _prefiller(spec._spec_for(SamplingParams(temperature=0.7)))
+    assert greedy is not warm and greedy.drt is warm.drt and greedy.rt is warm.rt
+
+
 def test_warmup_opens_every_row_count_the_scheduler_opens(tiny_dir: Path,
                                                           drafter_dir: Path) -> None:
     """`serve --warmup` (the default on GPU) fills and steps rows at every size a batch opens

@@ -91,4 +91,4 @@ def test_speculative_server_continuous_rows_on_cuda_graphs(tiny_dir: Path, tmp_p
     prompts = graph_keys(engine)[1]
     m = check_continuous(engine, tiny_dir)
     assert graph_keys(engine)[1] == prompts and prompts
-    assert m["speculative"] is True and m["mean_accept_length"] >= 1.0
+    assert m["speculative"] is True and sum(m["accept_hist"]) > 0  # cycles ran speculatively

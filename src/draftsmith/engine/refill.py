@@ -100,9 +100,11 @@ def warm_prompts(pre: Runtime, prompts: list[list[int]],
     one = {pre.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
     sizes = {min(pre.max_batch, 1 << (k - 1).bit_length())
              for k in range(1, min(rows, pre.max_batch) + 1)}
-    for size in sorted(sizes):
-        for p in one.values():
-            start(list(range(size)), [p] * size)
+    for size in sorted(sizes, reverse=True):  # largest first: the graphs share one pool
+        for p in sorted(one.values(), key=len, reverse=True):
+            if pre.bucket(size, len(p)) is not None:  # else eager: nothing to capture
+                k = min(size, rows)  # padded to `size` rows all the same
+                start(list(range(k)), [p] * k)
 
 
 def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts: list[list[int]],

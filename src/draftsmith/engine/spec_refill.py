@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ from draftsmith.engine.generate import _trim, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_profiler
 from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
+from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import sample
 from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens
@@ -36,13 +38,12 @@ from draftsmith.errors import DraftsmithError
 class Prefiller:
     """Prompt passes into caches apart from the decoder's: the target's through its runtime's
     shared prefill runtime (`prefill_runtime`), the drafter's through a runtime of the same
-    rows."""
+    rows that every decoder of this drafter shares (`drafter_prefill_runtime`)."""
 
     def __init__(self, dec: SpecDecoder) -> None:
         self.dec = dec
         self.rt = prefill_runtime(dec.rt)
-        self.drt = DrafterRuntime(dec.drafter, self.rt.max_batch, dec.drt.max_seq,
-                                  self.rt.graphs or False)
+        self.drt = drafter_prefill_runtime(self.rt, dec.drafter, dec.drt.max_seq)
 
     @torch.no_grad()
     def start(self, st: SpecState, rows: list[int], prompts: list[list[int]]) -> None:
@@ -169,6 +170,17 @@ def _check(dec: SpecDecoder, prompts: list[list[int]], max_new: int, eos: list[i
     if not prompts:
         raise DraftsmithError("empty prompt list")
     dec._check_inputs(prompts, max_new, eos, batch=rows)
+
+
+def drafter_prefill_runtime(pre: Runtime, drafter: Any, max_seq: int) -> DrafterRuntime:
+    """The drafter's prompt passes beside `pre`, one runtime per (drafter, cache length): the
+    decoders of every sampling setting share it and its graphs (a pass draws nothing), so a
+    new setting's first requests capture nothing and an evicted decoder leaves no graphs."""
+    runtimes = pre.__dict__.setdefault("_drafter_prefill_rts", {})
+    key = (drafter, max_seq)
+    if key not in runtimes:
+        runtimes[key] = DrafterRuntime(drafter, pre.max_batch, max_seq, pre.graphs or False)
+    return runtimes[key]
 
 
 def _prefiller(dec: SpecDecoder) -> Prefiller:

@@ -89,8 +89,11 @@ class GenRequest:
 
     @property
     def key(self) -> tuple:
-        """Requests with equal keys may share a batch."""
-        return (self.params, None if self.params.greedy else self.seed)
+        """Requests with equal keys may share a batch; a seeded sampled one shares with none
+        (its draws would depend on its batch-mates)."""
+        if self.params.greedy or self.seed is None:
+            return (self.params, None)
+        return (self.params, self.seed, id(self))
 
 
 # ---- field checks --------------------------------------------------------------------------

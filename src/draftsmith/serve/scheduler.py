@@ -241,11 +241,11 @@ class Scheduler:
         """Decode `batch` as one continuous batch; jobs that join are appended to it."""
         req = batch[0].req
         seeded = req.seed is not None and not req.params.greedy
-        if seeded:
-            torch.manual_seed(req.seed)
         need = sum(j.req.rows for j in batch)
         size = need if seeded else batch_rows(need, self.max_batch)  # seeded: draws as alone
         live = self.engine.open(size, req.params)
+        if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
+            torch.manual_seed(req.seed)
         slots: list[Row | None] = [None] * size
         self.metrics.admitted(need, self._admit(live, slots, batch), opened=True)
         t0, seen = time.perf_counter(), live.hist
