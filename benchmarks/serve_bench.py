@@ -156,8 +156,8 @@ def main() -> None:
             client.submit(load, url, model, jobs[:2]).result()
             server.should_exit = True
         runs = rounds(engines, a.target, jobs, a.rounds, client)
-    same = len({tuple(r["texts"]) for r in runs.values()}) == 1
     diffs = text_diffs(runs, jobs)
+    same = not diffs
     pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
              for e in engines for m in ("static", "continuous")}
     ratios = {f"{e}: continuous / static": ratio(pools[f"{e} continuous"], pools[f"{e} static"])

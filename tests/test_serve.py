@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 from conftest import write_tiny_folder  # noqa: E402
 
 from draftsmith.engine.generate import generate  # noqa: E402
+from draftsmith.engine.runtime import Runtime  # noqa: E402
 from draftsmith.serve.cli import server_config  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
 
@@ -81,7 +82,8 @@ def chat_ids(engine: ServeEngine, text: str) -> list[int]:
 def reference(engine: ServeEngine, ids: list[int], n: int) -> str:
     """What `draftsmith generate` prints: engine greedy generation alone, decoded."""
     t = engine.target
-    toks = generate(engine.rt.model, [ids], n, eos_ids=t.eos_ids)[0]
+    eager = Runtime(engine.rt.model, 1, len(ids) + n + 1, graphs=False)
+    toks = generate(eager, [ids], n, eos_ids=t.eos_ids)[0]
     return t.tokenizer.decode(toks, skip_special_tokens=True)
 
 
@@ -304,18 +306,17 @@ def test_api_key(engine: ServeEngine, tiny_dir: Path) -> None:
 # ---- speculative ---------------------------------------------------------------------------
 
 
-def write_drafter(engine: ServeEngine, folder: Path) -> Path:
-    """A random drafter for the engine's target, sharing its embedding, saved in `folder`."""
+def write_drafter(t, embed: torch.Tensor, folder: Path) -> Path:
+    """A random drafter for target `t`, sharing its embedding, saved in `folder`."""
     from draftsmith.layers import default_aux_layers
     from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
 
-    t = engine.target
     cfg = Eagle3Config.for_target(t.cfg, t.cfg.vocab_size, default_aux_layers(t.cfg.num_layers),
                                   target_fingerprint=t.fingerprint)
     torch.manual_seed(0)
     d = Eagle3Drafter(cfg)
     d.init_weights()
-    d.embed_tokens.weight.data.copy_(engine.rt.model.embed.weight.cpu())
+    d.embed_tokens.weight.data.copy_(embed)
     d.set_vocab(torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
                 torch.ones(cfg.vocab_size, dtype=torch.bool))
     return save_drafter(d, folder)
@@ -323,7 +324,8 @@ def write_drafter(engine: ServeEngine, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def drafter_dir(engine: ServeEngine, tmp_path_factory) -> Path:
-    return write_drafter(engine, tmp_path_factory.mktemp("drafter"))
+    return write_drafter(engine.target, engine.rt.model.embed.weight,
+                         tmp_path_factory.mktemp("drafter"))
 
 
 @pytest.mark.parametrize(("topk", "ndt"), [(1, None), (2, 6)])

@@ -16,12 +16,11 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from conftest import write_tiny_folder  # noqa: E402
-from test_serve import PROMPTS, ask, chat_ids, live, streamed, write_drafter  # noqa: E402
+from test_serve import PROMPTS, ask, chat_ids, live, reference, streamed, write_drafter  # noqa: E402
 
-from draftsmith.engine.generate import generate  # noqa: E402
 from draftsmith.engine.refill import prefill_runtime  # noqa: E402
-from draftsmith.engine.runtime import Runtime  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
+from draftsmith.targets import load_target  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 LENS = [20, 6, 14, 9, 17, 4, 25, 11, 3, 16]  # rows end apart: queued requests join running ones
@@ -30,13 +29,6 @@ LENS = [20, 6, 14, 9, 17, 4, 25, 11, 3, 16]  # rows end apart: queued requests j
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     return write_tiny_folder(tmp_path_factory.mktemp("serve_gpu_target"), "llama", seed=2)
-
-
-def eager_answer(engine: ServeEngine, text: str, n: int) -> str:
-    ids = chat_ids(engine, text)
-    rt = Runtime(engine.rt.model, 1, len(ids) + n + 1, graphs=False)
-    toks = generate(rt, [ids], n, eos_ids=engine.target.eos_ids)[0]
-    return engine.target.tokenizer.decode(toks, skip_special_tokens=True)
 
 
 def check_continuous(engine: ServeEngine, tiny_dir: Path) -> dict:
@@ -51,7 +43,7 @@ def check_continuous(engine: ServeEngine, tiny_dir: Path) -> dict:
             got = list(pool.map(one, jobs))
         m = httpx.get(s["url"] + "/metrics").json()
     for (text, n, _), out in zip(jobs, got, strict=True):
-        assert out == eager_answer(engine, text, n), (text, n)
+        assert out == reference(engine, chat_ids(engine, text), n), (text, n)
     assert m["completed"] == len(jobs) and m["batches"] < len(jobs)
     assert m["joined_rows"] > 0  # some requests joined rows that were already decoding
     return m
@@ -84,9 +76,9 @@ def test_speculative_server_continuous_rows_on_cuda_graphs(tiny_dir: Path, tmp_p
                                                            compile: bool) -> None:
     cfg = EngineConfig(max_batch=4, max_prompt_tokens=64, max_tokens=32, steps=3, topk=topk,
                        num_draft_tokens=ndt, compile=compile)
-    base = load_engine(str(tiny_dir), None, "cuda", torch.float32, cfg)
-    engine = load_engine(str(tiny_dir), write_drafter(base, tmp_path), "cuda", torch.float32, cfg)
-    del base
+    t = load_target(str(tiny_dir))
+    drafter = write_drafter(t, t.build(torch.float32, "cpu").embed.weight, tmp_path)
+    engine = load_engine(str(tiny_dir), drafter, "cuda", torch.float32, cfg)
     engine.warmup()
     prompts = graph_keys(engine)[1]
     m = check_continuous(engine, tiny_dir)

@@ -88,12 +88,14 @@ class GenRequest:
         return len(self.prompts) * self.n
 
     @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: its draws must not depend on other rows."""
+        return self.seed is not None and not self.params.greedy
+
+    @property
     def key(self) -> tuple:
-        """Requests with equal keys may share a batch; a seeded sampled one shares with none
-        (its draws would depend on its batch-mates)."""
-        if self.params.greedy or self.seed is None:
-            return (self.params, None)
-        return (self.params, self.seed, id(self))
+        """Requests with equal keys may share a batch; a seeded one shares with none."""
+        return (self.params, self.seed, id(self)) if self.seeded else (self.params, None)
 
 
 # ---- field checks --------------------------------------------------------------------------

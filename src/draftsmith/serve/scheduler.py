@@ -240,7 +240,7 @@ class Scheduler:
     def _run(self, batch: list[Job]) -> None:
         """Decode `batch` as one continuous batch; jobs that join are appended to it."""
         req = batch[0].req
-        seeded = req.seed is not None and not req.params.greedy
+        seeded = req.seeded
         need = sum(j.req.rows for j in batch)
         size = need if seeded else batch_rows(need, self.max_batch)  # seeded: draws as alone
         live = self.engine.open(size, req.params)
