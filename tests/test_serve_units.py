@@ -144,8 +144,9 @@ class FakeEngine:
     """Echoes each prompt's first token as the whole completion; records batches (their rows)
     and which slots each prefill filled."""
 
-    def __init__(self, max_batch: int = 4, max_tokens: int = 3) -> None:
-        self.cfg = SimpleNamespace(max_batch=max_batch, max_tokens=max_tokens)
+    def __init__(self, max_batch: int = 4, max_tokens: int = 3, fixed_rows: bool = False) -> None:
+        self.cfg = SimpleNamespace(max_batch=max_batch, max_tokens=max_tokens,
+                                   fixed_rows=fixed_rows)
         self.speculative, self.eos = False, [0]
         self.batches: list[int] = []
         self.adds: list[tuple[int, list[int]]] = []
@@ -208,6 +209,23 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     assert eng.adds[:2] == [(1, [0]), (1, [0])]
     texts = [e[2].text for e in events if e[0] == "finish"]
     assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_fixed_rows_opens_every_batch_at_max_batch(fixed: bool) -> None:
+    """--fixed-rows: a lone job's batch opens with all max_batch rows (one row count, so one set
+    of kernels whatever the load); otherwise at the next power of two of the rows it needs."""
+    eng = FakeEngine(max_batch=4, fixed_rows=fixed)
+    s = Scheduler(eng, max_queue=8)
+    s.start()
+    events: list = []
+    s.submit(job("a", events))
+    wait_done(events, 1)
+    s.submit(job("b", events, n=3))
+    wait_done(events, 2)
+    s.stop()
+    assert eng.batches == ([4, 4] if fixed else [1, 4])
+    assert sorted(e[2].text for e in events if e[0] == "finish") == ["aaa", "bbb", "bbb", "bbb"]
 
 
 def scenario(continuous: bool) -> tuple[FakeEngine, Scheduler, dict[str, list], list[str]]:

@@ -41,6 +41,11 @@ def serve(
                                     help="A row whose answer ended takes the next queued "
                                          "request of its settings (static: a batch runs until "
                                          "its last row ends)"),
+    fixed_rows: bool = typer.Option(
+        False, "--fixed-rows",
+        help="Open every batch at --max-batch rows: a greedy answer then never depends on how "
+             "many requests were waiting (the row count picks the kernels; in bf16 that can "
+             "flip near-ties), at the cost of a lone request decoding in a full batch"),
     compile: bool = COMPILE,
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
@@ -59,10 +64,11 @@ def serve(
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
     check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
-                        num_draft_tokens, compile and dev != "cpu")
+                        num_draft_tokens, compile and dev != "cpu", fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warmup if warmup is not None else dev != "cpu":
-        _say(f"warming up batches of up to {max_batch} rows (powers of two) and prompt passes"
+        sizes = f"{max_batch}" if fixed_rows else f"up to {max_batch} (powers of two)"
+        _say(f"warming up batches of {sizes} rows and prompt passes"
              + (", compiling" if ecfg.compile else ""))
         engine.warmup()
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
@@ -106,7 +112,7 @@ def server_config(engine, target: str, name: str | None, api_key: str | None,
             "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
             "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
             "target_fingerprint": t.fingerprint, "continuous": continuous,
-            "compiled": c.compile}
+            "compiled": c.compile, "fixed_rows": c.fixed_rows}
     return ServeConfig(model_name, aliases, c.max_tokens, c.max_prompt_tokens, c.max_batch,
                        max_queue, api_key, t.fingerprint, info, continuous)
 

@@ -42,6 +42,9 @@ class EngineConfig:
     topk: int = 1
     num_draft_tokens: int | None = None
     compile: bool = False  # torch.compile the target's layers (and the drafter's phases)
+    # every batch opens at max_batch rows: a row's kernels (picked by the row count) and so its
+    # greedy answer no longer follow how many requests were waiting (serve_h200.md)
+    fixed_rows: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_prompt_tokens", "max_tokens", "steps", "topk"):
@@ -137,7 +140,7 @@ class ServeEngine:
         prompt bucket: on CUDA this captures (and compiles) their graphs up front."""
         tok = [self.eos[0] if self.eos else 0]
         c = self.cfg
-        sizes = batch_sizes or sorted({batch_rows(k, c.max_batch)
+        sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
                                        for k in range(1, c.max_batch + 1)})
         for b in sorted(sizes, reverse=True):
             live = self.open(b, SamplingParams())
@@ -307,10 +310,11 @@ def _spec_rows(st: Any, max_new: int) -> list[list[int]]:
     return [r[: min(c, max_new)] for r, c in zip(out, counts, strict=True)]
 
 
-def batch_rows(need: int, max_batch: int) -> int:
+def batch_rows(need: int, max_batch: int, fixed: bool = False) -> int:
     """The rows a batch for `need` rows opens with: the next power of two, at most max_batch
-    (a few sizes, each captured and compiled once; the spare rows take joiners or idle)."""
-    return min(max_batch, 1 << (need - 1).bit_length())
+    (a few sizes, each captured and compiled once; the spare rows take joiners or idle), or
+    max_batch itself when `fixed`."""
+    return max_batch if fixed else min(max_batch, 1 << (need - 1).bit_length())
 
 
 def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:

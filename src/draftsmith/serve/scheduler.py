@@ -2,15 +2,15 @@
 
 The oldest job always runs next (no starvation); queued jobs with the same sampling settings
 start with it, up to `max_batch` rows (a power of two of them: the engine's states come in those
-sizes). While the batch decodes, a row that ends frees its slot, and the jobs at the head of the
-queue join it while they have its settings and fit (a batch under max_batch rows takes them only
-if all of them fit, else it drains and the next opens larger); a job of other settings at the
-head waits for the batch to drain, and so does everything queued behind it. Seeded sampled jobs
-never join a running batch (their draws would depend on it). A job reports through
-`sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
-("done", completion_tokens), ("error", status, message). An engine exception fails only the jobs
-of that batch still running: those that have sent nothing yet are rerun one by one, so only the
-culprit gets the error.
+sizes; all max_batch of them with `fixed_rows`). While the batch decodes, a row that ends frees
+its slot, and the jobs at the head of the queue join it while they have its settings and fit (a
+batch under max_batch rows takes them only if all of them fit, else it drains and the next opens
+larger); a job of other settings at the head waits for the batch to drain, and so does everything
+queued behind it. Seeded sampled jobs never join a running batch (their draws would depend on
+it). A job reports through `sink(event)`, called on the worker thread: ("delta", index, text),
+("finish", index, Choice), ("done", completion_tokens), ("error", status, message). An engine
+exception fails only the jobs of that batch still running: those that have sent nothing yet are
+rerun one by one, so only the culprit gets the error.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Scheduler:
                  batch_wait: float = BATCH_WAIT_S, continuous: bool = True) -> None:
         self.engine, self.max_queue, self.batch_wait = engine, max_queue, batch_wait
         self.continuous = continuous  # False: a batch runs until its last row ends
-        self.max_batch = engine.cfg.max_batch
+        self.max_batch, self.fixed_rows = engine.cfg.max_batch, engine.cfg.fixed_rows
         self.metrics = Metrics(engine.speculative)
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
@@ -242,7 +242,8 @@ class Scheduler:
         req = batch[0].req
         seeded = req.seeded
         need = sum(j.req.rows for j in batch)
-        size = need if seeded else batch_rows(need, self.max_batch)  # seeded: draws as alone
+        # seeded: draws as alone
+        size = need if seeded else batch_rows(need, self.max_batch, self.fixed_rows)
         live = self.engine.open(size, req.params)
         if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
             torch.manual_seed(req.seed)
