@@ -791,7 +791,9 @@ def test_tree_topk_by_max_builds_the_same_trees(setup, steps, topk, n, method, m
 
 
 @pytest.mark.parametrize("steps,topk,n,root,join", [(3, 2, 6, "logits", "torch"),
-                                                    (4, 4, 10, "triton", "torch"),
+                                                    (3, 2, 6, "triton", "torch"),
+                                                    pytest.param(4, 4, 10, "triton", "torch",
+                                                                 marks=pytest.mark.slow),
                                                     # the interpreter's join: ~80 s on CPU
                                                     pytest.param(4, 4, 10, "triton", "kernel",
                                                                  marks=pytest.mark.slow)])

@@ -107,6 +107,7 @@ def test_tp2_through_launch_tp_matches_single_process(tp2, single):
     assert single["tied_odd_vocab"]["tied"]
 
 
+@pytest.mark.slow  # ~25 s; TP 2 covers the same path in the default suite
 def test_tp4_every_rank_matches_single_process(cases, single):
     four = {k: v for k, v in cases.items() if k != "llama"}
     ranks = spawn(run_cases, 4, four, device="cpu", timeout_s=120)

@@ -183,6 +183,7 @@ def test_recommendation_says_defaults_when_nothing_wins_and_copes_with_failures(
     assert nccl.recommend(no_base[:1])["overall"] is None
 
 
+@pytest.mark.slow  # ~29 s: the whole script; the sweep and TP runs it calls are tested above
 def test_tp_bench_tiny_end_to_end(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # spawned ranks import it by name
     import tp_bench
