@@ -4,14 +4,14 @@ Usage: python benchmarks/serve_invariance.py [--device cuda] [--rows 8] [--promp
        [--max-tokens 128] [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]]
        [--compile] [--out DIR]
 Drives `ServeEngine.open` rows directly (no HTTP, no scheduler, no timing): each chat-suite
-prompt is decoded greedily (1) alone in an open batch of `--rows` rows, (2) with `--rows` prompts
-joining at once (one prefill of the longest prompt's bucket), and (3) staggered, the k-th prompt
-of a group joining after 5k steps (prefills of other row counts and buckets, beside rows at other
-positions), and (4) in a batch of one row (another row count for every GEMM). Each answer of
-(2)-(4) is compared with (1); at each first difference the
-top-two logit gap of a plain forward over the common prefix says whether it sits at a near-tie.
-bf16 on CUDA: cuBLAS picks its kernels by shape, so a row's rounding can follow its batch. This
-is what decides whether texts that differ between server runs are numerics or a bug.
+prompt is decoded greedily (1) alone in an open batch of `--rows` rows, then compared with (2)
+the same again, (3) a batch of one row (every decode GEMM at another row count), (4) `--rows`
+prompts joining at once (one prefill of all rows at the longest prompt's bucket) and (5)
+staggered joins, the k-th prompt of a group after 5k steps (one-row prefills beside rows at
+other positions). At each first difference from (1) the top-two logit gap of a plain forward
+over the common prefix says whether it sits at a near-tie. bf16 on CUDA: kernels are picked by
+shape, so a row's rounding can follow its batch. This is what decides whether texts that differ
+between server runs are numerics or a bug.
 Writes serve_invariance.json.
 """
 
@@ -37,14 +37,17 @@ def decode(eng: ServeEngine, rows: int, joins: list[tuple[list[int], int]]) -> l
     live = eng.open(rows, SamplingParams())
     slots = list(range(len(joins)))
     step, pending = 0, sorted(range(len(joins)), key=lambda i: joins[i][1])
+    last = max(j[1] for j in joins) + eng.cfg.max_tokens + 8
     while True:
+        if step > last:
+            raise RuntimeError(f"rows still decoding after {step} steps")
         now = [i for i in pending if joins[i][1] <= step]
         if now:
             live.add(now, [joins[i][0] for i in now])
             pending = [i for i in pending if i not in now]
         live.step(1)
         step += 1
-        if not pending and (step % 4 == 0 or step > eng.cfg.max_tokens + 5 * rows):
+        if not pending and (step % 4 == 0 or step >= last):
             toks, ended = live.read(slots)
             if all(ended):
                 return [trim(t, eng.eos)[0] for t in toks]

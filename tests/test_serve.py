@@ -456,6 +456,21 @@ def test_sampled_decoders_share_the_drafter_prompt_runtime(tiny_dir: Path,
     assert greedy is not warm and greedy.drt is warm.drt and greedy.rt is warm.rt
 
 
+def test_warmup_with_fixed_rows_captures_the_one_row_count(tiny_dir: Path,
+                                                            drafter_dir: Path) -> None:
+    """`serve --fixed-rows`: every batch opens at --max-batch rows, so warm-up steps that size
+    alone, baseline and speculative (prompt passes still at every padded row count)."""
+    from draftsmith.engine.sampling import SamplingParams
+
+    cfg = EngineConfig(max_batch=6, max_prompt_tokens=64, max_tokens=8, steps=2, fixed_rows=True)
+    base = load_engine(str(tiny_dir), None, "cpu", torch.float32, cfg)
+    base.warmup()
+    assert sorted(k[1] for k in base.rt._steps if k[0] == "refill") == [6]
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    spec.warmup()
+    assert sorted(spec._spec_for(SamplingParams()).states) == [6]
+
+
 def test_warmup_opens_every_row_count_the_scheduler_opens(tiny_dir: Path,
                                                           drafter_dir: Path) -> None:
     """`serve --warmup` (the default on GPU) fills and steps rows at every size a batch opens

@@ -166,9 +166,10 @@ class FakeEngine:
 
 
 def job(text: str, events: list, temperature: float = 0.0, n: int = 1,
-        max_tokens: int = 3, stream: bool = False) -> Job:
-    req = parse_completion({"prompt": text, "max_tokens": max_tokens, "stream": stream,
-                            "temperature": temperature, "n": n}, CFG, FakePrompter())
+        max_tokens: int = 3, stream: bool = False, seed: int | None = None) -> Job:
+    body = {"prompt": text, "max_tokens": max_tokens, "stream": stream,
+            "temperature": temperature, "n": n, **({"seed": seed} if seed is not None else {})}
+    req = parse_completion(body, CFG, FakePrompter())
     req.prompts = [[ord(text[0]) - 96]]
     return Job(req, events.append)
 
@@ -214,7 +215,8 @@ def test_scheduler_batches_same_settings_fifo() -> None:
 @pytest.mark.parametrize("fixed", [False, True])
 def test_fixed_rows_opens_every_batch_at_max_batch(fixed: bool) -> None:
     """--fixed-rows: a lone job's batch opens with all max_batch rows (one row count, so one set
-    of kernels whatever the load); otherwise at the next power of two of the rows it needs."""
+    of kernels whatever the load), a seeded sampled job's too; otherwise at the next power of
+    two of the rows it needs, and a seeded job at exactly its own."""
     eng = FakeEngine(max_batch=4, fixed_rows=fixed)
     s = Scheduler(eng, max_queue=8)
     s.start()
@@ -223,9 +225,12 @@ def test_fixed_rows_opens_every_batch_at_max_batch(fixed: bool) -> None:
     wait_done(events, 1)
     s.submit(job("b", events, n=3))
     wait_done(events, 2)
+    s.submit(job("c", events, temperature=0.7, n=3, seed=5))
+    wait_done(events, 3)
     s.stop()
-    assert eng.batches == ([4, 4] if fixed else [1, 4])
-    assert sorted(e[2].text for e in events if e[0] == "finish") == ["aaa", "bbb", "bbb", "bbb"]
+    assert eng.batches == ([4, 4, 4] if fixed else [1, 4, 3])
+    texts = sorted(e[2].text for e in events if e[0] == "finish")
+    assert texts == ["aaa"] + ["bbb"] * 3 + ["ccc"] * 3
 
 
 def scenario(continuous: bool) -> tuple[FakeEngine, Scheduler, dict[str, list], list[str]]:

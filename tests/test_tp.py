@@ -18,7 +18,7 @@ CASES = {  # name: (arch, HF config overrides, drop lm_head.weight from the chec
     "llama8": ("llama", GQA8, False),
     "qwen2_bias": ("qwen2", GQA8, False),
     "qwen3": ("qwen3", GQA8, False),
-    "tied_odd_vocab": ("llama", {**GQA8, "tie_word_embeddings": True, "vocab_size": 130}, True),
+    "tied_odd_vocab": ("llama", {**GQA8, "tie_word_embeddings": True, "vocab_size": 131}, True),
 }
 PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61]]
 NEW = 12

@@ -43,9 +43,9 @@ def serve(
                                          "its last row ends)"),
     fixed_rows: bool = typer.Option(
         False, "--fixed-rows",
-        help="Open every batch at --max-batch rows: a greedy answer then never depends on how "
-             "many requests were waiting (the row count picks the kernels; in bf16 that can "
-             "flip near-ties), at the cost of a lone request decoding in a full batch"),
+        help="Open every batch (seeded ones too) at --max-batch rows: decode then never "
+             "changes row count with the load (the row count picks the kernels; in bf16 that "
+             "can flip near-ties), at the cost of a lone request decoding in a full batch"),
     compile: bool = COMPILE,
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:

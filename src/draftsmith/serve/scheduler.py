@@ -2,15 +2,15 @@
 
 The oldest job always runs next (no starvation); queued jobs with the same sampling settings
 start with it, up to `max_batch` rows (a power of two of them: the engine's states come in those
-sizes; all max_batch of them with `fixed_rows`). While the batch decodes, a row that ends frees
-its slot, and the jobs at the head of the queue join it while they have its settings and fit (a
-batch under max_batch rows takes them only if all of them fit, else it drains and the next opens
-larger); a job of other settings at the head waits for the batch to drain, and so does everything
-queued behind it. Seeded sampled jobs never join a running batch (their draws would depend on
-it). A job reports through `sink(event)`, called on the worker thread: ("delta", index, text),
-("finish", index, Choice), ("done", completion_tokens), ("error", status, message). An engine
-exception fails only the jobs of that batch still running: those that have sent nothing yet are
-rerun one by one, so only the culprit gets the error.
+sizes; all max_batch of them with `fixed_rows`, seeded jobs included). While the batch decodes,
+a row that ends frees its slot, and the jobs at the head of the queue join it while they have
+its settings and fit (a batch under max_batch rows takes them only if all of them fit, else it
+drains and the next opens larger); a job of other settings at the head waits for the batch to
+drain, and so does everything queued behind it. Seeded sampled jobs never join a running batch
+(their draws would depend on it). A job reports through `sink(event)`, called on the worker
+thread: ("delta", index, text), ("finish", index, Choice), ("done", completion_tokens),
+("error", status, message). An engine exception fails only the jobs of that batch still running:
+those that have sent nothing yet are rerun one by one, so only the culprit gets the error.
 """
 
 from __future__ import annotations
@@ -242,8 +242,9 @@ class Scheduler:
         req = batch[0].req
         seeded = req.seeded
         need = sum(j.req.rows for j in batch)
-        # seeded: draws as alone
-        size = need if seeded else batch_rows(need, self.max_batch, self.fixed_rows)
+        # seeded: draws as alone (at its own row count, or at the one fixed count)
+        size = need if seeded and not self.fixed_rows else batch_rows(need, self.max_batch,
+                                                                      self.fixed_rows)
         live = self.engine.open(size, req.params)
         if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
             torch.manual_seed(req.seed)
