@@ -21,6 +21,7 @@
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh serve     # serve_bench.py: the server, continuous vs static batches
 #                                     # (DRAFTER: speculative too; .whl holds the serve wheels)
+#   bash benchmarks/h200.sh servehost # serve_host.py: the server over an engine that costs nothing
 #   bash benchmarks/h200.sh specrefill # spec_refill_bench.py: bench static vs --refill (DRAFTER)
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
@@ -237,6 +238,13 @@ serve)
         ${FIXED:+--fixed-rows} \
         --out "$OUT/serve${TAG:-}" 2>&1 \
         | tee "$OUT/serve${TAG:-}_log.txt"
+    ;;
+servehost)
+    # serve_host.py: the server's host path with an engine that costs nothing (the target's
+    # tokenizer only; carry .whl's serve wheels): the most the server delivers on this host
+    PYTHONPATH="/tmp/site:$PWD/src" timeout "${LIMIT:-300}" python3 benchmarks/serve_host.py \
+        --requests "${REQUESTS:-1024}" --max-batch "${MAXB:-32}" --out "$OUT/serve_host" 2>&1 \
+        | tee "$OUT/serve_host_log.txt"
     ;;
 specrefill)
     # spec_refill_bench.py: `bench` static vs --refill, baseline and speculative, one process;

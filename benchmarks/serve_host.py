@@ -1,0 +1,110 @@
+"""The server's own host path: `draftsmith serve` over an engine whose steps cost nothing.
+
+Usage: python benchmarks/serve_host.py [--requests 512] [--max-batch 32] [--rounds 2]
+       [--lengths 32,192,64,128,48,160,96,16] [--out DIR]
+The real server (uvicorn, FastAPI, the scheduler, chat-template tokenization, detokenization,
+the OpenAI response bodies) and the real `openai` client in its own process, as in
+`serve_bench.py`, but the engine's rows emit the next token of a fixed answer per step with no
+model. Its tok/s is the most the server can deliver on this host whatever the GPU; on the H200
+the compiled engine alone decodes ~26,000 tok/s at 32 rows (`speculative_default.md`, run 26)
+while the server delivered 7,000-10,000 (`serve_h200.md`). Writes serve_host.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from serve_bench import LENGTHS, pooled, rounds
+
+from draftsmith.bench.suites import suite_messages
+from draftsmith.serve.engine import EngineConfig, LiveRows, ServeEngine
+
+TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home to rest. ")
+
+
+class NullRows(LiveRows):
+    """Rows whose steps cost nothing: each step appends the next token of a fixed answer."""
+
+    def __init__(self, eng: NullEngine, rows: int) -> None:
+        super().__init__(eng, rows)
+        m = eng.cfg.max_tokens
+        self.state = SimpleNamespace(out=eng.answer[:m].repeat(rows, 1),
+                                     count=torch.zeros(rows, dtype=torch.long),
+                                     done=torch.ones(rows, dtype=torch.bool))
+
+    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+        idx = self._idx(slots)
+        self.state.count[idx] = 1
+        self.state.done[idx] = False
+
+    def step(self, n: int) -> None:
+        st, cap = self.state, self.eng.cfg.max_tokens
+        st.count.add_((~st.done).long() * n).clamp_(max=cap)
+        st.done |= st.count >= cap
+
+
+class NullEngine(ServeEngine):
+    """The server's engine interface with the real tokenizer and no model."""
+
+    def __init__(self, target, cfg: EngineConfig) -> None:  # no runtime, no model
+        self.target, self.cfg, self.drafter = target, cfg, None
+        self.eos = list(target.eos_ids)
+        self.vocab_size = target.cfg.vocab_size
+        self._tok_lock = threading.Lock()
+        self.rt = SimpleNamespace(device=torch.device("cpu"))
+        ids = target.tokenizer(TEXT * 64)["input_ids"]
+        self.answer = torch.tensor(ids[: cfg.max_tokens])
+
+    def open(self, rows: int, params) -> NullRows:
+        return NullRows(self, rows)
+
+    def warmup(self, batch_sizes: list[int] | None = None) -> None:
+        pass
+
+
+def main() -> None:
+    from draftsmith.targets import load_target
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="default")
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--out", default="serve-host-out")
+    a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")]
+    cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(lengths))
+    engines = {"null": NullEngine(load_target(a.target), cfg)}
+    msgs = suite_messages("chat", a.requests)
+    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
+    jobs = (jobs * (a.requests // len(jobs) + 1))[: a.requests]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
+        runs = rounds(engines, a.target, jobs, a.rounds, client)
+    pools = {m: pooled([r for k, r in runs.items() if f" {m} " in k])
+             for m in ("static", "continuous")}
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.processor() or platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)), "requests": a.requests,
+        "max_batch": a.max_batch, "lengths": lengths, "pooled": pools,
+        "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
+    for m, v in pools.items():
+        print(f"{m}: {v['tok_s']:.0f} tok/s, mean latency {v['latency_mean_s']:.2f} s")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve_host.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
