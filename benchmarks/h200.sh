@@ -21,6 +21,7 @@
 #   bash benchmarks/h200.sh refill    # refill_bench.py: regenerate, static batches vs refilled rows
 #   bash benchmarks/h200.sh serve     # serve_bench.py: the server, continuous vs static batches
 #                                     # (DRAFTER: speculative too; .whl holds the serve wheels)
+#   bash benchmarks/h200.sh invariance # serve_invariance.py: answers against their batch's rows
 #   bash benchmarks/h200.sh servehost # serve_host.py: the server over an engine that costs nothing
 #   bash benchmarks/h200.sh specrefill # spec_refill_bench.py: bench static vs --refill (DRAFTER)
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
@@ -238,6 +239,14 @@ serve)
         ${FIXED:+--fixed-rows} \
         --out "$OUT/serve${TAG:-}" 2>&1 \
         | tee "$OUT/serve${TAG:-}_log.txt"
+    ;;
+invariance)
+    # serve_invariance.py: a row's greedy answer against its batch (compiled, 32 rows, every
+    # smaller row count the server opens), baseline and with DRAFTER speculative
+    PYTHONPATH="/tmp/site:$PWD/src" timeout "${LIMIT:-400}" python3 benchmarks/serve_invariance.py \
+        --device cuda --compile --rows "${MAXB:-32}" --prompts 32 --max-tokens 192 \
+        --row-counts "${COUNTS:-1,2,4,8,16}" ${DRAFTER:+--drafter "$DRAFTER"} \
+        --out "$OUT/invariance" 2>&1 | grep -v Warn | tee "$OUT/invariance_log.txt"
     ;;
 servehost)
     # serve_host.py: the server's host path with an engine that costs nothing (the target's

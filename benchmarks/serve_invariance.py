@@ -2,16 +2,16 @@
 
 Usage: python benchmarks/serve_invariance.py [--device cuda] [--rows 8] [--prompts 16]
        [--max-tokens 128] [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]]
-       [--compile] [--out DIR]
+       [--row-counts 1,2,4,8,16] [--compile] [--out DIR]
 Drives `ServeEngine.open` rows directly (no HTTP, no scheduler, no timing): each chat-suite
 prompt is decoded greedily (1) alone in an open batch of `--rows` rows, then compared with (2)
-the same again, (3) a batch of one row (every decode GEMM at another row count), (4) `--rows`
-prompts joining at once (one prefill of all rows at the longest prompt's bucket) and (5)
-staggered joins, the k-th prompt of a group after 5k steps (one-row prefills beside rows at
-other positions). At each first difference from (1) the top-two logit gap of a plain forward
-over the common prefix says whether it sits at a near-tie. bf16 on CUDA: kernels are picked by
-shape, so a row's rounding can follow its batch. This is what decides whether texts that differ
-between server runs are numerics or a bug.
+the same again, (3) batches of `--row-counts` rows (default one: every decode kernel at another
+row count), (4) `--rows` prompts joining at once (one prefill of all rows at the longest
+prompt's bucket) and (5) staggered joins, the k-th prompt of a group after 5k steps (one-row
+prefills beside rows at other positions). At each first difference from (1) the top-two logit
+gap of a plain forward over the common prefix says whether it sits at a near-tie. bf16 on CUDA:
+kernels are picked by shape, so a row's rounding can follow its batch. This is what decides
+whether texts that differ between server runs are numerics or a bug.
 Writes serve_invariance.json.
 """
 
@@ -66,15 +66,20 @@ def compare(eng: ServeEngine, prompts: list[list[int]], alone: list[list[int]],
             "max_top2_gap": max((d["top2_gap"] for d in diffs), default=0.0), "diffs": diffs}
 
 
-def run(eng: ServeEngine, prompts: list[list[int]], rows: int) -> dict:
+def row_key(k: int) -> str:
+    return "one_row_batch" if k == 1 else f"batch_of_{k}_rows"
+
+
+def run(eng: ServeEngine, prompts: list[list[int]], rows: int, counts: list[int]) -> dict:
     alone = [decode(eng, rows, [(p, 0)])[0] for p in prompts]
     groups = [prompts[i: i + rows] for i in range(0, len(prompts), rows)]
     together = [t for g in groups for t in decode(eng, rows, [(p, 0) for p in g])]
     stagger = [t for g in groups for t in decode(eng, rows, [(p, 5 * k) for k, p in enumerate(g)])]
     again = [decode(eng, rows, [(p, 0)])[0] for p in prompts]
-    own = [decode(eng, 1, [(p, 0)])[0] for p in prompts]
-    return {"alone_again": compare(eng, prompts, alone, again),
-            "one_row_batch": compare(eng, prompts, alone, own),
+    smaller = {row_key(k): compare(eng, prompts, alone, [decode(eng, k, [(p, 0)])[0]
+                                                          for p in prompts])
+               for k in counts if k < rows}
+    return {"alone_again": compare(eng, prompts, alone, again), **smaller,
             "together": compare(eng, prompts, alone, together),
             "staggered": compare(eng, prompts, alone, stagger),
             "answer_tokens": sum(map(len, alone))}
@@ -91,6 +96,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--num-draft-tokens", type=int, default=None)
+    ap.add_argument("--row-counts", default="1",
+                    help="smaller batches to decode each prompt alone in (powers of two: the "
+                         "sizes the server opens and warm-up captures)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--out", default="serve-invariance-out")
     a = ap.parse_args()
@@ -111,8 +119,9 @@ def main() -> None:
             eng.warmup()
         msgs = suite_messages("chat", a.prompts)
         prompts = [eng.chat_ids([m[-1]]) for m in msgs]
-        report[name] = r = run(eng, prompts, a.rows)
-        for k in ("alone_again", "one_row_batch", "together", "staggered"):
+        counts = [int(k) for k in a.row_counts.split(",")]
+        report[name] = r = run(eng, prompts, a.rows, counts)
+        for k in [x for x in r if x != "answer_tokens"]:
             c = r[k]
             gaps = ", ".join(f"{d['top2_gap']:.3f}@{d['position']}" for d in c["diffs"])
             print(f"{name} {k}: {c['identical']}/{c['prompts']} identical to alone"
