@@ -153,9 +153,7 @@ def main() -> None:
             engine.warmup()
         warm[name] = time.perf_counter() - t0
         print(f"{name}: warm-up {warm[name]:.1f} s", flush=True)
-    msgs = suite_messages("chat", a.requests)
-    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
-    jobs = (jobs * (a.requests // len(jobs) + 1))[: a.requests]
+    jobs = chat_jobs(a.requests, lengths)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
         for engine in engines.values():  # untimed: first-call costs, the client's start
             server, url, model = serve(engine, a.target, True)
@@ -204,6 +202,13 @@ def main() -> None:
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, separators=(",", ":")))
     if not same and (a.fixed_rows or not (a.compile and dtype == torch.bfloat16)):
         raise SystemExit("greedy texts differ between the runs")
+
+
+def chat_jobs(n: int, lengths: list[int]) -> list[tuple[str, int]]:
+    """`n` requests: chat-suite prompts in turn, max_tokens cycling through `lengths`."""
+    msgs = suite_messages("chat", n)
+    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
+    return (jobs * (n // len(jobs) + 1))[:n]
 
 
 def text_diffs(runs: dict, jobs: list[tuple[str, int]]) -> list[dict]:

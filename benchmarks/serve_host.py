@@ -24,9 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from serve_bench import LENGTHS, pooled, rounds
+from serve_bench import LENGTHS, chat_jobs, pooled, rounds
 
-from draftsmith.bench.suites import suite_messages
 from draftsmith.serve.engine import EngineConfig, LiveRows, ServeEngine
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home to rest. ")
@@ -86,9 +85,7 @@ def main() -> None:
     lengths = [int(x) for x in a.lengths.split(",")]
     cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(lengths))
     engines = {"null": NullEngine(load_target(a.target), cfg)}
-    msgs = suite_messages("chat", a.requests)
-    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
-    jobs = (jobs * (a.requests // len(jobs) + 1))[: a.requests]
+    jobs = chat_jobs(a.requests, lengths)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
         runs = rounds(engines, a.target, jobs, a.rounds, client)
     pools = {m: pooled([r for k, r in runs.items() if f" {m} " in k])

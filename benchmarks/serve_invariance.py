@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.bench.run import _gap
+from draftsmith.bench.run import agreement
 from draftsmith.bench.suites import suite_messages
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine, trim
@@ -55,15 +55,8 @@ def decode(eng: ServeEngine, rows: int, joins: list[tuple[list[int], int]]) -> l
 
 def compare(eng: ServeEngine, prompts: list[list[int]], alone: list[list[int]],
             other: list[list[int]]) -> dict:
-    model = eng.rt.model
-    diffs = []
-    for i, (p, a, b) in enumerate(zip(prompts, alone, other, strict=True)):
-        if a != b:
-            j = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                     min(len(a), len(b)))
-            diffs.append({"prompt": i, "position": j, **_gap(model, p + a[:j], a, b, j, eng.eos)})
-    return {"prompts": len(prompts), "identical": len(prompts) - len(diffs),
-            "max_top2_gap": max((d["top2_gap"] for d in diffs), default=0.0), "diffs": diffs}
+    """`bench`'s agreement check: identical answers, and each first difference's logit gaps."""
+    return agreement(eng.rt.model, [prompts], alone, other, eng.eos)
 
 
 def row_key(k: int) -> str:
@@ -123,7 +116,7 @@ def main() -> None:
         report[name] = r = run(eng, prompts, a.rows, counts)
         for k in [x for x in r if x != "answer_tokens"]:
             c = r[k]
-            gaps = ", ".join(f"{d['top2_gap']:.3f}@{d['position']}" for d in c["diffs"])
+            gaps = ", ".join(f"{d['top2_gap']:.3f}@{d['position']}" for d in c["divergences"])
             print(f"{name} {k}: {c['identical']}/{c['prompts']} identical to alone"
                   + (f"; top-2 gaps at the first difference: {gaps}" if gaps else ""), flush=True)
     out = Path(a.out)

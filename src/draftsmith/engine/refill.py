@@ -90,6 +90,12 @@ def prefill_runtime(rt: Runtime, max_seq: int | None = None,
     return rt.__dict__["_prefill_rt"]
 
 
+def padded_rows(k: int, most: int) -> int:
+    """The rows `k` rows pad to: the next power of two, at most `most` (a few sizes, each
+    graphed once)."""
+    return min(most, 1 << (k - 1).bit_length())
+
+
 def warm_prompts(pre: Runtime, prompts: list[list[int]],
                  start: Callable[[list[int], list[list[int]]], object], rows: int) -> None:
     """Run `start(rows, prompts)` untimed once for every padded row count `prompt_into_rows`
@@ -98,8 +104,7 @@ def warm_prompts(pre: Runtime, prompts: list[list[int]],
     if pre.graphs is None:
         return
     one = {pre.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
-    sizes = {min(pre.max_batch, 1 << (k - 1).bit_length())
-             for k in range(1, min(rows, pre.max_batch) + 1)}
+    sizes = {padded_rows(k, pre.max_batch) for k in range(1, min(rows, pre.max_batch) + 1)}
     for size in sorted(sizes, reverse=True):  # largest first: the graphs share one pool
         for p in sorted(one.values(), key=len, reverse=True):
             if pre.bucket(size, len(p)) is not None:  # else eager: nothing to capture
@@ -114,7 +119,7 @@ def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts:
     ([layers, 2, batch, heads, seq, dim]). Returns pre's output and the padded tokens' lengths,
     tokens, positions and bucket: each covers the padded rows (the first len(rows) are real)."""
     k = len(prompts)
-    more = min(pre.max_batch, 1 << (k - 1).bit_length()) - k
+    more = padded_rows(k, pre.max_batch) - k
     tokens, lens, pos = padded(prompts + prompts[-1:] * more, pre.device)
     out = pre.prompt(tokens, lens, aux_ids)
     q = pre.bucket(*tokens.shape)

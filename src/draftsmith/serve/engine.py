@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from draftsmith.engine.generate import check_request, decoder, prefill
-from draftsmith.engine.refill import prefill_runtime, warm_prompts
+from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import SamplingParams, sample
 from draftsmith.errors import DraftsmithError
@@ -314,7 +314,7 @@ def batch_rows(need: int, max_batch: int, fixed: bool = False) -> int:
     """The rows a batch for `need` rows opens with: the next power of two, at most max_batch
     (a few sizes, each captured and compiled once; the spare rows take joiners or idle), or
     max_batch itself when `fixed`."""
-    return max_batch if fixed else min(max_batch, 1 << (need - 1).bit_length())
+    return max_batch if fixed else padded_rows(need, max_batch)
 
 
 def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:

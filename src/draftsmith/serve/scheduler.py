@@ -242,9 +242,10 @@ class Scheduler:
         req = batch[0].req
         seeded = req.seeded
         need = sum(j.req.rows for j in batch)
-        # seeded: draws as alone (at its own row count, or at the one fixed count)
-        size = need if seeded and not self.fixed_rows else batch_rows(need, self.max_batch,
-                                                                      self.fixed_rows)
+        if seeded and not self.fixed_rows:
+            size = need  # its draws as alone: no spare rows to draw for
+        else:
+            size = batch_rows(need, self.max_batch, self.fixed_rows)
         live = self.engine.open(size, req.params)
         if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
             torch.manual_seed(req.seed)
