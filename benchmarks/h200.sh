@@ -23,6 +23,7 @@
 #                                     # (DRAFTER: speculative too; .whl holds the serve wheels)
 #   bash benchmarks/h200.sh invariance # serve_invariance.py: answers against their batch's rows
 #   bash benchmarks/h200.sh servehost # serve_host.py: the server over an engine that costs nothing
+#                                     # (CLIENTS, SRC, TAG, REQUESTS, MAXB, ROUNDS)
 #   bash benchmarks/h200.sh specrefill # spec_refill_bench.py: bench static vs --refill (DRAFTER)
 #   bash benchmarks/h200.sh bigrun    # runs/big: greedy gen -> train -> spec (compiled, eager) -> keep;
 #                                     # call it again while warm: each call goes on where it stopped
@@ -236,7 +237,7 @@ serve)
         --requests "${REQUESTS:-64}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
         ${LENGTHS:+--lengths "$LENGTHS"} ${DRAFTER:+--drafter "$DRAFTER"} --steps "$steps" \
         --topk "$topk" ${ndt:+--num-draft-tokens "$ndt"} ${COMPILE:+--compile} \
-        ${FIXED:+--fixed-rows} \
+        ${FIXED:+--fixed-rows} --clients "${CLIENTS:-4}" \
         --out "$OUT/serve${TAG:-}" 2>&1 \
         | tee "$OUT/serve${TAG:-}_log.txt"
     ;;
@@ -251,9 +252,11 @@ invariance)
 servehost)
     # serve_host.py: the server's host path with an engine that costs nothing (the target's
     # tokenizer only; carry .whl's serve wheels): the most the server delivers on this host
-    PYTHONPATH="/tmp/site:$PWD/src" timeout "${LIMIT:-300}" python3 benchmarks/serve_host.py \
-        --requests "${REQUESTS:-1024}" --max-batch "${MAXB:-32}" --out "$OUT/serve_host" 2>&1 \
-        | tee "$OUT/serve_host_log.txt"
+    # (CLIENTS client processes, SRC=ab_base/src: another draftsmith, TAG: a name for the run)
+    PYTHONPATH="/tmp/site:$PWD/${SRC:-src}" timeout "${LIMIT:-300}" python3 benchmarks/serve_host.py \
+        --requests "${REQUESTS:-1024}" --max-batch "${MAXB:-32}" --rounds "${ROUNDS:-2}" \
+        --clients "${CLIENTS:-4}" --out "$OUT/serve_host${TAG:-}" 2>&1 \
+        | tee "$OUT/serve_host${TAG:-}_log.txt"
     ;;
 specrefill)
     # spec_refill_bench.py: `bench` static vs --refill, baseline and speculative, one process;

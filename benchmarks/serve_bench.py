@@ -66,11 +66,12 @@ def serve(engine, target: str, continuous: bool):
 
 
 def load(url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
-    """Send every job at once (in the client process) and time them."""
+    """Send every job at once (in a client process); each request's text, tokens and latency,
+    and the process's own CPU time and wall clock span."""
     import httpx
     import openai
 
-    async def run() -> tuple[list[tuple[str, int, float]], float]:
+    async def run() -> list[tuple[str, int, float]]:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                                     timeout=1800,
                                     http_client=openai.DefaultAsyncHttpxClient(
@@ -84,26 +85,60 @@ def load(url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
             return (r.choices[0].message.content, r.usage.completion_tokens,
                     time.perf_counter() - t0)
 
-        t0 = time.perf_counter()
-        got = await asyncio.gather(*(one(j) for j in jobs))
-        return got, time.perf_counter() - t0
+        return await asyncio.gather(*(one(j) for j in jobs))
 
-    before = httpx.get(url + "/metrics").json()
-    got, wall = asyncio.run(run())
-    after = httpx.get(url + "/metrics").json()
-    lat = sorted(g[2] for g in got)
-    tokens = sum(g[1] for g in got)
-    busy = after["engine_busy_s"] - before["engine_busy_s"]
-    return {"wall_s": wall, "completion_tokens": tokens, "tok_s": tokens / wall,
-            "latency_mean_s": statistics.fmean(lat), "latency_p50_s": lat[len(lat) // 2],
-            "latency_p90_s": lat[int(0.9 * (len(lat) - 1))],
-            "batches": after["batches"] - before["batches"],
-            "joined_rows": after["joined_rows"] - before["joined_rows"],
-            "loop_busy_s": busy, "loop_share": busy / wall,
-            "texts": [g[0] for g in got], "latencies_s": [g[2] for g in got]}
+    cpu0, t0 = time.process_time(), time.time()
+    got = asyncio.run(run())
+    return {"got": got, "start": t0, "end": time.time(), "cpu_s": time.process_time() - cpu0}
 
 
-def rounds(engines: dict, target: str, jobs: list, n: int, client: ProcessPoolExecutor) -> dict:
+class Clients:
+    """`n` client processes that send a run's requests together, dealt round-robin: one Python
+    client tops out near one core (on the 2-core CPU machine its `openai` client took 0.7-0.9
+    of a core at ~5,000 tok/s), which would cap what the server is seen to deliver."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown()
+
+    def warm(self, url: str, model: str, jobs: list[tuple[str, int]]) -> None:
+        """Start every process and import the client there (untimed)."""
+        for f in [self.pool.submit(load, url, model, jobs[:1]) for _ in range(self.n)]:
+            f.result()
+
+    def load(self, url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+        import httpx
+
+        parts = [jobs[k :: self.n] for k in range(self.n)]
+        before = httpx.get(url + "/metrics").json()
+        cpu0 = time.process_time()
+        outs = [f.result() for f in [self.pool.submit(load, url, model, p) for p in parts]]
+        server_cpu = time.process_time() - cpu0
+        after = httpx.get(url + "/metrics").json()
+        got: list = [None] * len(jobs)
+        for k, o in enumerate(outs):
+            got[k :: self.n] = o["got"]
+        wall = max(o["end"] for o in outs) - min(o["start"] for o in outs)
+        lat = sorted(g[2] for g in got)
+        tokens = sum(g[1] for g in got)
+        busy = after["engine_busy_s"] - before["engine_busy_s"]
+        return {"wall_s": wall, "completion_tokens": tokens, "tok_s": tokens / wall,
+                "latency_mean_s": statistics.fmean(lat), "latency_p50_s": lat[len(lat) // 2],
+                "latency_p90_s": lat[int(0.9 * (len(lat) - 1))],
+                "batches": after["batches"] - before["batches"],
+                "joined_rows": after["joined_rows"] - before["joined_rows"],
+                "loop_busy_s": busy, "loop_share": busy / wall, "clients": self.n,
+                "server_cpu_s": server_cpu, "client_cpu_s": sum(o["cpu_s"] for o in outs),
+                "texts": [g[0] for g in got], "latencies_s": [g[2] for g in got]}
+
+
+def rounds(engines: dict, target: str, jobs: list, n: int, clients: Clients) -> dict:
     """Each engine in both modes, `n` rounds, the order of the modes alternating."""
     runs: dict[str, dict] = {}
     for i in range(n):
@@ -111,13 +146,15 @@ def rounds(engines: dict, target: str, jobs: list, n: int, client: ProcessPoolEx
         for name, engine in engines.items():
             for mode, continuous in modes if i % 2 == 0 else modes[::-1]:
                 server, url, model = serve(engine, target, continuous)
-                r = runs[f"{name} {mode} {i + 1}"] = client.submit(load, url, model, jobs).result()
+                r = runs[f"{name} {mode} {i + 1}"] = clients.load(url, model, jobs)
                 server.should_exit = True
                 time.sleep(0.5)
                 print(f"{name} {mode} (round {i + 1}): {r['wall_s']:.2f} s, {r['tok_s']:.1f} "
                       f"tok/s, latency mean {r['latency_mean_s']:.2f} s, p90 "
                       f"{r['latency_p90_s']:.2f} s, batches {r['batches']}, joined rows "
-                      f"{r['joined_rows']}, loop busy {100 * r['loop_share']:.0f} %", flush=True)
+                      f"{r['joined_rows']}, loop busy {100 * r['loop_share']:.0f} %, CPU "
+                      f"server {r['server_cpu_s'] / r['wall_s']:.2f} / client "
+                      f"{r['client_cpu_s'] / r['wall_s']:.2f} cores", flush=True)
     return runs
 
 
@@ -136,6 +173,8 @@ def main() -> None:
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="serve --compile (GPU)")
     ap.add_argument("--fixed-rows", action="store_true", help="serve --fixed-rows")
+    ap.add_argument("--clients", type=int, default=4,
+                    help="client processes sharing the requests")
     ap.add_argument("--out", default="serve-bench-out")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -154,12 +193,12 @@ def main() -> None:
         warm[name] = time.perf_counter() - t0
         print(f"{name}: warm-up {warm[name]:.1f} s", flush=True)
     jobs = chat_jobs(a.requests, lengths)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:
-        for engine in engines.values():  # untimed: first-call costs, the client's start
+    with Clients(a.clients) as clients:
+        for engine in engines.values():  # untimed: first-call costs, the clients' start
             server, url, model = serve(engine, a.target, True)
-            client.submit(load, url, model, jobs[:2]).result()
+            clients.warm(url, model, jobs)
             server.should_exit = True
-        runs = rounds(engines, a.target, jobs, a.rounds, client)
+        runs = rounds(engines, a.target, jobs, a.rounds, clients)
     diffs = text_diffs(runs, jobs)
     same = not diffs
     pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
@@ -176,7 +215,7 @@ def main() -> None:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "target": a.target,
         "drafter": a.drafter, "steps": a.steps, "topk": a.topk,
         "num_draft_tokens": a.num_draft_tokens, "compile": a.compile,
-        "fixed_rows": a.fixed_rows, "requests": a.requests,
+        "fixed_rows": a.fixed_rows, "requests": a.requests, "clients": a.clients,
         "max_batch": a.max_batch,
         "lengths": lengths, "same_texts": same, "rounds": a.rounds, "pooled": pools,
         "ratios": ratios, "warmup_s": warm, "text_diffs": diffs,

@@ -101,6 +101,17 @@ def streamed(srv: dict, text: str, n: int = 24, **kw) -> tuple[str, list]:
 # ---- basics --------------------------------------------------------------------------------
 
 
+def test_server_freezes_gc_while_it_runs(engine: ServeEngine, tiny_dir: Path) -> None:
+    import gc
+    import sys
+
+    switch = sys.getswitchinterval()
+    with live(engine, str(tiny_dir)) as s:
+        assert gc.get_freeze_count() > 1000  # the engine's model and tokenizer among them
+        assert ask(s, "hi", 4).usage.completion_tokens > 0
+    assert gc.get_freeze_count() == 0 and sys.getswitchinterval() == switch
+
+
 def test_models_health_metrics(srv: dict) -> None:
     assert [m.id for m in srv["client"].models.list()] == [srv["model"]]
     assert httpx.get(srv["url"] + "/health").json()["status"] == "ok"

@@ -50,6 +50,22 @@ def test_stop_string_held_back_and_cut() -> None:
     assert whole.feed(ids, True) == "abc " and whole.stopped
 
 
+def test_whole_text_decoded_once_unless_a_stop_string_is_watched() -> None:
+    ids = list(b"abc STOP def")
+    calls: list[int] = []
+
+    def counting(toks: list[int]) -> str:
+        calls.append(len(toks))
+        return utf8_decode(toks)
+
+    plain = ChoiceText(counting, [], stream=False)
+    assert all(plain.feed(ids[:i]) == "" for i in range(1, len(ids)))
+    assert plain.feed(ids, True) == "abc STOP def" and calls == [len(ids)]
+    watched = ChoiceText(counting, ["STOP"], stream=False)
+    looks = [watched.feed(ids[:i]) for i in range(1, len(ids))]
+    assert watched.stopped and "".join(looks) == "abc " and len(calls) > 2
+
+
 def test_no_stop_streams_everything() -> None:
     ids = list(b"plain text")
     assert stream_all(ChoiceText(utf8_decode, [], True), ids) == "plain text"

@@ -7,8 +7,11 @@ Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE stream
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
+import inspect
 import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,8 +24,21 @@ from starlette.exceptions import HTTPException
 from draftsmith.serve import protocol as P
 from draftsmith.serve.engine import ServeEngine
 from draftsmith.serve.scheduler import Job, Scheduler
+from draftsmith.switches import env_count, env_flag
 
 MAX_BODY = 16 << 20
+# The GIL's switch interval while a server runs, in microseconds (0: Python's own, 5,000). The
+# batch loop gives up the GIL at every GPU sync and must win it back from the HTTP threads; under
+# load each win can wait a whole interval.
+SWITCH_US = env_count("DRAFTSMITH_SERVE_SWITCH_US", "0")
+# Freeze what exists when the server starts (model, tokenizer, compiled graphs: ~480K tracked
+# objects on CPU) out of the cyclic GC: every full collection walked them all, stopping the
+# batch loop with the rest (0.45-0.53 s a serve_host run on the 2-core CPU, 0.05-0.09 frozen).
+GC_FREEZE = env_flag("DRAFTSMITH_SERVE_GC_FREEZE", "1")
+# FastAPI's own OpenTelemetry hooks (fastapi >= 0.16x) look up the global providers on every
+# request: 7 % of the GIL's samples in serve_host (py-spy --gil). Off unless asked for; the
+# server's own counters are at /metrics.
+OTEL = env_flag("DRAFTSMITH_SERVE_OTEL", "0")
 
 
 def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
@@ -30,11 +46,25 @@ def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        switch = sys.getswitchinterval()
+        if SWITCH_US:
+            sys.setswitchinterval(SWITCH_US / 1e6)
+        if GC_FREEZE:
+            gc.collect()
+            gc.freeze()
         sched.start()
-        yield
-        await run_in_threadpool(sched.stop)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(sched.stop)
+            if GC_FREEZE:
+                gc.unfreeze()  # servers started one after another in a process (tests, benches)
+            sys.setswitchinterval(switch)
 
-    app = FastAPI(title="draftsmith", lifespan=lifespan, docs_url=None, redoc_url=None)
+    extra: dict[str, Any] = {}
+    if not OTEL and "telemetry" in inspect.signature(FastAPI).parameters:
+        extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="draftsmith", lifespan=lifespan, docs_url=None, redoc_url=None, **extra)
     app.state.scheduler, app.state.engine, app.state.config = sched, engine, cfg
     _errors(app, sched)
     _auth(app, cfg)

@@ -28,7 +28,7 @@ class ChoiceText:
         self._tokens = tokens
         if self.stream:
             self._advance(final)
-        else:
+        elif final or self.stop:  # no stop string to watch: decoded once, at the end
             self.text = self.decode(tokens)
         cut = self._find_stop()
         if cut is not None:
