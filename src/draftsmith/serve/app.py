@@ -12,6 +12,7 @@ import hmac
 import inspect
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -41,25 +42,52 @@ GC_FREEZE = env_flag("DRAFTSMITH_SERVE_GC_FREEZE", "1")
 OTEL = env_flag("DRAFTSMITH_SERVE_OTEL", "0")
 
 
+class _ProcessTuning:
+    """The GC freeze and the switch interval are the whole process's: set when its first server
+    starts, undone when its last one stops (servers overlap in tests and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.lock, self.live, self.switch = threading.Lock(), 0, 0.005
+
+    def enter(self) -> None:
+        with self.lock:
+            self.live += 1
+            if self.live > 1:
+                return
+            self.switch = sys.getswitchinterval()
+            if SWITCH_US:
+                sys.setswitchinterval(SWITCH_US / 1e6)
+            if GC_FREEZE:
+                gc.collect()
+                gc.freeze()
+
+    def exit(self) -> None:
+        with self.lock:
+            self.live -= 1
+            if self.live:
+                return
+            if GC_FREEZE:
+                gc.unfreeze()
+            sys.setswitchinterval(self.switch)
+
+
+_TUNING = _ProcessTuning()
+
+
 def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
     sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        switch = sys.getswitchinterval()
-        if SWITCH_US:
-            sys.setswitchinterval(SWITCH_US / 1e6)
-        if GC_FREEZE:
-            gc.collect()
-            gc.freeze()
-        sched.start()
+        _TUNING.enter()
         try:
+            sched.start()
             yield
         finally:
-            await run_in_threadpool(sched.stop)
-            if GC_FREEZE:
-                gc.unfreeze()  # servers started one after another in a process (tests, benches)
-            sys.setswitchinterval(switch)
+            try:
+                await run_in_threadpool(sched.stop)
+            finally:
+                _TUNING.exit()
 
     extra: dict[str, Any] = {}
     if not OTEL and "telemetry" in inspect.signature(FastAPI).parameters:
