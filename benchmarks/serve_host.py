@@ -101,8 +101,10 @@ class GcClients(Clients):
         self.clock = clock
 
     def load(self, url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+        tracked = len(gc.get_objects())  # what a full collection walks (frozen ones excluded)
         n0, s0 = list(self.clock.count), sum(self.clock.seconds)
         r = super().load(url, model, jobs)
+        r["gc_tracked_objects"] = tracked
         r["gc_s"] = sum(self.clock.seconds) - s0
         r["gc_collections"] = [a - b for a, b in zip(self.clock.count, n0, strict=True)]
         return r
@@ -148,7 +150,7 @@ def main() -> None:
         print(f"{m}: {v['tok_s']:.0f} tok/s, mean latency {v['latency_mean_s']:.2f} s")
     for k, r in runs.items():
         print(f"{k}: GC {r['gc_s']:.3f} s while the clients ran ({r['gc_collections']} "
-              "collections by generation)")
+              f"collections by generation; {r['gc_tracked_objects']} objects tracked)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_host.json").write_text(json.dumps(report, indent=1) + "\n")

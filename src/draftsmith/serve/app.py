@@ -32,9 +32,10 @@ MAX_BODY = 16 << 20
 # batch loop gives up the GIL at every GPU sync and must win it back from the HTTP threads; under
 # load each win can wait a whole interval.
 SWITCH_US = env_count("DRAFTSMITH_SERVE_SWITCH_US", "0")
-# Freeze what exists when the server starts (model, tokenizer, compiled graphs: ~480K tracked
-# objects on CPU) out of the cyclic GC: every full collection walked them all, stopping the
-# batch loop with the rest (0.45-0.53 s a serve_host run on the 2-core CPU, 0.05-0.09 frozen).
+# Freeze what exists when the server starts (model, tokenizer, compiled graphs) out of the
+# cyclic GC: every full collection walked them all, stopping the batch loop with the rest
+# (serve_host on the 2-core CPU, continuous: 1.50 s of GC a run, 0.17-0.40 s frozen;
+# benchmarks/serve_cpu.md).
 GC_FREEZE = env_flag("DRAFTSMITH_SERVE_GC_FREEZE", "1")
 # FastAPI's own OpenTelemetry hooks (fastapi >= 0.16x) look up the global providers on every
 # request: 7 % of the GIL's samples in serve_host (py-spy --gil). Off unless asked for; the

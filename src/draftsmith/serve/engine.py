@@ -103,7 +103,7 @@ class ServeEngine:
     def _text_tools(self, target: Any) -> None:
         # A tokenizer is not safe to share between threads ("Already borrowed"), hence the
         # locks; the batch loop detokenizes with its own copy, so it never waits behind the
-        # request threads' chat templates (~0.3 ms each; py-spy saw it waiting in serve_host).
+        # request threads' chat templates (py-spy saw it waiting in serve_host).
         self._tok_lock, self._detok_lock = threading.Lock(), threading.Lock()
         self._detok = copy.deepcopy(target.tokenizer)
 
