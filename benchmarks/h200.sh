@@ -229,15 +229,15 @@ serve)
     # client in its own process) on the default target, baseline and, with DRAFTER, speculative
     # (first: KEPT=/tmp/kept DRAFTER=runs/kept/drafter STAGES=restore bash benchmarks/h200.sh
     # suite); SPEC="3 1" or "3 4 8": steps, topk and draft tokens; LENGTHS: max_tokens in turn;
-    # COMPILE=1: serve --compile; FIXED=1: --fixed-rows; SRC=ab_base/src: another draftsmith
-    # (needs .whl's serve wheels)
+    # COMPILE=1: serve --compile; FIXED=1: --fixed-rows; TEMPS=0.6,1.0: the requests'
+    # temperatures in turn; SRC=ab_base/src: another draftsmith (needs .whl's serve wheels)
     read -r steps topk ndt <<< "${SPEC:-3 1}"
     PYTHONPATH="/tmp/site:$PWD/${SRC:-src}" timeout "${LIMIT:-400}" \
         python3 benchmarks/serve_bench.py --device cuda \
         --requests "${REQUESTS:-64}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
         ${LENGTHS:+--lengths "$LENGTHS"} ${DRAFTER:+--drafter "$DRAFTER"} --steps "$steps" \
         --topk "$topk" ${ndt:+--num-draft-tokens "$ndt"} ${COMPILE:+--compile} \
-        ${FIXED:+--fixed-rows} --clients "${CLIENTS:-4}" \
+        ${FIXED:+--fixed-rows} --clients "${CLIENTS:-4}" ${TEMPS:+--temperatures "$TEMPS"} \
         --out "$OUT/serve${TAG:-}" 2>&1 \
         | tee "$OUT/serve${TAG:-}_log.txt"
     ;;

@@ -4,14 +4,16 @@ speculative against baseline decoding when a drafter is given.
 Usage: python benchmarks/serve_bench.py [--target default] [--device cpu] [--requests 24]
        [--max-batch 8] [--rounds 2] [--lengths 16,96,32,64,24,80,48,8]
        [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]] [--compile] [--fixed-rows]
-       [--out DIR]
+       [--temperatures 0] [--out DIR]
 Starts the real server (uvicorn, in this process) on the baseline engine (and, with --drafter,
 on a speculative engine too), with `--static-batches` behaviour and continuous, in turn for
 `--rounds` rounds (the order alternating). A separate process (so the clients never hold this
 one's GIL) sends the same requests at once through the real `openai` client (AsyncOpenAI):
-greedy, chat suite prompts, max_tokens cycling through --lengths so answers end apart. Reports
+chat suite prompts, max_tokens cycling through --lengths so answers end apart, temperature
+cycling through --temperatures (default greedy; several: a mix of settings that a server must
+batch together or drain between). Reports
 wall time, completion tokens/s, per-request latency (mean, p50, p90), batches, joined rows and
-the share of the wall time the server's batch loop ran. Greedy: every run must return the same
+the share of the wall time the server's batch loop ran. Greedy alone: every run must return the same
 texts (checked; `text_diffs` lists the requests that differ). Compiled in bf16, a request whose
 batch opened with fewer rows decodes with other kernels (the one-row pin, linears as reductions
 up to 2 rows, the small attention up to 16) and may part at a near-tie (`serve_invariance.py`,
@@ -65,7 +67,7 @@ def serve(engine, target: str, continuous: bool):
     return server, f"http://127.0.0.1:{port}", cfg.model_name
 
 
-def load(url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+def load(url: str, model: str, jobs: list[tuple[str, int, float]]) -> dict:
     """Send every job at once (in a client process); each request's text, tokens and latency,
     and the process's own CPU time and wall clock span."""
     import httpx
@@ -77,11 +79,11 @@ def load(url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
                                     http_client=openai.DefaultAsyncHttpxClient(
                                         limits=httpx.Limits(max_connections=len(jobs))))
 
-        async def one(job: tuple[str, int]) -> tuple[str, int, float]:
+        async def one(job: tuple[str, int, float]) -> tuple[str, int, float]:
             t0 = time.perf_counter()
             r = await client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": job[0]}],
-                max_tokens=job[1], temperature=0)
+                max_tokens=job[1], temperature=job[2])
             return (r.choices[0].message.content, r.usage.completion_tokens,
                     time.perf_counter() - t0)
 
@@ -107,12 +109,14 @@ class Clients:
     def __exit__(self, *exc: object) -> None:
         self.pool.shutdown()
 
-    def warm(self, url: str, model: str, jobs: list[tuple[str, int]]) -> None:
-        """Start every process and import the client there (untimed)."""
-        for f in [self.pool.submit(load, url, model, jobs[:1]) for _ in range(self.n)]:
+    def warm(self, url: str, model: str, jobs: list[tuple[str, int, float]],
+             first: int = 1) -> None:
+        """Start every process and import the client there, sending the `first` jobs (untimed:
+        one a setting, so a setting's first-use costs fall here)."""
+        for f in [self.pool.submit(load, url, model, jobs[:first]) for _ in range(self.n)]:
             f.result()
 
-    def load(self, url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+    def load(self, url: str, model: str, jobs: list[tuple[str, int, float]]) -> dict:
         import httpx
 
         parts = [jobs[k :: self.n] for k in range(self.n)]
@@ -175,9 +179,12 @@ def main() -> None:
     ap.add_argument("--fixed-rows", action="store_true", help="serve --fixed-rows")
     ap.add_argument("--clients", type=int, default=4,
                     help="client processes sharing the requests")
+    ap.add_argument("--temperatures", default="0",
+                    help="the requests' temperatures, in turn (several: mixed settings)")
     ap.add_argument("--out", default="serve-bench-out")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
+    temps = [float(x) for x in a.temperatures.split(",")]
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(lengths),
                        steps=a.steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
@@ -192,14 +199,15 @@ def main() -> None:
             engine.warmup()
         warm[name] = time.perf_counter() - t0
         print(f"{name}: warm-up {warm[name]:.1f} s", flush=True)
-    jobs = chat_jobs(a.requests, lengths)
+    jobs = chat_jobs(a.requests, lengths, temps)
     with Clients(a.clients) as clients:
         for engine in engines.values():  # untimed: first-call costs, the clients' start
-            server, url, model = serve(engine, a.target, True)
-            clients.warm(url, model, jobs)
-            server.should_exit = True
+            for continuous in (True, False):
+                server, url, model = serve(engine, a.target, continuous)
+                clients.warm(url, model, jobs, len(temps))
+                server.should_exit = True
         runs = rounds(engines, a.target, jobs, a.rounds, clients)
-    diffs = text_diffs(runs, jobs)
+    diffs = text_diffs(runs, jobs) if temps == [0.0] else []
     same = not diffs
     pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
              for e in engines for m in ("static", "continuous")}
@@ -216,7 +224,7 @@ def main() -> None:
         "drafter": a.drafter, "steps": a.steps, "topk": a.topk,
         "num_draft_tokens": a.num_draft_tokens, "compile": a.compile,
         "fixed_rows": a.fixed_rows, "requests": a.requests, "clients": a.clients,
-        "max_batch": a.max_batch,
+        "max_batch": a.max_batch, "temperatures": temps,
         "lengths": lengths, "same_texts": same, "rounds": a.rounds, "pooled": pools,
         "ratios": ratios, "warmup_s": warm, "text_diffs": diffs,
         "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
@@ -230,7 +238,8 @@ def main() -> None:
     print("pooled over the rounds (tokens over summed wall time; mean latency):")
     for k, v in ratios.items():
         print(f"{k}: tok/s {v['tok_s']:.2f}x, mean latency {v['latency_mean']:.2f}x")
-    print(f"same texts in every run: {same}")
+    print(f"same texts in every run: {same}" if temps == [0.0] else
+          f"temperatures {temps}: sampled texts, not compared")
     for d in diffs:
         print(f"request {d['request']} (max_tokens {d['max_tokens']}): {d['runs_apart']} "
               f"apart from the first run, from character {d['first_diff_char']}")
@@ -243,11 +252,13 @@ def main() -> None:
         raise SystemExit("greedy texts differ between the runs")
 
 
-def chat_jobs(n: int, lengths: list[int]) -> list[tuple[str, int]]:
-    """`n` requests: chat-suite prompts in turn, max_tokens cycling through `lengths`."""
-    msgs = suite_messages("chat", n)
-    jobs = [(m[-1]["content"], lengths[i % len(lengths)]) for i, m in enumerate(msgs)]
-    return (jobs * (n // len(jobs) + 1))[:n]
+def chat_jobs(n: int, lengths: list[int],
+              temps: list[float] = (0.0,)) -> list[tuple[str, int, float]]:
+    """`n` requests: chat-suite prompts in turn, max_tokens cycling through `lengths`,
+    temperature through `temps`."""
+    msgs = [m[-1]["content"] for m in suite_messages("chat", n)]
+    m = len(msgs)
+    return [(msgs[i % m], lengths[i % m % len(lengths)], temps[i % len(temps)]) for i in range(n)]
 
 
 def text_diffs(runs: dict, jobs: list[tuple[str, int]]) -> list[dict]:

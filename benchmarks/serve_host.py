@@ -43,7 +43,7 @@ class NullRows(LiveRows):
                                      count=torch.zeros(rows, dtype=torch.long),
                                      done=torch.ones(rows, dtype=torch.bool))
 
-    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+    def add(self, slots: list[int], prompts: list[list[int]], params=None) -> None:
         idx = self._idx(slots)
         self.state.count[idx] = 1
         self.state.done[idx] = False

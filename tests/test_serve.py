@@ -23,6 +23,7 @@ from conftest import write_tiny_folder  # noqa: E402
 
 from draftsmith.engine.generate import generate  # noqa: E402
 from draftsmith.engine.runtime import Runtime  # noqa: E402
+from draftsmith.errors import DraftsmithError  # noqa: E402
 from draftsmith.serve.cli import server_config  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
 
@@ -293,10 +294,10 @@ def test_engine_error_is_one_500(srv: dict, engine: ServeEngine, monkeypatch) ->
         live = real(*a, **kw)
         add = live.add
 
-        def checked(slots, prompts):
+        def checked(slots, prompts, params=None):
             if poison in prompts:
                 raise RuntimeError("boom")
-            add(slots, prompts)
+            add(slots, prompts, params)
 
         live.add = checked
         return live
@@ -395,32 +396,41 @@ def test_data_regenerate_against_server(srv: dict, engine: ServeEngine, tiny_dir
     assert len((tmp_path / "sampled.jsonl").read_text().splitlines()) == 4
 
 
-def test_speculative_server_keeps_a_bounded_set_of_decoders(tiny_dir: Path,
-                                                            drafter_dir: Path) -> None:
-    """One decoder per sampling setting, at most MAX_DECODERS besides greedy: the least recently
-    used sampled one goes (with its graphs on CUDA); greedy always stays."""
+@pytest.mark.parametrize("drafts", ["topk", "drawn"])
+def test_speculative_server_keeps_one_decoder_a_kind_of_sampling(tiny_dir: Path,
+                                                                 drafter_dir: Path, drafts: str,
+                                                                 monkeypatch) -> None:
+    """Greedy drafts (the default rule): one decoder a kind of sampling, whatever the
+    temperature. Drafts drawn from the drafter: one a setting, at most MAX_DECODERS besides
+    greedy, the least recently used sampled one going (with its graphs on CUDA)."""
+    from draftsmith.engine import speculative
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.serve.engine import MAX_DECODERS
 
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", drafts)
     cfg = EngineConfig(max_batch=2, max_prompt_tokens=32, max_tokens=8, steps=2)
     spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
     greedy = spec._spec_for(SamplingParams())
     temps = [0.3 + 0.1 * i for i in range(MAX_DECODERS + 3)]
     for t in temps:
         spec._spec_for(SamplingParams(temperature=t))
+    spec._spec_for(SamplingParams(temperature=0.5, top_p=0.9))
     assert spec._spec_for(SamplingParams()) is greedy
-    kept = [p.temperature for p in spec._spec if p != SamplingParams()]
-    assert kept == temps[-MAX_DECODERS:]
+    if drafts == "topk":
+        assert list(spec._spec) == ["temperature", "filtered", "greedy"]
+        assert spec._spec_for(SamplingParams(2.0)) is spec._spec["temperature"]
+    else:
+        kept = [k.temperature for k in spec._spec if k != "greedy"]
+        assert kept == [*temps[-MAX_DECODERS + 1:], 0.5]
 
 
-def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
-        tiny_dir: Path, monkeypatch) -> None:
-    """Baseline decode steps are cached per (batch, eos, setting): past MAX_DECODERS sampled
-    settings the oldest go, each with the graph captured for it; greedy and the setting in use
-    stay. Captures run eagerly here (CPU), keyed as on CUDA."""
+def test_baseline_server_keeps_one_decode_step_a_kind_of_sampling(tiny_dir: Path,
+                                                                   monkeypatch) -> None:
+    """Baseline decode steps (and their graphs) are cached per (batch, eos, kind of sampling):
+    however many temperatures come, the sampled ones share one step of each sort, static and
+    continuous. Captures run eagerly here (CPU), keyed as on CUDA."""
     from draftsmith.engine.graphs import Graphs
     from draftsmith.engine.sampling import SamplingParams
-    from draftsmith.serve.engine import MAX_DECODERS
 
     def capture(self, key, fn, warmup=2):
         self.graphs[key] = (None, fn())
@@ -430,20 +440,43 @@ def test_baseline_server_keeps_a_bounded_set_of_decode_steps_and_their_graphs(
     monkeypatch.setattr(Graphs, "replay", lambda self, key: self.graphs[key][1])
     eng = load_engine(str(tiny_dir), None, "cpu", torch.float32, EngineConfig(**LIMITS))
     eng.rt.graphs = Graphs(torch.device("cpu"))
-    temps = [0.3 + 0.1 * i for i in range(MAX_DECODERS + 3)]
-    first = SamplingParams(temperature=temps[0])
-    for params in [SamplingParams(), *(SamplingParams(temperature=t) for t in temps)]:
+    settings = [SamplingParams(), *(SamplingParams(0.3 + 0.1 * i) for i in range(6)),
+                SamplingParams(0.7, top_k=5), SamplingParams(1.1, top_p=0.8)]
+    for params in settings:
         eng.run([[5, 6, 7]], 3, params)
         live = eng.open(1, params)  # the scheduler's continuous rows: ("refill", ...) steps
-        live.add([0], [[5, 6, 7]])
-        eng.open(1, first)  # used again and again: the least recently used go, not it
+        live.add([0], [[5, 6, 7]], [params])
     for kind in ("decode", "refill"):
         steps = {k for k in eng.rt._steps if k[0] == kind}
-        kept = {k[-1].temperature for k in steps if k[-1] != SamplingParams()}
-        want = {first.temperature, *temps[-MAX_DECODERS + 1:]}  # a setting's steps go together
-        assert sorted(kept) == pytest.approx(sorted(want)), kind
-        assert any(k[-1] == SamplingParams() for k in steps)
+        assert sorted(k[-1] for k in steps) == ["filtered", "greedy", "temperature"], kind
         assert {k for k in eng.rt.graphs.graphs if k[0] == kind} == steps
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_batch_of_mixed_settings_samples_each_row_as_its_own(tiny_dir: Path, drafter_dir: Path,
+                                                                speculative: bool) -> None:
+    """Rows of one continuous batch under four settings of one kind: the rows at top_k 1 decode
+    exactly as greedy does beside rows that draw at temperature 1.5, and those draw apart from
+    greedy, for the baseline and the speculative engine alike."""
+    from draftsmith.engine.sampling import SamplingParams
+
+    cfg = EngineConfig(max_batch=4, max_prompt_tokens=32, max_tokens=24, steps=2)
+    eng = load_engine(str(tiny_dir), drafter_dir if speculative else None, "cpu",
+                      torch.float32, cfg)
+    prompts = [[5, 6, 7], [9, 3], [5, 6, 7], [9, 3]]
+    greedy = eng.run(prompts, 24, SamplingParams()).rows
+    settings = [SamplingParams(0.9, top_k=1), SamplingParams(1.5, top_p=0.99),
+                SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)]
+    live = eng.open(4, settings[0])
+    torch.manual_seed(0)
+    live.add([0, 1, 2, 3], prompts, settings)
+    live.step(24)
+    rows, done = live.read([0, 1, 2, 3])
+    assert all(done)
+    assert rows[0][:24] == greedy[0] and rows[2][:24] == greedy[2]
+    assert rows[1][:24] != greedy[1] and rows[3][:24] != greedy[3]
+    with pytest.raises(DraftsmithError, match="cannot take"):
+        live.add([1], [[4]], [SamplingParams(0.7)])
 
 
 def test_seeded_requests_draw_the_same_alone_or_beside_a_twin(srv: dict) -> None:

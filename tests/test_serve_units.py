@@ -130,10 +130,12 @@ class FakeLive:
         self.eng, self.rows = eng, [None] * rows
         self.hist = None
 
-    def add(self, slots, prompts) -> None:
+    def add(self, slots, prompts, params) -> None:
         if self.eng.bad in prompts:
             raise RuntimeError("bad row")
+        assert len({self.eng.batch_key(p) for p in params}) == 1  # one key a batch
         self.eng.adds.append((len(self.eng.batches), list(slots)))
+        self.eng.temps.extend(p.temperature for p in params)
         for i, p in zip(slots, prompts, strict=True):
             self.rows[i] = [p[0]]
 
@@ -171,9 +173,14 @@ class FakeEngine:
         self.bad: list[int] | None = None  # a prompt whose prefill raises
         self.gate = threading.Event()
         self.gate.set()
+        self.temps: list[float] = []  # each admitted row's temperature, in order
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(96 + i) for i in ids)
+
+    @staticmethod
+    def batch_key(params):
+        return params.kind
 
     def open(self, rows: int, params) -> FakeLive:
         self.gate.wait(10)
@@ -226,6 +233,28 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     assert eng.adds[:2] == [(1, [0]), (1, [0])]
     texts = [e[2].text for e in events if e[0] == "finish"]
     assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
+
+
+def test_jobs_of_one_kind_of_sampling_share_a_batch_each_with_its_own_setting() -> None:
+    """Sampled jobs at different temperatures (and greedy ones, and top-p ones) batch by kind, not
+    by setting: the three temperatures open one batch, each row admitted with its own job's
+    temperature; top-p (a sort a step) and greedy jobs wait for batches of their own kinds."""
+    eng = FakeEngine(max_batch=4)
+    s = Scheduler(eng, max_queue=8, batch_wait=0.5)
+    s.start()
+    eng.gate.clear()
+    events: list = []
+    for text, temp in [("a", 0.5), ("b", 0.9), ("c", 1.3)]:
+        s.submit(job(text, events, temp))
+    filtered = job("d", events, 0.7)
+    filtered.req.params = SamplingParams(0.7, top_p=0.9)
+    s.submit(filtered)
+    s.submit(job("e", events))
+    eng.gate.set()
+    wait_done(events, 5)
+    s.stop()
+    assert eng.batches == [4, 1, 1]  # a b c (three rows, padded to four) | d | e
+    assert eng.temps == [0.5, 0.9, 1.3, 0.7, 0.0]
 
 
 @pytest.mark.parametrize("fixed", [False, True])

@@ -304,7 +304,7 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, 
     want = {"extend"} if drafts == "drawn" else {"extend", "accept"} | (
         {"draft"} if topk > 1 else set())
     assert dec.fused == (frozenset(want) if compiled else frozenset())
-    assert (dec.accept_temp is not None) == (plain and drafts == "topk")
+    assert dec.accept_draws == (plain and drafts == "topk")
     res = dec.generate(PROMPTS, NEW, eos_ids=[2, 7])
     assert not any(st.unfused for st in dec.states.values())  # no fallback from a fused phase
     assert all(len(t) <= NEW and 2 not in t and 7 not in t for t in res.tokens)

@@ -147,7 +147,7 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
     assert dec.drawn == (drafts == "drawn") and (dec.fusable() >= {"accept"}) != dec.drawn
     if fused:
         dec.compile_bookkeeping(fuse={"accept"})
-        assert dec.fused == {"accept"} and dec.accept_temp is not None
+        assert dec.fused == {"accept"} and dec.accept_draws
     torch.manual_seed(7)
     counts = torch.zeros(vocab, vocab, vocab)
     for _ in range(runs):
@@ -159,6 +159,69 @@ def test_end_to_end_sampling_matches_the_target(steps, topk, n, temp, top_k, dra
     joint = exact_joint(target, prompt, params, vocab)
     assert chi_square_p(counts, joint) > 1e-3
     assert chi_square_p(counts.sum(2), joint.sum(2)) > 1e-3
+
+
+MIXED = {
+    "temperature": (SamplingParams(0.6), SamplingParams(1.4)),
+    "filtered": (SamplingParams(0.8, top_k=4), SamplingParams(1.2, top_p=0.85)),
+}
+
+
+@pytest.mark.parametrize("kind", ["temperature", "filtered"])
+def test_rows_of_one_batch_each_sample_their_own_setting(kind, monkeypatch):
+    """A server's batch holds requests of one kind of sampling at different settings: half the
+    rows at one setting, half at another, in one tree decoder (the temperature kind's draws made
+    inside the compiled accept). Each half's 2048 draws of (x1, x2, x3) match the exact joint of
+    its own setting, and not the other's."""
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    vocab, b, runs = 8, 1024, 4
+    target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
+                         num_heads=2, num_kv_heads=1, head_dim=8)
+    prompt = [3, 1, 4]
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.0)
+    seq = greedy_seq(Runtime(target, 1, 24), [prompt], 4).expand(b, -1).contiguous()
+    drafter = make_drafter(target, 6, Steered, seed=6, std=0.6).steer(seq, 1.0)
+    one, other = MIXED[kind]
+    dec = SpecDecoder(Runtime(target, b, 24), drafter, 2, 3, 5, one)
+    dec.compile_bookkeeping(fuse={"accept"})
+    assert dec.accept_draws == (kind == "temperature")
+    rows = [one, other] * (b // 2)
+    torch.manual_seed(7)
+    counts = torch.zeros(2, vocab, vocab, vocab)
+    for _ in range(runs):
+        res = dec.generate([prompt] * b, 3, eos_ids=[], params=rows)
+        for i, t in enumerate(res.tokens):
+            counts[i % 2, t[0], t[1], t[2]] += 1
+    assert not any(st.unfused for st in dec.states.values())
+    joints = [exact_joint(target, prompt, p, vocab) for p in (one, other)]
+    assert chi_square_p(counts[0], joints[0]) > 1e-3 and chi_square_p(counts[1], joints[1]) > 1e-3
+    assert chi_square_p(counts[0], joints[1]) < 1e-6  # the two settings are told apart
+
+
+def test_row_settings_give_each_row_its_own_distribution():
+    """Each row's distribution under `RowSampling` is what `probs` gives that row's setting alone;
+    a state takes only settings of its own kind, one a row."""
+    from draftsmith.engine.sampling import RowSampling
+    from draftsmith.errors import DraftsmithError
+
+    logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(0)) * 3
+    settings = [SamplingParams(0.5, top_k=3), SamplingParams(1.0, top_p=0.6),
+                SamplingParams(2.0, top_k=10, top_p=0.9)]
+    rs = RowSampling(3, "cpu", settings[0])
+    rs.set(torch.arange(3), settings)
+    got = rs.probs(logits)
+    for i, p in enumerate(settings):
+        assert torch.allclose(got[i], probs(logits[i], p), atol=1e-6)
+        assert torch.allclose(rs.probs(logits[i : i + 1], torch.tensor([i]))[0], got[i])
+    temps = RowSampling(2, "cpu", SamplingParams(0.7))
+    temps.set(torch.tensor([1]), [SamplingParams(1.5)])
+    want = [probs(logits[i], SamplingParams(t)) for i, t in enumerate((0.7, 1.5))]
+    assert all(torch.allclose(temps.probs(logits[:2])[i], want[i], atol=1e-6) for i in range(2))
+    with pytest.raises(DraftsmithError, match="cannot take"):
+        temps.set(torch.tensor([0]), [SamplingParams(0.7, top_p=0.5)])
+    with pytest.raises(DraftsmithError, match="2 sampling settings for 1 rows"):
+        temps.set(torch.tensor([0]), [SamplingParams(0.7)] * 2)
 
 
 def test_a_walk_over_the_targets_draws_is_exact_for_fixed_drafts(tables):

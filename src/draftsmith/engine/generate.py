@@ -16,7 +16,7 @@ import torch
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_clock
 from draftsmith.engine.runtime import Runtime, engine_compile, pinned_at
-from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.engine.sampling import RowSampling, SamplingParams
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
 
@@ -57,11 +57,13 @@ def padded(prompts: list[list[int]], device: torch.device
 
 
 class DecodeState:
-    """Static tensors one decode step reads and writes."""
+    """Static tensors one decode step reads and writes; rows sample as `sampling` says (every
+    setting of `params`' kind shares the state: set the rows' settings before `reset`)."""
 
     def __init__(self, rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams) -> None:
         dev = rt.device
-        self.rt, self.b, self.params = rt, b, params
+        self.rt, self.b = rt, b
+        self.sampling = RowSampling(b, dev, params)
         self.tok = torch.zeros(b, 1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(b, 1, dtype=torch.long, device=dev)
         self.out = torch.zeros(b, rt.max_seq, dtype=torch.long, device=dev)
@@ -89,7 +91,7 @@ class DecodeState:
         advance(logits.logits[:, -1])
 
     def advance(self, logits: torch.Tensor) -> None:
-        nxt = torch.where(self.done, self.eos[0].clamp(min=0), sample(logits, self.params))
+        nxt = torch.where(self.done, self.eos[0].clamp(min=0), self.sampling.sample(logits))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
         self.done |= (nxt.unsqueeze(1) == self.eos).any(-1)  # isin may sync inside a graph
         self.all_done.copy_(self.done.all())
@@ -98,10 +100,14 @@ class DecodeState:
         self.step_i.add_(1)
 
 
-def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams):
-    """A (state, step function) pair; the step is a captured CUDA graph where possible."""
-    return graphed_step(rt, ("decode", b, tuple(eos_ids), params),
-                        lambda: DecodeState(rt, b, eos_ids, params))
+def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | list[SamplingParams]):
+    """A (state, step function) pair, its rows set to `params` (one setting, or one a row, all of
+    one kind); the step is a captured CUDA graph where possible, one per kind of sampling."""
+    rows = [params] * b if isinstance(params, SamplingParams) else list(params)
+    state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), rows[0].kind),
+                               lambda: DecodeState(rt, b, eos_ids, rows[0]))
+    state.sampling.set(torch.arange(b, device=rt.device), rows)
+    return state, step
 
 
 def graphed_step(rt: Runtime, key: tuple, make: Callable[[], Any]) -> tuple[Any, Callable]:
@@ -146,7 +152,7 @@ def run_generation(
     sync(rt)
     t0 = time.perf_counter()
     logits, lens = prefill(rt, prompts)
-    state.reset(sample(logits, params), lens)
+    state.reset(state.sampling.sample(logits), lens)
     sync(rt)
     t1 = time.perf_counter()
     late, host = LateFlag(state.all_done), make_clock()

@@ -17,17 +17,19 @@ import torch
 
 from draftsmith.engine.generate import _trim, check_request, graphed_step, padded, sync
 from draftsmith.engine.runtime import Runtime
-from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.engine.sampling import RowSampling, SamplingParams
 from draftsmith.errors import DraftsmithError
 
 
 class RefillState:
-    """Static per-row buffers of one decode step over `rows` rows."""
+    """Static per-row buffers of one decode step over `rows` rows; each row samples with the
+    setting its prompt came with (any of `params`' kind)."""
 
     def __init__(self, rt: Runtime, rows: int, max_new: int, eos: list[int],
                  params: SamplingParams) -> None:
         dev = rt.device
         self.rt, self.rows, self.max_new, self.params = rt, rows, max_new, params
+        self.sampling = RowSampling(rows, dev, params)
         z = dict(dtype=torch.long, device=dev)
         self.tok, self.pos = torch.zeros(rows, 1, **z), torch.zeros(rows, 1, **z)
         self.count, self.out = torch.zeros(rows, **z), torch.zeros(rows, max_new, **z)
@@ -41,7 +43,7 @@ class RefillState:
         rt = self.rt
         out = rt.model(self.tok, self.pos, self.caches, compiled=rt.graph_compiled)
         logits = out.logits[:, -1]
-        nxt, live = sample(logits, self.params), ~self.done
+        nxt, live = self.sampling.sample(logits), ~self.done
         col = self.count.clamp(max=self.max_new - 1)
         self.out[self.ar, col] = torch.where(live, nxt, self.out[self.ar, col])
         self.count.add_(live.long())
@@ -50,17 +52,21 @@ class RefillState:
         self.tok.copy_(torch.where(live, nxt, self.tok[:, 0]).unsqueeze(1))
         self.pos.add_(live.long().unsqueeze(1))
 
-    def start(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """Prefill `prompts` into `rows` (any rows) and sample their first token."""
+    def start(self, rows: list[int], prompts: list[list[int]],
+              params: list[SamplingParams] | None = None) -> None:
+        """Prefill `prompts` into `rows` (any rows) and sample their first token; each row then
+        samples with its entry of `params` (default: the state's setting)."""
+        params = params or [self.params] * len(rows)
         for at in range(0, len(rows), self.pre.max_batch):
             part = slice(at, at + self.pre.max_batch)
+            idx = torch.tensor(rows[part], device=self.rt.device)
+            self.sampling.set(idx, params[part])
             out, lens, _, _, _ = prompt_into_rows(self.pre, self.rt.kv, rows[part], prompts[part])
             k = len(rows[part])
-            self._first(torch.tensor(rows[part], device=self.rt.device), out.logits[:k, 0],
-                        lens[:k])
+            self._first(idx, out.logits[:k, 0], lens[:k])
 
     def _first(self, idx: torch.Tensor, logits: torch.Tensor, lens: torch.Tensor) -> None:
-        first = sample(logits, self.params)
+        first = self.sampling.sample(logits, idx)
         self.tok[idx] = first.unsqueeze(1)
         self.pos[idx] = lens.unsqueeze(1)
         self.out[idx, 0] = first
@@ -141,8 +147,12 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
 
 
 def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
-    return graphed_step(rt, ("refill", rows, max_new, tuple(eos), params),
-                        lambda: RefillState(rt, rows, max_new, eos, params))
+    """The refilling state of these rows and limits for params' kind of sampling (one state and
+    graph serves every setting of the kind: `start` gives each row its own)."""
+    state, step = graphed_step(rt, ("refill", rows, max_new, tuple(eos), params.kind),
+                               lambda: RefillState(rt, rows, max_new, eos, params))
+    state.params = params  # the setting `start` gives rows by default, until the next call
+    return state, step
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ without a cumulative sum or a sync and is CUDA-graph safe.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,15 +32,23 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def kind(self) -> str:
+        """What code samples with these settings: "greedy" (argmax), "temperature" (a draw at
+        some temperature) or "filtered" (top-k or top-p too: a sort of the vocabulary). Rows of
+        one kind share a decode graph, whatever their values (`RowSampling`)."""
+        if self.greedy:
+            return "greedy"
+        return "filtered" if self.top_k or self.top_p < 1 else "temperature"
+
 
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The distribution a sampler with these settings draws from (float32, last dim)."""
     x = logits.float() / max(p.temperature, 1e-6)
-    if p.top_k:
-        kth = torch.topk(x, min(p.top_k, x.shape[-1]), dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if p.top_p < 1:
-        x = top_p_filter(x, p.top_p)
+    if p.top_k or p.top_p < 1:
+        shape = (*x.shape[:-1], 1)
+        x = filtered(x, torch.full(shape, p.top_k, device=x.device),
+                     torch.full(shape, p.top_p, device=x.device))
     return x.softmax(-1)
 
 
@@ -47,11 +56,17 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 # split the vocab-long cumsum at batch 256 and failed in codegen (H200, 2026-12-01), and the
 # sort dominates this block anyway.
 @torch.compiler.disable
-def top_p_filter(x: torch.Tensor, top_p: float) -> torch.Tensor:
-    """x with -inf outside the smallest set of top tokens whose probability reaches top_p."""
+def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """x with -inf outside each row's top-k (ties with the k-th kept; 0: no limit), then outside
+    the smallest set of top tokens whose probability (over what top-k kept) reaches top_p (1: no
+    limit). top_k, top_p: [..., 1], one value a row of x [..., V]."""
     sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+    v = x.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=v), v).long().expand(*x.shape[:-1], 1)
+    sorted_x = sorted_x.masked_fill(sorted_x < sorted_x.gather(-1, k - 1), float("-inf"))
     sp = sorted_x.softmax(-1)
-    drop = sp.cumsum(-1) - sp > top_p
+    # a row at top_p 1 drops nothing: its cumulative sum may round past 1 before the tail
+    drop = (sp.cumsum(-1) - sp > top_p) & (top_p < 1)
     return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
 
 
@@ -88,3 +103,49 @@ def sample(
     if p.greedy:
         return argmax(logits)
     return draw(probs(logits, p), generator)
+
+
+class RowSampling:
+    """Each row's sampling settings as device tensors: rows of one kind (`SamplingParams.kind`)
+    but any temperature, top-p or top-k share one decode graph, so a server batches requests of
+    different settings together instead of one batch per setting. Idle rows hold `like`."""
+
+    def __init__(self, rows: int, device: torch.device | str, like: SamplingParams) -> None:
+        self.kind = like.kind
+        self.temp = torch.full((rows,), max(like.temperature, 1e-6), device=device)
+        self.top_p = torch.full((rows,), like.top_p, device=device)
+        self.top_k = torch.full((rows,), like.top_k, dtype=torch.long, device=device)
+
+    def set(self, idx: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+        """Rows idx take these settings, one each, all of this state's kind."""
+        if bad := [p for p in params if p.kind != self.kind]:
+            raise DraftsmithError(f"rows of {self.kind} sampling cannot take {bad[0]} "
+                                  f"({bad[0].kind})")
+        if len(params) != len(idx):
+            raise DraftsmithError(f"{len(params)} sampling settings for {len(idx)} rows")
+        if self.kind == "greedy":
+            return
+        dev = self.temp.device
+        self.temp[idx] = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
+        self.top_p[idx] = torch.tensor([p.top_p for p in params], device=dev)
+        self.top_k[idx] = torch.tensor([p.top_k for p in params], device=dev)
+
+    def fill(self, p: SamplingParams) -> None:
+        """Every row takes p."""
+        self.set(torch.arange(len(self.temp), device=self.temp.device), [p] * len(self.temp))
+
+    def sample(self, logits: torch.Tensor, idx: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """A token from each row's logits [R, ..., V] under its own settings (rows idx of this
+        state where logits hold only those)."""
+        return draw(self.probs(logits, idx), generator) if self.kind != "greedy" else argmax(
+            logits)
+
+    def probs(self, logits: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+        """The distributions the rows draw from (not for greedy rows)."""
+        t, p, k = (v if idx is None else v[idx] for v in (self.temp, self.top_p, self.top_k))
+        shape = (-1,) + (1,) * (logits.dim() - 1)
+        x = logits.float() / t.view(shape)
+        if self.kind == "filtered":
+            x = filtered(x, k.view(shape), p.view(shape))
+        return x.softmax(-1)

@@ -29,7 +29,7 @@ from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_profiler
 from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
 from draftsmith.engine.runtime import Runtime
-from draftsmith.engine.sampling import sample
+from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens
 from draftsmith.errors import DraftsmithError
@@ -46,22 +46,32 @@ class Prefiller:
         self.drt = drafter_prefill_runtime(self.rt, dec.drafter, dec.drt.max_seq)
 
     @torch.no_grad()
-    def start(self, st: SpecState, rows: list[int], prompts: list[list[int]]) -> None:
+    def start(self, st: SpecState, rows: list[int], prompts: list[list[int]],
+              params: list[SamplingParams] | None = None) -> None:
         """Prefill `prompts` and put each into its row of `st` (the other rows are untouched):
-        K/V of both models, the root of the first draft, the first token, counts and flags."""
+        K/V of both models, the root of the first draft, the first token, counts and flags;
+        each row samples with its entry of `params` (default: the decoder's setting)."""
+        params = params or [self.dec.params] * len(rows)
+        if self.dec.drawn and any(p != self.dec.params for p in params):
+            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
+                                  f"setting {self.dec.params} alone")
         for at in range(0, len(rows), self.rt.max_batch):
-            self._start(st, rows[at : at + self.rt.max_batch], prompts[at : at + self.rt.max_batch])
+            part = slice(at, at + self.rt.max_batch)
+            self._start(st, rows[part], prompts[part], params[part])
 
-    def _start(self, st: SpecState, rows: list[int], prompts: list[list[int]]) -> None:
+    def _start(self, st: SpecState, rows: list[int], prompts: list[list[int]],
+               params: list[SamplingParams]) -> None:
         dec, k = self.dec, len(prompts)
+        idx = torch.tensor(rows, device=dec.device)
+        st.sampling.set(idx, params)
         out, lens, tokens, pos, q = prompt_into_rows(self.rt, st.tpool, rows, prompts,
                                                      dec.aux_ids)
-        first = sample(out.logits[:, 0], dec.params)
+        first = torch.zeros(len(lens), dtype=torch.long, device=dec.device)
+        first[:k] = st.sampling.sample(out.logits[:k, 0], idx)  # padded rows: a token all the same
         ext = drafter_tokens(tokens, lens, first)
         logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q,
                                         self.drt.caches_for(len(ext)))
         width = q or tokens.shape[1]
-        idx = torch.tensor(rows, device=dec.device)
         for mine, theirs in zip(st.dcaches, self.drt.caches, strict=True):
             mine.k[idx, :, :width] = theirs.k[:k, :, :width]
             mine.v[idx, :, :width] = theirs.v[:k, :, :width]

@@ -10,6 +10,7 @@ import torch
 
 from draftsmith.engine import tree as trees
 from draftsmith.engine.profiler import PhaseSummary
+from draftsmith.engine.sampling import RowSampling
 
 if TYPE_CHECKING:
     from draftsmith.engine.speculative import SpecDecoder
@@ -113,3 +114,5 @@ class SpecState:
         self.hist = torch.zeros(s + 2, **z)
         self.reached, self.accepted = torch.zeros(s, **z), torch.zeros(s, **z)
         self.vout: Any = None
+        # each row's setting (every setting of dec.params' kind; drawn drafts: dec.params alone)
+        self.sampling = RowSampling(b, dev, dec.params)

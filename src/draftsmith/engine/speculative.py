@@ -31,7 +31,7 @@ from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
-from draftsmith.engine.sampling import SamplingParams, draw, probs, sample
+from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
@@ -158,11 +158,9 @@ class SpecDecoder:
         self.ar = torch.arange(steps + 1, device=self.device)
         # set by `tune`: a tree's accepted nodes counted by depth and sibling rank, every cycle
         self.rank_counts: trees.RankCounts | None = None
-        # sampling without top-k or top-p draws the target's tokens inside the accept, at a
-        # temperature held as a tensor: every temperature shares the one compiled accept
-        plain = not (params.greedy or self.drawn or params.top_k or params.top_p < 1)
-        self.accept_temp = (torch.tensor(max(params.temperature, 1e-6), device=self.device)
-                            if plain else None)
+        # sampling without top-k or top-p draws the target's tokens inside the accept, at each
+        # row's temperature held as a tensor: every temperature shares the one compiled accept
+        self.accept_draws = params.kind == "temperature" and not self.drawn
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
         self.states: dict[int, SpecState] = {}
@@ -204,13 +202,15 @@ class SpecDecoder:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None
+        self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None,
+        params: list[SamplingParams] | None = None,
     ) -> SpecResult:
+        """params: each prompt's setting, all of the decoder's kind (default: its own)."""
         eos = list(eos_ids or [])
         prof = make_profiler(self.device, self.profile)
         sync(self.rt)
         t0 = time.perf_counter()
-        st = self.start(prompts, max_new_tokens, eos)
+        st = self.start(prompts, max_new_tokens, eos, params)
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
@@ -246,10 +246,18 @@ class SpecDecoder:
     # ---- step API (generate, and callers that stream per cycle) --------------------------------
 
     @torch.no_grad()
-    def start(self, prompts: list[list[int]], max_new_tokens: int, eos: list[int]) -> SpecState:
-        """Check the inputs, take this batch size's static state and prefill it."""
+    def start(self, prompts: list[list[int]], max_new_tokens: int, eos: list[int],
+              params: list[SamplingParams] | None = None) -> SpecState:
+        """Check the inputs, take this batch size's static state and prefill it; each row
+        samples with its entry of `params` (default: the decoder's setting; drafts drawn from
+        the drafter take the decoder's setting alone)."""
         self._check_inputs(prompts, max_new_tokens, eos)
         st = self._state(len(prompts))
+        rows = params or [self.params] * len(prompts)
+        if self.drawn and any(p != self.params for p in rows):
+            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
+                                  f"setting {self.params} alone")
+        st.sampling.set(st.rows, rows)
         self._prefill(st, prompts, max_new_tokens, eos)
         return st
 
@@ -330,7 +338,7 @@ class SpecDecoder:
         dev = self.device
         tokens, lens, pos = padded(prompts, dev)
         out = self.rt.prompt(tokens, lens, self.aux_ids)
-        first = sample(out.logits[:, 0], self.params)
+        first = st.sampling.sample(out.logits[:, 0])
         ext = drafter_tokens(tokens, lens, first)
         q = self.rt.bucket(*tokens.shape)
         logits, hidden = drafter_prompt(self.drt, ext, out.aux, pos, lens, q, st.dcaches)
@@ -406,9 +414,10 @@ class SpecDecoder:
 
     def _accept(self, st: SpecState) -> None:
         if not self.drawn:  # greedy's drafts: sampling draws the target's tokens inside the
-            temp = self.accept_temp  # accept, or before it under top-k or top-p
-            eager = not self.params.greedy and temp is None
-            picks = sample(st.vout.logits, self.params) if eager else None
+            # accept, or before it under top-k or top-p, each row under its own setting
+            temp = st.sampling.temp if self.accept_draws else None
+            eager = self.params.kind == "filtered"
+            picks = st.sampling.sample(st.vout.logits) if eager else None
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
                                self.steps, self.tbase, self.ar, picks, temp):
                 greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
@@ -508,10 +517,11 @@ def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
     output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
     of it as one function (with the plain picks); otherwise the picks come compiled apart.
     picks: the target's tokens [B, N] drawn by sampled decoding, matched in place of the
-    logits' argmax (`SAMPLED_DRAFTS`); temperature: a 0-dim tensor to draw them here instead
-    (plain temperature sampling), inside the fused accept's one compiled function."""
+    logits' argmax (`SAMPLED_DRAFTS`); temperature: each row's [B] (or one, 0-dim) to draw them
+    here instead (plain temperature sampling), inside the fused accept's one compiled function."""
     if temperature is not None:
-        picks = draw((st.vout.logits.float() / temperature).softmax(-1))
+        t = temperature.view(-1, *(1,) * (st.vout.logits.dim() - 1))
+        picks = draw((st.vout.logits.float() / t).softmax(-1))
     logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)

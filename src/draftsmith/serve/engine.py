@@ -5,7 +5,8 @@ The baseline driver is `run_generation`'s loop with a watch point added; the spe
 is `SpecDecoder`'s step API (`start`, `cycle`, `finished`) with the same watch point per cycle.
 `open(rows, params)` gives the scheduler's continuous batches instead: a set of rows that new
 requests join as others end (`LiveRows`: the refilling states of `engine/refill.py` and
-`engine/spec_refill.py`).
+`engine/spec_refill.py`). Rows sample each with its own request's setting: a batch holds every
+setting of one kind (`batch_key`), so requests at different temperatures decode together.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import torch
 from draftsmith.engine.generate import check_request, decoder, prefill
 from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
-from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.engine.sampling import SamplingParams
 from draftsmith.errors import DraftsmithError
 
 CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
-MAX_DECODERS = 4  # sampling settings kept warm (buffers and CUDA graphs) besides greedy
+# sampled settings whose speculative decoders stay warm (buffers and CUDA graphs) besides greedy,
+# where each setting needs its own: drafts drawn from the drafter (`SAMPLED_DRAFTS=drawn`)
+MAX_DECODERS = 4
 
 # Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
 Watch = Callable[[list[list[int]]], bool]
@@ -85,7 +88,7 @@ class ServeEngine:
         prefill_runtime(self.rt, c.max_prompt_tokens, buckets=self.rt.graphs is not None)
         self.vocab_size = target.cfg.vocab_size
         self._text_tools(target)
-        self._spec: OrderedDict[SamplingParams, Any] = OrderedDict()
+        self._spec: OrderedDict[Any, Any] = OrderedDict()
         self._drt = None
         if drafter is not None:
             self._spec_for(SamplingParams())
@@ -121,11 +124,26 @@ class ServeEngine:
 
     # ---- generation ----------------------------------------------------------------------------
 
-    def run(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
-            watch: Watch | None = None, every: int = 1) -> RunResult:
-        """Generate for one batch; `watch` sees the rows every `every` steps (or cycles)."""
+    def batch_key(self, params: SamplingParams) -> Any:
+        """Requests whose settings have equal keys may share a batch: one key per kind of
+        sampling (`SamplingParams.kind`), or per setting where the speculative decoder draws its
+        drafts from the drafter under the setting itself."""
+        return params if self._drawn(params) else params.kind
+
+    def _drawn(self, params: SamplingParams) -> bool:
+        from draftsmith.engine.speculative import SAMPLED_DRAFTS
+
+        return self.speculative and not params.greedy and SAMPLED_DRAFTS == "drawn"
+
+    def run(self, prompts: list[list[int]], max_new: int,
+            params: SamplingParams | list[SamplingParams], watch: Watch | None = None,
+            every: int = 1) -> RunResult:
+        """Generate for one batch, each row under its entry of `params` (one setting: all rows;
+        settings of one `batch_key`); `watch` sees the rows every `every` steps (or cycles)."""
         if len(prompts) > self.cfg.max_batch:
             raise DraftsmithError(f"batch {len(prompts)} exceeds max_batch {self.cfg.max_batch}")
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else params
+        self._check_key(params)
         t0 = time.perf_counter()
         if self.speculative:
             rows, hist = self._run_spec(prompts, max_new, params, watch, every)
@@ -134,13 +152,19 @@ class ServeEngine:
         return RunResult(rows, time.perf_counter() - t0, hist)
 
     def open(self, rows: int, params: SamplingParams) -> LiveRows:
-        """`rows` idle rows that prompts join (`add`) and leave (`drop`) while others decode."""
+        """`rows` idle rows that prompts join (`add`, each with a setting of params' batch key)
+        and leave (`drop`) while others decode."""
         if not 1 <= rows <= self.cfg.max_batch:
             raise DraftsmithError(f"rows {rows} outside 1..max_batch {self.cfg.max_batch}")
         if self.speculative:
             return _SpecRows(self, rows, params)
-        self._keep_baseline(params)
         return _BaselineRows(self, rows, params)
+
+    def _check_key(self, params: list[SamplingParams]) -> None:
+        keys = {self.batch_key(p) for p in params}
+        if len(keys) > 1:
+            raise DraftsmithError(
+                f"one batch takes settings of one kind, got {sorted(map(str, keys))}")
 
     def warmup(self, batch_sizes: list[int] | None = None) -> None:
         """Open, fill and step greedy rows at every size a batch opens at (`batch_rows`: powers
@@ -161,14 +185,14 @@ class ServeEngine:
             warm_prompts(pre, [tok * n for n in lens], live.add, live.rows)
 
     @torch.no_grad()
-    def _run_baseline(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
-                      watch: Watch | None, every: int) -> list[list[int]]:
+    def _run_baseline(self, prompts: list[list[int]], max_new: int,
+                      params: list[SamplingParams], watch: Watch | None,
+                      every: int) -> list[list[int]]:
         rt, eos = self.rt, self.eos
         check_request(rt, prompts, max_new)
-        self._keep_baseline(params)
         state, step = decoder(rt, len(prompts), eos, params)
         logits, lens = prefill(rt, prompts)
-        state.reset(sample(logits, params), lens)
+        state.reset(state.sampling.sample(logits), lens)
         n = 1
         for i in range(1, max_new):
             if watch is not None and i % every == 0 and watch(state.out[:, :n].tolist()):
@@ -180,10 +204,10 @@ class ServeEngine:
         return state.out[:, :n].tolist()
 
     @torch.no_grad()
-    def _run_spec(self, prompts: list[list[int]], max_new: int, params: SamplingParams,
+    def _run_spec(self, prompts: list[list[int]], max_new: int, params: list[SamplingParams],
                   watch: Watch | None, every: int) -> tuple[list[list[int]], list[int]]:
-        dec, eos = self._spec_for(params), self.eos
-        st = dec.start(prompts, max_new, eos)
+        dec, eos = self._spec_for(params[0]), self.eos
+        st = dec.start(prompts, max_new, eos, params)
         cycles = 0
         while cycles < max_new and not dec.finished(st):
             dec.cycle(st)
@@ -195,11 +219,14 @@ class ServeEngine:
     # ---- decoders per sampling setting ---------------------------------------------------------
 
     def _spec_for(self, params: SamplingParams) -> Any:
+        """The speculative decoder of params' batch key (made with params: every setting of the
+        key then runs in it, each row its own)."""
         from draftsmith.engine.speculative import SpecDecoder
 
-        if params in self._spec:
-            self._spec.move_to_end(params)
-            return self._spec[params]
+        key = self.batch_key(params)
+        if key in self._spec:
+            self._spec.move_to_end(key)
+            return self._spec[key]
         c = self.cfg
         dec = SpecDecoder(self.rt, self._drt or self.drafter, c.steps, c.topk,
                           c.num_draft_tokens, params)
@@ -209,33 +236,16 @@ class ServeEngine:
                 f"{self.max_len} (--max-prompt-tokens + --max-tokens-limit)"
             )
         self._drt = dec.drt
-        self._spec[params] = dec
+        self._spec[key] = dec
         while len(self._spec) > MAX_DECODERS + 1:
             self._evict_spec()
         return dec
 
     def _evict_spec(self) -> None:
-        params = next(p for p in self._spec if p != SamplingParams())
-        dec = self._spec.pop(params)
+        key = next(k for k in self._spec if k != "greedy")
+        dec = self._spec.pop(key)
         if dec.graphs is not None:
             dec.graphs.forget(dec.gkey)
-
-    def _keep_baseline(self, params: SamplingParams) -> None:
-        """Bound the engine's per-setting decoder cache (`generate.decoder` keeps one per key,
-        ("decode", batch, eos, params), and the continuous rows one per ("refill", rows,
-        max_new, eos, params), among the runtime's graphed steps)."""
-        cache: dict = getattr(self.rt, "_steps", {})
-        for k in [k for k in cache if k[0] in ("decode", "refill") and k[-1] == params]:
-            cache[k] = cache.pop(k)  # most recently used last: eviction takes the oldest
-        keys = [k for k in cache if k[0] in ("decode", "refill")
-                and k[-1] != SamplingParams() and k[-1] != params]
-        settings = list(dict.fromkeys(k[-1] for k in keys))
-        old = set(settings[: max(0, len(settings) - MAX_DECODERS + 1)])
-        doomed = {k for k in keys if k[-1] in old}
-        for k in doomed:
-            cache.pop(k)
-        if doomed and self.rt.graphs is not None:
-            self.rt.graphs.drop(doomed.__contains__)
 
 
 class LiveRows:
@@ -279,9 +289,10 @@ class _BaselineRows(LiveRows):
         self.state, self._step = _refiller(eng.rt, rows, eng.cfg.max_tokens, eng.eos, params)
         self.state.done.fill_(True)
 
-    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+    def add(self, slots: list[int], prompts: list[list[int]],
+            params: list[SamplingParams] | None = None) -> None:
         check_request(self.eng.rt, prompts, self.eng.cfg.max_tokens)
-        self.state.start(slots, prompts)
+        self.state.start(slots, prompts, params)
 
     @torch.no_grad()
     def step(self, n: int) -> None:
@@ -299,9 +310,10 @@ class _SpecRows(LiveRows):
         self.state, self.pre = self.dec._state(rows), _prefiller(self.dec)
         _reset(self.state, eng.cfg.max_tokens, eng.eos)
 
-    def add(self, slots: list[int], prompts: list[list[int]]) -> None:
+    def add(self, slots: list[int], prompts: list[list[int]],
+            params: list[SamplingParams] | None = None) -> None:
         self.dec._check_inputs(prompts, self.eng.cfg.max_tokens, self.eng.eos, batch=self.rows)
-        self.pre.start(self.state, slots, prompts)
+        self.pre.start(self.state, slots, prompts, params)
 
     @torch.no_grad()
     def step(self, n: int) -> None:

@@ -92,11 +92,6 @@ class GenRequest:
         """Sampled with a seed: its draws must not depend on other rows."""
         return self.seed is not None and not self.params.greedy
 
-    @property
-    def key(self) -> tuple:
-        """Requests with equal keys may share a batch; a seeded one shares with none."""
-        return (self.params, self.seed, id(self)) if self.seeded else (self.params, None)
-
 
 # ---- field checks --------------------------------------------------------------------------
 

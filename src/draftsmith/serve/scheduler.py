@@ -1,16 +1,18 @@
-"""One engine worker thread: a FIFO queue of jobs, batched continuously by sampling settings.
+"""One engine worker thread: a FIFO queue of jobs, batched continuously by kind of sampling.
 
-The oldest job always runs next (no starvation); queued jobs with the same sampling settings
-start with it, up to `max_batch` rows (a power of two of them: the engine's states come in those
-sizes; all max_batch of them with `fixed_rows`, seeded jobs included). While the batch decodes,
-a row that ends frees its slot, and the jobs at the head of the queue join it while they have
-its settings and fit (a batch under max_batch rows takes them only if all of them fit, else it
-drains and the next opens larger); a job of other settings at the head waits for the batch to
-drain, and so does everything queued behind it. Seeded sampled jobs never join a running batch
-(their draws would depend on it). A job reports through `sink(event)`, called on the worker
-thread: ("delta", index, text), ("finish", index, Choice), ("done", completion_tokens),
-("error", status, message). An engine exception fails only the jobs of that batch still running:
-those that have sent nothing yet are rerun one by one, so only the culprit gets the error.
+The oldest job always runs next (no starvation); queued jobs of the same batch key (the engine's
+`batch_key`: greedy, sampled at a temperature, or with top-k / top-p too; each row then samples
+with its own request's values) start with it, up to `max_batch` rows (a power of two of them:
+the engine's states come in those sizes; all max_batch of them with `fixed_rows`, seeded jobs
+included). While the batch decodes, a row that ends frees its slot, and the jobs at the head of
+the queue join it while they have its key and fit (a batch under max_batch rows takes them only
+if all of them fit, else it drains and the next opens larger); a job of another key at the head
+waits for the batch to drain, and so does everything queued behind it. Seeded sampled jobs never
+join a running batch (their draws would depend on it). A job reports through `sink(event)`,
+called on the worker thread: ("delta", index, text), ("finish", index, Choice), ("done",
+completion_tokens), ("error", status, message). An engine exception fails only the jobs of that
+batch still running: those that have sent nothing yet are rerun one by one, so only the culprit
+gets the error.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ class Job:
         self.done = False  # every row finished and "done" sent
         self.rows: list[Row] = []
         self.queued_at = time.perf_counter()
+        self.batch_key: Any = req.params  # the engine's, set on submit
 
     @property
     def key(self) -> tuple:
-        return ("solo", id(self)) if self.solo else self.req.key
+        """Jobs with equal keys may share a batch; a seeded one (its draws must not depend on
+        other rows) or one rerun alone shares with none."""
+        if self.solo or self.req.seeded:
+            return ("alone", id(self))
+        return ("batch", self.batch_key)
 
     def emit(self, event: tuple) -> None:
         self.sent |= event[0] in ("delta", "finish")
@@ -185,6 +192,7 @@ class Scheduler:
             if len(self._queue) >= self.max_queue:
                 raise ApiError(429, f"the queue is full ({self.max_queue} requests); retry later",
                                code="queue_full", kind="rate_limit_error")
+            job.batch_key = self.engine.batch_key(job.req.params)
             self._queue.append(job)
             self._cv.notify_all()
         self.metrics.add(requests=1)
@@ -287,7 +295,7 @@ class Scheduler:
     def _admit(self, live: Any, slots: list[Row | None], jobs: list[Job]) -> float:
         """Put the jobs' rows into free slots and prefill them together; returns their summed
         queue wait (row-seconds)."""
-        now, at, prompts, waited = time.perf_counter(), [], [], 0.0
+        now, at, prompts, params, waited = time.perf_counter(), [], [], [], 0.0
         for job in jobs:
             job.rows = self._rows_of(job)
             waited += (now - job.queued_at) * len(job.rows)
@@ -296,7 +304,8 @@ class Scheduler:
                 slots[i] = row
                 at.append(i)
                 prompts.append(row.prompt)
-        live.add(at, prompts)
+                params.append(job.req.params)
+        live.add(at, prompts, params)
         return waited
 
     @staticmethod
@@ -327,7 +336,7 @@ class Scheduler:
         live.drop(gone)
 
     def _join(self, key: tuple, free: int, small: bool) -> list[Job]:
-        """The jobs at the head of the queue with these settings that fit in `free` rows. A
+        """The jobs at the head of the queue with this key that fit in `free` rows. A
         `small` batch (under max_batch rows) takes none when they do not all fit: it drains,
         and the next batch opens with more rows (joining one at a time would keep a batch of one
         row going for the whole queue)."""
@@ -348,8 +357,8 @@ class Scheduler:
         return take
 
     def _head_rows(self, key: tuple) -> int:
-        """Rows of the live jobs with these settings at the head of the queue, up to the first
-        of other settings."""
+        """Rows of the live jobs with this key at the head of the queue, up to the first of
+        another key."""
         rows = 0
         for job in self._queue:
             if job.cancelled:
