@@ -225,7 +225,8 @@ def main() -> None:
         "num_draft_tokens": a.num_draft_tokens, "compile": a.compile,
         "fixed_rows": a.fixed_rows, "requests": a.requests, "clients": a.clients,
         "max_batch": a.max_batch, "temperatures": temps,
-        "lengths": lengths, "same_texts": same, "rounds": a.rounds, "pooled": pools,
+        "lengths": lengths, "same_texts": same if temps == [0.0] else None, "rounds": a.rounds,
+        "pooled": pools,
         "ratios": ratios, "warmup_s": warm, "text_diffs": diffs,
         "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
     print("| run | wall s | tok/s | latency mean s | p50 | p90 | batches | joined rows "

@@ -522,6 +522,42 @@ def test_warmup_with_fixed_rows_captures_the_one_row_count(tiny_dir: Path,
     assert sorted(spec._spec_for(SamplingParams()).states) == [6]
 
 
+def test_warmup_captures_each_kind_of_sampling_it_is_given(tiny_dir: Path, drafter_dir: Path,
+                                                          monkeypatch) -> None:
+    """`serve --warm-sampling temperature` (the default): the warm-up steps rows of greedy and of
+    temperature sampling at every size, so a request at another temperature makes no new state
+    or step; filtered sampling is left for its first request unless named. Under drawn drafts
+    (one decoder a setting) no sampled kind is warmed."""
+    from draftsmith.engine import speculative
+    from draftsmith.engine.sampling import SamplingParams
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    cfg = EngineConfig(max_batch=2, max_prompt_tokens=64, max_tokens=8, steps=2)
+    base = load_engine(str(tiny_dir), None, "cpu", torch.float32, cfg)
+    base.warmup(kinds=("temperature",))
+    steps = set(base.rt._steps)
+    assert sorted((k[1], k[-1]) for k in steps if k[0] == "refill") == [
+        (1, "greedy"), (1, "temperature"), (2, "greedy"), (2, "temperature")]
+    spec = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    spec.warmup(kinds=("temperature", "filtered"))
+    assert sorted(spec._spec) == ["filtered", "greedy", "temperature"]
+    states = {k: set(d.states) for k, d in spec._spec.items()}
+    assert all(v == {1, 2} for v in states.values())
+    t = SamplingParams(0.6)
+    for eng in (base, spec):
+        live = eng.open(2, t)
+        live.add([0, 1], [[5, 6, 7], [9]], [t, t])
+        live.step(2)
+    assert set(base.rt._steps) == steps
+    assert {k: set(d.states) for k, d in spec._spec.items()} == states
+    with pytest.raises(DraftsmithError, match="unknown kind"):
+        base.warmup(kinds=("topp",))
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")
+    drawn = load_engine(str(tiny_dir), drafter_dir, "cpu", torch.float32, cfg)
+    drawn.warmup(kinds=("temperature",))
+    assert list(drawn._spec) == ["greedy"]
+
+
 def test_warmup_opens_every_row_count_the_scheduler_opens(tiny_dir: Path,
                                                           drafter_dir: Path) -> None:
     """`serve --warmup` (the default on GPU) fills and steps rows at every size a batch opens

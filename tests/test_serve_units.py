@@ -462,6 +462,11 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
     bad = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
                                    "--max-prompt-tokens", "600"])
     assert "max_position_embeddings" in str(bad.exception)
+    loads = []
+    monkeypatch.setattr("draftsmith.serve.engine.load_engine", lambda *a, **k: loads.append(a))
+    typo = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
+                                    "--warm-sampling", "temperature,topp"])
+    assert "unknown kind(s) ['topp']" in str(typo.exception) and not loads  # before the load
 
 
 def test_serve_refuses_a_bad_or_taken_port_before_loading_the_model(tmp_path) -> None:

@@ -315,6 +315,33 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, 
     assert left_greedy(eager, same, first.tokens)
 
 
+@pytest.mark.parametrize("steps,topk,n,compiled", [
+    (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
+def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, n, compiled,
+                                                             monkeypatch):
+    """Rows of one graphed (and compiled) decoder under four settings of one kind: the rows at
+    top_k 1 decode as plain greedy beside rows drawing at T 1.5, and those draw apart from it;
+    the decoder takes a new setting of its kind without a new capture."""
+    from draftsmith.engine import speculative
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target, drafter, eager = pair
+    if compiled and topk > 1:
+        drafter = cast(make_drafter(target, 96), torch.float32)
+    rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    rows = [SamplingParams(0.9, top_k=1), SamplingParams(1.5, top_p=0.99),
+            SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)]
+    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[0])
+    res = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows)
+    graphs = len(rt.graphs.graphs)
+    assert res.tokens[0] == ref[0] and res.tokens[2] == ref[2]
+    assert res.tokens[1] != ref[1] and res.tokens[3] != ref[3]
+    again = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows[2:] + rows[:2])
+    assert again.tokens[0] == ref[0] and again.tokens[2] == ref[2]
+    assert len(rt.graphs.graphs) == graphs
+
+
 def test_bf16_greedy_divergences_sit_at_near_ties():
     """bf16 speculative vs plain greedy: rows may diverge, but only where the two candidate
     logits are within numerical noise of each other."""

@@ -167,36 +167,88 @@ MIXED = {
 }
 
 
-@pytest.mark.parametrize("kind", ["temperature", "filtered"])
-def test_rows_of_one_batch_each_sample_their_own_setting(kind, monkeypatch):
-    """A server's batch holds requests of one kind of sampling at different settings: half the
-    rows at one setting, half at another, in one tree decoder (the temperature kind's draws made
-    inside the compiled accept). Each half's 2048 draws of (x1, x2, x3) match the exact joint of
-    its own setting, and not the other's."""
-    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
-    vocab, b, runs = 8, 1024, 4
-    target = tiny_target(vocab, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
+def small_target():
+    target = tiny_target(8, seed=5, hidden_size=16, intermediate_size=32, num_layers=3,
                          num_heads=2, num_kv_heads=1, head_dim=8)
-    prompt = [3, 1, 4]
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)
+    return target
+
+
+def assert_halves_match(counts: torch.Tensor, target, prompt: list[int], kind: str) -> None:
+    """counts[i] of (x1, x2, x3) drawn by the rows at MIXED[kind][i]: each half matches its own
+    setting's exact joint, and the first is told apart from the second's."""
+    joints = [exact_joint(target, prompt, p, 8) for p in MIXED[kind]]
+    assert chi_square_p(counts[0], joints[0]) > 1e-3 and chi_square_p(counts[1], joints[1]) > 1e-3
+    assert chi_square_p(counts[0], joints[1]) < 1e-6
+
+
+@pytest.mark.parametrize("path", ["static", "refill"])
+@pytest.mark.parametrize("kind", ["temperature", "filtered"])
+@torch.no_grad()
+def test_baseline_rows_of_one_batch_each_sample_their_own_setting(kind, path):
+    """Plain decoding, static (`decoder`) and refilled (`RefillState`), half the rows at one
+    setting and half at another: each half's 2048 draws of (x1, x2, x3) match its own setting."""
+    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.refill import _refiller
+
+    target, prompt, b = small_target(), [3, 1, 4], 1024
+    rt, rows = Runtime(target, b, 24), list(MIXED[kind]) * (b // 2)
+    torch.manual_seed(7)
+    counts = torch.zeros(2, 8, 8, 8)
+    for _ in range(4):
+        if path == "static":
+            tokens = run_generation(rt, [prompt] * b, 3, rows, eos_ids=[]).tokens
+        else:
+            state, step = _refiller(rt, b, 3, [], rows[0])
+            state.start(list(range(b)), [prompt] * b, rows)
+            step()
+            step()
+            tokens = state.out.tolist()
+        for i, t in enumerate(tokens):
+            counts[i % 2, t[0], t[1], t[2]] += 1
+    assert_halves_match(counts, target, prompt, kind)
+
+
+@pytest.mark.parametrize("steps,topk,n", [(2, 1, None), (2, 3, 5)])
+@pytest.mark.parametrize("kind", ["temperature", "filtered"])
+def test_rows_of_one_batch_each_sample_their_own_setting(kind, steps, topk, n, monkeypatch):
+    """A server's batch holds requests of one kind of sampling at different settings: half the
+    rows at one setting, half at another, in one chain or tree decoder (the temperature kind's
+    draws made inside the compiled accept). Each half's 2048 draws of (x1, x2, x3) match the
+    exact joint of its own setting, and not the other's."""
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target, prompt, b = small_target(), [3, 1, 4], 1024
     seq = greedy_seq(Runtime(target, 1, 24), [prompt], 4).expand(b, -1).contiguous()
     drafter = make_drafter(target, 6, Steered, seed=6, std=0.6).steer(seq, 1.0)
-    one, other = MIXED[kind]
-    dec = SpecDecoder(Runtime(target, b, 24), drafter, 2, 3, 5, one)
+    rows = list(MIXED[kind]) * (b // 2)
+    dec = SpecDecoder(Runtime(target, b, 24), drafter, steps, topk, n, rows[0])
     dec.compile_bookkeeping(fuse={"accept"})
     assert dec.accept_draws == (kind == "temperature")
-    rows = [one, other] * (b // 2)
     torch.manual_seed(7)
-    counts = torch.zeros(2, vocab, vocab, vocab)
-    for _ in range(runs):
+    counts = torch.zeros(2, 8, 8, 8)
+    for _ in range(4):
         res = dec.generate([prompt] * b, 3, eos_ids=[], params=rows)
         for i, t in enumerate(res.tokens):
             counts[i % 2, t[0], t[1], t[2]] += 1
     assert not any(st.unfused for st in dec.states.values())
-    joints = [exact_joint(target, prompt, p, vocab) for p in (one, other)]
-    assert chi_square_p(counts[0], joints[0]) > 1e-3 and chi_square_p(counts[1], joints[1]) > 1e-3
-    assert chi_square_p(counts[0], joints[1]) < 1e-6  # the two settings are told apart
+    assert res.mean_accept_length > 1.3
+    assert_halves_match(counts, target, prompt, kind)
+
+
+def filtered_by_hand(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k (ties with the k-th kept), then top-p over what top-k kept: one
+    row at a time, from torch.topk and a Python walk down the sorted probabilities."""
+    out = []
+    for row in logits.float().view(-1, logits.shape[-1]) / p.temperature:
+        if p.top_k:
+            row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], float("-inf"))
+        keep, mass = torch.zeros_like(row, dtype=torch.bool), 0.0
+        for j in torch.argsort(row, descending=True).tolist():
+            keep[j] = mass < p.top_p or p.top_p == 1
+            mass += float(row.softmax(-1)[j])
+        out.append(row.masked_fill(~keep, float("-inf")).softmax(-1))
+    return torch.stack(out).view(logits.shape)
 
 
 def test_row_settings_give_each_row_its_own_distribution():
@@ -213,6 +265,7 @@ def test_row_settings_give_each_row_its_own_distribution():
     got = rs.probs(logits)
     for i, p in enumerate(settings):
         assert torch.allclose(got[i], probs(logits[i], p), atol=1e-6)
+        assert torch.allclose(got[i], filtered_by_hand(logits[i], p), atol=1e-6)
         assert torch.allclose(rs.probs(logits[i : i + 1], torch.tensor([i]))[0], got[i])
     temps = RowSampling(2, "cpu", SamplingParams(0.7))
     temps.set(torch.tensor([1]), [SamplingParams(1.5)])

@@ -142,9 +142,10 @@ def run_generation(
     model: Transformer | Runtime,
     prompts: list[list[int]],
     max_new_tokens: int,
-    params: SamplingParams = SamplingParams(),
+    params: SamplingParams | list[SamplingParams] = SamplingParams(),
     eos_ids: list[int] | None = None,
 ) -> Generation:
+    """params: one setting for every prompt, or one a prompt (all of one kind)."""
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     eos = list(eos_ids or [])
     check_request(rt, prompts, max_new_tokens)

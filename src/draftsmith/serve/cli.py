@@ -37,6 +37,12 @@ def serve(
                                 help="Require 'Authorization: Bearer KEY' on /v1"),
     warmup: bool = typer.Option(None, "--warmup/--no-warmup",
                                 help="Run every batch size once before serving (default: on GPU)"),
+    warm_sampling: str = typer.Option(
+        "temperature", "--warm-sampling",
+        help="Kinds of sampled decoding the warm-up captures besides greedy, comma-separated: "
+             "temperature (any temperature, no top-k/top-p), filtered (top-k or top-p), or "
+             "none; a kind not warmed captures its graphs on its first request (none are warmed "
+             "under DRAFTSMITH_SAMPLED_DRAFTS=drawn, where each setting has its own)"),
     continuous: bool = typer.Option(True, "--continuous/--static-batches",
                                     help="A row whose answer ended takes the next queued "
                                          "request of its settings (static: a batch runs until "
@@ -62,15 +68,16 @@ def serve(
     dev, dt = device_dtype(device, dtype)
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
+    kinds = warm_kinds(warm_sampling)
     check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
                         num_draft_tokens, compile and dev != "cpu", fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warmup if warmup is not None else dev != "cpu":
         sizes = f"{max_batch}" if fixed_rows else f"up to {max_batch} (powers of two)"
-        _say(f"warming up batches of {sizes} rows and prompt passes"
-             + (", compiling" if ecfg.compile else ""))
-        engine.warmup()
+        _say(f"warming up batches of {sizes} rows ({', '.join(('greedy', *kinds))} sampling) "
+             "and prompt passes" + (", compiling" if ecfg.compile else ""))
+        engine.warmup(kinds=kinds)
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
                         continuous)
     if host not in LOOPBACK and not api_key:
@@ -126,3 +133,14 @@ def _default_name(t, target: str) -> str:
 
 def _say(msg: str) -> None:
     print(f"draftsmith serve: {msg}", file=sys.stderr)
+
+
+def warm_kinds(value: str) -> tuple[str, ...]:
+    """--warm-sampling: the kinds of sampling to warm besides greedy."""
+    from draftsmith.serve.engine import WARM_SETTINGS
+
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip() not in ("", "none"))
+    if bad := [k for k in kinds if k not in WARM_SETTINGS or k == "greedy"]:
+        raise DraftsmithError(f"--warm-sampling {value!r}: unknown kind(s) {bad}; use "
+                              "temperature, filtered or none")
+    return kinds

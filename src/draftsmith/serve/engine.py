@@ -33,6 +33,11 @@ CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 s
 # where each setting needs its own: drafts drawn from the drafter (`SAMPLED_DRAFTS=drawn`)
 MAX_DECODERS = 4
 
+# A setting of each kind of sampling: `warmup` captures a kind's graphs with it (every setting of
+# the kind then replays them).
+WARM_SETTINGS = {"greedy": SamplingParams(), "temperature": SamplingParams(1.0),
+                 "filtered": SamplingParams(1.0, top_p=0.9)}
+
 # Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
 Watch = Callable[[list[list[int]]], bool]
 
@@ -166,18 +171,29 @@ class ServeEngine:
             raise DraftsmithError(
                 f"one batch takes settings of one kind, got {sorted(map(str, keys))}")
 
-    def warmup(self, batch_sizes: list[int] | None = None) -> None:
-        """Open, fill and step greedy rows at every size a batch opens at (`batch_rows`: powers
-        of two up to max_batch), or at `batch_sizes`, and prefill rows at every row count and
-        prompt bucket: on CUDA this captures (and compiles) their graphs up front."""
+    def warmup(self, batch_sizes: list[int] | None = None,
+               kinds: tuple[str, ...] = ("greedy",)) -> None:
+        """Open, fill and step rows of each kind of sampling (`WARM_SETTINGS`) at every size a
+        batch opens at (`batch_rows`: powers of two up to max_batch), or at `batch_sizes`, and
+        prefill rows at every row count and prompt bucket: on CUDA this captures (and compiles)
+        their graphs up front, where the first request of a kind would otherwise wait for it.
+        Sampled kinds are skipped where drafts are drawn from the drafter (`batch_key`: one
+        decoder a setting there)."""
         tok = [self.eos[0] if self.eos else 0]
         c = self.cfg
         sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
                                        for k in range(1, c.max_batch + 1)})
-        for b in sorted(sizes, reverse=True):
-            live = self.open(b, SamplingParams())
-            live.add(list(range(b)), [tok] * b)
-            live.step(1)
+        if bad := [k for k in kinds if k not in WARM_SETTINGS]:
+            raise DraftsmithError(f"unknown kind(s) of sampling {bad}; use "
+                                  f"{', '.join(WARM_SETTINGS)}")
+        for kind in dict.fromkeys(("greedy", *kinds)):
+            params = WARM_SETTINGS[kind]
+            if self._drawn(params):  # a decoder a setting: one warmed would serve no other
+                continue
+            for b in sorted(sizes, reverse=True):
+                live = self.open(b, params)
+                live.add(list(range(b)), [tok] * b, [params] * b)
+                live.step(1)
         pre = prefill_runtime(self.rt)
         if pre.graphs is not None and pre.prompt_buckets:
             lens = [n for n in PROMPT_BUCKETS if n < c.max_prompt_tokens] + [c.max_prompt_tokens]
