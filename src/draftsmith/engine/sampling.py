@@ -54,7 +54,8 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 # Eager even inside a compiled step (still capturable in a CUDA graph): torch 2.11's inductor
 # split the vocab-long cumsum at batch 256 and failed in codegen (H200, 2026-12-01), and the
-# sort dominates this block anyway.
+# sort dominates this block anyway. One sort serves every row's k and p, so top-k alone sorts
+# too (it took torch.topk before per-row settings; not timed on a GPU since).
 @torch.compiler.disable
 def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """x with -inf outside each row's top-k (ties with the k-th kept; 0: no limit), then outside
