@@ -453,21 +453,27 @@ def test_baseline_server_keeps_one_decode_step_a_kind_of_sampling(tiny_dir: Path
 
 
 @pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.parametrize("kind", ["temperature", "filtered"])
 def test_a_batch_of_mixed_settings_samples_each_row_as_its_own(tiny_dir: Path, drafter_dir: Path,
+                                                                kind: str,
                                                                 speculative: bool) -> None:
-    """Rows of one continuous batch under four settings of one kind: the rows at top_k 1 decode
-    exactly as greedy does beside rows that draw at temperature 1.5, and those draw apart from
-    greedy, for the baseline and the speculative engine alike."""
+    """Rows of one continuous batch under four settings: a greedy row (and, in a filtered batch,
+    a top_k 1 row) decodes exactly as greedy does beside rows that draw at temperature 1.5, and
+    those draw apart from greedy, for the baseline and the speculative engine alike. A batch
+    refuses a row of a wider kind than its own."""
     from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.serve.engine import KIND_SETTINGS
 
     cfg = EngineConfig(max_batch=4, max_prompt_tokens=32, max_tokens=24, steps=2)
     eng = load_engine(str(tiny_dir), drafter_dir if speculative else None, "cpu",
                       torch.float32, cfg)
     prompts = [[5, 6, 7], [9, 3], [5, 6, 7], [9, 3]]
     greedy = eng.run(prompts, 24, SamplingParams()).rows
-    settings = [SamplingParams(0.9, top_k=1), SamplingParams(1.5, top_p=0.99),
-                SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)]
-    live = eng.open(4, settings[0])
+    settings = ([SamplingParams(), SamplingParams(1.5), SamplingParams(), SamplingParams(1.2)]
+                if kind == "temperature" else
+                [SamplingParams(), SamplingParams(1.5, top_p=0.99),
+                 SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)])
+    live = eng.open(4, KIND_SETTINGS[kind])
     torch.manual_seed(0)
     live.add([0, 1, 2, 3], prompts, settings)
     live.step(24)
@@ -475,8 +481,9 @@ def test_a_batch_of_mixed_settings_samples_each_row_as_its_own(tiny_dir: Path, d
     assert all(done)
     assert rows[0][:24] == greedy[0] and rows[2][:24] == greedy[2]
     assert rows[1][:24] != greedy[1] and rows[3][:24] != greedy[3]
-    with pytest.raises(DraftsmithError, match="cannot take"):
-        live.add([1], [[4]], [SamplingParams(0.7)])
+    if kind == "temperature":
+        with pytest.raises(DraftsmithError, match="cannot take"):
+            live.add([1], [[4]], [SamplingParams(0.7, top_p=0.5)])
 
 
 def test_seeded_requests_draw_the_same_alone_or_beside_a_twin(srv: dict) -> None:

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.sampling import KINDS, SamplingParams
+from draftsmith.serve.engine import ServeEngine
 from draftsmith.serve.protocol import ApiError, ServeConfig, parse_chat, parse_completion
 from draftsmith.serve.scheduler import Job, Row, Scheduler
 from draftsmith.serve.text import ChoiceText
@@ -126,14 +127,14 @@ class FakeLive:
 
     tokens_per_step = 1
 
-    def __init__(self, eng: FakeEngine, rows: int) -> None:
-        self.eng, self.rows = eng, [None] * rows
+    def __init__(self, eng: FakeEngine, rows: int, kind: str) -> None:
+        self.eng, self.rows, self.kind = eng, [None] * rows, kind
         self.hist = None
 
     def add(self, slots, prompts, params) -> None:
         if self.eng.bad in prompts:
             raise RuntimeError("bad row")
-        assert len({self.eng.batch_key(p) for p in params}) == 1  # one key a batch
+        assert all(KINDS.index(p.kind) <= KINDS.index(self.kind) for p in params)
         self.eng.adds.append((len(self.eng.batches), list(slots)))
         self.eng.temps.extend(p.temperature for p in params)
         for i, p in zip(slots, prompts, strict=True):
@@ -174,6 +175,7 @@ class FakeEngine:
         self.gate = threading.Event()
         self.gate.set()
         self.temps: list[float] = []  # each admitted row's temperature, in order
+        self.kinds: list[str] = []  # each batch's kind of sampling
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(96 + i) for i in ids)
@@ -182,10 +184,14 @@ class FakeEngine:
     def batch_key(params):
         return params.kind
 
+    merged = staticmethod(ServeEngine.merged)
+    template = staticmethod(ServeEngine.template)
+
     def open(self, rows: int, params) -> FakeLive:
         self.gate.wait(10)
         self.batches.append(rows)
-        return FakeLive(self, rows)
+        self.kinds.append(params.kind)
+        return FakeLive(self, rows, params.kind)
 
 
 def job(text: str, events: list, temperature: float = 0.0, n: int = 1,
@@ -226,19 +232,21 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     eng.gate.set()
     wait_done(events, 7)
     s.stop()
-    # a, and b joining a's row when it ends | c | d e f g: the first batch opened with a alone,
-    # one row; b, next in the queue with a's settings, took that row (batch 1, slot 0); c's
-    # other settings then held the queue until a's batch drained
-    assert eng.batches == [1, 1, 4]
+    # a, and b joining a's row when it ends | c d e f, g joining: the first batch opened with a
+    # alone, one row, greedy; b, next in the queue and greedy, took that row (batch 1, slot 0);
+    # c, sampled, then held the queue until a's batch drained (a greedy batch has no sampling
+    # code), and opened a sampled batch that the greedy jobs behind it shared
+    assert eng.batches == [1, 4] and eng.kinds == ["greedy", "temperature"]
     assert eng.adds[:2] == [(1, [0]), (1, [0])]
     texts = [e[2].text for e in events if e[0] == "finish"]
     assert sorted(texts) == sorted(c * 3 for c in "abcdefg")
 
 
-def test_jobs_of_one_kind_of_sampling_share_a_batch_each_with_its_own_setting() -> None:
-    """Sampled jobs at different temperatures (and greedy ones, and top-p ones) batch by kind, not
-    by setting: the three temperatures open one batch, each row admitted with its own job's
-    temperature; top-p (a sort a step) and greedy jobs wait for batches of their own kinds."""
+def test_jobs_of_any_settings_share_a_batch_of_the_widest_kind_each_with_its_own() -> None:
+    """Sampled jobs at three temperatures and a top-p one open one batch, of the widest kind
+    among them (filtered: one sort a step serves them all), each row admitted with its own
+    job's setting; a greedy job queued behind joins it when a row frees (a batch's kind holds
+    the kinds before it)."""
     eng = FakeEngine(max_batch=4)
     s = Scheduler(eng, max_queue=8, batch_wait=0.5)
     s.start()
@@ -253,8 +261,9 @@ def test_jobs_of_one_kind_of_sampling_share_a_batch_each_with_its_own_setting() 
     eng.gate.set()
     wait_done(events, 5)
     s.stop()
-    assert eng.batches == [4, 1, 1]  # a b c (three rows, padded to four) | d | e
+    assert eng.batches == [4] and eng.kinds == ["filtered"]  # a b c d, then e joining
     assert eng.temps == [0.5, 0.9, 1.3, 0.7, 0.0]
+    assert s.metrics.snapshot(0)["joined_rows"] == 1
 
 
 @pytest.mark.parametrize("fixed", [False, True])
@@ -309,17 +318,19 @@ def scenario(continuous: bool) -> tuple[FakeEngine, Scheduler, dict[str, list], 
 
 def test_rows_that_end_take_the_next_jobs_of_their_settings_in_queue_order() -> None:
     """Continuous batching: a long job keeps decoding while a short one beside it ends and the
-    next queued job of the same settings takes its row and finishes first; a job of other
-    settings at the head of the queue stops further joins, and the same-settings job behind it
-    waits for its turn (FIFO, no starvation)."""
+    next queued job the batch holds (greedy, as it) takes its row and finishes first; a sampled
+    job at the head of the queue, which a greedy batch does not hold, stops further joins, and
+    the greedy job behind it waits for its turn (FIFO, no starvation), then shares the sampled
+    job's batch."""
     eng, s, ev, order = scenario(continuous=True)
-    assert eng.batches == [2, 1, 1]  # A B, C joining | D | E
+    assert eng.batches == [2, 2]  # A B, C joining | D E
+    assert eng.kinds == ["greedy", "temperature"]
     assert eng.adds[:2] == [(1, [0, 1]), (1, [1])]  # C took B's row in the first batch
     assert order == ["B", "C", "A", "D", "E"]
     assert "".join(e[2] for e in ev["A"] if e[0] == "delta") == "a" * 12
     assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
     m = s.metrics.snapshot(0)
-    assert m["batches"] == 3 and m["batch_rows"] == 4 and m["completed"] == 5
+    assert m["batches"] == 2 and m["batch_rows"] == 4 and m["completed"] == 5
     assert m["joined_rows"] == 1
 
 
@@ -397,11 +408,12 @@ def test_an_eos_past_the_limit_is_a_length_finish_and_steps_stop_near_it() -> No
 
 
 def test_static_batches_run_until_their_last_row_ends() -> None:
-    """`serve --static-batches`: no job joins a running batch; C waits for A, then runs with E
-    (the next batch gathers the oldest job's settings from the whole queue), then D."""
+    """`serve --static-batches`: no job joins a running batch; C waits for A, then runs with D
+    and E (the next batch gathers every job it can hold from the queue: greedy C and E with
+    sampled D, a batch of temperature sampling)."""
     eng, s, ev, order = scenario(continuous=False)
-    assert eng.batches == [2, 2, 1]
-    assert order == ["B", "A", "C", "E", "D"]
+    assert eng.batches == [2, 4] and eng.kinds == ["greedy", "temperature"]
+    assert order == ["B", "A", "C", "D", "E"]
     assert [e[2].text for e in ev["C"] if e[0] == "finish"] == ["ccc"]
     assert s.metrics.snapshot(0)["joined_rows"] == 0
 

@@ -319,9 +319,9 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, 
     (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
 def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, n, compiled,
                                                              monkeypatch):
-    """Rows of one graphed (and compiled) decoder under four settings of one kind: the rows at
-    top_k 1 decode as plain greedy beside rows drawing at T 1.5, and those draw apart from it;
-    the decoder takes a new setting of its kind without a new capture."""
+    """Rows of one graphed (and compiled) decoder under four settings: the greedy row and the
+    row at top_k 1 decode as plain greedy beside rows drawing at T 1.5, and those draw apart
+    from it; the decoder takes new settings without a new capture."""
     from draftsmith.engine import speculative
 
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
@@ -330,9 +330,9 @@ def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, 
         drafter = cast(make_drafter(target, 96), torch.float32)
     rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
-    rows = [SamplingParams(0.9, top_k=1), SamplingParams(1.5, top_p=0.99),
+    rows = [SamplingParams(), SamplingParams(1.5, top_p=0.99),
             SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)]
-    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[0])
+    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[1])
     res = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows)
     graphs = len(rt.graphs.graphs)
     assert res.tokens[0] == ref[0] and res.tokens[2] == ref[2]

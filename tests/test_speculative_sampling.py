@@ -251,6 +251,27 @@ def filtered_by_hand(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.stack(out).view(logits.shape)
 
 
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
+def test_greedy_rows_among_sampled_ones_decode_as_greedy(steps, topk, n, monkeypatch):
+    """A decoder of temperature sampling, its accept compiled with the draws inside: the rows at
+    temperature 0 decode exactly as plain greedy beside rows drawing at T 1.3, and accept what
+    greedy accepts; the sampled rows part from greedy."""
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target = tiny_target()
+    rt = Runtime(target, 4, 128)
+    drafter = make_drafter(target, 96)
+    greedy = SpecDecoder(rt, drafter, steps, topk, n).generate(PROMPTS, 20, eos_ids=[])
+    rows = [SamplingParams(), SamplingParams(1.3), SamplingParams(), SamplingParams(0.8)]
+    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[1])
+    dec.compile_bookkeeping(fuse={"accept"})
+    assert dec.accept_draws
+    torch.manual_seed(3)
+    res = dec.generate(PROMPTS, 20, eos_ids=[], params=rows)
+    assert res.tokens[0] == greedy.tokens[0] and res.tokens[2] == greedy.tokens[2]
+    assert res.tokens[1] != greedy.tokens[1] and res.tokens[3] != greedy.tokens[3]
+    assert not any(st.unfused for st in dec.states.values())
+
+
 def test_row_settings_give_each_row_its_own_distribution():
     """Each row's distribution under `RowSampling` is what `probs` gives that row's setting alone;
     a state takes only settings of its own kind, one a row."""
@@ -275,6 +296,11 @@ def test_row_settings_give_each_row_its_own_distribution():
         temps.set(torch.tensor([0]), [SamplingParams(0.7, top_p=0.5)])
     with pytest.raises(DraftsmithError, match="2 sampling settings for 1 rows"):
         temps.set(torch.tensor([0]), [SamplingParams(0.7)] * 2)
+    temps.set(torch.tensor([0]), [SamplingParams()])  # a greedy row among sampled ones
+    draws = torch.stack([temps.sample(logits[:2]) for _ in range(50)])
+    assert (draws[:, 0] == logits[0].argmax(-1)).all() and len(draws[:, 1].unique()) > 1
+    with pytest.raises(DraftsmithError, match="cannot take"):
+        RowSampling(1, "cpu", SamplingParams()).set(torch.tensor([0]), [SamplingParams(0.7)])
 
 
 def test_a_walk_over_the_targets_draws_is_exact_for_fixed_drafts(tables):

@@ -16,7 +16,7 @@ import torch
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_clock
 from draftsmith.engine.runtime import Runtime, engine_compile, pinned_at
-from draftsmith.engine.sampling import RowSampling, SamplingParams
+from draftsmith.engine.sampling import RowSampling, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
 
@@ -101,11 +101,13 @@ class DecodeState:
 
 
 def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | list[SamplingParams]):
-    """A (state, step function) pair, its rows set to `params` (one setting, or one a row, all of
-    one kind); the step is a captured CUDA graph where possible, one per kind of sampling."""
+    """A (state, step function) pair, its rows set to `params` (one setting, or one a row); the
+    step is a captured CUDA graph where possible, one per kind of sampling (the widest of the
+    rows': `sampling.KINDS`)."""
     rows = [params] * b if isinstance(params, SamplingParams) else list(params)
-    state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), rows[0].kind),
-                               lambda: DecodeState(rt, b, eos_ids, rows[0]))
+    like = widest(rows)
+    state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
+                               lambda: DecodeState(rt, b, eos_ids, like))
     state.sampling.set(torch.arange(b, device=rt.device), rows)
     return state, step
 
@@ -145,7 +147,7 @@ def run_generation(
     params: SamplingParams | list[SamplingParams] = SamplingParams(),
     eos_ids: list[int] | None = None,
 ) -> Generation:
-    """params: one setting for every prompt, or one a prompt (all of one kind)."""
+    """params: one setting for every prompt, or one a prompt."""
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     eos = list(eos_ids or [])
     check_request(rt, prompts, max_new_tokens)

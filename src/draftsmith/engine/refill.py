@@ -23,7 +23,7 @@ from draftsmith.errors import DraftsmithError
 
 class RefillState:
     """Static per-row buffers of one decode step over `rows` rows; each row samples with the
-    setting its prompt came with (any of `params`' kind)."""
+    setting its prompt came with (of `params`' kind or one before it: `sampling.KINDS`)."""
 
     def __init__(self, rt: Runtime, rows: int, max_new: int, eos: list[int],
                  params: SamplingParams) -> None:
@@ -148,7 +148,8 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
 
 def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams):
     """The refilling state of these rows and limits for params' kind of sampling (one state and
-    graph serves every setting of the kind: `start` gives each row its own)."""
+    graph serves every setting of the kind and of the kinds before it: `start` gives each row
+    its own)."""
     state, step = graphed_step(rt, ("refill", rows, max_new, tuple(eos), params.kind),
                                lambda: RefillState(rt, rows, max_new, eos, params))
     state.params = params  # the setting `start` gives rows by default, until the next call

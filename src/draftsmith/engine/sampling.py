@@ -35,11 +35,20 @@ class SamplingParams:
     @property
     def kind(self) -> str:
         """What code samples with these settings: "greedy" (argmax), "temperature" (a draw at
-        some temperature) or "filtered" (top-k or top-p too: a sort of the vocabulary). Rows of
-        one kind share a decode graph, whatever their values (`RowSampling`)."""
+        some temperature) or "filtered" (top-k or top-p too: a sort of the vocabulary). Each kind's
+        code also serves the kinds before it in KINDS (`RowSampling`): rows of any setting of
+        those share its decode graph."""
         if self.greedy:
             return "greedy"
         return "filtered" if self.top_k or self.top_p < 1 else "temperature"
+
+
+KINDS = ("greedy", "temperature", "filtered")  # each kind's rows can take the kinds before it
+
+
+def widest(params: Sequence[SamplingParams]) -> SamplingParams:
+    """The first of `params` of the widest kind: the setting whose kind serves them all."""
+    return max(params, key=lambda p: KINDS.index(p.kind))
 
 
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -107,19 +116,20 @@ def sample(
 
 
 class RowSampling:
-    """Each row's sampling settings as device tensors: rows of one kind (`SamplingParams.kind`)
-    but any temperature, top-p or top-k share one decode graph, so a server batches requests of
-    different settings together instead of one batch per setting. Idle rows hold `like`."""
+    """Each row's sampling settings as device tensors: rows of `like`'s kind or a kind before it
+    (`KINDS`), at any temperature, top-p or top-k, share one decode graph, so a server batches
+    requests of different settings together instead of one batch per setting. A greedy row among
+    sampled ones (temperature 0) takes the argmax. Idle rows hold `like`."""
 
     def __init__(self, rows: int, device: torch.device | str, like: SamplingParams) -> None:
         self.kind = like.kind
-        self.temp = torch.full((rows,), max(like.temperature, 1e-6), device=device)
+        self.temp = torch.full((rows,), like.temperature, device=device)
         self.top_p = torch.full((rows,), like.top_p, device=device)
         self.top_k = torch.full((rows,), like.top_k, dtype=torch.long, device=device)
 
     def set(self, idx: torch.Tensor, params: Sequence[SamplingParams]) -> None:
-        """Rows idx take these settings, one each, all of this state's kind."""
-        if bad := [p for p in params if p.kind != self.kind]:
+        """Rows idx take these settings, one each, each of this state's kind or one before it."""
+        if bad := [p for p in params if KINDS.index(p.kind) > KINDS.index(self.kind)]:
             raise DraftsmithError(f"rows of {self.kind} sampling cannot take {bad[0]} "
                                   f"({bad[0].kind})")
         if len(params) != len(idx):
@@ -127,7 +137,7 @@ class RowSampling:
         if self.kind == "greedy":
             return
         dev = self.temp.device
-        self.temp[idx] = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
+        self.temp[idx] = torch.tensor([p.temperature for p in params], device=dev)
         self.top_p[idx] = torch.tensor([p.top_p for p in params], device=dev)
         self.top_k[idx] = torch.tensor([p.top_k for p in params], device=dev)
 
@@ -139,14 +149,22 @@ class RowSampling:
                generator: torch.Generator | None = None) -> torch.Tensor:
         """A token from each row's logits [R, ..., V] under its own settings (rows idx of this
         state where logits hold only those)."""
-        return draw(self.probs(logits, idx), generator) if self.kind != "greedy" else argmax(
-            logits)
+        if self.kind == "greedy":
+            return argmax(logits)
+        t = self.temp if idx is None else self.temp[idx]
+        return draw_or_argmax(logits, t, draw(self.probs(logits, idx), generator))
 
     def probs(self, logits: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
-        """The distributions the rows draw from (not for greedy rows)."""
+        """The distributions the sampled rows draw from (a greedy row's: near one-hot)."""
         t, p, k = (v if idx is None else v[idx] for v in (self.temp, self.top_p, self.top_k))
         shape = (-1,) + (1,) * (logits.dim() - 1)
-        x = logits.float() / t.view(shape)
+        x = logits.float() / t.clamp(min=1e-6).view(shape)
         if self.kind == "filtered":
             x = filtered(x, k.view(shape), p.view(shape))
         return x.softmax(-1)
+
+
+def draw_or_argmax(logits: torch.Tensor, temp: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+    """`drawn` [R, ...] tokens, but the argmax of logits [R, ..., V] in rows at temperature 0
+    (temp [R]): greedy requests batched with sampled ones decode as greedy ones alone."""
+    return torch.where((temp == 0).view(-1, *(1,) * (drawn.dim() - 1)), argmax(logits), drawn)

@@ -114,5 +114,5 @@ class SpecState:
         self.hist = torch.zeros(s + 2, **z)
         self.reached, self.accepted = torch.zeros(s, **z), torch.zeros(s, **z)
         self.vout: Any = None
-        # each row's setting (every setting of dec.params' kind; drawn drafts: dec.params alone)
+        # each row's setting (of dec.params' kind or one before it; drawn drafts: dec.params alone)
         self.sampling = RowSampling(b, dev, dec.params)

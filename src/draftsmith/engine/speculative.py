@@ -31,7 +31,7 @@ from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
-from draftsmith.engine.sampling import SamplingParams, draw, probs
+from draftsmith.engine.sampling import SamplingParams, draw, draw_or_argmax, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
@@ -205,7 +205,8 @@ class SpecDecoder:
         self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None,
         params: list[SamplingParams] | None = None,
     ) -> SpecResult:
-        """params: each prompt's setting, all of the decoder's kind (default: its own)."""
+        """params: each prompt's setting, of the decoder's kind or one before it (`KINDS`;
+        default: its own)."""
         eos = list(eos_ids or [])
         prof = make_profiler(self.device, self.profile)
         sync(self.rt)
@@ -520,8 +521,9 @@ def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
     logits' argmax (`SAMPLED_DRAFTS`); temperature: each row's [B] (or one, 0-dim) to draw them
     here instead (plain temperature sampling), inside the fused accept's one compiled function."""
     if temperature is not None:
-        t = temperature.view(-1, *(1,) * (st.vout.logits.dim() - 1))
-        picks = draw((st.vout.logits.float() / t).softmax(-1))
+        t = temperature.clamp(min=1e-6).view(-1, *(1,) * (st.vout.logits.dim() - 1))
+        picks = draw_or_argmax(st.vout.logits, temperature,
+                               draw((st.vout.logits.float() / t).softmax(-1)))
     logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)

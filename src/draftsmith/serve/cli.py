@@ -45,7 +45,7 @@ def serve(
              "under DRAFTSMITH_SAMPLED_DRAFTS=drawn, where each setting has its own)"),
     continuous: bool = typer.Option(True, "--continuous/--static-batches",
                                     help="A row whose answer ended takes the next queued "
-                                         "request of its settings (static: a batch runs until "
+                                         "request the batch holds (static: a batch runs until "
                                          "its last row ends)"),
     fixed_rows: bool = typer.Option(
         False, "--fixed-rows",
@@ -137,10 +137,10 @@ def _say(msg: str) -> None:
 
 def warm_kinds(value: str) -> tuple[str, ...]:
     """--warm-sampling: the kinds of sampling to warm besides greedy."""
-    from draftsmith.serve.engine import WARM_SETTINGS
+    from draftsmith.serve.engine import KIND_SETTINGS
 
     kinds = tuple(k.strip() for k in value.split(",") if k.strip() not in ("", "none"))
-    if bad := [k for k in kinds if k not in WARM_SETTINGS or k == "greedy"]:
+    if bad := [k for k in kinds if k not in KIND_SETTINGS or k == "greedy"]:
         raise DraftsmithError(f"--warm-sampling {value!r}: unknown kind(s) {bad}; use "
                               "temperature, filtered or none")
     return kinds

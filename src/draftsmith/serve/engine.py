@@ -25,7 +25,7 @@ import torch
 from draftsmith.engine.generate import check_request, decoder, prefill
 from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
-from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.sampling import KINDS, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
 
 CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
@@ -33,9 +33,9 @@ CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 s
 # where each setting needs its own: drafts drawn from the drafter (`SAMPLED_DRAFTS=drawn`)
 MAX_DECODERS = 4
 
-# A setting of each kind of sampling: `warmup` captures a kind's graphs with it (every setting of
-# the kind then replays them).
-WARM_SETTINGS = {"greedy": SamplingParams(), "temperature": SamplingParams(1.0),
+# A setting of each kind of sampling: a batch of a kind opens with it, and `warmup` captures the
+# kind's graphs with it (every setting of the kind, and of the kinds before it, then replays them).
+KIND_SETTINGS = {"greedy": SamplingParams(), "temperature": SamplingParams(1.0),
                  "filtered": SamplingParams(1.0, top_p=0.9)}
 
 # Rows' tokens so far (eos not trimmed) -> True to stop the batch now.
@@ -130,10 +130,24 @@ class ServeEngine:
     # ---- generation ----------------------------------------------------------------------------
 
     def batch_key(self, params: SamplingParams) -> Any:
-        """Requests whose settings have equal keys may share a batch: one key per kind of
-        sampling (`SamplingParams.kind`), or per setting where the speculative decoder draws its
-        drafts from the drafter under the setting itself."""
+        """The key of a request's setting (`merged` says which keys share a batch): its kind of
+        sampling (`SamplingParams.kind`), or the setting itself where the speculative decoder
+        draws its drafts from the drafter under it."""
         return params if self._drawn(params) else params.kind
+
+    @staticmethod
+    def merged(a: Any, b: Any) -> Any:
+        """The key of a batch that holds requests of keys a and b, or None: kinds merge into the
+        wider (`sampling.KINDS`: its code serves the kinds before it), a setting only with
+        itself."""
+        if isinstance(a, str) and isinstance(b, str):
+            return max(a, b, key=KINDS.index)
+        return a if a == b else None
+
+    @staticmethod
+    def template(key: Any) -> SamplingParams:
+        """The setting a batch of `key` opens with."""
+        return KIND_SETTINGS[key] if isinstance(key, str) else key
 
     def _drawn(self, params: SamplingParams) -> bool:
         from draftsmith.engine.speculative import SAMPLED_DRAFTS
@@ -144,7 +158,7 @@ class ServeEngine:
             params: SamplingParams | list[SamplingParams], watch: Watch | None = None,
             every: int = 1) -> RunResult:
         """Generate for one batch, each row under its entry of `params` (one setting: all rows;
-        settings of one `batch_key`); `watch` sees the rows every `every` steps (or cycles)."""
+        settings whose keys merge); `watch` sees the rows every `every` steps (or cycles)."""
         if len(prompts) > self.cfg.max_batch:
             raise DraftsmithError(f"batch {len(prompts)} exceeds max_batch {self.cfg.max_batch}")
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else params
@@ -157,8 +171,8 @@ class ServeEngine:
         return RunResult(rows, time.perf_counter() - t0, hist)
 
     def open(self, rows: int, params: SamplingParams) -> LiveRows:
-        """`rows` idle rows that prompts join (`add`, each with a setting of params' batch key)
-        and leave (`drop`) while others decode."""
+        """`rows` idle rows that prompts join (`add`, each with a setting whose key merges into
+        params') and leave (`drop`) while others decode."""
         if not 1 <= rows <= self.cfg.max_batch:
             raise DraftsmithError(f"rows {rows} outside 1..max_batch {self.cfg.max_batch}")
         if self.speculative:
@@ -166,14 +180,15 @@ class ServeEngine:
         return _BaselineRows(self, rows, params)
 
     def _check_key(self, params: list[SamplingParams]) -> None:
-        keys = {self.batch_key(p) for p in params}
-        if len(keys) > 1:
-            raise DraftsmithError(
-                f"one batch takes settings of one kind, got {sorted(map(str, keys))}")
+        key = self.batch_key(params[0])
+        for p in params[1:]:
+            if (key := self.merged(key, self.batch_key(p))) is None:
+                raise DraftsmithError(f"one batch cannot hold settings {params[0]} and {p} "
+                                      "(drafts drawn from the drafter: one setting a batch)")
 
     def warmup(self, batch_sizes: list[int] | None = None,
                kinds: tuple[str, ...] = ("greedy",)) -> None:
-        """Open, fill and step rows of each kind of sampling (`WARM_SETTINGS`) at every size a
+        """Open, fill and step rows of each kind of sampling (`KIND_SETTINGS`) at every size a
         batch opens at (`batch_rows`: powers of two up to max_batch), or at `batch_sizes`, and
         prefill rows at every row count and prompt bucket: on CUDA this captures (and compiles)
         their graphs up front, where the first request of a kind would otherwise wait for it.
@@ -183,11 +198,11 @@ class ServeEngine:
         c = self.cfg
         sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
                                        for k in range(1, c.max_batch + 1)})
-        if bad := [k for k in kinds if k not in WARM_SETTINGS]:
+        if bad := [k for k in kinds if k not in KIND_SETTINGS]:
             raise DraftsmithError(f"unknown kind(s) of sampling {bad}; use "
-                                  f"{', '.join(WARM_SETTINGS)}")
+                                  f"{', '.join(KIND_SETTINGS)}")
         for kind in dict.fromkeys(("greedy", *kinds)):
-            params = WARM_SETTINGS[kind]
+            params = KIND_SETTINGS[kind]
             if self._drawn(params):  # a decoder a setting: one warmed would serve no other
                 continue
             for b in sorted(sizes, reverse=True):
@@ -222,7 +237,7 @@ class ServeEngine:
     @torch.no_grad()
     def _run_spec(self, prompts: list[list[int]], max_new: int, params: list[SamplingParams],
                   watch: Watch | None, every: int) -> tuple[list[list[int]], list[int]]:
-        dec, eos = self._spec_for(params[0]), self.eos
+        dec, eos = self._spec_for(widest(params)), self.eos
         st = dec.start(prompts, max_new, eos, params)
         cycles = 0
         while cycles < max_new and not dec.finished(st):

@@ -1,18 +1,20 @@
-"""One engine worker thread: a FIFO queue of jobs, batched continuously by kind of sampling.
+"""One engine worker thread: a FIFO queue of jobs, batched continuously across sampling settings.
 
-The oldest job always runs next (no starvation); queued jobs of the same batch key (the engine's
-`batch_key`: greedy, sampled at a temperature, or with top-k / top-p too; each row then samples
-with its own request's values) start with it, up to `max_batch` rows (a power of two of them:
-the engine's states come in those sizes; all max_batch of them with `fixed_rows`, seeded jobs
-included). While the batch decodes, a row that ends frees its slot, and the jobs at the head of
-the queue join it while they have its key and fit (a batch under max_batch rows takes them only
-if all of them fit, else it drains and the next opens larger); a job of another key at the head
-waits for the batch to drain, and so does everything queued behind it. Seeded sampled jobs never
-join a running batch (their draws would depend on it). A job reports through `sink(event)`,
-called on the worker thread: ("delta", index, text), ("finish", index, Choice), ("done",
-completion_tokens), ("error", status, message). An engine exception fails only the jobs of that
-batch still running: those that have sent nothing yet are rerun one by one, so only the culprit
-gets the error.
+The oldest job always runs next (no starvation); queued jobs whose keys merge with its own (the
+engine's `batch_key` and `merged`: greedy, sampled at a temperature, or with top-k / top-p too,
+each kind's code serving the kinds before it, so a batch takes any mix and runs the widest kind
+among them; each row samples with its own request's values) start with it, up to `max_batch`
+rows (a power of two of them: the engine's states come in those sizes; all max_batch of them
+with `fixed_rows`, seeded jobs included). While the batch decodes, a row that ends frees its
+slot, and the jobs at the head of the queue join it while the batch holds them as it is (a job
+of a wider kind would need other graphs) and they fit (a batch under max_batch rows takes them
+only if all of them fit, else it drains and the next opens larger); a job the batch does not
+hold at the head waits for the batch to drain, and so does everything queued behind it. Seeded
+sampled jobs never join a running batch (their draws would depend on it). A job reports through
+`sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
+("done", completion_tokens), ("error", status, message). An engine exception fails only the jobs
+of that batch still running: those that have sent nothing yet are rerun one by one, so only the
+culprit gets the error.
 """
 
 from __future__ import annotations
@@ -224,7 +226,21 @@ class Scheduler:
                     return batch
 
     def _rows(self, head: Job) -> int:
-        return sum(j.req.rows for j in self._queue if j.key == head.key)
+        return sum(j.req.rows for j in self._queue
+                   if j is head or self._merged(head.key, j) is not None)
+
+    def _merged(self, key: tuple, job: Job) -> tuple | None:
+        """The key of a batch of `key` that `job` joins, or None when it cannot."""
+        if key[0] != "batch" or job.key[0] != "batch":
+            return None
+        merged = self.engine.merged(key[1], job.key[1])
+        return None if merged is None else ("batch", merged)
+
+    def _key_of(self, batch: list[Job]) -> tuple:
+        key = batch[0].key
+        for j in batch[1:]:
+            key = self._merged(key, j)
+        return key
 
     def _select(self) -> list[Job]:
         live = [j for j in self._queue if not j.cancelled]
@@ -232,11 +248,13 @@ class Scheduler:
         self._queue = deque(live)
         if not live:
             return []
-        batch, rows = [live[0]], live[0].req.rows
+        batch, rows, key = [live[0]], live[0].req.rows, live[0].key
         for j in live[1:]:
-            if j.key == live[0].key and rows + j.req.rows <= self.max_batch:
+            merged = self._merged(key, j)
+            if merged is not None and rows + j.req.rows <= self.max_batch:
                 batch.append(j)
                 rows += j.req.rows
+                key = merged
         self._queue = deque(j for j in live if j not in batch)
         return batch
 
@@ -254,7 +272,9 @@ class Scheduler:
             size = need  # its draws as alone: no spare rows to draw for
         else:
             size = batch_rows(need, self.max_batch, self.fixed_rows)
-        live = self.engine.open(size, req.params)
+        key = self._key_of(batch)
+        live = self.engine.open(size, self.engine.template(key[1]) if key[0] == "batch"
+                                else req.params)
         if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
             torch.manual_seed(req.seed)
         slots: list[Row | None] = [None] * size
@@ -268,16 +288,16 @@ class Scheduler:
             t0, seen = now, hist
             free = slots.count(None)
             if free and self.continuous and not seeded:
-                self._join_into(live, slots, batch, size < self.max_batch)
+                self._join_into(live, slots, batch, key, size < self.max_batch)
             if not any(slots):
                 return
             live.step(self._steps(slots, live.tokens_per_step))
 
-    def _join_into(self, live: Any, slots: list[Row | None], batch: list[Job],
+    def _join_into(self, live: Any, slots: list[Row | None], batch: list[Job], key: tuple,
                    small: bool) -> None:
         """Admit the queued jobs that may join; a failure to admit them fails or reruns them
         alone and leaves the running rows decoding."""
-        more = self._join(batch[0].key, slots.count(None), small)
+        more = self._join(key, slots.count(None), small)
         if not more:
             return
         try:
@@ -336,7 +356,8 @@ class Scheduler:
         live.drop(gone)
 
     def _join(self, key: tuple, free: int, small: bool) -> list[Job]:
-        """The jobs at the head of the queue with this key that fit in `free` rows. A
+        """The jobs at the head of the queue that a batch of this key holds as it is (their keys
+        merge into it without widening it) and that fit in `free` rows. A
         `small` batch (under max_batch rows) takes none when they do not all fit: it drains,
         and the next batch opens with more rows (joining one at a time would keep a batch of one
         row going for the whole queue)."""
@@ -350,20 +371,20 @@ class Scheduler:
                     self._queue.popleft()
                     self.metrics.add(cancelled=1)
                     continue
-                if job.key != key or rows + job.req.rows > free:
+                if self._merged(key, job) != key or rows + job.req.rows > free:
                     break
                 take.append(self._queue.popleft())
                 rows += job.req.rows
         return take
 
     def _head_rows(self, key: tuple) -> int:
-        """Rows of the live jobs with this key at the head of the queue, up to the first of
-        another key."""
+        """Rows of the live jobs at the head of the queue that a batch of this key holds as it
+        is, up to the first it does not."""
         rows = 0
         for job in self._queue:
             if job.cancelled:
                 continue
-            if job.key != key:
+            if self._merged(key, job) != key:
                 break
             rows += job.req.rows
         return rows
