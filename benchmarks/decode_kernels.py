@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from draftsmith.bench.drafters import get_drafter
 from draftsmith.engine.generate import decoder, prefill
 from draftsmith.engine.runtime import Runtime, raise_recompile_limit
-from draftsmith.engine.sampling import SamplingParams, sample
+from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.speculative import FUSED_PHASES, SpecDecoder
 from draftsmith.engine.tree import TREE_TOPK
 from draftsmith.models.llama import VERIFY_ATTENTION
@@ -118,7 +118,7 @@ def decode_kernels(rt: Runtime, prompt: list[int], layers: int) -> dict:
     params = SamplingParams()
     state, step = decoder(rt, 1, [], params)
     logits, lens = prefill(rt, [prompt])
-    state.reset(sample(logits, params), lens)
+    state.reset(state.sampling.sample(logits), lens)
     rows, count, busy = kernel_table(state.step, 5)
     step_ms = graphed_ms(step)
     rt.capture([1], [1])

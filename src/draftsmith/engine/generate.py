@@ -57,8 +57,8 @@ def padded(prompts: list[list[int]], device: torch.device
 
 
 class DecodeState:
-    """Static tensors one decode step reads and writes; rows sample as `sampling` says (every
-    setting of `params`' kind shares the state: set the rows' settings before `reset`)."""
+    """Static tensors one decode step reads and writes; rows sample as `sampling` says (settings
+    of `params`' kind and the kinds before it share the state: set the rows' before `reset`)."""
 
     def __init__(self, rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams) -> None:
         dev = rt.device

@@ -107,14 +107,6 @@ def draw(prob: torch.Tensor, generator: torch.Generator | None = None) -> torch.
     return argmax(prob / e)
 
 
-def sample(
-    logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    if p.greedy:
-        return argmax(logits)
-    return draw(probs(logits, p), generator)
-
-
 class RowSampling:
     """Each row's sampling settings as device tensors: rows of `like`'s kind or a kind before it
     (`KINDS`), at any temperature, top-p or top-k, share one decode graph, so a server batches
@@ -140,10 +132,6 @@ class RowSampling:
         self.temp[idx] = torch.tensor([p.temperature for p in params], device=dev)
         self.top_p[idx] = torch.tensor([p.top_p for p in params], device=dev)
         self.top_k[idx] = torch.tensor([p.top_k for p in params], device=dev)
-
-    def fill(self, p: SamplingParams) -> None:
-        """Every row takes p."""
-        self.set(torch.arange(len(self.temp), device=self.temp.device), [p] * len(self.temp))
 
     def sample(self, logits: torch.Tensor, idx: torch.Tensor | None = None,
                generator: torch.Generator | None = None) -> torch.Tensor:

@@ -51,10 +51,7 @@ class Prefiller:
         """Prefill `prompts` and put each into its row of `st` (the other rows are untouched):
         K/V of both models, the root of the first draft, the first token, counts and flags;
         each row samples with its entry of `params` (default: the decoder's setting)."""
-        params = params or [self.dec.params] * len(rows)
-        if self.dec.drawn and any(p != self.dec.params for p in params):
-            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
-                                  f"setting {self.dec.params} alone")
+        params = self.dec.row_settings(params, len(rows))
         for at in range(0, len(rows), self.rt.max_batch):
             part = slice(at, at + self.rt.max_batch)
             self._start(st, rows[part], prompts[part], params[part])

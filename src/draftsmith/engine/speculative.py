@@ -254,11 +254,7 @@ class SpecDecoder:
         the drafter take the decoder's setting alone)."""
         self._check_inputs(prompts, max_new_tokens, eos)
         st = self._state(len(prompts))
-        rows = params or [self.params] * len(prompts)
-        if self.drawn and any(p != self.params for p in rows):
-            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
-                                  f"setting {self.params} alone")
-        st.sampling.set(st.rows, rows)
+        st.sampling.set(st.rows, self.row_settings(params, len(prompts)))
         self._prefill(st, prompts, max_new_tokens, eos)
         return st
 
@@ -275,6 +271,15 @@ class SpecDecoder:
                 prof.mark(phase)
         if counts is not None:
             counts.add(st.tree, st.n, st.ext_tok, active)
+
+    def row_settings(self, params: list[SamplingParams] | None, n: int) -> list[SamplingParams]:
+        """The settings of n rows: `params`, or the decoder's own; drafts drawn from the drafter
+        take the decoder's setting alone."""
+        rows = params or [self.params] * n
+        if self.drawn and any(p != self.params for p in rows):
+            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
+                                  f"setting {self.params} alone")
+        return rows
 
     def may_end_all(self, count: torch.Tensor, done: torch.Tensor, max_new: int) -> bool:
         """Whether the cycle after these output counts and done flags can bring every row still

@@ -5,8 +5,9 @@ The baseline driver is `run_generation`'s loop with a watch point added; the spe
 is `SpecDecoder`'s step API (`start`, `cycle`, `finished`) with the same watch point per cycle.
 `open(rows, params)` gives the scheduler's continuous batches instead: a set of rows that new
 requests join as others end (`LiveRows`: the refilling states of `engine/refill.py` and
-`engine/spec_refill.py`). Rows sample each with its own request's setting: a batch holds every
-setting of one kind (`batch_key`), so requests at different temperatures decode together.
+`engine/spec_refill.py`). Rows sample each with its own request's setting: a batch holds the
+settings whose keys merge (`batch_key`, `merged`), so requests of different settings decode
+together.
 """
 
 from __future__ import annotations
