@@ -514,7 +514,9 @@ def doctor_stage() -> dict:
 
 def tune_stage() -> dict:
     """`draftsmith tune` at each of TUNE_TEMPS (default 0: greedy; "0+0.7+1": three tunes, into
-    OUT/tune, OUT/tune_t0.7, OUT/tune_t1), over TUNE_BATCHES, TUNE_STEPS, TUNE_TOPK."""
+    OUT/tune, OUT/tune_t0.7, OUT/tune_t1), over TUNE_BATCHES, TUNE_STEPS, TUNE_TOPK;
+    TUNE_REFILL=1: `--refill` (rows refilled as they end), into OUT/tune_refill...; "0+1": both,
+    static first."""
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.tune.cli import run_tune
 
@@ -522,15 +524,17 @@ def tune_stage() -> dict:
     batches = [int(b) for b in env_list("TUNE_BATCHES", "1,8,32")]
     steps, topk = int(os.environ.get("TUNE_STEPS", "6")), int(os.environ.get("TUNE_TOPK", "4"))
     reps = {}
-    for temp in (float(t) for t in env_list("TUNE_TEMPS", "0")):
-        out = OUT / ("tune" if temp == 0 else f"tune_t{temp:g}")
-        t0 = time.time()
-        rep = run_tune(DRAFTER, TARGET, src, batches, steps, NEW, 2, DEVICE, DT, COMPILE, out,
-                       topk, SamplingParams(temp))
-        reps[f"T{temp:g}"] = {k: v for k, v in rep.items() if k != "costs"}
-        reps[f"T{temp:g}"]["wall_s"] = time.time() - t0
-        print(json.dumps({"tune": f"T{temp:g}", "recommendations": rep["recommendations"]}),
-              flush=True)
+    for refill in (r == "1" for r in env_list("TUNE_REFILL", "0")):
+        for temp in (float(t) for t in env_list("TUNE_TEMPS", "0")):
+            name = ("tune" if temp == 0 else f"tune_t{temp:g}") + ("_refill" if refill else "")
+            t0 = time.time()
+            rep = run_tune(DRAFTER, TARGET, src, batches, steps, NEW, 2, DEVICE, DT, COMPILE,
+                           OUT / name, topk, SamplingParams(temp), refill=refill)
+            key = f"T{temp:g}" + (" refill" if refill else "")
+            reps[key] = {k: v for k, v in rep.items() if k != "costs"}
+            reps[key]["wall_s"] = time.time() - t0
+            print(json.dumps({"tune": key, "recommendations": rep["recommendations"]}),
+                  flush=True)
     return reps["T0"] if list(reps) == ["T0"] else reps
 
 

@@ -227,3 +227,32 @@ def test_tune_refuses_bad_step_and_topk_limits_before_loading(tmp_path):
     for flag in ("--max-steps", "--max-topk", "--max-draft-tokens"):
         res = invoke_tune("--drafter", str(tmp_path / "none"), flag, "0")
         assert isinstance(res.exception, DraftsmithError) and flag in str(res.exception)
+
+
+def test_tune_refill_prices_and_sweeps_refilled_rows(tmp_path):
+    """--refill: the prompt passes are timed at every padded row count, each setting runs with
+    rows refilled (the refills profiled), and where every prompt's cycles are known (the random
+    drafter accepts nothing) the model's busy share is the engine's own."""
+    from draftsmith.tune.cli import run_tune
+
+    folder, prompts = _tiny_pair(tmp_path)
+    report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 6, 1, "cpu",
+                      torch.float32, False, tmp_path / "tune", max_topk=2, max_draft=5,
+                      refill=True)
+    assert report["refill"] is True and "continuous batching" in report["texts"][0]
+    for name in ("refill", "spec_refill"):
+        assert set(report["costs"][name]) == {1, 2} and min(report["costs"][name].values()) > 0
+    spec = [r for r in report["phases"] if r["setting"] != "no speculation"]
+    assert spec and all("refill" in r["measured_phases_ms"] for r in spec)
+    priced = [r for r in spec if r["predicted_phases_ms"]]
+    assert priced and all("refill" in r["predicted_phases_ms"] for r in priced)
+    assert all(r["measured_accept"] == 1.0 for r in priced)
+    assert all(r["measured_busy"] == pytest.approx(r["predicted_busy"]) for r in priced)
+    assert not any("idle rows" in t for t in report["texts"])
+
+
+def test_tune_refuses_refill_under_tp(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    res = invoke_tune("--drafter", str(tmp_path), "--refill", "--tp", "2")
+    assert isinstance(res.exception, DraftsmithError) and "--refill" in str(res.exception)

@@ -177,7 +177,7 @@ def generate_refill(
     owner: list[int | None] = [None] * rows
     results: list[list[int]] = [[] for _ in prompts]
     _assign(state, list(range(rows)), owner, queue)
-    every = max(1, min(check_every, max_new_tokens // 4))  # short answers: look more often
+    every = step_spacing(check_every, max_new_tokens)
     while any(o is not None for o in owner):
         for _ in range(every):
             step()
@@ -192,6 +192,12 @@ def generate_refill(
             _assign(state, ended, owner, queue)
     sync(rt)
     return results
+
+
+def step_spacing(check_every: int, max_new: int) -> int:
+    """Decode steps between two looks at the done flags: `check_every`, fewer for short
+    answers (a quarter of them at most)."""
+    return max(1, min(check_every, max_new // 4))
 
 
 def _assign(state: RefillState, free: list[int], owner: list[int | None], queue: deque) -> None:

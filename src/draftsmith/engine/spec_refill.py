@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -164,10 +165,16 @@ def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
     `rows` and the prompt graphs (target and drafter) of every row count and bucket its
     prefills use."""
     rows = min(rows, len(prompts))
-    st, pre = dec._state(rows), _prefiller(dec)
-    _reset(st, 1, [])
-    warm_prompts(pre.rt, prompts, partial(pre.start, st), rows)
+    warm_prompts(_prefiller(dec).rt, prompts, prompt_pass(dec, rows), rows)
     sync(dec.rt)
+
+
+def prompt_pass(dec: SpecDecoder, rows: int) -> Callable[[list[int], list[list[int]]], None]:
+    """What a refill runs for its new prompts (`Prefiller.start` into a state of `rows` rows,
+    every row idle), for warm-up and timing: call it with rows and prompts."""
+    st = dec._state(rows)
+    _reset(st, 1, [])
+    return partial(_prefiller(dec).start, st)
 
 
 def _check(dec: SpecDecoder, prompts: list[list[int]], max_new: int, eos: list[int],

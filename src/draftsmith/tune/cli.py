@@ -3,6 +3,7 @@ and their neighbours on the real engine, and recommend a setting per batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,9 @@ def tune(
     top_k: int = typer.Option(0, "--top-k", help="With --temperature: the k likeliest only"),
     seed: int = typer.Option(0, help="Seeds the sampling (every TP rank alike)"),
     top: int = typer.Option(3, help="Predicted settings to sweep (plus neighbours)"),
+    refill: bool = typer.Option(False, "--refill", help="Price and sweep refilled rows (an "
+                                "ended row takes the next prompt: continuous batching, as SGLang "
+                                "and vLLM serve) instead of static batches"),
     device: str = DEVICE,
     dtype: str = DTYPE,
     compile: bool = typer.Option(False, "--compile", help="torch.compile the target's layers"),
@@ -56,13 +60,16 @@ def tune(
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
+    if refill and tp > 1:
+        raise DraftsmithError("--refill with --tp: refilled rows are not built for tensor "
+                              "parallelism; tune them on one GPU")
     from draftsmith.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature, top_p, top_k)
     dev, dt = device_dtype(device, dtype)
     batches = sorted(int_list(batch_sizes, "--batch-sizes"))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
-            out, max_topk, params, seed, max_draft_tokens)
+            out, max_topk, params, seed, max_draft_tokens, refill)
     if tp == 1:
         report = run_tune(*args)
     else:
@@ -118,6 +125,7 @@ def run_tune(
     params: SamplingParams | None = None,
     seed: int = 0,
     max_draft: int = 32,
+    refill: bool = False,
     tp=None,
 ) -> dict:
     import torch
@@ -162,13 +170,19 @@ def run_tune(
                                       max(32, max_draft))
     console.print("measuring costs ...")
     costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
+    model = None
+    if refill:
+        console.print("measuring refills' prompt passes ...")
+        model = refill_plan(new, batches)
+        base, spec = measure.refill_costs(eng, batches, ids)
+        costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
         costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
     preds, meas = [], []
     grid = [s for s in candidate_grid(max_steps)
             if s.topk <= max_topk and s.num_draft_tokens <= max_draft]
     for b in batches:
-        ranked = rank_settings(costs, acc, b, grid, mix)
+        ranked = rank_settings(costs, acc, b, grid, mix, model)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
@@ -176,9 +190,12 @@ def run_tune(
             if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > max_draft:
                 continue
             console.print(f"batch {b}: {s}")
-            meas.append(measure.run_setting(eng, s, ids, b, new, eos))
+            meas.append(measure.run_setting(eng, s, ids, b, new, eos, refill))
     recs = recommend(preds, meas)
-    texts = [recommendation_text(r, str(drafter_dir)) for r in recs]
+    texts = [recommendation_text(r, str(drafter_dir), refilled=refill) for r in recs]
+    if refill:
+        texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
+                        "whole run, prompt passes included, baselines alike")
     if not eng.params.greedy:
         p = eng.params
         texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p {p.top_p:g}, "
@@ -186,9 +203,20 @@ def run_tune(
     if tp is not None and tp.rank != 0:
         return {"texts": texts}  # launch_tp hands back rank 0's report
     report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
-                          1 if tp is None else tp.size, eng.params)
+                          1 if tp is None else tp.size, eng.params, refill)
     report["texts"] = texts
     return report
+
+
+def refill_plan(new: int, batches: list[int]):
+    """The refill model at the engines' default spacings (`bench --refill`'s): speculative
+    cycles by `refill_every_for`, the baseline's steps by `step_spacing` of the same."""
+    from draftsmith.engine.refill import step_spacing
+    from draftsmith.engine.spec_refill import refill_every_for
+    from draftsmith.tune.refill_model import Refill
+
+    every = {b: refill_every_for(b) for b in batches}
+    return Refill(new, every, {b: step_spacing(e, new) for b, e in every.items()})
 
 
 def _from_rank0(tp, obj):
@@ -211,7 +239,7 @@ def suite(path: Path | None) -> list[str]:
 
 
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
-                 params: SamplingParams) -> dict:
+                 params: SamplingParams, refill: bool = False) -> dict:
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
@@ -230,6 +258,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     report = {
         "device": device_name(dev),
         "tp": tp_size,
+        "refill": refill,
         "sampling": {"temperature": params.temperature, "top_p": params.top_p,
                      "top_k": params.top_k},
         "acceptance": acc.to_dict(),

@@ -10,10 +10,14 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from draftsmith.errors import DraftsmithError
+
+if TYPE_CHECKING:
+    from draftsmith.tune.refill_model import Refill
 
 TOPKS = (1, 2, 4, 8)
 DRAFT_TOKENS = (4, 8, 16, 24, 32, 64)
@@ -350,7 +354,9 @@ class CostTable:
     extend's output: cheaper than a step; without it every step costs draft_step); extend:
     batch -> {tokens re-extended (a setting's steps + 1, tree or chain): ms}; overhead: batch
     -> ms of bookkeeping per cycle; decode: batch -> ms of one plain decode step (defaults to
-    verify of 1 token). Values between measured points are interpolated.
+    verify of 1 token); refill, spec_refill: rows -> ms of one refill's prompt passes into that
+    many freed rows, the baseline's (target) and the speculative engine's (target and drafter),
+    for refilled rows (`refill_model`). Values between measured points are interpolated.
     """
 
     verify: Mapping[int, Mapping[int, float]]
@@ -359,11 +365,13 @@ class CostTable:
     overhead: Mapping[int, float] = field(default_factory=dict)
     decode: Mapping[int, float] = field(default_factory=dict)
     draft_first: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    refill: Mapping[int, float] = field(default_factory=dict)
+    spec_refill: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("verify", "draft_step", "extend", "draft_first"):
             object.__setattr__(self, name, _table(getattr(self, name), name))
-        for name in ("overhead", "decode"):
+        for name in ("overhead", "decode", "refill", "spec_refill"):
             object.__setattr__(self, name, _row(getattr(self, name), name))
         if not self.verify or not self.draft_step:
             raise CostModelError("cost table: verify and draft_step need at least one batch")
@@ -396,6 +404,17 @@ class CostTable:
         if self.decode:
             return _at_batch(self.decode, batch, "decode")
         return self.verify_ms(batch, 1)
+
+    def refill_ms(self, rows: int, speculative: bool) -> float:
+        """One refill's prompt passes into `rows` freed rows. A pass pads its rows to a power
+        of two (`engine.refill.padded_rows`), so it costs what the least measured row count at
+        or above `rows` does; beyond the measured counts, linear."""
+        name = "spec_refill" if speculative else "refill"
+        table = getattr(self, name)
+        if not table:
+            raise CostModelError(f"{name}: not measured (`tune --refill` measures it)")
+        above = [k for k in table if k >= rows]
+        return table[min(above)] if above else _interp(table, rows)
 
     def covers(self, setting: SpecSetting) -> bool:
         """Whether the setting's verify width and topk lie within the measured points."""
@@ -445,11 +464,16 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
 
 def predict(
     costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
-    mix: PromptMix | None = None,
+    mix: PromptMix | None = None, refill: Refill | None = None,
 ) -> Prediction:
     """Tokens/s of one setting: batch x tokens per cycle x the share of rows busy x cycles per
     second. Without a prompt mix every row is taken to decode until the end; with one, rows
-    done before their batch idle (`PromptMix.busy`)."""
+    done before their batch idle (`PromptMix.busy`); with `refill` too, ended rows take the
+    next prompt (`refill_model.Refill.predict`)."""
+    if refill is not None:
+        if mix is None:
+            raise CostModelError("refill: the model needs each prompt's acceptance (a mix)")
+        return refill.predict(costs, acc, setting, batch, mix)
     phases = predict_phases(costs, setting, batch)
     cycle = math.fsum(phases.values())
     if cycle <= 0:
@@ -489,10 +513,11 @@ def rank_settings(
     batch: int,
     candidates: Iterable[SpecSetting] | None = None,
     mix: PromptMix | None = None,
+    refill: Refill | None = None,
 ) -> list[Prediction]:
     """Predictions for the candidates and the baseline, fastest first (ties: simplest)."""
     settings = dict.fromkeys([SpecSetting.baseline(), *(candidates or candidate_grid())])
-    preds = [predict(costs, acc, s, batch, mix) for s in settings]
+    preds = [predict(costs, acc, s, batch, mix, refill) for s in settings]
     return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
 
 

@@ -55,9 +55,11 @@ def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
 IDLE_HINT = 0.1  # idle share of row slots from which the text points at refilled rows
 
 
-def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5) -> str:
+def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5,
+                        refilled: bool = False) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
-    ones when nothing was measured) with both figures side by side, and the flags."""
+    ones when nothing was measured) with both figures side by side, and the flags; the hint
+    at refilled rows only where they were not already the measure (`refilled`)."""
     lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
     if rec.speedup is not None and rec.speculate:
         lines[0] += f", {rec.speedup:.2f}x over no speculation"
@@ -69,7 +71,7 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
         lines.append(f"  {row.setting!s:<40} predicted {pred:>8}  measured {meas:>8}{err}")
     if rec.error_pct is not None:
         lines.append(f"  model error on the choice: {rec.error_pct:+.1f} %; cause: {rec.cause}")
-    if rec.busy is not None and rec.busy < 1 - IDLE_HINT:
+    if not refilled and rec.busy is not None and rec.busy < 1 - IDLE_HINT:
         lines.append(
             f"  idle rows: {1 - rec.busy:.0%} of row slots idle (a static batch runs until its "
             "slowest row ends); refilled rows take them back: measure with `draftsmith bench "

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from draftsmith.engine import refill as plain_refill
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import run_generation
+from draftsmith.engine.generate import run_generation, sync
+from draftsmith.engine.refill import PREFILL_ROWS, padded_rows
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.spec_refill import generate_refill as spec_generate_refill
+from draftsmith.engine.spec_refill import prompt_pass, refill_every_for, warm_refill
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.engine.tree import RankCounts
@@ -30,6 +34,7 @@ from draftsmith.tune.cost_model import (
     batch_groups,
     tree_capacity,
 )
+from draftsmith.tune.refill_model import refill_order
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32)
 
@@ -129,11 +134,14 @@ def run_setting(
     batch: int,
     new: int,
     eos: list[int],
+    refill: bool = False,
 ) -> Measurement:
     """Decode tokens/s of one setting on the real engine (baseline for steps 0) over every
     prompt (`prompt_groups`), phases profiled in a separate run of the first group. Pass eos=[]
     for fixed-length rows: a row stopped early would idle in its static batch, which the cost
-    model does not predict."""
+    model does not predict. `refill`: `run_refilled` instead."""
+    if refill:
+        return run_refilled(eng, setting, prompts, batch, new, eos)
     groups = prompt_groups(prompts, batch)
     rows = batch * len(groups)
     if setting.is_baseline:
@@ -152,6 +160,50 @@ def run_setting(
     return Measurement(setting, batch, decode_rate(res.new_tokens, rows, res.decode_s),
                        res.mean_accept_length, phases, 1e3 * res.decode_s / max(res.cycles, 1),
                        sum(res.accept_hist) / slots)
+
+
+def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], batch: int,
+                 new: int, eos: list[int]) -> Measurement:
+    """Tokens/s of one setting with `batch` rows refilled as they end, over the prompts of
+    `refill_order` (at least four a row), prompt passes included, each engine at its default
+    refill spacing; phases (`refill` among them) from a second, profiled run of the same
+    prompts."""
+    flat = [prompts[i] for i in refill_order(len(prompts), batch)]
+    if setting.is_baseline:
+        every = refill_every_for(batch)
+        plain_refill.prepare(eng.rt, batch, new, eos, eng.params, flat)
+        sync(eng.rt)
+        t0 = time.perf_counter()
+        tokens = plain_refill.generate_refill(eng.rt, flat, new, eng.params, eos, batch, every)
+        sync(eng.rt)
+        return Measurement(setting, batch, sum(map(len, tokens)) / (time.perf_counter() - t0))
+    dec = decoder(eng, setting)
+    warm_refill(dec, flat, batch)
+    res = spec_generate_refill(dec, flat, new, eos, batch)
+    dec.profile = True
+    prof = spec_generate_refill(dec, flat, new, eos, batch)
+    rows = res.extra["refill_rows"]
+    return Measurement(setting, batch, res.tokens_per_s, res.mean_accept_length,
+                       dict(prof.phases.ms) if prof.phases else None,
+                       1e3 * res.decode_s / max(res.cycles, 1),
+                       sum(res.accept_hist) / (max(res.cycles, 1) * rows))
+
+
+def refill_costs(eng: Engine, batches: list[int], prompts: list[list[int]]
+                 ) -> tuple[dict[int, float], dict[int, float]]:
+    """ms of one refill's prompt passes into k freed rows, the baseline's (target) and the
+    speculative engine's (target and drafter), for every row count a pass pads to (a power of
+    two) up to the largest batch; the rows take the prompts in turn."""
+    most = max(batches)
+    sizes = sorted({padded_rows(k, min(most, PREFILL_ROWS)) for k in range(1, most + 1)})
+    state, _ = plain_refill.prepare(eng.rt, most, 8, [], eng.params)
+    spec = prompt_pass(decoder(eng, SpecSetting(1)), most)
+    base, drafted = {}, {}
+    for k in sizes:
+        rows, some = list(range(k)), [prompts[i % len(prompts)] for i in range(k)]
+        base[k] = time_ms(lambda r=rows, p=some: state.start(r, p), eng.device)
+        drafted[k] = time_ms(lambda r=rows, p=some: spec(r, p), eng.device)
+    return base, drafted
 
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:
