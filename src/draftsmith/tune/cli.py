@@ -170,10 +170,10 @@ def run_tune(
                                       max(32, max_draft))
     console.print("measuring costs ...")
     costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
-    model = None
+    refilled = None
     if refill:
         console.print("measuring refills' prompt passes ...")
-        model = refill_plan(new, batches)
+        refilled = refill_plan(new, batches)
         base, spec = measure.refill_costs(eng, batches, ids)
         costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
@@ -182,7 +182,7 @@ def run_tune(
     grid = [s for s in candidate_grid(max_steps)
             if s.topk <= max_topk and s.num_draft_tokens <= max_draft]
     for b in batches:
-        ranked = rank_settings(costs, acc, b, grid, mix, model)
+        ranked = rank_settings(costs, acc, b, grid, mix, refilled)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
@@ -190,7 +190,8 @@ def run_tune(
             if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > max_draft:
                 continue
             console.print(f"batch {b}: {s}")
-            meas.append(measure.run_setting(eng, s, ids, b, new, eos, refill))
+            meas.append(measure.run_setting(eng, s, ids, b, new, eos,
+                                            refilled.waves if refilled else 0))
     recs = recommend(preds, meas)
     texts = [recommendation_text(r, str(drafter_dir), refilled=refill) for r in recs]
     if refill:

@@ -408,13 +408,15 @@ class CostTable:
     def refill_ms(self, rows: int, speculative: bool) -> float:
         """One refill's prompt passes into `rows` freed rows. A pass pads its rows to a power
         of two (`engine.refill.padded_rows`), so it costs what the least measured row count at
-        or above `rows` does; beyond the measured counts, linear."""
+        or above `rows` does; more rows than the largest measured count (the prefill runtime's
+        rows, `PREFILL_ROWS`, where the batch is larger) go in passes of that count."""
         name = "spec_refill" if speculative else "refill"
         table = getattr(self, name)
         if not table:
             raise CostModelError(f"{name}: not measured (`tune --refill` measures it)")
-        above = [k for k in table if k >= rows]
-        return table[min(above)] if above else _interp(table, rows)
+        most = max(table)
+        full, rest = divmod(rows, most)
+        return full * table[most] + (table[min(k for k in table if k >= rest)] if rest else 0.0)
 
     def covers(self, setting: SpecSetting) -> bool:
         """Whether the setting's verify width and topk lie within the measured points."""
@@ -675,7 +677,7 @@ def disagreement_cause(pred: Prediction, meas: Measurement) -> str:
     if idle_err > time_err:
         return (
             f"idle rows: predicted {pred.busy:.0%} of row slots decoding, measured "
-            f"{meas.busy:.0%} (a static batch runs until its slowest row is done)"
+            f"{meas.busy:.0%} (a row idles from its end to its batch's end, or to its refill)"
         )
     phases = _measured_phases(meas)
     if phases:

@@ -34,7 +34,7 @@ from draftsmith.tune.cost_model import (
     batch_groups,
     tree_capacity,
 )
-from draftsmith.tune.refill_model import refill_order
+from draftsmith.tune.refill_model import WAVES, refill_order
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32)
 
@@ -134,14 +134,14 @@ def run_setting(
     batch: int,
     new: int,
     eos: list[int],
-    refill: bool = False,
+    refill: int = 0,
 ) -> Measurement:
     """Decode tokens/s of one setting on the real engine (baseline for steps 0) over every
     prompt (`prompt_groups`), phases profiled in a separate run of the first group. Pass eos=[]
     for fixed-length rows: a row stopped early would idle in its static batch, which the cost
-    model does not predict. `refill`: `run_refilled` instead."""
+    model does not predict. `refill`: `run_refilled` instead, with that many waves."""
     if refill:
-        return run_refilled(eng, setting, prompts, batch, new, eos)
+        return run_refilled(eng, setting, prompts, batch, new, eos, refill)
     groups = prompt_groups(prompts, batch)
     rows = batch * len(groups)
     if setting.is_baseline:
@@ -163,12 +163,12 @@ def run_setting(
 
 
 def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], batch: int,
-                 new: int, eos: list[int]) -> Measurement:
+                 new: int, eos: list[int], waves: int = WAVES) -> Measurement:
     """Tokens/s of one setting with `batch` rows refilled as they end, over the prompts of
-    `refill_order` (at least four a row), prompt passes included, each engine at its default
+    `refill_order` (`waves` a row at least), prompt passes included, each engine at its default
     refill spacing; phases (`refill` among them) from a second, profiled run of the same
     prompts."""
-    flat = [prompts[i] for i in refill_order(len(prompts), batch)]
+    flat = [prompts[i] for i in refill_order(len(prompts), batch, waves)]
     if setting.is_baseline:
         every = refill_every_for(batch)
         plain_refill.prepare(eng.rt, batch, new, eos, eng.params, flat)
@@ -193,17 +193,36 @@ def refill_costs(eng: Engine, batches: list[int], prompts: list[list[int]]
                  ) -> tuple[dict[int, float], dict[int, float]]:
     """ms of one refill's prompt passes into k freed rows, the baseline's (target) and the
     speculative engine's (target and drafter), for every row count a pass pads to (a power of
-    two) up to the largest batch; the rows take the prompts in turn."""
-    most = max(batches)
-    sizes = sorted({padded_rows(k, min(most, PREFILL_ROWS)) for k in range(1, most + 1)})
+    two) up to the largest batch or the prefill runtime's rows: the mean over groups of k
+    prompts in turn that cover them all (a pass costs its longest prompt's bucket)."""
+    most = min(max(batches), PREFILL_ROWS)
+    sizes = sorted({padded_rows(k, most) for k in range(1, most + 1)})
     state, _ = plain_refill.prepare(eng.rt, most, 8, [], eng.params)
     spec = prompt_pass(decoder(eng, SpecSetting(1)), most)
     base, drafted = {}, {}
     for k in sizes:
-        rows, some = list(range(k)), [prompts[i % len(prompts)] for i in range(k)]
-        base[k] = time_ms(lambda r=rows, p=some: state.start(r, p), eng.device)
-        drafted[k] = time_ms(lambda r=rows, p=some: spec(r, p), eng.device)
+        groups = [[prompts[(at + i) % len(prompts)] for i in range(k)]
+                  for at in range(0, len(prompts), k)]
+        base[k] = pass_ms(state.start, k, groups, eng)
+        drafted[k] = pass_ms(spec, k, groups, eng)
     return base, drafted
+
+
+def pass_ms(start: Callable[[list[int], list[list[int]]], object], k: int,
+            groups: list[list[list[int]]], eng: Engine) -> float:
+    """Mean wall ms of `start(rows, group)` over the groups, each warmed (captured) first and
+    timed from an idle device to its end, as a refill runs it: the host has just read the
+    done flags, and the next cycle waits for the pass."""
+    rows, times = list(range(k)), []
+    for g in groups:
+        start(rows, g)
+        for _ in range(3 if eng.device.type == "cuda" else 1):
+            sync(eng.rt)
+            t0 = time.perf_counter()
+            start(rows, g)
+            sync(eng.rt)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * sum(times) / len(times)
 
 
 def decoder(eng: Engine, s: SpecSetting) -> SpecDecoder:

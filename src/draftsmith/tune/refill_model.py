@@ -115,28 +115,35 @@ class Refill:
     steps_every: Mapping[int, int]
     waves: int = WAVES
 
-    def schedule(self, setting: SpecSetting, batch: int, mix: PromptMix) -> Schedule:
+    def schedule(self, acc: Acceptance, setting: SpecSetting, batch: int,
+                 mix: PromptMix) -> Schedule:
         """Each prompt's cycles: the tokens after its first over its own tokens per cycle,
-        rounded up (the last cycle of an answer may accept more than it needs)."""
+        rounded up (the last cycle of an answer may accept more than it needs). A prompt's own
+        figure comes from its chain (`chain_acceptance`), so it is scaled to make the prompts'
+        pace together (their harmonic mean: tokens over cycles) the pooled `acc`'s, which
+        holds the tree's acceptance by depth and rank."""
         order = refill_order(len(mix.prompts), batch, self.waves)
         left = self.new_tokens - 1
         if setting.is_baseline:
             return baseline_schedule([left] * len(order), batch, self.steps_every[batch])
-        per = [tokens_per_cycle(mix.prompts[i], setting) for i in order]
-        need = [math.ceil(left / t - 1e-9) for t in per]
+        own = [tokens_per_cycle(a, setting) for a in mix.prompts]
+        scale = tokens_per_cycle(acc, setting) * math.fsum(1.0 / t for t in own) / len(own)
+        need = [math.ceil(left / (own[i] * scale) - 1e-9) for i in order]
         return spec_schedule(need, batch, self.every[batch])
 
     def predict(self, costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
                 mix: PromptMix) -> Prediction:
         """Tokens/s of the whole run, prompt passes included: every prompt's tokens over the
-        schedule's cycles at the predicted cycle plus its refills' prompt passes (the phase
-        `refill`, per cycle, as the profiler reports it)."""
+        schedule's cycles at the predicted cycle plus the prompt passes. As the profiler
+        reports them: the refills' passes as the phase `refill`, per cycle; the first fill,
+        before the first cycle, as `unprofiled`."""
         if batch not in self.every or batch not in self.steps_every:
             raise CostModelError(f"refill: no refill spacing for batch {batch}")
-        sched = self.schedule(setting, batch, mix)
+        sched = self.schedule(acc, setting, batch, mix)
         phases = predict_phases(costs, setting, batch)
-        passes = math.fsum(costs.refill_ms(k, not setting.is_baseline) for k in sched.fills)
-        phases["refill"] = passes / sched.cycles
+        first, *later = (costs.refill_ms(k, not setting.is_baseline) for k in sched.fills)
+        phases["refill"] = math.fsum(later) / sched.cycles
+        phases["unprofiled"] = first / sched.cycles
         cycle = math.fsum(phases.values())
         prompts = len(refill_order(len(mix.prompts), batch, self.waves))
         tps = prompts * self.new_tokens * 1000.0 / (cycle * sched.cycles)
