@@ -237,7 +237,9 @@ def test_idle_rows_point_at_refill_only_where_many_row_slots_idle() -> None:
         assert rec.setting == SpecSetting(2) and rec.busy == busy
         text = recommendation_text(rec, "/models/drafter")
         assert ("24% of row slots idle" in text) == hint
-        assert ("bench --refill" in text) == hint
+        assert ("bench --refill" in text) == ("tune --refill" in text) == hint
+        # a tune of refilled rows has no static batch to point away from
+        assert "row slots idle" not in recommendation_text(rec, "/m", refilled=True)
 
 
 def test_recommend_says_no_speculation_when_the_measured_baseline_wins() -> None:

@@ -74,9 +74,9 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
     if not refilled and rec.busy is not None and rec.busy < 1 - IDLE_HINT:
         lines.append(
             f"  idle rows: {1 - rec.busy:.0%} of row slots idle (a static batch runs until its "
-            "slowest row ends); refilled rows take them back: measure with `draftsmith bench "
-            "--refill` (H200: 1.08-1.35x over static batches at batch 8, "
-            "benchmarks/spec_refill.md)")
+            "slowest row ends); refilled rows take them back: tune for them with `draftsmith "
+            "tune --refill`, measure with `draftsmith bench --refill` (H200: 1.08-1.35x over "
+            "static batches at batch 8, benchmarks/spec_refill.md)")
     if rec.speculate:
         vllm = vllm_speculative_config(rec.setting, model_path)
         lines.append(f"  SGLang: {sglang_flags(rec.setting, model_path)}")
