@@ -183,18 +183,26 @@ def test_refilled_rows_price_their_cycles_and_prompt_passes():
 
 
 def test_a_tree_is_priced_at_its_own_acceptance_under_refill():
-    """Each prompt's pace comes from its chain; scaled to the pooled acceptance, a tree whose
-    siblings catch what the chain misses is predicted faster than the chain, as it is in
-    static batches (it was priced at the chain's pace: review of 9990224)."""
+    """A prompt's pace is its own chain's; a tree's, that times the tree's gain over its chain
+    in the pooled figures (trees were priced at the chain's pace: review of 9990224), within 1
+    and steps + 1; a tree whose siblings catch what the chain misses is predicted faster than
+    the chain, as it is in static batches."""
     c = CostTable(verify={8: {1: 10.0, 8: 10.0}}, draft_step={8: {1: 1.0, 4: 1.0}},
                   decode={8: 10.0}, refill={8: 5.0}, spec_refill={8: 5.0})
     acc = Acceptance(chain=(0.6,) * 3, tree=((0.6, 0.2, 0.1, 0.05),) * 3)
-    mix = PromptMix((Acceptance.constant(0.5, 3), Acceptance.constant(0.7, 3)))
+    slow, sure = Acceptance.constant(0.5, 3), Acceptance.constant(1.0, 3)
+    mix = PromptMix((slow, sure))
     plan = Refill(64, {8: 4}, {8: 4})
     chain, tree = SpecSetting(3), SpecSetting(3, 4, 8)
+    assert plan.paces(acc, chain, 8, mix)[:2] == [1.875, 4.0]  # each prompt's own chain
+    gain = tokens_per_cycle(acc, tree) / tokens_per_cycle(Acceptance(chain=acc.chain), tree)
+    assert gain > 1.2
+    assert plan.paces(acc, tree, 8, mix)[:2] == [pytest.approx(1.875 * gain), 4.0]  # capped
     assert predict(c, acc, tree, 8, mix).tokens_per_s > predict(c, acc, chain, 8, mix).tokens_per_s
-    assert predict(c, acc, tree, 8, mix, plan).tokens_per_s > predict(
-        c, acc, chain, 8, mix, plan).tokens_per_s
-    # the prompts' pace together is the pooled one: cycles ~ tokens / pooled tokens per cycle
-    s = plan.schedule(acc, tree, 8, mix)
-    assert s.busy == pytest.approx(32 * 63 / tokens_per_cycle(acc, tree), rel=0.1)
+    refilled = [predict(c, acc, s, 8, mix, plan) for s in (chain, tree)]
+    assert refilled[1].tokens_per_s > refilled[0].tokens_per_s
+    assert refilled[0].tokens_per_cycle == pytest.approx(2 / (1 / 1.875 + 1 / 4.0))
+    zero = CostTable(verify={8: {1: 0.0}}, draft_step={8: {1: 0.0}}, decode={8: 0.0},
+                     refill={8: 0.0}, spec_refill={8: 0.0})
+    with pytest.raises(CostModelError, match="cycle time"):
+        predict(zero, acc, chain, 8, mix, plan)

@@ -115,20 +115,30 @@ class Refill:
     steps_every: Mapping[int, int]
     waves: int = WAVES
 
-    def schedule(self, acc: Acceptance, setting: SpecSetting, batch: int,
-                 mix: PromptMix) -> Schedule:
-        """Each prompt's cycles: the tokens after its first over its own tokens per cycle,
-        rounded up (the last cycle of an answer may accept more than it needs). A prompt's own
-        figure comes from its chain (`chain_acceptance`), so it is scaled to make the prompts'
-        pace together (their harmonic mean: tokens over cycles) the pooled `acc`'s, which
-        holds the tree's acceptance by depth and rank."""
+    def paces(self, acc: Acceptance, setting: SpecSetting, batch: int,
+              mix: PromptMix) -> list[float]:
+        """Tokens per cycle of each prompt the run decodes, in order. A prompt's own figure is
+        its chain's (`chain_acceptance`); a tree's is that times the tree's gain over its own
+        chain in the pooled figures (`acc`, which holds the tree's acceptance by depth and
+        rank), kept within 1 and a cycle's most (steps + 1). A chain's is its own: pooled
+        figures weigh each prompt by its cycles at the measured depth, too low at shallower
+        ones (review of 50c6ae4: 2-5 % on the CPU run)."""
         order = refill_order(len(mix.prompts), batch, self.waves)
-        left = self.new_tokens - 1
         if setting.is_baseline:
-            return baseline_schedule([left] * len(order), batch, self.steps_every[batch])
+            return [1.0] * len(order)
+        gain = 1.0
+        if setting.topk > 1 and acc.chain:
+            gain = tokens_per_cycle(acc, setting) / tokens_per_cycle(
+                Acceptance(chain=acc.chain), setting)
         own = [tokens_per_cycle(a, setting) for a in mix.prompts]
-        scale = tokens_per_cycle(acc, setting) * math.fsum(1.0 / t for t in own) / len(own)
-        need = [math.ceil(left / (own[i] * scale) - 1e-9) for i in order]
+        return [min(max(own[i] * gain, 1.0), setting.steps + 1.0) for i in order]
+
+    def schedule(self, paces: list[float], setting: SpecSetting, batch: int) -> Schedule:
+        """Each prompt's cycles: the tokens after its first over its pace, rounded up (the
+        last cycle of an answer may accept more than it needs)."""
+        need = [math.ceil((self.new_tokens - 1) / t - 1e-9) for t in paces]
+        if setting.is_baseline:
+            return baseline_schedule(need, batch, self.steps_every[batch])
         return spec_schedule(need, batch, self.every[batch])
 
     def predict(self, costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
@@ -136,17 +146,21 @@ class Refill:
         """Tokens/s of the whole run, prompt passes included: every prompt's tokens over the
         schedule's cycles at the predicted cycle plus the prompt passes. As the profiler
         reports them: the refills' passes as the phase `refill`, per cycle; the first fill,
-        before the first cycle, as `unprofiled`."""
+        before the first cycle, as `unprofiled`. Tokens per cycle: the paces' harmonic mean
+        (tokens over cycles)."""
         if batch not in self.every or batch not in self.steps_every:
             raise CostModelError(f"refill: no refill spacing for batch {batch}")
-        sched = self.schedule(acc, setting, batch, mix)
+        paces = self.paces(acc, setting, batch, mix)
+        sched = self.schedule(paces, setting, batch)
         phases = predict_phases(costs, setting, batch)
         first, *later = (costs.refill_ms(k, not setting.is_baseline) for k in sched.fills)
         phases["refill"] = math.fsum(later) / sched.cycles
         phases["unprofiled"] = first / sched.cycles
         cycle = math.fsum(phases.values())
-        prompts = len(refill_order(len(mix.prompts), batch, self.waves))
-        tps = prompts * self.new_tokens * 1000.0 / (cycle * sched.cycles)
+        if cycle <= 0:
+            raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
+        tps = len(paces) * self.new_tokens * 1000.0 / (cycle * sched.cycles)
         beyond = not costs.covers(setting) or setting.steps > acc.depth
-        return Prediction(setting, batch, tokens_per_cycle(acc, setting), cycle, tps, phases,
-                          beyond, sched.busy / (sched.cycles * min(batch, prompts)))
+        tpc = len(paces) / math.fsum(1.0 / t for t in paces)
+        return Prediction(setting, batch, tpc, cycle, tps, phases, beyond,
+                          sched.busy / (sched.cycles * min(batch, len(paces))))
