@@ -31,7 +31,7 @@ from draftsmith.engine.generate import _trim, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
-from draftsmith.engine.sampling import SamplingParams, draw, draw_or_argmax, probs
+from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
@@ -421,13 +421,13 @@ class SpecDecoder:
     def _accept(self, st: SpecState) -> None:
         if not self.drawn:  # greedy's drafts: sampling draws the target's tokens inside the
             # accept, or before it under top-k or top-p, each row under its own setting
-            temp = st.sampling.temp if self.accept_draws else None
             eager = self.params.kind == "filtered"
             picks = st.sampling.sample(st.vout.logits) if eager else None
+            draws = self.accept_draws
             if not self._fused(st, "accept", st, verify.chain_greedy, tree_pick, commit_values,
-                               self.steps, self.tbase, self.ar, picks, temp):
+                               self.steps, self.tbase, self.ar, picks, draws):
                 greedy_accept(st, self.chain_pick, self.tree_pick, self.commit_values, self.steps,
-                              self.tbase, self.ar, picks, temp)
+                              self.tbase, self.ar, picks, draws)
             return
         logits, aux, t = st.vout.logits, st.vout.aux, st.tree
         if t is None:
@@ -517,18 +517,16 @@ def drafter_prompt(drt: DrafterRuntime, ext: torch.Tensor, aux: torch.Tensor, po
 
 def greedy_accept(st: SpecState, chain_pick: Callable, tree_pick_fn: Callable,
                   commit_fn: Callable, steps: int, tbase: int, ar: torch.Tensor,
-                  picks: torch.Tensor | None = None,
-                  temperature: torch.Tensor | None = None) -> None:
+                  picks: torch.Tensor | None = None, draws: bool = False) -> None:
     """The greedy accept phase: the longest matching prefix (chain) or path (tree) of the verify's
     output, the tree's accepted K/V moved into place, the commit. The fused engine compiles all
     of it as one function (with the plain picks); otherwise the picks come compiled apart.
     picks: the target's tokens [B, N] drawn by sampled decoding, matched in place of the
-    logits' argmax (`SAMPLED_DRAFTS`); temperature: each row's [B] (or one, 0-dim) to draw them
-    here instead (plain temperature sampling), inside the fused accept's one compiled function."""
-    if temperature is not None:
-        t = temperature.clamp(min=1e-6).view(-1, *(1,) * (st.vout.logits.dim() - 1))
-        picks = draw_or_argmax(st.vout.logits, temperature,
-                               draw((st.vout.logits.float() / t).softmax(-1)))
+    logits' argmax (`SAMPLED_DRAFTS`); draws: draw them here instead, each row at its own
+    temperature (plain temperature sampling: `st.sampling`), inside the fused accept's one
+    compiled function."""
+    if draws:
+        picks = st.sampling.sample(st.vout.logits)
     logits, aux, t = st.vout.logits if picks is None else picks, st.vout.aux, st.tree
     if t is None:
         n, bonus = chain_pick(logits, st.vtok)
