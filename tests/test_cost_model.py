@@ -7,6 +7,7 @@ import pytest
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.tune.cost_model import (
+    TREE_PRIOR,
     Acceptance,
     CostTable,
     Measurement,
@@ -19,6 +20,7 @@ from draftsmith.tune.cost_model import (
     leviathan_speedup,
     leviathan_tokens_per_cycle,
     predict,
+    prompt_tree,
     rank_settings,
     recommend,
     steps_series,
@@ -307,6 +309,35 @@ def test_tree_acceptance_from_counts_by_depth_and_rank() -> None:
         Acceptance.from_rank_counts([[2, 2]], [[3, 0]])
     with pytest.raises(DraftsmithError, match="never reached"):
         Acceptance.from_rank_counts([[0, 0]], [[0, 0]])
+
+
+def test_a_prompts_own_tree_starts_from_the_pooled_one() -> None:
+    """prompt_tree: a prompt's q is its own counts plus TREE_PRIOR row-cycles at the pooled q,
+    so a prompt never counted takes the pooled tree, a rank it never reached the pooled q (not
+    0), and many counts their own ratio; chains stay the prompt's own."""
+    pooled = Acceptance(chain=(0.7,), tree=((0.5, 0.2), (0.4, 0.1)))
+    none = [[0, 0], [0, 0]]
+    assert prompt_tree(pooled, none, none, (0.3,)) == Acceptance(chain=(0.3,), tree=pooled.tree)
+    own = prompt_tree(pooled, [[4, 0], [0, 0]], [[4, 0], [0, 0]], (0.9,))
+    m = TREE_PRIOR
+    assert own.tree[0][0] == pytest.approx((4 + m * 0.5) / (4 + m))
+    assert own.tree[0][1] == pytest.approx(0.2) and own.tree[1] == pytest.approx((0.4, 0.1))
+    sure = prompt_tree(pooled, [[10_000, 10_000], [10_000, 5]], [[1000, 9000], [0, 0]], ())
+    assert sure.tree[0] == pytest.approx((0.1, 0.9), abs=1e-3)
+    assert prompt_tree(Acceptance(chain=(0.7,)), none, none, (0.2,)) == Acceptance(chain=(0.2,))
+
+
+def test_siblings_narrow_the_spread_of_a_static_batch() -> None:
+    """A prompt whose chain misses often but whose second-ranked drafts catch the misses, and
+    one that rank 0 serves: their chains part (idle rows), their trees less (tune_default.md,
+    CPU run of 2026-12-05: static trees were priced 0.03-0.07 below their measured busy share
+    while each prompt's tree was taken from its chain)."""
+    slow = Acceptance(chain=(0.4,) * 3, tree=((0.4, 0.5),) * 3)
+    sure = Acceptance(chain=(0.9,) * 3, tree=((0.9, 0.05),) * 3)
+    mix, chain_only = PromptMix((slow, sure)), PromptMix(tuple(Acceptance(chain=a.chain)
+                                                               for a in (slow, sure)))
+    tree = SpecSetting(3, 2, 7)
+    assert mix.busy(tree, 2) > mix.busy(SpecSetting(3), 2) == chain_only.busy(tree, 2)
 
 
 def test_a_static_batch_runs_at_its_slowest_rows_pace() -> None:

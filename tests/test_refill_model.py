@@ -183,10 +183,10 @@ def test_refilled_rows_price_their_cycles_and_prompt_passes():
 
 
 def test_a_tree_is_priced_at_its_own_acceptance_under_refill():
-    """A prompt's pace is its own chain's; a tree's, that times the tree's gain over its chain
-    in the pooled figures (trees were priced at the chain's pace: review of 9990224), within 1
-    and steps + 1; a tree whose siblings catch what the chain misses is predicted faster than
-    the chain, as it is in static batches."""
+    """A prompt's pace is its own chain's; a tree's, its own tree's where measured, else its
+    chain's times the tree's gain over its chain in the pooled figures (trees were priced at
+    the chain's pace: review of 9990224), within 1 and steps + 1; a tree whose siblings
+    catch what the chain misses is predicted faster than the chain, as in static batches."""
     c = CostTable(verify={8: {1: 10.0, 8: 10.0}}, draft_step={8: {1: 1.0, 4: 1.0}},
                   decode={8: 10.0}, refill={8: 5.0}, spec_refill={8: 5.0})
     acc = Acceptance(chain=(0.6,) * 3, tree=((0.6, 0.2, 0.1, 0.05),) * 3)
@@ -202,6 +202,10 @@ def test_a_tree_is_priced_at_its_own_acceptance_under_refill():
     refilled = [predict(c, acc, s, 8, mix, plan) for s in (chain, tree)]
     assert refilled[1].tokens_per_s > refilled[0].tokens_per_s
     assert refilled[0].tokens_per_cycle == pytest.approx(2 / (1 / 1.875 + 1 / 4.0))
+    own = PromptMix((Acceptance(chain=slow.chain, tree=((0.5, 0.45),) * 3), sure))
+    assert plan.paces(acc, tree, 8, own)[:2] == [  # a prompt's own tree, where measured
+        pytest.approx(tokens_per_cycle(own.prompts[0], tree)), 4.0]
+    assert plan.paces(acc, chain, 8, own)[:2] == [1.875, 4.0]
     zero = CostTable(verify={8: {1: 0.0}}, draft_step={8: {1: 0.0}}, decode={8: 0.0},
                      refill={8: 0.0}, spec_refill={8: 0.0})
     with pytest.raises(CostModelError, match="cycle time"):

@@ -203,6 +203,27 @@ def test_rank_counts_name_the_sibling_each_cycle_accepted(setup):
                for a, r in zip(ra, rr, strict=True))
 
 
+def test_rank_counts_are_kept_per_row(setup):
+    """Each row's counts are its prompt's: those of the prompt decoded alone; the rows sum to
+    the batch's counts, and a decoder counts one batch's rows, not another's."""
+    target, rt, ref, seq = setup
+    partial = make_drafter(target, 96, Steered).steer(seq, 0.7)
+    dec = SpecDecoder(rt, partial, 4, 4, 10)
+    dec.rank_counts = counts = RankCounts(4, 4, dec.device)
+    dec.generate(PROMPTS, NEW, eos_ids=[])
+    rows = counts.row_counts()
+    assert len(rows) == len(PROMPTS) and any(sum(map(sum, a)) for _, a in rows)
+    for j, total in enumerate(counts.counts()):
+        assert total == [[sum(r[j][d][k] for r in rows) for k in range(4)] for d in range(4)]
+    for i, (prompt, row) in enumerate(zip(PROMPTS, rows, strict=True)):
+        partial.row0 = i  # steered as in its batch row
+        _, *alone = _rank_counted(dec, [prompt])
+        assert tuple(alone) == row
+    partial.row0 = 0
+    with pytest.raises(ValueError, match="sized for 1 rows"):
+        dec.generate(PROMPTS, NEW, eos_ids=[])
+
+
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 2, 6)])
 def test_committed_caches_equal_a_full_forward(setup, steps, topk, n):
     """Target and drafter K/V at every committed position equal those of one forward over the

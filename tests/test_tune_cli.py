@@ -141,15 +141,17 @@ def test_a_setting_is_measured_over_every_prompt(tmp_path, monkeypatch):
 
 
 def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
-    """Each prompt decoded alone gives its own acceptance (the mix the batches' idle rows are
-    predicted from); their counts pooled equal one greedy batch's, as they must; a setting's
-    measurement carries the engine's cycle time and the share of row slots that decoded."""
+    """Each prompt decoded alone gives its own chain acceptance, and its row of a batched tree
+    run its own tree acceptance (the mix the batches' idle rows are predicted from); their
+    counts pooled equal one greedy batch's, as they must; a setting's measurement carries the
+    engine's cycle time and the share of row slots that decoded."""
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.tree import RankCounts
     from draftsmith.models.eagle3 import load_drafter
     from draftsmith.targets import load_target
     from draftsmith.tune import measure
-    from draftsmith.tune.cost_model import Acceptance, SpecSetting
+    from draftsmith.tune.cost_model import Acceptance, SpecSetting, prompt_tree, tree_capacity
 
     folder, _ = _tiny_pair(tmp_path)
     model = load_target(folder).build(torch.float32, "cpu")
@@ -163,14 +165,21 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
     first = measure.decoder(eng, SpecSetting(2)).generate(prompts[:1], 1, []).tokens[0][0]
     pooled, mix = measure.chain_acceptance(eng, prompts, 2, 8, [first])  # prompt 0: done at once
     assert len(mix.prompts) == 3 and mix.prompts[0] == pooled  # the mix stays aligned
-    tree = measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled)
+    tree, own = measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled, mix)
     assert tree.chain == pooled.chain and tree.tree  # a random drafter: depth 1 at least
+    dec = measure.decoder(eng, SpecSetting(2, 2, min(tree_capacity(2, 2), 8)))
+    dec.rank_counts = counts = RankCounts(2, 2, eng.device)
+    dec.generate(prompts, 8, [])  # the same run, counted here
+    assert tree == Acceptance.from_rank_counts(*counts.counts(), chain=pooled.chain)
+    assert own.prompts == tuple(prompt_tree(tree, r, a, p.chain) for (r, a), p in
+                                zip(counts.row_counts(), mix.prompts, strict=True))
+    assert [p.chain for p in own.prompts] == [p.chain for p in mix.prompts]
     from draftsmith.engine import speculative
     from draftsmith.engine.sampling import SamplingParams
 
     eng.params = SamplingParams(0.8)
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")  # siblings may repeat a token
-    assert measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled) == pooled
+    assert measure.tree_acceptance(eng, prompts, 2, 2, 8, [], pooled, mix) == (pooled, mix)
     m = measure.run_setting(eng, SpecSetting(2), prompts, 3, 8, [])
     assert m.cycle_ms is not None and m.cycle_ms > 0
     assert m.busy is not None and 0 < m.busy <= 1

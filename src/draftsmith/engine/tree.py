@@ -289,16 +289,17 @@ class TreeDraft:
 
 class RankCounts:
     """Tree acceptance by depth and sibling rank, counted after each cycle from the state's
-    buffers (eager ops between the cycle's graphs; off the timed path, for `tune`).
+    buffers (eager ops between the cycle's graphs; off the timed path, for `tune`), per row.
 
     reached[d-1][r]: row-cycles whose verified tree held the rank-r child of the accepted
     depth-(d-1) node; accepted[d-1][r]: of those, the cycles that accepted it. Siblings are
     verified in rank order and a kept child's better siblings are kept too (they score higher),
-    so a node's rank is the number of verified siblings before it."""
+    so a node's rank is the number of verified siblings before it. Rows are the state's, sized
+    by the first cycle counted: one generate call's batch."""
 
     def __init__(self, steps: int, topk: int, device: torch.device) -> None:
-        self.steps, self.topk = steps, topk
-        self.reached = torch.zeros(steps * topk, dtype=torch.long, device=device)
+        self.steps, self.topk, self.device = steps, topk, device
+        self.reached = torch.zeros(0, steps * topk, dtype=torch.long, device=device)
         self.accepted = torch.zeros_like(self.reached)
 
     def add(self, t: TreeDraft, n: torch.Tensor, emitted: torch.Tensor,
@@ -306,6 +307,12 @@ class RankCounts:
         """One cycle: n accepted drafts a row, emitted[:, d-1] the token accepted at depth d
         (d <= n), active the rows that decoded in it."""
         parent, depth, tok = t.node_parent, t.node_depth, t.node_tok
+        rows, width = parent.shape[0], self.steps * self.topk
+        if not self.reached.shape[0]:
+            self.reached = torch.zeros(rows, width, dtype=torch.long, device=parent.device)
+            self.accepted = torch.zeros_like(self.reached)
+        if self.reached.shape[0] != rows:
+            raise ValueError(f"rank counts: sized for {self.reached.shape[0]} rows, got {rows}")
         idx = torch.arange(parent.shape[1], device=parent.device)
         before = (idx[None, :] < idx[:, None]) & (idx[None, :] >= 1)  # [j, i]: i before j
         rank = ((parent[:, :, None] == parent[:, None, :]) & before).sum(-1)
@@ -315,15 +322,22 @@ class RankCounts:
             on = on | (at & on.gather(1, parent))
         real = (idx[None, :] >= 1) & active[:, None]
         slot = ((depth - 1).clamp(min=0) * self.topk + rank.clamp(max=self.topk - 1))
+        slot = slot + width * torch.arange(rows, device=parent.device)[:, None]
         reached = real & on.gather(1, parent)  # the parent was accepted
         for total, hit in ((self.reached, reached), (self.accepted, reached & on)):
-            total.scatter_add_(0, slot[hit], torch.ones_like(slot[hit]))
+            total.view(-1).scatter_add_(0, slot[hit], torch.ones_like(slot[hit]))
 
     def counts(self) -> tuple[list[list[int]], list[list[int]]]:
-        """(reached, accepted) as [depth][rank] lists."""
-        def rows(x: torch.Tensor) -> list[list[int]]:
-            return x.view(self.steps, self.topk).tolist()
-        return rows(self.reached), rows(self.accepted)
+        """(reached, accepted) as [depth][rank] lists, summed over the rows."""
+        def grid(x: torch.Tensor) -> list[list[int]]:
+            return x.sum(0).view(self.steps, self.topk).tolist()
+        return grid(self.reached), grid(self.accepted)
+
+    def row_counts(self) -> list[tuple[list[list[int]], list[list[int]]]]:
+        """(reached, accepted) of each row, as `counts`."""
+        shape = (-1, self.steps, self.topk)
+        return list(zip(self.reached.view(shape).tolist(), self.accepted.view(shape).tolist(),
+                        strict=True))
 
 
 def first_front(ids: torch.Tensor, tok: torch.Tensor, score: torch.Tensor, hidden: torch.Tensor,

@@ -166,8 +166,8 @@ def run_tune(
     acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
     if max_topk > 1:
         console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
-        acc = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc,
-                                      max(32, max_draft))
+        acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc,
+                                           mix, max(32, max_draft))
     console.print("measuring costs ...")
     costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
     refilled = None

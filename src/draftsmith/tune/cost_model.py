@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 TOPKS = (1, 2, 4, 8)
 DRAFT_TOKENS = (4, 8, 16, 24, 32, 64)
 MAX_STEPS = 10
+# row-cycles at the pooled figures that each prompt's own tree counts start from
+TREE_PRIOR = 4.0
 
 
 class CostModelError(DraftsmithError, ValueError):
@@ -218,6 +220,21 @@ class Acceptance:
     @classmethod
     def from_dict(cls, data: Mapping[str, Sequence]) -> Acceptance:
         return cls(chain=tuple(data.get("chain", ())), tree=tuple(data.get("tree", ())))
+
+
+def prompt_tree(pooled: Acceptance, reached: Sequence[Sequence[int]],
+                accepted: Sequence[Sequence[int]], chain: Sequence[float],
+                prior: float = TREE_PRIOR) -> Acceptance:
+    """One prompt's tree acceptance from its own rank counts (`RankCounts.row_counts`), each
+    q drawn towards the pooled one by `prior` row-cycles: one answer reaches a deep or low
+    ranked node a few times at most, and a rank it never reached is not one it never accepts.
+    Depths as the pooled figures'; chain: the prompt's own chain figures."""
+    if not pooled.tree:
+        return Acceptance(chain=tuple(chain))
+    depth = range(len(pooled.tree))
+    seen = [[r + prior for r in reached[d]] for d in depth]
+    got = [[a + prior * pooled.q(d + 1, k) for k, a in enumerate(accepted[d])] for d in depth]
+    return Acceptance.from_rank_counts(seen, got, chain)
 
 
 def chain_tokens_per_cycle(acc: Acceptance, steps: int) -> float:

@@ -32,6 +32,7 @@ from draftsmith.tune.cost_model import (
     PromptMix,
     SpecSetting,
     batch_groups,
+    prompt_tree,
     tree_capacity,
 )
 from draftsmith.tune.refill_model import WAVES, refill_order
@@ -250,21 +251,33 @@ def chain_acceptance(
 
 def tree_acceptance(
     eng: Engine, prompts: list[list[int]], steps: int, topk: int, new: int, eos: list[int],
-    chain: Acceptance, tokens: int = 32,
-) -> Acceptance:
+    chain: Acceptance, mix: PromptMix, tokens: int = 32,
+) -> tuple[Acceptance, PromptMix]:
     """The chain's figures plus a tree's by depth and sibling rank (`RankCounts`), from one
     run of a wide tree (steps deep, topk wide, up to `tokens` verified) over the prompts, in
-    batches of the runtime's largest. Drafts drawn from the drafter (sampling under
-    DRAFTSMITH_SAMPLED_DRAFTS=drawn) may repeat a token among siblings, so the accepted node is
-    not known from its token: then the chain's figures alone."""
+    batches of the runtime's largest: pooled, and each prompt's own (`prompt_tree`, on its
+    chain figures from `mix`) for the static batches' idle rows and the refilled rows' paces.
+    Drafts drawn from the drafter (sampling under DRAFTSMITH_SAMPLED_DRAFTS=drawn) may repeat
+    a token among siblings, so the accepted node is not known from its token: then the
+    chain's figures alone."""
     tokens = min(tree_capacity(steps, topk), tokens)
     dec = decoder(eng, SpecSetting(steps, topk, tokens))
     if dec.drawn:
-        return chain
-    dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
+        return chain, mix
+    rows: list[tuple[list[list[int]], list[list[int]]]] = []
     for i in range(0, len(prompts), eng.rt.max_batch):
-        dec.generate(prompts[i : i + eng.rt.max_batch], new, eos)
-    return Acceptance.from_rank_counts(*counts.counts(), chain=chain.chain)
+        batch = prompts[i : i + eng.rt.max_batch]
+        dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
+        dec.generate(batch, new, eos)
+        none = ([[0] * topk] * steps,) * 2  # every row ended at its prefill: no cycle counted
+        rows += counts.row_counts()[: len(batch)] or [none] * len(batch)
+    dec.rank_counts = None
+    reached, accepted = ([[sum(r[j][d][k] for r in rows) for k in range(topk)]
+                          for d in range(steps)] for j in (0, 1))
+    pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
+    own = tuple(prompt_tree(pooled, r, a, p.chain)
+                for (r, a), p in zip(rows, mix.prompts, strict=True))
+    return pooled, PromptMix(own)
 
 
 def draft_phase_costs(

@@ -117,12 +117,12 @@ class Refill:
 
     def paces(self, acc: Acceptance, setting: SpecSetting, batch: int,
               mix: PromptMix) -> list[float]:
-        """Tokens per cycle of each prompt the run decodes, in order. A prompt's own figure is
-        its chain's (`chain_acceptance`); a tree's is that times the tree's gain over its own
-        chain in the pooled figures (`acc`, which holds the tree's acceptance by depth and
-        rank), kept within 1 and a cycle's most (steps + 1). A chain's is its own: pooled
-        figures weigh each prompt by its cycles at the measured depth, too low at shallower
-        ones (review of 50c6ae4: 2-5 % on the CPU run)."""
+        """Tokens per cycle of each prompt the run decodes, in order, kept within 1 and a
+        cycle's most (steps + 1). A prompt's own figure is its own tree's where `tune`
+        measured one (`tree_acceptance`), else its chain's (`chain_acceptance`), a tree's then
+        scaled by the tree's gain over its chain in the pooled figures (`acc`). A chain's is
+        its own: pooled figures weigh each prompt by its cycles at the measured depth, too low
+        at shallower ones (review of 50c6ae4: 2-5 % on the CPU run)."""
         order = refill_order(len(mix.prompts), batch, self.waves)
         if setting.is_baseline:
             return [1.0] * len(order)
@@ -130,8 +130,8 @@ class Refill:
         if setting.topk > 1 and acc.chain:
             gain = tokens_per_cycle(acc, setting) / tokens_per_cycle(
                 Acceptance(chain=acc.chain), setting)
-        own = [tokens_per_cycle(a, setting) for a in mix.prompts]
-        return [min(max(own[i] * gain, 1.0), setting.steps + 1.0) for i in order]
+        own = [tokens_per_cycle(a, setting) * (1.0 if a.tree else gain) for a in mix.prompts]
+        return [min(max(own[i], 1.0), setting.steps + 1.0) for i in order]
 
     def schedule(self, paces: list[float], setting: SpecSetting, batch: int) -> Schedule:
         """Each prompt's cycles: the tokens after its first over its pace, rounded up (the
