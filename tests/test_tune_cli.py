@@ -54,6 +54,8 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert all(ms >= 0 for b in step for ms in [*step[b].values(), *first[b].values()])
     tree = report["acceptance"]["tree"]  # --max-topk 2: measured by depth and rank
     assert tree and all(len(row) == 2 and sum(row) <= 1 + 1e-9 for row in tree)
+    own = report["prompt_acceptance"]  # each prompt's chain and tree, as the model used them
+    assert len(own) == len(prompts.read_text().splitlines()) and all(a["tree"] for a in own)
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )

@@ -1,0 +1,98 @@
+"""How many pooled row-cycles should each prompt's own tree counts start from (TREE_PRIOR)?
+
+Measures, as `draftsmith tune` does, each prompt's chain (decoded alone) and its row of the wide
+tree run, then predicts batch 4's busy share under several priors, static and refilled, against
+the busy shares a tune run measured on the same prompts and drafter.
+
+Usage (repository root, `.kept19` restored as runs/cpu/drafter):
+  python benchmarks/tune_checks_cpu/tree_prior.py STATIC_TUNE_JSON REFILL_TUNE_JSON
+"""
+
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.engine.drafter_runtime import DrafterRuntime
+from draftsmith.engine.runtime import Runtime
+from draftsmith.engine.tree import RankCounts
+from draftsmith.models.eagle3 import load_drafter
+from draftsmith.targets import load_target
+from draftsmith.tune import measure
+from draftsmith.tune.cli import refill_plan, suite
+from draftsmith.tune.cost_model import (
+    Acceptance,
+    PromptMix,
+    SpecSetting,
+    prompt_tree,
+    tree_capacity,
+)
+
+BATCH, STEPS, TOPK, NEW = 4, 4, 4, 48  # the CPU tune runs' --batch-sizes 1,4 --max-steps 4 ...
+PRIORS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, math.inf)  # inf: the chain's spread (before)
+
+
+def setting(text: str) -> SpecSetting:
+    steps, topk, tokens = (int(part.split()[1 if i < 2 else 0])
+                           for i, part in enumerate(text.split(", ")))
+    return SpecSetting(steps, topk, tokens)
+
+
+def measured(path: str) -> dict[SpecSetting, float]:
+    rows = json.loads(Path(path).read_text())["phases"]
+    return {setting(r["setting"]): r["measured_busy"] for r in rows
+            if r["batch"] == BATCH and r.get("measured_busy") is not None}
+
+
+def main() -> None:
+    static, refilled = measured(sys.argv[1]), measured(sys.argv[2])
+    torch.manual_seed(0)
+    t = load_target("default")
+    model = t.build(torch.float32, "cpu")
+    drafter = load_drafter("runs/cpu/drafter", "cpu", torch.float32, embed=model.embed.weight)
+    ids = [t.chat_ids([{"role": "user", "content": p}])
+           for p in suite(Path("benchmarks/tune_refill_cpu/prompts8.jsonl"))]
+    max_seq = max(len(p) for p in ids) + NEW + 64
+    eng = measure.Engine(Runtime(model, BATCH, max_seq + 40),
+                         DrafterRuntime(drafter, BATCH, max_seq + 40 + 64 * STEPS, False), drafter)
+    s = time.time()
+    chain, mix = measure.chain_acceptance(eng, ids, STEPS, NEW, t.eos_ids)
+    dec = measure.decoder(eng, SpecSetting(STEPS, TOPK, min(tree_capacity(STEPS, TOPK), 32)))
+    rows = []
+    for i in range(0, len(ids), BATCH):
+        dec.rank_counts = counts = RankCounts(STEPS, TOPK, eng.device)
+        dec.generate(ids[i:i + BATCH], NEW, t.eos_ids)
+        rows += counts.row_counts()[:len(ids[i:i + BATCH])]
+    reached, accepted = ([[sum(r[j][d][k] for r in rows) for k in range(TOPK)]
+                          for d in range(STEPS)] for j in (0, 1))
+    pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
+    plan = refill_plan(NEW, [1, BATCH])
+    out = {"measure_s": round(time.time() - s)}
+    for prior in PRIORS:
+        own = PromptMix(tuple(
+            Acceptance(chain=p.chain) if math.isinf(prior)
+            else prompt_tree(pooled, r, a, p.chain, prior)
+            for (r, a), p in zip(rows, mix.prompts, strict=True)))
+        res = {}
+        for name, meas, busy in (
+            ("static", static, lambda s, m=own: m.busy(s, BATCH)),
+            ("refill", refilled, lambda s, m=own: (
+                lambda sch: sch.busy / (sch.cycles * BATCH))(
+                    plan.schedule(plan.paces(pooled, s, BATCH, m), s, BATCH))),
+        ):
+            trees = [busy(s) - b for s, b in meas.items() if s.topk > 1]
+            res[name] = {"trees": len(trees),
+                         "mean_abs": round(statistics.mean(map(abs, trees)), 3),
+                         "bias": round(statistics.mean(trees), 3),
+                         "max_abs": round(max(map(abs, trees)), 3)}
+        out[f"prior {prior:g}"] = res
+        print(json.dumps({f"prior {prior:g}": res}), flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
