@@ -366,6 +366,8 @@ def test_a_static_batch_runs_at_its_slowest_rows_pace() -> None:
         2 * batched.tokens_per_cycle * 0.75 * 1000 / batched.cycle_ms)
     with pytest.raises(DraftsmithError, match="no prompt"):
         PromptMix(())
+    with pytest.raises(DraftsmithError, match="1 prompts' tree counts for 2"):
+        PromptMix((fast, slow), (([[1]], [[1]]),))
 
 
 def test_disagreement_from_idle_rows_and_the_engines_own_cycle() -> None:

@@ -56,6 +56,8 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert tree and all(len(row) == 2 and sum(row) <= 1 + 1e-9 for row in tree)
     own = report["prompt_acceptance"]  # each prompt's chain and tree, as the model used them
     assert len(own) == len(prompts.read_text().splitlines()) and all(a["tree"] for a in own)
+    counts = report["prompt_tree_counts"]  # what they came from, to refit TREE_PRIOR offline
+    assert len(counts) == len(own) and all(len(c["reached"]) == 2 for c in counts)
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )
@@ -175,6 +177,7 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
     assert tree == Acceptance.from_rank_counts(*counts.counts(), chain=pooled.chain)
     assert own.prompts == tuple(prompt_tree(tree, r, a, p.chain) for (r, a), p in
                                 zip(counts.row_counts(), mix.prompts, strict=True))
+    assert own.tree_counts == tuple(counts.row_counts())
     assert [p.chain for p in own.prompts] == [p.chain for p in mix.prompts]
     from draftsmith.engine import speculative
     from draftsmith.engine.sampling import SamplingParams

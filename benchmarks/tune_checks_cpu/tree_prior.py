@@ -6,6 +6,9 @@ the busy shares a tune run measured on the same prompts and drafter.
 
 Usage (repository root, `.kept19` restored as runs/cpu/drafter):
   python benchmarks/tune_checks_cpu/tree_prior.py STATIC_TUNE_JSON REFILL_TUNE_JSON
+Or, from tune runs that kept each prompt's tree counts (`prompt_tree_counts`, 2026-12-05 on),
+without measuring anything, every batch above 1 of each run against itself:
+  python benchmarks/tune_checks_cpu/tree_prior.py --from-json TUNE_JSON...
 """
 
 import json
@@ -48,7 +51,57 @@ def measured(path: str) -> dict[SpecSetting, float]:
             if r["batch"] == BATCH and r.get("measured_busy") is not None}
 
 
+def fit(mix_of, meas: dict[SpecSetting, float], busy) -> dict:
+    """Predicted minus measured busy share of the trees, at each prior."""
+    out = {}
+    for prior in PRIORS:
+        mix = mix_of(prior)
+        trees = [busy(mix, s) - b for s, b in meas.items() if s.topk > 1]
+        out[f"prior {prior:g}"] = {"trees": len(trees),
+                                   "mean_abs": round(statistics.mean(map(abs, trees)), 3),
+                                   "bias": round(statistics.mean(trees), 3),
+                                   "max_abs": round(max(map(abs, trees)), 3)}
+    return out
+
+
+def mixes(pooled: Acceptance, chains: list, rows: list):
+    def mix_of(prior: float) -> PromptMix:
+        return PromptMix(tuple(
+            Acceptance(chain=c) if math.isinf(prior) else prompt_tree(pooled, r, a, c, prior)
+            for (r, a), c in zip(rows, chains, strict=True)))
+    return mix_of
+
+
+def from_json(paths: list[str]) -> None:
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        if not d.get("prompt_tree_counts"):
+            raise SystemExit(f"{path}: no prompt_tree_counts (a tune run before they were kept)")
+        pooled = Acceptance.from_dict(d["acceptance"])
+        rows = [(c["reached"], c["accepted"]) for c in d["prompt_tree_counts"]]
+        mix_of = mixes(pooled, [a["chain"] for a in d["prompt_acceptance"]], rows)
+        batches = sorted({r["batch"] for r in d["phases"]} - {1})
+        plan = refill_plan(d["new_tokens"], batches) if d["refill"] else None
+        for b in batches:
+            meas = {setting(r["setting"]): r["measured_busy"] for r in d["phases"]
+                    if r["batch"] == b and r.get("measured_busy") is not None}
+            res = fit(mix_of, meas, busy_at(plan, pooled, b))
+            print(json.dumps({"run": path, "refill": d["refill"], "batch": b, **res}), flush=True)
+
+
+def busy_at(plan, pooled: Acceptance, batch: int):
+    """busy(mix, setting): a static batch's (plan None) or refilled rows' predicted share."""
+    def busy(mix: PromptMix, s: SpecSetting) -> float:
+        if plan is None:
+            return mix.busy(s, batch)
+        sched = plan.schedule(plan.paces(pooled, s, batch, mix), s, batch)
+        return sched.busy / (sched.cycles * batch)
+    return busy
+
+
 def main() -> None:
+    if sys.argv[1] == "--from-json":
+        return from_json(sys.argv[2:])
     static, refilled = measured(sys.argv[1]), measured(sys.argv[2])
     torch.manual_seed(0)
     t = load_target("default")
@@ -71,26 +124,14 @@ def main() -> None:
                           for d in range(STEPS)] for j in (0, 1))
     pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
     plan = refill_plan(NEW, [1, BATCH])
-    out = {"measure_s": round(time.time() - s)}
+    mix_of = mixes(pooled, [p.chain for p in mix.prompts], rows)
+    out = {"measure_s": round(time.time() - s),
+           "static": fit(mix_of, static, busy_at(None, pooled, BATCH)),
+           "refill": fit(mix_of, refilled, busy_at(plan, pooled, BATCH))}
     for prior in PRIORS:
-        own = PromptMix(tuple(
-            Acceptance(chain=p.chain) if math.isinf(prior)
-            else prompt_tree(pooled, r, a, p.chain, prior)
-            for (r, a), p in zip(rows, mix.prompts, strict=True)))
-        res = {}
-        for name, meas, busy in (
-            ("static", static, lambda s, m=own: m.busy(s, BATCH)),
-            ("refill", refilled, lambda s, m=own: (
-                lambda sch: sch.busy / (sch.cycles * BATCH))(
-                    plan.schedule(plan.paces(pooled, s, BATCH, m), s, BATCH))),
-        ):
-            trees = [busy(s) - b for s, b in meas.items() if s.topk > 1]
-            res[name] = {"trees": len(trees),
-                         "mean_abs": round(statistics.mean(map(abs, trees)), 3),
-                         "bias": round(statistics.mean(trees), 3),
-                         "max_abs": round(max(map(abs, trees)), 3)}
-        out[f"prior {prior:g}"] = res
-        print(json.dumps({f"prior {prior:g}": res}), flush=True)
+        key = f"prior {prior:g}"
+        print(json.dumps({key: {"static": out["static"][key], "refill": out["refill"][key]}}),
+              flush=True)
     print(json.dumps(out))
 
 

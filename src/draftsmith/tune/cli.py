@@ -204,7 +204,7 @@ def run_tune(
     if tp is not None and tp.rank != 0:
         return {"texts": texts}  # launch_tp hands back rank 0's report
     report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
-                          1 if tp is None else tp.size, eng.params, refill, mix)
+                          1 if tp is None else tp.size, eng.params, refill, mix, new)
     report["texts"] = texts
     return report
 
@@ -240,7 +240,8 @@ def suite(path: Path | None) -> list[str]:
 
 
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
-                 params: SamplingParams, refill: bool = False, mix=None) -> dict:
+                 params: SamplingParams, refill: bool = False, mix=None,
+                 new: int | None = None) -> dict:
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
@@ -260,11 +261,14 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         "device": device_name(dev),
         "tp": tp_size,
         "refill": refill,
+        "new_tokens": new,
         "sampling": {"temperature": params.temperature, "top_p": params.top_p,
                      "top_k": params.top_k},
         "acceptance": acc.to_dict(),
         # each prompt's own, in the prompts' order: what the idle rows and paces came from
         "prompt_acceptance": [] if mix is None else [a.to_dict() for a in mix.prompts],
+        "prompt_tree_counts": [] if mix is None else [
+            {"reached": r, "accepted": a} for r, a in mix.tree_counts],
         "costs": costs.to_dict(),
         "recommendations": [
             {

@@ -287,10 +287,16 @@ class PromptMix:
     sweep's row slots at chain 6)."""
 
     prompts: tuple[Acceptance, ...]
+    # each prompt's own tree counts (reached, accepted) by depth and rank, as measured, where
+    # its tree came from them (`prompt_tree`): kept for the report, to refit the prior
+    tree_counts: tuple = ()
 
     def __post_init__(self) -> None:
         if not self.prompts:
             raise CostModelError("prompt mix: no prompt has a measured acceptance")
+        if self.tree_counts and len(self.tree_counts) != len(self.prompts):
+            raise CostModelError(f"prompt mix: {len(self.tree_counts)} prompts' tree counts for "
+                                 f"{len(self.prompts)} prompts")
 
     def slot_tokens(self, setting: SpecSetting, batch: int) -> float:
         """Tokens per row slot per cycle over the sweep's batches (`batch_groups`): how many

@@ -277,7 +277,7 @@ def tree_acceptance(
     pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
     own = tuple(prompt_tree(pooled, r, a, p.chain)
                 for (r, a), p in zip(rows, mix.prompts, strict=True))
-    return pooled, PromptMix(own)
+    return pooled, PromptMix(own, tuple(rows))
 
 
 def draft_phase_costs(
