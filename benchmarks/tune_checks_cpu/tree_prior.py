@@ -29,6 +29,7 @@ from draftsmith.tune import measure
 from draftsmith.tune.cli import refill_plan, suite
 from draftsmith.tune.cost_model import (
     Acceptance,
+    CostModelError,
     PromptMix,
     SpecSetting,
     prompt_tree,
@@ -54,8 +55,14 @@ def measured(path: str) -> dict[SpecSetting, float]:
 def fit(mix_of, meas: dict[SpecSetting, float], busy) -> dict:
     """Predicted minus measured busy share of the trees, at each prior."""
     out = {}
+    if not any(s.topk > 1 for s in meas):
+        return out  # this batch's sweep timed no tree
     for prior in PRIORS:
-        mix = mix_of(prior)
+        try:
+            mix = mix_of(prior)
+        except CostModelError as e:  # prior 0: a prompt that never reached depth 1
+            out[f"prior {prior:g}"] = str(e)
+            continue
         trees = [busy(mix, s) - b for s, b in meas.items() if s.topk > 1]
         out[f"prior {prior:g}"] = {"trees": len(trees),
                                    "mean_abs": round(statistics.mean(map(abs, trees)), 3),
@@ -116,10 +123,11 @@ def main() -> None:
     chain, mix = measure.chain_acceptance(eng, ids, STEPS, NEW, t.eos_ids)
     dec = measure.decoder(eng, SpecSetting(STEPS, TOPK, min(tree_capacity(STEPS, TOPK), 32)))
     rows = []
+    none = ([[0] * TOPK] * STEPS,) * 2  # as measure.tree_acceptance: ended at its prefill
     for i in range(0, len(ids), BATCH):
         dec.rank_counts = counts = RankCounts(STEPS, TOPK, eng.device)
         dec.generate(ids[i:i + BATCH], NEW, t.eos_ids)
-        rows += counts.row_counts()[:len(ids[i:i + BATCH])]
+        rows += counts.row_counts() or [none] * len(ids[i:i + BATCH])
     reached, accepted = ([[sum(r[j][d][k] for r in rows) for k in range(TOPK)]
                           for d in range(STEPS)] for j in (0, 1))
     pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)

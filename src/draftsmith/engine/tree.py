@@ -298,7 +298,7 @@ class RankCounts:
     by the first cycle counted: one generate call's batch."""
 
     def __init__(self, steps: int, topk: int, device: torch.device) -> None:
-        self.steps, self.topk, self.device = steps, topk, device
+        self.steps, self.topk = steps, topk
         self.reached = torch.zeros(0, steps * topk, dtype=torch.long, device=device)
         self.accepted = torch.zeros_like(self.reached)
 

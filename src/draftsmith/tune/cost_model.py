@@ -289,7 +289,7 @@ class PromptMix:
     prompts: tuple[Acceptance, ...]
     # each prompt's own tree counts (reached, accepted) by depth and rank, as measured, where
     # its tree came from them (`prompt_tree`): kept for the report, to refit the prior
-    tree_counts: tuple = ()
+    tree_counts: tuple = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         if not self.prompts:
