@@ -258,11 +258,12 @@ def test_tune_refuses_bad_step_and_topk_limits_before_loading(tmp_path):
 def test_tune_refill_prices_and_sweeps_refilled_rows(tmp_path):
     """--refill: the prompt passes are timed at every padded row count, each setting runs with
     rows refilled (the refills profiled), and where every prompt's cycles are known (the random
-    drafter accepts nothing) the model's busy share is the engine's own."""
+    drafter accepts nothing; the baseline's plain steps) the model's busy share is the
+    engine's own."""
     from draftsmith.tune.cli import run_tune
 
     folder, prompts = _tiny_pair(tmp_path)
-    report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 6, 1, "cpu",
+    report = run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 8, 1, "cpu",
                       torch.float32, False, tmp_path / "tune", max_topk=2, max_draft=5,
                       refill=True)
     assert report["refill"] is True and "continuous batching" in report["texts"][0]
@@ -274,6 +275,11 @@ def test_tune_refill_prices_and_sweeps_refilled_rows(tmp_path):
     assert priced and all("refill" in r["predicted_phases_ms"] for r in priced)
     assert all(r["measured_accept"] == 1.0 for r in priced)
     assert all(r["measured_busy"] == pytest.approx(r["predicted_busy"]) for r in priced)
+    base = [r for r in report["phases"] if r["setting"] == "no speculation"]
+    assert [r["batch"] for r in base] == [1, 2]  # the plain loop's steps are the model's too
+    # 7 steps a prompt after its prompt pass, the done flags read every 2: one idle step in 8
+    assert all(r["measured_busy"] == pytest.approx(r["predicted_busy"]) == 7 / 8 for r in base)
+    assert all(r["measured_cycle_ms"] > 0 for r in base)
     assert not any("idle rows" in t for t in report["texts"])
 
 

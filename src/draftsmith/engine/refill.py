@@ -165,9 +165,11 @@ def generate_refill(
     eos_ids: list[int] | None = None,
     rows: int | None = None,
     check_every: int = 16,
+    stats: dict | None = None,
 ) -> list[list[int]]:
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight
-    (fewer prompts than rows leave rows idle: one captured step serves every call)."""
+    (fewer prompts than rows leave rows idle: one captured step serves every call); `stats`,
+    if given, gets the decode steps run (`steps`) and the rows (`rows`)."""
     rows = min(rows or rt.max_batch, rt.max_batch)
     _check(rt, prompts, max_new_tokens)
     eos = list(eos_ids or [])
@@ -177,10 +179,11 @@ def generate_refill(
     owner: list[int | None] = [None] * rows
     results: list[list[int]] = [[] for _ in prompts]
     _assign(state, list(range(rows)), owner, queue)
-    every = step_spacing(check_every, max_new_tokens)
+    every, steps = step_spacing(check_every, max_new_tokens), 0
     while any(o is not None for o in owner):
         for _ in range(every):
             step()
+        steps += every
         done = state.done.tolist()
         ended = [r for r, o in enumerate(owner) if o is not None and done[r]]
         if ended:
@@ -191,6 +194,8 @@ def generate_refill(
                 owner[r] = None
             _assign(state, ended, owner, queue)
     sync(rt)
+    if stats is not None:
+        stats.update(steps=steps, rows=rows)
     return results
 
 
