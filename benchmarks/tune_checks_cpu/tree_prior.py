@@ -22,7 +22,6 @@ import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.runtime import Runtime
-from draftsmith.engine.tree import RankCounts
 from draftsmith.models.eagle3 import load_drafter
 from draftsmith.targets import load_target
 from draftsmith.tune import measure
@@ -33,7 +32,6 @@ from draftsmith.tune.cost_model import (
     PromptMix,
     SpecSetting,
     prompt_tree,
-    tree_capacity,
 )
 
 BATCH, STEPS, TOPK, NEW = 4, 4, 4, 48  # the CPU tune runs' --batch-sizes 1,4 --max-steps 4 ...
@@ -121,16 +119,8 @@ def main() -> None:
                          DrafterRuntime(drafter, BATCH, max_seq + 40 + 64 * STEPS, False), drafter)
     s = time.time()
     chain, mix = measure.chain_acceptance(eng, ids, STEPS, NEW, t.eos_ids)
-    dec = measure.decoder(eng, SpecSetting(STEPS, TOPK, min(tree_capacity(STEPS, TOPK), 32)))
-    rows = []
-    none = ([[0] * TOPK] * STEPS,) * 2  # as measure.tree_acceptance: ended at its prefill
-    for i in range(0, len(ids), BATCH):
-        dec.rank_counts = counts = RankCounts(STEPS, TOPK, eng.device)
-        dec.generate(ids[i:i + BATCH], NEW, t.eos_ids)
-        rows += counts.row_counts() or [none] * len(ids[i:i + BATCH])
-    reached, accepted = ([[sum(r[j][d][k] for r in rows) for k in range(TOPK)]
-                          for d in range(STEPS)] for j in (0, 1))
-    pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
+    pooled, own = measure.tree_acceptance(eng, ids, STEPS, TOPK, NEW, t.eos_ids, chain, mix)
+    rows = list(own.tree_counts)  # as tune measures them
     plan = refill_plan(NEW, [1, BATCH])
     mix_of = mixes(pooled, [p.chain for p in mix.prompts], rows)
     out = {"measure_s": round(time.time() - s),

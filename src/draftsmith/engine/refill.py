@@ -169,7 +169,7 @@ def generate_refill(
 ) -> list[list[int]]:
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight
     (fewer prompts than rows leave rows idle: one captured step serves every call); `stats`,
-    if given, gets the decode steps run (`steps`) and the rows (`rows`)."""
+    if given, gets the decode steps run (`steps`)."""
     rows = min(rows or rt.max_batch, rt.max_batch)
     _check(rt, prompts, max_new_tokens)
     eos = list(eos_ids or [])
@@ -195,7 +195,7 @@ def generate_refill(
             _assign(state, ended, owner, queue)
     sync(rt)
     if stats is not None:
-        stats.update(steps=steps, rows=rows)
+        stats["steps"] = steps
     return results
 
 

@@ -270,12 +270,12 @@ def tree_acceptance(
     if dec.drawn:
         return chain, mix
     rows: list[tuple[list[list[int]], list[list[int]]]] = []
+    none = ([[0] * topk] * steps,) * 2  # every row ended at its prefill: no cycle counted
     for i in range(0, len(prompts), eng.rt.max_batch):
         batch = prompts[i : i + eng.rt.max_batch]
         dec.rank_counts = counts = RankCounts(steps, topk, eng.device)
         dec.generate(batch, new, eos)
-        none = ([[0] * topk] * steps,) * 2  # every row ended at its prefill: no cycle counted
-        rows += counts.row_counts()[: len(batch)] or [none] * len(batch)
+        rows += counts.row_counts() or [none] * len(batch)  # a row a prompt, in order
     dec.rank_counts = None
     reached, accepted = ([[sum(r[j][d][k] for r in rows) for k in range(topk)]
                           for d in range(steps)] for j in (0, 1))
