@@ -230,7 +230,8 @@ serve)
     # (first: KEPT=/tmp/kept DRAFTER=runs/kept/drafter STAGES=restore bash benchmarks/h200.sh
     # suite); SPEC="3 1" or "3 4 8": steps, topk and draft tokens; LENGTHS: max_tokens in turn;
     # COMPILE=1: serve --compile; FIXED=1: --fixed-rows; TEMPS=0.6,1.0: the requests'
-    # temperatures in turn; SRC=ab_base/src: another draftsmith (needs .whl's serve wheels)
+    # temperatures in turn; SRC=ab_base/src: another draftsmith (needs .whl's serve wheels);
+    # FRONTENDS=0,4: each engine served by HTTP in its own process, then by 4 HTTP processes
     read -r steps topk ndt <<< "${SPEC:-3 1}"
     PYTHONPATH="/tmp/site:$PWD/${SRC:-src}" timeout "${LIMIT:-400}" \
         python3 benchmarks/serve_bench.py --device cuda \
@@ -238,7 +239,7 @@ serve)
         ${LENGTHS:+--lengths "$LENGTHS"} ${DRAFTER:+--drafter "$DRAFTER"} --steps "$steps" \
         --topk "$topk" ${ndt:+--num-draft-tokens "$ndt"} ${COMPILE:+--compile} \
         ${FIXED:+--fixed-rows} --clients "${CLIENTS:-4}" ${TEMPS:+--temperatures "$TEMPS"} \
-        --out "$OUT/serve${TAG:-}" 2>&1 \
+        ${FRONTENDS:+--frontends "$FRONTENDS"} --out "$OUT/serve${TAG:-}" 2>&1 \
         | tee "$OUT/serve${TAG:-}_log.txt"
     ;;
 invariance)
@@ -252,10 +253,12 @@ invariance)
 servehost)
     # serve_host.py: the server's host path with an engine that costs nothing (the target's
     # tokenizer only; carry .whl's serve wheels): the most the server delivers on this host
-    # (CLIENTS client processes, SRC=ab_base/src: another draftsmith, TAG: a name for the run)
+    # (CLIENTS client processes, SRC=ab_base/src: another draftsmith, TAG: a name for the run,
+    # FRONTENDS=0,4: HTTP in the engine's process, then in 4 processes of its own)
     PYTHONPATH="/tmp/site:$PWD/${SRC:-src}" timeout "${LIMIT:-300}" python3 benchmarks/serve_host.py \
         --requests "${REQUESTS:-1024}" --max-batch "${MAXB:-32}" --rounds "${ROUNDS:-2}" \
-        --clients "${CLIENTS:-4}" --out "$OUT/serve_host${TAG:-}" 2>&1 \
+        --clients "${CLIENTS:-4}" ${FRONTENDS:+--frontends "$FRONTENDS"} \
+        --out "$OUT/serve_host${TAG:-}" 2>&1 \
         | tee "$OUT/serve_host${TAG:-}_log.txt"
     ;;
 specrefill)

@@ -4,7 +4,7 @@ speculative against baseline decoding when a drafter is given.
 Usage: python benchmarks/serve_bench.py [--target default] [--device cpu] [--requests 24]
        [--max-batch 8] [--rounds 2] [--lengths 16,96,32,64,24,80,48,8]
        [--drafter DIR [--steps 3 --topk 1 --num-draft-tokens N]] [--compile] [--fixed-rows]
-       [--temperatures 0] [--out DIR]
+       [--temperatures 0] [--frontends 0[,4]] [--out DIR]
 Starts the real server (uvicorn, in this process) on the baseline engine (and, with --drafter,
 on a speculative engine too), with `--static-batches` behaviour and continuous, in turn for
 `--rounds` rounds (the order alternating). A separate process (so the clients never hold this
@@ -26,16 +26,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import multiprocessing
+import os
 import platform
 import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -50,12 +55,39 @@ from draftsmith.serve.engine import EngineConfig, load_engine  # noqa: E402
 LENGTHS = (16, 96, 32, 64, 24, 80, 48, 8)
 
 
-def serve(engine, target: str, continuous: bool):
+@dataclass
+class Served:
+    """A running server: its URL and model id, the frontend processes' pids (their CPU time
+    counts as the server's) and how to stop it."""
+
+    url: str
+    model: str
+    stop: Callable[[], None]
+    pids: tuple[int, ...] = ()
+
+    def cpu_s(self) -> float:
+        """CPU seconds of this process and the live frontends (Linux /proc)."""
+        tick, total = os.sysconf("SC_CLK_TCK"), time.process_time()
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / tick  # utime, stime
+        return total
+
+
+def serve(engine, target: str, continuous: bool, frontends: int = 0) -> Served:
+    """The real server on a free port: in this process, or with `frontends` HTTP processes
+    (`serve --frontends`)."""
     import uvicorn
 
     from draftsmith.serve.app import create_app
 
     cfg = server_config(engine, target, None, None, 4096, continuous=continuous)
+    if frontends:
+        from draftsmith.serve.frontends import Frontends
+
+        fe = Frontends(engine, cfg, frontends).start()
+        return Served(fe.url, cfg.model_name, fe.stop, tuple(p.pid for p in fe.procs))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -64,7 +96,12 @@ def serve(engine, target: str, continuous: bool):
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.02)
-    return server, f"http://127.0.0.1:{port}", cfg.model_name
+
+    def stop() -> None:
+        server.should_exit = True
+        time.sleep(0.5)
+
+    return Served(f"http://127.0.0.1:{port}", cfg.model_name, stop)
 
 
 def load(url: str, model: str, jobs: list[tuple[str, int, float]]) -> dict:
@@ -109,22 +146,23 @@ class Clients:
     def __exit__(self, *exc: object) -> None:
         self.pool.shutdown()
 
-    def warm(self, url: str, model: str, jobs: list[tuple[str, int, float]],
-             first: int = 1) -> None:
+    def warm(self, srv: Served, jobs: list[tuple[str, int, float]], first: int = 1) -> None:
         """Start every process and import the client there, sending the `first` jobs (untimed:
         one a setting, so a setting's first-use costs fall here)."""
-        for f in [self.pool.submit(load, url, model, jobs[:first]) for _ in range(self.n)]:
+        for f in [self.pool.submit(load, srv.url, srv.model, jobs[:first])
+                  for _ in range(self.n)]:
             f.result()
 
-    def load(self, url: str, model: str, jobs: list[tuple[str, int, float]]) -> dict:
+    def load(self, srv: Served, jobs: list[tuple[str, int, float]]) -> dict:
         import httpx
 
         parts = [jobs[k :: self.n] for k in range(self.n)]
-        before = httpx.get(url + "/metrics").json()
-        cpu0 = time.process_time()
-        outs = [f.result() for f in [self.pool.submit(load, url, model, p) for p in parts]]
-        server_cpu = time.process_time() - cpu0
-        after = httpx.get(url + "/metrics").json()
+        before = httpx.get(srv.url + "/metrics").json()
+        cpu0 = srv.cpu_s()
+        outs = [f.result() for f in [self.pool.submit(load, srv.url, srv.model, p)
+                                     for p in parts]]
+        server_cpu = srv.cpu_s() - cpu0
+        after = httpx.get(srv.url + "/metrics").json()
         got: list = [None] * len(jobs)
         for k, o in enumerate(outs):
             got[k :: self.n] = o["got"]
@@ -142,17 +180,24 @@ class Clients:
                 "texts": [g[0] for g in got], "latencies_s": [g[2] for g in got]}
 
 
-def rounds(engines: dict, target: str, jobs: list, n: int, clients: Clients) -> dict:
-    """Each engine in both modes, `n` rounds, the order of the modes alternating."""
+def servers(engines: dict, frontends: list[int]) -> dict[str, tuple[Any, int]]:
+    """Each engine with each count of frontend processes, by name ("baseline", or "baseline
+    f4" where several counts are compared)."""
+    return {name if len(frontends) == 1 else f"{name} f{k}": (engine, k)
+            for name, engine in engines.items() for k in frontends}
+
+
+def rounds(engines: dict[str, tuple[Any, int]], target: str, jobs: list, n: int,
+           clients: Clients) -> dict:
+    """Each server (`servers`) in both modes, `n` rounds, the order of the modes alternating."""
     runs: dict[str, dict] = {}
     for i in range(n):
         modes = [("static", False), ("continuous", True)]
-        for name, engine in engines.items():
+        for name, (engine, frontends) in engines.items():
             for mode, continuous in modes if i % 2 == 0 else modes[::-1]:
-                server, url, model = serve(engine, target, continuous)
-                r = runs[f"{name} {mode} {i + 1}"] = clients.load(url, model, jobs)
-                server.should_exit = True
-                time.sleep(0.5)
+                srv = serve(engine, target, continuous, frontends)
+                r = runs[f"{name} {mode} {i + 1}"] = clients.load(srv, jobs)
+                srv.stop()
                 print(f"{name} {mode} (round {i + 1}): {r['wall_s']:.2f} s, {r['tok_s']:.1f} "
                       f"tok/s, latency mean {r['latency_mean_s']:.2f} s, p90 "
                       f"{r['latency_p90_s']:.2f} s, batches {r['batches']}, joined rows "
@@ -181,8 +226,12 @@ def main() -> None:
                     help="client processes sharing the requests")
     ap.add_argument("--temperatures", default="0",
                     help="the requests' temperatures, in turn (several: mixed settings)")
+    ap.add_argument("--frontends", default="0",
+                    help="HTTP processes (serve --frontends), several comma-separated: each "
+                         "engine is served with each in turn")
     ap.add_argument("--out", default="serve-bench-out")
     a = ap.parse_args()
+    frontends = [int(x) for x in a.frontends.split(",")]
     lengths = [int(x) for x in a.lengths.split(",")]
     temps = [float(x) for x in a.temperatures.split(",")]
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
@@ -200,12 +249,13 @@ def main() -> None:
         warm[name] = time.perf_counter() - t0
         print(f"{name}: warm-up {warm[name]:.1f} s", flush=True)
     jobs = chat_jobs(a.requests, lengths, temps)
+    engines = servers(engines, frontends)
     with Clients(a.clients) as clients:
-        for engine in engines.values():  # untimed: first-call costs, the clients' start
+        for engine, k in engines.values():  # untimed: first-call costs, the clients' start
             for continuous in (True, False):
-                server, url, model = serve(engine, a.target, continuous)
-                clients.warm(url, model, jobs, len(temps))
-                server.should_exit = True
+                srv = serve(engine, a.target, continuous, k)
+                clients.warm(srv, jobs, len(temps))
+                srv.stop()
         runs = rounds(engines, a.target, jobs, a.rounds, clients)
     diffs = text_diffs(runs, jobs) if temps == [0.0] else []
     same = not diffs
@@ -213,10 +263,11 @@ def main() -> None:
              for e in engines for m in ("static", "continuous")}
     ratios = {f"{e}: continuous / static": ratio(pools[f"{e} continuous"], pools[f"{e} static"])
               for e in engines}
-    if a.drafter:
+    if a.drafter and len(frontends) == 1:
         for m in ("static", "continuous"):
             ratios[f"{m}: speculative / baseline"] = ratio(pools[f"speculative {m}"],
                                                            pools[f"baseline {m}"])
+    ratios.update(frontend_ratios(pools, frontends))
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else platform.processor(),
@@ -224,7 +275,7 @@ def main() -> None:
         "drafter": a.drafter, "steps": a.steps, "topk": a.topk,
         "num_draft_tokens": a.num_draft_tokens, "compile": a.compile,
         "fixed_rows": a.fixed_rows, "requests": a.requests, "clients": a.clients,
-        "max_batch": a.max_batch, "temperatures": temps,
+        "max_batch": a.max_batch, "temperatures": temps, "frontends": frontends,
         "lengths": lengths, "same_texts": same if temps == [0.0] else None, "rounds": a.rounds,
         "pooled": pools,
         "ratios": ratios, "warmup_s": warm, "text_diffs": diffs,
@@ -277,6 +328,19 @@ def text_diffs(runs: dict, jobs: list[tuple[str, int]]) -> list[dict]:
             out.append({"request": i, "max_tokens": jobs[i][1], "runs_apart": apart,
                         "first_diff_char": at, "first": ref[max(0, at - 40): at + 40],
                         "other": other[max(0, at - 40): at + 40]})
+    return out
+
+
+def frontend_ratios(pools: dict[str, dict], frontends: list[int]) -> dict[str, dict]:
+    """Each count of frontend processes against the first count, by engine and mode."""
+    out = {}
+    base = frontends[0]
+    for key in pools:
+        name, _, mode = key.rpartition(" ")
+        head, _, k = name.rpartition(" f")
+        if len(frontends) > 1 and k.isdigit() and int(k) != base:
+            out[f"{head} {mode}: f{k} / f{base}"] = ratio(pools[key],
+                                                         pools[f"{head} f{base} {mode}"])
     return out
 
 

@@ -1,7 +1,7 @@
 """The server's own host path: `draftsmith serve` over an engine whose steps cost nothing.
 
 Usage: python benchmarks/serve_host.py [--requests 512] [--max-batch 32] [--rounds 2]
-       [--lengths 32,192,64,128,48,160,96,16] [--clients 4] [--out DIR]
+       [--lengths 32,192,64,128,48,160,96,16] [--clients 4] [--frontends 0[,4]] [--out DIR]
 The real server (uvicorn, FastAPI, the scheduler, chat-template tokenization, detokenization,
 the OpenAI response bodies) and the real `openai` client in its own process, as in
 `serve_bench.py`, but the engine's rows emit the next token of a fixed answer per step with no
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from serve_bench import LENGTHS, Clients, chat_jobs, pooled, rounds, serve
+from serve_bench import LENGTHS, Clients, chat_jobs, frontend_ratios, pooled, rounds, serve, servers
 
 from draftsmith.serve.engine import EngineConfig, LiveRows, ServeEngine
 
@@ -100,10 +100,10 @@ class GcClients(Clients):
         super().__init__(n)
         self.clock = clock
 
-    def load(self, url: str, model: str, jobs: list[tuple[str, int]]) -> dict:
+    def load(self, srv, jobs: list[tuple[str, int]]) -> dict:
         tracked = len(gc.get_objects())  # what a full collection walks (frozen ones excluded)
         n0, s0 = list(self.clock.count), sum(self.clock.seconds)
-        r = super().load(url, model, jobs)
+        r = super().load(srv, jobs)
         r["gc_tracked_objects"] = tracked
         r["gc_s"] = sum(self.clock.seconds) - s0
         r["gc_collections"] = [a - b for a, b in zip(self.clock.count, n0, strict=True)]
@@ -121,33 +121,42 @@ def main() -> None:
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--clients", type=int, default=4,
                     help="client processes sharing the requests")
+    ap.add_argument("--frontends", default="0",
+                    help="HTTP processes (serve --frontends), several comma-separated: each in "
+                         "turn")
     ap.add_argument("--out", default="serve-host-out")
     a = ap.parse_args()
+    frontends = [int(x) for x in a.frontends.split(",")]
     # the null rows' few tensor ops would otherwise wake torch's whole CPU thread pool, whose
     # spinning showed as 4-9 cores of server CPU on the H200's 16-core host
     torch.set_num_threads(1)
     lengths = [int(x) for x in a.lengths.split(",")]
     cfg = EngineConfig(max_batch=a.max_batch, max_prompt_tokens=256, max_tokens=max(lengths))
-    engines = {"null": NullEngine(load_target(a.target), cfg)}
+    engines = servers({"null": NullEngine(load_target(a.target), cfg)}, frontends)
     jobs = chat_jobs(a.requests, lengths)
     clock = GcClock()
     clock.start()
     with GcClients(a.clients, clock) as clients:
-        server, url, model = serve(engines["null"], a.target, True)
-        clients.warm(url, model, jobs)
-        server.should_exit = True
+        for engine, k in engines.values():
+            srv = serve(engine, a.target, True, k)
+            clients.warm(srv, jobs)
+            srv.stop()
         runs = rounds(engines, a.target, jobs, a.rounds, clients)
-    pools = {m: pooled([r for k, r in runs.items() if f" {m} " in k])
-             for m in ("static", "continuous")}
+    pools = {f"{e} {m}": pooled([r for k, r in runs.items() if k.startswith(f"{e} {m} ")])
+             for e in engines for m in ("static", "continuous")}
+    ratios = frontend_ratios(pools, frontends)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.processor() or platform.machine(),
         "cpus": len(os.sched_getaffinity(0)), "requests": a.requests,
-        "max_batch": a.max_batch, "clients": a.clients, "lengths": lengths, "pooled": pools,
+        "max_batch": a.max_batch, "clients": a.clients, "lengths": lengths,
+        "frontends": frontends, "pooled": pools, "ratios": ratios,
         "gc_freeze": os.environ.get("DRAFTSMITH_SERVE_GC_FREEZE", "1"),
         "runs": {k: {x: y for x, y in v.items() if x != "texts"} for k, v in runs.items()}}
     for m, v in pools.items():
         print(f"{m}: {v['tok_s']:.0f} tok/s, mean latency {v['latency_mean_s']:.2f} s")
+    for m, v in ratios.items():
+        print(f"{m}: tok/s {v['tok_s']:.2f}x, mean latency {v['latency_mean']:.2f}x")
     for k, r in runs.items():
         print(f"{k}: GC {r['gc_s']:.3f} s while the clients ran ({r['gc_collections']} "
               f"collections by generation; {r['gc_tracked_objects']} objects tracked)")

@@ -460,15 +460,18 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
     from draftsmith.serve.cli import serve
 
     seen = {}
-    monkeypatch.setattr(app_mod, "run_server", lambda engine, cfg, host, port, level: seen.update(
-        engine=engine, cfg=cfg, host=host, port=port))
+    def run_server(engine, cfg, host, port, level, frontends) -> None:
+        seen.update(engine=engine, cfg=cfg, host=host, port=port, frontends=frontends)
+
+    monkeypatch.setattr(app_mod, "run_server", run_server)
     app = typer.Typer()
     app.command()(serve)
     r = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
                                  "--max-batch", "2", "--max-tokens-limit", "16",
-                                 "--max-prompt-tokens", "32", "--port", "8123"])
+                                 "--max-prompt-tokens", "32", "--port", "8123",
+                                 "--frontends", "2"])
     assert r.exit_code == 0, r.output
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["frontends"] == 2
     assert seen["cfg"].model_name == tiny_llama_dir.name and seen["cfg"].max_tokens == 16
     assert seen["engine"].rt.max_batch == 2 and not seen["engine"].speculative
     bad = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",

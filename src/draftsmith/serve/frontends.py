@@ -1,0 +1,399 @@
+"""`serve --frontends N`: the HTTP side in N processes of its own, the engine in this one.
+
+In one process the event loop (uvicorn, Starlette and FastAPI per request, the OpenAI bodies,
+the chat template) held the GIL in 80 % of py-spy's samples of the null server and the batch
+loop in 14 % (`benchmarks/serve_cpu.md`); on the H200 that process sat at one full core and
+delivered 9,000-11,000 tok/s compiled at 32 rows, where the engine alone decodes ~26,000
+(`benchmarks/serve_h200.md`). vLLM and SGLang keep their HTTP servers out of the engine loop's
+process, and so does this: each frontend process runs the same FastAPI app on the one listening
+socket (the kernel hands each connection to one of them), parses and tokenizes requests there,
+and talks to this process's scheduler over a pipe of its own. The engine process keeps the batch
+loop, detokenization and stop strings (they decide when a row frees its slot).
+
+Messages (pickled over `multiprocessing` pipes). Frontend to engine: ("ready",),
+("submit", jid, GenRequest), ("cancel", jid), ("count", {name: n}), ("status", qid).
+Engine to frontend: a list of (jid, event) in the order the scheduler emitted them, where a
+None jid carries ("status", qid, status).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import Any
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.serve.protocol import ApiError, ServeConfig
+from draftsmith.serve.scheduler import Job, Scheduler
+from draftsmith.targets import template_ids
+
+STATUS_WAIT_S = 10.0  # a frontend's wait for the engine's /health and /metrics answer
+START_WAIT_S = 300.0  # for every frontend process to import, load its tokenizer and listen
+GONE = "the engine process is gone"
+
+
+@dataclass
+class TextSide:
+    """What a frontend needs of the engine to parse requests: the tokenizer (and its chat
+    template), the vocabulary and the longest prompt plus answer."""
+
+    tokenizer: Any
+    vocab_size: int
+    max_len: int
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
+                "max_len": self.max_len}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        with self.lock:  # a tokenizer is not safe to share between threads
+            return template_ids(self.tokenizer, messages)
+
+    def text_ids(self, text: str) -> list[int]:
+        with self.lock:
+            return self.tokenizer(text)["input_ids"]
+
+
+# ---- the engine process's end ------------------------------------------------------------------
+
+
+class _Outbox:
+    """Messages to one frontend, sent by a thread of their own: the batch loop only appends, and
+    whatever piled up while a send ran goes in the next one."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.cv = conn, threading.Condition()
+        self.items: list[tuple] = []
+        self.closed = False
+
+    def put(self, item: tuple) -> None:
+        with self.cv:
+            self.items.append(item)
+            self.cv.notify()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.cv:
+                self.cv.wait_for(lambda: self.items or self.closed)
+                if not self.items:
+                    return
+                items, self.items = self.items, []
+            try:
+                self.conn.send(items)
+            except (OSError, ValueError):  # the frontend is gone; its reader cleans up
+                return
+
+
+class EngineLink:
+    """The scheduler's side of the frontends' pipes: a reader and a sender thread for each."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self._jobs: dict[tuple[int, int], Job] = {}
+        self._outs: dict[int, _Outbox] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Condition()
+        self.ready: set[int] = set()
+        self.gone: set[int] = set()
+
+    def attach(self, fid: int, conn: Connection) -> None:
+        out = self._outs[fid] = _Outbox(conn)
+        for name, fn in (("out", out.run), ("in", partial(self._read, fid, conn))):
+            threading.Thread(target=fn, name=f"draftsmith-{name}-{fid}", daemon=True).start()
+
+    def wait_ready(self, fids: set[int], timeout: float) -> bool:
+        with self._ready:
+            return self._ready.wait_for(lambda: fids <= self.ready | self.gone, timeout)
+
+    def close(self) -> None:
+        for out in self._outs.values():
+            out.close()
+
+    def jobs_of(self, fid: int) -> list[Job]:
+        with self._lock:
+            return [j for (f, _), j in self._jobs.items() if f == fid]
+
+    def _read(self, fid: int, conn: Connection) -> None:
+        try:
+            while True:
+                self._handle(fid, conn.recv())
+        except (EOFError, OSError):
+            pass
+        finally:
+            for job in self.jobs_of(fid):  # their clients went with the frontend
+                job.cancelled = True
+            self._outs[fid].close()
+            with self._ready:
+                self.gone.add(fid)
+                self._ready.notify_all()
+
+    def _handle(self, fid: int, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            self._submit(fid, msg[1], msg[2])
+        elif kind == "cancel":
+            with self._lock:
+                job = self._jobs.get((fid, msg[1]))
+            if job is not None:
+                job.cancelled = True
+        elif kind == "count":
+            self.sched.count(**msg[1])
+        elif kind == "status":
+            self._outs[fid].put((None, ("status", msg[1], self.sched.status())))
+        elif kind == "ready":
+            with self._ready:
+                self.ready.add(fid)
+                self._ready.notify_all()
+
+    def _submit(self, fid: int, jid: int, req: Any) -> None:
+        job = Job(req, partial(self._emit, fid, jid))
+        with self._lock:
+            self._jobs[(fid, jid)] = job
+        try:
+            self.sched.submit(job)
+        except ApiError as e:
+            self._emit(fid, jid, ("error", e.status, e.message, e.param, e.code, e.kind))
+
+    def _emit(self, fid: int, jid: int, event: tuple) -> None:
+        if event[0] in ("done", "error"):
+            with self._lock:
+                self._jobs.pop((fid, jid), None)
+        self._outs[fid].put((jid, event))
+
+
+class Frontends:
+    """The engine's scheduler in this process and `n` frontend processes on one socket."""
+
+    def __init__(self, engine: Any, cfg: ServeConfig, n: int, host: str = "127.0.0.1",
+                 port: int = 0, log_level: str = "warning") -> None:
+        if n < 1:
+            raise DraftsmithError(f"--frontends {n}: use 1 or more (0 serves in one process)")
+        self.engine, self.n, self.host, self.port, self.log_level = engine, n, host, port, log_level
+        self.cfg = dataclasses.replace(cfg, info={**cfg.info, "frontends": n})
+        self.sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
+        self.link = EngineLink(self.sched)
+        self.procs: list[Any] = []
+        self.sock: socket.socket | None = None
+        self._tuned = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = START_WAIT_S) -> Frontends:
+        from draftsmith.serve.app import _TUNING
+
+        self.sock = _listen(self.host, self.port)
+        self.port = self.sock.getsockname()[1]
+        _TUNING.enter()
+        self._tuned = True
+        self.sched.start()
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA
+        e = self.engine
+        texts = TextSide(e.target.tokenizer, e.vocab_size, e.max_len)
+        for fid in range(self.n):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_frontend, name=f"draftsmith-frontend-{fid}", daemon=True,
+                            args=(self.sock, theirs, texts, self.cfg, self.log_level))
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.link.attach(fid, mine)
+        if not self.link.wait_ready(set(range(self.n)), timeout) or self.link.gone:
+            self.stop()
+            raise DraftsmithError(f"{self.n} frontend process(es) did not all start in "
+                                  f"{timeout:.0f} s (see their messages above)")
+        return self
+
+    def stop(self) -> None:
+        from draftsmith.serve.app import _TUNING
+
+        for p in self.procs:
+            p.terminate()  # uvicorn's own graceful shutdown on SIGTERM
+        for p in self.procs:
+            p.join(15)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        self.procs = []
+        self.link.close()
+        if self.sched.alive:
+            self.sched.stop()
+        if self._tuned:
+            self._tuned = False
+            _TUNING.exit()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def __enter__(self) -> Frontends:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def serve_forever(self) -> None:
+        """Start, and serve until SIGINT or SIGTERM, or until no frontend is left (the signals'
+        handlers come first: the first frontend up answers while the others start)."""
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                if died := [p for p in self.procs if not p.is_alive()]:
+                    for p in died:
+                        print(f"draftsmith serve: frontend {p.name} exited ({p.exitcode})",
+                              file=sys.stderr)
+                        self.procs.remove(p)
+                    if not self.procs:
+                        raise DraftsmithError("every frontend process exited")
+        finally:
+            self.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise DraftsmithError(f"cannot bind {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+# ---- a frontend process's end ------------------------------------------------------------------
+
+
+class RemoteScheduler:
+    """A frontend's stand-in for the engine's `Scheduler`: the app's calls go over the pipe and
+    the jobs' events come back through it."""
+
+    def __init__(self, conn: Connection, on_lost: Any = None) -> None:
+        self.conn, self.on_lost = conn, on_lost
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._jobs: dict[int, Job] = {}
+        self._jid: dict[int, int] = {}  # id(job) -> its jid, while it runs
+        self._replies: dict[int, list] = {}
+        self.lost = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="draftsmith-link", daemon=True).start()
+        self._send(("ready",))
+
+    def stop(self) -> None:
+        self.conn.close()
+
+    def submit(self, job: Job) -> None:
+        jid = next(self._ids)
+        self._jobs[jid], self._jid[id(job)] = job, jid
+        if not self._try_send(("submit", jid, job.req)):
+            self._forget(jid)
+            raise ApiError(503, GONE, code="unavailable")
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        jid = self._jid.get(id(job))
+        if jid is not None and self._forget(jid):
+            self._try_send(("cancel", jid))
+
+    def count(self, **kv: int) -> None:
+        self._try_send(("count", kv))
+
+    def status(self) -> dict[str, Any]:
+        qid, done = next(self._ids), threading.Event()
+        self._replies[qid] = [done, None]
+        if not self.lost and self._try_send(("status", qid)):
+            done.wait(STATUS_WAIT_S)
+        got = self._replies.pop(qid)[1]
+        return got or {"alive": False, "queued": 0, "metrics": {}}
+
+    def _forget(self, jid: int) -> bool:
+        job = self._jobs.pop(jid, None)
+        if job is not None:
+            self._jid.pop(id(job), None)
+        return job is not None
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def _try_send(self, msg: tuple) -> bool:
+        try:
+            self._send(msg)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for jid, event in self.conn.recv():
+                    self._deliver(jid, event)
+        except (EOFError, OSError):
+            pass
+        self.lost = True
+        for jid, job in list(self._jobs.items()):
+            self._forget(jid)
+            job.emit(("error", 503, GONE))
+        for done, _ in list(self._replies.values()):
+            done.set()
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _deliver(self, jid: int | None, event: tuple) -> None:
+        if jid is None:  # ("status", qid, status)
+            if (slot := self._replies.get(event[1])) is not None:
+                slot[1] = event[2]
+                slot[0].set()
+            return
+        job = self._jobs.get(jid)
+        if job is None:  # cancelled here already
+            return
+        if event[0] in ("done", "error"):
+            self._forget(jid)
+        job.emit(event)
+
+
+def _frontend(sock: socket.socket, conn: Connection, texts: TextSide, cfg: ServeConfig,
+              log_level: str) -> None:
+    """A frontend process: the app over a `RemoteScheduler`, serving on the shared socket until
+    SIGTERM or until the engine process is gone."""
+    import uvicorn
+
+    from draftsmith.serve.app import create_app
+
+    box: dict[str, Any] = {}
+
+    def lost() -> None:
+        if "server" in box:
+            box["server"].should_exit = True
+
+    sched = RemoteScheduler(conn, on_lost=lost)
+    app = create_app(texts, cfg, sched)
+    box["server"] = server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    server.run(sockets=[sock])
+
