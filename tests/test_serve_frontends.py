@@ -248,13 +248,13 @@ def test_the_others_serve_on_when_a_frontend_dies(engine: ServeEngine, tiny_dir:
     cfg = server_config(engine, str(tiny_dir), None, None, 64)
     with Frontends(engine, cfg, 2) as f:
         victim = f.procs[0]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.join(10)
+        victim.kill()
+        victim.wait(10)
         wait_for(lambda: 0 in f.link.gone)
         want = reference(engine, chat_ids(engine, "Why?"), 24)
         for _ in range(4):  # fresh connections: each lands on the one left
             assert ask(f, "Why?").choices[0].message.content == want
-    assert not victim.is_alive() and not f.procs and not f.sched.alive
+    assert victim.returncode == -signal.SIGKILL and not f.procs and not f.sched.alive
 
 
 def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: Path) -> None:
@@ -302,3 +302,10 @@ def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: 
                               text=True).stdout.strip()
 
     wait_for(lambda: not left(), 20)
+
+
+def test_a_frontend_process_imports_no_torch() -> None:
+    """Its start costs what FastAPI and the tokenizer cost, not torch's ~2-5 s and memory."""
+    code = ("import sys\nimport draftsmith.serve.frontends, draftsmith.serve.app\n"
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if 'torch' in m][:5]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

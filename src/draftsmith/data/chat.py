@@ -15,6 +15,15 @@ from draftsmith.errors import DraftsmithError
 SENTINEL = "DRAFTSMITH_SENTINEL_5a1f"
 
 
+def template_ids(tok: Any, messages: list[dict[str, str]],
+                 add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of `messages` under the tokenizer's chat template (the template's own error
+    if it fails: a server reports it as the request's)."""
+    text = tok.apply_chat_template(messages, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 def render(tok: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     try:

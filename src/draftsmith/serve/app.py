@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,9 +23,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from draftsmith.serve import protocol as P
-from draftsmith.serve.engine import ServeEngine
-from draftsmith.serve.scheduler import Job, Scheduler
+from draftsmith.serve.jobs import Job
 from draftsmith.switches import env_count, env_flag
+
+if TYPE_CHECKING:
+    from draftsmith.serve.engine import ServeEngine
+    from draftsmith.serve.scheduler import Scheduler
 
 MAX_BODY = 16 << 20
 # The GIL's switch interval while a server runs, in microseconds (0: Python's own, 5,000). The
@@ -78,7 +81,10 @@ _TUNING = _ProcessTuning()
 def create_app(engine: ServeEngine | Any, cfg: P.ServeConfig, sched: Any = None) -> FastAPI:
     """The app over `engine`'s scheduler, or over `sched` (a frontend process's
     `frontends.RemoteScheduler`, with the engine's text side as `engine`)."""
-    sched = sched or Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
+    if sched is None:
+        from draftsmith.serve.scheduler import Scheduler
+
+        sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

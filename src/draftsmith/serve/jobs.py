@@ -1,0 +1,39 @@
+"""A request as the scheduler runs it (no torch here: a frontend process holds these too)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from draftsmith.serve.protocol import GenRequest
+
+if TYPE_CHECKING:
+    from draftsmith.serve.scheduler import Row
+
+
+class Job:
+    def __init__(self, req: GenRequest, sink: Callable[[tuple], None]) -> None:
+        self.req, self._sink = req, sink
+        self.cancelled = False
+        self.solo = False
+        self.sent = False  # a delta or a finish went out: a rerun would repeat it
+        self.done = False  # every row finished and "done" sent
+        self.rows: list[Row] = []
+        self.queued_at = time.perf_counter()
+        self.batch_key: Any = req.params  # the engine's, set on submit
+
+    @property
+    def key(self) -> tuple:
+        """Jobs with equal keys may share a batch; a seeded one (its draws must not depend on
+        other rows) or one rerun alone shares with none."""
+        if self.solo or self.req.seeded:
+            return ("alone", id(self))
+        return ("batch", self.batch_key)
+
+    def emit(self, event: tuple) -> None:
+        self.sent |= event[0] in ("delta", "finish")
+        try:
+            self._sink(event)
+        except RuntimeError:  # the client's event loop is gone
+            self.cancelled = True
