@@ -232,9 +232,14 @@ serve)
     # COMPILE=1: serve --compile; FIXED=1: --fixed-rows; TEMPS=0.6,1.0: the requests'
     # temperatures in turn; SRC=ab_base/src: another draftsmith (needs .whl's serve wheels);
     # FRONTENDS=0,4: each engine served by HTTP in its own process, then by 4 HTTP processes
+    # PYSPY=1: under py-spy (its wheel in .whl), every thread's stacks sampled into
+    # serve${TAG}_pyspy.txt (summary: benchmarks/pyspy_summary.py)
     read -r steps topk ndt <<< "${SPEC:-3 1}"
+    spy=()
+    [ -n "${PYSPY:-}" ] && spy=(/tmp/site/bin/py-spy record -r 100 --idle --threads -f raw
+                                -o "$OUT/serve${TAG:-}_pyspy.txt" --)
     PYTHONPATH="/tmp/site:$PWD/${SRC:-src}" timeout "${LIMIT:-400}" \
-        python3 benchmarks/serve_bench.py --device cuda \
+        "${spy[@]}" python3 benchmarks/serve_bench.py --device cuda \
         --requests "${REQUESTS:-64}" --max-batch "${MAXB:-8}" --rounds "${ROUNDS:-2}" \
         ${LENGTHS:+--lengths "$LENGTHS"} ${DRAFTER:+--drafter "$DRAFTER"} --steps "$steps" \
         --topk "$topk" ${ndt:+--num-draft-tokens "$ndt"} ${COMPILE:+--compile} \
