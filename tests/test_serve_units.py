@@ -472,6 +472,10 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
                                  "--frontends", "2"])
     assert r.exit_code == 0, r.output
     assert seen["host"] == "127.0.0.1" and seen["port"] == 8123 and seen["frontends"] == 2
+    r = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
+                                 "--max-batch", "2", "--max-tokens-limit", "16",
+                                 "--max-prompt-tokens", "32"])
+    assert r.exit_code == 0 and seen["frontends"] == 0  # the default on a CPU device
     assert seen["cfg"].model_name == tiny_llama_dir.name and seen["cfg"].max_tokens == 16
     assert seen["engine"].rt.max_batch == 2 and not seen["engine"].speculative
     bad = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
@@ -507,3 +511,10 @@ def test_serve_refuses_a_bad_or_taken_port_before_loading_the_model(tmp_path) ->
                         str(tmp_path / "never-loaded"), "--port", "-1", "--device", "cpu"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--port -1: use 0-65535" in r.stderr, r.stderr
+
+
+def test_auto_frontends_only_on_a_gpu_host_with_cores_to_spare() -> None:
+    from draftsmith.serve.cli import AUTO_FRONTENDS, auto_frontends
+
+    assert auto_frontends("cuda", 16) == AUTO_FRONTENDS > 0
+    assert auto_frontends("cuda", 4) == 0 and auto_frontends("cpu", 64) == 0

@@ -11,6 +11,19 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# serve --frontends by default: on the H200's 16-core host four HTTP processes gave the compiled
+# 32-row server 1.26-1.54x the tok/s of one process (benchmarks/serve_h200.md); on a host of a
+# few cores they would take the cores the batch loop and the clients need
+AUTO_FRONTENDS, AUTO_FRONTENDS_CPUS = 4, 8
+
+
+def auto_frontends(device: str, cpus: int | None = None) -> int:
+    """--frontends when not given: AUTO_FRONTENDS on a GPU host of AUTO_FRONTENDS_CPUS cores or
+    more, else 0 (HTTP in the engine's process)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+    return AUTO_FRONTENDS if device != "cpu" and cpus >= AUTO_FRONTENDS_CPUS else 0
 
 
 def serve(
@@ -53,10 +66,11 @@ def serve(
              "changes row count with the load (the row count picks the kernels; in bf16 that "
              "can flip near-ties), at the cost of a lone request decoding in a full batch"),
     frontends: int = typer.Option(
-        0, "--frontends", min=0,
+        None, "--frontends", min=0,
         help="HTTP processes in front of the engine's (parsing, tokenizing, the OpenAI "
              "bodies); 0: HTTP in the engine's own process, sharing its GIL with the batch "
-             "loop"),
+             f"loop (default: {AUTO_FRONTENDS} on a GPU host of {AUTO_FRONTENDS_CPUS}+ cores, "
+             "else 0)"),
     compile: bool = COMPILE,
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
@@ -88,6 +102,8 @@ def serve(
     if host not in LOOPBACK and not api_key:
         _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
     mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
+    if frontends is None:
+        frontends = auto_frontends(dev)
     http = f", {frontends} HTTP processes" if frontends else ""
     _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
     run_server(engine, cfg, host, port, log_level, frontends)
