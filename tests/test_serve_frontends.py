@@ -46,10 +46,13 @@ class Sched:
 
     def __init__(self, refuse: bool = False) -> None:
         self.jobs: list[Job] = []
-        self.refuse = refuse
+        self.refuse, self.broken = refuse, False
         self.counted: dict[str, int] = {}
 
     def submit(self, job: Job) -> None:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("a bug in the scheduler")
         if self.refuse:
             raise P.ApiError(429, "the queue is full (1 requests); retry later",
                              code="queue_full", kind="rate_limit_error")
@@ -133,12 +136,13 @@ def test_a_refused_submit_keeps_its_status_code_and_type() -> None:
 
 def test_cancel_counts_and_status_reach_the_engine() -> None:
     sched = Sched()
-    _, remote, _ = linked(sched)
+    link, remote, _ = linked(sched)
     remote.submit(job := remote_job([]))
     wait_for(lambda: sched.jobs)
     assert not sched.jobs[0].cancelled
     remote.cancel(job)
     wait_for(lambda: sched.jobs[0].cancelled)
+    assert not link.jobs_of(0)  # a queued job the scheduler drops sends nothing: not kept here
     remote.count(rejected=2)
     wait_for(lambda: sched.counted == {"rejected": 2})
     assert remote.status() == {"alive": True, "queued": 1, "metrics": {"requests": 1}}
@@ -167,7 +171,21 @@ def test_a_lost_frontend_cancels_its_jobs_at_the_engine() -> None:
     wait_for(lambda: len(sched.jobs) == 3)
     cut(remote.conn)
     wait_for(lambda: 0 in link.gone)
-    assert all(j.cancelled for j in sched.jobs)
+    assert all(j.cancelled for j in sched.jobs) and not link.jobs_of(0)
+
+
+def test_an_engine_side_bug_fails_that_request_and_the_link_serves_on() -> None:
+    sched = Sched()
+    link, remote, lost = linked(sched)
+    sched.broken = True
+    events: list = []
+    remote.submit(job := remote_job(events))
+    assert job.got.wait(10)
+    assert events[0][:2] == ("error", 500) and "a bug in the scheduler" in events[0][2]
+    assert not link.jobs_of(0) and not remote._jobs
+    remote.submit(remote_job([]))
+    wait_for(lambda: sched.jobs)
+    assert not lost and remote.status()["alive"]
 
 
 def test_the_text_side_tokenizes_as_the_engine_after_a_pickle(engine: ServeEngine) -> None:
@@ -257,7 +275,7 @@ def test_the_others_serve_on_when_a_frontend_dies(engine: ServeEngine, tiny_dir:
     assert victim.returncode == -signal.SIGKILL and not f.procs and not f.sched.alive
 
 
-def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: Path) -> None:
+def serve_cli(tiny_dir: Path) -> tuple[subprocess.Popen, str]:
     import socket
 
     with socket.socket() as s:
@@ -270,7 +288,31 @@ def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: 
          "--port", str(port), "--frontends", "2", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def session_left(proc: subprocess.Popen) -> str:
+    """The processes left in the server's session (its frontends, if any outlived it)."""
+    return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_serve_cli_stops_cleanly_on_sigterm_while_its_frontends_start(tiny_dir: Path) -> None:
+    proc, _ = serve_cli(tiny_dir)
+    try:
+        time.sleep(1.5)  # the engine is loaded or loading; frontends not all up
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (0, -signal.SIGTERM), out  # -15: before its handlers were set
+    assert "Traceback" not in out and "terminate called" not in out, out
+    wait_for(lambda: not session_left(proc), 20)
+
+
+def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: Path) -> None:
+    proc, url = serve_cli(tiny_dir)
     try:
         deadline = time.time() + 120
         while True:
@@ -296,12 +338,7 @@ def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: 
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, out
     assert "2 HTTP processes" in out
-
-    def left() -> str:  # the session's processes (multiprocessing's tracker ends soon after)
-        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True,
-                              text=True).stdout.strip()
-
-    wait_for(lambda: not left(), 20)
+    wait_for(lambda: not session_left(proc), 20)
 
 
 def test_a_frontend_process_imports_no_torch() -> None:

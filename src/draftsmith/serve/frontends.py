@@ -25,6 +25,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import traceback
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
@@ -38,9 +40,13 @@ from draftsmith.serve.protocol import ApiError, ServeConfig
 if TYPE_CHECKING:  # the frontend processes import this module without torch
     from draftsmith.serve.scheduler import Scheduler
 
-STATUS_WAIT_S = 10.0  # a frontend's wait for the engine's /health and /metrics answer
+STATUS_WAIT_S = 5.0  # a frontend's wait for the engine's /health and /metrics answer
 START_WAIT_S = 300.0  # for every frontend process to import, load its tokenizer and listen
 GONE = "the engine process is gone"
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM came while the frontends started."""
 
 
 @dataclass
@@ -74,17 +80,19 @@ class TextSide:
 
 class _Outbox:
     """Messages to one frontend, sent by a thread of their own: the batch loop only appends, and
-    whatever piled up while a send ran goes in the next one."""
+    whatever piled up while a send ran goes in the next one. `first` (the frontend's settings)
+    goes before all of them, so no start waits for a frontend to read it."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn, self.cv = conn, threading.Condition()
+    def __init__(self, conn: Connection, first: Any = None) -> None:
+        self.conn, self.cv, self.first = conn, threading.Condition(), first
         self.items: list[tuple] = []
         self.closed = False
 
     def put(self, item: tuple) -> None:
         with self.cv:
-            self.items.append(item)
-            self.cv.notify()
+            if not self.closed:
+                self.items.append(item)
+                self.cv.notify()
 
     def close(self) -> None:
         with self.cv:
@@ -92,16 +100,23 @@ class _Outbox:
             self.cv.notify()
 
     def run(self) -> None:
-        while True:
-            with self.cv:
-                self.cv.wait_for(lambda: self.items or self.closed)
-                if not self.items:
-                    return
-                items, self.items = self.items, []
-            try:
+        try:
+            if self.first is not None:
+                self.conn.send(self.first)
+            while True:
+                with self.cv:
+                    self.cv.wait_for(lambda: self.items or self.closed)
+                    if not self.items:
+                        return
+                    items, self.items = self.items, []
                 self.conn.send(items)
-            except (OSError, ValueError):  # the frontend is gone; its reader cleans up
-                return
+        except (OSError, ValueError):  # the frontend is gone; its reader cleans up
+            pass
+        except Exception:  # noqa: BLE001 (an event that does not pickle: a bug, shown)
+            traceback.print_exc()
+        finally:
+            self.close()
+            self.conn.close()  # the frontend sees EOF and fails its waiting requests
 
 
 class EngineLink:
@@ -115,19 +130,35 @@ class EngineLink:
         self._ready = threading.Condition()
         self.ready: set[int] = set()
         self.gone: set[int] = set()
+        self._threads: list[threading.Thread] = []
 
-    def attach(self, fid: int, conn: Connection) -> None:
-        out = self._outs[fid] = _Outbox(conn)
+    def attach(self, fid: int, conn: Connection, first: Any = None) -> None:
+        out = self._outs[fid] = _Outbox(conn, first)
         for name, fn in (("out", out.run), ("in", partial(self._read, fid, conn))):
-            threading.Thread(target=fn, name=f"draftsmith-{name}-{fid}", daemon=True).start()
+            t = threading.Thread(target=fn, name=f"draftsmith-{name}-{fid}", daemon=True)
+            t.start()
+            self._threads.append(t)
 
-    def wait_ready(self, fids: set[int], timeout: float) -> bool:
+    def wait_ready(self, fids: set[int], timeout: float,
+                   stop: threading.Event | None = None) -> bool:
+        """Every frontend in `fids` is ready or gone; False on timeout or once `stop` is set."""
+        deadline = time.monotonic() + timeout
         with self._ready:
-            return self._ready.wait_for(lambda: fids <= self.ready | self.gone, timeout)
+            while not fids <= self.ready | self.gone:
+                left = deadline - time.monotonic()
+                if left <= 0 or (stop is not None and stop.is_set()):
+                    return False
+                self._ready.wait(min(left, 0.2))
+        return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop sending; wait for the threads (the frontends are gone: their reads end), so none
+        is still in native code (a tokenizer's pickle) when the interpreter exits."""
         for out in self._outs.values():
             out.close()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def jobs_of(self, fid: int) -> list[Job]:
         with self._lock:
@@ -136,11 +167,20 @@ class EngineLink:
     def _read(self, fid: int, conn: Connection) -> None:
         try:
             while True:
-                self._handle(fid, conn.recv())
+                msg = conn.recv()
+                try:
+                    self._handle(fid, msg)
+                except Exception as e:  # noqa: BLE001 (one bad message fails its request only)
+                    traceback.print_exc()
+                    if msg[0] == "submit":
+                        self._emit(fid, msg[1], ("error", 500,
+                                                 f"internal error: {type(e).__name__}: {e}"))
         except (EOFError, OSError):
             pass
         finally:
-            for job in self.jobs_of(fid):  # their clients went with the frontend
+            with self._lock:  # their clients went with the frontend
+                gone = [self._jobs.pop(k) for k in list(self._jobs) if k[0] == fid]
+            for job in gone:
                 job.cancelled = True
             self._outs[fid].close()
             with self._ready:
@@ -151,9 +191,9 @@ class EngineLink:
         kind = msg[0]
         if kind == "submit":
             self._submit(fid, msg[1], msg[2])
-        elif kind == "cancel":
+        elif kind == "cancel":  # the frontend forgot it: a queued job is dropped unannounced
             with self._lock:
-                job = self._jobs.get((fid, msg[1]))
+                job = self._jobs.pop((fid, msg[1]), None)
             if job is not None:
                 job.cancelled = True
         elif kind == "count":
@@ -202,7 +242,10 @@ class Frontends:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = START_WAIT_S) -> Frontends:
+    def start(self, timeout: float = START_WAIT_S,
+              stop: threading.Event | None = None) -> Frontends:
+        """Listen, start the scheduler and the frontends; returns when all of them are ready
+        (raises `Interrupted` if `stop` is set first)."""
         from draftsmith.serve.app import _TUNING
 
         self.sock = _listen(self.host, self.port)
@@ -211,12 +254,20 @@ class Frontends:
         self._tuned = True
         self.sched.start()
         e = self.engine
-        texts = TextSide(e.target.tokenizer, e.vocab_size, e.max_len)
-        for fid in range(self.n):
-            conn, proc = _spawn(self.sock, texts, self.cfg, self.log_level)
-            self.procs.append(proc)
-            self.link.attach(fid, conn)
-        if not self.link.wait_ready(set(range(self.n)), timeout) or self.link.gone:
+        first = (TextSide(e.target.tokenizer, e.vocab_size, e.max_len), self.cfg, self.log_level)
+        try:
+            for fid in range(self.n):
+                conn, proc = _spawn(self.sock)
+                self.procs.append(proc)
+                self.link.attach(fid, conn, first)
+            up = self.link.wait_ready(set(range(self.n)), timeout, stop)
+        except BaseException:
+            self.stop()
+            raise
+        if stop is not None and stop.is_set():
+            self.stop()
+            raise Interrupted
+        if not up or self.link.gone:
             self.stop()
             raise DraftsmithError(f"{self.n} frontend process(es) did not all start in "
                                   f"{timeout:.0f} s (see their messages above)")
@@ -256,7 +307,10 @@ class Frontends:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        self.start()
+        try:
+            self.start(stop=stop)
+        except Interrupted:
+            return
         try:
             while not stop.wait(0.5):
                 if died := [p for p in self.procs if p.poll() is not None]:
@@ -356,7 +410,10 @@ class RemoteScheduler:
                     self._deliver(jid, event)
         except (EOFError, OSError):
             pass
+        except Exception:  # noqa: BLE001 (a bug: shown, and the link closed, not left hanging)
+            traceback.print_exc()
         self.lost = True
+        self.conn.close()
         for jid, job in list(self._jobs.items()):
             self._forget(jid)
             job.emit(("error", 503, GONE))
@@ -379,20 +436,17 @@ class RemoteScheduler:
         job.emit(event)
 
 
-def _spawn(sock: socket.socket, texts: TextSide, cfg: ServeConfig,
-           log_level: str) -> tuple[Connection, subprocess.Popen]:
+def _spawn(sock: socket.socket) -> tuple[Connection, subprocess.Popen]:
     """A frontend process (`python -m draftsmith.serve.frontends`: a fresh interpreter that
     imports neither torch nor the caller's main module, as multiprocessing's spawn would),
-    given the listening socket and its end of a socket pair; its settings go as the first
-    message."""
+    given the listening socket and its end of a socket pair (its settings come as the pair's
+    first message)."""
     mine, theirs = socket.socketpair()
     with theirs:
         fds = (sock.fileno(), theirs.fileno())
         proc = subprocess.Popen([sys.executable, "-m", "draftsmith.serve.frontends",
                                  *map(str, fds)], pass_fds=fds)
-    conn = Connection(mine.detach())
-    conn.send((texts, cfg, log_level))
-    return conn, proc
+    return Connection(mine.detach()), proc
 
 
 def _frontend(sock: socket.socket, conn: Connection) -> None:
@@ -417,4 +471,8 @@ def _frontend(sock: socket.socket, conn: Connection) -> None:
 
 
 if __name__ == "__main__":
+    # the engine process stops its frontends (SIGTERM); a Ctrl-C to the whole process group
+    # during their start would only print their import's traceback (uvicorn, serving, handles
+    # both signals itself)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _frontend(socket.socket(fileno=int(sys.argv[1])), Connection(int(sys.argv[2])))
