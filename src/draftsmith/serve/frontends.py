@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from draftsmith.data.chat import template_ids
@@ -81,9 +82,10 @@ class TextSide:
 class _Outbox:
     """Messages to one frontend, sent by a thread of their own: the batch loop only appends, and
     whatever piled up while a send ran goes in the next one. `first` (the frontend's settings)
-    goes before all of them, so no start waits for a frontend to read it."""
+    goes before all of them, so no start waits for a frontend to read it; it comes pickled, once
+    for every frontend (the tokenizer is the bulk of it)."""
 
-    def __init__(self, conn: Connection, first: Any = None) -> None:
+    def __init__(self, conn: Connection, first: bytes | None = None) -> None:
         self.conn, self.cv, self.first = conn, threading.Condition(), first
         self.items: list[tuple] = []
         self.closed = False
@@ -102,7 +104,7 @@ class _Outbox:
     def run(self) -> None:
         try:
             if self.first is not None:
-                self.conn.send(self.first)
+                self.conn.send_bytes(self.first)
             while True:
                 with self.cv:
                     self.cv.wait_for(lambda: self.items or self.closed)
@@ -132,7 +134,7 @@ class EngineLink:
         self.gone: set[int] = set()
         self._threads: list[threading.Thread] = []
 
-    def attach(self, fid: int, conn: Connection, first: Any = None) -> None:
+    def attach(self, fid: int, conn: Connection, first: bytes | None = None) -> None:
         out = self._outs[fid] = _Outbox(conn, first)
         for name, fn in (("out", out.run), ("in", partial(self._read, fid, conn))):
             t = threading.Thread(target=fn, name=f"draftsmith-{name}-{fid}", daemon=True)
@@ -254,7 +256,8 @@ class Frontends:
         self._tuned = True
         self.sched.start()
         e = self.engine
-        first = (TextSide(e.target.tokenizer, e.vocab_size, e.max_len), self.cfg, self.log_level)
+        first = ForkingPickler.dumps(  # what `conn.send` would pickle, for each frontend
+            (TextSide(e.target.tokenizer, e.vocab_size, e.max_len), self.cfg, self.log_level))
         try:
             for fid in range(self.n):
                 conn, proc = _spawn(self.sock)
