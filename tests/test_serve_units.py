@@ -518,3 +518,30 @@ def test_auto_frontends_only_on_a_gpu_host_with_cores_to_spare() -> None:
 
     assert auto_frontends("cuda", 16) == AUTO_FRONTENDS > 0
     assert auto_frontends("cuda", 4) == 0 and auto_frontends("cpu", 64) == 0
+
+
+@pytest.mark.parametrize("join_at, join_wait", [(1, 10.0), (2, 10.0), (4, 0.0)])
+def test_a_continuous_batch_joins_once_enough_rows_are_free(join_at: int,
+                                                              join_wait: float) -> None:
+    """Four rows ending after 2, 3, 12 and 12 tokens, two jobs queued: joining at one free row
+    admits each job as a row ends; at two, both together when the second row ends; at four,
+    with the head's wait already past, as at one."""
+    eng = FakeEngine(max_batch=4, max_tokens=12)
+    eng.ticks = threading.Semaphore(0)
+    s = Scheduler(eng, max_queue=8, batch_wait=0.2, join_at=join_at, join_wait=join_wait)
+    s.start()
+    events: list = []
+    for t, n in (("a", 2), ("b", 3), ("c", 12), ("d", 12)):
+        s.submit(job(t, events, max_tokens=n))
+    time.sleep(0.4)  # the batch opened with four rows
+    for t in "ef":
+        s.submit(job(t, events, max_tokens=8))
+    eng.ticks.release(100)
+    wait_done(events, 6)
+    s.stop()
+    joins = eng.adds[1:]
+    if join_at == 2:
+        assert joins == [(1, [0, 1])]  # e and f together, in a's and b's rows
+    else:
+        assert joins == [(1, [0]), (1, [1])]  # e in a's row, f in b's
+    assert s.metrics.snapshot(0)["joined_rows"] == 2

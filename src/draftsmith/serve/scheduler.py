@@ -33,8 +33,15 @@ from draftsmith.serve.engine import CHECK_EVERY, ServeEngine, batch_rows, trim
 from draftsmith.serve.jobs import Job
 from draftsmith.serve.protocol import ApiError, Choice
 from draftsmith.serve.text import ChoiceText
+from draftsmith.switches import env_count
 
 BATCH_WAIT_S = 0.005  # how long the worker waits for same-setting requests to fill a batch
+# A continuous batch admits queued jobs once this many of its rows are free (or all of them, in
+# a smaller batch), or once the head of the queue has waited JOIN_WAIT_MS: each join is a prompt
+# pass, launch-bound on a GPU whatever its rows, so joins in larger groups could pay. 1: join
+# as soon as a row is free (the default; untimed otherwise: serve_h200.md, next lease).
+JOIN_AT = env_count("DRAFTSMITH_SERVE_JOIN_AT", "1")
+JOIN_WAIT_MS = env_count("DRAFTSMITH_SERVE_JOIN_WAIT_MS", "20")
 
 
 class Row:
@@ -127,8 +134,10 @@ class Metrics:
 
 class Scheduler:
     def __init__(self, engine: ServeEngine, max_queue: int = 256,
-                 batch_wait: float = BATCH_WAIT_S, continuous: bool = True) -> None:
+                 batch_wait: float = BATCH_WAIT_S, continuous: bool = True,
+                 join_at: int = JOIN_AT, join_wait: float = JOIN_WAIT_MS / 1000) -> None:
         self.engine, self.max_queue, self.batch_wait = engine, max_queue, batch_wait
+        self.join_at, self.join_wait = max(1, join_at), join_wait
         self.continuous = continuous  # False: a batch runs until its last row ends
         self.max_batch, self.fixed_rows = engine.cfg.max_batch, engine.cfg.fixed_rows
         self.metrics = Metrics(engine.speculative)
@@ -284,7 +293,7 @@ class Scheduler:
                    small: bool) -> None:
         """Admit the queued jobs that may join; a failure to admit them fails or reruns them
         alone and leaves the running rows decoding."""
-        more = self._join(key, slots.count(None), small)
+        more = self._join(key, slots.count(None), small, len(slots))
         if not more:
             return
         try:
@@ -342,15 +351,19 @@ class Scheduler:
                     self._finish(row.job)
         live.drop(gone)
 
-    def _join(self, key: tuple, free: int, small: bool) -> list[Job]:
+    def _join(self, key: tuple, free: int, small: bool, size: int) -> list[Job]:
         """The jobs at the head of the queue that a batch of this key holds as it is (their keys
         merge into it without widening it) and that fit in `free` rows. A
         `small` batch (under max_batch rows) takes none when they do not all fit: it drains,
         and the next batch opens with more rows (joining one at a time would keep a batch of one
-        row going for the whole queue)."""
+        row going for the whole queue). None either while fewer than `join_at` of the `size`
+        rows are free and the head has waited less than `join_wait`."""
         take, rows = [], 0
         with self._cv:
             if small and self._head_rows(key) > free:
+                return []
+            if free < min(self.join_at, size) and self._queue and (
+                    time.perf_counter() - self._queue[0].queued_at < self.join_wait):
                 return []
             while self._queue:
                 job = self._queue[0]
