@@ -31,14 +31,9 @@ from test_serve import LIMITS, PROMPTS, chat_ids, reference  # noqa: E402
 from draftsmith.serve import protocol as P  # noqa: E402
 from draftsmith.serve.cli import server_config  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
-from draftsmith.serve.frontends import (  # noqa: E402
-    GONE,
-    EngineLink,
-    Frontends,
-    RemoteScheduler,
-    TextSide,
-)
+from draftsmith.serve.frontends import GONE, EngineLink, Frontends, RemoteScheduler  # noqa: E402
 from draftsmith.serve.scheduler import Job  # noqa: E402
+from draftsmith.serve.text import TextSide  # noqa: E402
 
 
 class Sched:
@@ -121,7 +116,7 @@ def test_events_cross_in_order_and_the_job_is_forgotten_when_done() -> None:
     wait_for(lambda: len(events) >= 4)
     time.sleep(0.1)
     assert events == sent[:4]  # in order; nothing after "done"
-    assert not link.jobs_of(0) and not remote._jobs and not remote._jid
+    assert not link._jobs and not remote._jobs and not remote._jid
 
 
 def test_a_refused_submit_keeps_its_status_code_and_type() -> None:
@@ -142,7 +137,7 @@ def test_cancel_counts_and_status_reach_the_engine() -> None:
     assert not sched.jobs[0].cancelled
     remote.cancel(job)
     wait_for(lambda: sched.jobs[0].cancelled)
-    assert not link.jobs_of(0)  # a queued job the scheduler drops sends nothing: not kept here
+    assert not link._jobs  # a queued job the scheduler drops sends nothing: not kept here
     remote.count(rejected=2)
     wait_for(lambda: sched.counted == {"rejected": 2})
     assert remote.status() == {"alive": True, "queued": 1, "metrics": {"requests": 1}}
@@ -171,7 +166,7 @@ def test_a_lost_frontend_cancels_its_jobs_at_the_engine() -> None:
     wait_for(lambda: len(sched.jobs) == 3)
     cut(remote.conn)
     wait_for(lambda: 0 in link.gone)
-    assert all(j.cancelled for j in sched.jobs) and not link.jobs_of(0)
+    assert all(j.cancelled for j in sched.jobs) and not link._jobs
 
 
 def test_an_engine_side_bug_fails_that_request_and_the_link_serves_on() -> None:
@@ -182,20 +177,22 @@ def test_an_engine_side_bug_fails_that_request_and_the_link_serves_on() -> None:
     remote.submit(job := remote_job(events))
     assert job.got.wait(10)
     assert events[0][:2] == ("error", 500) and "a bug in the scheduler" in events[0][2]
-    assert not link.jobs_of(0) and not remote._jobs
+    assert not link._jobs and not remote._jobs
     remote.submit(remote_job([]))
     wait_for(lambda: sched.jobs)
     assert not lost and remote.status()["alive"]
 
 
-def test_the_text_side_tokenizes_as_the_engine_after_a_pickle(engine: ServeEngine) -> None:
+def test_the_text_side_tokenizes_as_the_target_after_a_pickle(engine: ServeEngine) -> None:
     import pickle
 
-    texts = pickle.loads(pickle.dumps(TextSide(engine.target.tokenizer, engine.vocab_size,
-                                               engine.max_len)))
+    texts = pickle.loads(pickle.dumps(engine.text_side))
+    assert isinstance(texts, TextSide) and texts.lock is not engine.text_side.lock
+    assert (texts.vocab_size, texts.max_len) == (engine.vocab_size, engine.max_len)
     msgs = [{"role": "user", "content": "What is 2+2?"}]
-    assert texts.chat_ids(msgs) == engine.chat_ids(msgs)
-    assert texts.text_ids("abc def") == engine.text_ids("abc def")
+    assert texts.chat_ids(msgs) == engine.target.chat_ids(msgs) == engine.chat_ids(msgs)
+    want = engine.target.tokenizer("abc def")["input_ids"]
+    assert texts.text_ids("abc def") == want == engine.text_ids("abc def")
 
 
 # ---- real frontend processes -------------------------------------------------------------------

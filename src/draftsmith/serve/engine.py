@@ -28,6 +28,7 @@ from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import KINDS, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
+from draftsmith.serve.text import TextSide
 
 CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
 # sampled settings whose speculative decoders stay warm (buffers and CUDA graphs) besides greedy,
@@ -111,18 +112,18 @@ class ServeEngine:
 
     def _text_tools(self, target: Any) -> None:
         # A tokenizer is not safe to share between threads ("Already borrowed"), hence the
-        # locks; the batch loop detokenizes with its own copy, so it never waits behind the
-        # request threads' chat templates (py-spy saw it waiting in serve_host).
-        self._tok_lock, self._detok_lock = threading.Lock(), threading.Lock()
+        # locks (the text side's own for parsing); the batch loop detokenizes with its own copy,
+        # so it never waits behind the request threads' chat templates (py-spy saw it waiting in
+        # serve_host).
+        self.text_side = TextSide(target.tokenizer, self.vocab_size, self.max_len)
+        self._detok_lock = threading.Lock()
         self._detok = copy.deepcopy(target.tokenizer)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        with self._tok_lock:
-            return self.target.chat_ids(messages, True)
+        return self.text_side.chat_ids(messages)
 
     def text_ids(self, text: str) -> list[int]:
-        with self._tok_lock:
-            return self.target.tokenizer(text)["input_ids"]
+        return self.text_side.text_ids(text)
 
     def decode(self, ids: list[int]) -> str:
         with self._detok_lock:

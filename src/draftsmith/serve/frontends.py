@@ -27,13 +27,11 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
-from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
 from draftsmith.serve.jobs import Job
 from draftsmith.serve.protocol import ApiError, ServeConfig
@@ -48,32 +46,6 @@ GONE = "the engine process is gone"
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM came while the frontends started."""
-
-
-@dataclass
-class TextSide:
-    """What a frontend needs of the engine to parse requests: the tokenizer (and its chat
-    template), the vocabulary and the longest prompt plus answer."""
-
-    tokenizer: Any
-    vocab_size: int
-    max_len: int
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
-                "max_len": self.max_len}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, lock=threading.Lock())
-
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        with self.lock:  # a tokenizer is not safe to share between threads
-            return template_ids(self.tokenizer, messages)
-
-    def text_ids(self, text: str) -> list[int]:
-        with self.lock:
-            return self.tokenizer(text)["input_ids"]
 
 
 # ---- the engine process's end ------------------------------------------------------------------
@@ -161,10 +133,6 @@ class EngineLink:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-
-    def jobs_of(self, fid: int) -> list[Job]:
-        with self._lock:
-            return [j for (f, _), j in self._jobs.items() if f == fid]
 
     def _read(self, fid: int, conn: Connection) -> None:
         try:
@@ -255,9 +223,8 @@ class Frontends:
         _TUNING.enter()
         self._tuned = True
         self.sched.start()
-        e = self.engine
         first = ForkingPickler.dumps(  # what `conn.send` would pickle, for each frontend
-            (TextSide(e.target.tokenizer, e.vocab_size, e.max_len), self.cfg, self.log_level))
+            (self.engine.text_side, self.cfg, self.log_level))
         try:
             for fid in range(self.n):
                 conn, proc = _spawn(self.sock)

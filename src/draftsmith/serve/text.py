@@ -8,7 +8,12 @@ same string `draftsmith generate` prints.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftsmith.data.chat import template_ids
 
 
 class ChoiceText:
@@ -51,3 +56,30 @@ class ChoiceText:
         start = max(0, self.sent - self.hold)
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         return min(hits) if hits else None
+
+
+@dataclass
+class TextSide:
+    """What parsing a request needs of the engine: the tokenizer (and its chat template), the
+    vocabulary and the longest prompt plus answer. The engine parses through one; `serve
+    --frontends` pickles it to each HTTP process (no torch in it)."""
+
+    tokenizer: Any
+    vocab_size: int
+    max_len: int
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
+                "max_len": self.max_len}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        with self.lock:  # a tokenizer is not safe to share between threads
+            return template_ids(self.tokenizer, messages)
+
+    def text_ids(self, text: str) -> list[int]:
+        with self.lock:
+            return self.tokenizer(text)["input_ids"]
