@@ -140,7 +140,8 @@ def test_cancel_counts_and_status_reach_the_engine() -> None:
     assert not link._jobs  # a queued job the scheduler drops sends nothing: not kept here
     remote.count(rejected=2)
     wait_for(lambda: sched.counted == {"rejected": 2})
-    assert remote.status() == {"alive": True, "queued": 1, "metrics": {"requests": 1}}
+    assert remote.status() == {"alive": True, "queued": 1,
+                               "metrics": {"requests": 1, "frontend_requests": [1]}}
 
 
 def test_a_lost_engine_fails_the_waiting_jobs_and_says_so() -> None:
@@ -243,6 +244,21 @@ def test_frontends_answer_as_generate_does_many_at_once(fe: Frontends,
     assert got == [want[t] for t, _ in jobs]
     m = httpx.get(fe.url + "/metrics").json()
     assert m["completed"] >= 16 and m["frontends"] == 2 and m["completion_tokens"] > 0
+
+
+def test_every_frontend_takes_requests_and_metrics_count_them(fe: Frontends) -> None:
+    def took() -> list[int]:
+        return httpx.get(fe.url + "/metrics").json()["frontend_requests"]
+
+    before = took()
+    for _ in range(8):  # the kernel picks the process that accepts: rounds until both have
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda t: ask(fe, t, 4), PROMPTS[:8]))
+        now = took()
+        if all(n > b for n, b in zip(now, before, strict=True)):
+            break
+    assert len(now) == 2 and all(n > b for n, b in zip(now, before, strict=True)), (before, now)
+    assert sum(now) - sum(before) == 8 * (_ + 1)
 
 
 def test_completions_errors_and_metrics_through_a_frontend(fe: Frontends,

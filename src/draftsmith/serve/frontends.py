@@ -18,6 +18,7 @@ the scheduler emitted them, where a None jid carries ("status", qid, status).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import signal
@@ -104,6 +105,7 @@ class EngineLink:
         self._ready = threading.Condition()
         self.ready: set[int] = set()
         self.gone: set[int] = set()
+        self.submitted: collections.Counter[int] = collections.Counter()  # requests by frontend
         self._threads: list[threading.Thread] = []
 
     def attach(self, fid: int, conn: Connection, first: bytes | None = None) -> None:
@@ -169,16 +171,24 @@ class EngineLink:
         elif kind == "count":
             self.sched.count(**msg[1])
         elif kind == "status":
-            self._outs[fid].put((None, ("status", msg[1], self.sched.status())))
+            self._outs[fid].put((None, ("status", msg[1], self.status())))
         elif kind == "ready":
             with self._ready:
                 self.ready.add(fid)
                 self._ready.notify_all()
 
+    def status(self) -> dict[str, Any]:
+        """The scheduler's, plus the requests each frontend took (how the kernel spread them)."""
+        st = self.sched.status()
+        with self._lock:
+            took = [self.submitted[f] for f in sorted(self._outs)]
+        return {**st, "metrics": {**st["metrics"], "frontend_requests": took}}
+
     def _submit(self, fid: int, jid: int, req: Any) -> None:
         job = Job(req, partial(self._emit, fid, jid))
         with self._lock:
             self._jobs[(fid, jid)] = job
+            self.submitted[fid] += 1
         try:
             self.sched.submit(job)
         except ApiError as e:
