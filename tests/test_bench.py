@@ -347,3 +347,21 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
     assert "refill (harvest, prefill)" in refill.output  # the fastest row's phase table
     bad = invoke(*args, "--refill", "--refill-every", "-1", "--out", str(tmp_path / "b"))
     assert "--refill-every must be >= 0" in str(bad.exception)  # before any model is built
+
+
+def test_adaptive_depth_replay_credits_the_cut_path_and_prices_each_depth():
+    """benchmarks/adaptive_depth.py: a cycle at depth d yields min(tokens - 1, d) + 1 and costs
+    the base cycle less (base - d) depths; the switched policy reads the last replayed cycle."""
+    mod = load_benchmark("adaptive_depth")
+    seqs = [[8, 1, 3], [2]]
+    tpc, tpms = mod.replay(seqs, lambda _: 7, 7, 1.0, 0.1)
+    assert (tpc, tpms) == (14 / 4, 14 / 4.0)
+    tpc, tpms = mod.replay(seqs, lambda _: 2, 7, 1.0, 0.1)  # 3 + 1 + 3 + 2, each 0.5 ms
+    assert tpc == 9 / 4 and abs(tpms - 9 / 2.0) < 1e-12
+    pol = mod.switched(2, 4, 7, 1, 3, first=7)  # <=1 token: 2; >3: 7; else 4
+    assert [pol(x) for x in (None, 1, 2, 3, 4, 8)] == [7, 2, 4, 4, 7, 7]
+    _, tpms = mod.replay([[8, 1, 8, 8]], pol, 7, 1.0, 0.1)  # depths 7, 7, 2, 4: 8+1+3+5
+    assert abs(tpms - 17 / 3.2) < 1e-12
+    res = mod.study({"chat": [[8, 1, 8, 8]], "humaneval": [[2, 2, 8]]}, 7, 7, 1.0, 0.1)
+    assert res["suites"]["chat"]["fixed"][7] == 1.0
+    assert res["suites"]["chat"]["after"][8] == {"n": 2, "mean_next": 4.5, "p_next_full": 0.5}

@@ -895,3 +895,25 @@ def test_a_drafter_that_bends_its_logits_keeps_them_under_the_triton_head(setup,
     monkeypatch.setattr(tree, "DRAFT_HEAD", "cublas")
     want = SpecDecoder(rt, drafter, 4, 4, 10).generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref and res.mean_accept_length == want.mean_accept_length > 1.2
+
+
+def test_a_shallower_tree_accepts_at_least_the_deep_trees_path_cut_to_its_depth(setup):
+    """benchmarks/adaptive_depth.py credits a depth-d tree (same top-k, same budget) with
+    min(accepted, d) of the deeper tree's cycle: its candidates are the deep tree's up to depth
+    d, so its best nodes include every deep-tree node there. One cycle from many prefixes."""
+    target, rt, ref, seq = setup
+    drafter = make_drafter(target, 96, Steered).steer(seq, 0.85)
+    deep, shallow = SpecDecoder(rt, drafter, 6, 3, 10), SpecDecoder(rt, drafter, 3, 3, 10)
+    pairs = []
+    for r, p in enumerate(PROMPTS):
+        drafter.row0 = r
+        for i in range(0, NEW - 8, 3):
+            got = []
+            for dec in (deep, shallow):
+                st = dec.start([p + ref[r][:i]], 16, [])
+                before = int(st.count[0])
+                dec.cycle(st)
+                got.append(int(st.count[0]) - before - 1)  # drafts accepted
+            pairs.append(got)
+    assert all(s >= min(d, 3) for d, s in pairs), pairs
+    assert any(d > 3 for d, _ in pairs) and any(0 < d < 3 for d, _ in pairs)  # both regimes
