@@ -22,6 +22,9 @@ CASES = {  # name: (arch, HF config overrides, drop lm_head.weight from the chec
 }
 PROMPTS = [[1, 5, 9, 30, 44], [1, 60, 61]]
 NEW = 12
+# six prompts through two refilled rows; qwen3's greedy answers hold 55 at 0 to 12 tokens in
+REFILLED = [*PROMPTS, [1, 7, 8, 9], [1, 20], [1, 3, 3, 3, 3, 3], [1, 9]]
+EOS = [55]
 
 
 def make_case(name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -91,7 +94,7 @@ def run_tp2(tp: TP, cases: dict[str, tuple], spec: tuple | None) -> dict:
 
 @pytest.fixture(scope="module")
 def spec_args(cases) -> tuple:
-    cfg, weights = cases["qwen2_bias"]
+    cfg, weights = cases["qwen3"]  # greedy answers of many tokens (qwen2_bias repeats one)
     return (cfg, weights, *make_drafter(cfg))
 
 
@@ -208,7 +211,11 @@ def make_drafter(cfg: ModelConfig) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def run_speculative(tp: TP, cfg: ModelConfig, weights: dict, dcfg: dict, dsd: dict) -> dict:
-    """Greedy speculative tokens, chain and tree, with the drafter replicated on every rank."""
+    """Greedy speculative tokens, chain and tree, with the drafter replicated on every rank, and
+    rows refilled as they end at EOS (plain, chain and tree)."""
+    from draftsmith.engine.refill import generate_refill
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.engine.spec_refill import generate_refill as spec_refill
     from draftsmith.engine.speculative import SpecDecoder
     from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter
     from draftsmith.models.loading import build_model
@@ -217,15 +224,22 @@ def run_speculative(tp: TP, cfg: ModelConfig, weights: dict, dcfg: dict, dsd: di
     drafter = Eagle3Drafter(Eagle3Config.from_dict(dcfg))
     drafter.load_state_dict(dsd)
     drafter = drafter.to(tp.device).eval()
-    out = {}
+    out: dict = {"refill": generate_refill(Runtime(target, 2, 64), REFILLED, NEW, eos_ids=EOS,
+                                           rows=2, check_every=2)}
     for topk, n in ((1, None), (2, 6)):
         dec = SpecDecoder(target, drafter, steps=3, topk=topk, num_draft_tokens=n,
                           max_batch=2, max_seq=64)
         out[topk] = dec.generate(PROMPTS, NEW, eos_ids=[]).tokens
+        out["refill", topk] = spec_refill(dec, REFILLED, NEW, EOS, 2).tokens
     return out
 
 
 def test_speculative_under_tp2_matches_single_process(tp2, spec_args, single):
     one = run_speculative(SINGLE, *spec_args)
     assert tp2["spec"] == one
-    assert one[1] == one[2] == single["qwen2_bias"]["tokens"]  # speculative == plain greedy
+    assert one[1] == one[2] == single["qwen3"]["tokens"]  # speculative == plain greedy
+    assert len({tuple(t) for t in one[1]}) == 2 and len(set(one[1][0])) > 3  # not one token
+    refilled = one["refill"]
+    assert one["refill", 1] == one["refill", 2] == refilled  # speculative == plain, refilled
+    lens = [len(t) for t in refilled]
+    assert min(lens) < NEW and max(lens) == NEW and len(set(lens)) > 2  # EOS ended rows apart

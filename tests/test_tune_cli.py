@@ -283,8 +283,22 @@ def test_tune_refill_prices_and_sweeps_refilled_rows(tmp_path):
     assert not any("idle rows" in t for t in report["texts"])
 
 
-def test_tune_refuses_refill_under_tp(tmp_path):
-    from draftsmith.errors import DraftsmithError
-
-    res = invoke_tune("--drafter", str(tmp_path), "--refill", "--tp", "2")
-    assert isinstance(res.exception, DraftsmithError) and "--refill" in str(res.exception)
+@pytest.mark.slow
+def test_tune_refill_under_tp2_prices_and_sweeps_refilled_rows(tmp_path):
+    """--refill --tp 2: both ranks time, refill and sweep in step (rank 0's costs planned on),
+    and the report is the one-process report's shape, refills priced."""
+    folder, prompts = _tiny_pair(tmp_path)
+    out = tmp_path / "tune"
+    res = invoke_tune(*[
+        "--drafter", str(tmp_path / "d"), "--target", str(folder), "--prompts",
+        str(prompts), "--batch-sizes", "1,2", "--max-steps", "2", "--max-new-tokens", "8",
+        "--top", "1", "--max-topk", "2", "--max-draft-tokens", "5", "--device", "cpu",
+        "--tp", "2", "--refill", "--out", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    report = json.loads((out / "tune.json").read_text())
+    assert report["tp"] == 2 and report["refill"] is True
+    assert [r["batch"] for r in report["recommendations"]] == [1, 2]
+    for name in ("refill", "spec_refill"):
+        assert set(report["costs"][name]) == {"1", "2"} and min(report["costs"][name].values()) > 0
+    spec = [r for r in report["phases"] if r["setting"] != "no speculation"]
+    assert spec and all("refill" in r["measured_phases_ms"] for r in spec)

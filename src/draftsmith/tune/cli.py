@@ -60,9 +60,6 @@ def tune(
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
-    if refill and tp > 1:
-        raise DraftsmithError("--refill with --tp: refilled rows are not built for tensor "
-                              "parallelism; tune them on one GPU")
     from draftsmith.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature, top_p, top_k)
