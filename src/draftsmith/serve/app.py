@@ -152,16 +152,19 @@ def _model_card(engine: ServeEngine, cfg: P.ServeConfig) -> dict[str, Any]:
 
 
 def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: Scheduler) -> None:
+    async def status() -> dict:  # a frontend's waits on the engine process: off the loop
+        return await run_in_threadpool(sched.status) if sched.status_waits else sched.status()
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        st = await run_in_threadpool(sched.status)
+        st = await status()
         if not st["alive"]:
             return _error(503, {"status": "error", "reason": "the engine worker is not running"})
         return JSONResponse({"status": "ok", "model": cfg.model_name, "queued": st["queued"]})
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
-        st = await run_in_threadpool(sched.status)
+        st = await status()
         return JSONResponse({**st["metrics"], "model": cfg.model_name, **cfg.info})
 
     @app.get("/v1/models")

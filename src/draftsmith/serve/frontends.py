@@ -358,6 +358,8 @@ class RemoteScheduler:
     def count(self, **kv: int) -> None:
         self._try_send(("count", kv))
 
+    status_waits = True  # on the engine process's answer: the app calls it off its event loop
+
     def status(self) -> dict[str, Any]:
         qid, done = next(self._ids), threading.Event()
         self._replies[qid] = [done, None]

@@ -170,6 +170,8 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._queue)
 
+    status_waits = False  # `status` reads this process's counters: the event loop calls it
+
     def status(self) -> dict[str, Any]:
         """What /health and /metrics show."""
         n = self.queued()
