@@ -14,7 +14,7 @@ from draftsmith.bench.drafters import random_drafter
 from draftsmith.bench.run import warm_each
 from draftsmith.bench.suites import fill_batches, suite_messages
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.eagle3 import save_drafter
+from draftsmith.models.eagle3 import load_drafter, save_drafter
 from draftsmith.options import int_list
 from draftsmith.targets import load_target
 
@@ -64,6 +64,26 @@ def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
     assert "target verify" in res.output and "speedup" in res.output
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["results"] == rows
     assert (tmp_path / "out" / "bench.png").stat().st_size > 10_000
+
+
+def test_bench_trees_of_any_shape_get_their_frontier_slots(tiny_llama_dir, drafter_dir,
+                                                           tmp_path):
+    """A setting is (steps, topk, tokens): a one-depth tree of top 4 runs, and the drafter's
+    cache holds (steps - 1) * topk frontier slots beyond the sequence (4/2/6: 6, not 4)."""
+    from draftsmith.bench.run import BenchConfig, _runtimes
+
+    res = invoke("--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--steps", "1",
+                 "--topk", "4", "--num-draft-tokens", "1,3", "--num-prompts", "2",
+                 "--max-new-tokens", "4", "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    assert [r["setting"] for r in rows] == ["baseline", "tree 1/4/3"]  # tokens 1: no tree
+    model = load_target(tiny_llama_dir).build(torch.float32, "cpu")
+    drafter = load_drafter(drafter_dir, "cpu", torch.float32)
+    cfg = BenchConfig(target=str(tiny_llama_dir), drafter=str(drafter_dir), steps=[4], topk=[2],
+                      num_draft_tokens=[6], max_new_tokens=4, device="cpu")
+    rt, drt = _runtimes(model, drafter, {"s": [[1, 2, 3]]}, cfg, cfg.settings())
+    assert drt.max_seq - rt.max_seq == (4 - 1) * 2
 
 
 def test_bench_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):

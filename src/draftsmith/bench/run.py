@@ -66,7 +66,7 @@ class BenchConfig:
                 if not self.num_draft_tokens:
                     raise DraftsmithError(f"topk {k} drafts a tree: give --num-draft-tokens")
                 for n in self.num_draft_tokens:
-                    if n <= 1 + TreeShape(k, s, 2).candidates:
+                    if 2 <= n <= 1 + TreeShape(k, s, 2).candidates:
                         out.append((s, k, n))
         if not out:
             raise DraftsmithError("no valid speculative setting in this steps/topk/tokens grid")
@@ -122,7 +122,7 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
     s_max, n_max = max(s[0] for s in settings), max(s[2] for s in settings)
     max_seq = longest + cfg.max_new_tokens + 2 * s_max + 2 + n_max
     rt = Runtime(model, max(cfg.batch_sizes), max_seq, compile=cfg.compile)
-    fs = max((0 if s[1] == 1 else TreeShape(*s).frontier_slots) for s in settings)
+    fs = max((0 if k == 1 else TreeShape(k, st, n).frontier_slots) for st, k, n in settings)
     return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False,
                               compile=cfg.compile)
 
