@@ -95,6 +95,10 @@ def test_bench_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     res = invoke("--target", str(tiny_llama_dir), "--drafter", "random", "--num-prompts", "-1",
                  "--device", "cpu", "--out", str(tmp_path))
     assert isinstance(res.exception, DraftsmithError) and "--num-prompts" in str(res.exception)
+    (tmp_path / "taken").write_text("x")
+    res = invoke("--target", str(tmp_path / "never-loaded"), "--drafter", "random",
+                 "--device", "cpu", "--out", str(tmp_path / "taken"))
+    assert isinstance(res.exception, DraftsmithError) and "a file is there" in str(res.exception)
     with pytest.raises(DraftsmithError):
         int_list("1,x", "--steps")
     with pytest.raises(DraftsmithError):

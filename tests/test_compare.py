@@ -229,3 +229,15 @@ def test_cli(drafters):
     assert [d["layout"] for d in out["drafters"]] == ["draftsmith", "speculators"]
     bad = CliRunner().invoke(app, ["compare", str(drafters["A"])])
     assert bad.exit_code != 0
+
+
+def test_counts_and_an_output_file_are_refused_by_their_flags_up_front(tmp_path):
+    from draftsmith.compare import CompareOptions
+    from draftsmith.errors import DraftsmithError
+
+    with pytest.raises(DraftsmithError, match="--max-new-tokens must be >= 1, got 0"):
+        CompareOptions(["a", "b"], max_new=0)
+    (taken := tmp_path / "taken").write_text("x")
+    with pytest.raises(DraftsmithError, match="--out .*taken: a file is there"):
+        CompareOptions(["a", "b"], out=taken)
+    assert taken.read_text() == "x"

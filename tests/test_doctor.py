@@ -14,6 +14,7 @@ from conftest import write_tiny_folder
 from draftsmith.data.capture import CaptureConfig, capture
 from draftsmith.data.prompts import Conversation
 from draftsmith.doctor import DoctorOptions, run_doctor
+from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter, save_drafter
 from draftsmith.targets import load_target
 from draftsmith.train.sources import target_head
@@ -247,6 +248,29 @@ def test_drafter_inconsistencies(work, target, data_dir):
     fixes = {f.check: f for f in rep.errors()}
     assert "set max_position_embeddings to 512" in fixes["positions"].fix
     assert "outside the target vocab" in fixes["vocab"].what
+
+
+def test_a_drafter_that_does_not_load_or_run_is_reported_not_raised(work, target, target_dir):
+    """Weights at odds with config.json are an error finding (an engine would fail to load
+    them), not a skipped check under "OK"; aux ids the target lacks skip that run, and the
+    report still comes out with the wiring's errors. --steps 0 is refused by its flag."""
+    import dataclasses
+
+    from safetensors.torch import load_file, save_file
+
+    folder = make_drafter(work / "odd_weights", target, TRUE)
+    w = load_file(str(folder / "model.safetensors"))
+    w["fc.weight"] = w["fc.weight"][:, :-1].contiguous()
+    save_file(w, str(folder / "model.safetensors"))
+    rep = doctor(drafter=folder, target=str(target_dir), run=True, prompts=1, max_new=4)
+    assert "the drafter does not load" in errors(rep, "loads")[0].what and rep.exit_code(False)
+    far = [*TRUE[:-1], 99]
+    folder = make_drafter(work / "far_ids", target, far)
+    rep = doctor(drafter=folder, target=str(target_dir), run=True, prompts=1, max_new=4)
+    assert any("the run as configured" in s and "[99]" in s for s in rep.skipped)
+    assert rep.errors() and rep.exit_code(False)
+    with pytest.raises(DraftsmithError, match="--steps must be >= 1"):
+        dataclasses.replace(DoctorOptions(drafter=folder), steps=0)
 
 
 def test_behaviour_gap_is_flagged(work, target, data_dir):

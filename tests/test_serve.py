@@ -223,6 +223,8 @@ BAD = [
     ("chat", {"messages": "hi"}, 400, "messages"),
     ("chat", {"messages": []}, 400, "messages"),
     ("chat", {"messages": [{"content": "hi"}]}, 400, "role"),
+    ("chat", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "'wizard' is not one of"),
+    ("chat", {"messages": [*MSG, {"role": "tool", "content": "{}"}]}, 400, "tool calls"),
     ("chat", {"messages": [{"role": "user", "content": 3}]}, 400, "content"),
     ("chat", {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
     ("chat", {"messages": MSG, "temperature": 5}, 400, "temperature"),

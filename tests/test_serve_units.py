@@ -486,6 +486,11 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
     typo = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu",
                                     "--warm-sampling", "temperature,topp"])
     assert "unknown kind(s) ['topp']" in str(typo.exception) and not loads  # before the load
+    for flags, says in ((["--max-queue", "0"], "--max-queue must be >= 1, got 0"),
+                        (["--max-tokens-limit", "0"], "--max-tokens-limit must be >= 1"),
+                        (["--log-level", "banana"], "--log-level 'banana': use one of")):
+        r = CliRunner().invoke(app, ["--target", str(tiny_llama_dir), "--device", "cpu", *flags])
+        assert says in str(r.exception) and not loads, (flags, r.exception)
 
 
 def test_serve_refuses_a_bad_or_taken_port_before_loading_the_model(tmp_path) -> None:

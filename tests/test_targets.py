@@ -84,6 +84,31 @@ def test_corrupt_safetensors_and_unsupported_arch(tmp_path):
         load_target(folder)
 
 
+def _config_edit(folder, edit) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(edit(cfg)))
+
+
+@pytest.mark.parametrize(
+    ("edit", "expect"),
+    [
+        (lambda c: [c], "config.json holds a list"),
+        (lambda c: {k: v for k, v in c.items() if k != "num_attention_heads"},
+         "lacks the field 'num_attention_heads'"),
+        (lambda c: {**c, "hidden_size": "big"}, "malformed field .*'big'"),
+        (lambda c: {**c, "vocab_size": c["vocab_size"] + 8},
+         r"embed.weight: the checkpoint holds a tensor of shape \(\d+, 64\)"),
+        (lambda c: {**c, "num_hidden_layers": c["num_hidden_layers"] - 1},
+         "weights for decoder layers up to 5, but its config says num_hidden_layers 5"),
+    ],
+)
+def test_a_config_at_odds_with_itself_or_its_weights_is_one_clear_error(tmp_path, edit, expect):
+    folder = write_tiny_folder(tmp_path / "t", "llama")
+    _config_edit(folder, edit)
+    with pytest.raises(DraftsmithError, match=expect):
+        load_target(folder).build(torch.float32, "cpu")
+
+
 def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
     r = _cli("targets", "show", str(tmp_path / "missing"))
     assert r.returncode == 2
@@ -94,6 +119,12 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
 def test_cli_generate_refuses_a_count_below_one_by_its_flag(tmp_path, flag):
     r = _cli("generate", "--target", str(tmp_path / "never-loaded"), "-p", "hi", flag, "0")
     assert r.returncode == 2 and "--max-new-tokens and --batch-size must be >= 1" in r.stderr
+
+
+def test_cli_generate_names_an_empty_prompts_file(tmp_path):
+    (empty := tmp_path / "empty.jsonl").write_text("")
+    r = _cli("generate", "--target", str(tmp_path / "never-loaded"), "--prompts", str(empty))
+    assert r.returncode == 2 and "empty.jsonl: no prompt with a user turn" in r.stderr, r.stderr
 
 
 def test_cli_generate_on_a_folder_target(tmp_path):

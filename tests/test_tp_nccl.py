@@ -80,6 +80,18 @@ def test_allreduce_bench_command_on_one_cpu_rank(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == res
 
 
+@pytest.mark.parametrize("flag", ["iters", "layers", "graph_ops", "hidden"])
+def test_allreduce_bench_refuses_counts_below_one_by_their_flag(flag):
+    from draftsmith.bench.allreduce import allreduce_bench
+    from draftsmith.errors import DraftsmithError
+
+    kw = dict(hidden=64, layers=2, target=None, batch="1", q="1", dtype="fp32", iters=3,
+              graph_ops=4, tp=1, device="cpu", nccl_proto=None, nccl_algo=None,
+              nccl_p2p_level=None, nccl=None, out=None)
+    with pytest.raises(DraftsmithError, match=f"--{flag.replace('_', '-')} must be >= 1, got 0"):
+        allreduce_bench(**{**kw, flag: 0})
+
+
 @pytest.mark.gpu
 def test_allreduce_bench_nccl_on_one_gpu(tmp_path, monkeypatch):
     import torch

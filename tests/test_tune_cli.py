@@ -302,3 +302,19 @@ def test_tune_refill_under_tp2_prices_and_sweeps_refilled_rows(tmp_path):
         assert set(report["costs"][name]) == {"1", "2"} and min(report["costs"][name].values()) > 0
     spec = [r for r in report["phases"] if r["setting"] != "no speculation"]
     assert spec and all("refill" in r["measured_phases_ms"] for r in spec)
+
+
+def test_tune_refuses_an_empty_prompts_file_a_top_of_0_and_an_output_file_before_loading(
+        tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    (empty := tmp_path / "empty.jsonl").write_text("")
+    (taken := tmp_path / "taken").write_text("x")
+    never = str(tmp_path / "never-loaded")
+    for args, says in ((["--prompts", str(empty)], "no conversations in it"),
+                       (["--top", "0"], "--top must be >= 1"),
+                       (["--out", str(taken)], "a file is there, not a folder")):
+        res = invoke_tune("--drafter", never, "--target", never, "--device", "cpu", *args)
+        assert isinstance(res.exception, DraftsmithError) and says in str(res.exception), (
+            args, res.exception)
+    assert taken.read_text() == "x"

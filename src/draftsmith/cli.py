@@ -148,7 +148,8 @@ def generate(
                               f"{max_new_tokens} and {batch_size}")
     texts = list(prompt or []) + (_read_prompts(prompts_file) if prompts_file else [])
     if not texts:
-        raise DraftsmithError("give --prompt TEXT or --prompts FILE.jsonl")
+        raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
+                              if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)

@@ -22,3 +22,14 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
     if (not out and not empty_ok) or any(x < 1 for x in out):
         raise DraftsmithError(f"{what}: expected positive integers, got {text!r}")
     return out
+
+
+def out_dir(path, flag: str = "--out"):
+    """An output folder to write into: refused up front (before minutes of work) where the path
+    is an existing file."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DraftsmithError(f"{flag} {path}: a file is there, not a folder to write into")
+    return path

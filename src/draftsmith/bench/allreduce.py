@@ -222,6 +222,12 @@ def allreduce_bench(
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
     if dtype not in DTYPES:
         raise DraftsmithError(f"--dtype {dtype!r}: use one of {sorted(DTYPES)}")
+    for flag, value in (("--hidden", hidden), ("--layers", layers), ("--iters", iters),
+                        ("--graph-ops", graph_ops)):
+        if value < 1:
+            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+    if tp < 0:
+        raise DraftsmithError(f"--tp must be >= 0 (0: torchrun's world or every GPU), got {tp}")
     if target:
         hidden, layers = _shape_from_target(target)
     opts = {"hidden": hidden, "layers": layers, "batches": int_list(batch, "--batch"),

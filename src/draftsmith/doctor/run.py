@@ -37,9 +37,13 @@ class DoctorOptions:
             raise DraftsmithError("give --data DIR and/or --drafter DIR to examine")
         if self.engine:
             self.engine = engine_name(self.engine)
-        for name in ("samples", "max_tokens", "prompts", "max_new"):
+        for name, flag in (("samples", "--samples"), ("max_tokens", "--max-tokens"),
+                           ("prompts", "--prompts"), ("max_new", "--max-new-tokens")):
             if getattr(self, name) < 1:
-                raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1")
+                raise DraftsmithError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.steps is not None and self.steps < 1:
+            raise DraftsmithError(f"--steps must be >= 1 (not given: from the training log), "
+                                  f"got {self.steps}")
 
 
 def resolve_target(opts: DoctorOptions, manifest: dict | None,
@@ -158,11 +162,17 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         return
     try:
         drafter = load_any(info, target, opts.device, opts.dtype)
-    except (DraftsmithError, ImportError) as e:
+    except ImportError as e:
         rep.skipped.append(f"behaviour: cannot load the drafter ({e})")
         return
+    except DraftsmithError as e:  # what an engine loading it would meet too
+        rep.add("behaviour", [Finding("error", "loads", f"the drafter does not load: {e}",
+                                      str(info.folder), "its weights and config.json must "
+                                      "agree: re-export or retrain it")])
+        return
     promise = behaviour.promised(info.folder)
-    steps = opts.steps or (min(len(promise["cond_acc"]), 5) if promise else 3)
+    steps = opts.steps if opts.steps is not None else (
+        min(len(promise["cond_acc"]), 5) if promise else 3)
     prompts = (behaviour.data_prompts(ds, opts.prompts, 512) if ds is not None else []) or \
         behaviour.template_prompts(target, opts.prompts)
     runs = _runs(info, opts.engine, target.cfg.num_layers, len(drafter.cfg.aux_layer_ids),
@@ -173,8 +183,13 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     out = {"prompts": "data" if ds is not None else "built-in, target chat template",
            "promised": promise, "runs": {}}
     for label, ids in runs.items():
-        out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps, opts.max_new,
-                                                target.eos_ids, ids)
+        try:
+            out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps,
+                                                    opts.max_new, target.eos_ids, ids)
+        except DraftsmithError as e:  # e.g. ids the target lacks: a wiring finding says so
+            rep.skipped.append(f"behaviour: the run {label}: {e}")
+    if not out["runs"]:
+        return
     rep.behaviour = out
     rep.add("behaviour", behaviour.gap_findings(out["runs"], promise, str(info.folder)))
 

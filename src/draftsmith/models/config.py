@@ -45,6 +45,19 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        """From a Hugging Face config.json's fields (a missing or malformed one is named)."""
+        if not isinstance(hf, dict):
+            raise DraftsmithError(f"config.json holds a {type(hf).__name__}, not an object of "
+                                  "model fields")
+        try:
+            return cls._from_hf(hf)
+        except KeyError as e:
+            raise DraftsmithError(f"config.json lacks the field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise DraftsmithError(f"config.json: a malformed field ({e})") from None
+
+    @classmethod
+    def _from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         arch = str(hf.get("model_type", "")).lower()
         if arch not in SUPPORTED:
             archs = hf.get("architectures") or [arch]

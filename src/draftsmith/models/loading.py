@@ -56,6 +56,9 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
         if i not in layers:
             raise DraftsmithError(f"checkpoint has no weights for decoder layer {i}")
         _fuse_layer(i, layers[i], out)
+    if (last := max(layers, default=-1)) >= cfg.num_layers:
+        raise DraftsmithError(f"checkpoint has weights for decoder layers up to {last}, but its "
+                              f"config says num_hidden_layers {cfg.num_layers}")
     return out
 
 
@@ -77,11 +80,17 @@ def shard_state(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, to
     """Cut each full tensor to this rank's slice, as the module owning it is sharded."""
     local: dict[str, torch.Tensor] = {}
     for mname, mod in model.named_modules():
-        for pname, _ in mod.named_parameters(recurse=False):
+        for pname, param in mod.named_parameters(recurse=False):
             key = f"{mname}.{pname}" if mname else pname
             if full.get(key) is None:
                 raise DraftsmithError(f"weights lack {key!r}")
             local[key] = _shard_one(mod, pname, full[key], key)
+            if local[key].shape != param.shape:  # config.json and weights disagree
+                tp = getattr(mod, "tp", SINGLE)
+                rank = f" (this rank's slice of {tp.size})" if tp.size > 1 else ""
+                raise DraftsmithError(
+                    f"{key}: the checkpoint holds a tensor of shape {tuple(full[key].shape)}, "
+                    f"where the model config.json describes takes {tuple(param.shape)}{rank}")
     return local
 
 

@@ -15,6 +15,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # 32-row server 1.26-1.54x the tok/s of one process (benchmarks/serve_h200.md); on a host of a
 # few cores they would take the cores the batch loop and the clients need
 AUTO_FRONTENDS, AUTO_FRONTENDS_CPUS = 4, 8
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 def auto_frontends(device: str, cpus: int | None = None) -> int:
@@ -84,6 +85,11 @@ def serve(
     from draftsmith.cli import device_dtype
     from draftsmith.serve.engine import EngineConfig, load_engine
 
+    check_limits(max_batch=max_batch, max_tokens_limit=max_tokens_limit,
+                 max_prompt_tokens=max_prompt_tokens, max_queue=max_queue, steps=steps,
+                 topk=topk)
+    if (log_level := log_level.lower()) not in LOG_LEVELS:
+        raise DraftsmithError(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     dev, dt = device_dtype(device, dtype)
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
@@ -107,6 +113,13 @@ def serve(
     http = f", {frontends} HTTP processes" if frontends else ""
     _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
     run_server(engine, cfg, host, port, log_level, frontends)
+
+
+def check_limits(**flags: int) -> None:
+    """Each of these flags (by their names with - for _) is at least 1, before the model loads."""
+    for name, value in flags.items():
+        if value < 1:
+            raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def check_bindable(host: str, port: int) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
+from draftsmith.errors import DraftsmithError
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -49,7 +50,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def knows(self, model: str) -> bool:
         return model == self.model_name or model in self.aliases
@@ -231,6 +232,9 @@ def _content(m: dict, i: int) -> str:
                    f"messages[{i}].content", "invalid_type")
 
 
+ROLES = ("system", "developer", "user", "assistant")
+
+
 def _messages(body: dict) -> list[dict[str, str]]:
     if "messages" not in body:
         raise ApiError(400, "'messages' is required", "messages", "missing_required_parameter")
@@ -242,8 +246,11 @@ def _messages(body: dict) -> list[dict[str, str]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'",
                            f"messages[{i}]", "invalid_type")
-        if m.get("tool_calls"):
+        if m.get("tool_calls") or m["role"] in ("tool", "function"):
             raise ApiError(400, "tool calls are not supported", f"messages[{i}]", "unsupported")
+        if m["role"] not in ROLES:
+            raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of "
+                           f"{', '.join(ROLES)}", f"messages[{i}].role", "invalid_value")
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": _content(m, i)})
     return out

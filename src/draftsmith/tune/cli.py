@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET, int_list
+from draftsmith.options import DEVICE, DTYPE, TARGET, int_list, out_dir
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
@@ -58,6 +58,9 @@ def tune(
                               f"{max_topk}")
     if max_draft_tokens < 2:
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
+    if top < 1:
+        raise DraftsmithError(f"--top must be >= 1 (settings swept per batch size), got {top}")
+    out_dir(out)
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
     from draftsmith.engine.sampling import SamplingParams
@@ -142,6 +145,7 @@ def run_tune(
     )
     from draftsmith.tune.flags import recommendation_text
 
+    texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
@@ -151,7 +155,7 @@ def run_tune(
     embed = model.embed.weight if tp is None or tp.size == 1 else t.weights.get(
         "model.embed_tokens.weight")
     drafter = load_drafter(drafter_dir, dev, dt, embed=embed)
-    ids = [t.chat_ids([{"role": "user", "content": p}]) for p in suite(prompts_path)]
+    ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
     max_seq = max(len(p) for p in ids) + new + 64
     rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
     # room for the widest tree's frontier slots beyond the target's scratch region
@@ -229,7 +233,9 @@ def suite(path: Path | None) -> list[str]:
     if path is not None:
         from draftsmith.data.prompts import read_prompts
 
-        return [c.first_user() for c in read_prompts(path)]
+        if not (convs := read_prompts(path)):
+            raise DraftsmithError(f"--prompts {path}: no conversations in it")
+        return [c.first_user() for c in convs]
     src = Path(__file__).resolve().parents[1] / "bench" / "chat_suite.jsonl"
     if not src.is_file():
         raise DraftsmithError(f"{src}: the built-in chat suite is missing; pass --prompts")
