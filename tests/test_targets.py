@@ -121,6 +121,15 @@ def test_cli_generate_refuses_a_count_below_one_by_its_flag(tmp_path, flag):
     assert r.returncode == 2 and "--max-new-tokens and --batch-size must be >= 1" in r.stderr
 
 
+def test_a_folder_without_its_tokenizer_is_one_line(tmp_path):
+    folder = write_tiny_folder(tmp_path / "t", "llama")
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+    r = _cli("targets", "show", str(folder))
+    assert r.returncode == 2 and "cannot load the tokenizer" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
 def test_cli_generate_names_an_empty_prompts_file(tmp_path):
     (empty := tmp_path / "empty.jsonl").write_text("")
     r = _cli("generate", "--target", str(tmp_path / "never-loaded"), "--prompts", str(empty))

@@ -135,7 +135,9 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     try:
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:
-        raise DraftsmithError(f"{folder}: cannot load the tokenizer ({e})") from None
+        why = " ".join(str(e).split())  # transformers' message spans lines
+        raise DraftsmithError(f"{folder}: cannot load the tokenizer (tokenizer.json and "
+                              f"tokenizer_config.json belong beside config.json): {why}") from None
     meta = folder / "draftsmith_target.json"
     fp = json.loads(meta.read_text())["fingerprint"] if meta.is_file() else ""
     return Target(source, kind, cfg, hf_cfg, tok, hf.read_weights(folder), folder, fp)
