@@ -98,7 +98,8 @@ def test_bench_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     (tmp_path / "taken").write_text("x")
     res = invoke("--target", str(tmp_path / "never-loaded"), "--drafter", "random",
                  "--device", "cpu", "--out", str(tmp_path / "taken"))
-    assert isinstance(res.exception, DraftsmithError) and "a file is there" in str(res.exception)
+    assert isinstance(res.exception, DraftsmithError)
+    assert "is a file, not a folder" in str(res.exception)
     with pytest.raises(DraftsmithError):
         int_list("1,x", "--steps")
     with pytest.raises(DraftsmithError):

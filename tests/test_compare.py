@@ -238,6 +238,6 @@ def test_counts_and_an_output_file_are_refused_by_their_flags_up_front(tmp_path)
     with pytest.raises(DraftsmithError, match="--max-new-tokens must be >= 1, got 0"):
         CompareOptions(["a", "b"], max_new=0)
     (taken := tmp_path / "taken").write_text("x")
-    with pytest.raises(DraftsmithError, match="--out .*taken: a file is there"):
+    with pytest.raises(DraftsmithError, match="--out .*taken: is a file, not a folder"):
         CompareOptions(["a", "b"], out=taken)
     assert taken.read_text() == "x"

@@ -173,3 +173,14 @@ def test_a_missing_or_foreign_drafter_folder_is_named(tmp_path):
         read_drafter_meta(tmp_path / "missing")
     with pytest.raises(DraftsmithError, match="not a draftsmith drafter folder"):
         read_drafter_meta(tmp_path)
+
+
+def test_saving_into_a_file_is_refused_and_the_file_kept(tmp_path):
+    d = random_drafter(tiny_cfg())
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine")
+    with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+        save_drafter(d, keep)
+    with pytest.raises(DraftsmithError, match="lies under the file"):
+        save_drafter(d, keep / "sub")
+    assert keep.read_text() == "mine"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_tiny_folder
 from safetensors.torch import load_file, save_file
 from test_drafter import random_drafter
 from test_train_helpers import AUX
@@ -23,7 +25,6 @@ from draftsmith.targets import cache_dir
 from draftsmith.train.ttt import shift_left, unroll
 
 L = 6  # layers of the tiny target
-
 
 
 def make(target, folder: Path, **over) -> Path:
@@ -142,6 +143,79 @@ def test_export_refusals(target, tmp_path):
         warnings.simplefilter("always")
         export_drafter(make(target, tmp_path / "e", aux=[2, 3, 4]), "sglang", tmp_path / "z")
     assert "PR #25454" in str(caught[0].message)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_export_refuses_an_out_that_is_or_nests_its_drafter(target, tmp_path):
+    """--overwrite replaces --out whole: never when --out is the drafter (with its run's
+    checkpoints and log), lies in it or holds it, nor when it is the --target."""
+    src = make(target, tmp_path / "run")
+    make(target, src / "checkpoints" / "step-00000001")
+    (src / "train_log.jsonl").write_text('{"step": 1}\n')
+    before = snapshot(src)
+    for out, said in ((src, "is the drafter folder itself"), (src / "x", "lies inside"),
+                      (tmp_path, "holds the drafter folder")):
+        with pytest.raises(DraftsmithError, match=said):
+            export_drafter(src, "speculators", out, overwrite=True)
+    with pytest.raises(DraftsmithError, match="holds the drafter folder"):
+        export_drafter(src / "checkpoints" / "step-00000001", "sglang", src, overwrite=True)
+    assert snapshot(src) == before
+    folder = shutil.copytree(target.folder, tmp_path / "t")
+    with pytest.raises(DraftsmithError, match="is the --target itself"):
+        export_drafter(src, "sglang", folder, target=str(folder), overwrite=True)
+    assert snapshot(folder) == snapshot(Path(target.folder))
+
+
+def test_export_and_import_refuse_a_file_as_out(target, tmp_path):
+    src = make(target, tmp_path / "d")
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+            export_drafter(src, "speculators", keep, overwrite=overwrite)
+    sp = export_drafter(src, "speculators", tmp_path / "sp")
+    with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+        import_drafter(sp, keep)
+    with pytest.raises(DraftsmithError, match="lies under the file"):
+        import_drafter(sp, keep / "sub")
+    assert keep.read_text() == "mine"
+
+
+def test_import_refuses_a_non_empty_out_or_its_own_source(target, tmp_path):
+    """A target's folder (or any non-empty one) is not overwritten with drafter weights, and
+    an engine folder is not rewritten in place."""
+    sp = export_drafter(make(target, tmp_path / "d"), "speculators", tmp_path / "sp")
+    folder = shutil.copytree(target.folder, tmp_path / "t")
+    for out in (folder, sp):
+        before = snapshot(out)
+        with pytest.raises(DraftsmithError, match="not empty; choose another --out"):
+            import_drafter(sp, out)
+        assert snapshot(out) == before
+    with pytest.raises(DraftsmithError, match="lies inside the source folder"):
+        import_drafter(sp, sp / "sub")
+    assert not (sp / "sub").exists()
+    (tmp_path / "empty").mkdir()
+    assert load_drafter(import_drafter(sp, tmp_path / "empty")).cfg.aux_layer_ids == AUX
+
+
+def test_import_refuses_a_target_of_another_shape(target, tmp_path):
+    sp = export_drafter(make(target, tmp_path / "d"), "speculators", tmp_path / "sp")
+    other = write_tiny_folder(tmp_path / "t2", "llama", hidden_size=32, vocab_size=256)
+    with pytest.raises(DraftsmithError, match=r"--target .*t2 does not fit .*vocab 128 / hidden "
+                       r"64, the target has vocab 256 / hidden 32"):
+        import_drafter(sp, tmp_path / "imp", target=str(other))
+    assert not (tmp_path / "imp").exists()
+
+
+@pytest.mark.parametrize("k", [0, -5])
+def test_export_refuses_fewer_than_one_speculative_token(target, tmp_path, k):
+    src = make(target, tmp_path / "d")
+    with pytest.raises(DraftsmithError, match=f"--speculative-tokens must be >= 1, got {k}"):
+        export_drafter(src, "speculators", tmp_path / "sp", speculative_tokens=k)
+    assert not (tmp_path / "sp").exists()
 
 
 def test_sglang_checkpoint_without_ids_or_embedding(target, tmp_path):

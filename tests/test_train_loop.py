@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 
 import pytest
@@ -96,6 +97,80 @@ def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup
     assert log_rows(stale) == log_rows(root / "whole")
     da, db = load_drafter(root / "whole").state_dict(), load_drafter(stale).state_dict()
     assert all(torch.equal(da[k], db[k]) for k in da)
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("lr", -1.0, "--lr must be > 0, got -1.0"), ("lr", 0.0, "--lr must be > 0"),
+    ("max_samples", -1, "--max-samples must be >= 1"), ("max_samples", 0, "--max-samples"),
+    ("loader_workers", -2, "--loader-workers must be >= 0, got -2"),
+    ("max_steps", 0, "--max-steps must be >= 1, got 0"), ("max_steps", -3, "--max-steps"),
+    ("step_decay", -2.0, "--step-decay must be > 0"), ("warmup_ratio", 5.0, "--warmup-ratio"),
+    ("warmup_ratio", -0.1, "--warmup-ratio"), ("warmup_steps", -1, "--warmup-steps"),
+    ("profile_steps", -1, "--profile-steps must be >= 0"), ("time_limit", -1.0, "--time-limit"),
+    ("keep_last", 0, "--keep-last must be >= 1"), ("keep_last", -1, "--keep-last"),
+    ("grad_clip", -1.0, "--grad-clip must be > 0"), ("weight_decay", -1.0, "--weight-decay"),
+    ("min_lr", 1.0, "--min-lr 1.0 is above --lr"), ("draft_vocab_size", 0, "--draft-vocab-size"),
+])
+def test_out_of_range_options_are_refused_by_flag(setup, option, value, said):
+    root, _, _ = setup
+    with pytest.raises(DraftsmithError, match=said):
+        config(root, "never", **{option: value})
+    assert not (root / "never").exists()
+
+
+def test_out_must_be_a_training_runs_folder(setup):
+    """A model folder (or a file) as --out is refused before anything is written; a run's own
+    folder still needs --resume, and --resume into a drafter without checkpoints is refused."""
+    root, target, _ = setup
+    model = shutil.copytree(target.folder, root / "model_copy")
+    weights = (model / "model.safetensors").read_bytes()
+    with pytest.raises(DraftsmithError, match="holds .*config.json, .* not a draftsmith training"):
+        train(config(root, "model_copy"))
+    with pytest.raises(DraftsmithError, match="not a draftsmith training"):
+        train(config(root, "model_copy", resume=True))
+    assert (model / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in model.iterdir()) == sorted(
+        p.name for p in target.folder.iterdir())
+    (root / "afile").write_text("mine")
+    with pytest.raises(DraftsmithError, match="afile: is a file, not a folder"):
+        train(config(root, "afile"))
+    assert (root / "afile").read_text() == "mine"
+    lone = root / "lone"
+    lone.mkdir()
+    (lone / "model.safetensors").write_bytes(weights)
+    with pytest.raises(DraftsmithError, match="holds model.safetensors, not a draftsmith"):
+        train(config(root, "lone"))
+    drafter = root / "drafter_only"
+    with pytest.warns(UserWarning):
+        train(config(root, "drafter_only", max_steps=1))
+    shutil.rmtree(drafter / "checkpoints")
+    meta = (drafter / "draftsmith.json").read_text()
+    with pytest.raises(DraftsmithError, match="holds a drafter but no checkpoint"):
+        train(config(root, "drafter_only", max_steps=1, resume=True))
+    assert (drafter / "draftsmith.json").read_text() == meta
+
+
+def test_aux_layers_unlike_the_datasets_are_refused(setup):
+    root, _, _ = setup
+    with pytest.raises(DraftsmithError, match=r"--aux-layers \[0, 1, 2\]: the dataset .* holds "
+                       r"aux layers \[1, 2, 4\]"):
+        Trainer(config(root, "aux", aux_layer_ids=[0, 1, 2]), setup_ctx("cpu"))
+    with pytest.warns(UserWarning):
+        t = Trainer(config(root, "aux", aux_layer_ids=[1, 2, 4]), setup_ctx("cpu"))
+    assert t.drafter.cfg.aux_layer_ids == [1, 2, 4]
+
+
+def test_draft_vocab_size_smaller_than_the_vocab_file_is_refused(setup):
+    from draftsmith.data.vocab import build_vocab, count_dataset, save_vocab
+
+    root, _, data = setup
+    path = save_vocab(build_vocab(count_dataset(data, 128), 16, 128), root / "v16")
+    with pytest.raises(DraftsmithError, match="--draft-vocab-size 8 conflicts with --vocab .*"
+                       "holds 16 draft tokens"):
+        Trainer(config(root, "v", vocab=str(path), draft_vocab_size=8), setup_ctx("cpu"))
+    for size in (None, 16, 64):  # not given, equal, or a cap the file meets
+        t = Trainer(config(root, "v", vocab=str(path), draft_vocab_size=size), setup_ctx("cpu"))
+        assert t.drafter.cfg.draft_vocab_size == 16
 
 
 def test_init_head_from_target_starts_from_its_readout(setup):
@@ -208,7 +283,7 @@ def test_init_from_widens_the_mlp_and_starts_as_the_narrow_drafter(setup):
     with pytest.warns(UserWarning):
         fresh = Trainer(config(root, "fresh", intermediate_size=2 * w), setup_ctx("cpu")).drafter
     assert fresh.cfg.intermediate_size == 2 * w
-    with pytest.raises(DraftsmithError, match="intermediate_size must be >= 1"):
+    with pytest.raises(DraftsmithError, match="--intermediate-size must be >= 1"):
         config(root, "zero", intermediate_size=0)
 
 
@@ -486,3 +561,22 @@ def test_cli_train_export_import(setup, tmp_path):
     assert load_drafter(tmp_path / "back").cfg.aux_layer_ids == AUX
     meta = json.loads((tmp_path / "d" / "draftsmith.json").read_text())
     assert meta["training"]["config"]["extra"]["command"].startswith("draftsmith")
+
+
+def test_cli_train_prints_the_vocab_warning_as_one_line(setup, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.train.cli import train as train_cmd
+
+    root, _, _ = setup
+    app = typer.Typer()
+    app.command("train")(train_cmd)
+    app.command("other")(lambda: None)
+    r = CliRunner().invoke(app, [
+        "train", "--out", str(tmp_path / "d"), "--data", str(root / "data"), "--max-steps", "1",
+        "--max-len", "32", "--ttt-steps", "2", "--draft-vocab-size", "500", "--no-progress",
+        "--target", str(root / "target"), "--device", "cpu", "--loader-workers", "0"])
+    assert r.exit_code == 0, r.output
+    assert "draftsmith train: warning: only 31 distinct assistant tokens" in r.output
+    assert "UserWarning" not in r.output and "loop.py" not in r.output

@@ -313,7 +313,7 @@ def test_tune_refuses_an_empty_prompts_file_a_top_of_0_and_an_output_file_before
     never = str(tmp_path / "never-loaded")
     for args, says in ((["--prompts", str(empty)], "no conversations in it"),
                        (["--top", "0"], "--top must be >= 1"),
-                       (["--out", str(taken)], "a file is there, not a folder")):
+                       (["--out", str(taken)], "is a file, not a folder")):
         res = invoke_tune("--drafter", never, "--target", never, "--device", "cpu", *args)
         assert isinstance(res.exception, DraftsmithError) and says in str(res.exception), (
             args, res.exception)

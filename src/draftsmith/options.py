@@ -24,12 +24,22 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
     return out
 
 
-def out_dir(path, flag: str = "--out"):
-    """An output folder to write into: refused up front (before minutes of work) where the path
-    is an existing file."""
+def check_folder(folder, flag: str = "--out") -> None:
+    """Refuse a folder to write that is, or would lie under, an existing file (before any work)."""
     from pathlib import Path
 
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise DraftsmithError(f"{flag} {path}: a file is there, not a folder to write into")
-    return path
+    folder = Path(folder)
+    for p in (folder, *folder.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == folder else f"lies under the file {p}"
+                raise DraftsmithError(f"{flag} {folder}: {where}, not a folder")
+            return
+
+
+def out_dir(path, flag: str = "--out"):
+    """`path` as an output folder, refused up front where it is or lies under a file."""
+    from pathlib import Path
+
+    check_folder(path, flag)
+    return Path(path)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.layout import TargetInfo, read_config
+from draftsmith.export.layout import TargetInfo, check_apart, check_out, read_config
 from draftsmith.export.sglang import is_sglang, read_sglang, write_sglang
 from draftsmith.export.speculators import is_speculators, read_speculators, write_speculators
 from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, load_drafter, save_drafter
@@ -50,11 +50,18 @@ def export_drafter(
     """Write the drafter at `drafter_dir` (draftsmith layout) in an engine's layout at `out`."""
     if fmt not in FORMATS:
         raise DraftsmithError(f"unknown export format {fmt!r}: use one of {list(FORMATS)}")
+    if speculative_tokens < 1:
+        raise DraftsmithError(f"--speculative-tokens must be >= 1, got {speculative_tokens}")
+    out = Path(out)
+    check_out(out, overwrite)
+    check_apart(out, Path(drafter_dir), "the drafter folder")
+    if target is not None and Path(target).exists():
+        check_apart(out, Path(target), "the --target")
     drafter = load_drafter(drafter_dir)
     info = target_info(drafter, target)
     if fmt == "sglang":
-        return write_sglang(drafter, Path(out), info, dtype, overwrite)
-    return write_speculators(drafter, Path(out), info, dtype, speculative_tokens, overwrite)
+        return write_sglang(drafter, out, info, dtype, overwrite)
+    return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite)
 
 
 def detect_format(folder: str | Path) -> str:
@@ -73,26 +80,36 @@ def detect_format(folder: str | Path) -> str:
 
 
 def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
-    """A drafter from any supported layout; `target` supplies layer count and embedding."""
+    """A drafter from any supported layout; `target` supplies layer count and embedding and
+    must fit the drafter (vocab, hidden size, aux layers)."""
     fmt = detect_format(folder)
-    if fmt == "draftsmith":
-        return load_drafter(folder)
-    info = None
-    if target is not None:
-        from draftsmith.targets import load_target
+    if target is None:
+        return load_drafter(folder) if fmt == "draftsmith" else _read_engine(folder, fmt, None)
+    from draftsmith.engine.speculative import check_pair
+    from draftsmith.targets import load_target
 
-        info = TargetInfo.of_target(load_target(target))
+    t = load_target(target)
+    drafter = (load_drafter(folder) if fmt == "draftsmith"
+               else _read_engine(folder, fmt, TargetInfo.of_target(t)))
+    try:
+        check_pair(t.cfg, drafter.cfg)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"--target {target} does not fit the drafter {folder}: {e}") from None
+    return drafter
+
+
+def _read_engine(folder: str | Path, fmt: str, info: TargetInfo | None) -> Eagle3Drafter:
     if fmt == "speculators":
         return read_speculators(Path(folder), info)
     return read_sglang(Path(folder), info)
 
 
 def import_drafter(src: str | Path, out: str | Path, target: str | None = None) -> Path:
-    """Convert an external EAGLE-3 folder into the draftsmith layout at `out`."""
-    drafter = read_any(src, target)
+    """Convert an external EAGLE-3 folder into the draftsmith layout at `out` (new or empty)."""
     out = Path(out)
-    if (out / CONFIG_FILE).exists():
-        raise DraftsmithError(f"{out}: already holds a drafter; choose another --out")
+    check_out(out, False, "choose another --out")
+    check_apart(out, Path(src), "the source folder")
+    drafter = read_any(src, target)
     return save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
                                                 "format": detect_format(src)})
 

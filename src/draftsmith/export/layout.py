@@ -14,6 +14,7 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
+from draftsmith.options import check_folder
 from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
 
 WEIGHTS = "model.safetensors"
@@ -96,8 +97,7 @@ def write_folder(
     from safetensors.torch import save_file
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise DraftsmithError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+    check_out(out, overwrite)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -110,6 +110,26 @@ def write_folder(
     return out
 
 
+def check_out(out: Path, overwrite: bool, hint: str = "pass --overwrite to replace it") -> None:
+    """An --out that can be written: a folder (or nothing yet), empty unless `overwrite`."""
+    check_folder(out)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise DraftsmithError(f"--out {out}: exists and is not empty; {hint}")
+
+
+def check_apart(out: Path, src: Path, what: str) -> None:
+    """Refuse an --out that is `src` or holds it or lies in it: writing it would destroy what
+    is read (the export replaces --out whole)."""
+    a, b = Path(out).resolve(), Path(src).resolve()
+    if a == b:
+        rel = f"is {what} itself"
+    elif b in a.parents:
+        rel = f"lies inside {what} {src}"
+    elif a in b.parents:
+        rel = f"holds {what} {src}"
+    else:
+        return
+    raise DraftsmithError(f"--out {out}: {rel}; choose another --out")
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

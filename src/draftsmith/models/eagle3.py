@@ -404,7 +404,10 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
     through a tmp name and os.replace, so a reader never sees a half-written file)."""
     from safetensors.torch import save_file
 
+    from draftsmith.options import check_folder
+
     folder = Path(folder)
+    check_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
             "config": drafter.cfg.to_dict(), **summary}

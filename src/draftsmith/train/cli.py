@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import warnings
 
 import typer
 
@@ -31,7 +33,8 @@ def train(
     batch_size: int = typer.Option(1, "--batch-size", help="Packed rows per step and rank"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per packed row"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Draft vocab "
-                                         "(default 32000; with --init-from: that drafter's)"),
+                                         "(default 32000; with --vocab: the file's, no larger; "
+                                         "with --init-from: that drafter's)"),
     vocab: str = typer.Option(None, "--vocab", help="A vocab.safetensors (d2t, t2d) to use"),
     aux_layers: str = typer.Option(None, "--aux-layers", help="Online: comma-separated ids, "
                                    f"canonical ({CANONICAL_WORDS})"),
@@ -90,4 +93,12 @@ def train(
         compile_loss=compile_loss, pad_multiple=pad_multiple,
         extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
     )
-    run(cfg)
+    with warnings.catch_warnings():
+        warnings.showwarning = _say_warning
+        run(cfg)
+
+
+def _say_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, as `data vocab` prints it (not Python's file:line and source)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"draftsmith train: warning: {message}", file=sys.stderr)

@@ -21,12 +21,14 @@ from torch import nn
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import (
     CONFIG_FILE,
+    WEIGHTS_FILE,
     Eagle3Config,
     Eagle3Drafter,
     load_drafter,
     read_drafter_meta,
     save_drafter,
 )
+from draftsmith.options import check_folder
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
@@ -42,6 +44,16 @@ from draftsmith.train.objective import (
 from draftsmith.train.profile import StepProfiler
 from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
 from draftsmith.train.ttt import unroll
+
+# (options, bound, strict): each option > bound (strict) or >= bound, unless None
+RANGES = (
+    (("ttt_steps", "batch_size", "max_len", "epochs", "log_every", "save_every", "keep_last",
+      "max_steps", "max_samples", "draft_vocab_size", "num_layers", "intermediate_size",
+      "pad_multiple"), 1, False),
+    (("min_lr", "weight_decay", "warmup_ratio", "warmup_steps", "profile_steps", "time_limit",
+      "loader_workers"), 0, False),
+    (("lr", "step_decay", "grad_clip"), 0, True),
+)
 
 
 @dataclass
@@ -62,7 +74,8 @@ class TrainConfig:
     max_steps: int | None = None
     batch_size: int = 1
     max_len: int = 2048
-    draft_vocab_size: int | None = None  # None: 32,000, or with init_from that drafter's vocab
+    # None: 32,000, or with vocab that file's, or with init_from that drafter's vocab
+    draft_vocab_size: int | None = None
     vocab: str | None = None  # a vocab.safetensors (d2t, t2d); default: counted from the data
     aux_layer_ids: list[int] | None = None  # online only; offline reads the manifest
     num_layers: int | None = None  # None: 1, or with init_from that drafter's depth
@@ -98,25 +111,30 @@ class TrainConfig:
         if (self.data is None) == (self.prompts is None):
             raise DraftsmithError("give exactly one of --data DATASET (offline) or --prompts FILE "
                                   "(online)")
-        for name in ("ttt_steps", "batch_size", "max_len", "epochs", "log_every", "save_every"):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.pad_multiple is not None and self.pad_multiple < 1:
-            raise DraftsmithError(f"pad_multiple must be >= 1, got {self.pad_multiple}")
+        self._check_ranges()
         if self.init_head not in ("random", "target"):
             raise DraftsmithError(f"init_head must be 'random' or 'target', got {self.init_head!r}")
         if self.init_from and self.init_head != "random":
             raise DraftsmithError("--init-from starts from a drafter's own head: leave --init-head")
-        if self.draft_vocab_size is None and not self.init_from:
+        if self.draft_vocab_size is None and not (self.init_from or self.vocab):
             self.draft_vocab_size = 32000
         if self.num_layers is None and not self.init_from:
             self.num_layers = 1
-        if self.num_layers is not None and self.num_layers < 1:
-            raise DraftsmithError(f"num_layers must be >= 1, got {self.num_layers}")
-        if self.intermediate_size is not None and self.intermediate_size < 1:
-            raise DraftsmithError(f"intermediate_size must be >= 1, got {self.intermediate_size}")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
+
+    def _check_ranges(self) -> None:
+        """Each numeric option in its range, named by its flag (None: the option's default)."""
+        for names, low, strict in RANGES:
+            for name in names:
+                v = getattr(self, name)
+                if v is not None and (v <= low if strict else v < low):
+                    raise DraftsmithError(f"--{name.replace('_', '-')} must be "
+                                          f"{'>' if strict else '>='} {low}, got {v}")
+        if self.warmup_ratio > 1:
+            raise DraftsmithError(f"--warmup-ratio must be <= 1, got {self.warmup_ratio}")
+        if self.min_lr > self.lr:
+            raise DraftsmithError(f"--min-lr {self.min_lr} is above --lr {self.lr}")
 
 
 # Changing these between a checkpoint and --resume would change the run: refused.
@@ -124,6 +142,28 @@ IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmu
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
             "max_len", "draft_vocab_size", "vocab", "num_layers", "intermediate_size", "init_head",
             "init_from", "max_samples", "seed")
+
+
+# What a training run writes into --out; a folder holding anything else is not one.
+RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINTS, "profile.json",
+             "profile.txt"}
+RUN_MARKERS = {CONFIG_FILE, report.LOG, ckpt.CHECKPOINTS}
+
+
+def check_run_folder(out: Path) -> None:
+    """Refuse an --out that is a file, or a non-empty folder that is not a training run's (a
+    model or dataset there would be overwritten)."""
+    check_folder(out)
+    if not out.is_dir():
+        return
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    foreign = sorted(names - RUN_FILES)
+    if names and not names & RUN_MARKERS:  # e.g. a lone model.safetensors
+        foreign = sorted(names)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise DraftsmithError(f"--out {out}: holds {shown}, not a draftsmith training run; "
+                              "train into a new or empty folder")
 
 
 class TTTModel(nn.Module):
@@ -198,6 +238,7 @@ class Pending:
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistCtx) -> None:
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
+        check_run_folder(self.out)
         self.target = resolve_target(cfg.target, cfg.data)
         self.data = self._open_data()
         found = self._find_checkpoint()
@@ -233,12 +274,22 @@ class Trainer:
     def _open_data(self) -> Data:
         c = self.cfg
         if c.data:
-            return open_offline(c.data, self.target, c.max_samples)
+            data = open_offline(c.data, self.target, c.max_samples)
+            if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
+                raise DraftsmithError(
+                    f"--aux-layers {list(c.aux_layer_ids)}: the dataset {c.data} holds aux layers "
+                    f"{data.aux_layer_ids} (canonical), which offline training uses; leave "
+                    "--aux-layers out or capture a dataset with those layers"
+                )
+            return data
         return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples)
 
     def _find_checkpoint(self) -> Path | None:
         latest = ckpt.latest_checkpoint(self.out)
         if self.cfg.resume:
+            if latest is None and (self.out / CONFIG_FILE).exists():
+                raise DraftsmithError(f"--resume: {self.out} holds a drafter but no checkpoint to "
+                                      "resume from; choose another --out")
             if latest is None:
                 self.say(f"--resume: {self.out} holds no checkpoint yet, starting fresh")
             return latest
@@ -390,11 +441,26 @@ class Trainer:
             if t2d.numel() != vocab:
                 raise DraftsmithError(f"{self.cfg.vocab}: t2d covers {t2d.numel()} tokens, the "
                                       f"target has {vocab}")
+            self._check_vocab_size(d2t.numel())
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
             return d2t.long(), t2d.bool()
         v = build_vocab(self.data.token_counts(vocab), min(self.cfg.draft_vocab_size, vocab), vocab)
         self.vocab_summary = v.summary()
         return v.d2t, v.t2d
+
+    def _check_vocab_size(self, n: int) -> None:
+        """An explicit --draft-vocab-size against the --vocab file's: fewer is refused; more is
+        a cap the file already meets (as a counted vocab caps at the distinct tokens)."""
+        size = self.cfg.draft_vocab_size
+        if size is not None and size < n:
+            raise DraftsmithError(
+                f"--draft-vocab-size {size} conflicts with --vocab {self.cfg.vocab}, which holds "
+                f"{n} draft tokens; leave --draft-vocab-size out, or make a vocab of {size} with "
+                f"`draftsmith data vocab --size {size}`"
+            )
+        if size is not None and size > n:
+            self.say(f"--vocab {self.cfg.vocab} holds {n} draft tokens (fewer than "
+                     f"--draft-vocab-size {size}): using {n}")
 
     def _total_steps(self) -> int:
         if self.cfg.max_steps is not None:
@@ -426,6 +492,8 @@ class Trainer:
         for key in IDENTITY:
             default = TrainConfig.__dataclass_fields__[key].default  # runs saved before the key
             old, new = state["config"].get(key, default), getattr(self.cfg, key)
+            if key == "draft_vocab_size" and self.cfg.vocab:
+                continue  # the --vocab file (compared itself) sets it; older runs saved 32000
             if old != new:
                 raise DraftsmithError(
                     f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
