@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -162,3 +163,73 @@ def test_kill_9_then_resume(target, model, reference, tiny_llama_dir, tmp_path):
     assert 1 <= done < 4
     capture(target, convs(), out, CFG, progress=False, model=model, log=lambda s: None)
     assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_overwrite_deletes_nothing_until_the_inputs_are_checked(tiny_llama_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(c.to_json()) + "\n" for c in convs(3)))
+    out = tmp_path / "ds"
+    out.mkdir()
+    old = {"manifest.json": "{}", "shard-00000.safetensors": "old shard"}
+    for name, text in old.items():
+        (out / name).write_text(text)
+    base = ["capture", str(src), "-o", str(out), "--overwrite", "--device", "cpu"]
+    r = CliRunner()
+    for bad in (["--target", str(tmp_path / "no-target")],
+                ["--target", str(tiny_llama_dir), "--aux-layers", "0,99"]):
+        res = r.invoke(app, base + bad)
+        assert isinstance(res.exception, DraftsmithError), res.output
+        assert {p.name: p.read_text() for p in out.iterdir()} == old
+    res = r.invoke(app, base + ["--target", str(tiny_llama_dir), "--aux-layers", "0,5"])
+    assert res.exit_code == 0, res.output
+    assert read_manifest(out)["aux_layer_ids"] == [0, 5] and verify(out)["samples"] == 3
+
+
+def test_a_file_given_for_the_dataset_folder_is_refused(target, tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(c.to_json()) + "\n" for c in convs(2)))
+    keep = tmp_path / "keep.txt"
+    keep.write_text("notes\n")
+    res = CliRunner().invoke(app, ["capture", str(src), "-o", str(keep), "--device", "cpu",
+                                   "--target", str(target.folder)])
+    assert isinstance(res.exception, DraftsmithError) and "not a folder" in str(res.exception)
+    with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+        capture(target, convs(2), keep, CFG, progress=False, log=lambda s: None)
+    assert keep.read_text() == "notes\n"
+
+
+def test_overwrite_under_ranks_clears_only_what_this_rank_owns(tmp_path):
+    """With --overwrite every rank cleans at its own pace: none removes another running rank's
+    folder; rank 0 takes the top level and folders a wider earlier run left."""
+    from draftsmith.data.capture import clean
+
+    def fill() -> None:
+        for name in ("rank-0", "rank-1", "rank-2", "rank-3"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / "shard-00000.safetensors").write_bytes(b"x")
+        for name in ("manifest.json", "shard-00000.safetensors", "notes.txt"):
+            (tmp_path / name).write_text("x")
+
+    def left() -> set[str]:
+        return {p.name for p in tmp_path.iterdir()}
+
+    fill()
+    clean(tmp_path, 1, 2)
+    assert left() == {"rank-0", "rank-2", "rank-3", "manifest.json", "shard-00000.safetensors",
+                      "notes.txt"}
+    clean(tmp_path, 0, 2)
+    assert left() == {"notes.txt"}  # rank 1's folder was already gone; 2 and 3 are stale
+    fill()
+    clean(tmp_path, 0, 2)
+    assert left() == {"rank-1", "notes.txt"}  # rank 1 is running: its folder is its own
+    fill()
+    clean(tmp_path)
+    assert left() == {"notes.txt"}

@@ -129,3 +129,44 @@ def test_continuation_keeps_the_space_a_sentencepiece_decoder_strips():
 def test_self_made_counts_below_one_are_named_with_their_values():
     with pytest.raises(DraftsmithError, match=r"the count \(-3\)"):
         MagpieConfig(-3)
+
+
+def test_make_checks_every_setting_before_any_stage(target, tmp_path):
+    from draftsmith.data.pipeline import make_dataset
+
+    out = tmp_path / "mk"
+    kw = dict(target=target, batch_size=4, max_len=96, max_new_tokens=16, prompt_tokens=48,
+              vocab_size=40, log=lambda s: None, progress=False)
+    cases = [({"prompt_tokens": 0}, "--prompt-tokens must be >= 1, got 0"),
+             ({"aux_layers": [0, 99]}, r"--aux-layers: aux layer ids \[99\] out of range"),
+             ({"vocab_size": 0}, "--vocab-size must be >= 1, got 0"),
+             ({"max_len": 8, "max_new_tokens": 64}, "--max-new-tokens 64 .* --max-len 8")]
+    for over, why in cases:
+        with pytest.raises(DraftsmithError, match=why):
+            make_dataset(out, 2, **(kw | over))
+        assert not out.exists()
+    keep = tmp_path / "keep.txt"
+    keep.write_text("notes\n")
+    res = CliRunner().invoke(app, ["make", str(keep), "--device", "cpu"])
+    assert isinstance(res.exception, DraftsmithError) and "not a folder" in str(res.exception)
+    assert keep.read_text() == "notes\n"
+
+
+def test_self_made_prompts_bad_settings_and_output(target, model, tiny_llama_dir, tmp_path):
+    with pytest.raises(DraftsmithError, match=r"--min-chars \(100\) must not exceed --max-chars"):
+        MagpieConfig(2, min_chars=100, max_chars=10)
+    keep = tmp_path / "keep.txt"
+    keep.write_text("line one\nline two")
+    cfg = MagpieConfig(n=2, batch_size=4, max_new_tokens=32, min_chars=1)
+    with pytest.raises(DraftsmithError, match="keep.txt:1: not valid JSON"):
+        self_made_prompts(target, keep, cfg, model, progress=False)
+    assert keep.read_text() == "line one\nline two"
+    out = tmp_path / "p.jsonl"
+    out.write_text(json.dumps({"messages": [{"role": "user", "content": "old"}]}))
+    args = ["prompts", "--self-made", "2", "-o", str(out), "--target", str(tiny_llama_dir),
+            "--device", "cpu", "--batch-size", "4", "--max-new-tokens", "32", "--min-chars", "1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)][:1] == ["old"]
+    assert len(read_jsonl_tail_safe(out)) == 2
+    assert CliRunner().invoke(app, args + ["--overwrite"]).exit_code == 0
+    assert "old" not in [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)]

@@ -131,3 +131,65 @@ def test_tail_safe_reader_drops_a_cut_last_line(tmp_path):
     path.write_text(json.dumps(PLAIN) + "\n" + '{"prompt": "cut sh')
     assert read_jsonl_tail_safe(path) == [PLAIN]
     assert path.read_text() == json.dumps(PLAIN) + "\n"
+
+
+def test_tail_safe_reader_keeps_a_whole_last_line_without_newline(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(PLAIN) + "\n" + json.dumps(ALPACA))
+    assert read_jsonl_tail_safe(path) == [PLAIN, ALPACA]
+    assert path.read_text() == json.dumps(PLAIN) + "\n" + json.dumps(ALPACA) + "\n"
+
+
+def test_tail_safe_reader_reads_every_line_before_cutting_any(tmp_path):
+    path = tmp_path / "notes.txt"
+    cases = {"line one\nline two": "notes.txt:1: not valid JSON",
+             json.dumps(PLAIN) + "\nline two": "notes.txt:2: not valid JSON",
+             '[1, 2]\n{"prompt": "cut sh': "notes.txt:1: expected a JSON object, got list"}
+    for text, why in cases.items():
+        path.write_text(text)
+        with pytest.raises(DraftsmithError, match=why):
+            read_jsonl_tail_safe(path)
+        assert path.read_text() == text
+    with pytest.raises(DraftsmithError, match="is a folder"):
+        read_jsonl_tail_safe(tmp_path)
+
+
+def test_prompts_never_write_over_an_input_or_other_data(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    src = write_lines(tmp_path / "p.jsonl", [PLAIN, SHAREGPT])
+    before = src.read_text()
+    keep = tmp_path / "keep.txt"
+    keep.write_text("my notes\n")
+    r = CliRunner()
+    res = r.invoke(app, ["prompts", str(src), "-o", str(src)])
+    assert isinstance(res.exception, DraftsmithError) and "is the input" in str(res.exception)
+    res = r.invoke(app, ["prompts", str(src), "-o", str(keep)])
+    assert isinstance(res.exception, DraftsmithError) and "--overwrite" in str(res.exception)
+    assert src.read_text() == before and keep.read_text() == "my notes\n"
+    out = tmp_path / "o.jsonl"
+    for _ in range(2):  # a rerun writes the same conversations again
+        assert r.invoke(app, ["prompts", str(src), "-o", str(out)]).exit_code == 0
+    assert r.invoke(app, ["prompts", str(src), "-o", str(keep), "--overwrite"]).exit_code == 0
+    assert keep.read_text() == out.read_text() and len(read_prompts(keep)) == 2
+
+
+def test_prompts_bad_out_and_limit_are_clear_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    src = write_lines(tmp_path / "p.jsonl", [PLAIN, SHAREGPT, OPENAI])
+    r = CliRunner()
+    res = r.invoke(app, ["prompts", str(src), "-o", str(tmp_path)])
+    assert isinstance(res.exception, DraftsmithError) and "is a folder" in str(res.exception)
+    with pytest.raises(DraftsmithError, match="is a folder"):
+        write_jsonl(tmp_path, [])
+    out = tmp_path / "o.jsonl"
+    res = r.invoke(app, ["prompts", str(src), "-o", str(out), "--limit", "-1"])
+    assert isinstance(res.exception, DraftsmithError) and "--limit" in str(res.exception)
+    assert not out.exists()
+    assert r.invoke(app, ["prompts", str(src), "-o", str(out), "--limit", "2"]).exit_code == 0
+    assert len(read_prompts(out)) == 2

@@ -13,12 +13,14 @@ from fastapi.responses import JSONResponse
 
 from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
 from draftsmith.data.regenerate import (
+    Answer,
     EngineBackend,
     OpenAIBackend,
     RegenConfig,
     regenerate,
     regenerate_file,
 )
+from draftsmith.errors import DraftsmithError
 
 
 def convs() -> list[Conversation]:
@@ -164,3 +166,45 @@ def test_server_errors_are_counted_not_written(tmp_path, target):
     assert stats["failed"] == 2 and stats["answered"] == 0
     assert (tmp_path / "e.jsonl").read_text() == ""
     json.dumps(stats)
+
+
+class Echo:
+    """A backend that answers "ok" at once."""
+
+    name = model_name = "echo"
+
+    def answer(self, batch: list) -> list[Answer]:
+        return [Answer("ok", 1, "stop") for _ in batch]
+
+
+def test_settings_are_checked_before_any_work(tmp_path):
+    with pytest.raises(DraftsmithError, match="--batch-size must be >= 1, got -1"):
+        RegenConfig(batch_size=-1)
+    with pytest.raises(DraftsmithError, match="--max-new-tokens 64 leaves no room .* --max-len 8"):
+        RegenConfig(max_new_tokens=64, max_len=8)
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(DraftsmithError, match="--retries must be >= 0, got -1"):
+        regenerate_file(convs(), out, RegenConfig(8, 64), str(tmp_path / "no-target"),
+                        base_url="http://127.0.0.1:9/v1", retries=-1)
+    assert not out.exists()
+
+
+def test_existing_output_is_read_whole_before_anything_is_cut(target, tmp_path):
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    out = tmp_path / "notes.txt"
+    cases = {"line one\nline two": "notes.txt:1: not valid JSON",
+             "[1,2]": "notes.txt:1: expected a JSON object, got list",
+             '{"prompt": "x"}\n': "notes.txt:1: not an answer `regenerate` wrote"}
+    for text, why in cases.items():
+        out.write_text(text)
+        with pytest.raises(DraftsmithError, match=why):
+            regenerate(convs(), out, Echo(), target.tokenizer, cfg, False, lambda s: None)
+        assert out.read_text() == text
+    # a last record without its newline is kept, and the next one starts a line of its own
+    out = tmp_path / "a.jsonl"
+    regenerate(convs()[:2], out, Echo(), target.tokenizer, cfg, False, lambda s: None)
+    out.write_bytes(out.read_bytes().rstrip(b"\n"))
+    stats = regenerate(convs()[:3], out, Echo(), target.tokenizer, cfg, False, lambda s: None)
+    assert stats["done_before"] == 2 and stats["answered"] == 1
+    ids = [r["meta"]["prompt_id"] for r in read_jsonl_tail_safe(out)]
+    assert ids == [c.id for c in convs()[:3]]

@@ -105,3 +105,43 @@ def test_many_shards_keep_few_files_open(tmp_path, monkeypatch):
 
     again = pickle.loads(pickle.dumps(ds))
     assert torch.equal(again[3]["hidden"], samples[3].hidden.bfloat16())
+
+
+def test_damaged_shard_is_named_by_inspect_and_the_reader(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    head = {**HEADER, "target": {"fingerprint": "abc", "source": "t", "num_layers": 4},
+            "aux_convention": "output of j", "dtype": "bfloat16"}
+    w = ShardWriter(tmp_path, head, IDENTITY)
+    w.write(0, make_samples(2))
+    w.finish()
+    assert CliRunner().invoke(app, ["inspect", str(tmp_path)]).exit_code == 0
+    shard = tmp_path / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:500])
+    for flags, why in (([], "sha256"), (["--no-verify"], "unreadable shard")):
+        res = CliRunner().invoke(app, ["inspect", str(tmp_path), *flags])
+        assert isinstance(res.exception, DraftsmithError), res.output
+        assert str(shard) in str(res.exception) and why in str(res.exception)
+    with pytest.raises(DraftsmithError, match="shard-00000.safetensors: unreadable shard"):
+        Dataset(tmp_path)[0]
+
+
+def test_manifest_of_the_wrong_shape_is_named(tmp_path):
+    cases = {"[]": "manifest.json: expected a JSON object, got list",
+             json.dumps({"format": "draftsmith-dataset"}): "'shards' is not a list",
+             json.dumps({"format": "draftsmith-dataset", "format_version": "x"}):
+                 "format_version is 'x'"}
+    for text, why in cases.items():
+        (tmp_path / MANIFEST).write_text(text)
+        with pytest.raises(DraftsmithError, match=why):
+            Dataset(tmp_path)
+
+
+def test_a_file_where_the_folder_goes_is_refused(tmp_path):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("notes\n")
+    with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+        ShardWriter(keep, HEADER, IDENTITY)
+    assert keep.read_text() == "notes\n"

@@ -60,3 +60,40 @@ def test_count_over_dataset_shards(tmp_path):
     counts = count_dataset(tmp_path)
     assert counts.numel() == 16 and counts[3] == 0 and counts[4] == 4 and counts[9] == 1
     assert coverage_table(counts, [1, 2, 3]) == [(1, 4 / 6), (2, 5 / 6), (3, 1.0)]
+
+
+def test_a_file_that_is_no_vocabulary_is_named(tmp_path):
+    from safetensors.torch import save_file
+
+    keep = tmp_path / "keep.txt"
+    keep.write_text("notes\n")
+    with pytest.raises(DraftsmithError, match="keep.txt: not a draft vocabulary file"):
+        load_vocab(keep)
+    save_file({"x": torch.zeros(2)}, tmp_path / "other.safetensors")
+    with pytest.raises(DraftsmithError, match="holds \\['x'\\].*d2t and t2d"):
+        load_vocab(tmp_path / "other.safetensors")
+    v = build_vocab(torch.tensor([0, 2, 1]), 2)
+    with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
+        save_vocab(v, keep)
+    assert keep.read_text() == "notes\n"
+
+
+def test_damaged_shard_and_bad_out_in_vocab(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+
+    head = {"aux_layer_ids": [0], "hidden_size": 4, "vocab_size": 16,
+            "target": {"fingerprint": "abc"}}
+    w = ShardWriter(tmp_path / "ds", head, ())
+    ids, mask = torch.tensor([3, 4, 4]), torch.tensor([False, True, True])
+    w.write(0, [Sample("0", ids, mask, torch.zeros(3, 1, 4), torch.zeros(3, 4))])
+    keep = tmp_path / "keep.txt"
+    keep.write_text("notes\n")
+    res = CliRunner().invoke(app, ["vocab", str(tmp_path / "ds"), "-o", str(keep)])
+    assert isinstance(res.exception, DraftsmithError) and "keep.txt" in str(res.exception)
+    assert keep.read_text() == "notes\n"
+    shard = tmp_path / "ds" / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DraftsmithError, match="shard-00000.safetensors: unreadable shard"):
+        count_dataset(tmp_path / "ds")

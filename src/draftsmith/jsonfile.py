@@ -15,16 +15,23 @@ def read_json(path: Path, not_found: str) -> Any:
         raise DraftsmithError(f"{path.parent}: no {path.name} ({not_found})")
     try:
         return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
         raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_versioned(path: Path, not_found: str, fmt: str, version: int) -> dict[str, Any]:
     """A file with `format` and `format_version` keys that this draftsmith can read."""
     meta = read_json(path, not_found)
+    if not isinstance(meta, dict):
+        raise DraftsmithError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != fmt:
         raise DraftsmithError(f"{path}: format is {meta.get('format')!r}, expected {fmt!r}")
-    if int(meta.get("format_version", 0)) > version:
-        raise DraftsmithError(f"{path}: format version {meta['format_version']} is newer than "
-                              f"this draftsmith reads ({version})")
+    try:
+        got = int(meta.get("format_version", 0))
+    except (TypeError, ValueError):
+        raise DraftsmithError(f"{path}: format_version is {meta['format_version']!r}, "
+                              "expected an integer") from None
+    if got > version:
+        raise DraftsmithError(f"{path}: format version {got} is newer than this draftsmith "
+                              f"reads ({version})")
     return meta

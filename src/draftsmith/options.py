@@ -33,7 +33,7 @@ def check_folder(folder, flag: str = "--out") -> None:
         if p.exists():
             if not p.is_dir():
                 where = "is a file" if p == folder else f"lies under the file {p}"
-                raise DraftsmithError(f"{flag} {folder}: {where}, not a folder")
+                raise DraftsmithError(f"{flag} {folder}".strip() + f": {where}, not a folder")
             return
 
 

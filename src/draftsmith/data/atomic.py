@@ -1,4 +1,5 @@
-"""Atomic file writes: a tmp file beside the target, fsync, os.replace, fsync of the folder."""
+"""Atomic file writes: a tmp file beside the target, fsync, os.replace, fsync of the folder.
+Output paths are checked here too, so a wrong one is a clear error before anything is written."""
 
 from __future__ import annotations
 
@@ -7,8 +8,34 @@ import os
 from pathlib import Path
 from typing import Any
 
+from draftsmith.errors import DraftsmithError
+
+
+def check_file_path(path: Path) -> None:
+    """Refuse a file output path that is an existing folder."""
+    if Path(path).is_dir():
+        raise DraftsmithError(f"{path}: is a folder, expected a file path")
+
+
+def check_folder_path(path: Path, flag: str = "") -> None:
+    """Refuse a folder output path that is, or lies under, an existing file."""
+    from draftsmith.options import check_folder
+
+    check_folder(path, flag)
+
+
+def make_folder(path: Path) -> Path:
+    path = Path(path)
+    check_folder_path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot create the folder ({e.strerror})") from None
+    return path
+
 
 def atomic_write(path: Path, data: bytes) -> None:
+    check_file_path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.atomic import check_folder_path
 from draftsmith.data.chat import encode
 from draftsmith.data.prompts import Conversation
 from draftsmith.data.shards import MANIFEST, Sample, ShardWriter, read_manifest, totals, write_json
@@ -160,14 +161,30 @@ def forward_shard(model: Any, tok: Any, convs: list[Conversation], idx: list[int
     return [out[i] for i in idx]
 
 
-def clean(folder: Path) -> None:
-    """Remove what a capture writes (shards, manifests, rank folders, tmp files), nothing else."""
+def aux_ids(requested: list[int] | None, num_layers: int) -> list[int]:
+    """The canonical aux layer ids to capture: `requested` (checked) or the default ones."""
+    try:
+        ids = validate(requested or default_aux_layers(num_layers), num_layers)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"--aux-layers: {e}") from None
+    if len(set(ids)) < len(ids):
+        raise DraftsmithError(f"--aux-layers: aux layer ids {ids} repeat a layer")
+    return ids
+
+
+def clean(folder: Path, rank: int = 0, world: int = 1) -> None:
+    """Remove what a capture writes (shards, manifests, rank folders, tmp files), nothing else:
+    each rank its own folder, rank 0 also the top level and folders of ranks beyond `world` (an
+    earlier, wider run's), so no rank removes what a running one already wrote."""
     if not folder.is_dir():
         return
     for p in folder.iterdir():
         if p.is_dir() and p.name.startswith("rank-"):
-            shutil.rmtree(p)
-        elif _ours(p.name):
+            k = p.name.removeprefix("rank-")
+            other_live = k.isdigit() and int(k) < world and int(k) != rank
+            if not other_live and (rank == 0 or k == str(rank)):
+                shutil.rmtree(p)
+        elif rank == 0 and _ours(p.name):
             p.unlink()
 
 
@@ -186,20 +203,22 @@ def capture(
     progress: bool = True,
     on_shard: Callable[[int], None] | None = None,
     model: Any = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Capture `convs` into `out`; returns the manifest (merged when all ranks are done)."""
+    """Capture `convs` into `out`; returns the manifest (merged when all ranks are done).
+    `overwrite`: delete what an earlier capture left in `out`, once the inputs are checked."""
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
+    check_folder_path(out)
     rank, world = dist_env()
-    ids = validate(cfg.aux_layer_ids or default_aux_layers(target.cfg.num_layers),
-                   target.cfg.num_layers)
-    if len(set(ids)) < len(ids):
-        raise DraftsmithError(f"aux layer ids {ids} repeat a layer")
+    ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
     tok = target.tokenizer
     p = plan(tok, convs, cfg)
     if not p.kept:
         raise DraftsmithError(f"no conversation has assistant tokens to capture ({p.skipped})")
     head = header(target, convs, cfg, ids, p, rank, world)
+    if overwrite:
+        clean(out, rank, world)
     folder = out / f"rank-{rank}" if world > 1 else out
     _drop_tmp(folder)
     if world > 1 and _merged_done(out, head):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -23,6 +24,7 @@ err = Console(stderr=True)
 
 STRICT = typer.Option(False, "--strict", help="Stop at the first malformed record")
 TOO_LONG = typer.Option("truncate", "--too-long", help="truncate or skip")
+LIMIT = typer.Option(0, help="Keep the first N conversations (0: all)")
 
 
 def command_line() -> str:
@@ -39,11 +41,18 @@ def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return resolve(device, dtype)
 
 
+def not_an_input(out: Path, sources: list[str]) -> None:
+    """Refuse an output path that is one of the inputs: writing it would lose the input."""
+    for src in sources:
+        if out.exists() and Path(src).exists() and os.path.samefile(out, src):
+            raise DraftsmithError(f"--out {out} is the input {src}: give another --out")
 
 
 def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
     from draftsmith.data.prompts import load_prompts
 
+    if limit < 0:
+        raise DraftsmithError(f"--limit must be >= 0 (0: all), got {limit}")
     convs, seen = [], set()
     for src in sources:
         ps = load_prompts(src, strict)
@@ -69,7 +78,9 @@ def prompts(
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL of conversations"),
     self_made: int = typer.Option(0, "--self-made", help="Have the target write N prompts"),
     strict: bool = STRICT,
-    limit: int = typer.Option(0, help="Keep at most this many (0: all)"),
+    limit: int = LIMIT,
+    overwrite: bool = typer.Option(False, help="Replace an --out that holds other data (self-made "
+                                   "prompts: start over instead of resuming)"),
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
@@ -85,9 +96,14 @@ def prompts(
                                  "half free) or a file, one a line"),
     seed: int = typer.Option(0),
 ) -> None:
-    """Collect prompts from files, HumanEval, or the target itself (--self-made N)."""
+    """Collect prompts from files, HumanEval, or the target itself (--self-made N).
+    An --out already there is refused unless it holds the same conversations (a rerun) or
+    --overwrite is given; self-made prompts resume in it."""
+    from draftsmith.data.atomic import check_file_path
     from draftsmith.data.prompts import write_jsonl
 
+    check_file_path(out)
+    not_an_input(out, sources or [])
     if self_made:
         from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
         from draftsmith.targets import load_target
@@ -95,14 +111,17 @@ def prompts(
         dev, dt = device_dtype(device, dtype)
         cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
                            temperature, top_p, seed, system, openings=openings_from(openings))
-        stats = self_made_prompts(load_target(target), out, cfg, device=dev, dtype=dt, log=say)
+        t = load_target(target)
+        if overwrite:
+            out.unlink(missing_ok=True)
+        stats = self_made_prompts(t, out, cfg, device=dev, dtype=dt, log=say)
         say(f"{out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
         return
     if openings:
         raise DraftsmithError("--openings shapes self-made prompts: give it with --self-made N")
     if not sources:
         raise DraftsmithError("give prompt sources (files, folders, 'humaneval') or --self-made N")
-    n = write_jsonl(out, read_sources(sources, strict, limit))
+    n = write_jsonl(out, read_sources(sources, strict, limit), overwrite)
     say(f"{out}: {n} conversations")
 
 
@@ -128,16 +147,21 @@ def regenerate(
     too_long: str = TOO_LONG,
     seed: int = typer.Option(0),
     strict: bool = STRICT,
-    limit: int = typer.Option(0),
+    limit: int = LIMIT,
     compile: bool = COMPILE,
     refill: bool = typer.Option(True, "--refill/--no-refill", help="Engine: a row whose answer "
                                 "ended takes the next prompt (off: static batches)"),
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
-    from draftsmith.data.regenerate import RegenConfig, regenerate_file
+    from draftsmith.data.atomic import check_file_path
+    from draftsmith.data.regenerate import RegenConfig, check_server_options, regenerate_file
 
     cfg = RegenConfig(max_new_tokens, max_len, too_long, batch_size, temperature, top_p, top_k,
                       seed, refill)
+    if base_url:
+        check_server_options(concurrency, retries)
+    check_file_path(out)
+    not_an_input(out, [source])
     convs = read_sources([source], strict, limit)
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
     regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
@@ -161,17 +185,18 @@ def capture(
     strict: bool = STRICT,
 ) -> None:
     """Teacher-forced capture of aux and final hidden states into shards (resumable)."""
-    from draftsmith.data.capture import CaptureConfig, clean
+    from draftsmith.data.atomic import check_folder_path
+    from draftsmith.data.capture import CaptureConfig
     from draftsmith.data.capture import capture as run
     from draftsmith.targets import load_target
 
+    check_folder_path(out)
     dev, dt = device_dtype(device, dtype)
     cfg = CaptureConfig(parse_ids(aux_layers), batch_size, max_len, too_long, shard_size,
                         dt, dev)
     convs = read_sources([source], strict)
-    if overwrite:
-        clean(out)
-    m = run(load_target(target), convs, out, cfg, command=command_line(), log=say)
+    m = run(load_target(target), convs, out, cfg, command=command_line(), log=say,
+            overwrite=overwrite)
     say(f"{out}: {m['totals']['samples']} samples, {m['totals']['tokens']} tokens, "
         f"{m['totals']['shards']} shards" + ("" if m.get("complete") and m.get("rank", 0) in
                                              (0, None) else " (this rank)"))
@@ -198,9 +223,10 @@ def inspect(
     from draftsmith.data.shards import Dataset, verify
 
     ds = Dataset(folder)
+    if not no_verify:  # first: a damaged shard is named by what is wrong with it
+        verify(folder)
     info = describe(ds)
     if not no_verify:
-        verify(folder)
         info["verified"] = f"all {len(ds.shards)} shards match the manifest (sha256, shapes)"
     if as_json:
         print(json.dumps(info, indent=1))
@@ -244,7 +270,12 @@ def vocab(
 ) -> None:
     """Top-N loss-masked tokens -> draft vocabulary (d2t/t2d) and the coverage it reaches."""
     from draftsmith.data import vocab as V
+    from draftsmith.data.atomic import check_folder_path
 
+    if size < 1:
+        raise DraftsmithError(f"--size must be >= 1, got {size}")
+    if out is not None:
+        check_folder_path(out)
     if source.is_dir():
         from draftsmith.data.shards import read_manifest
 

@@ -6,7 +6,6 @@ same command skips what is finished. Stage times go to `make.json` beside the da
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,9 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.shards import write_json
+from draftsmith.data.atomic import check_folder_path, make_folder, write_json
+from draftsmith.errors import DraftsmithError
+from draftsmith.jsonfile import read_json
 
 
 def make_dataset(
@@ -35,20 +36,27 @@ def make_dataset(
     progress: bool = True,
     compile: bool = False,
 ) -> dict[str, Any]:
-    from draftsmith.data.capture import CaptureConfig, capture
+    from draftsmith.data.capture import CaptureConfig, aux_ids, capture
     from draftsmith.data.prompts import read_prompts
     from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
     from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
     from draftsmith.targets import load_target
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    record_path = out / "make.json"
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    _check_counts(n=n, batch_size=batch_size, max_len=max_len, max_new_tokens=max_new_tokens,
+                  prompt_tokens=prompt_tokens, vocab_size=vocab_size)
+    check_folder_path(out)
+    t = target if hasattr(target, "build") else load_target(target)
+    ids = aux_ids(aux_layers, t.cfg.num_layers)
+    # every setting is checked before the first stage starts
+    magpie = MagpieConfig(n, batch_size, prompt_tokens, seed=seed)
+    regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)
+    cap = CaptureConfig(ids, max(1, batch_size // 4), max_len, dtype=dtype, device=device)
+    record_path = make_folder(out) / "make.json"
+    record = _read_record(record_path)
     record.setdefault("commands", [])
     if command not in record["commands"]:
         record["commands"].append(command)
-    t = target if hasattr(target, "build") else load_target(target)
     model = t.build(dtype, device)
     record.update(target=t.source, fingerprint=t.fingerprint, device=device,
                   dtype=str(dtype).removeprefix("torch."), n=n)
@@ -63,18 +71,33 @@ def make_dataset(
         return result
 
     prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
-    magpie = MagpieConfig(n, batch_size, prompt_tokens, seed=seed)
     stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
                                                log=log))
-    regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)
     engine = EngineBackend(t, model, regen, compile)
     stage("regenerate", lambda: regenerate(read_prompts(prompts), answers, engine, t.tokenizer,
                                            regen, progress, log))
-    cap = CaptureConfig(aux_layers, max(1, batch_size // 4), max_len, dtype=dtype, device=device)
     m = stage("capture", lambda: capture(t, read_prompts(answers), data, cap, command, log,
                                          progress, model=model)["totals"])
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
+    return record
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
+        if value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    record = read_json(path, "")
+    kinds = {"commands": list, "stages": dict}
+    if not isinstance(record, dict) or not all(isinstance(record.get(k, t()), t)
+                                               for k, t in kinds.items()):
+        raise DraftsmithError(f"{path}: not the record `data make` writes; give another folder")
     return record
 
 

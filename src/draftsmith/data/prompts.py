@@ -233,32 +233,74 @@ def read_prompts(
     return ps.conversations
 
 
-def write_jsonl(path: str | Path, convs: Iterable[Conversation]) -> int:
-    """Write conversations atomically; returns how many."""
-    from draftsmith.data.atomic import atomic_write
+def jsonl_bytes(convs: Iterable[Conversation]) -> bytes:
+    lines = [json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in convs]
+    return "".join(lines).encode()
 
-    lines = [json.dumps(c.to_json(), ensure_ascii=False) for c in convs]
-    atomic_write(Path(path), ("\n".join(lines) + ("\n" if lines else "")).encode())
-    return len(lines)
+
+def write_jsonl(path: str | Path, convs: Iterable[Conversation], overwrite: bool = True) -> int:
+    """Write conversations atomically; returns how many. Without `overwrite`, a file already
+    there that holds anything else is refused (the same content: a rerun, written again)."""
+    from draftsmith.data.atomic import atomic_write, check_file_path, make_folder
+
+    path = Path(path)
+    check_file_path(path)
+    data = jsonl_bytes(convs)
+    if not overwrite and path.is_file() and path.read_bytes() != data:
+        raise DraftsmithError(f"{path}: exists and holds other data; pass --overwrite to replace "
+                              "it, or give another --out")
+    make_folder(path.parent)
+    atomic_write(path, data)
+    return data.count(b"\n")
 
 
 def read_jsonl_tail_safe(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSONL this tool appends to; a last line cut short by a kill is dropped
-    (and cut from the file, so appending continues cleanly)."""
+    """Records of a JSONL this tool appends to (see `numbered_records`)."""
+    return [rec for _, rec in numbered_records(path)]
+
+
+def numbered_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line, JSON object) of a JSONL this tool appends to. A last line without its newline is
+    kept when it parses, else taken for a record cut short by a kill and cut from the file, so
+    appending continues cleanly; that happens only once every other line has been read."""
+    from draftsmith.data.atomic import check_file_path
+
     path = Path(path)
+    check_file_path(path)
     if not path.is_file():
         return []
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    out = [(i, _object(path, i, line)) for i, line in enumerate(data[:end].split(b"\n"), 1)
+           if line.strip()]
+    tail, n = data[end:], data.count(b"\n") + 1
+    if tail.strip():
+        rec = _tail(path, n, tail)
         with open(path, "r+b") as f:
-            f.truncate(end)
-    out = []
-    for i, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DraftsmithError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            if rec is None:
+                f.truncate(end)
+            else:
+                f.seek(0, 2)
+                f.write(b"\n")
+                out.append((n, rec))
     return out
+
+
+def _object(path: Path, i: int, line: bytes) -> dict[str, Any]:
+    try:
+        rec = json.loads(line)
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise DraftsmithError(f"{path}:{i}: not valid JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(rec, dict):
+        raise DraftsmithError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _tail(path: Path, i: int, tail: bytes) -> dict[str, Any] | None:
+    """The last line's record, or None for an object cut short (all that a kill leaves)."""
+    if tail.lstrip().startswith(b"{"):
+        try:
+            json.loads(tail)
+        except ValueError:
+            return None
+    return _object(path, i, tail)

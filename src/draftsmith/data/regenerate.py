@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
+from draftsmith.data.atomic import make_folder
+from draftsmith.data.prompts import Conversation, numbered_records
 from draftsmith.errors import DraftsmithError
 
 Messages = list[dict[str, str]]
@@ -43,11 +44,21 @@ class RegenConfig:
 
     def __post_init__(self) -> None:
         if self.too_long not in ("truncate", "skip"):
-            raise DraftsmithError(f"too_long must be 'truncate' or 'skip', got {self.too_long!r}")
+            raise DraftsmithError(f"--too-long must be 'truncate' or 'skip', got "
+                                  f"{self.too_long!r}")
+        for flag, value in (("--max-new-tokens", self.max_new_tokens),
+                            ("--batch-size", self.batch_size)):
+            if value < 1:
+                raise DraftsmithError(f"{flag} must be >= 1, got {value}")
         if self.max_new_tokens >= self.max_len:
             raise DraftsmithError(
-                f"max_new_tokens {self.max_new_tokens} leaves no room for a prompt in "
-                f"max_len {self.max_len}"
+                f"--max-new-tokens {self.max_new_tokens} leaves no room for a prompt in "
+                f"--max-len {self.max_len}"
+            )
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise DraftsmithError(
+                f"sampling: --temperature ({self.temperature}) and --top-k ({self.top_k}) must "
+                f"be >= 0, --top-p ({self.top_p}) in (0, 1]"
             )
 
     @property
@@ -102,6 +113,13 @@ class EngineBackend:
                 for t in tokens]
 
 
+def check_server_options(concurrency: int, retries: int) -> None:
+    if concurrency < 1:
+        raise DraftsmithError(f"--concurrency must be >= 1, got {concurrency}")
+    if retries < 0:
+        raise DraftsmithError(f"--retries must be >= 0, got {retries}")
+
+
 class OpenAIBackend:
     """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
     requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff."""
@@ -113,6 +131,7 @@ class OpenAIBackend:
                  timeout: float = 600.0) -> None:
         import openai
 
+        check_server_options(concurrency, retries)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
                                     max_retries=0, timeout=timeout)
         self.base_url, self.model_name, self.cfg = base_url, model, cfg
@@ -190,7 +209,7 @@ def regenerate(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    done = {r.get("meta", {}).get("prompt_id") for r in read_jsonl_tail_safe(out)}
+    done = {_prompt_id(out, line, r) for line, r in numbered_records(out)}
     todo = [c for c in convs if c.id not in done]
     stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "failed": 0, "answer_tokens": 0}
@@ -200,7 +219,7 @@ def regenerate(
         info["base_url"] = backend.base_url
     bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
                disable=not progress)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     with open(out, "a", encoding="utf-8") as f:
         step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
         for c in range(0, len(todo), step):
@@ -213,6 +232,15 @@ def regenerate(
     bar.close()
     say("regenerate: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return stats
+
+
+def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
+    meta = rec.get("meta")
+    pid = meta.get("prompt_id") if isinstance(meta, dict) else None
+    if not isinstance(pid, str):
+        raise DraftsmithError(f"{out}:{line}: not an answer `regenerate` wrote (no "
+                              "meta.prompt_id): give another --out")
+    return pid
 
 
 def _refills(backend: Any) -> bool:
@@ -302,6 +330,7 @@ def regenerate_file(
 ) -> dict[str, int]:
     """`regenerate` with the backend built from names: a server when base_url, else the engine."""
     if base_url:
+        check_server_options(concurrency, retries)
         tok = load_tokenizer(target)
         backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
                                      api_key=api_key)

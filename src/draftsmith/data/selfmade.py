@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.atomic import make_folder
 from draftsmith.data.chat import user_prefix
-from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
+from draftsmith.data.prompts import Conversation, Malformed, numbered_records, parse_record
 from draftsmith.errors import DraftsmithError
 
 
@@ -43,6 +44,10 @@ class MagpieConfig:
             raise DraftsmithError(
                 f"self-made prompts: the count ({self.n}), batch size ({self.batch_size}) and "
                 f"max new tokens ({self.max_new_tokens}) must each be >= 1")
+        if self.max_chars < 1 or self.min_chars > self.max_chars:
+            raise DraftsmithError(
+                f"self-made prompts: --min-chars ({self.min_chars}) must not exceed --max-chars "
+                f"({self.max_chars}), and --max-chars must be >= 1: no prompt could pass")
 
 
 # Starts of user messages across code, reasoning, writing and structured requests.
@@ -117,7 +122,7 @@ def self_made_prompts(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    have = [Conversation(r["messages"], meta=r.get("meta", {})) for r in read_jsonl_tail_safe(out)]
+    have = [_conversation(out, line, r) for line, r in numbered_records(out)]
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0}
     if len(have) >= cfg.n:
@@ -134,7 +139,7 @@ def self_made_prompts(
     meta = {"source": "magpie", "target": target.fingerprint, **conf}
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent)
     with open(out, "a", encoding="utf-8") as f:
         for round_ in range(limit):
             if stats["kept"] >= cfg.n:
@@ -157,6 +162,14 @@ def self_made_prompts(
     if stats["kept"] < cfg.n:
         say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
     return stats
+
+
+def _conversation(out: Path, line: int, rec: dict[str, Any]) -> Conversation:
+    try:
+        return parse_record(rec)
+    except Malformed as e:
+        raise DraftsmithError(f"{out}:{line}: not a prompt record ({e}); give another "
+                              "--out") from None
 
 
 def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import atomic_write, write_json
+from draftsmith.data.atomic import atomic_write, make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 
@@ -50,8 +50,24 @@ def sha256_file(path: Path) -> str:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    return read_versioned(Path(folder) / MANIFEST, "not a draftsmith dataset folder", FORMAT,
-                          FORMAT_VERSION)
+    path = Path(folder) / MANIFEST
+    m = read_versioned(path, "not a draftsmith dataset folder", FORMAT, FORMAT_VERSION)
+    shards = m.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        raise DraftsmithError(f"{path}: 'shards' is not a list of shard entries")
+    return m
+
+
+def open_shard(path: Path) -> Any:
+    """safetensors' memory-mapped handle; a missing or damaged file is an error naming it."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
+        raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
 
 
 def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -77,8 +93,7 @@ class ShardWriter:
     """
 
     def __init__(self, folder: Path, header: dict[str, Any], identity: tuple[str, ...]) -> None:
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = make_folder(Path(folder))
         path = self.folder / MANIFEST
         if path.is_file():
             old = read_manifest(self.folder)
@@ -176,19 +191,20 @@ class Dataset:
         return k, i - self._starts[k]
 
     def _handle(self, k: int):
-        from safetensors import safe_open
-
         if k in self._open:
             self._open[k] = self._open.pop(k)  # most recently used last
             return self._open[k]
         path = self.folder / self.shards[k]["file"]
-        if not path.is_file():
-            raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
+        handle = open_shard(path)
+        if k not in self._offsets:
+            try:
+                self._offsets[k] = handle.get_tensor("offsets").tolist()
+            except Exception as e:  # no offsets tensor: not a shard this draftsmith wrote
+                raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
         if len(self._open) >= OPEN_SHARDS:
             self._open.pop(next(iter(self._open)))
-        self._open[k] = safe_open(str(path), framework="pt")
-        self._offsets.setdefault(k, self._open[k].get_tensor("offsets").tolist())
-        return self._open[k]
+        self._open[k] = handle
+        return handle
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k, j = self.locate(i)
@@ -234,8 +250,6 @@ def verify(folder: str | Path) -> dict[str, int]:
 
 
 def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
-    from safetensors import safe_open
-
     path = folder / s["file"]
     if not path.is_file():
         raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
@@ -244,12 +258,12 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
         raise DraftsmithError(
             f"{path}: sha256 {digest[:16]}... does not match the manifest's {s['sha256'][:16]}..."
         )
-    try:
-        with safe_open(str(path), framework="pt") as f:
+    with open_shard(path) as f:  # a corrupt header whose sha256 matched a wrong manifest
+        try:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
             offsets = f.get_tensor("offsets")
-    except Exception as e:  # a corrupt header whose sha256 matched a wrong manifest
-        raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
+        except Exception as e:
+            raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
     n, samples = int(s["tokens"]), int(s["samples"])
     n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
     want = {"input_ids": (n,), "loss_mask": (n,), "offsets": (samples + 1,),

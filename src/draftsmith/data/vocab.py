@@ -35,17 +35,19 @@ class DraftVocab:
 
 def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Tensor:
     """Frequencies [vocab] of loss-masked tokens over every shard of a dataset folder."""
-    from safetensors import safe_open
-
-    from draftsmith.data.shards import read_manifest
+    from draftsmith.data.shards import open_shard, read_manifest
 
     folder = Path(folder)
     m = read_manifest(folder)
     size = int(vocab_size or m.get("vocab_size") or 0)
     counts = torch.zeros(max(size, 1), dtype=torch.int64)
     for s in m["shards"]:
-        with safe_open(str(folder / s["file"]), framework="pt") as f:
-            ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+        path = folder / s["file"]
+        with open_shard(path) as f:
+            try:
+                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+            except Exception as e:  # tensors missing or of another shape
+                raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
         counts = _add(counts, ids)
     return counts
 
@@ -92,10 +94,9 @@ def build_vocab(counts: torch.Tensor, draft_size: int, vocab_size: int | None = 
 def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None = None) -> Path:
     from safetensors.torch import save
 
-    from draftsmith.data.shards import atomic_write, write_json
+    from draftsmith.data.atomic import atomic_write, make_folder, write_json
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(Path(folder))
     atomic_write(folder / "vocab.safetensors", save({"d2t": v.d2t, "t2d": v.t2d}))
     write_json(folder / "vocab.json", {**v.summary(), **(extra or {})})
     return folder / "vocab.safetensors"
@@ -109,7 +110,12 @@ def load_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
         path = path / "vocab.safetensors"
     if not path.is_file():
         raise DraftsmithError(f"{path}: no draft vocabulary file")
-    t = load_file(str(path))
+    try:
+        t = load_file(str(path))
+    except Exception as e:  # SafetensorError: not a safetensors file, or a damaged one
+        raise DraftsmithError(f"{path}: not a draft vocabulary file ({e})") from None
+    if "d2t" not in t or "t2d" not in t:
+        raise DraftsmithError(f"{path}: holds {sorted(t)}, a draft vocabulary holds d2t and t2d")
     return t["d2t"], t["t2d"]
 
 
