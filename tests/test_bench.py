@@ -390,3 +390,19 @@ def test_adaptive_depth_replay_credits_the_cut_path_and_prices_each_depth():
     res = mod.study({"chat": [[8, 1, 8, 8]], "humaneval": [[2, 2, 8]]}, 7, 7, 1.0, 0.1)
     assert res["suites"]["chat"]["fixed"][7] == 1.0
     assert res["suites"]["chat"]["after"][8] == {"n": 2, "mean_next": 4.5, "p_next_full": 0.5}
+
+
+def test_decode_rate_leaves_out_the_tokens_prefill_made(tiny_llama_dir, drafter_dir, tmp_path):
+    """A row's first token comes from its prefill: at --max-new-tokens 1 nothing is decoded,
+    and a row that ended at once (no token) takes nothing off."""
+    from draftsmith.bench.run import _speed
+
+    assert _speed([[1, 2, 3], [], [4]], 2.0, 0.5) == {
+        "new_tokens": 4, "seconds": 2.0, "tokens_per_s": 2.0, "decode_tokens_per_s": 4.0}
+    res = invoke("--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--steps", "2",
+                 "--num-prompts", "2", "--max-new-tokens", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    assert [r["new_tokens"] for r in rows] == [2, 2]
+    assert [r["decode_tokens_per_s"] for r in rows] == [0.0, 0.0]

@@ -151,7 +151,7 @@ def test_costs_survive_a_json_round_trip() -> None:
 def test_predicted_phases_and_throughput() -> None:
     pred = predict(seed_costs(), Acceptance.constant(0.5), SpecSetting(2), batch=1)
     assert pred.phases == pytest.approx(
-        {"draft": 0.9, "verify": 18.67, "extend": 0.28, "overhead": 0.0}
+        {"draft": 0.9, "verify": 18.67, "extend": 0.28, "accept": 0.0}
     )
     assert pred.cycle_ms == pytest.approx(19.85)
     assert pred.tokens_per_s == pytest.approx(1.75 * 1000 / 19.85)
@@ -253,6 +253,24 @@ def test_recommend_says_no_speculation_when_the_measured_baseline_wins() -> None
     (rec,) = recommend(preds, measured)
     assert not rec.speculate
     assert rec.error_pct == pytest.approx(100 * (1000 / 11.3 - 90) / 90)
+
+
+def test_predicted_phases_carry_the_profilers_names_so_the_cause_is_the_phase_that_moved(
+        ) -> None:
+    """The bookkeeping phase is "accept" on both sides: a measurement equal to the prediction
+    but for a slower verify is blamed on the verify, not on a name only one side has."""
+    import dataclasses
+
+    from draftsmith.engine.profiler import PHASES
+
+    costs = dataclasses.replace(seed_costs(), overhead={1: 0.5})
+    pred = predict(costs, Acceptance.constant(0.8), SpecSetting(2), batch=1)
+    assert set(pred.phases) == set(PHASES) and pred.phases["accept"] == pytest.approx(0.5)
+    measured = {**pred.phases, "verify": pred.phases["verify"] + 0.2}
+    cycle = math.fsum(measured.values())
+    meas = Measurement(SpecSetting(2), 1, 1000 * pred.tokens_per_cycle / cycle,
+                       pred.tokens_per_cycle, measured)
+    assert disagreement_cause(pred, meas).startswith("verify: predicted 18.67 ms, measured 18.87")
 
 
 def test_disagreement_from_acceptance_and_unprofiled_time() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from conftest import write_tiny_folder
 
 
@@ -29,3 +31,22 @@ def test_demo_runs_every_stage_and_reuses_them(tmp_path):
     assert meta["training"]["config"]["vocab"].endswith("dataset/vocab.safetensors")  # data's
     again = run_demo(cfg)  # a rerun reuses the data and the trained drafter
     assert again["seconds"]["train"] < 5 and again["data"] == report["data"]
+
+
+def test_demo_phases_are_means_over_cycles_not_over_prompts():
+    """A 10-cycle prompt at 4 ms a verify and a 90-cycle one at 2 ms: 2.2 ms a cycle."""
+    from draftsmith.demo import DemoConfig, summarize
+    from draftsmith.engine.profiler import PhaseSummary
+    from draftsmith.engine.spec_state import SpecResult
+
+    def run(cycles: int, verify: float) -> SpecResult:
+        ms = {"draft": 1.0, "verify": verify}
+        r = SpecResult([[1] * cycles], 0.1, 1.0, cycles, 2, [0, cycles, 0, 0], [cycles, 0],
+                       [0, 0])
+        r.phases = PhaseSummary(cycles, ms, {}, sum(ms.values()))
+        return r
+
+    runs = [run(10, 4.0), run(90, 2.0)]
+    out = summarize(DemoConfig.for_device(Path("unused"), "cpu"), 100.0, runs, runs)
+    assert out["phases_ms"]["verify"] == pytest.approx(2.2)
+    assert out["phases_pct"]["verify"] == pytest.approx(100 * 2.2 / 3.2)

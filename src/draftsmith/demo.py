@@ -180,22 +180,20 @@ def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
 
 
 def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> dict:
+    from draftsmith.bench.run import merge_phases
     from draftsmith.engine.spec_state import SpecResult
 
     m = SpecResult.merged(runs)
     tok, secs = m.new_tokens, m.prefill_s + m.decode_s
-    phases = {}
-    for r in profiled:
-        for k, v in (r.phases.ms if r.phases else {}).items():
-            phases[k] = phases.get(k, 0.0) + v / len(profiled)
-    cycle = sum(phases.values()) or 1.0
+    merged = merge_phases([r.phases for r in profiled], m.mean_accept_length, cfg.steps)
+    phases, pct = (merged["ms"], merged["pct"]) if merged else ({}, {})  # weighed by cycles
     return {
         "device": cfg.device, "batch": 1, "steps": cfg.steps,
         "baseline_tok_s": base_tps, "speculative_tok_s": tok / secs,
         "speedup": tok / secs / base_tps,
         "accept_length": m.mean_accept_length, "accept_hist": m.accept_hist,
         "position_acceptance": m.position_rates,
-        "phases_ms": phases, "phases_pct": {k: 100 * v / cycle for k, v in phases.items()},
+        "phases_ms": phases, "phases_pct": pct,
     }
 
 

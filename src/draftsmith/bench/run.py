@@ -131,9 +131,9 @@ def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     warm_each(lambda b: run_generation(rt, b, min(8, cfg.max_new_tokens), cfg.params, eos),
               batches)
     gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos) for batch in batches]
-    tokens = sum(g.new_tokens for g in gens)
+    rows = [t for g in gens for t in g.tokens]
     secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
-    return _speed(tokens, secs, decode), [t for g in gens for t in g.tokens]
+    return _speed(rows, secs, decode), rows
 
 
 def warm_each(fn: Callable[[list[list[int]]], Any], batches: list[list[list[int]]]) -> int:
@@ -149,10 +149,21 @@ def warm_each(fn: Callable[[list[list[int]]], Any], batches: list[list[list[int]
     return len(seen)
 
 
-def _speed(tokens: int, secs: float, decode: float) -> dict[str, Any]:
-    """Tokens/s over prefill + decode (the headline) and over decode alone."""
+def _speed(rows: list[list[int]], secs: float, decode: float) -> dict[str, Any]:
+    """Tokens/s over prefill + decode (the headline) and over decode alone, whose tokens leave
+    out each row's first (the prefill made it)."""
+    tokens = sum(map(len, rows))
+    decoded = tokens - sum(1 for r in rows if r)
     return {"new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
-            "decode_tokens_per_s": tokens / max(decode, 1e-9)}
+            "decode_tokens_per_s": decoded / max(decode, 1e-9)}
+
+
+def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
+    """Refilled rows: prompt passes run among the decode steps, so one rate covers both."""
+    tokens = sum(map(len, rows))
+    rate = tokens / max(secs, 1e-9)
+    return {"new_tokens": tokens, "seconds": secs, "tokens_per_s": rate,
+            "decode_tokens_per_s": rate}
 
 
 def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
@@ -163,7 +174,7 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
     m = SpecResult.merged(results)
     row: dict[str, Any] = {
-        **_speed(m.new_tokens, m.prefill_s + m.decode_s, m.decode_s),
+        **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
         "position_rates": m.position_rates,
@@ -184,7 +195,7 @@ def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
                              cfg.refill_every or refill_every_for(rows))
     sync(rt)
     secs = time.perf_counter() - t0
-    return _speed(sum(map(len, tokens)), secs, secs), tokens
+    return _refilled_speed(tokens, secs), tokens
 
 
 def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
@@ -196,7 +207,7 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     warm_refill(dec, flat, rows)
     m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
     row: dict[str, Any] = {
-        **_speed(m.new_tokens, m.decode_s, m.decode_s),
+        **_refilled_speed(m.tokens, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
         "position_rates": m.position_rates, "refill": True,

@@ -483,7 +483,7 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
         "draft": costs.draft_ms(batch, setting.topk, setting.steps),
         "verify": costs.verify_ms(batch, n),
         "extend": costs.extend_ms(batch, setting.steps + 1),  # the accepted path, any shape
-        "overhead": costs.overhead_ms(batch),
+        "accept": costs.overhead_ms(batch),  # the profiler's name for the bookkeeping phase
     }
 
 
