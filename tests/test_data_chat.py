@@ -50,6 +50,20 @@ def test_chatml_masks_exactly_the_answers(tok):
         "input_ids"]
 
 
+def test_a_conversation_opening_with_the_assistant_masks_its_answers_only(tok):
+    """No history renders the first turn's opening: its role header (and a template's default
+    system prompt) stay out of the mask."""
+    conv = [{"role": "assistant", "content": "Hi!"}, *CONV]
+    assert masked_text(tok, conv) == ["Hi!<|im_end|>", "hello!<|im_end|>",
+                                      "ok, more.<|im_end|>"]
+    old = tok.chat_template
+    tok.chat_template = SMOLLM2
+    try:
+        assert masked_text(tok, conv)[0] == "Hi!<|im_end|>"
+    finally:
+        tok.chat_template = old
+
+
 def test_smollm2_template_with_its_default_system_prompt(tok):
     old = tok.chat_template
     tok.chat_template = SMOLLM2

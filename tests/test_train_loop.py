@@ -481,6 +481,13 @@ def test_online_training_from_conversations(setup, tmp_path):
     d = load_drafter(root / "online")
     assert d.cfg.aux_layer_ids == [1, 3, 4]
     assert log_rows(root / "online")[-1]["step"] == 2
+    # a stopped online run resumes only on the layers (and target) its drafter reads
+    with pytest.warns(UserWarning):
+        train(config(root, "online_stop", data=None, prompts=str(convs), max_steps=4,
+                     max_len=64, aux_layer_ids=[1, 3, 4], time_limit=0.0))
+    with pytest.raises(DraftsmithError, match=r"aux layers \[1, 3, 4\] in that run, \[0, 2, 5\]"):
+        train(config(root, "online_stop", data=None, prompts=str(convs), max_steps=4,
+                     max_len=64, aux_layer_ids=[0, 2, 5], resume=True))
 
 
 def _free_port() -> int:

@@ -110,12 +110,13 @@ def test_targets_are_the_renormalised_target_distribution_with_masks():
     logits = torch.randn(1, t, dv, requires_grad=True)
     loss, correct, valid = step_loss(logits, tg, 1)
     s = 2
-    counted = tg.ok[0, s:] & (tg.label[0, s:] >= 0)
+    ok = tg.ok[0, s:] & (doc[0, : t - s] == doc[0, s:])  # the chain starts in u's document
+    counted = ok & (tg.label[0, s:] >= 0)
     lp = torch.log_softmax(logits[0, : t - s], -1)
     manual = -(tg.prob[0, s:] * lp).sum(-1)[counted].mean()
     assert torch.allclose(loss, manual)
-    assert torch.equal(valid[0], torch.cat([tg.ok[0, s:], torch.zeros(s, dtype=torch.bool)]))
-    hit = (logits[0, : t - s].argmax(-1) == tg.label[0, s:]) & tg.ok[0, s:]
+    assert torch.equal(valid[0], torch.cat([ok, torch.zeros(s, dtype=torch.bool)]))
+    hit = (logits[0, : t - s].argmax(-1) == tg.label[0, s:]) & ok
     assert torch.equal(correct[0, : t - s], hit)
     loss.backward()  # masked positions get no gradient, even with garbage targets there
     assert torch.all(logits.grad[0, t - s :] == 0)
@@ -200,3 +201,26 @@ def test_accept_length_uses_conditional_acceptance():
     v = torch.tensor([[[1, 1]], [[1, 0]]]).bool()
     assert summarize(chain_counts(c, v))["cond_acc"] == [1.0, 1.0]
     assert accept_length([1.0, 1.0]) == 3.0 and accept_length([0.5, 0.5]) == 1.75
+
+
+def test_a_chain_counts_only_inside_the_document_it_starts_in():
+    """Packed documents A|B whose answers start early: step j at index t is scored only where
+    t and its target t + j + 1 share a document; a chain from A's end reading B's tokens is in
+    neither the loss, its gradient, nor the statistics."""
+    torch.manual_seed(8)
+    v, dv, a, b = 20, 20, 6, 6
+    t = a + b
+    head, hidden = torch.randn(v, 16), torch.randn(1, t, 16)
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    doc = torch.tensor([[0] * a + [1] * b])
+    tg = make_targets(hidden, head, torch.arange(dv), loss_mask, doc)
+    for j in range(4):
+        s = j + 1
+        logits = torch.randn(1, t, dv, requires_grad=True)
+        loss, _, valid = step_loss(logits, tg, j)
+        starts = torch.arange(t - s)
+        across = doc[0, starts] != doc[0, starts + s]
+        assert across.any() and not valid[0, : t - s][across].any()
+        assert valid[0, : t - s][~across].equal(tg.ok[0, s:][~across])
+        loss.backward()
+        assert torch.all(logits.grad[0, : t - s][across] == 0)

@@ -42,18 +42,25 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render(tok, messages[:i], True) if i else ""
-        upto = render(tok, messages[: i + 1], False)
-        if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
-            start, end = len(before), len(upto.rstrip())
-        elif full.startswith(before) and len(before) >= cursor and _eos_after(tok, full, before):
-            start, end = len(before), _eos_after(tok, full, before)
-        else:
-            start, end = _find_content(tok, full, m["content"], cursor, i)
+        start, end = _span(tok, full, messages, i, cursor)
         if end > start:
             spans.append((start, end))
         cursor = max(cursor, end)
     return full, spans
+
+
+def _span(tok: Any, full: str, messages: list[dict[str, str]], i: int,
+          cursor: int) -> tuple[int, int]:
+    content = messages[i]["content"]
+    if i == 0:  # no history renders this turn's opening (role header, a default system prompt)
+        return _find_content(tok, full, content, cursor, i)
+    before = render(tok, messages[:i], True)
+    upto = render(tok, messages[: i + 1], False)
+    if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
+        return len(before), len(upto.rstrip())
+    if full.startswith(before) and len(before) >= cursor and _eos_after(tok, full, before):
+        return len(before), _eos_after(tok, full, before)
+    return _find_content(tok, full, content, cursor, i)
 
 
 def _eos_after(tok: Any, full: str, before: str) -> int:

@@ -176,7 +176,7 @@ class TTTModel(nn.Module):
         self.loss_fn = compiled_step_loss() if compile_loss else step_loss
 
     def forward(self, tokens, aux, positions, doc, prob, label, ok):
-        tg = Targets(prob, label, ok)
+        tg = Targets(prob, label, ok, doc)
         fused = self.drafter.fuse(aux)
         total = torch.zeros((), device=tokens.device)
         losses, correct, valid = [], [], []
@@ -304,7 +304,7 @@ class Trainer:
     def _build_drafter(self, found: Path | None) -> Eagle3Drafter:
         if found is not None:
             self.vocab_summary = read_drafter_meta(found).get("vocab", {})
-            return load_drafter(found)
+            return self._same_inputs(found, load_drafter(found))
         embed, head = target_head(self.target)
         if self.cfg.init_from:
             return self._warm_start(Path(self.cfg.init_from), embed)
@@ -327,6 +327,19 @@ class Trainer:
                 drafter.lm_head.weight.copy_(head[d2t + torch.arange(len(d2t))])
                 drafter.norm.weight.copy_(t.weights["model.norm.weight"].float())
         drafter.set_vocab(d2t, t2d)
+        return drafter
+
+    def _same_inputs(self, found: Path, drafter: Eagle3Drafter) -> Eagle3Drafter:
+        """A resumed drafter reads the aux layers of the target it was trained on: online,
+        --aux-layers and --target come from the flags, which may have changed since."""
+        d, t = drafter.cfg, self.target
+        clashes = [(what, old, new) for what, old, new in (
+            ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
+            ("target", d.target_fingerprint or t.fingerprint, t.fingerprint)) if old != new]
+        if clashes:
+            raise DraftsmithError(f"--resume from {found}: " + "; ".join(
+                f"{what} {old!r} in that run, {new!r} now" for what, old, new in clashes)
+                + "; resume with the same options (or train into another --out)")
         return drafter
 
     def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:

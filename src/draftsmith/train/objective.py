@@ -2,8 +2,9 @@
 
 Step j at index t predicts the token after index u = t+j+1; its target is the target model's
 distribution at u restricted to the draft vocabulary and renormalised. A position counts when
-the predicted token is an assistant token of the same document (loss_mask[u+1]); the loss also
-skips positions whose target argmax lies outside the draft vocabulary (no draft id can match).
+the predicted token is an assistant token of the same document (loss_mask[u+1]) as the chain's
+start t; the loss also skips positions whose target argmax lies outside the draft vocabulary
+(no draft id can match).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class Targets:
     prob: torch.Tensor
     label: torch.Tensor  # [B, T] long: target argmax at u as a draft id, -1 outside the vocab
     ok: torch.Tensor  # [B, T] bool: u+1 is an assistant token of u's document
+    # [B, T] document ids: a chain counts only where it starts in its target's document (in a
+    # packed row one starting at the end of the previous document never happens at inference)
+    doc: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -51,7 +55,7 @@ def make_targets(
     # garbage (even NaN) where u does not count stays out of every step's loss and gradient;
     # in place: no second [B, T, DV] copy
     prob = torch.stack(probs).masked_fill_(~counted.unsqueeze(-1), 0.0)
-    return Targets(prob, label, ok)
+    return Targets(prob, label, ok, doc)
 
 
 def step_loss(
@@ -66,6 +70,8 @@ def step_loss(
     n = max(t - s, 0)  # a batch narrower than the step scores nothing at it
     z = logits[:, :n].float()
     prob, label, ok = tg.prob[:, s:], tg.label[:, s:], tg.ok[:, s:]
+    if tg.doc is not None:
+        ok = ok & (tg.doc[:, :n] == tg.doc[:, s:])
     counted = ok & (label >= 0)
     per = torch.logsumexp(z, -1) - (prob * z).sum(-1)
     # + 0 * every row: a non-finite logit anywhere (a corrupt sample) still makes the loss
