@@ -67,6 +67,44 @@ def test_whole_text_decoded_once_unless_a_stop_string_is_watched() -> None:
     assert watched.stopped and "".join(looks) == "abc " and len(calls) > 2
 
 
+def test_a_stop_character_split_across_looks_is_found_whether_streamed_or_not() -> None:
+    """A one-character stop string whose UTF-8 bytes straddle two looks: the look that sees a
+    partial character does not move past it, so the next finds the whole one."""
+    ids = list("ab。cd".encode())
+    for stream in (False, True):
+        ct = ChoiceText(utf8_decode, ["。"], stream=stream)
+        got = "".join(ct.feed(ids[:k]) for k in (3, 7))
+        assert ct.stopped and ct.text == "ab" and (got == "ab" or not stream)
+
+
+def test_the_stop_string_completed_first_wins_whatever_the_looks() -> None:
+    """["Q:\n", ":"]: ":" is complete one character before "Q:\n", so token by token or all at
+    once the text stops before ":", and the usage counts the tokens up to it only."""
+    ids = list(b"hi Q:\nmore")
+    one = ChoiceText(utf8_decode, ["Q:\n", ":"], stream=False)
+    one.feed(ids, True)
+    each = ChoiceText(utf8_decode, ["Q:\n", ":"], stream=True)
+    streamed = stream_all(each, ids)
+    assert one.text == each.text == streamed == "hi Q" and one.stop_end == 5
+    assert one.tokens_used(ids) == each.tokens_used(ids) == 5  # b"hi Q:" and no more
+    both = ChoiceText(utf8_decode, [":", "Q:"], stream=False)  # end together: the longer
+    both.feed(ids, True)
+    assert both.text == "hi " and both.tokens_used(ids) == 5
+
+
+def test_usage_counts_the_tokens_up_to_the_stop_string_not_the_look_after_it() -> None:
+    """A non-streamed row looks every few steps: the tokens it read past the stop string are
+    neither in its text nor in its completion_tokens."""
+    events: list = []
+    j = job("a", events, max_tokens=12)
+    j.req.stop = ["c"]
+    row = Row(j, 0, [1], [0], FakeEngine().decode)
+    j.rows = [row]
+    row.feed([1, 2, 3, 4, 5, 6, 7], False)  # "abcdefg": "c" was the 3rd token
+    (finish,) = [e for e in events if e[0] == "finish"]
+    assert finish[2].text == "ab" and finish[2].tokens == 3 and row.tokens == [1, 2, 3]
+
+
 def test_no_stop_streams_everything() -> None:
     ids = list(b"plain text")
     assert stream_all(ChoiceText(utf8_decode, [], True), ids) == "plain text"
@@ -550,3 +588,24 @@ def test_a_continuous_batch_joins_once_enough_rows_are_free(join_at: int,
     else:
         assert joins == [(1, [0]), (1, [1])]  # e in a's row, f in b's
     assert s.metrics.snapshot(0)["joined_rows"] == 2
+
+
+def test_a_job_cancelled_while_it_decodes_counts_as_cancelled_not_completed() -> None:
+    eng = FakeEngine(max_batch=2, max_tokens=12)
+    eng.ticks = threading.Semaphore(0)
+    s = Scheduler(eng, max_queue=4, batch_wait=0.0)
+    s.start()
+    events: list = []
+    j = job("a", events, max_tokens=12, stream=True)
+    s.submit(j)
+    eng.ticks.release(2)
+    deadline = time.time() + 10
+    while not any(e[0] == "delta" for e in events):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    s.cancel(j)
+    eng.ticks.release(100)
+    wait_done(events, 1)
+    s.stop()
+    m = s.metrics.snapshot(0)
+    assert (m["completed"], m["cancelled"], m["completion_tokens"]) == (0, 1, 0)

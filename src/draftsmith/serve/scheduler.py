@@ -65,6 +65,8 @@ class Row:
         self.tokens = toks[: self.limit]
         done = final or eos_hit or len(toks) >= self.limit
         delta = self.text.feed(self.tokens, done)
+        if self.text.stopped:  # tokens decoded past the stop string are not the answer's
+            self.tokens = self.tokens[: self.text.tokens_used(self.tokens)]
         if delta and self.job.req.stream:
             self.job.emit(("delta", self.index, delta))
         if done or self.text.stopped:
@@ -393,8 +395,11 @@ class Scheduler:
 
     def _finish(self, job: Job) -> None:
         used = sum(len(r.tokens) for r in job.rows)
-        self.metrics.add(completed=1, completion_tokens=used,
-                         prompt_tokens=sum(len(p) for p in job.req.prompts))
+        if job.cancelled:  # its client is gone: no answer went out whole
+            self.metrics.add(cancelled=1)
+        else:
+            self.metrics.add(completed=1, completion_tokens=used,
+                             prompt_tokens=sum(len(p) for p in job.req.prompts))
         job.done = True
         job.emit(("done", used))
 

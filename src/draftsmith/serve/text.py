@@ -23,6 +23,7 @@ class ChoiceText:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.stop_end = 0  # where the stop string that ended the text ended, once stopped
         self._tokens: list[int] = []
         self._p = self._r = 0
 
@@ -35,12 +36,29 @@ class ChoiceText:
             self._advance(final)
         elif final or self.stop:  # no stop string to watch: decoded once, at the end
             self.text = self.decode(tokens)
-        cut = self._find_stop()
-        if cut is not None:
-            self.text, self.stopped, final = self.text[:cut], True, True
-        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+        hit = self._find_stop()
+        if hit is not None:
+            (cut, self.stop_end), self.stopped, final = hit, True, True
+            self.text = self.text[:cut]
+        # not past a partial UTF-8 character (decoded whole, it may complete a stop string)
+        safe = len(self.text.rstrip("\ufffd"))
+        end = len(self.text) if final else max(self.sent, min(safe, len(self.text) - self.hold))
         out, self.sent = self.text[self.sent : end], end
         return out
+
+    def tokens_used(self, tokens: list[int]) -> int:
+        """How many of `tokens` the text took: all of them, or once a stop string ended it,
+        the fewest whose text reaches that string's end (the usage counts these)."""
+        if not self.stopped:
+            return len(tokens)
+        lo, hi = 1, len(tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.decode(tokens[:mid])) >= self.stop_end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
 
     def _advance(self, final: bool) -> None:
         toks = self._tokens
@@ -52,10 +70,16 @@ class ChoiceText:
             self.text += new[len(prefix) :]
             self._p, self._r = self._r, len(toks)
 
-    def _find_stop(self) -> int | None:
+    def _find_stop(self) -> tuple[int, int] | None:
+        """(start, end) of the stop string completed first (the smallest end; of two ending
+        together, the longer): the one a token-by-token stream meets first, whatever the text
+        grew by between looks."""
         start = max(0, self.sent - self.hold)
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
+        hits = [(i + len(s), i) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if not hits:
+            return None
+        end, at = min(hits)
+        return at, end
 
 
 @dataclass
