@@ -338,3 +338,27 @@ def test_shard_dtype_differs_from_manifest(work, target_dir):
     rep = doctor(data=bad, target=str(target_dir))
     (f,) = rep.errors()
     assert f.check == "dtype" and "'aux': 'float32'" in f.what and "bfloat16" in f.what
+
+
+def test_sglang_legacy_reads_what_export_writes_and_limits_are_errors():
+    """Export writes current SGLang's ids for either version: canonical [2, 4, 6] of an
+    8-layer target go out as inputs [3, 5, 7], which SGLang before PR #25454 reads as outputs
+    [3, 5, 7]. The last layer's output is an error for SGLang even where the ids agree."""
+    from draftsmith.doctor.engines import feed_from_canonical, feed_from_written, what_to_write
+    from draftsmith.doctor.verdict import _feed_findings
+    from draftsmith.doctor.wiring import _verdict
+
+    legacy = feed_from_canonical([2, 4, 6], "sglang-legacy", 8)
+    assert (legacy.written, legacy.canonical) == ([3, 5, 7], [3, 5, 7])
+    assert feed_from_canonical([2, 4, 6], "sglang", 8).canonical == [2, 4, 6]
+    written, words = what_to_write([2, 4, 6], "sglang-legacy", 8)
+    assert written == [2, 4, 6] and "`draftsmith export`, write [3, 5, 7]" in words
+    feed = feed_from_written([1, 3, 7], "sglang", 8)
+    assert feed.canonical == [1, 3, 7]
+
+    class Info:
+        folder = "d"
+    found = _feed_findings([1, 3, 7], feed, Info(), 8)
+    assert [f.severity for f in found] == ["error"] and "last layer output" in found[0].what
+    tie = _verdict("aux[1]", 4, torch.tensor([0.0, 0.0, 0.5]), torch.ones(3))
+    assert tie.status != "exact"

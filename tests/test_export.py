@@ -145,6 +145,20 @@ def test_export_refusals(target, tmp_path):
     assert "PR #25454" in str(caught[0].message)
 
 
+def test_export_refuses_ids_the_engines_would_feed_otherwise(target, tmp_path):
+    """SGLang cannot capture the last layer's output (or the embedding's); both engines feed
+    captured states in ascending layer order, which an fc trained on [3, 1, 4] does not read."""
+    last = make(target, tmp_path / "last", aux=[1, 3, L - 1])
+    with pytest.raises(DraftsmithError, match="last layer output"):
+        export_drafter(last, "sglang", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    export_drafter(last, "speculators", tmp_path / "ok")  # vLLM captures it
+    shuffled = make(target, tmp_path / "shuffled", aux=[3, 1, 4])
+    for fmt in ("sglang", "speculators"):
+        with pytest.raises(DraftsmithError, match=r"\[3, 1, 4\] are not ascending"):
+            export_drafter(shuffled, fmt, tmp_path / f"y_{fmt}")
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 

@@ -102,6 +102,8 @@ def from_convention(ids: list[int], conv: Convention | str, num_layers: int) -> 
 
 def _to_sglang(ids: list[int]) -> list[int]:
     # Current SGLang reads a list starting at 1 as outputs, anything else as inputs.
+    if -1 in ids:
+        raise DraftsmithError("SGLang cannot capture the embedding output (canonical id -1)")
     if ids[0] == 1:
         return list(ids)
     shifted = [i + 1 for i in ids]
@@ -110,8 +112,6 @@ def _to_sglang(ids: list[int]) -> list[int]:
             f"canonical aux ids {ids} cannot be written for current SGLang: as outputs they "
             "would not start at 1, as inputs they would start at 1 and be read as outputs"
         )
-    if -1 in ids:
-        raise DraftsmithError("SGLang cannot capture the embedding output (canonical id -1)")
     return shifted
 
 

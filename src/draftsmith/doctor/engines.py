@@ -60,12 +60,19 @@ class Feed:
 
 
 def feed_from_canonical(ids: list[int], engine: str, num_layers: int) -> Feed:
-    """A draftsmith drafter exported for `engine`: export writes `to_convention(ids)`."""
+    """A draftsmith drafter exported for `engine`: export writes `to_convention(ids)` in the
+    engine's convention (current SGLang's for SGLang of either version), which `engine` reads
+    in its own."""
     try:
-        written = to_convention(ids, CONVENTION[engine], num_layers)
+        written = to_convention(ids, export_convention(engine), num_layers)
     except DraftsmithError as e:
         return Feed(engine, KEY[engine], None, None, f"cannot be written: {e}")
     return feed_from_written(written, engine, num_layers, KEY[engine])
+
+
+def export_convention(engine: str) -> Convention:
+    """The convention `draftsmith export` writes for `engine`."""
+    return Convention.SGLANG if engine.startswith("sglang") else CONVENTION[engine]
 
 
 def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
@@ -121,7 +128,11 @@ def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[li
                       f"`draftsmith data capture --aux-layers "
                       f"{','.join(map(str, engine_defaults(num_layers)))}`")
     words = f"write {key}: {written}"
-    if engine.startswith("sglang") and sglang_version_dependent(written):
+    current = to_convention(true_ids, Convention.SGLANG, num_layers)
+    if engine == "sglang-legacy" and written != current:
+        words += (f" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
+                  f"export`, write {current}")
+    elif engine.startswith("sglang") and sglang_version_dependent(written):
         legacy = to_convention(true_ids, Convention.SGLANG_LEGACY, num_layers)
         words += (f" for SGLang after PR #25454 (2026-05); SGLang before it needs {legacy} "
                   "(this list does not start at 1, so its meaning depends on the version)")

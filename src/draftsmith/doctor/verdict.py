@@ -10,7 +10,7 @@ from draftsmith.doctor.artifacts import DrafterInfo
 from draftsmith.doctor.report import Finding
 from draftsmith.doctor.wiring import MatchMatrix
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers import CANONICAL_WORDS, Convention, to_convention
+from draftsmith.layers import CANONICAL_WORDS, Convention, engine_limits, to_convention
 
 
 def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
@@ -120,6 +120,8 @@ def _export_note(true_ids: list[int] | None, engine: str, num_layers: int) -> st
     written, words = eng.what_to_write(list(true_ids), engine, num_layers)
     if written is None:
         return f"; but {words}"
+    if engine == "sglang-legacy":  # export writes current SGLang's ids: the words say both
+        return f"; for {engine}: {words.removeprefix('write ')}"
     return f"; `draftsmith export` then writes for {engine}: {words.removeprefix('write ')}"
 
 
@@ -130,6 +132,12 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
     if feed.canonical is None:
         return [Finding("error", "wiring", f"{feed.engine}: {feed.note}", where,
                         _fix(true_ids, feed.engine, num_layers))]
+    if feed.engine.startswith("sglang") and (limits := engine_limits(feed.canonical,
+                                                                    num_layers)):
+        out.append(Finding("error", "wiring", f"{feed.engine} cannot feed canonical layers "
+                           f"{feed.canonical}: {'; '.join(limits)}", where,
+                           "serve it with vLLM (`draftsmith export --format speculators`), or "
+                           "retrain on layers SGLang captures"))
     if feed.written is None and feed.note:
         sev = "warning" if true_ids is None else "info"
         out.append(Finding(sev, "wiring", f"{feed.engine}: {feed.note} (canonical "

@@ -144,7 +144,7 @@ def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor
     best = int(order[0])
     b = float(rel[best])
     r = float(rel[order[1]]) if rel.numel() > 1 else float("inf")
-    clear = r >= MARGIN * b
+    clear = r >= MARGIN * b and r > b  # two layers of equal states (both 0) are no match
     if b <= TOL and clear:
         status = "exact"
     elif b <= LOOSE and clear:

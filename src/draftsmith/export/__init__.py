@@ -59,6 +59,12 @@ def export_drafter(
         check_apart(out, Path(target), "the --target")
     drafter = load_drafter(drafter_dir)
     info = target_info(drafter, target)
+    ids = list(drafter.cfg.aux_layer_ids)
+    if ids != sorted(ids):  # SGLang and vLLM append captured states walking the layers
+        raise DraftsmithError(
+            f"{drafter_dir}: aux layers {ids} are not ascending, and {fmt} feeds them in "
+            "ascending order to an fc trained on this order; capture and train on ascending "
+            "--aux-layers (`draftsmith doctor --engine` names the fix)")
     if fmt == "sglang":
         return write_sglang(drafter, out, info, dtype, overwrite)
     return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite)

@@ -37,6 +37,7 @@ from draftsmith.export.layout import (
 from draftsmith.layers import (
     WORDS,
     Convention,
+    engine_limits,
     from_convention,
     sglang_version_dependent,
     to_convention,
@@ -71,6 +72,10 @@ def check_exportable(cfg: Eagle3Config) -> None:
 
 def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str) -> dict[str, Any]:
     ids = cfg.aux_layer_ids
+    if limits := engine_limits(ids, info.num_layers):
+        raise DraftsmithError(f"SGLang cannot feed canonical aux layers {ids}: "
+                              f"{'; '.join(limits)}; export --format speculators for vLLM, or "
+                              "train on layers SGLang captures")
     sglang_ids = to_convention(ids, Convention.SGLANG, info.num_layers)
     if sglang_version_dependent(sglang_ids):
         warnings.warn(
