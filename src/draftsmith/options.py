@@ -24,6 +24,13 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
     return out
 
 
+def at_least_one(flags: dict[str, int | None]) -> None:
+    """Each of these options (by flag) is at least 1 where given, or a clear error."""
+    for flag, value in flags.items():
+        if value is not None and value < 1:
+            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+
+
 def check_folder(folder, flag: str = "--out") -> None:
     """Refuse a folder to write that is, or would lie under, an existing file (before any work)."""
     from pathlib import Path

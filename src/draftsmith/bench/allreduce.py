@@ -36,7 +36,7 @@ from draftsmith.dist import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.parallel import TP
-from draftsmith.options import int_list
+from draftsmith.options import at_least_one, int_list
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -222,10 +222,8 @@ def allreduce_bench(
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
     if dtype not in DTYPES:
         raise DraftsmithError(f"--dtype {dtype!r}: use one of {sorted(DTYPES)}")
-    for flag, value in (("--hidden", hidden), ("--layers", layers), ("--iters", iters),
-                        ("--graph-ops", graph_ops)):
-        if value < 1:
-            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+    at_least_one({"--hidden": hidden, "--layers": layers, "--iters": iters,
+                  "--graph-ops": graph_ops})
     if tp < 0:
         raise DraftsmithError(f"--tp must be >= 0 (0: torchrun's world or every GPU), got {tp}")
     if target:

@@ -16,7 +16,7 @@ import typer
 from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, out_dir
+from draftsmith.options import DEVICE, DTYPE, at_least_one, out_dir
 
 __all__ = ["CompareOptions", "compare", "run_compare"]
 
@@ -43,10 +43,8 @@ class CompareOptions:
             raise DraftsmithError("compare takes at most 26 drafters")
         from draftsmith.engine.speculative import check_drafting
 
-        for name, flag in (("num_prompts", "--num-prompts"), ("max_new", "--max-new-tokens"),
-                           ("steps", "--steps")):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        at_least_one({"--num-prompts": self.num_prompts, "--max-new-tokens": self.max_new,
+                      "--steps": self.steps})
         check_drafting(self.steps, self.topk, self.num_draft_tokens)
         if self.out is not None:
             out_dir(self.out)

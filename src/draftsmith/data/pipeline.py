@@ -16,6 +16,7 @@ import torch
 from draftsmith.data.atomic import check_folder_path, make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_json
+from draftsmith.options import at_least_one
 
 
 def make_dataset(
@@ -43,8 +44,9 @@ def make_dataset(
     from draftsmith.targets import load_target
 
     out = Path(out)
-    _check_counts(n=n, batch_size=batch_size, max_len=max_len, max_new_tokens=max_new_tokens,
-                  prompt_tokens=prompt_tokens, vocab_size=vocab_size)
+    at_least_one({"--n": n, "--batch-size": batch_size, "--max-len": max_len,
+                  "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
+                  "--vocab-size": vocab_size})
     check_folder_path(out)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
@@ -81,13 +83,6 @@ def make_dataset(
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
-
-
-def _check_counts(**counts: int) -> None:
-    for name, value in counts.items():
-        if value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
 
 
 def _read_record(path: Path) -> dict[str, Any]:

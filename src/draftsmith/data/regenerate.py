@@ -23,6 +23,7 @@ import torch
 from draftsmith.data.atomic import make_folder
 from draftsmith.data.prompts import Conversation, numbered_records
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import at_least_one
 
 Messages = list[dict[str, str]]
 # With refill the engine takes this many batches' prompts at once (the records of a chunk are
@@ -46,10 +47,7 @@ class RegenConfig:
         if self.too_long not in ("truncate", "skip"):
             raise DraftsmithError(f"--too-long must be 'truncate' or 'skip', got "
                                   f"{self.too_long!r}")
-        for flag, value in (("--max-new-tokens", self.max_new_tokens),
-                            ("--batch-size", self.batch_size)):
-            if value < 1:
-                raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+        at_least_one({"--max-new-tokens": self.max_new_tokens, "--batch-size": self.batch_size})
         if self.max_new_tokens >= self.max_len:
             raise DraftsmithError(
                 f"--max-new-tokens {self.max_new_tokens} leaves no room for a prompt in "

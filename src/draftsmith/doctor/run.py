@@ -14,6 +14,7 @@ from draftsmith.doctor.engines import engine_name
 from draftsmith.doctor.report import Finding, Report
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS
+from draftsmith.options import at_least_one
 
 
 @dataclass
@@ -37,10 +38,8 @@ class DoctorOptions:
             raise DraftsmithError("give --data DIR and/or --drafter DIR to examine")
         if self.engine:
             self.engine = engine_name(self.engine)
-        for name, flag in (("samples", "--samples"), ("max_tokens", "--max-tokens"),
-                           ("prompts", "--prompts"), ("max_new", "--max-new-tokens")):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        at_least_one({"--samples": self.samples, "--max-tokens": self.max_tokens,
+                      "--prompts": self.prompts, "--max-new-tokens": self.max_new})
         if self.steps is not None and self.steps < 1:
             raise DraftsmithError(f"--steps must be >= 1 (not given: from the training log), "
                                   f"got {self.steps}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, at_least_one
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # serve --frontends by default: on the H200's 16-core host four HTTP processes gave the compiled
@@ -85,9 +85,9 @@ def serve(
     from draftsmith.cli import device_dtype
     from draftsmith.serve.engine import EngineConfig, load_engine
 
-    check_limits(max_batch=max_batch, max_tokens_limit=max_tokens_limit,
-                 max_prompt_tokens=max_prompt_tokens, max_queue=max_queue, steps=steps,
-                 topk=topk)
+    at_least_one({"--max-batch": max_batch, "--max-tokens-limit": max_tokens_limit,
+                  "--max-prompt-tokens": max_prompt_tokens, "--max-queue": max_queue,
+                  "--steps": steps, "--topk": topk})
     if (log_level := log_level.lower()) not in LOG_LEVELS:
         raise DraftsmithError(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     dev, dt = device_dtype(device, dtype)
@@ -113,13 +113,6 @@ def serve(
     http = f", {frontends} HTTP processes" if frontends else ""
     _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
     run_server(engine, cfg, host, port, log_level, frontends)
-
-
-def check_limits(**flags: int) -> None:
-    """Each of these flags (by their names with - for _) is at least 1, before the model loads."""
-    for name, value in flags.items():
-        if value < 1:
-            raise DraftsmithError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def check_bindable(host: str, port: int) -> None:
