@@ -31,8 +31,9 @@ def at_least_one(flags: dict[str, int | None]) -> None:
             raise DraftsmithError(f"{flag} must be >= 1, got {value}")
 
 
-def check_folder(folder, flag: str = "--out") -> None:
-    """Refuse a folder to write that is, or would lie under, an existing file (before any work)."""
+def check_folder(folder, flag: str = "") -> None:
+    """Refuse a folder to write that is, or would lie under, an existing file (before any work);
+    `flag`, where a command-line option named it, leads the message."""
     from pathlib import Path
 
     folder = Path(folder)
@@ -43,10 +44,3 @@ def check_folder(folder, flag: str = "--out") -> None:
                 raise DraftsmithError(f"{flag} {folder}".strip() + f": {where}, not a folder")
             return
 
-
-def out_dir(path, flag: str = "--out"):
-    """`path` as an output folder, refused up front where it is or lies under a file."""
-    from pathlib import Path
-
-    check_folder(path, flag)
-    return Path(path)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, int_list, out_dir
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
 
 
 def bench(
@@ -53,7 +53,7 @@ def bench(
                               f"{refill_every}")
     if max_new_tokens < 1:
         raise DraftsmithError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    out_dir(out)
+    check_folder(out, "--out")
     dev, dt = device_dtype(device, dtype)
     cfg = BenchConfig(
         target=target, drafter=drafter, suites=list(suite), num_prompts=num_prompts,

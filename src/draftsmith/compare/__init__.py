@@ -16,7 +16,7 @@ import typer
 from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, at_least_one, out_dir
+from draftsmith.options import DEVICE, DTYPE, at_least_one, check_folder
 
 __all__ = ["CompareOptions", "compare", "run_compare"]
 
@@ -47,7 +47,7 @@ class CompareOptions:
                       "--steps": self.steps})
         check_drafting(self.steps, self.topk, self.num_draft_tokens)
         if self.out is not None:
-            out_dir(self.out)
+            check_folder(self.out, "--out")
 
 
 def labels(folders: list[str]) -> list[str]:

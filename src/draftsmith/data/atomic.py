@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import check_folder
 
 
 def check_file_path(path: Path) -> None:
@@ -17,16 +18,9 @@ def check_file_path(path: Path) -> None:
         raise DraftsmithError(f"{path}: is a folder, expected a file path")
 
 
-def check_folder_path(path: Path, flag: str = "") -> None:
-    """Refuse a folder output path that is, or lies under, an existing file."""
-    from draftsmith.options import check_folder
-
-    check_folder(path, flag)
-
-
 def make_folder(path: Path) -> Path:
     path = Path(path)
-    check_folder_path(path)
+    check_folder(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import check_folder_path
 from draftsmith.data.chat import encode
 from draftsmith.data.prompts import Conversation
 from draftsmith.data.shards import MANIFEST, Sample, ShardWriter, read_manifest, totals, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
+from draftsmith.options import check_folder
 from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
 IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
@@ -209,7 +209,7 @@ def capture(
     `overwrite`: delete what an earlier capture left in `out`, once the inputs are checked."""
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    check_folder_path(out)
+    check_folder(out)
     rank, world = dist_env()
     ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
     tok = target.tokenizer

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import parse_ids
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder
 
 app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
 err = Console(stderr=True)
@@ -185,12 +185,11 @@ def capture(
     strict: bool = STRICT,
 ) -> None:
     """Teacher-forced capture of aux and final hidden states into shards (resumable)."""
-    from draftsmith.data.atomic import check_folder_path
     from draftsmith.data.capture import CaptureConfig
     from draftsmith.data.capture import capture as run
     from draftsmith.targets import load_target
 
-    check_folder_path(out)
+    check_folder(out, "--out")
     dev, dt = device_dtype(device, dtype)
     cfg = CaptureConfig(parse_ids(aux_layers), batch_size, max_len, too_long, shard_size,
                         dt, dev)
@@ -270,12 +269,11 @@ def vocab(
 ) -> None:
     """Top-N loss-masked tokens -> draft vocabulary (d2t/t2d) and the coverage it reaches."""
     from draftsmith.data import vocab as V
-    from draftsmith.data.atomic import check_folder_path
 
     if size < 1:
         raise DraftsmithError(f"--size must be >= 1, got {size}")
     if out is not None:
-        check_folder_path(out)
+        check_folder(out, "--out")
     if source.is_dir():
         from draftsmith.data.shards import read_manifest
 

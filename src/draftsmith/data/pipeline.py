@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import check_folder_path, make_folder, write_json
+from draftsmith.data.atomic import make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_json
-from draftsmith.options import at_least_one
+from draftsmith.options import at_least_one, check_folder
 
 
 def make_dataset(
@@ -47,7 +47,7 @@ def make_dataset(
     at_least_one({"--n": n, "--batch-size": batch_size, "--max-len": max_len,
                   "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
                   "--vocab-size": vocab_size})
-    check_folder_path(out)
+    check_folder(out)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
     # every setting is checked before the first stage starts

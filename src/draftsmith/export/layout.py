@@ -112,7 +112,7 @@ def write_folder(
 
 def check_out(out: Path, overwrite: bool, hint: str = "pass --overwrite to replace it") -> None:
     """An --out that can be written: a folder (or nothing yet), empty unless `overwrite`."""
-    check_folder(out)
+    check_folder(out, "--out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise DraftsmithError(f"--out {out}: exists and is not empty; {hint}")
 

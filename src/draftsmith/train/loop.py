@@ -153,7 +153,7 @@ RUN_MARKERS = {CONFIG_FILE, report.LOG, ckpt.CHECKPOINTS}
 def check_run_folder(out: Path) -> None:
     """Refuse an --out that is a file, or a non-empty folder that is not a training run's (a
     model or dataset there would be overwritten)."""
-    check_folder(out)
+    check_folder(out, "--out")
     if not out.is_dir():
         return
     names = {p.name for p in out.iterdir() if not p.name.startswith(".")}

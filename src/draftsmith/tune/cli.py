@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET, int_list, out_dir
+from draftsmith.options import DEVICE, DTYPE, TARGET, check_folder, int_list
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
@@ -60,7 +60,7 @@ def tune(
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if top < 1:
         raise DraftsmithError(f"--top must be >= 1 (settings swept per batch size), got {top}")
-    out_dir(out)
+    check_folder(out, "--out")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
     from draftsmith.engine.sampling import SamplingParams
