@@ -154,12 +154,10 @@ def regenerate(
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.atomic import check_file_path
-    from draftsmith.data.regenerate import RegenConfig, check_server_options, regenerate_file
+    from draftsmith.data.regenerate import RegenConfig, regenerate_file
 
     cfg = RegenConfig(max_new_tokens, max_len, too_long, batch_size, temperature, top_p, top_k,
                       seed, refill)
-    if base_url:
-        check_server_options(concurrency, retries)
     check_file_path(out)
     not_an_input(out, [source])
     convs = read_sources([source], strict, limit)

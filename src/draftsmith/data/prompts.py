@@ -241,10 +241,9 @@ def jsonl_bytes(convs: Iterable[Conversation]) -> bytes:
 def write_jsonl(path: str | Path, convs: Iterable[Conversation], overwrite: bool = True) -> int:
     """Write conversations atomically; returns how many. Without `overwrite`, a file already
     there that holds anything else is refused (the same content: a rerun, written again)."""
-    from draftsmith.data.atomic import atomic_write, check_file_path, make_folder
+    from draftsmith.data.atomic import atomic_write, make_folder
 
     path = Path(path)
-    check_file_path(path)
     data = jsonl_bytes(convs)
     if not overwrite and path.is_file() and path.read_bytes() != data:
         raise DraftsmithError(f"{path}: exists and holds other data; pass --overwrite to replace "
