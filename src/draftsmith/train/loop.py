@@ -332,15 +332,20 @@ class Trainer:
     def _same_inputs(self, found: Path, drafter: Eagle3Drafter) -> Eagle3Drafter:
         """A resumed drafter reads the aux layers of the target it was trained on: online,
         --aux-layers and --target come from the flags, which may have changed since."""
-        d, t = drafter.cfg, self.target
-        clashes = [(what, old, new) for what, old, new in (
-            ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
-            ("target", d.target_fingerprint or t.fingerprint, t.fingerprint)) if old != new]
-        if clashes:
+        if clashes := self._input_clashes(drafter.cfg):
             raise DraftsmithError(f"--resume from {found}: " + "; ".join(
                 f"{what} {old!r} in that run, {new!r} now" for what, old, new in clashes)
                 + "; resume with the same options (or train into another --out)")
         return drafter
+
+    def _input_clashes(self, d: Eagle3Config, *more: tuple) -> list[tuple]:
+        """(what, the drafter's, this run's) where they differ: its aux layers and target, and
+        any `more` such triples."""
+        t = self.target
+        return [(what, old, new) for what, old, new in (
+            ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
+            ("target", d.target_fingerprint or t.fingerprint, t.fingerprint), *more)
+            if old != new]
 
     def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:
         """A new run (fresh optimizer and schedule) from an earlier drafter's weights, for the
@@ -349,17 +354,12 @@ class Trainer:
         --num-layers than it has deepens it (the new layers start as the identity), a wider
         --intermediate-size widens its MLPs (the new units start silent); none keeps its shape."""
         drafter = load_drafter(folder, dtype=torch.float32, embed=embed)
-        d, c, t = drafter.cfg, self.cfg, self.target
+        d, c = drafter.cfg, self.cfg
         layers = d.num_layers if c.num_layers is None else c.num_layers
         width = c.intermediate_size or d.intermediate_size
-        clashes = [
-            (what, old, new) for what, old, new in (
-                ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
-                ("decoder layers", d.num_layers, min(layers, d.num_layers)),  # deepen only
-                ("MLP width", d.intermediate_size, min(width, d.intermediate_size)),  # widen only
-                ("target", d.target_fingerprint or t.fingerprint, t.fingerprint),
-            ) if old != new
-        ]
+        clashes = self._input_clashes(
+            d, ("decoder layers", d.num_layers, min(layers, d.num_layers)),  # deepen only
+            ("MLP width", d.intermediate_size, min(width, d.intermediate_size)))  # widen only
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
