@@ -177,6 +177,33 @@ class Echo:
         return [Answer("ok", 1, "stop") for _ in batch]
 
 
+class Recorder(Echo):
+    """Echo, keeping each prompt it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def answer(self, batch: list) -> list[Answer]:
+        self.sent += batch
+        return super().answer(batch)
+
+
+def test_every_leading_system_message_is_sent_and_kept(target, tmp_path):
+    """Both system prompts count against the limit, so both are sent (only the first was)."""
+    lead = [{"role": "system", "content": "be kind"}, {"role": "system", "content": "be brief"}]
+    conv = Conversation([*lead, {"role": "user", "content": "first?"},
+                         {"role": "assistant", "content": "old"},
+                         {"role": "user", "content": "second?"}])
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    rec = Recorder()
+    regenerate([conv], tmp_path / "o.jsonl", rec, target.tokenizer, cfg, False, lambda s: None)
+    assert rec.sent[0] == [*lead, {"role": "user", "content": "first?"}]
+    assert rec.sent[1][:2] == lead and rec.sent[1][-1]["content"] == "second?"
+    [out] = read_jsonl_tail_safe(tmp_path / "o.jsonl")
+    assert [m["role"] for m in out["messages"]] == ["system", "system", "user", "assistant",
+                                                    "user", "assistant"]
+
+
 def test_settings_are_checked_before_any_work(tmp_path):
     with pytest.raises(DraftsmithError, match="--batch-size must be >= 1, got -1"):
         RegenConfig(batch_size=-1)

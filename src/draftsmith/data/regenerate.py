@@ -169,12 +169,22 @@ class OpenAIBackend:
         self.pool.shutdown()
 
 
+def _lead(messages: Messages) -> Messages:
+    """What a conversation's first turn is asked after: every message before its first user
+    message but the assistant's (the system prompts, however many)."""
+    k = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return [m for m in messages[:k] if m["role"] != "assistant"]
+
+
+def _opening(messages: Messages) -> Messages:
+    """The first turn's prompt: its lead and the first user message."""
+    return _lead(messages) + [next(m for m in messages if m["role"] == "user")]
+
+
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
                count: Callable[[Messages], int]) -> Conversation | None:
     """The conversation with its first user message cut to fit `limit` tokens, or None."""
-    first = [m for m in conv.messages if m["role"] != "assistant"]
-    upto = first[: next(i for i, m in enumerate(first) if m["role"] == "user") + 1]
-    over = count(upto) - limit
+    over = count(_opening(conv.messages)) - limit
     if over <= 0:
         return conv
     if mode == "skip":
@@ -187,7 +197,7 @@ def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
         if keep < 1:
             return None
         msgs[k]["content"] = target_tok.decode(toks[:keep])
-        over = count([m for m in msgs[: k + 1] if m["role"] != "assistant"]) - limit
+        over = count(_opening(msgs)) - limit
         if over <= 0:
             return Conversation(msgs, conv.id, dict(conv.meta))
     return None
@@ -263,8 +273,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
             stats["skipped_too_long"] += 1
             continue
         stats["truncated"] += fitted is not conv
-        system = [m for m in fitted.messages[:1] if m["role"] == "system"]
-        live.append((conv, list(system), fitted.user_turns(), []))
+        live.append((conv, _lead(fitted.messages), fitted.user_turns(), []))
     failed: set[str] = set()
     for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
         active = []
