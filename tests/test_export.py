@@ -205,14 +205,31 @@ def test_import_refuses_a_non_empty_out_or_its_own_source(target, tmp_path):
     folder = shutil.copytree(target.folder, tmp_path / "t")
     for out in (folder, sp):
         before = snapshot(out)
-        with pytest.raises(DraftsmithError, match="not empty; choose another --out"):
+        with pytest.raises(DraftsmithError, match="not empty; pass --overwrite to replace a "
+                           "drafter there, or choose another --out"):
             import_drafter(sp, out)
+        with pytest.raises(DraftsmithError, match="not a draftsmith drafter folder"):
+            import_drafter(sp, out, overwrite=True)
         assert snapshot(out) == before
     with pytest.raises(DraftsmithError, match="lies inside the source folder"):
         import_drafter(sp, sp / "sub")
     assert not (sp / "sub").exists()
     (tmp_path / "empty").mkdir()
     assert load_drafter(import_drafter(sp, tmp_path / "empty")).cfg.aux_layer_ids == AUX
+
+
+def test_import_overwrite_replaces_a_drafter(target, tmp_path):
+    """--overwrite replaces the drafter an earlier import (or training) left in --out."""
+    sp = export_drafter(make(target, tmp_path / "d"), "speculators", tmp_path / "sp")
+    stale = load_drafter(make(target, tmp_path / "old"))
+    with torch.no_grad():
+        for p in stale.parameters():
+            p.add_(1.0)
+    save_drafter(stale, tmp_path / "imp")
+    import_drafter(sp, tmp_path / "imp", overwrite=True)
+    got, want = load_drafter(tmp_path / "imp"), read_any(sp)
+    for (k, a), b in zip(got.state_dict().items(), want.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
 
 
 def test_import_refuses_a_target_of_another_shape(target, tmp_path):

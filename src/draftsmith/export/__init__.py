@@ -110,10 +110,16 @@ def _read_engine(folder: str | Path, fmt: str, info: TargetInfo | None) -> Eagle
     return read_sglang(Path(folder), info)
 
 
-def import_drafter(src: str | Path, out: str | Path, target: str | None = None) -> Path:
-    """Convert an external EAGLE-3 folder into the draftsmith layout at `out` (new or empty)."""
+def import_drafter(src: str | Path, out: str | Path, target: str | None = None,
+                   overwrite: bool = False) -> Path:
+    """Convert an external EAGLE-3 folder into the draftsmith layout at `out` (new or empty;
+    with `overwrite`, a draftsmith drafter folder too, whose files are replaced)."""
     out = Path(out)
-    check_out(out, False, "choose another --out")
+    check_out(out, overwrite, "pass --overwrite to replace a drafter there, or choose another "
+              "--out")
+    if overwrite and out.is_dir() and any(out.iterdir()) and not (out / CONFIG_FILE).is_file():
+        raise DraftsmithError(f"--out {out}: not a draftsmith drafter folder (no {CONFIG_FILE}); "
+                              "--overwrite replaces only a drafter; choose another --out")
     check_apart(out, Path(src), "the source folder")
     drafter = read_any(src, target)
     return save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),

@@ -59,13 +59,15 @@ def import_(
     out: str = typer.Option(..., "--out", "-o", help="Draftsmith drafter folder to write"),
     target: str = typer.Option(None, "--target", help="The target: its layer count reads the aux "
                                "ids, its embedding fills a checkpoint without one"),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Replace the draftsmith drafter already in --out"),
 ) -> None:
     """Read an external EAGLE-3 drafter into the draftsmith layout (ids made canonical)."""
     from draftsmith.export import detect_format, import_drafter
     from draftsmith.models.eagle3 import read_drafter_meta
 
     fmt = detect_format(src)
-    path = import_drafter(src, out, target)
+    path = import_drafter(src, out, target, overwrite)
     cfg = read_drafter_meta(path)["config"]
     print(f"imported {fmt} drafter {src} to {path}: aux layers {cfg['aux_layer_ids']} "
           f"({cfg['aux_convention']}), draft vocab {cfg['draft_vocab_size']}", file=sys.stderr)
