@@ -93,6 +93,22 @@ def test_self_made_prompts_start_with_the_openings(target, model, tmp_path):
     assert "openings" not in recs[0]["meta"]
 
 
+def test_an_opening_the_target_adds_no_word_to_is_not_a_prompt(target):
+    """A target that closes the turn at once (or adds only punctuation) leaves the bare opening,
+    which --min-chars alone would keep."""
+    from draftsmith.data.selfmade import _one
+
+    tok = target.tokenizer
+    start = tok("Explain why", add_special_tokens=False)["input_ids"]
+    cfg = MagpieConfig(min_chars=1)
+    for more, kept in (("", False), (" ?", False), (" the sky is blue", True)):
+        stats = {"bare_openings": 0, "duplicates": 0, "length_filtered": 0}
+        toks = tok("Explain why" + more, add_special_tokens=False)["input_ids"][len(start):]
+        got = _one(target, toks, cfg, set(), stats, "Explain why", start)
+        assert (got is not None, stats["bare_openings"]) == (kept, int(not kept)), more
+        assert got is None or got.startswith("Explain why the sky")
+
+
 def test_mixed_openings_leave_half_the_rows_free():
     from draftsmith.data.selfmade import BUILTIN_OPENINGS, openings_from
 

@@ -124,7 +124,8 @@ def self_made_prompts(
     out = Path(out)
     have = [_conversation(out, line, r) for line, r in numbered_records(out)]
     seen = {fold(c.first_user()) for c in have}
-    stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0}
+    stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0,
+             "bare_openings": 0}
     if len(have) >= cfg.n:
         return stats
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
@@ -185,7 +186,11 @@ def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
     if len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
         return None
-    text = opening + _continuation(target.tokenizer, start, toks)
+    more = _continuation(target.tokenizer, start, toks)
+    if opening and not any(ch.isalnum() for ch in more):
+        stats["bare_openings"] += 1  # the target closed the turn at once: no question asked
+        return None
+    text = opening + more
     got = accept(text, cfg, seen)
     if got is None:
         key = "duplicates" if fold(text) in seen else "length_filtered"
