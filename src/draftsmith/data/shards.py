@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,16 +60,26 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return m
 
 
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Any failure to read the shard at `path` (SafetensorError, OSError, a tensor missing or
+    of another shape: a truncated or foreign file) as an error naming it."""
+    try:
+        yield
+    except DraftsmithError:
+        raise
+    except Exception as e:
+        raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
+
+
 def open_shard(path: Path) -> Any:
     """safetensors' memory-mapped handle; a missing or damaged file is an error naming it."""
     from safetensors import safe_open
 
     if not path.is_file():
         raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
-    try:
+    with reading(path):
         return safe_open(str(path), framework="pt")
-    except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-        raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
 
 
 def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -197,10 +209,8 @@ class Dataset:
         path = self.folder / self.shards[k]["file"]
         handle = open_shard(path)
         if k not in self._offsets:
-            try:
+            with reading(path):  # no offsets tensor: not a shard this draftsmith wrote
                 self._offsets[k] = handle.get_tensor("offsets").tolist()
-            except Exception as e:  # no offsets tensor: not a shard this draftsmith wrote
-                raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
         if len(self._open) >= OPEN_SHARDS:
             self._open.pop(next(iter(self._open)))
         self._open[k] = handle
@@ -258,12 +268,10 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
         raise DraftsmithError(
             f"{path}: sha256 {digest[:16]}... does not match the manifest's {s['sha256'][:16]}..."
         )
-    with open_shard(path) as f:  # a corrupt header whose sha256 matched a wrong manifest
-        try:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
-            offsets = f.get_tensor("offsets")
-        except Exception as e:
-            raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
+    # a corrupt header whose sha256 matched a wrong manifest
+    with open_shard(path) as f, reading(path):
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        offsets = f.get_tensor("offsets")
     n, samples = int(s["tokens"]), int(s["samples"])
     n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
     want = {"input_ids": (n,), "loss_mask": (n,), "offsets": (samples + 1,),

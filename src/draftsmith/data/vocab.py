@@ -35,7 +35,7 @@ class DraftVocab:
 
 def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Tensor:
     """Frequencies [vocab] of loss-masked tokens over every shard of a dataset folder."""
-    from draftsmith.data.shards import open_shard, read_manifest
+    from draftsmith.data.shards import open_shard, read_manifest, reading
 
     folder = Path(folder)
     m = read_manifest(folder)
@@ -43,11 +43,8 @@ def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Te
     counts = torch.zeros(max(size, 1), dtype=torch.int64)
     for s in m["shards"]:
         path = folder / s["file"]
-        with open_shard(path) as f:
-            try:
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
-            except Exception as e:  # tensors missing or of another shape
-                raise DraftsmithError(f"{path}: unreadable shard ({e})") from None
+        with open_shard(path) as f, reading(path):
+            ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
         counts = _add(counts, ids)
     return counts
 
