@@ -28,6 +28,7 @@ from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import KINDS, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import at_least_one
 from draftsmith.serve.text import TextSide
 
 CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
@@ -58,9 +59,8 @@ class EngineConfig:
     fixed_rows: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_prompt_tokens", "max_tokens", "steps", "topk"):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+        names = ("max_batch", "max_prompt_tokens", "max_tokens", "steps", "topk")
+        at_least_one({name: getattr(self, name) for name in names})
 
     @property
     def spec_margin(self) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
-from draftsmith.errors import DraftsmithError
+from draftsmith.options import at_least_one
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -48,9 +48,8 @@ class ServeConfig:
     continuous: bool = True  # rows that end take queued jobs (False: batches run to the end)
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue"):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+        names = ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue")
+        at_least_one({name: getattr(self, name) for name in names})
 
     def knows(self, model: str) -> bool:
         return model == self.model_name or model in self.aliases
