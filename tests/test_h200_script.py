@@ -261,3 +261,36 @@ def test_enginetests_needs_no_model_and_logs_a_failed_run(dry, tmp_path):
     out, _ = run("enginetests", "e", GGUF=str(tmp_path / "missing.gguf"))
     log = (out / "enginetests_log.txt").read_text()
     assert "engine GPU tests: rc" in log and "test_speculative_gpu.py" in log
+
+
+def test_device_tree_moves_only_output_folders_and_restores_them(tmp_path):
+    """slim moves committed output folders (no scripts in them) aside for the device's carry
+    limit, keeps folders with scripts and top-level files, refuses to slim twice over a held
+    copy; restore puts every file back as it was."""
+    repo = tmp_path / "repo"
+    files = {"benchmarks/run1/log.txt": "a", "benchmarks/run1/sub/x.json": "b",
+             "benchmarks/checks/fit.py": "c", "benchmarks/checks/out.txt": "d",
+             "benchmarks/notes.md": "e", "src/m.py": "f"}
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    shutil.copy(ROOT / "benchmarks/device_tree.sh", repo / "benchmarks/device_tree.sh")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    env = {**os.environ, "HOLD": str(tmp_path / "hold")}
+
+    def run(verb: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "benchmarks/device_tree.sh", verb], cwd=repo, env=env,
+                              capture_output=True, text=True)
+
+    assert run("slim").returncode == 0
+    assert not (repo / "benchmarks/run1").exists()
+    assert (tmp_path / "hold/run1/sub/x.json").read_text() == "b"
+    assert all((repo / f).exists() for f in files if not f.startswith("benchmarks/run1"))
+    (repo / "benchmarks/run1").mkdir()
+    (repo / "benchmarks/run1/log.txt").write_text("a")
+    bad = run("slim")
+    assert bad.returncode != 0 and "restore first" in bad.stdout
+    shutil.rmtree(repo / "benchmarks/run1")
+    assert run("restore").returncode == 0
+    assert {rel: (repo / rel).read_text() for rel in files} == files
