@@ -59,3 +59,67 @@ def test_greedy_64_tokens_match_hf(pair):
                 pad_token_id=0,
             )[0, len(p):].tolist()
             assert g == ref
+
+
+@pytest.mark.parametrize(("arch", "over"), [
+    ("llama", {"attention_bias": True}),  # q, k, v and o biased
+    ("qwen3", {"attention_bias": True}),
+])
+def test_attention_biases_match_hf(tmp_path, arch, over):
+    import transformers as tf
+
+    folder = write_tiny_folder(tmp_path / arch, arch, **over)
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").float().eval()
+    ours = load_target(folder).build(torch.float32)
+    ids = torch.randint(5, 100, (1, 17))
+    with torch.no_grad():
+        diff = (ours(ids, torch.arange(17)[None]).logits - hf(ids).logits).abs().max()
+    assert diff < 1e-4
+
+
+def test_mlp_bias_is_refused_by_name(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    folder = write_tiny_folder(tmp_path / "t", "llama", mlp_bias=True)
+    with pytest.raises(DraftsmithError, match="mlp_bias"):
+        load_target(folder)
+
+
+@pytest.mark.parametrize(("arch", "over"), [
+    ("mistral", {"sliding_window": 8}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}),
+])
+def test_sliding_window_matches_hf_and_the_engine_stays_within_it(tmp_path, arch, over):
+    """The uncached forward (capture, training) attends over the window as HF does past it; the
+    cached engine, whose decode kernels and tree masks see the whole cache, refuses a cache
+    longer than the window and matches HF within it."""
+    import transformers as tf
+
+    from draftsmith.engine.runtime import Runtime
+    from draftsmith.errors import DraftsmithError
+
+    folder = write_tiny_folder(tmp_path / arch, arch, **over)
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").float().eval()
+    ours = load_target(folder).build(torch.float32)
+    ids = torch.randint(5, 100, (2, 30))
+    pos = torch.arange(30).expand(2, 30)
+    with pytest.raises(DraftsmithError, match="sliding window of 8 tokens.*max_seq 9 > 8"):
+        Runtime(ours, max_batch=2, max_seq=9)
+    rt = Runtime(ours, max_batch=2, max_seq=8)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        full = ours(ids, pos).logits
+        cached = torch.cat([rt.forward(ids[:, :5], pos[:, :5]).logits,
+                            rt.forward(ids[:, 5:8], pos[:, 5:8]).logits], 1)
+        short = hf(ids[:, :8]).logits
+    assert (full - ref).abs().max() < 1e-4
+    assert (cached - short).abs().max() < 1e-4
+
+
+def test_a_sliding_window_on_some_layers_only_is_refused(tmp_path):
+    from draftsmith.errors import DraftsmithError
+
+    folder = write_tiny_folder(tmp_path / "t", "qwen2", use_sliding_window=True,
+                               sliding_window=8, max_window_layers=3)
+    with pytest.raises(DraftsmithError, match="sliding window on some layers only"):
+        load_target(folder)

@@ -40,6 +40,12 @@ class Runtime:
     ) -> None:
         """prompt_buckets: prompts padded to a bucket length (`PROMPT_BUCKETS`) and, with graphs,
         prefilled by a captured forward; None = whenever graphs are on."""
+        window = model.cfg.sliding_window
+        if window and max_seq > window:  # the decode kernels and tree masks see the whole cache
+            raise DraftsmithError(
+                f"the target attends over a sliding window of {window} tokens, which draftsmith's "
+                f"cached engine does not apply: keep prompt and answer within it (max_seq "
+                f"{max_seq} > {window})")
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.max_batch, self.max_seq = max_batch, max_seq

@@ -65,6 +65,9 @@ class ModelConfig:
                 f"unsupported architecture {archs[0]!r} (model_type {arch!r}): draftsmith "
                 f"supports {sorted(SUPPORTED)}"
             )
+        if hf.get("mlp_bias"):
+            raise DraftsmithError("config.json: mlp_bias (biases on the MLP projections) is not "
+                                  "supported")
         heads = int(hf["num_attention_heads"])
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -86,7 +89,7 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", arch == "qwen2")),
             qk_norm=arch == "qwen3",
-            sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window") else None,
+            sliding_window=_sliding_window(hf, arch, int(hf["num_hidden_layers"])),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
         )
@@ -113,6 +116,25 @@ class ModelConfig:
         raise DraftsmithError(
             f"unsupported rope scaling {kind!r}: supported default, linear, llama3"
         )
+
+
+def _sliding_window(hf: dict[str, Any], arch: str, layers: int) -> int | None:
+    """Mistral windows every layer; Qwen2/3 only under use_sliding_window, and only the layers
+    from max_window_layers on (HF's layer_types)."""
+    window = hf.get("sliding_window")
+    if window is None or arch == "mistral":
+        return None if window is None else int(window)
+    if arch not in ("qwen2", "qwen3") or not hf.get("use_sliding_window"):
+        return None
+    first = int(hf.get("max_window_layers", 28))
+    kinds = set(hf.get("layer_types") or ["full_attention"] * min(first, layers)
+                + ["sliding_attention"] * max(0, layers - first))
+    if kinds == {"full_attention"}:
+        return None
+    if kinds != {"sliding_attention"}:
+        raise DraftsmithError("config.json: a sliding window on some layers only "
+                              "(max_window_layers, layer_types) is not supported")
+    return int(window)
 
 
 def _llama3_freqs(base: list[float], s: dict[str, Any]) -> list[float]:

@@ -130,7 +130,8 @@ class Attention(nn.Module):
         self.d = d
         qkv = [cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d]
         self.qkv = ColumnLinear(in_dim or cfg.hidden_size, qkv, cfg.attention_bias, tp)
-        self.o = RowLinear(cfg.num_heads * d, cfg.hidden_size, False, tp)
+        o_bias = cfg.attention_bias and cfg.arch != "qwen2"  # Qwen2 biases q, k and v alone
+        self.o = RowLinear(cfg.num_heads * d, cfg.hidden_size, o_bias, tp)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -279,11 +280,15 @@ class Transformer(nn.Module):
         """Embedding, RoPE tables and the attention mask (grouped for GQA) for one forward."""
         h = self.embed(tokens)
         cos, sin = self.rope(positions, h.dtype)
+        window = self.cfg.sliding_window
         if num_slots:
             if mask is None:
-                mask = causal_mask(positions, num_slots)
+                mask = causal_mask(positions, num_slots, window)
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
             mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+        elif mask is None and window:  # causal over the Q tokens, as is_causal would be
+            q = tokens.shape[1]
+            mask = causal_mask(torch.arange(q, device=tokens.device).view(1, q), q, window)
         return h, cos, sin, mask
 
     def parts(self, compiled: bool, rows: int, step: bool = False) -> dict:
@@ -371,6 +376,13 @@ class Transformer(nn.Module):
         return ForwardOut(logits, stacked, hidden)
 
 
-def causal_mask(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
-    slots = torch.arange(num_slots, device=positions.device)
-    return (slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
+def causal_mask(positions: torch.Tensor, num_slots: int, window: int | None = None,
+                ) -> torch.Tensor:
+    """[B, 1, Q, S]: slot s (holding position s) seen from each position; with a sliding window,
+    only the `window` latest (HF's `kv > q - window`)."""
+    slots = torch.arange(num_slots, device=positions.device).view(1, 1, -1)
+    pos = positions.unsqueeze(-1)
+    seen = slots <= pos
+    if window:
+        seen = seen & (slots > pos - window)
+    return seen.unsqueeze(1)

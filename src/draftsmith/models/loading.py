@@ -22,6 +22,7 @@ from draftsmith.models.parallel import (
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _RENAME = {
     "self_attn.o_proj.weight": "attn.o.weight",
+    "self_attn.o_proj.bias": "attn.o.bias",
     "self_attn.q_norm.weight": "attn.q_norm.weight",
     "self_attn.k_norm.weight": "attn.k_norm.weight",
     "mlp.down_proj.weight": "mlp.down.weight",

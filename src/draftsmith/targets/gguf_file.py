@@ -47,6 +47,59 @@ def hf_name(name: str) -> str | None:
     return f"model.layers.{layer}.{_BLOCK[part]}.{kind}" if part in _BLOCK else None
 
 
+def field(rd: Any, key: str) -> Any:
+    f = rd.get_field(key)
+    return None if f is None else f.contents()
+
+
+def architecture(rd: Any) -> str:
+    """llama.cpp's name of the file's architecture (a Mistral model is "llama" there)."""
+    return str(field(rd, "general.architecture") or "")
+
+
+def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
+    """What transformers' GGUF reader leaves out of the config: the head size (it keeps Qwen3's
+    default of 128) and RoPE scaling (`rope.scaling.*` keys, or Llama 3's `rope_freqs` tensor)."""
+    arch = architecture(rd)
+    if (k := field(rd, f"{arch}.attention.key_length")) is not None:
+        hf_cfg["head_dim"] = int(k)
+    scaling = _rope_scaling(rd, arch, hf_cfg, path)
+    if scaling:
+        key = "rope_parameters" if hf_cfg.get("rope_parameters") else "rope_scaling"
+        hf_cfg[key] = {**(hf_cfg.get(key) or {}), **scaling}
+
+
+def _rope_scaling(rd: Any, arch: str, hf_cfg: dict[str, Any], path: Path) -> dict | None:
+    from gguf.quants import dequantize
+
+    kind = field(rd, f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        return {"rope_type": kind, "factor": float(field(rd, f"{arch}.rope.scaling.factor") or 1)}
+    t = next((t for t in rd.tensors if t.name == "rope_freqs.weight"), None)
+    if t is None:
+        return None
+    factors = np.asarray(dequantize(t.data, t.tensor_type), np.float64).reshape(-1)
+    return _llama3_scaling(factors, hf_cfg, path)
+
+
+def _llama3_scaling(factors: np.ndarray, hf_cfg: dict[str, Any], path: Path) -> dict:
+    """llama.cpp keeps Llama 3's scaling only as per-frequency divisors; every Llama 3.x release
+    scales with low 1, high 4 over 8192 positions, so those are checked against the divisors."""
+    from dataclasses import replace
+
+    from draftsmith.models.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(hf_cfg)
+    guess = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
+             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    want = np.array(cfg.inv_freq()) / factors if len(factors) == cfg.head_dim // 2 else None
+    got = np.array(replace(cfg, rope_scaling=guess).inv_freq())
+    if want is None or not np.allclose(got, want, rtol=1e-5, atol=0):
+        raise DraftsmithError(f"{path}: its rope_freqs tensor matches no Llama 3 RoPE scaling "
+                              "that draftsmith reads; load the model's HF folder instead")
+    return guess
+
+
 def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     # llama.cpp interleaves the rotary halves of q/k rows for the llama architecture.
     dim = w.shape[0] // heads // 2
