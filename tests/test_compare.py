@@ -241,3 +241,45 @@ def test_counts_and_an_output_file_are_refused_by_their_flags_up_front(tmp_path)
     with pytest.raises(DraftsmithError, match="--out .*taken: is a file, not a folder"):
         CompareOptions(["a", "b"], out=taken)
     assert taken.read_text() == "x"
+
+
+@pytest.mark.parametrize("value", ["1.2.3", ".", "0", "1e400"])
+def test_a_claimed_count_that_is_no_positive_number_is_refused_by_its_flag(value):
+    with pytest.raises(DraftsmithError, match=f"--claimed 'A={value}'"):
+        parse_claims([f"A={value}"])
+
+
+def test_a_claim_names_the_folder_before_a_letter(drafters, tmp_path):
+    """Folders named B and A, in that order: B=... is the folder B (the tables' header), not
+    the second drafter."""
+    import shutil
+
+    b, a = tmp_path / "B", tmp_path / "A"
+    shutil.copytree(drafters["B"], b)
+    shutil.copytree(drafters["A"], a)
+    res = run_compare(CompareOptions([str(b), str(a)], claimed={"B": 94_464}))
+    assert res["claims"][0].startswith("B's published 94.5K most likely counts `all`")
+
+
+@pytest.mark.parametrize("flag,kw", [("--steps", {"steps": 6}), ("--prompts", {"prompts": "x"}),
+                                     ("--num-prompts", {"num_prompts": 2}),
+                                     ("--topk", {"topk": 2, "num_draft_tokens": 4})])
+def test_acceptance_flags_without_a_target_are_refused_not_ignored(flag, kw):
+    with pytest.raises(DraftsmithError, match=f"{flag}.*needs --target"):
+        CompareOptions(["a", "b"], **kw)
+    CompareOptions(["a", "b"], target="t", **kw)
+
+
+def test_acceptance_on_another_target_is_flagged_and_a_misfit_named(drafters, tmp_path):
+    from conftest import write_tiny_folder
+
+    other = write_tiny_folder(tmp_path / "other", "llama", seed=1)  # same shape, other weights
+    paths = [str(drafters["A"]), str(drafters["B-specforge"])]
+    res = run_compare(CompareOptions(paths, target=str(other), num_prompts=1, max_new=2,
+                                     steps=1))
+    flagged = [n for n in res["notes"] if "trained for target fingerprint" in n]
+    assert len(flagged) == 1 and flagged[0].startswith("small was trained")
+    shallow = write_tiny_folder(tmp_path / "shallow", "llama", num_hidden_layers=4)
+    with pytest.raises(DraftsmithError, match="drafter small with this --target: aux layer"):
+        run_compare(CompareOptions([str(drafters["B"]), str(drafters["A"])],
+                                   target=str(shallow), num_prompts=1, max_new=2, steps=1))

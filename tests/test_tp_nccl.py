@@ -109,3 +109,18 @@ def test_allreduce_bench_nccl_on_one_gpu(tmp_path, monkeypatch):
                     nccl_algo=None, nccl_p2p_level=None, nccl=None, out=out)
     res = json.loads(out.read_text())
     assert res["backend"] == "nccl" and all(r["eager_us"] > 0 for r in res["rows"])
+
+
+def test_one_process_runs_on_the_gpu_its_device_names(monkeypatch):
+    """--device cuda:1 without TP is cuda:1, not the local rank's cuda:0; a missing one is named."""
+    import torch
+
+    from draftsmith.dist import init_tp
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert init_tp(1, "cuda:1").device == torch.device("cuda", 1)
+    assert init_tp(None, "cuda").device == torch.device("cuda", 0)
+    with pytest.raises(DraftsmithError, match="cuda:2, but 2 CUDA device"):
+        init_tp(1, "cuda:2")

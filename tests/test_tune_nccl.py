@@ -205,3 +205,24 @@ def test_tp_bench_tiny_end_to_end(tmp_path, monkeypatch):
                  "NCCL settings sweep", "timing only"):
         assert head in md
     assert (tmp_path / "nccl" / "nccl.json").is_file()
+
+
+def test_bad_sweep_flags_are_refused_before_any_setting_runs(tmp_path):
+    (taken := tmp_path / "taken").write_text("x")
+    kw = dict(target="tiny", settings=[nccl.DEFAULTS], shapes=[(1, 1)], device="cpu",
+              dtype="fp32", iters=1, rank_fn=_flaky_rank, log=lambda _: None)
+    with pytest.raises(DraftsmithError, match="--tp must be >= 1, got 0"):
+        nccl.run_nccl_sweep(0, **kw)
+    with pytest.raises(DraftsmithError, match="--iters must be >= 1, got 0"):
+        nccl.run_nccl_sweep(2, **{**kw, "iters": 0})
+    with pytest.raises(DraftsmithError, match="--out .*taken: is a file, not a folder"):
+        nccl.run_nccl_sweep(2, **kw, out=taken)
+    assert taken.read_text() == "x"
+
+
+def test_verifies_wider_than_the_context_fit_the_timing_runtime():
+    model = random_model(TINY, TP(), torch.float32)
+    with torch.no_grad():
+        rows = nccl.verify_times(TP(), model, [(1, 4), (2, 72)], (0, 2), iters=1, repeats=1)
+    assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 4), (2, 72)]
+    assert all(r["ms"] > 0 for r in rows)

@@ -162,6 +162,12 @@ def pick_device(local_rank: int, device: str | None) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def _cuda_index(device: str | None) -> int:
+    """N of an explicit cuda:N (a lone process runs where it was told), else 0."""
+    head, _, index = (device or "").partition(":")
+    return int(index) if head == "cuda" and index.isdigit() else 0
+
+
 def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
     """Join (or start) the process group torchrun described and return this rank's TP.
 
@@ -174,7 +180,7 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
                 f"tensor-parallel size {tp_size} needs {tp_size} processes: run under "
                 f"`torchrun --nproc-per-node {tp_size}` or through draftsmith.dist.launch_tp"
             )
-        return TP(device=pick_device(0, device))
+        return TP(device=pick_device(_cuda_index(device), device))
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     size = world if tp_size is None else tp_size
     if size < 1 or world % size:

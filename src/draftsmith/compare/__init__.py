@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,11 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.options import DEVICE, DTYPE, at_least_one, check_folder
 
 __all__ = ["CompareOptions", "compare", "run_compare"]
+
+
+ACCEPTANCE_FLAGS = {"prompts": "--prompts", "num_prompts": "--num-prompts",
+                    "max_new": "--max-new-tokens", "steps": "--steps", "topk": "--topk",
+                    "num_draft_tokens": "--num-draft-tokens"}
 
 
 @dataclass
@@ -46,8 +51,19 @@ class CompareOptions:
         at_least_one({"--num-prompts": self.num_prompts, "--max-new-tokens": self.max_new,
                       "--steps": self.steps})
         check_drafting(self.steps, self.topk, self.num_draft_tokens)
+        if self.target is None:
+            self._check_no_acceptance_flags()
         if self.out is not None:
             check_folder(self.out, "--out")
+
+    def _check_no_acceptance_flags(self) -> None:
+        """Without --target nothing is measured: refuse acceptance settings it would ignore."""
+        defaults = {f.name: f.default for f in fields(self)}
+        given = [flag for name, flag in ACCEPTANCE_FLAGS.items()
+                 if getattr(self, name) != defaults[name]]
+        if given:
+            raise DraftsmithError(f"{', '.join(given)} set how acceptance is measured, which "
+                                  "needs --target: give one, or leave them out")
 
 
 def labels(folders: list[str]) -> list[str]:
@@ -63,13 +79,20 @@ def parse_claims(items: list[str] | None) -> dict[str, float]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise DraftsmithError(f"--claimed {item!r}: expected NAME=COUNT, e.g. B=1e9")
-        out[name.strip()] = parse_number(value)
+        try:
+            count = parse_number(value)
+        except DraftsmithError as e:
+            raise DraftsmithError(f"--claimed {item!r}: {e}") from None
+        if count <= 0:
+            raise DraftsmithError(f"--claimed {item!r}: a parameter count must be > 0")
+        out[name.strip()] = count
     return out
 
 
 def claims(descs: list[Description], claimed: dict[str, float]) -> list[str]:
-    by_name = {d.label: d for d in descs} | {string.ascii_uppercase[i]: d
-                                             for i, d in enumerate(descs)}
+    # a folder's own name (the tables' headers) wins over a letter: folders B, A -> B is B
+    by_name = {string.ascii_uppercase[i]: d for i, d in enumerate(descs)} | {d.label: d
+                                                                             for d in descs}
     lines = []
     for name, value in claimed.items():
         if name not in by_name:
@@ -128,10 +151,19 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
         "notes": differences(descs),
     }
     if target is not None:
+        res["notes"] += _other_target(descs, target)
         res["speed"] = _speed(opts, target, descs)
     if opts.out is not None:
         write(res, Path(opts.out))
     return res
+
+
+def _other_target(descs: list[Description], target: Any) -> list[str]:
+    """Drafters recorded as trained for another target: their acceptance here is not theirs."""
+    return [f"{d.label} was trained for target fingerprint {fp}, but --target {target.source} "
+            f"has {target.fingerprint}: its acceptance here is on a target it was not trained "
+            "for" for d in descs if (fp := d.info.config.get("target_fingerprint"))
+            and fp != target.fingerprint]
 
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:

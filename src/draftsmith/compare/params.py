@@ -74,9 +74,13 @@ def parse_number(text: str) -> float:
     """'1e9', '1B', '2.6b', '500M', '1,200,000' -> float."""
     t = text.strip().lower().replace(",", "").replace("_", "")
     m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([kmbgt]?)", t)
-    if not m:
+    try:
+        value = float(m.group(1)) * _SUFFIX[m.group(2)] if m else math.nan
+    except ValueError:  # '1.2.3', '.'
+        value = math.nan
+    if not math.isfinite(value):
         raise DraftsmithError(f"{text!r}: not a number (try 1e9, 1.2B, 500M)")
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
+    return value
 
 
 def likely_convention(claimed: float, counts: ParamCounts) -> tuple[str, int, float]:

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.errors import DraftsmithError
+
 
 def _finish(runs: list[Any]) -> dict[str, Any]:
     from draftsmith.engine.spec_state import SpecResult
@@ -30,8 +32,13 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     from draftsmith.engine.speculative import SpecDecoder
 
     max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + (num_draft or 0) + 8
-    decs = {k: SpecDecoder(model, d, steps=steps, topk=topk, num_draft_tokens=num_draft,
-                           max_seq=max_seq) for k, d in drafters.items()}
+    decs = {}
+    for k, d in drafters.items():
+        try:
+            decs[k] = SpecDecoder(model, d, steps=steps, topk=topk, num_draft_tokens=num_draft,
+                                  max_seq=max_seq)
+        except DraftsmithError as e:  # which of the drafters does not fit the target
+            raise DraftsmithError(f"drafter {k} with this --target: {e}") from None
     base_rt = Runtime(model, 1, max_seq)
     warm = min(8, max_new)
     run_generation(base_rt, prompts[:1], warm, eos_ids=eos)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, spawn
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.parallel import TP
+from draftsmith.options import at_least_one, check_folder
 from draftsmith.tune.tp_targets import TargetSpec, check_split, quiet_twin
 
 SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
@@ -41,7 +42,8 @@ def dtype_key(dtype: torch.dtype) -> str:
     """DTYPES' name for a torch dtype (what a sweep job carries to its ranks)."""
     return next(k for k, v in DTYPES.items() if v == dtype)
 NOISE_PCT = 3.0
-VERIFY_SEQ = 128  # slots of the timing runtime; verify positions start at 64
+VERIFY_SEQ = 128  # slots of the timing runtime (more for verifies wider than 64 tokens)
+VERIFY_AT = 64  # verify positions start here
 GLOO_NOTE = ("backend gloo (no NCCL): the settings were applied and recorded but have no "
              "effect, so these figures cannot choose one")
 
@@ -125,13 +127,14 @@ def verify_times(tp: TP, model: Any, shapes: list[tuple[int, int]], aux_ids: tup
     """Graphed (on CUDA) verify forwards of n tokens for b rows, with aux capture."""
     from draftsmith.engine.runtime import Runtime
 
-    rt = Runtime(model, max(b for b, _ in shapes), VERIFY_SEQ)
+    seq = max(VERIFY_SEQ, VERIFY_AT + max(n for _, n in shapes))
+    rt = Runtime(model, max(b for b, _ in shapes), seq)
     for b in sorted({b for b, _ in shapes}):
         rt.capture([b], sorted({n for bb, n in shapes if bb == b}), aux_ids=aux_ids)
     rows = []
     for b, n in shapes:
         tok = torch.zeros(b, n, dtype=torch.long, device=tp.device)
-        pos = torch.arange(64, 64 + n, device=tp.device).repeat(b, 1)
+        pos = torch.arange(VERIFY_AT, VERIFY_AT + n, device=tp.device).repeat(b, 1)
         ms, spread = timed(lambda t=tok, p=pos: rt.forward(t, p, aux_ids=aux_ids), tp.device,
                            iters, repeats)
         ms, spread = rank_max(tp, [ms, spread])
@@ -367,6 +370,9 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
                    rank_fn: Callable[..., dict] = nccl_rank, deadline: float | None = None
                    ) -> dict[str, Any]:
     """The whole sweep; writes nccl.json and nccl.md into out when given."""
+    at_least_one({"--tp": tp_size, "--iters": iters})
+    if out is not None:  # before the sweep, not after it
+        check_folder(out, "--out")
     spec = TargetSpec(target)
     why = check_split(spec.config(), tp_size)
     if why:
