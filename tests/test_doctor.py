@@ -362,3 +362,14 @@ def test_sglang_legacy_reads_what_export_writes_and_limits_are_errors():
     assert [f.severity for f in found] == ["error"] and "last layer output" in found[0].what
     tie = _verdict("aux[1]", 4, torch.tensor([0.0, 0.0, 0.5]), torch.ones(3))
     assert tie.status != "exact"
+
+
+def test_a_version_dependent_reading_outside_the_target_is_a_note_not_a_crash():
+    """[2, 3, 4] on a 4-layer target: current SGLang reads layers 1-3, the legacy reading
+    would need a fifth layer; doctor and compare stopped with an out-of-range error."""
+    from draftsmith.doctor.engines import feed_from_written
+
+    feed = feed_from_written([2, 3, 4], "sglang", 4)
+    assert feed.canonical == [1, 2, 3] and feed.version_dependent
+    assert "before PR #25454 (2026-05) reads [2, 3, 4] as ids outside this target" in feed.note
+    assert "later versions as outputs of layers [1, 2, 3]" in feed.note

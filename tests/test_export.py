@@ -372,3 +372,13 @@ def test_speculators_in_a_fresh_venv(target, tmp_path):
             subprocess.run([c.format(**fill) for c in cmd], check=True, timeout=1800)
         python = venv / "bin" / "python"
     check_against_speculators(python, target, tmp_path)
+
+
+def test_aux_layer_text_that_names_no_id_is_refused_not_the_defaults():
+    """' ' and ',' were an empty list: capture took the defaults, train a confusing message."""
+    from draftsmith.layers import parse_ids
+
+    assert parse_ids("1, 14,26") == [1, 14, 26] and parse_ids("") is None
+    for text in (" ", ",", "1,x"):
+        with pytest.raises(DraftsmithError, match="expected comma-separated integers"):
+            parse_ids(text, "--aux-layers")

@@ -58,9 +58,12 @@ def parse_ids(text: str | None, flag: str = "--aux-layers") -> list[int] | None:
     if not text:
         return None
     try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise DraftsmithError(f"{flag} {text!r}: expected comma-separated integers") from None
+        ids = []
+    if not ids:  # ' ' or ',' is no list of ids, not the defaults
+        raise DraftsmithError(f"{flag} {text!r}: expected comma-separated integers")
+    return ids
 
 
 def validate(ids: list[int], num_layers: int) -> list[int]:

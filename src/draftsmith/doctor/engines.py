@@ -93,12 +93,21 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
     dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
     note = "; ".join(limits)
     if dep:
-        legacy = from_convention(written, Convention.SGLANG_LEGACY, num_layers)
-        current = from_convention(written, Convention.SGLANG, num_layers)
+        legacy, current = (_reading(written, c, num_layers)
+                           for c in (Convention.SGLANG_LEGACY, Convention.SGLANG))
         note = "; ".join(filter(None, [note, (
-            f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as outputs "
-            f"of layers {legacy}, later versions as outputs of {current}")]))
+            f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as {legacy}, "
+            f"later versions as {current}")]))
     return Feed(engine, key, list(written), _order(ids, engine), note, dep)
+
+
+def _reading(written: list[int], convention: Convention, num_layers: int) -> str:
+    """What one SGLang version feeds for `written`, in words: another version's reading may lie
+    outside the target (ids [2, 3, 4] of a 4-layer target)."""
+    try:
+        return f"outputs of layers {from_convention(written, convention, num_layers)}"
+    except DraftsmithError:
+        return "ids outside this target (it would fail to load the drafter)"
 
 
 def _order(ids: list[int], engine: str) -> list[int]:
