@@ -154,6 +154,24 @@ def _llama3_factors(head_dim: int, theta: float, s: dict) -> list[float]:
     return out
 
 
+def test_a_damaged_gguf_cache_entry_is_converted_again(tmp_path, monkeypatch, capsys):
+    """The converted folder is a cache: a cut draftsmith_target.json or weights file (a full disk,
+    a killed conversion) is converted again, not a JSONDecodeError."""
+    from conftest import tiny_hf_model
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    hf = tiny_hf_model("llama")
+    _gguf_from_hf(path := tmp_path / "m.gguf", hf, "llama")
+    t = load_target(path)
+    for name in ("draftsmith_target.json", "model.safetensors"):
+        damaged = t.folder / name
+        damaged.write_bytes(damaged.read_bytes()[:7])
+        again = load_target(path)
+        assert "converting" in capsys.readouterr().err
+        assert again.fingerprint == t.fingerprint
+        _logits_match_hf(again, hf)
+
+
 def test_gguf_linear_rope_scaling_is_read(tmp_path, monkeypatch):
     from conftest import tiny_hf_model
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,10 @@ def _load_gguf(path: Path) -> Target:
                          ).hexdigest()
     folder = cache_dir() / "targets" / key[:16]
     if (folder / "draftsmith_target.json").is_file():
-        t = _load_folder(folder, "gguf", str(path))
-        return t
+        try:
+            return _load_folder(folder, "gguf", str(path))
+        except (DraftsmithError, ValueError, KeyError, OSError) as e:  # a damaged cache entry
+            print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
     t = _convert_gguf(path)
     _save_folder(t, folder)
     t.folder = folder
