@@ -181,6 +181,21 @@ def test_rank_errors_reach_the_caller():
         spawn(_build_with_three_heads, 1, device="cpu", timeout_s=60)
 
 
+def test_a_rank_that_exits_without_a_result_fails_the_launch(monkeypatch):
+    """Without a time limit (launch_tp's) the launch waited forever for it."""
+    from draftsmith import dist
+
+    monkeypatch.setattr(dist, "QUIET_S", 1.0)
+    with pytest.raises(RuntimeError, match="rank 0 exited .code 0. without a result"):
+        spawn(_exit_quietly, 1, device="cpu", timeout_s=20)
+
+
+def _exit_quietly(tp: TP) -> None:
+    import os
+
+    os._exit(0)
+
+
 def _build_with_three_heads(tp: TP) -> None:
     cfg = ModelConfig(arch="llama", vocab_size=16, hidden_size=12, intermediate_size=8,
                       num_layers=1, num_heads=3, num_kv_heads=3, head_dim=4)

@@ -279,15 +279,20 @@ def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, 
         shutdown()
 
 
+QUIET_S = 30.0  # how long a rank's result may trail its exit (the queue's feeder flushes)
+
+
 def _collect(procs: list, results: queue.Queue, timeout_s: float | None) -> list[Any]:
     import time
 
     done: dict[int, Any] = {}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    quiet: dict[int, float] = {}  # rank -> when it was first seen ended with no result
     while len(done) < len(procs):
         if deadline is not None and time.monotonic() > deadline:
             left = sorted(set(range(len(procs))) - set(done))
             raise RuntimeError(f"spawned ranks {left} did not finish within {timeout_s} s")
+        _check_quiet(procs, done, quiet)
         msg = _next_message(procs, results, done)
         if msg is None:
             continue
@@ -298,6 +303,17 @@ def _collect(procs: list, results: queue.Queue, timeout_s: float | None) -> list
             raise RuntimeError(f"rank {rank} failed:\n{body}")
         done[rank] = pickle.loads(body)
     return [done[r] for r in range(len(procs))]
+
+
+def _check_quiet(procs: list, done: dict[int, Any], quiet: dict[int, float]) -> None:
+    """A rank that exited cleanly without a result (killed by a signal its handler swallowed, or
+    `os._exit(0)`) would leave the launch waiting forever: its result gets QUIET_S to arrive."""
+    import time
+
+    now = time.monotonic()
+    for i, p in enumerate(procs):
+        if i not in done and p.exitcode == 0 and now - quiet.setdefault(i, now) > QUIET_S:
+            raise RuntimeError(f"rank {i} exited (code 0) without a result")
 
 
 def _next_message(procs: list, results: queue.Queue, done: dict[int, Any]) -> tuple | None:
