@@ -165,7 +165,8 @@ def test_acceptance_same_prompts_report_and_png(drafters, tiny_llama_dir, tmp_pa
     md = (tmp_path / "compare.md").read_text()
     assert "## Acceptance on the same prompts" in md and "acceptance.png" in md
     assert (tmp_path / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "compare.json").read_text())["speed"]["prompts"] == 2
+    speed = json.loads((tmp_path / "compare.json").read_text())["speed"]
+    assert (speed["prompts"], speed["device"], speed["dtype"]) == (2, "cpu", "float32")
 
 
 def test_tree_acceptance_and_its_setting_in_the_report(drafters, tiny_llama_dir, tmp_path):

@@ -57,4 +57,5 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
         v["speedup"] = v["tokens_per_s"] / base if base else None
     return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),
             "steps": steps, "topk": topk, "num_draft_tokens": num_draft or steps + 1,
-            "max_new_tokens": max_new, "device": str(base_rt.device)}
+            "max_new_tokens": max_new, "device": str(base_rt.device),
+            "dtype": str(base_rt.dtype).removeprefix("torch.")}
