@@ -167,6 +167,10 @@ def test_acceptance_same_prompts_report_and_png(drafters, tiny_llama_dir, tmp_pa
     assert (tmp_path / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     speed = json.loads((tmp_path / "compare.json").read_text())["speed"]
     assert (speed["prompts"], speed["device"], speed["dtype"]) == (2, "cpu", "float32")
+    # a rerun into the same folder without --target measures nothing: no plot of the last run
+    run_compare(CompareOptions(paths[:2], out=tmp_path))
+    assert not (tmp_path / "acceptance.png").exists()
+    assert "acceptance.png" not in (tmp_path / "compare.md").read_text()
 
 
 def test_tree_acceptance_and_its_setting_in_the_report(drafters, tiny_llama_dir, tmp_path):

@@ -190,6 +190,8 @@ def write(res: dict[str, Any], out: Path) -> None:
     png = None
     if res.get("speed"):
         png = plot(res, out / "acceptance.png").name
+    else:  # an earlier run's plot would sit beside a report that measured nothing
+        (out / "acceptance.png").unlink(missing_ok=True)
     (out / "compare.md").write_text(markdown(res, png))
     (out / "compare.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
 
