@@ -328,6 +328,28 @@ def test_cli_generate_on_a_folder_target(tmp_path):
     assert row["prompt"] == "hi" and row["tokens"] <= 5
 
 
+def test_cli_generate_keeps_a_prompts_system_message(tmp_path):
+    """--prompts asks each conversation's first turn after its system prompt (it dropped the
+    system prompt): the answer is the greedy one to both messages, not to the user's alone."""
+    from draftsmith.engine.generate import generate as greedy
+
+    folder = write_tiny_folder(tmp_path / "t", "llama")
+    msgs = [{"role": "system", "content": "answer in French"}, {"role": "user", "content": "hi"}]
+    (f := tmp_path / "p.jsonl").write_text(json.dumps({"messages": msgs}) + "\n")
+    r = _cli("generate", "--target", str(folder), "--prompts", str(f), "-n", "6", "--json",
+             "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    t = load_target(folder)
+    want = greedy(t.build(torch.float32), [t.chat_ids(msgs)], 6, eos_ids=t.eos_ids)[0]
+    assert row["prompt"] == "hi"
+    assert row["completion"] == t.tokenizer.decode(want, skip_special_tokens=True)
+    from draftsmith.cli import _read_prompts
+
+    assert _read_prompts(f) == [msgs]  # what the ranks are asked (the tiny model's answer
+    # to "hi" alone may be the same)
+
+
 def test_cli_generate_names_a_tokenizer_without_a_chat_template(tmp_path):
     folder = write_tiny_folder(tmp_path / "t", "llama")
     cfg = json.loads((folder / "tokenizer_config.json").read_text())

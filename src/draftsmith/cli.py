@@ -126,7 +126,8 @@ def targets_show(
 @app.command()
 def generate(
     prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A user message (repeatable)"),
-    prompts_file: Path = typer.Option(None, "--prompts", help="JSONL of prompts"),
+    prompts_file: Path = typer.Option(None, "--prompts", help="Prompts (JSONL, JSON, parquet): "
+                                      "each conversation's first turn, its system prompt kept"),
     target: str = TARGET,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
@@ -146,15 +147,16 @@ def generate(
     if max_new_tokens < 1 or batch_size < 1:
         raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
                               f"{max_new_tokens} and {batch_size}")
-    texts = list(prompt or []) + (_read_prompts(prompts_file) if prompts_file else [])
-    if not texts:
+    asks = [[{"role": "user", "content": x}] for x in prompt or []]
+    asks += _read_prompts(prompts_file) if prompts_file else []
+    if not asks:
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     done = launch_tp(
-        _generate_rank, tp, texts, target, max_new_tokens, params, dt, batch_size, seed,
+        _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed,
         device=dev,
     )
     for text, out, n in done:
@@ -164,8 +166,9 @@ def generate(
             console.print(f"[bold]> {text}[/bold]\n{out}\n")
 
 
-def _generate_rank(tp, texts, target, new, params, dt, batch_size, seed):
-    """One rank's generation: every rank runs it, rank 0's result is printed."""
+def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
+    """One rank's generation: every rank runs it, rank 0's result is printed. asks: each
+    prompt's messages (its system prompts, then its user message)."""
     import torch
 
     from draftsmith.engine.generate import run_generation
@@ -175,19 +178,20 @@ def _generate_rank(tp, texts, target, new, params, dt, batch_size, seed):
     t = load_target(target)
     model = t.build(dtype_of(dt), str(tp.device), tp)
     done = []
-    for i in range(0, len(texts), batch_size):
-        chunk = texts[i : i + batch_size]
-        ids = [t.chat_ids([{"role": "user", "content": x}]) for x in chunk]
-        g = run_generation(model, ids, new, params, t.eos_ids)
-        for text, toks in zip(chunk, g.tokens, strict=True):
-            done.append((text, t.tokenizer.decode(toks, skip_special_tokens=True), len(toks)))
+    for i in range(0, len(asks), batch_size):
+        chunk = asks[i : i + batch_size]
+        g = run_generation(model, [t.chat_ids(a) for a in chunk], new, params, t.eos_ids)
+        for ask, toks in zip(chunk, g.tokens, strict=True):
+            done.append((ask[-1]["content"], t.tokenizer.decode(toks, skip_special_tokens=True),
+                         len(toks)))
     return done
 
 
-def _read_prompts(path: Path) -> list[str]:
-    from draftsmith.data.prompts import read_prompts
+def _read_prompts(path: Path) -> list[list[dict[str, str]]]:
+    """Each conversation's first turn, its system prompts kept (as `data regenerate` asks)."""
+    from draftsmith.data.prompts import opening, read_prompts
 
-    return [c.first_user() for c in read_prompts(path)]
+    return [opening(c.messages) for c in read_prompts(path)]
 
 
 def main() -> None:

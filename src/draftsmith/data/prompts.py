@@ -51,6 +51,18 @@ class Conversation:
         return out | ({"meta": self.meta} if self.meta else {})
 
 
+def lead(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """What a conversation's first turn is asked after: every message before its first user
+    message but the assistant's (the system prompts, however many)."""
+    k = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return [m for m in messages[:k] if m["role"] != "assistant"]
+
+
+def opening(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The first turn's prompt: its lead and the first user message."""
+    return lead(messages) + [next(m for m in messages if m["role"] == "user")]
+
+
 def conversation_id(messages: list[dict[str, str]]) -> str:
     canon = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
     return hashlib.sha256(canon.encode()).hexdigest()[:16]

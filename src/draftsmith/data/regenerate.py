@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from draftsmith.data.atomic import make_folder
-from draftsmith.data.prompts import Conversation, numbered_records
+from draftsmith.data.prompts import Conversation, lead, numbered_records, opening
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one
 
@@ -169,22 +169,10 @@ class OpenAIBackend:
         self.pool.shutdown()
 
 
-def _lead(messages: Messages) -> Messages:
-    """What a conversation's first turn is asked after: every message before its first user
-    message but the assistant's (the system prompts, however many)."""
-    k = next(i for i, m in enumerate(messages) if m["role"] == "user")
-    return [m for m in messages[:k] if m["role"] != "assistant"]
-
-
-def _opening(messages: Messages) -> Messages:
-    """The first turn's prompt: its lead and the first user message."""
-    return _lead(messages) + [next(m for m in messages if m["role"] == "user")]
-
-
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
                count: Callable[[Messages], int]) -> Conversation | None:
     """The conversation with its first user message cut to fit `limit` tokens, or None."""
-    over = count(_opening(conv.messages)) - limit
+    over = count(opening(conv.messages)) - limit
     if over <= 0:
         return conv
     if mode == "skip":
@@ -197,7 +185,7 @@ def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
         if keep < 1:
             return None
         msgs[k]["content"] = target_tok.decode(toks[:keep])
-        over = count(_opening(msgs)) - limit
+        over = count(opening(msgs)) - limit
         if over <= 0:
             return Conversation(msgs, conv.id, dict(conv.meta))
     return None
@@ -273,7 +261,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
             stats["skipped_too_long"] += 1
             continue
         stats["truncated"] += fitted is not conv
-        live.append((conv, _lead(fitted.messages), fitted.user_turns(), []))
+        live.append((conv, lead(fitted.messages), fitted.user_turns(), []))
     failed: set[str] = set()
     for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
         active = []
