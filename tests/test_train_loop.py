@@ -468,6 +468,29 @@ def test_online_aux_equals_offline_capture_of_packed_rows(setup):
                 at += n
 
 
+def test_online_aux_of_a_sliding_window_target_equals_its_forward_per_document(tmp_path):
+    """A target attending over a window of 3 (Mistral's kind): packed documents get the states
+    each gets alone, past the window too (the packed mask saw the whole document)."""
+    from conftest import write_tiny_folder
+
+    from draftsmith.targets import load_target
+
+    target = load_target(write_tiny_folder(tmp_path / "m", "mistral", sliding_window=3))
+    model = target.build(torch.float32)
+    seqs = [([1, 5, 9, 30, 44, 7, 12], [0, 0, 1, 1, 1, 1, 1]), ([3, 8, 8, 20, 21], [0, 1, 1, 1, 1])]
+    src = TokenSource(seqs)
+    rows = pack([0, 1], src.lengths(), 12)
+    assert rows == [[(0, 7), (1, 5)]]
+    batch = run_target(model, collate(src, rows), (0, 1))
+    with torch.no_grad():
+        at = 0
+        for i, n in rows[0]:
+            fo = model(torch.tensor([seqs[i][0]]), torch.arange(n)[None], aux_ids=(0, 1),
+                       want_logits=False)
+            assert torch.allclose(batch.hidden[0, at : at + n], fo.hidden[0], atol=1e-5)
+            at += n
+
+
 def test_online_training_from_conversations(setup, tmp_path):
     root, _, _ = setup
     convs = tmp_path / "convs.jsonl"

@@ -191,8 +191,8 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
 @torch.no_grad()
 def run_target(model: Any, batch: Batch, aux_ids: tuple[int, ...]) -> Batch:
     """Fill aux and hidden of a token-only batch with a forward of the target (online)."""
-    out = model(batch.tokens, batch.positions, mask=doc_causal_mask(batch.doc), aux_ids=aux_ids,
-                want_logits=False)
+    mask = doc_causal_mask(batch.doc, model.cfg.sliding_window)
+    out = model(batch.tokens, batch.positions, mask=mask, aux_ids=aux_ids, want_logits=False)
     batch.aux, batch.hidden = out.aux, out.hidden
     return batch
 

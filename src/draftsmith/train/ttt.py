@@ -28,11 +28,14 @@ def shift_left(x: torch.Tensor, n: int, fill: int | float | bool = 0) -> torch.T
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def doc_causal_mask(doc: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool: causal within each document; doc [B, T] ids, -1 = padding."""
+def doc_causal_mask(doc: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, 1, T, T] bool: causal within each document; doc [B, T] ids, -1 = padding. With a
+    sliding window (the target's), a token sees only the `window` latest of its document."""
     t = doc.shape[1]
     idx = torch.arange(t, device=doc.device)
     causal = (idx.view(1, 1, t) <= idx.view(1, t, 1)) & (doc.unsqueeze(2) == doc.unsqueeze(1))
+    if window:  # a document's tokens are contiguous: index gaps are position gaps
+        causal &= idx.view(1, 1, t) > idx.view(1, t, 1) - window
     return (causal | torch.eye(t, dtype=torch.bool, device=doc.device)).unsqueeze(1)
 
 
