@@ -3,11 +3,18 @@ accepted by `SpecDecoder` on the same conversations (train and inference wire al
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import write_tiny_folder
 
 
-def test_overfit_drafter_is_accepted_by_the_engine(tmp_path):
+@pytest.mark.parametrize(("arch", "over"), [
+    ("llama", {}),
+    ("qwen3", {}),  # q/k norms, its own head size
+    ("qwen2", {"tie_word_embeddings": True}),  # q/k/v biases, a tied head
+    ("mistral", {"sliding_window": 64}),  # the engine's cache must stay within the window
+])
+def test_overfit_drafter_is_accepted_by_the_engine(tmp_path, arch, over):
     from draftsmith.data.capture import CaptureConfig, capture
     from draftsmith.data.prompts import Conversation
     from draftsmith.engine.generate import generate
@@ -17,7 +24,7 @@ def test_overfit_drafter_is_accepted_by_the_engine(tmp_path):
     from draftsmith.targets import load_target
     from draftsmith.train import TrainConfig, train
 
-    t = load_target(write_tiny_folder(tmp_path / "t", "llama", num_hidden_layers=8))
+    t = load_target(write_tiny_folder(tmp_path / "t", arch, num_hidden_layers=8, **over))
     model = t.build(torch.float32)
     users = ["hello there", "what is two", "abc", "tell me"]
     prompts = [t.chat_ids([{"role": "user", "content": u}]) for u in users]
@@ -34,7 +41,7 @@ def test_overfit_drafter_is_accepted_by_the_engine(tmp_path):
                       ttt_steps=3, device="cpu", save_every=10**6, progress=False,
                       loader_workers=0, log_every=50))
     drafter = load_drafter(tmp_path / "d")
-    dec = SpecDecoder(Runtime(model, 4, 128), drafter, steps=3)
+    dec = SpecDecoder(Runtime(model, 4, 64), drafter, steps=3)
     res = dec.generate(prompts, 24)
     assert res.tokens == [a[:24] for a in answers]  # lossless
     assert res.mean_accept_length > 2.0, res.to_dict()  # memorised drafts get accepted
