@@ -58,6 +58,8 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     assert len(own) == len(prompts.read_text().splitlines()) and all(a["tree"] for a in own)
     counts = report["prompt_tree_counts"]  # what they came from, to refit TREE_PRIOR offline
     assert len(counts) == len(own) and report["new_tokens"] == 4
+    assert "no stop at EOS" in report["answers"]  # what the figures assume, said
+    assert (out / "tune.md").read_text().startswith("Priced and swept with every row decoding")
     assert "--speculative-num-steps" in (out / "tune.md").read_text() or any(
         "no speculation" in t for t in report["texts"]
     )

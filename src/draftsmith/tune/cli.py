@@ -242,6 +242,12 @@ def suite(path: Path | None) -> list[str]:
     return [json.loads(line)["prompt"] for line in src.read_text().splitlines() if line.strip()]
 
 
+# what every figure of a tune run assumes, said in its report
+FIXED_LENGTH = ("Priced and swept with every row decoding --max-new-tokens tokens (no stop at "
+                "EOS): where answers end early, rows idle in static batches (or refill sooner), "
+                "which these figures do not price")
+
+
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
                  params: SamplingParams, refill: bool = False, mix=None,
                  new: int | None = None) -> dict:
@@ -265,6 +271,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         "tp": tp_size,
         "refill": refill,
         "new_tokens": new,
+        "answers": FIXED_LENGTH,
         "sampling": {"temperature": params.temperature, "top_p": params.top_p,
                      "top_k": params.top_k},
         "acceptance": acc.to_dict(),
@@ -292,7 +299,8 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         "phases": _phase_rows(preds, meas),
     }
     (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "tune.md").write_text("\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
+    (out / "tune.md").write_text(f"{FIXED_LENGTH}.\n\n"
+                                 + "\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
     plot(out / "tune.png", {b: steps_series(preds, meas, b) for b in batches})
     return report
 
