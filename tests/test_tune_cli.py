@@ -173,7 +173,7 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
     assert len(mix.prompts) == 3 and mix.prompts[0] == pooled  # the mix stays aligned
     tree, own = measure.tree_acceptance(eng, prompts, 2, 3, 8, [], pooled, mix)
     assert tree.chain == pooled.chain and tree.tree  # a random drafter: depth 1 at least
-    dec = measure.decoder(eng, SpecSetting(2, 3, min(tree_capacity(2, 3), 8)))
+    dec = measure.decoder(eng, SpecSetting(2, 3, min(tree_capacity(2, 3), 32)))  # its tree
     dec.rank_counts = counts = RankCounts(2, 3, eng.device)
     dec.generate(prompts, 8, [])  # the same run, counted here
     assert tree == Acceptance.from_rank_counts(*counts.counts(), chain=pooled.chain)
@@ -186,7 +186,7 @@ def test_acceptance_is_measured_per_prompt_and_pooled(tmp_path, monkeypatch):
     small = measure.Engine(Runtime(model, 2, 64), DrafterRuntime(drafter, 2, 256, False), drafter)
     last = measure.decoder(small, SpecSetting(2)).generate(prompts[2:], 1, []).tokens[0][0]
     tree, own = measure.tree_acceptance(small, prompts, 2, 3, 8, [last], pooled, mix)
-    dec = measure.decoder(small, SpecSetting(2, 3, min(tree_capacity(2, 3), 8)))
+    dec = measure.decoder(small, SpecSetting(2, 3, min(tree_capacity(2, 3), 32)))
     dec.rank_counts = counts = RankCounts(2, 3, small.device)
     dec.generate(prompts[:2], 8, [last])
     assert own.tree_counts == (*counts.row_counts(), ([[0] * 3] * 2,) * 2)
