@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
-from draftsmith.options import at_least_one
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -48,6 +47,8 @@ class ServeConfig:
     continuous: bool = True  # rows that end take queued jobs (False: batches run to the end)
 
     def __post_init__(self) -> None:
+        from draftsmith.options import at_least_one  # typer: not in the frontends' start
+
         names = ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue")
         at_least_one({name: getattr(self, name) for name in names})
 
