@@ -234,6 +234,11 @@ def test_cli(drafters):
     assert [d["layout"] for d in out["drafters"]] == ["draftsmith", "speculators"]
     bad = CliRunner().invoke(app, ["compare", str(drafters["A"])])
     assert bad.exit_code != 0
+    for flags in (["--device", "cpu"], ["--dtype", "float32"]):
+        ignored = CliRunner().invoke(app, ["compare", str(drafters["A"]), str(drafters["B"]),
+                                           *flags])
+        assert isinstance(ignored.exception, DraftsmithError), ignored.output
+        assert f"{flags[0]} set where acceptance is measured" in str(ignored.exception)
 
 
 def test_counts_and_an_output_file_are_refused_by_their_flags_up_front(tmp_path):

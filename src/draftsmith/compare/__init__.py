@@ -237,6 +237,10 @@ def compare(
     """Compare drafters: architecture, parameters by convention, data, acceptance."""
     from draftsmith.cli import device_dtype
 
+    given = [flag for flag, v in (("--device", device), ("--dtype", dtype)) if v != "auto"]
+    if target is None and given:
+        raise DraftsmithError(f"{', '.join(given)} set where acceptance is measured, which "
+                              "needs --target: give one, or leave them out")
     dev, dt = device_dtype(device, dtype)
     res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
                                      steps, out, parse_claims(claimed), dev, dt, topk,
