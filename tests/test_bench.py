@@ -66,6 +66,52 @@ def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
     assert (tmp_path / "out" / "bench.png").stat().st_size > 10_000
 
 
+def test_bench_keeps_suites_that_share_a_file_name(tiny_llama_dir, drafter_dir, tmp_path):
+    """a/p.jsonl and b/p.jsonl were both reported as "p": the second's rows replaced the
+    first's; a batch size given twice ran (and was reported) twice."""
+    for sub, text in (("a", "abc"), ("b", "xyz uvw")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "p.jsonl").write_text(f'{{"prompt": "{text}"}}\n')
+    a, b = str(tmp_path / "a" / "p.jsonl"), str(tmp_path / "b" / "p.jsonl")
+    res = invoke("--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--suite", a,
+                 "--suite", b, "--suite", "chat", "--num-prompts", "1", "--steps", "1",
+                 "--batch-size", "1,1", "--max-new-tokens", "3", "--device", "cpu",
+                 "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    assert [(r["suite"], r["setting"]) for r in rows] == [
+        (a, "baseline"), (a, "chain 1"), (b, "baseline"), (b, "chain 1"),
+        ("chat", "baseline"), ("chat", "chain 1")]
+
+
+def test_bench_times_unprofiled_runs_and_profiles_a_second(tiny_llama_dir, drafter_dir, tmp_path,
+                                                           monkeypatch):
+    """--profile (or DRAFTSMITH_PROFILE=1) timed the profiled runs, whose cycles each read their
+    done flag at once: a host sync a cycle in the speculative tok/s and speedup alone."""
+    from draftsmith.engine import spec_refill
+    from draftsmith.engine.speculative import SpecDecoder
+
+    seen: list[tuple[str, int, bool]] = []
+
+    def spy(kind, fn):
+        def wrapped(dec, prompts, max_new, *a, **k):
+            seen.append((kind, max_new, bool(dec.profile)))
+            return fn(dec, prompts, max_new, *a, **k)
+        return wrapped
+
+    monkeypatch.setattr(SpecDecoder, "generate", spy("static", SpecDecoder.generate))
+    monkeypatch.setattr(spec_refill, "generate_refill", spy("refill", spec_refill.generate_refill))
+    args = ("--target", str(tiny_llama_dir), "--drafter", str(drafter_dir), "--num-prompts", "2",
+            "--steps", "2", "--max-new-tokens", "9", "--device", "cpu", "--profile")
+    for extra in ((), ("--refill",)):
+        res = invoke(*args, *extra, "--out", str(tmp_path / "o"))
+        assert res.exit_code == 0, (res.output, res.exception)
+        assert json.loads(res.stdout.strip().splitlines()[-1])["results"][1]["phases"]["cycles"]
+    timed = [(kind, prof) for kind, new, prof in seen if new == 9]
+    assert timed == [("static", False), ("static", False), ("static", True), ("static", True),
+                     ("refill", False), ("refill", True)]
+
+
 def test_bench_trees_of_any_shape_get_their_frontier_slots(tiny_llama_dir, drafter_dir,
                                                            tmp_path):
     """A setting is (steps, topk, tokens): a one-depth tree of top 4 runs, and the drafter's
@@ -406,3 +452,26 @@ def test_decode_rate_leaves_out_the_tokens_prefill_made(tiny_llama_dir, drafter_
     rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
     assert [r["new_tokens"] for r in rows] == [2, 2]
     assert [r["decode_tokens_per_s"] for r in rows] == [0.0, 0.0]
+
+
+def test_allreduce_bench_checks_its_out_file_before_measuring(tmp_path, monkeypatch, capsys):
+    """An --out folder (or one under a file) was an IsADirectoryError after the whole run; a
+    missing parent folder a FileNotFoundError: both lost the measured line."""
+    from draftsmith.bench import allreduce
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # restored after the command sets it
+    kw = dict(hidden=64, layers=2, target=None, batch="1", q="1", dtype="fp32", iters=2,
+              graph_ops=2, tp=1, device="cpu", nccl_proto=None, nccl_algo=None,
+              nccl_p2p_level=None, nccl=None)
+    (tmp_path / "f").write_text("x")
+    runs, launch = [], allreduce.launch_tp
+    monkeypatch.setattr(allreduce, "launch_tp", lambda *a, **k: runs.append(1) or launch(*a, **k))
+    for out, said in ((tmp_path, "is a folder"), (tmp_path / "f" / "a.jsonl", "under the file")):
+        with pytest.raises(DraftsmithError, match=said):
+            allreduce.allreduce_bench(**kw, out=out)
+    assert not runs
+    out = tmp_path / "new" / "ar.jsonl"
+    allreduce.allreduce_bench(**kw, out=out)
+    assert runs and json.loads(out.read_text())["rows"][0]["batch"] == 1

@@ -249,6 +249,115 @@ def test_export_refuses_fewer_than_one_speculative_token(target, tmp_path, k):
     assert not (tmp_path / "sp").exists()
 
 
+def test_export_overwrite_replaces_only_an_earlier_export(target, tmp_path, monkeypatch):
+    """--overwrite wiped any non-empty --out, e.g. a models folder holding the (recorded, not
+    passed) target; `--out .` was a ValueError; an export into an existing folder keeps it."""
+    src = make(target, tmp_path / "d")
+    models = tmp_path / "models"
+    shutil.copytree(target.folder, models / "target")
+    (models / "notes.txt").write_text("mine")
+    before = snapshot(models)
+    with pytest.raises(DraftsmithError, match="not an exported drafter folder"):
+        export_drafter(src, "sglang", models, overwrite=True)
+    assert snapshot(models) == before
+    sp = export_drafter(src, "speculators", tmp_path / "sp")
+    (sp / "stale.bin").write_text("old")
+    export_drafter(src, "sglang", sp, overwrite=True)  # an earlier export is replaced whole
+    assert sorted(p.name for p in sp.iterdir()) == ["config.json", "model.safetensors"]
+    assert detect_format(sp) == "sglang"
+    here = tmp_path / "here"
+    here.mkdir()
+    inode = here.stat().st_ino
+    monkeypatch.chdir(here)
+    export_drafter(src, "speculators", ".")
+    assert here.stat().st_ino == inode and detect_format(here) == "speculators"
+    export_drafter(src, "sglang", ".", overwrite=True)
+    assert here.stat().st_ino == inode and detect_format(here) == "sglang"
+
+
+def test_export_that_fails_leaves_the_old_export_and_no_tmp(target, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    src = make(target, tmp_path / "d")
+    sp = export_drafter(src, "speculators", tmp_path / "sp")
+    before = snapshot(sp)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError, match="No space left"):
+        export_drafter(src, "sglang", sp, overwrite=True)
+    assert snapshot(sp) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "sp"]  # no .sp.tmp-PID
+
+
+def test_export_names_a_relative_target_by_its_absolute_path(target, tmp_path, monkeypatch):
+    """A target given (or recorded at training) as a relative path was written as such for
+    speculators' verifier, which vLLM and speculators resolve from their own directory."""
+    src = make(target, tmp_path / "d")
+    shutil.copytree(target.folder, tmp_path / "t")
+    monkeypatch.chdir(tmp_path)
+    for given in ("t", None):
+        if given is None:  # as recorded: train wrote the path it was given
+            c = json.loads((src / "draftsmith.json").read_text())
+            c["config"]["target_source"] = "t"
+            (src / "draftsmith.json").write_text(json.dumps(c))
+        out = export_drafter(src, "speculators", f"sp-{given}", target=given)
+        verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+        assert verifier["name_or_path"] == str(tmp_path.resolve() / "t"), given
+
+
+def test_export_writes_a_legacy_rope_type_that_reads_back(tmp_path):
+    """A target whose rope_scaling names its kind as `type` (older configs): rope_parameters
+    said rope_type "default" beside it, and the export read back unscaled."""
+    from draftsmith.targets import load_target
+
+    folder = write_tiny_folder(tmp_path / "t")
+    c = json.loads((folder / "config.json").read_text())
+    c.pop("rope_parameters", None)
+    c.update(rope_scaling={"type": "linear", "factor": 4.0}, rope_theta=10000.0)
+    (folder / "config.json").write_text(json.dumps(c))
+    t = load_target(folder)
+    src = make(t, tmp_path / "d")
+    want = load_drafter(src).lc.inv_freq()
+    for fmt in ("sglang", "speculators"):
+        out = export_drafter(src, fmt, tmp_path / fmt, target=str(folder))
+        c = json.loads((out / "config.json").read_text())
+        layer = c.get("transformer_layer_config", c)
+        assert layer["rope_parameters"]["rope_type"] == "linear", fmt
+        assert read_any(out, target=str(folder)).lc.inv_freq() == want, fmt
+
+
+def test_import_names_weights_it_cannot_read(target, tmp_path):
+    """A Git LFS pointer in place of the weights is a clear error, not a SafetensorError."""
+    out = export_drafter(make(target, tmp_path / "d"), "sglang", tmp_path / "sg")
+    (out / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\n"
+                                           "oid sha256:0\nsize 1\n")
+    with pytest.raises(DraftsmithError, match="model.safetensors: cannot read its weights"):
+        read_any(out, target=str(target.folder))
+
+
+def test_import_reads_a_speculators_target_hidden_size(target, tmp_path):
+    """vLLM's fc takes 3 x target_hidden_size where the config gives it; the import took the
+    layer's hidden size and refused such a folder (fc.weight shape)."""
+    import dataclasses
+
+    from draftsmith.export.layout import TargetInfo, write_folder
+    from draftsmith.export.speculators import speculators_config, speculators_names
+    from draftsmith.models.eagle3 import hf_state_dict
+
+    d = random_drafter(Eagle3Config.for_target(
+        target.cfg, 40, AUX, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
+        head_dim=16, target_source=str(target.folder)))
+    c = speculators_config(dataclasses.replace(d.cfg, target_hidden_size=32),
+                           TargetInfo.of_drafter(d.cfg), "float32", 3)
+    c["target_hidden_size"] = 64
+    out = write_folder(tmp_path / "sp", c, speculators_names(hf_state_dict(d)))
+    back = read_any(out, target=str(target.folder))
+    assert back.cfg.target_hidden_size == 64 and torch.equal(back.fc.weight, d.fc.weight)
+
+
 def test_sglang_checkpoint_without_ids_or_embedding(target, tmp_path):
     """An EAGLE-reference style folder: no eagle_config, no embedding, `model.` prefixes."""
     out = export_drafter(make(target, tmp_path / "d"), "sglang", tmp_path / "sg")

@@ -226,6 +226,7 @@ def allreduce_bench(
                   "--graph-ops": graph_ops})
     if tp < 0:
         raise DraftsmithError(f"--tp must be >= 0 (0: torchrun's world or every GPU), got {tp}")
+    _check_out(out)
     if target:
         hidden, layers = _shape_from_target(target)
     opts = {"hidden": hidden, "layers": layers, "batches": int_list(batch, "--batch"),
@@ -241,8 +242,22 @@ def allreduce_bench(
     if int(os.environ.get("RANK", "0")) == 0:
         print_result(res)
         if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as f:
                 f.write(json.dumps(res) + "\n")
+
+
+def _check_out(out: Path | None) -> None:
+    """Before any rank starts: an --out the JSON line can be appended to once measured."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise DraftsmithError(f"--out {out}: is a folder; give a file to append the JSON line to")
+    for p in out.parents:
+        if p.exists():
+            if not p.is_dir():
+                raise DraftsmithError(f"--out {out}: lies under the file {p}")
+            return
 
 
 def _default_size(device: str | None) -> int:

@@ -30,7 +30,8 @@ def bench(
     dtype: str = DTYPE,
     compile: bool = COMPILE,
     profile: bool = typer.Option(False, "--profile",
-                                 help="phase profiler (also DRAFTSMITH_PROFILE=1); with "
+                                 help="phase profiler (also DRAFTSMITH_PROFILE=1), in a second "
+                                      "run of each setting, the timed one unprofiled; with "
                                       "--refill it adds the refills' share"),
     out: Path = typer.Option(Path("bench-out"), "--out", help="folder for bench.json/.png"),
     seed: int = typer.Option(0),

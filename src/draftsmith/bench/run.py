@@ -2,7 +2,8 @@
 
 Every setting decodes the same full batches of the same prompts; an untimed warm-up of every
 distinct batch captures the CUDA graphs and shows the eager prefill each prompt shape once before
-anything is timed. Tokens/s counts prefill and decode. In greedy mode each
+anything is timed. Tokens/s counts prefill and decode, in unprofiled runs (the phase profiler,
+when on, runs each setting again). In greedy mode each
 speculative completion is compared with the baseline's, and every divergence is located and
 measured (the gap between the two candidate logits there, from one full forward).
 """
@@ -18,10 +19,10 @@ from typing import Any
 
 import torch
 
-from draftsmith.bench.suites import fill_batches, suite_label, suite_messages
+from draftsmith.bench.suites import fill_batches, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import run_generation, sync
-from draftsmith.engine.profiler import PhaseSummary
+from draftsmith.engine.profiler import PhaseSummary, env_on
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
@@ -88,14 +89,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
     for w in warnings:
         log(f"warning: {w}")
-    suites = {suite_label(s): [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
-              for s in cfg.suites}
+    suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
+              for s, label in suite_labels(cfg.suites).items()}
     settings = cfg.settings()
     rt, drt = _runtimes(model, drafter, suites, cfg, settings)
     eos = target.eos_ids
     rows: list[dict[str, Any]] = []
     for name, prompts in suites.items():
-        for b in sorted(cfg.batch_sizes, reverse=True):
+        for b in sorted(set(cfg.batch_sizes), reverse=True):
             batches = fill_batches(prompts, b)
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
             run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
@@ -168,7 +169,7 @@ def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
 
 def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     steps, topk, n = s
-    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, cfg.profile)
+    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
     dec.capture([len(batches[0])])
     warm_each(lambda b: dec.generate(b, min(8, cfg.max_new_tokens), eos), batches)
     results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
@@ -178,9 +179,28 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
         "position_rates": m.position_rates,
-        "phases": merge_phases([r.phases for r in results], m.mean_accept_length, steps),
+        "phases": profiled_phases(dec, cfg, m, lambda: [
+            dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]),
     }
     return row, m.tokens
+
+
+def profiling(cfg: BenchConfig) -> bool:
+    return cfg.profile if cfg.profile is not None else env_on("DRAFTSMITH_PROFILE")
+
+
+def profiled_phases(dec: SpecDecoder, cfg: BenchConfig, timed: SpecResult,
+                    run: Callable[[], list[PhaseSummary | None]]) -> dict[str, Any] | None:
+    """Phases from a second, profiled run of the timed one's prompts: a profiled cycle reads
+    its done flag at once (a host sync a cycle), which the timed tokens/s must not carry."""
+    if not profiling(cfg):
+        return None
+    dec.profile = True
+    try:
+        parts = run()
+    finally:
+        dec.profile = False
+    return merge_phases(parts, timed.mean_accept_length, dec.steps)
 
 
 def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
@@ -203,15 +223,19 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
 
     steps, topk, n = s
     flat, rows = [p for b in batches for p in b], len(batches[0])
-    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, cfg.profile)
+    dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
     warm_refill(dec, flat, rows)
-    m = generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
+
+    def run() -> SpecResult:
+        return generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
+
+    m = run()
     row: dict[str, Any] = {
         **_refilled_speed(m.tokens, m.decode_s),
         "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
         "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
         "position_rates": m.position_rates, "refill": True,
-        "phases": merge_phases([m.phases], m.mean_accept_length, steps),
+        "phases": profiled_phases(dec, cfg, m, lambda: [run().phases]),
     }
     return row, m.tokens
 

@@ -32,6 +32,14 @@ def suite_label(name: str) -> str:
     return Path(name).stem if name not in ("chat", "humaneval") else name
 
 
+def suite_labels(names: list[str]) -> dict[str, str]:
+    """Each distinct suite's label in a report: its `suite_label`, or the name as given where
+    two suites share one (a/p.jsonl and b/p.jsonl), so neither's rows replace the other's."""
+    names = list(dict.fromkeys(names))
+    short = [suite_label(n) for n in names]
+    return {n: s if short.count(s) == 1 else n for n, s in zip(names, short, strict=True)}
+
+
 def fill_batches(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
     """Full batches only (one captured shape): the last is topped up from the start."""
     n = max(len(prompts), batch)

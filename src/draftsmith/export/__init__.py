@@ -57,6 +57,7 @@ def export_drafter(
     check_apart(out, Path(drafter_dir), "the drafter folder")
     if target is not None and Path(target).exists():
         check_apart(out, Path(target), "the --target")
+    check_replaceable(out)
     drafter = load_drafter(drafter_dir)
     info = target_info(drafter, target)
     ids = list(drafter.cfg.aux_layer_ids)
@@ -68,6 +69,21 @@ def export_drafter(
     if fmt == "sglang":
         return write_sglang(drafter, out, info, dtype, overwrite)
     return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite)
+
+
+def check_replaceable(out: Path) -> None:
+    """--overwrite replaces an earlier export, never a folder of something else (the export
+    replaces --out whole: a folder holding the target, or anything else, would be lost)."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        c = read_config(out)
+    except DraftsmithError:
+        c = None
+    if not (isinstance(c, dict) and (is_speculators(c) or is_sglang(c))):
+        raise DraftsmithError(f"--out {out}: not an exported drafter folder (no SGLang or "
+                              "speculators config.json); --overwrite replaces only an earlier "
+                              "export; choose another --out")
 
 
 def detect_format(folder: str | Path) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ class TargetInfo:
 
         return cls(
             target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
-            str(target.folder or target.source), list(target.hf_config.get("architectures") or []),
+            _where(str(target.folder or target.source)),
+            list(target.hf_config.get("architectures") or []),
             target.fingerprint, target_head(target)[0],
         )
 
@@ -47,13 +49,24 @@ class TargetInfo:
                 "the drafter does not record its target's layer count; pass --target"
             )
         return cls(cfg.target_num_layers, cfg.max_position_embeddings, cfg.vocab_size,
-                   cfg.target_source, list(cfg.target_architectures), cfg.target_fingerprint)
+                   _where(cfg.target_source), list(cfg.target_architectures),
+                   cfg.target_fingerprint)
+
+
+def _where(source: str) -> str:
+    """A local target as an absolute path: an engine reading the export resolves a relative
+    one from its own working directory."""
+    return str(Path(source).resolve()) if source and Path(source).exists() else source
 
 
 def hf_layer_config(cfg: Eagle3Config, info: TargetInfo, num_layers: int) -> dict[str, Any]:
     """An HF LlamaConfig dict for the drafter's decoder layer(s). Rope is written both the
-    transformers-4 way (rope_theta/rope_scaling) and the transformers-5 way (rope_parameters)."""
+    transformers-4 way (rope_theta/rope_scaling) and the transformers-5 way (rope_parameters),
+    both naming the kind as `rope_type`: an old config's `type` alone under a `rope_type` of
+    "default" reads back unscaled."""
     rope = dict(cfg.rope_scaling or {})
+    if rope:
+        rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
     return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -93,21 +106,44 @@ def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
 def write_folder(
     out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], overwrite: bool = False
 ) -> Path:
-    """config.json + model.safetensors into `out`, built in a tmp folder and renamed."""
+    """config.json + model.safetensors into `out`, built in a tmp folder beside it, then renamed
+    to `out` or, where `out` is a folder already (`.`, a link), moved into it."""
     from safetensors.torch import save_file
 
     out = Path(out)
     check_out(out, overwrite)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    real = out.resolve()  # `.` has no name to put a tmp folder beside
+    tmp = real.with_name(f".{real.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    except BaseException:  # a full disk, ^C: no half-written weights left beside --out
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if real.is_dir():
+        _move_into(tmp, real)
+    else:
+        tmp.rename(real)
     return out
+
+
+def _move_into(tmp: Path, out: Path) -> None:
+    """Each new file replaces its old namesake (os.replace), then the rest of `out` goes; the
+    folder itself stays, so a shell standing in it sees the new files."""
+    new = {p.name for p in tmp.iterdir()}
+    for p in tmp.iterdir():
+        os.replace(p, out / p.name)
+    for p in out.iterdir():
+        if p.name in new:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    tmp.rmdir()
 
 
 def check_out(out: Path, overwrite: bool, hint: str = "pass --overwrite to replace it") -> None:
@@ -134,20 +170,23 @@ def check_apart(out: Path, src: Path, what: str) -> None:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Every *.safetensors (or pytorch_model*.bin) in a folder, `model.` prefixes dropped."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
     out: dict[str, torch.Tensor] = {}
-    if files:
-        for f in files:
-            out.update(load_file(str(f)))
-    else:
-        bins = sorted(folder.glob("pytorch_model*.bin"))
-        if not bins:
+    if not files:
+        files = sorted(folder.glob("pytorch_model*.bin"))
+        if not files:
             raise DraftsmithError(f"{folder}: no *.safetensors or pytorch_model*.bin weights")
-        for f in bins:
-            out.update(torch.load(f, map_location="cpu", weights_only=True))
+    for f in files:
+        try:
+            out.update(load_file(str(f)) if f.suffix == ".safetensors"
+                       else torch.load(f, map_location="cpu", weights_only=True))
+        except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+            raise DraftsmithError(f"{f}: cannot read its weights ({e}); a Git LFS pointer or "
+                                  "an interrupted download?") from None
     return {k.removeprefix("model."): v for k, v in out.items()}
 
 

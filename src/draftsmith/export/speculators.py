@@ -119,7 +119,8 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     cfg = Eagle3Config(
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-        target_hidden_size=mc.hidden_size, vocab_size=vocab, draft_vocab_size=draft_vocab,
+        target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
+        vocab_size=vocab, draft_vocab_size=draft_vocab,
         aux_layer_ids=from_convention(list(ids), Convention.SPECULATORS, num_layers),
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, num_layers=mc.num_layers,
