@@ -406,8 +406,10 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
     static = invoke(*args, "--out", str(tmp_path / "s"))
     refill = invoke(*args, "--refill", "--profile", "--out", str(tmp_path / "r"))
     assert static.exit_code == 0 and refill.exit_code == 0, refill.output
-    rows = {k: json.loads(r.stdout.strip().splitlines()[-1])["results"]
-            for k, r in (("static", static), ("refill", refill))}
+    out = {k: json.loads(r.stdout.strip().splitlines()[-1])
+           for k, r in (("static", static), ("refill", refill))}
+    assert [out[k]["meta"]["refill"] for k in ("static", "refill")] == [False, True]
+    rows = {k: v["results"] for k, v in out.items()}
     assert [r["setting"] for r in rows["refill"]] == ["baseline", "chain 2", "tree 2/2/4"]
     for s, r in zip(rows["static"], rows["refill"], strict=True):
         assert r["new_tokens"] == s["new_tokens"]  # the same prompts, the same greedy answers

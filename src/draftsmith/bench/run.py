@@ -302,4 +302,6 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
                    "top_k": cfg.params.top_k},
         "max_new_tokens": cfg.max_new_tokens, "num_prompts": cfg.num_prompts,
         "suites": cfg.suites, "warnings": warnings,
+        "refill": cfg.refill,
+        "refill_every": (cfg.refill_every or "by rows") if cfg.refill else None,
     }
