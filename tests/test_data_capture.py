@@ -96,6 +96,11 @@ def test_other_settings_are_refused_on_resume(target, model, reference):
     cfg = CaptureConfig(aux_layer_ids=[0, 1, 4], batch_size=3, samples_per_shard=4, max_len=200)
     with pytest.raises(DraftsmithError, match="different aux_layer_ids"):
         capture(target, convs(), reference, cfg, progress=False, model=model, log=lambda s: None)
+    # the manifest names one compute dtype: shards of another are not added under it
+    cfg = CaptureConfig(aux_layer_ids=[-1, 1, 4], batch_size=3, samples_per_shard=4, max_len=200,
+                        dtype=torch.bfloat16)
+    with pytest.raises(DraftsmithError, match="different compute_dtype"):
+        capture(target, convs(), reference, cfg, progress=False, model=model, log=lambda s: None)
 
 
 def test_two_ranks_merge_to_the_single_run(target, model, reference, tmp_path, monkeypatch):

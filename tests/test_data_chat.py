@@ -90,6 +90,37 @@ def test_history_rewriting_template_falls_back_to_the_text(tok):
         tok.chat_template = old
 
 
+# Mistral v0.3's shape: the system prompt joins the last message only when that is a user's,
+# so turn-by-turn renders never prefix the whole conversation.
+SYSTEM_LAST = (
+    "{% set loop_messages = messages[1:] if messages[0]['role'] == 'system' else messages %}"
+    "{% for m in loop_messages %}{% if m['role'] == 'user' %}{% if loop.last and "
+    "messages[0]['role'] == 'system' %}[INST] {{ messages[0]['content'] }}\n\n"
+    "{{ m['content'] }}[/INST]{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}"
+    "{% else %} {{ m['content'] }}<|im_end|>{% endif %}{% endfor %}"
+)
+
+
+def test_a_short_answer_is_not_found_in_the_question_or_a_default_system_prompt(tok):
+    """Where a template makes the text be searched for, it is searched for past the question
+    (and past a default system prompt for an opening answer), not from the start."""
+    old = tok.chat_template
+    try:
+        tok.chat_template = SYSTEM_LAST
+        conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Say yes"},
+                {"role": "assistant", "content": "yes"}, {"role": "user", "content": "yes?"},
+                {"role": "assistant", "content": "yes"}]
+        assert masked_text(tok, conv) == ["yes<|im_end|>", "yes<|im_end|>"]
+        tok.chat_template = SMOLLM2
+        conv = [{"role": "assistant", "content": "helpful"}, *CONV]
+        assert masked_text(tok, conv)[0] == "helpful<|im_end|>"
+        tok.chat_template = ("{% if not messages | selectattr('role', 'eq', 'user') | list %}"
+                             "{{ raise_exception('No user query found') }}{% endif %}" + old)
+        assert masked_text(tok, conv)[0] == "helpful<|im_end|>"  # as Qwen3's does
+    finally:
+        tok.chat_template = old
+
+
 def test_no_assistant_turn_gives_an_empty_mask(tok):
     ids, mask = encode(tok, CONV[:1])
     assert len(ids) == len(mask) and not any(mask)

@@ -30,6 +30,32 @@ def test_self_made_prompts_unique_and_resumable(target, model, tmp_path):
     assert len(again) == 8 and again[:6] == recs
 
 
+def test_self_made_prompts_killed_and_resumed_equal_an_uninterrupted_run(target, model, tmp_path,
+                                                                         monkeypatch):
+    """Each round's seed and openings follow its number, which a rerun reads back from the
+    records (it restarted at 0, so a resumed run asked other questions)."""
+    import draftsmith.engine.generate as generate
+
+    cfg = MagpieConfig(n=12, batch_size=4, max_new_tokens=24, min_chars=1, seed=1,
+                       openings=("Why", "How", "List"))
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    self_made_prompts(target, whole, cfg, model, progress=False)
+    real, calls = generate.run_generation, []
+
+    def killed_in_round_three(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(generate, "run_generation", killed_in_round_three)
+    with pytest.raises(KeyboardInterrupt):
+        self_made_prompts(target, part, cfg, model, progress=False)
+    monkeypatch.setattr(generate, "run_generation", real)
+    self_made_prompts(target, part, cfg, model, progress=False)
+    assert part.read_text() == whole.read_text()
+
+
 def test_make_then_rerun_reuses_every_stage(target, tmp_path):
     from draftsmith.data.pipeline import make_dataset
 
@@ -124,6 +150,9 @@ def test_openings_bad_input_is_a_clear_error(tiny_llama_dir, tmp_path):
     assert res.exit_code != 0 and "neither 'builtin', 'mixed' nor a file" in str(res.exception)
     res = runner.invoke(app, ["prompts", "humaneval", "--openings", "builtin", "--out", str(out)])
     assert res.exit_code != 0 and "give it with --self-made" in str(res.exception)
+    res = runner.invoke(app, ["prompts", "humaneval", "--self-made", "4", "--out", str(out),
+                              "--target", str(tiny_llama_dir), "--device", "cpu"])
+    assert res.exit_code != 0 and "give humaneval in a run of its own" in str(res.exception)
     assert not out.exists()
 
 

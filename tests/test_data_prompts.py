@@ -82,6 +82,26 @@ def test_malformed_lines_are_reported_and_skipped(tmp_path):
         load_prompts(path, strict=True)
 
 
+def test_bytes_that_are_not_utf8_are_named_and_a_bom_loses_nothing(tmp_path):
+    """A UTF-8 BOM keeps the first record; a line that is not UTF-8 is a malformed record; a
+    damaged gzip or a JSON file that is not UTF-8 is a clear error (each was a traceback)."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "first"}\n{"prompt": "caf\xe9"}\n{"prompt": "x"}\n')
+    ps = load_prompts(path)
+    assert [c.first_user() for c in ps.conversations] == ["first", "x"]
+    assert ps.problems == [f"{path}:2: not UTF-8 text (byte 15)"]
+    (tmp_path / "a.json").write_bytes(b'\xef\xbb\xbf[{"prompt": "first"}]')
+    assert load_prompts(tmp_path / "a.json").conversations[0].first_user() == "first"
+    (tmp_path / "b.json").write_bytes(b'[{"prompt": "caf\xe9"}]')
+    with pytest.raises(DraftsmithError, match="b.json: not UTF-8 text"):
+        load_prompts(tmp_path / "b.json")
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(b'{"prompt": "hi"}\n' * 500)[:40])
+    (tmp_path / "d.jsonl.gz").write_bytes(b'{"prompt": "not gzip"}\n')
+    for name in ("c.jsonl.gz", "d.jsonl.gz"):
+        with pytest.raises(DraftsmithError, match=f"{name}: cannot read"):
+            load_prompts(tmp_path / name)
+
+
 def test_cli_strict_exits_2_naming_file_and_line(tmp_path):
     path = write_lines(tmp_path / "p.jsonl", [PLAIN, "{oops"])
     out = tmp_path / "o.jsonl"

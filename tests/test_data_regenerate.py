@@ -6,10 +6,12 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from draftsmith.data.prompts import Conversation, read_jsonl_tail_safe
 from draftsmith.data.regenerate import (
@@ -79,6 +81,24 @@ def test_too_long_prompts_truncated_or_skipped_and_counted(target, model, tmp_pa
             assert cut["messages"][0]["content"].startswith("xxxx")
 
 
+def test_sampled_resume_past_a_skipped_prompt_equals_the_uninterrupted_run(target, model,
+                                                                           tmp_path):
+    """A prompt skipped as too long is never written, so a rerun sees it as left to do: the
+    chunks (and their seeds) must not shift around it."""
+    asks = [Conversation([{"role": "user", "content": f"question {i} " * (1 + i % 3)}], f"q{i}")
+            for i in range(6)]
+    asks[1] = Conversation([{"role": "user", "content": "x" * 300}], "long")
+    cfg = RegenConfig(max_new_tokens=6, max_len=96, batch_size=2, temperature=1.0,
+                      too_long="skip", refill=False)
+    backend = EngineBackend(target, model, cfg)
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    regenerate(asks, whole, backend, target.tokenizer, cfg, False, lambda s: None)
+    regenerate(asks[:4], part, backend, target.tokenizer, cfg, False, lambda s: None)  # killed
+    stats = regenerate(asks, part, backend, target.tokenizer, cfg, False, lambda s: None)
+    assert stats["done_before"] == 3 and stats["skipped_too_long"] == 1
+    assert part.read_text() == whole.read_text()
+
+
 # --- a real OpenAI-compatible server on loopback -------------------------------------------
 
 
@@ -111,25 +131,32 @@ def make_app(seen: list[dict], fail_first: int) -> FastAPI:
     return app
 
 
-@pytest.fixture()
-def server():
+@contextmanager
+def running(app: FastAPI) -> Iterator[str]:
+    """`app` served on loopback; yields its /v1 URL."""
     import uvicorn
 
-    seen: list[dict] = []
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = uvicorn.Config(make_app(seen, fail_first=2), host="127.0.0.1", port=port,
-                         log_level="warning")
-    srv = uvicorn.Server(cfg)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     deadline = time.time() + 10
     while not srv.started and time.time() < deadline:
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1", seen
-    srv.should_exit = True
-    th.join(5)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        srv.should_exit = True
+        th.join(5)
+
+
+@pytest.fixture()
+def server():
+    seen: list[dict] = []
+    with running(make_app(seen, fail_first=2)) as url:
+        yield url, seen
 
 
 def test_openai_server_backend(server, target, tmp_path):
@@ -168,6 +195,44 @@ def test_server_errors_are_counted_not_written(tmp_path, target):
     json.dumps(stats)
 
 
+def odd_app() -> FastAPI:
+    """Replies with no answer in them (by the prompt's text), or with the reasoning apart."""
+    app = FastAPI()
+    done = {"id": "x", "object": "chat.completion", "created": 0, "model": "m"}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        kind = (await request.json())["messages"][-1]["content"]
+        if kind == "html":
+            return PlainTextResponse("<html>bad gateway</html>")
+        if kind == "error":
+            return {"error": {"message": "overloaded"}}
+        message = {"role": "assistant", "content": "ok"}
+        if kind == "think":
+            message |= {"reasoning_content": "hm", "content": None}
+        choices = [] if kind == "none" else [{"index": 0, "finish_reason": "stop",
+                                             "message": None if kind == "null" else message}]
+        return done | {"choices": choices}
+
+    return app
+
+
+def test_replies_without_an_answer_fail_the_prompt_not_the_run(target, tmp_path):
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=8)
+    asks = [Conversation([{"role": "user", "content": k}]) for k in
+            ("html", "error", "none", "null", "fine")]
+    with running(odd_app()) as url:
+        backend = OpenAIBackend(url, "m", cfg, retries=0)
+        out = tmp_path / "o.jsonl"
+        stats = regenerate(asks, out, backend, target.tokenizer, cfg, False, lambda s: None)
+        assert stats["failed"] == 4 and stats["answered"] == 1
+        assert [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)] == ["fine"]
+        think = [Conversation([{"role": "user", "content": "think"}])]
+        with pytest.raises(DraftsmithError, match="reasoning apart from its text"):
+            regenerate(think, out, backend, target.tokenizer, cfg, False, lambda s: None)
+        backend.close()
+
+
 class Echo:
     """A backend that answers "ok" at once."""
 
@@ -186,6 +251,25 @@ class Recorder(Echo):
     def answer(self, batch: list) -> list[Answer]:
         self.sent += batch
         return super().answer(batch)
+
+
+def test_a_rerun_by_another_model_or_sampling_is_refused(target, tmp_path):
+    """Prompts answered before are skipped: a rerun by another target (or sampling) would have
+    passed the first one's answers off as its own."""
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    out = tmp_path / "a.jsonl"
+    regenerate(convs()[:2], out, Echo(), target.tokenizer, cfg, False, lambda s: None)
+    before = out.read_bytes()
+    other = Echo()
+    other.model_name = "other-model"
+    with pytest.raises(DraftsmithError, match="a.jsonl:1: holds answers by 'echo'.*'other-model'"):
+        regenerate(convs(), out, other, target.tokenizer, cfg, False, lambda s: None)
+    hotter = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2, temperature=1.0)
+    with pytest.raises(DraftsmithError, match="give another --out"):
+        regenerate(convs(), out, Echo(), target.tokenizer, hotter, False, lambda s: None)
+    assert out.read_bytes() == before
+    assert regenerate(convs(), out, Echo(), target.tokenizer, cfg, False,
+                      lambda s: None)["done_before"] == 2
 
 
 def test_every_leading_system_message_is_sent_and_kept(target, tmp_path):

@@ -132,7 +132,10 @@ def test_manifest_of_the_wrong_shape_is_named(tmp_path):
     cases = {"[]": "manifest.json: expected a JSON object, got list",
              json.dumps({"format": "draftsmith-dataset"}): "'shards' is not a list",
              json.dumps({"format": "draftsmith-dataset", "format_version": "x"}):
-                 "format_version is 'x'"}
+                 "format_version is 'x'",
+             json.dumps({"format": "draftsmith-dataset", "format_version": 1,
+                         "shards": [{"index": 0, "file": "shard-00000.safetensors"}]}):
+                 r"shard entry 0 lacks samples \(int\), tokens \(int\)"}
     for text, why in cases.items():
         (tmp_path / MANIFEST).write_text(text)
         with pytest.raises(DraftsmithError, match=why):

@@ -28,7 +28,7 @@ from draftsmith.options import check_folder
 from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
 IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
-            "source_digest", "world_size", "rank")
+            "source_digest", "world_size", "rank", "compute_dtype")
 
 
 @dataclass(slots=True)

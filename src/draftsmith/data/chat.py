@@ -53,14 +53,34 @@ def _span(tok: Any, full: str, messages: list[dict[str, str]], i: int,
           cursor: int) -> tuple[int, int]:
     content = messages[i]["content"]
     if i == 0:  # no history renders this turn's opening (role header, a default system prompt)
-        return _find_content(tok, full, content, cursor, i)
+        return _find_content(tok, full, content, _first_turn(tok, full, messages), i)
     before = render(tok, messages[:i], True)
     upto = render(tok, messages[: i + 1], False)
     if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
         return len(before), len(upto.rstrip())
     if full.startswith(before) and len(before) >= cursor and _eos_after(tok, full, before):
         return len(before), _eos_after(tok, full, before)
-    return _find_content(tok, full, content, cursor, i)
+    return _find_content(tok, full, content, _after_question(full, messages, i, cursor), i)
+
+
+def _first_turn(tok: Any, full: str, messages: list[dict[str, str]]) -> int:
+    # The text is searched for from where the one-message render puts it, not from 0: a short
+    # answer may also occur in a default system prompt ("helpful").
+    try:
+        alone = render(tok, messages[:1], False)
+    except DraftsmithError:  # a template that wants a user message in any conversation
+        return 0
+    at = alone.rfind(messages[0]["content"].strip())
+    return at if at >= 0 and full.startswith(alone) else 0
+
+
+def _after_question(full: str, messages: list[dict[str, str]], i: int, cursor: int) -> int:
+    # Past the user message this turn answers, so a short answer ("yes") is not found inside
+    # the question ("Say yes"); templates that move the system prompt take this path (Mistral).
+    asked = next((m["content"].strip() for m in reversed(messages[:i]) if m["role"] == "user"),
+                 "")
+    at = full.find(asked, cursor) if asked else -1
+    return at + len(asked) if at >= 0 else cursor
 
 
 def _eos_after(tok: Any, full: str, before: str) -> int:

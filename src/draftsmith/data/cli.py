@@ -104,6 +104,9 @@ def prompts(
 
     check_file_path(out)
     not_an_input(out, sources or [])
+    if self_made and sources:  # they were dropped without a word
+        raise DraftsmithError(f"--self-made {self_made} makes prompts with the target alone: "
+                              f"give {', '.join(sources)} in a run of its own")
     if self_made:
         from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
         from draftsmith.targets import load_target

@@ -7,6 +7,7 @@ as `file:line: why` and skipped, unless `strict`.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
@@ -133,20 +134,37 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
         yield from enumerate(_parquet_rows(path), start=1)
     elif name.endswith(".json"):
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes().decode("utf-8-sig"))
+        except UnicodeDecodeError as e:
+            raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
         yield from enumerate(data if isinstance(data, list) else [data], start=1)
     else:
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
+        yield from _jsonl(path, gzip.open if name.endswith(".gz") else open)
+
+
+def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[int, Any]]:
+    # Bytes, decoded line by line: one line that is not UTF-8 is a malformed record, not a
+    # traceback; a UTF-8 BOM (Windows editors) is no reason to lose the first record.
+    try:
+        with opener(path, "rb") as f:
             for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield i, json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield i, Malformed(f"not valid JSON ({e.msg})")
+                if i == 1:
+                    line = line.removeprefix(codecs.BOM_UTF8)
+                if line.strip():
+                    yield i, _line(line)
+    except (OSError, EOFError) as e:  # not gzip, a gzip stream cut short, unreadable
+        raise DraftsmithError(f"{path}: cannot read ({e})") from None
+
+
+def _line(line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return Malformed(f"not UTF-8 text (byte {e.start})")
+    except json.JSONDecodeError as e:
+        return Malformed(f"not valid JSON ({e.msg})")
 
 
 def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:

@@ -159,14 +159,28 @@ class OpenAIBackend:
             except openai.APIStatusError as e:
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
             else:
-                choice = r.choices[0]
-                used = r.usage.completion_tokens if r.usage else 0
-                return Answer((choice.message.content or "").strip(), used,
-                              choice.finish_reason or "stop")
+                return reply(r)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+def reply(r: Any) -> Answer:
+    """The Answer in a chat completion; a failed one for a reply with none (a proxy's HTML page,
+    an error object sent with status 200), which is counted and retried by a rerun."""
+    choices = getattr(r, "choices", None)
+    message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices \
+        else None
+    if message is None:
+        return Answer("", 0, f"error: the server's reply holds no answer: {str(r)[:200]!r}")
+    if getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None):
+        raise DraftsmithError(
+            "the server returns the answer's reasoning apart from its text (it runs a reasoning "
+            "parser): the drafter must learn all the target writes; serve it without one")
+    usage = getattr(r, "usage", None)
+    used = getattr(usage, "completion_tokens", None) or 0
+    return Answer((message.content or "").strip(), used, choices[0].finish_reason or "stop")
 
 
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
@@ -205,12 +219,14 @@ def regenerate(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    done = {_prompt_id(out, line, r) for line, r in numbered_records(out)}
+    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
+    records = numbered_records(out)
+    done = {_prompt_id(out, line, r) for line, r in records}
+    _same_answerer(out, records, info)
     todo = [c for c in convs if c.id not in done]
     stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "failed": 0, "answer_tokens": 0}
     count = _counter(tokenizer)
-    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
     if isinstance(backend, OpenAIBackend):
         info["base_url"] = backend.base_url
     bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
@@ -218,11 +234,17 @@ def regenerate(
     make_folder(out.parent)
     with open(out, "a", encoding="utf-8") as f:
         step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
-        for c in range(0, len(todo), step):
-            torch.manual_seed(cfg.seed * 1_000_003 + stats["done_before"] + c)
-            chunk = todo[c : c + step]
-            for rec in _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats):
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
+        # before are not written, and must not shift a resumed run's chunks
+        for c in range(0, len(convs), step):
+            chunk = [x for x in convs[c : c + step] if x.id not in done]
+            if not chunk:
+                continue
+            torch.manual_seed(cfg.seed * 1_000_003 + c)
+            recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            # one write: a kill keeps a chunk whole or not at all (a part would be resumed in
+            # a smaller batch, sampled otherwise)
+            f.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in recs))
             f.flush()
             bar.update(len(chunk))
     bar.close()
@@ -237,6 +259,20 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
         raise DraftsmithError(f"{out}:{line}: not an answer `regenerate` wrote (no "
                               "meta.prompt_id): give another --out")
     return pid
+
+
+def _same_answerer(out: Path, records: list[tuple[int, dict[str, Any]]],
+                   info: dict[str, Any]) -> None:
+    """A rerun adds answers of the same model and sampling: the prompts answered before are
+    skipped, so another target's answers would pass for this one's."""
+    for line, rec in records:
+        for a in (rec.get("meta") or {}).get("answers") or []:
+            if isinstance(a, dict) and (a.get("model"), a.get("sampling")) != (
+                    info["model"], info["sampling"]):
+                raise DraftsmithError(
+                    f"{out}:{line}: holds answers by {a.get('model')!r} with sampling "
+                    f"{a.get('sampling')}, this run answers by {info['model']!r} with "
+                    f"{info['sampling']}: give another --out")
 
 
 def _refills(backend: Any) -> bool:

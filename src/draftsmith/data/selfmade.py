@@ -1,7 +1,8 @@
 """Self-made prompts (the Magpie technique): the target, given only the chat template's text up
 to a user message, writes the user's question itself.
 
-Batches are appended to the output JSONL as they finish, so a rerun continues; questions are
+Batches are appended to the output JSONL as they finish, so a rerun continues (from the round
+after the last record's `meta.round`, as an uninterrupted run would); questions are
 de-duplicated (case and whitespace folded) and filtered by length; a question the target did not
 finish within `max_new_tokens` is dropped. With `openings`, row i of a batch starts the user's
 message with opening i (round robin) and the target finishes it: a small target left alone asks a
@@ -141,28 +142,38 @@ def self_made_prompts(
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)
+    first = _next_round(have)
     with open(out, "a", encoding="utf-8") as f:
-        for round_ in range(limit):
+        for round_ in range(first, first + limit):
             if stats["kept"] >= cfg.n:
                 break
             torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
             pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
             gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
+            lines = []
             for k, toks in zip(pick, gen.tokens, strict=True):
                 got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
                 if got is None or stats["kept"] >= cfg.n:
                     continue
                 seen.add(fold(got))
-                rec = {**meta, "opening": opens[k]} if cfg.openings else meta
+                rec = {**meta, "round": round_} | ({"opening": opens[k]} if cfg.openings else {})
                 conv = Conversation([{"role": "user", "content": got}], meta=rec)
-                f.write(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+                lines.append(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
                 stats["kept"] += 1
                 bar.update(1)
+            f.write("".join(lines))  # a round's records in one write: a kill keeps all or none
             f.flush()
     bar.close()
     if stats["kept"] < cfg.n:
         say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
     return stats
+
+
+def _next_round(have: list[Conversation]) -> int:
+    """The round after the last one written: a resumed run seeds and picks openings as an
+    uninterrupted one does."""
+    rounds = [c.meta.get("round") for c in have]
+    return 1 + max((r for r in rounds if isinstance(r, int)), default=-1)
 
 
 def _conversation(out: Path, line: int, rec: dict[str, Any]) -> Conversation:

@@ -27,6 +27,8 @@ FORMAT = "draftsmith-dataset"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "hidden")
+SHARD_KEYS = {"index": int, "file": str, "samples": int, "tokens": int, "loss_tokens": int,
+              "bytes": int, "sha256": str}
 OPEN_SHARDS = 64  # memory-mapped shard files a Dataset keeps open at once
 
 
@@ -57,6 +59,11 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     shards = m.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
         raise DraftsmithError(f"{path}: 'shards' is not a list of shard entries")
+    for k, s in enumerate(shards):  # an external tool's manifest: named, not a KeyError
+        bad = [f"{key} ({kind.__name__})" for key, kind in SHARD_KEYS.items()
+               if not isinstance(s.get(key), kind)]
+        if bad:
+            raise DraftsmithError(f"{path}: shard entry {k} lacks {', '.join(bad)}")
     return m
 
 
