@@ -491,3 +491,11 @@ def test_aux_layer_text_that_names_no_id_is_refused_not_the_defaults():
     for text in (" ", ",", "1,x"):
         with pytest.raises(DraftsmithError, match="expected comma-separated integers"):
             parse_ids(text, "--aux-layers")
+
+
+def test_a_drafter_config_that_is_not_an_object_is_named(tmp_path):
+    from draftsmith.export.layout import read_config
+
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(DraftsmithError, match=r"config.json holds a list, not an object"):
+        read_config(tmp_path)

@@ -11,7 +11,11 @@ from draftsmith.jsonfile import read_json
 
 
 def read_config(folder: Path) -> dict:
-    return read_json(Path(folder) / "config.json", "not a Hugging Face checkpoint folder")
+    path = Path(folder) / "config.json"
+    cfg = read_json(path, "not a Hugging Face checkpoint folder")
+    if not isinstance(cfg, dict):
+        raise DraftsmithError(f"{path} holds a {type(cfg).__name__}, not an object of settings")
+    return cfg
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
