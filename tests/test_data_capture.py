@@ -238,3 +238,87 @@ def test_overwrite_under_ranks_clears_only_what_this_rank_owns(tmp_path):
     fill()
     clean(tmp_path)
     assert left() == {"notes.txt"}
+
+
+def test_aux_layers_out_of_order_or_repeated_are_refused_before_any_work(target, tmp_path):
+    """SGLang and vLLM feed aux states ascending and `export` refuses other orders: a capture
+    (or `data make`, or online --aux-layers) in another order wasted a whole run."""
+    from draftsmith.data.pipeline import make_dataset
+    from draftsmith.layers import parse_ids
+
+    cases = {"4,1": r"\[4, 1\] are not ascending.*give --aux-layers 1,4",
+             "1,4,1": r"\[1, 4, 1\] repeat a layer: give --aux-layers 1,4"}
+    for text, why in cases.items():
+        ids = [int(x) for x in text.split(",")]
+        with pytest.raises(DraftsmithError, match=why):
+            parse_ids(text)
+        with pytest.raises(DraftsmithError, match=why):
+            capture(target, convs(2), tmp_path / "c", CaptureConfig(aux_layer_ids=ids),
+                    progress=False, log=lambda s: None)
+        with pytest.raises(DraftsmithError, match=why):
+            make_dataset(tmp_path / "m", 2, target, aux_layers=ids, log=lambda s: None)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "m").exists()
+
+
+def masked_runs(target, sample: dict) -> list[str]:
+    runs, cur = [], []
+    for i, m in zip(sample["input_ids"].tolist(), sample["loss_mask"].tolist(), strict=True):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs, cur = runs + [target.tokenizer.decode(cur)], []
+    return runs + ([target.tokenizer.decode(cur)] if cur else [])
+
+
+def test_an_answer_cut_at_max_tokens_leaves_its_end_of_turn_out_of_the_loss(target, model,
+                                                                            tmp_path):
+    """The target did not end a turn cut at max tokens: the template's closing marker there is
+    no token it predicted. The answer's own tokens stay in the loss."""
+    msgs = [{"role": "user", "content": "go on"}, {"role": "assistant", "content": "on and on"},
+            {"role": "user", "content": "stop?"}, {"role": "assistant", "content": "yes."}]
+    answers = [{"turn": 0, "finish": "length"}, {"turn": 1, "finish": "stop"}]
+    cut = Conversation(msgs, meta={"answers": answers})
+    capture(target, [cut], tmp_path, CaptureConfig([1], max_len=200), progress=False,
+            model=model, log=lambda s: None)
+    s = Dataset(tmp_path)[0]
+    assert masked_runs(target, s) == ["on and on", "yes.<|im_end|>"]
+    assert target.tokenizer.decode(s["input_ids"].tolist()).count("<|im_end|>") == 4
+
+
+def test_a_conversation_the_template_refuses_is_skipped_counted_and_warned_once(target, model,
+                                                                               tmp_path):
+    tok = target.tokenizer
+    old = tok.chat_template
+    tok.chat_template = ("{% if messages | length > 2 %}{{ raise_exception('Conversation roles "
+                         "must alternate') }}{% endif %}" + old)
+    logs: list[str] = []
+    try:
+        m = capture(target, convs(7), tmp_path, CaptureConfig([1], max_len=200), progress=False,
+                    model=model, log=logs.append)
+    finally:
+        tok.chat_template = old
+    assert m["input"]["skipped"] == {"template_refused": 3} and m["totals"]["samples"] == 4
+    warned = [s for s in logs if "warning" in s]
+    assert len(warned) == 1 and "refused 3 conversation" in warned[0]
+    assert "conversation 0 (id" in warned[0] and "roles must alternate" in warned[0]
+
+
+def test_a_grown_input_keeps_the_shards_it_leaves_alone(target, model, reference, tmp_path):
+    """`data make --n` larger than before appends answers: the capture grows (shards whose
+    samples are unchanged are kept, the rest redone) to what one capture of all of them is."""
+    logs: list[str] = []
+    capture(target, convs(6), tmp_path, CFG, progress=False, model=model, log=logs.append)
+    first = shard_bytes(tmp_path)["shard-00000.safetensors"]
+    with pytest.raises(DraftsmithError, match="different source_digest"):  # capture alone
+        capture(target, convs(), tmp_path, CFG, progress=False, model=model, log=logs.append)
+    capture(target, convs(), tmp_path, CFG, progress=False, model=model, log=logs.append,
+            grow=True)
+    assert any("3/4 shards to write" in s for s in logs)
+    assert shard_bytes(tmp_path) == shard_bytes(reference)
+    assert shard_bytes(tmp_path)["shard-00000.safetensors"] == first
+    assert read_manifest(tmp_path)["expected"]["samples"] == 14 and verify(tmp_path)
+    capture(target, convs(5), tmp_path, CFG, progress=False, model=model, log=lambda s: None,
+            grow=True)  # shrunk: the shards past the input are gone
+    assert sorted(p.name for p in tmp_path.glob("shard-*")) == [
+        "shard-00000.safetensors", "shard-00001.safetensors"]
+    assert verify(tmp_path)["samples"] == 5

@@ -75,6 +75,21 @@ def test_make_then_rerun_reuses_every_stage(target, tmp_path):
     assert [s["sha256"] for s in Dataset(tmp_path / "dataset").manifest["shards"]] == shas
 
 
+def test_make_with_a_larger_n_grows_the_run(target, tmp_path):
+    """The capture stage refused a grown answers file, suggesting an --overwrite `make` lacks."""
+    from draftsmith.data.pipeline import make_dataset
+
+    kw = dict(target=target, batch_size=4, max_len=96, max_new_tokens=16, prompt_tokens=48,
+              vocab_size=16, log=lambda s: None, progress=False)
+    make_dataset(tmp_path, 3, **kw)
+    rec = make_dataset(tmp_path, 5, **kw)
+    assert rec["stages"]["regenerate"]["result"]["done_before"] == 3
+    assert len(Dataset(tmp_path / "dataset")) == 5
+    with pytest.raises(DraftsmithError, match="aux_layer_ids.*delete .*dataset to capture") as e:
+        make_dataset(tmp_path, 5, aux_layers=[0, 2], **kw)
+    assert "--overwrite" not in str(e.value)  # `make` has none
+
+
 def test_cli_capture_inspect_vocab_and_tamper(tiny_llama_dir, tmp_path):
     convs = tmp_path / "c.jsonl"
     convs.write_text("".join(json.dumps({"messages": [

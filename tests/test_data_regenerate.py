@@ -21,6 +21,7 @@ from draftsmith.data.regenerate import (
     RegenConfig,
     regenerate,
     regenerate_file,
+    server_model,
 )
 from draftsmith.errors import DraftsmithError
 
@@ -319,3 +320,65 @@ def test_existing_output_is_read_whole_before_anything_is_cut(target, tmp_path):
     assert stats["done_before"] == 2 and stats["answered"] == 1
     ids = [r["meta"]["prompt_id"] for r in read_jsonl_tail_safe(out)]
     assert ids == [c.id for c in convs()[:3]]
+
+
+def refusing_app(status: dict) -> FastAPI:
+    """Answers while status["code"] is 200, then refuses every request with that code."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return JSONResponse({"error": {"message": "no"}}, status_code=status["code"])
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        status["calls"] = status.get("calls", 0) + 1
+        if status["code"] != 200:
+            return JSONResponse({"error": {"message": "no"}}, status_code=status["code"])
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    return app
+
+
+def test_a_bad_key_or_model_stops_the_run_keeping_what_was_written(target, tmp_path):
+    """401/403/404 to one request is the same to all: one clear error, not a warning a prompt."""
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    status = {"code": 200}
+    out = tmp_path / "a.jsonl"
+    with running(refusing_app(status)) as url:
+        def run(asks: list[Conversation]) -> None:
+            backend = OpenAIBackend(url, "m", cfg, concurrency=1, retries=0)
+            try:
+                regenerate(asks, out, backend, target.tokenizer, cfg, False, lambda s: None)
+            finally:
+                backend.close()  # waits for a request in flight
+
+        run(convs()[:2])
+        before = out.read_text()
+        for code, fix in ((401, "--api-key"), (403, "--api-key"), (404, "--model")):
+            status |= {"code": code, "calls": 0}
+            with pytest.raises(DraftsmithError, match=(
+                    rf"{url}: HTTP {code} for model 'm'.*{fix}.*keeps the 2 conversations")):
+                run(convs())
+            assert out.read_text() == before and status["calls"] <= cfg.batch_size
+        status["code"] = 401  # and without --model, listing the models says the same
+        backend = OpenAIBackend(url, "", cfg)
+        with pytest.raises(DraftsmithError, match=r"models \(.*401.*\); check --api-key"):
+            server_model(backend.client, url)
+        backend.close()
+
+
+def test_a_reply_without_usage_counts_the_answer_in_target_tokens(target, tmp_path):
+    cfg = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2)
+    with running(odd_app()) as url:  # its replies give no `usage`
+        backend = OpenAIBackend(url, "m", cfg, retries=0)
+        stats = regenerate([Conversation([{"role": "user", "content": "fine"}])],
+                           tmp_path / "o.jsonl", backend, target.tokenizer, cfg, False,
+                           lambda s: None)
+        backend.close()
+    want = len(target.tokenizer("ok", add_special_tokens=False)["input_ids"])
+    [rec] = read_jsonl_tail_safe(tmp_path / "o.jsonl")
+    assert want > 0 and rec["meta"]["answers"][0]["tokens"] == want == stats["answer_tokens"]

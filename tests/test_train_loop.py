@@ -610,3 +610,24 @@ def test_cli_train_prints_the_vocab_warning_as_one_line(setup, tmp_path):
     assert r.exit_code == 0, r.output
     assert "draftsmith train: warning: only 31 distinct assistant tokens" in r.output
     assert "UserWarning" not in r.output and "loop.py" not in r.output
+
+
+def test_online_data_masks_as_capture_does_and_refuses_unordered_layers(target, tmp_path):
+    """Online training encodes conversations as capture stores them: a turn cut at max tokens
+    leaves its end-of-turn marker out of the loss; aux layers out of order are refused."""
+    from draftsmith.data.capture import CaptureConfig, encode_sample
+    from draftsmith.data.prompts import Conversation
+    from draftsmith.train.sources import open_online
+
+    msgs = [{"role": "user", "content": "go on"}, {"role": "assistant", "content": "on and on"}]
+    conv = Conversation(msgs, meta={"answers": [{"turn": 0, "finish": "length"}]})
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(conv.to_json()) + "\n")
+    data = open_online(path, target, [1, 3], None)
+    ids, mask = data.source.samples[0]
+    stored, stored_mask, _ = encode_sample(target.tokenizer, conv, CaptureConfig([1, 3]))
+    assert (list(ids), list(mask)) == (stored, stored_mask)
+    kept = target.tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert kept == "on and on"  # no <|im_end|>: the target did not end the turn
+    with pytest.raises(DraftsmithError, match="not ascending.*give --aux-layers 1,3"):
+        open_online(path, target, [3, 1], None)

@@ -63,6 +63,20 @@ def parse_ids(text: str | None, flag: str = "--aux-layers") -> list[int] | None:
         ids = []
     if not ids:  # ' ' or ',' is no list of ids, not the defaults
         raise DraftsmithError(f"{flag} {text!r}: expected comma-separated integers")
+    return ascending(ids, flag)
+
+
+def ascending(ids: list[int], flag: str = "--aux-layers") -> list[int]:
+    """`ids` if strictly ascending. Data is captured in the order given, and a drafter's fc
+    learns that order, but SGLang and vLLM feed the states ascending: `export` would refuse it."""
+    if len(set(ids)) < len(ids):
+        raise DraftsmithError(f"{flag}: aux layer ids {ids} repeat a layer: give "
+                              f"{flag} {','.join(map(str, sorted(set(ids))))}")
+    if ids != sorted(ids):
+        raise DraftsmithError(
+            f"{flag}: aux layer ids {ids} are not ascending; SGLang and vLLM feed captured "
+            f"states in ascending layer order, so `draftsmith export` would refuse a drafter "
+            f"trained on them: give {flag} {','.join(map(str, sorted(ids)))}")
     return ids
 
 

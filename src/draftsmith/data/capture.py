@@ -9,6 +9,7 @@ them and a kill at any moment loses at most the shard in flight.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -23,7 +24,7 @@ from draftsmith.data.chat import encode
 from draftsmith.data.prompts import Conversation
 from draftsmith.data.shards import MANIFEST, Sample, ShardWriter, read_manifest, totals, write_json
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
+from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.options import check_folder
 from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
@@ -55,6 +56,7 @@ class Plan:
     lengths: list[int]  # stored tokens per kept sample
     skipped: dict[str, int] = field(default_factory=dict)
     truncated: int = 0
+    refused: str = ""  # the first conversation the chat template refused, and why
 
     def shards(self, size: int) -> list[list[int]]:
         return [self.kept[i : i + size] for i in range(0, len(self.kept), size)]
@@ -77,7 +79,7 @@ def encode_sample(
     tok: Any, conv: Conversation, cfg: CaptureConfig
 ) -> tuple[list[int], list[bool], bool]:
     """(ids, loss mask, truncated); raises _Skip for a sample that is not stored."""
-    ids, mask = encode(tok, conv.messages)
+    ids, mask = encode(tok, conv.messages, conv.cut_turns())
     cut = len(ids) > cfg.max_len
     if cut:
         if cfg.too_long == "skip":
@@ -100,8 +102,10 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
         except _Skip as e:
             p.skipped[str(e)] = p.skipped.get(str(e), 0) + 1
             continue
-        except DraftsmithError as e:
-            raise DraftsmithError(f"conversation {i} (id {conv.id}): {e}") from None
+        except DraftsmithError as e:  # one conversation's roles ("must alternate"), not the run
+            p.skipped["template_refused"] = p.skipped.get("template_refused", 0) + 1
+            p.refused = p.refused or f"conversation {i} (id {conv.id}): {e}"
+            continue
         p.truncated += cut
         p.kept.append(i)
         p.lengths.append(len(ids))
@@ -167,9 +171,7 @@ def aux_ids(requested: list[int] | None, num_layers: int) -> list[int]:
         ids = validate(requested or default_aux_layers(num_layers), num_layers)
     except DraftsmithError as e:
         raise DraftsmithError(f"--aux-layers: {e}") from None
-    if len(set(ids)) < len(ids):
-        raise DraftsmithError(f"--aux-layers: aux layer ids {ids} repeat a layer")
-    return ids
+    return ascending(ids)
 
 
 def clean(folder: Path, rank: int = 0, world: int = 1) -> None:
@@ -204,9 +206,15 @@ def capture(
     on_shard: Callable[[int], None] | None = None,
     model: Any = None,
     overwrite: bool = False,
+    grow: bool = False,
+    redo: str = "use another folder or --overwrite",
 ) -> dict[str, Any]:
     """Capture `convs` into `out`; returns the manifest (merged when all ranks are done).
-    `overwrite`: delete what an earlier capture left in `out`, once the inputs are checked."""
+    `overwrite`: delete what an earlier capture left in `out`, once the inputs are checked.
+    `grow`: an earlier single-process capture of other conversations (`data make` with another
+    --n) becomes this one: its shards holding exactly the samples this run puts there are
+    kept, the others redone, so the result equals a capture of `convs` from scratch. `redo`:
+    how to start over, in the error refusing a folder captured with other settings."""
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
     check_folder(out)
@@ -215,7 +223,8 @@ def capture(
     tok = target.tokenizer
     p = plan(tok, convs, cfg)
     if not p.kept:
-        raise DraftsmithError(f"no conversation has assistant tokens to capture ({p.skipped})")
+        raise DraftsmithError(f"no conversation has assistant tokens to capture ({p.skipped})"
+                              + (f"; the first refused: {p.refused}" if p.refused else ""))
     head = header(target, convs, cfg, ids, p, rank, world)
     if overwrite:
         clean(out, rank, world)
@@ -223,7 +232,9 @@ def capture(
     _drop_tmp(folder)
     if world > 1 and _merged_done(out, head):
         return read_manifest(out)
-    writer = ShardWriter(folder, head, IDENTITY)
+    if grow and world == 1:
+        _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
+    writer = ShardWriter(folder, head, IDENTITY, redo)
     _note_command(writer, command or "draftsmith.data.capture.capture()")
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     todo = [(k, s) for k, s in mine if k not in writer.done()]
@@ -258,6 +269,9 @@ def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) ->
     say(f"capture: {len(p.kept)} samples, {total} tokens, aux layers {ids} ({CANONICAL_WORDS})")
     if p.skipped or p.truncated:
         say(f"capture: skipped {p.skipped or 0}, truncated to max_len {p.truncated}")
+    if p.refused:
+        say(f"capture: warning: the chat template refused {p.skipped['template_refused']} "
+            f"conversation(s), skipped; the first: {p.refused}")
     say(f"capture: estimated storage {human_bytes(total * bpt)} ({bpt} bytes/token, bf16); "
         f"this rank {human_bytes(mine_tok * bpt)}, {len(todo)}/{len(mine)} shards to write")
 
@@ -280,6 +294,33 @@ def _drop_tmp(folder: Path) -> None:
     if folder.is_dir():
         for p in folder.glob(".*.tmp"):
             p.unlink(missing_ok=True)
+
+
+def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:
+    if not (folder / MANIFEST).is_file():
+        return
+    m = read_manifest(folder)
+    same = all(m.get(k) == head.get(k) for k in IDENTITY if k != "source_digest")
+    if not same or m.get("source_digest") == head["source_digest"]:
+        return  # the same run (resumed as it is), or another one ShardWriter names
+    keep = [s for s in m["shards"] if s["index"] < len(shards)
+            and _sample_ids(folder / s["file"]) == shards[s["index"]]]
+    drop = [s for s in m["shards"] if s not in keep]
+    m.update({k: head[k] for k in ("source_digest", "expected", "input")}, shards=keep,
+             totals=totals(keep), complete=False)
+    write_json(folder / MANIFEST, m)  # first: a kill now leaves a manifest of kept shards
+    for s in drop:
+        (folder / s["file"]).unlink(missing_ok=True)
+
+
+def _sample_ids(path: Path) -> list[str] | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads(f.metadata()["sample_ids"])
+    except Exception:  # missing or damaged: the shard is redone
+        return None
 
 
 def _merged_done(out: Path, head: dict[str, Any]) -> bool:

@@ -7,7 +7,7 @@ after its end-of-turn marker is not part of the span (the target never generates
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
@@ -34,8 +34,11 @@ def render(tok: Any, messages: list[dict[str, str]], add_generation_prompt: bool
         raise DraftsmithError(f"the chat template failed on this conversation: {e}") from None
 
 
-def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The full conversation text and the [start, end) character spans of assistant turns."""
+def assistant_spans(tok: Any, messages: list[dict[str, str]], cut: Collection[int] = (),
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """The full conversation text and the [start, end) character spans of assistant turns.
+    `cut`: indices of assistant messages cut at max tokens, whose span stops before the
+    end-of-turn marker the template closes them with (the target never wrote it)."""
     full = render(tok, messages, False)
     spans: list[tuple[int, int]] = []
     cursor = 0
@@ -43,10 +46,31 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]]) -> tuple[str, list
         if m["role"] != "assistant":
             continue
         start, end = _span(tok, full, messages, i, cursor)
+        cursor = max(cursor, end)
+        if i in cut:
+            end = _before_close(tok, full, start, end)
         if end > start:
             spans.append((start, end))
-        cursor = max(cursor, end)
     return full, spans
+
+
+def _before_close(tok: Any, full: str, start: int, end: int) -> int:
+    for marker in (closing_marker(tok), getattr(tok, "eos_token", None)):
+        if marker and full.startswith(marker, end - len(marker)) and end - len(marker) >= start:
+            return end - len(marker)
+    return end
+
+
+def closing_marker(tok: Any) -> str:
+    """What the chat template writes after an assistant message's text ("<|im_end|>"), up to
+    the whitespace before the next turn; "" where it cannot tell."""
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SENTINEL}]
+    try:
+        text = render(tok, msgs, False)
+    except DraftsmithError:
+        return ""
+    at = text.rfind(SENTINEL)
+    return text[at + len(SENTINEL):].rstrip() if at >= 0 else ""
 
 
 def _span(tok: Any, full: str, messages: list[dict[str, str]], i: int,
@@ -107,25 +131,29 @@ def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tup
     return start, end
 
 
-def encode(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
-    """Token ids of the whole conversation and a mask that is True on assistant tokens."""
-    text, spans = assistant_spans(tok, messages)
+def encode(tok: Any, messages: list[dict[str, str]], cut: Collection[int] = (),
+           ) -> tuple[list[int], list[bool]]:
+    """Token ids of the whole conversation and a mask that is True on assistant tokens (`cut`:
+    as in `assistant_spans`)."""
+    text, spans = assistant_spans(tok, messages, cut)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     return list(enc["input_ids"]), span_mask(enc["offset_mapping"], spans)
 
 
 def encode_many(tok: Any, conversations: list[list[dict[str, str]]],
                 names: list[str] | None = None, chunk: int = 256,
+                cut: list[Collection[int]] | None = None,
                 ) -> Iterator[tuple[list[int], list[bool]]]:
     """`encode` of each conversation, in order, tokenized `chunk` texts at a time: a fast
     tokenizer spreads a batch over the cores (48,000 conversations one by one took ~20 s on
     2 cores), and a chunk of 256 long conversations stays in the hundreds of MB. A template
-    error names the conversation (names[i], else its index)."""
+    error names the conversation (names[i], else its index). `cut[i]`: conversation i's
+    assistant turns cut at max tokens (`Conversation.cut_turns`)."""
     for start in range(0, len(conversations), chunk):
         rendered = []
         for i, messages in enumerate(conversations[start : start + chunk], start):
             try:
-                rendered.append(assistant_spans(tok, messages))
+                rendered.append(assistant_spans(tok, messages, cut[i] if cut else ()))
             except DraftsmithError as e:
                 raise DraftsmithError(f"{names[i] if names else f'conversation {i}'}: {e}",
                                       ) from None

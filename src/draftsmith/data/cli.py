@@ -289,7 +289,9 @@ def vocab(
         vsize = t.cfg.vocab_size
         convs = read_sources([str(source)], False)
         names = [f"{source}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
-        counts = V.count_ids(encode_many(t.tokenizer, [c.messages for c in convs], names), vsize)
+        cut = [c.cut_turns() for c in convs]
+        counts = V.count_ids(encode_many(t.tokenizer, [c.messages for c in convs], names,
+                                         cut=cut), vsize)
         made_from = {"conversations": str(source), "target": t.fingerprint}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -322,7 +324,8 @@ def make(
     seed: int = typer.Option(0),
     compile: bool = COMPILE,
 ) -> None:
-    """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume)."""
+    """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume; a
+    larger --n adds to the run)."""
     from draftsmith.data.pipeline import make_dataset
 
     dev, dt = device_dtype(device, dtype)

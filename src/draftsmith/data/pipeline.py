@@ -1,7 +1,8 @@
 """`data make`: self-made prompts -> regenerated answers -> captured shards -> draft vocab.
 
 Every stage resumes on its own (appended JSONL, manifest of finished shards), so rerunning the
-same command skips what is finished. Stage times go to `make.json` beside the data.
+same command skips what is finished, and a larger --n adds to what is there. Stage times go to
+`make.json` beside the data.
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def make_dataset(
     engine = EngineBackend(t, model, regen, compile)
     stage("regenerate", lambda: regenerate(read_prompts(prompts), answers, engine, t.tokenizer,
                                            regen, progress, log))
+    # grow: a rerun with a larger --n appends answers; the shards they leave as they are stay
+    redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
+            "give `data make` another folder")
     m = stage("capture", lambda: capture(t, read_prompts(answers), data, cap, command, log,
-                                         progress, model=model)["totals"])
+                                         progress, model=model, grow=True, redo=redo)["totals"])
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record

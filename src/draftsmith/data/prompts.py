@@ -47,6 +47,15 @@ class Conversation:
         first = self.messages[0] if self.messages else None
         return first["content"] if first and first["role"] == "system" else None
 
+    def cut_turns(self) -> set[int]:
+        """Indices of the assistant messages `regenerate` recorded as cut at max tokens
+        (`meta.answers[k]`, finish "length", is the k-th assistant message's)."""
+        answers = self.meta.get("answers")
+        turns = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        cut = {a.get("turn") for a in answers if isinstance(a, dict)
+               and a.get("finish") == "length"} if isinstance(answers, list) else set()
+        return {turns[k] for k in cut if isinstance(k, int) and 0 <= k < len(turns)}
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "messages": self.messages}
         return out | ({"meta": self.meta} if self.meta else {})

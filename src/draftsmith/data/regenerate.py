@@ -68,10 +68,16 @@ class RegenConfig:
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
 
+# A server answering these to every request is set up wrongly (--api-key, --model, --base-url):
+# each prompt would fail alike.
+_KEY = "check --api-key (or OPENAI_API_KEY)"
+FATAL_STATUS = {401: _KEY, 403: _KEY, 404: "check --model and --base-url"}
+
+
 @dataclass
 class Answer:
     text: str
-    tokens: int
+    tokens: int | None  # None: the reply did not say (no `usage`)
     finish: str  # "stop" | "length" | "error: ..."
 
 
@@ -120,7 +126,8 @@ def check_server_options(concurrency: int, retries: int) -> None:
 
 class OpenAIBackend:
     """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
-    requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff."""
+    requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff; a
+    401, 403 or 404 (`FATAL_STATUS`) stops the run."""
 
     name = "openai"
 
@@ -137,7 +144,12 @@ class OpenAIBackend:
         self.pool = ThreadPoolExecutor(max(1, concurrency))
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
-        return list(self.pool.map(self.one, batch))
+        futures = [self.pool.submit(self.one, m) for m in batch]
+        try:
+            return [f.result() for f in futures]
+        finally:  # after a fatal status, the requests not yet sent are not sent
+            for f in futures:
+                f.cancel()
 
     def one(self, messages: Messages) -> Answer:
         import openai
@@ -157,13 +169,17 @@ class OpenAIBackend:
                     return Answer("", 0, f"error: {type(e).__name__}: {e}")
                 time.sleep(self.backoff * 2**attempt)
             except openai.APIStatusError as e:
+                if e.status_code in FATAL_STATUS:
+                    raise DraftsmithError(
+                        f"{self.base_url}: HTTP {e.status_code} for model {self.model_name!r} "
+                        f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
             else:
                 return reply(r)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self.pool.shutdown()
+        self.pool.shutdown(cancel_futures=True)
 
 
 def reply(r: Any) -> Answer:
@@ -178,9 +194,9 @@ def reply(r: Any) -> Answer:
         raise DraftsmithError(
             "the server returns the answer's reasoning apart from its text (it runs a reasoning "
             "parser): the drafter must learn all the target writes; serve it without one")
-    usage = getattr(r, "usage", None)
-    used = getattr(usage, "completion_tokens", None) or 0
-    return Answer((message.content or "").strip(), used, choices[0].finish_reason or "stop")
+    used = getattr(getattr(r, "usage", None), "completion_tokens", None)
+    return Answer((message.content or "").strip(), used if isinstance(used, int) else None,
+                  choices[0].finish_reason or "stop")
 
 
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
@@ -241,7 +257,12 @@ def regenerate(
             if not chunk:
                 continue
             torch.manual_seed(cfg.seed * 1_000_003 + c)
-            recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            try:
+                recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            except DraftsmithError as e:
+                kept = stats["done_before"] + stats["answered"]
+                raise DraftsmithError(f"{e} ({out} keeps the {kept} conversations answered "
+                                      "before; a rerun resumes after them)") from None
             # one write: a kill keeps a chunk whole or not at all (a part would be resumed in
             # a smaller batch, sampled otherwise)
             f.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in recs))
@@ -289,6 +310,11 @@ def _counter(tok: Any) -> Callable[[Messages], int]:
     return count
 
 
+def text_tokens(tok: Any, text: str) -> int:
+    """An answer's length in target tokens, for a reply that does not give its `usage`."""
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
 def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> list[dict]:
     live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
     for conv in chunk:
@@ -317,8 +343,9 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
                 print(f"draftsmith: warning: prompt {conv.id}: {ans.finish}", file=sys.stderr)
                 continue
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
-            answers.append({"turn": turn, **info, "tokens": ans.tokens, "finish": ans.finish})
-            stats["answer_tokens"] += ans.tokens
+            tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
+            answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish})
+            stats["answer_tokens"] += tokens
     recs = []
     for conv, msgs, _, answers in live:
         if conv.id in failed or not answers:
@@ -385,7 +412,9 @@ def server_model(client: Any, base_url: str) -> str:
     try:
         names = [m.id for m in client.models.list()]
     except openai.OpenAIError as e:
-        raise DraftsmithError(f"{base_url}: cannot list models ({e}); pass --model") from None
+        status = getattr(e, "status_code", None)
+        fix = FATAL_STATUS[status] if status in (401, 403) else "pass --model"
+        raise DraftsmithError(f"{base_url}: cannot list models ({e}); {fix}") from None
     if len(names) != 1:
         raise DraftsmithError(f"{base_url} serves {names}: pass --model NAME")
     return names[0]

@@ -108,10 +108,12 @@ class ShardWriter:
     """Writes numbered shards into `folder` and keeps its manifest true after each one.
 
     `header` holds everything that identifies the run (target, layers, settings); reopening a
-    folder whose manifest has a different header is refused, so a resumed run cannot mix data.
+    folder whose manifest has a different header is refused, so a resumed run cannot mix data;
+    `redo` tells how to start over.
     """
 
-    def __init__(self, folder: Path, header: dict[str, Any], identity: tuple[str, ...]) -> None:
+    def __init__(self, folder: Path, header: dict[str, Any], identity: tuple[str, ...],
+                 redo: str = "use another folder or --overwrite") -> None:
         self.folder = make_folder(Path(folder))
         path = self.folder / MANIFEST
         if path.is_file():
@@ -120,8 +122,7 @@ class ShardWriter:
                 if old.get(key) != header.get(key):
                     raise DraftsmithError(
                         f"{self.folder}: holds a dataset made with a different {key} "
-                        f"({old.get(key)!r} there, {header.get(key)!r} now); use another "
-                        "folder or --overwrite"
+                        f"({old.get(key)!r} there, {header.get(key)!r} now); {redo}"
                     )
             self.manifest = old
         else:

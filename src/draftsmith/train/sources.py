@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, validate
+from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.targets import DEFAULT_NAME, Target, load_target
 from draftsmith.train.batches import Source, TokenSource
 from draftsmith.train.reader import ShardReader
@@ -108,7 +108,8 @@ def open_online(
     if max_samples is not None:
         convs = convs[:max_samples]
     names = [f"{prompts}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
-    encoded = encode_many(target.tokenizer, [c.messages for c in convs], names)
+    encoded = encode_many(target.tokenizer, [c.messages for c in convs], names,
+                          cut=[c.cut_turns() for c in convs])
     samples = [(ids, mask) for ids, mask in encoded if any(mask)]
     if not samples:
         raise DraftsmithError(
@@ -116,7 +117,7 @@ def open_online(
             "(regenerate them with the target first)"
         )
     layers = target.cfg.num_layers
-    ids = validate(aux_ids or default_aux_layers(layers), layers)
+    ids = ascending(validate(aux_ids or default_aux_layers(layers), layers))
     src = TokenSource(samples)
     summary = {"kind": "online", "prompts": str(prompts), "samples": len(samples),
                "skipped_without_assistant": len(convs) - len(samples),
