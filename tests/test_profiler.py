@@ -111,3 +111,18 @@ def test_cuda_marks_are_events(monkeypatch):
     s = p.summary()
     assert len(recorded) == 15 and s.ms == dict.fromkeys(profiler.PHASES, 2.0)
     assert s.cycle_ms == 8.0 and s.pct["verify"] == 25.0
+
+
+def test_switches_are_read_strictly(monkeypatch):
+    """DRAFTSMITH_PROFILE=false turned the profiler on (a host sync a cycle in every timed run);
+    a value other than 1 or 0 is refused, unset or empty is off."""
+    from draftsmith.errors import DraftsmithError
+
+    for name, make in (("DRAFTSMITH_PROFILE", lambda: profiler.make_profiler("cpu")),
+                       ("DRAFTSMITH_HOST_TIMING", profiler.make_clock)):
+        for value, on in (("", False), ("0", False), (" 1 ", True)):
+            monkeypatch.setenv(name, value)
+            assert isinstance(make(), (profiler.PhaseProfiler, profiler.HostClock)) == on
+        monkeypatch.setenv(name, "false")
+        with pytest.raises(DraftsmithError, match=f"{name}='false': use 1 or 0"):
+            make()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_speculative import tiny_target
 
-from draftsmith.engine.generate import generate
+from draftsmith.engine.generate import generate, run_generation
 from draftsmith.engine.refill import generate_refill
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
@@ -61,12 +61,47 @@ def test_sampled_answers_are_seeded_and_bounded(model):
     assert len({tuple(x) for x in a}) > 4  # sampled, not one answer repeated
 
 
-@pytest.mark.parametrize(("prompts", "new", "what"), [
+BAD_INPUT = [
     ([[1, 2], []], 4, "empty prompt"), ([[1] * 60], 8, "exceeds max_seq"),
-    ([[1, 2]], 0, "max_new_tokens must be >= 1")])
+    ([[1, 2]], 0, "max_new_tokens must be >= 1"), ([[1, 2]], -3, "max_new_tokens must be >= 1"),
+    ([[1, 2], [5, 128]], 4, r"prompt 1 holds token id 128, outside .* \[0, 128\)"),
+    ([[1, -1]], 4, "token id -1"), ([1, 2, 3], 4, "prompts: lists of token ids")]
+
+
+@pytest.mark.parametrize(("prompts", "new", "what"), BAD_INPUT)
 def test_bad_input_is_refused(model, prompts, new, what):
     with pytest.raises(DraftsmithError, match=what):
         generate_refill(Runtime(model, 2, 64, graphs=False), prompts, new)
+
+
+@pytest.mark.parametrize(("prompts", "new", "what"), BAD_INPUT)
+def test_plain_decoding_refuses_bad_input_too(model, prompts, new, what):
+    """Token ids past the embedding were an IndexError (on a GPU a device-side assert), and a
+    negative max_new_tokens returned the output buffer's zeros."""
+    with pytest.raises(DraftsmithError, match=what):
+        generate(Runtime(model, 2, 64, graphs=False), prompts, new)
+    if "max_seq" not in what:  # a model, not a runtime: one is made to fit the request
+        with pytest.raises(DraftsmithError, match=what):
+            generate(model, prompts, new)
+
+
+def test_bad_rows_and_settings_are_refused(model):
+    rt = Runtime(model, 2, 64, graphs=False)
+    with pytest.raises(DraftsmithError, match="rows must be >= 1, got -2"):
+        generate_refill(rt, [[1, 2]], 4, rows=-2)
+    with pytest.raises(DraftsmithError, match="0 sampling settings for 2 prompts"):
+        run_generation(rt, [[1, 2], [3]], 4, [])
+
+
+def test_an_eos_id_past_the_vocabulary_ends_rows_as_the_others_do(model):
+    """A row done in plain decoding was fed eos_ids[0]: one past the vocabulary took the
+    embedding out of range once any row ended."""
+    rt = Runtime(model, 2, 64, graphs=False)
+    stop = alone(model, [], 6)[0][3]
+    want = generate(rt, PROMPTS[:2], 12, eos_ids=[stop])
+    assert len(want[0]) == 3
+    assert generate(rt, PROMPTS[:2], 12, eos_ids=[500, stop]) == want
+    assert generate_refill(rt, PROMPTS[:2], 12, eos_ids=[500, stop]) == want
 
 
 def test_warm_prompts_covers_every_padded_row_count_and_bucket():

@@ -4,6 +4,7 @@ batch 1 and 4; oracle and never drafters; caches identical to a full forward's."
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -301,6 +302,42 @@ def test_bad_settings_are_clear_errors(setup):
     other = make_drafter(tiny_target(vocab=64), 32)
     with pytest.raises(DraftsmithError, match="vocab"):
         SpecDecoder(rt, other, 3)
+
+
+def test_bad_prompts_and_trees_are_clear_errors(setup):
+    """Token ids past the target's embedding were an IndexError (on a GPU a device-side assert
+    that ends the CUDA context), a tree wider than the draft vocabulary failed mid-draft, and
+    negative refill rows a tensor of negative size."""
+    from draftsmith.engine.spec_refill import generate_refill
+
+    target, rt, _, _ = setup
+    dec = SpecDecoder(rt, make_drafter(target, 96), 3, 2, 5)
+    for prompts in ([[1, 2], [3, 128]], [[-1, 4]]):
+        with pytest.raises(DraftsmithError, match="outside the target's vocabulary"):
+            dec.generate(prompts, 4)
+        with pytest.raises(DraftsmithError, match="outside the target's vocabulary"):
+            generate_refill(dec, prompts, 4)
+    with pytest.raises(DraftsmithError, match="rows must be >= 1"):
+        generate_refill(dec, [[1, 2]], 4, rows=-2)
+    with pytest.raises(DraftsmithError, match="topk 5 exceeds the drafter's draft vocabulary of 4"):
+        SpecDecoder(rt, make_drafter(target, 4), 2, 5, 6)
+
+
+def test_a_first_calls_state_is_made_before_the_prefill_is_timed(setup, monkeypatch):
+    """The baseline captures its decode step before its clock starts; a decoder's first call at a
+    batch size made (on a GPU: captured, compiled) its state inside `prefill_s`."""
+    from draftsmith.engine import speculative
+    from draftsmith.engine.spec_state import SpecState
+
+    class Slow(SpecState):
+        def __init__(self, dec, b):
+            time.sleep(0.3)
+            super().__init__(dec, b)
+
+    target, rt, ref, _ = setup
+    monkeypatch.setattr(speculative, "SpecState", Slow)
+    res = SpecDecoder(rt, make_drafter(target, 96), 3).generate(PROMPTS[:3], NEW, eos_ids=[])
+    assert res.tokens == ref[:3] and res.prefill_s < 0.2
 
 
 def test_drafter_runtime_cached_forward_matches_uncached(setup):

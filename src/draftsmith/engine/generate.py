@@ -91,7 +91,8 @@ class DecodeState:
         advance(logits.logits[:, -1])
 
     def advance(self, logits: torch.Tensor) -> None:
-        nxt = torch.where(self.done, self.eos[0].clamp(min=0), self.sampling.sample(logits))
+        # a done row repeats the token that ended it: an eos id may lie past the vocabulary
+        nxt = torch.where(self.done, self.tok[:, 0], self.sampling.sample(logits))
         self.out.index_copy_(1, self.step_i, nxt.unsqueeze(1))
         self.done |= (nxt.unsqueeze(1) == self.eos).any(-1)  # isin may sync inside a graph
         self.all_done.copy_(self.done.all())
@@ -105,6 +106,8 @@ def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | li
     step is a captured CUDA graph where possible, one per kind of sampling (the widest of the
     rows': `sampling.KINDS`)."""
     rows = [params] * b if isinstance(params, SamplingParams) else list(params)
+    if len(rows) != b:
+        raise DraftsmithError(f"{len(rows)} sampling settings for {b} prompts")
     like = widest(rows)
     state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
                                lambda: DecodeState(rt, b, eos_ids, like))
@@ -175,16 +178,33 @@ def run_generation(
 
 
 def check_request(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
-    """Every prompt non-empty, and the longest plus max_new within the runtime's slots."""
-    if not prompts or any(not p for p in prompts):
-        raise DraftsmithError("empty prompt list or empty prompt")
+    """Every prompt non-empty and in the target's vocabulary, max_new >= 1, and the longest
+    prompt plus max_new within the runtime's slots."""
+    check_prompts(prompts, rt.model.cfg.vocab_size)
+    if max_new < 1:
+        raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
     need = max(len(p) for p in prompts) + max_new
     if need > rt.max_seq:
         raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
 
 
+def check_prompts(prompts: list[list[int]], vocab: int) -> None:
+    """A non-empty list of non-empty prompts of token ids in [0, vocab): an id past the
+    embedding is an IndexError on CPU and, on a GPU, a device-side assert that ends the
+    process's CUDA context."""
+    if not prompts or any(isinstance(p, int) or not len(p) for p in prompts):
+        raise DraftsmithError("empty prompt list or empty prompt (prompts: lists of token ids)")
+    for i, p in enumerate(prompts):
+        if (low := min(p)) < 0 or (high := max(p)) >= vocab:
+            bad = low if low < 0 else high
+            raise DraftsmithError(f"prompt {i} holds token id {bad}, outside the target's "
+                                  f"vocabulary [0, {vocab})")
+
+
 def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:
-    return Runtime(model, len(prompts), max(len(p) for p in prompts) + new + 1)
+    """A runtime sized to the request (checked first: a bad one would size it wrong)."""
+    check_prompts(prompts, model.cfg.vocab_size)
+    return Runtime(model, len(prompts), max(len(p) for p in prompts) + max(new, 1) + 1)
 
 
 def _trim(rows: list[list[int]], eos: list[int]) -> list[list[int]]:

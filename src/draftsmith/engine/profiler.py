@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.switches import env_flag
+
 PHASES = ("draft", "verify", "accept", "extend")
 LABELS = {
     "draft": "draft steps",
@@ -135,7 +137,9 @@ class NullClock:
 
 
 def env_on(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")
+    """A switch read strictly (`switches.env_flag`), unset or empty meaning 0: "false" or "off"
+    would otherwise turn on a profiler whose host sync a cycle slows every timed run."""
+    return bool(os.environ.get(name, "").strip()) and env_flag(name, "0")
 
 
 def make_clock() -> HostClock | NullClock:

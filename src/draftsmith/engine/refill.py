@@ -170,8 +170,9 @@ def generate_refill(
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight
     (fewer prompts than rows leave rows idle: one captured step serves every call); `stats`,
     if given, gets the decode steps run (`steps`)."""
+    check_rows(rows)
     rows = min(rows or rt.max_batch, rt.max_batch)
-    _check(rt, prompts, max_new_tokens)
+    check_request(rt, prompts, max_new_tokens)
     eos = list(eos_ids or [])
     state, step = _refiller(rt, rows, max_new_tokens, eos, params)
     state.done.fill_(True)
@@ -199,6 +200,12 @@ def generate_refill(
     return results
 
 
+def check_rows(rows: int | None) -> None:
+    """Rows in flight: None for as many as the engine holds, else at least one."""
+    if rows is not None and rows < 1:
+        raise DraftsmithError(f"rows must be >= 1, got {rows}")
+
+
 def step_spacing(check_every: int, max_new: int) -> int:
     """Decode steps between two looks at the done flags: `check_every`, fewer for short
     answers (a quarter of them at most)."""
@@ -211,9 +218,3 @@ def _assign(state: RefillState, free: list[int], owner: list[int | None], queue:
         for r, (i, _) in take:
             owner[r] = i
         state.start([r for r, _ in take], [p for _, (_, p) in take])
-
-
-def _check(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
-    if max_new < 1:
-        raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
-    check_request(rt, prompts, max_new)

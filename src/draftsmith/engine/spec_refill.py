@@ -28,7 +28,7 @@ from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import _trim, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_profiler
-from draftsmith.engine.refill import prefill_runtime, prompt_into_rows, warm_prompts
+from draftsmith.engine.refill import check_rows, prefill_runtime, prompt_into_rows, warm_prompts
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult, SpecState
@@ -123,6 +123,7 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     once no prompt waits, it stops the cycle after every row is done. The result's `decode_s` is
     the whole wall time, prefills included (`prefill_s` is 0), so `tokens_per_s` is the serving
     rate; the accept statistics cover every prompt."""
+    check_rows(rows)
     rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
     check_every = check_every or refill_every_for(rows)
     eos = list(eos_ids or [])

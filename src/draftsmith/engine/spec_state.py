@@ -25,7 +25,9 @@ class SpecResult:
     decode_s: float
     cycles: int
     steps: int
-    accept_hist: list[int]  # [k]: row-cycles that emitted k tokens (k = 0..steps+1)
+    # [k]: row-cycles whose verify accepted k - 1 drafts (k = 0..steps+1), counted whole where
+    # EOS or max_new cut the answer inside them: the drafter's acceptance, not tokens kept
+    accept_hist: list[int]
     reached: list[int]  # [i]: row-cycles in which draft position i+1 was verified
     accepted: list[int]  # [i]: ... and accepted
     phases: PhaseSummary | None = None

@@ -27,7 +27,7 @@ import torch
 from draftsmith.engine import tree as trees
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, padded, sync
+from draftsmith.engine.generate import _trim, check_prompts, padded, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
@@ -140,6 +140,8 @@ class SpecDecoder:
             self.drt = DrafterRuntime(drafter, self.rt.max_batch, self.tbase + fs,
                                       self.rt.graphs or False)
         self.drafter = self.drt.drafter
+        if topk > (dv := self.drafter.cfg.draft_vocab_size):
+            raise DraftsmithError(f"topk {topk} exceeds the drafter's draft vocabulary of {dv}")
         # graphed phases run the drafter compiled when the target's layers are (its prompt pass
         # runs uncompiled: in a graph per bucket, like the target's prompt, or eager)
         self.compiled = self.rt.graph_compiled
@@ -209,9 +211,11 @@ class SpecDecoder:
         default: its own)."""
         eos = list(eos_ids or [])
         prof = make_profiler(self.device, self.profile)
+        self._check_inputs(prompts, max_new_tokens, eos)
+        st = self._state(len(prompts))  # a first call's capture is no prefill time (as baseline's)
         sync(self.rt)
         t0 = time.perf_counter()
-        st = self.start(prompts, max_new_tokens, eos, params)
+        self._begin(st, prompts, max_new_tokens, eos, params)
         sync(self.rt)
         t1 = time.perf_counter()
         cycles = 0
@@ -253,7 +257,11 @@ class SpecDecoder:
         samples with its entry of `params` (default: the decoder's setting; drafts drawn from
         the drafter take the decoder's setting alone)."""
         self._check_inputs(prompts, max_new_tokens, eos)
-        st = self._state(len(prompts))
+        return self._begin(self._state(len(prompts)), prompts, max_new_tokens, eos, params)
+
+    def _begin(self, st: SpecState, prompts: list[list[int]], max_new_tokens: int,
+               eos: list[int], params: list[SamplingParams] | None) -> SpecState:
+        """`start` past its checks, into this batch size's state `st`."""
         st.sampling.set(st.rows, self.row_settings(params, len(prompts)))
         self._prefill(st, prompts, max_new_tokens, eos)
         return st
@@ -297,8 +305,7 @@ class SpecDecoder:
     def _check_inputs(self, prompts: list[list[int]], max_new: int, eos: list[int],
                       batch: int | None = None) -> None:
         """batch: the rows the prompts run in (default: one row each)."""
-        if not prompts or any(not p for p in prompts):
-            raise DraftsmithError("empty prompt list or empty prompt")
+        check_prompts(prompts, self.rt.model.cfg.vocab_size)
         if max_new < 1:
             raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
         if len(eos) > MAX_EOS:
