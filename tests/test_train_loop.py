@@ -631,3 +631,77 @@ def test_online_data_masks_as_capture_does_and_refuses_unordered_layers(target, 
     assert kept == "on and on"  # no <|im_end|>: the target did not end the turn
     with pytest.raises(DraftsmithError, match="not ascending.*give --aux-layers 1,3"):
         open_online(path, target, [3, 1], None)
+
+
+def test_a_vocab_file_that_maps_wrongly_is_refused_before_training(setup):
+    """--vocab is checked as the doctor checks an exported drafter: target ids outside the
+    target (an IndexError at the first batch), two draft ids for one token, or a t2d unlike d2t
+    (a drafter exported with both) are refused by name; an unsorted map is fine."""
+    from safetensors.torch import save_file
+
+    root, _, _ = setup
+    cases = {"outside": ([3, 5, 200], "map outside the target vocab .* draft 2 -> 200"),
+             "negative": ([-1, 3, 5], r"draft 0 -> -1"), "twice": ([3, 5, 5], "several draft"),
+             "t2d": ([3, 5, 9], "t2d marks 4 tokens, not exactly"), "unsorted": ([9, 3, 5], "")}
+    for name, (used, said) in cases.items():
+        used = torch.tensor(used)
+        t2d = torch.zeros(128, dtype=torch.bool)
+        t2d[used.clamp(0, 127)] = True
+        t2d[10] = name == "t2d"
+        path = root / f"vocab_{name}.safetensors"
+        save_file({"d2t": used - torch.arange(3), "t2d": t2d}, str(path))
+        cfg = config(root, f"vocab_{name}", vocab=str(path), draft_vocab_size=None)
+        if not said:
+            assert Trainer(cfg, setup_ctx("cpu")).drafter.to_target(torch.arange(3)).tolist() \
+                == [9, 3, 5]
+            continue
+        with pytest.raises(DraftsmithError, match=f"vocab_{name}.safetensors: .*{said}"):
+            Trainer(cfg, setup_ctx("cpu"))
+
+
+def test_resume_on_changed_data_is_refused(setup):
+    """A dataset grown (or rewritten) in place since the checkpoint would change the data order
+    and the schedule's length under the same --data path: --resume says so."""
+    root, target, _ = setup
+    grow = root / "grow"
+    shutil.copytree(root / "data", grow)
+    with pytest.warns(UserWarning):
+        train(config(root, "grown_data", data=str(grow), time_limit=0.0, max_steps=2))
+    shutil.rmtree(grow)
+    write_dataset(grow, target, n=30)
+    with pytest.raises(DraftsmithError, match="the data changed since that run: 24 samples of "
+                       r"\d+ tokens then, 30 of \d+ now"):
+        train(config(root, "grown_data", data=str(grow), resume=True, max_steps=2))
+
+
+def test_a_device_typo_is_refused_by_name():
+    for device in ("gpu", "meta", "cuda1"):
+        with pytest.raises(DraftsmithError, match=f"--device {device}: training runs on cpu, "):
+            setup_ctx(device)
+
+
+def test_resume_after_a_row_cut_short_and_names_an_unreadable_rng_file(setup):
+    """A log row cut short by a kill while it was appended is dropped on --resume (it came
+    after the checkpoint) instead of a JSONDecodeError; a damaged RNG file is named."""
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "torn", time_limit=0.0, max_steps=2, save_every=100))
+    log = root / "torn" / "train_log.jsonl"
+    log.write_text(log.read_text() + '{"step": 2, "lo')
+    train(config(root, "torn", max_steps=2, save_every=100, resume=True))
+    assert [r["step"] for r in log_rows(root / "torn")] == [1, 2]
+    rng = list_checkpoints(root / "torn")[-1] / "rng-0.pt"
+    rng.write_bytes(b"cut")
+    with pytest.raises(DraftsmithError, match="rng-0.pt: unreadable checkpoint"):
+        train(config(root, "torn", max_steps=2, save_every=100, resume=True))
+
+
+def test_init_from_refuses_a_norm_its_drafter_was_trained_without(setup):
+    """--init-from cannot add a norm to trained weights: asked for, it is refused by flag
+    (it was silently dropped while the run's config said it was on)."""
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "plain_norms", max_steps=1))
+    with pytest.raises(DraftsmithError, match="--fc-norm False there, True here; --norm-output"):
+        Trainer(config(root, "more_norms", init_from=str(root / "plain_norms"),
+                       draft_vocab_size=None, fc_norm=True, norm_output=True), setup_ctx("cpu"))

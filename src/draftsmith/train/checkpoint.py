@@ -101,10 +101,14 @@ def save_checkpoint(
 
 def load_trainer_state(folder: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(trainer state, this rank's RNG state or None when the run had fewer ranks)."""
-    try:
-        trainer = torch.load(folder / STATE, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise DraftsmithError(f"{folder / STATE}: unreadable checkpoint ({e})") from None
+    trainer = _load(folder / STATE)
     rng_path = folder / f"rng-{rank}.pt"
-    rng = torch.load(rng_path, weights_only=False) if rng_path.is_file() else None
-    return trainer, rng
+    return trainer, _load(rng_path) if rng_path.is_file() else None
+
+
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise DraftsmithError(f"{path}: unreadable checkpoint ({e}); delete that checkpoint "
+                              "folder to resume from the one before") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +40,16 @@ def setup(device: str = "auto") -> DistCtx:
     local = int(os.environ.get("LOCAL_RANK", rank))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise DraftsmithError(f"--device {device}: training runs on cpu, cuda, cuda:N or auto")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
     dev = torch.device(f"cuda:{local}" if device == "cuda" else device)
     if world > 1 and dev.type == "cuda" and dev.index != local:
         raise DraftsmithError(f"--device {device}: under torchrun rank {rank} uses cuda:{local}")
+    if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        raise DraftsmithError(f"--device {device}: cuda:{dev.index} is not one of the "
+                              f"{torch.cuda.device_count()} visible CUDA device(s)")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     owns = False

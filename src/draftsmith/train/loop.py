@@ -42,7 +42,14 @@ from draftsmith.train.objective import (
     summarize,
 )
 from draftsmith.train.profile import StepProfiler
-from draftsmith.train.sources import Data, open_offline, open_online, resolve_target, target_head
+from draftsmith.train.sources import (
+    Data,
+    open_offline,
+    open_online,
+    read_vocab,
+    resolve_target,
+    target_head,
+)
 from draftsmith.train.ttt import unroll
 
 # (options, bound, strict): each option > bound (strict) or >= bound, unless None
@@ -137,11 +144,12 @@ class TrainConfig:
             raise DraftsmithError(f"--min-lr {self.min_lr} is above --lr {self.lr}")
 
 
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # Changing these between a checkpoint and --resume would change the run: refused.
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
             "max_len", "draft_vocab_size", "vocab", "num_layers", "intermediate_size", "init_head",
-            "init_from", "max_samples", "seed")
+            "init_from", "max_samples", "seed", *NORM_FLAGS)
 
 
 # What a training run writes into --out; a folder holding anything else is not one.
@@ -241,6 +249,7 @@ class Trainer:
         check_run_folder(self.out)
         self.target = resolve_target(cfg.target, cfg.data)
         self.data = self._open_data()
+        self.data_id = self.data.identity()
         found = self._find_checkpoint()
         self.drafter = self._build_drafter(found).to(ctx.device)
         self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
@@ -357,9 +366,13 @@ class Trainer:
         d, c = drafter.cfg, self.cfg
         layers = d.num_layers if c.num_layers is None else c.num_layers
         width = c.intermediate_size or d.intermediate_size
+        # a norm flag asked for here cannot be added to trained weights (off: the drafter's own)
+        norms = [(f"--{k.replace('_', '-')}", getattr(d, k), getattr(d, k) or getattr(c, k))
+                 for k in NORM_FLAGS]
         clashes = self._input_clashes(
             d, ("decoder layers", d.num_layers, min(layers, d.num_layers)),  # deepen only
-            ("MLP width", d.intermediate_size, min(width, d.intermediate_size)))  # widen only
+            ("MLP width", d.intermediate_size, min(width, d.intermediate_size)),  # widen only
+            *norms)
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
@@ -446,17 +459,14 @@ class Trainer:
         return new
 
     def _vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
-        from draftsmith.data.vocab import build_vocab, load_vocab
+        from draftsmith.data.vocab import build_vocab
 
         vocab = self.target.cfg.vocab_size
         if self.cfg.vocab:
-            d2t, t2d = load_vocab(self.cfg.vocab)
-            if t2d.numel() != vocab:
-                raise DraftsmithError(f"{self.cfg.vocab}: t2d covers {t2d.numel()} tokens, the "
-                                      f"target has {vocab}")
+            d2t, t2d = read_vocab(self.cfg.vocab, vocab)
             self._check_vocab_size(d2t.numel())
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
-            return d2t.long(), t2d.bool()
+            return d2t, t2d
         v = build_vocab(self.data.token_counts(vocab), min(self.cfg.draft_vocab_size, vocab), vocab)
         self.vocab_summary = v.summary()
         return v.d2t, v.t2d
@@ -512,6 +522,14 @@ class Trainer:
                     f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
                     "with the same options (or train into another --out)"
                 )
+        old, new = state.get("data", self.data_id), self.data_id  # runs saved before the key
+        if old != new:
+            raise DraftsmithError(
+                f"--resume from {found}: the data changed since that run: {old['samples']} "
+                f"samples of {old['tokens']} tokens then, {new['samples']} of {new['tokens']} now"
+                " (or the same counts in other lengths), so the data order would change; resume "
+                "with the data it trained on (or train into another --out)"
+            )
         if state["world"] != self.ctx.world:
             raise DraftsmithError(
                 f"--resume from {found}: the run had {state['world']} ranks, now "
@@ -704,7 +722,8 @@ class Trainer:
     def _checkpoint(self) -> None:
         state = {"step": self.step, "tokens": self.tokens, "world": self.ctx.world,
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                 "window": self.window.state(), "config": asdict(self.cfg)}
+                 "window": self.window.state(), "config": asdict(self.cfg),
+                 "data": self.data_id}
         ckpt.save_checkpoint(self.out, self.step, self.drafter, state, self._summary(),
                              self.cfg.keep_last, self.ctx.rank)
         if self.ctx.main:

@@ -3,25 +3,40 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from draftsmith.errors import DraftsmithError
 
 LOG = "train_log.jsonl"
 PLOT = "train_curves.png"
 
 
 def read_log(out: Path) -> list[dict[str, Any]]:
+    """The rows; a last line cut short (a run killed while appending it) is left out."""
     path = Path(out) / LOG
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise DraftsmithError(f"{path}: line {i} is not a JSON row") from None
+    return rows
 
 
 def truncate_log(out: Path, step: int) -> None:
-    """Keep the rows of steps <= `step` (a resumed run rewrites what came after)."""
+    """Keep the rows of steps <= `step` (a resumed run rewrites what came after); through a
+    tmp file, so a crash here loses no row."""
     rows = [r for r in read_log(out) if r["step"] <= step]
     path = Path(out) / LOG
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp = path.with_name(f".{LOG}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
 
 
 def append_log(out: Path, row: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@ turns into hidden states on the fly (online)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,12 @@ class Data:
     online: bool
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What the data order depends on (the sample lengths), to tell on --resume whether the
+        data changed since the checkpoint (a dataset grown in place, an edited prompts file)."""
+        digest = hashlib.sha256(json.dumps(self.lengths).encode()).hexdigest()[:16]
+        return {"samples": len(self.lengths), "tokens": sum(self.lengths), "lengths": digest}
 
     def token_counts(self, vocab: int) -> torch.Tensor:
         """Frequencies of the assistant tokens this run trains on (ids only, no hidden states)."""
@@ -133,6 +141,36 @@ def resolve_target(target: str | None, data: str | None) -> Target:
 
         return load_target(target_of_dataset(read_manifest(Path(data))))
     return load_target("default")
+
+
+def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) of a --vocab file, checked against a target of `vocab` tokens as the doctor
+    checks an exported drafter: a bad map would crash on the first batch or be exported."""
+    from draftsmith.data.vocab import load_vocab
+
+    d2t, t2d = load_vocab(path)
+    if t2d.numel() != vocab:
+        raise DraftsmithError(f"{path}: t2d covers {t2d.numel()} tokens, the target has {vocab}")
+    if d2t.dim() != 1 or not d2t.numel() or d2t.is_floating_point():
+        raise DraftsmithError(f"{path}: d2t must be a non-empty list of integer offsets, got "
+                              f"{d2t.dtype} of shape {list(d2t.shape)}")
+    used = d2t.long() + torch.arange(d2t.numel())
+    bad = ((used < 0) | (used >= vocab)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise DraftsmithError(f"{path}: {bad.numel()} draft ids map outside the target vocab "
+                              f"[0, {vocab}), e.g. draft {i} -> {int(used[i])}; rebuild it "
+                              "for this target with `draftsmith data vocab`")
+    if used.unique().numel() != used.numel():
+        raise DraftsmithError(f"{path}: d2t maps several draft ids to one target id; rebuild "
+                              "it with `draftsmith data vocab`")
+    marks = torch.zeros(vocab, dtype=torch.bool)
+    marks[used] = True
+    if not torch.equal(marks, t2d.bool()):
+        raise DraftsmithError(f"{path}: t2d marks {int(t2d.bool().sum())} tokens, not exactly "
+                              f"the {used.numel()} d2t maps to; rebuild it with `draftsmith data "
+                              "vocab`")
+    return d2t.long(), marks
 
 
 def target_head(target: Target) -> tuple[torch.Tensor, torch.Tensor]:
