@@ -173,6 +173,11 @@ def test_a_missing_or_foreign_drafter_folder_is_named(tmp_path):
         read_drafter_meta(tmp_path / "missing")
     with pytest.raises(DraftsmithError, match="not a draftsmith drafter folder"):
         read_drafter_meta(tmp_path)
+    save_drafter(random_drafter(tiny_cfg()), tmp_path / "cut")
+    weights = next((tmp_path / "cut").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # a kill or a full disk mid-write
+    with pytest.raises(DraftsmithError, match="cannot read its weights"):
+        load_drafter(tmp_path / "cut")
 
 
 def test_saving_into_a_file_is_refused_and_the_file_kept(tmp_path):

@@ -435,6 +435,7 @@ def load_drafter(
     embed: torch.Tensor | None = None,
 ) -> Eagle3Drafter:
     """Read a draftsmith drafter folder; `embed` supplies the target's embedding if not stored."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -442,7 +443,11 @@ def load_drafter(
     path = folder / WEIGHTS_FILE
     if not path.is_file():
         raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
-    state = load_file(str(path), device=str(device))
+    try:
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise DraftsmithError(f"{path}: cannot read its weights ({e}); a file cut short by a "
+                              "kill or a full disk?") from None
     if "embed_tokens.weight" not in state:
         if embed is None:
             raise DraftsmithError(f"{path}: no embed_tokens.weight; pass the target's embedding")
