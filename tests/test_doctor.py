@@ -373,3 +373,134 @@ def test_a_version_dependent_reading_outside_the_target_is_a_note_not_a_crash():
     assert feed.canonical == [1, 2, 3] and feed.version_dependent
     assert "before PR #25454 (2026-05) reads [2, 3, 4] as ids outside this target" in feed.note
     assert "later versions as outputs of layers [1, 2, 3]" in feed.note
+
+
+# ---- review: edge layers, bad configs, exported folders, damaged data --------------------------
+
+def test_embedding_and_layer0_data_are_reported_for_every_engine(target, target_dir, tmp_path):
+    """Data at the embedding (-1) stopped the whole report: every engine's advice asked current
+    SGLang's form, which has none; [0, ...] likewise. vLLM's id 0 needs newer model files."""
+    from draftsmith.doctor.engines import what_to_write
+
+    out = tmp_path / "emb"
+    capture(target, convs(2), out, CaptureConfig(aux_layer_ids=[-1, 3, 5], max_len=64),
+            progress=False, log=lambda s: None)
+    rep = doctor(data=out, target=str(target_dir), engine="vllm")
+    assert rep.wiring["true_ids"] == [-1, 3, 5]
+    rows = {r["engine"]: r for r in rep.engines}
+    assert rows["vllm"]["write"] == [0, 4, 6] and rows["sglang"]["write"] is None
+    assert any("needs vLLM id 0" in f.what for f in rep.findings if f.check == "capturable")
+    written, words = what_to_write([0, 3, 5], "sglang-legacy", 8)
+    assert written == [0, 3, 5] and "cannot write these layers" in words
+    assert what_to_write([0, 3, 5], "vllm", 8)[0] == [1, 4, 6]
+
+
+@pytest.mark.parametrize("over", [{"eagle_aux_hidden_state_layer_ids": "2,4,6"},
+                                  {"eagle_aux_hidden_state_layer_ids": [2.0, 4.5, 6]},
+                                  {"eagle_config": [1, 3, 5]}, {"draftsmith": "x"}])
+def test_malformed_ids_in_an_exported_config_are_named(tmp_path, good, target_dir, over):
+    bad = sglang_folder(tmp_path, good, [1, 3, 5], [2, 4, 6])
+    cfg = json.loads((bad / "config.json").read_text()) | over
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftsmithError, match=f"config.json: {next(iter(over))}"):
+        doctor(drafter=bad, target=str(target_dir))
+
+
+def test_an_exported_folder_for_another_target_is_an_error(good, target_dir, tmp_path):
+    from draftsmith.export import export_drafter
+
+    other = write_tiny_folder(tmp_path / "other", "llama", seed=1, num_hidden_layers=8)
+    for fmt in ("sglang", "speculators"):
+        folder = export_drafter(good, fmt, tmp_path / fmt, target=str(target_dir))
+        rep = doctor(drafter=folder, target=str(other))
+        assert any("trained for target fingerprint" in f.what for f in errors(rep, "target"))
+        assert doctor(drafter=folder, target=str(target_dir)).ok
+
+
+def test_engine_draftsmith_checks_what_import_reads_from_an_exported_folder(tmp_path, good,
+                                                                           data_dir):
+    """`--engine draftsmith` on an SGLang folder checked nothing and passed broken wiring."""
+    folder = sglang_folder(tmp_path, good, [3, 5, 7], None)  # current SGLang: layers 2, 4, 6
+    rep = doctor(data=data_dir, drafter=folder, engine="draftsmith")
+    (f,) = [f for f in errors(rep, "wiring") if "will feed" in f.what]
+    assert "[2, 4, 6]" in f.what and "import" in f.where
+    assert f.fix == "write eagle_config.eagle_aux_hidden_state_layer_ids in config.json: [1, 3, 5]"
+
+
+def test_layers_with_identical_states_do_not_fail_correct_data(tmp_path):
+    """Layer 2 adds nothing, so layers 1 and 2 hold the same states: data at layer 1 matched
+    both 'ambiguously' and the doctor said to recapture correct data."""
+    import io
+
+    from rich.console import Console
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.doctor.render import show
+
+    folder = write_tiny_folder(tmp_path / "t", "llama", num_hidden_layers=8)
+    w = load_file(str(folder / "model.safetensors"))
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        w[f"model.layers.2.{name}.weight"].zero_()
+    save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "d"
+    capture(load_target(folder), convs(2), out, CaptureConfig(aux_layer_ids=TRUE, max_len=64),
+            progress=False, log=lambda s: None)
+    rep = doctor(data=out, target=str(folder))
+    assert rep.wiring["true_ids"] == TRUE and rep.exit_code(strict=True) == 0
+    slot = rep.wiring["slots"][0]
+    assert (slot["status"], slot["best_id"], slot["tied_ids"]) == ("tied", 1, [1, 2])
+    buf = io.StringIO()
+    show(rep, Console(file=buf, width=200))
+    assert "1 note(s), no errors or warnings" in buf.getvalue()
+    m = json.loads((out / "manifest.json").read_text())
+    m["aux_layer_ids"] = [0, 3, 5]
+    (out / "manifest.json").write_text(json.dumps(m))
+    f = errors(doctor(data=out, target=str(folder)), "wiring")[0]
+    assert "matches canonical layers [1, 2] alike" in f.what
+
+
+def test_damaged_data_with_a_drafter_is_reported_not_raised(work, good, target_dir, tmp_path):
+    """A truncated shard stopped the report once a drafter was given (draft-vocab coverage and
+    the run's prompts read every shard); the run then used built-in prompts, labelled as such."""
+    bad = tmp_path / "truncated"
+    shutil.copytree(work / "data", bad)
+    for shard in bad.glob("shard-*.safetensors"):
+        shard.write_bytes(shard.read_bytes()[:500])
+    rep = doctor(data=bad, drafter=good, target=str(target_dir), run=True, prompts=1, max_new=4)
+    assert errors(rep, "shards") and rep.exit_code() == 1
+    assert rep.behaviour["prompts"] == "built-in, target chat template"
+
+
+def test_unmerged_multi_rank_capture_is_named(work, tmp_path):
+    shutil.copytree(work / "data", tmp_path / "run" / "rank-0")
+    with pytest.raises(DraftsmithError, match="draftsmith data merge"):
+        doctor(data=tmp_path / "run")
+
+
+def test_vllm_falls_back_to_eagle_config_in_its_own_convention(tmp_path, good, data_dir):
+    """vLLM reads eagle_config's ids when the top-level key is missing, as inputs of layers: a
+    nested [1, 3, 5] feeds layers 0, 2, 4 there (the doctor assumed the defaults, so a drafter
+    trained on the defaults passed); older versions' defaults are named as a version note."""
+    folder = sglang_folder(tmp_path, good, TRUE, None)
+    (f,) = [f for f in errors(doctor(data=data_dir, drafter=folder, engine="vllm"), "wiring")
+            if "will feed" in f.what]
+    assert "canonical layers [0, 2, 4]" in f.what and "defaults (canonical [1, 3, 4]" in f.what
+    folder = sglang_folder(tmp_path, good, [2, 4, 6], None)
+    rep = doctor(data=data_dir, drafter=folder, engine="vllm")
+    assert rep.ok and any("version dependent" in f.what for f in rep.problems())
+
+
+def test_a_foreign_aux_convention_is_an_error_as_train_refuses_it(work, target_dir, tmp_path):
+    """An external tool's manifest in another convention passed with a warning (exit 0), yet
+    `draftsmith train` refuses it."""
+    from draftsmith.train.sources import open_offline
+
+    bad = tmp_path / "foreign"
+    shutil.copytree(work / "data", bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["aux_convention"] = "input of decoder layer j (EAGLE)"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DraftsmithError, match="canonical form"):
+        open_offline(bad, load_target(target_dir), None)
+    (f,) = errors(doctor(data=bad, target=str(target_dir)), "shards")
+    assert "set aux_convention in manifest.json to 'output of decoder layer j" in f.fix

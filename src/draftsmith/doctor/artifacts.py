@@ -17,6 +17,7 @@ from draftsmith.targets.hf import read_config
 
 IDS = "eagle_aux_hidden_state_layer_ids"
 LAYOUTS = ("draftsmith", "sglang", "speculators")
+SECTIONS = ("eagle_config", "draftsmith", "speculators_config", "transformer_layer_config")
 
 
 @dataclass
@@ -65,6 +66,12 @@ class DrafterInfo:
         return None if v is None else int(v)
 
     # ---- ids as written -----------------------------------------------------------------------
+
+    def recorded(self, key: str) -> Any:
+        """What draftsmith recorded about the target (`target_fingerprint`, `target_num_layers`):
+        in the config of its own layout, in the `draftsmith` section of an exported one."""
+        section = self.config if self.layout == "draftsmith" else self.config.get("draftsmith")
+        return (section or {}).get(key)
 
     def canonical_ids(self) -> list[int] | None:
         """draftsmith layout only: its ids are canonical by construction."""
@@ -124,7 +131,7 @@ class DrafterInfo:
 
 
 def _ints(v: Any) -> list[int] | None:
-    return None if v is None else [int(x) for x in v]
+    return None if v is None else list(v)
 
 
 def read_drafter(folder: str | Path) -> DrafterInfo:
@@ -150,11 +157,19 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
 
 
 def _require(info: DrafterInfo) -> None:
+    where = info.folder / ("draftsmith.json" if info.layout == "draftsmith" else "config.json")
+    for key in SECTIONS:
+        if info.config.get(key) is not None and not isinstance(info.config[key], dict):
+            raise DraftsmithError(f"{where}: {key} is not a JSON object")
     missing = [k for k in ("hidden_size", "vocab_size") if info.get(k) is None]
     if missing:
-        where = info.folder / ("draftsmith.json" if info.layout == "draftsmith" else
-                               "config.json")
         raise DraftsmithError(f"{where}: missing {missing}")
+    nested = (info.config.get("eagle_config") or {}).get(IDS)
+    for key, ids in (("aux_layer_ids", info.config.get("aux_layer_ids")), (IDS, info.config.get(
+            IDS)), (f"eagle_config.{IDS}", nested)):
+        if ids is not None and not (isinstance(ids, list)
+                                    and all(type(i) is int for i in ids)):
+            raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
 
 
 def load_any(info: DrafterInfo, target: Any, device: str, dtype: torch.dtype) -> Any:

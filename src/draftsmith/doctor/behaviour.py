@@ -38,10 +38,18 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
 
 
 def data_prompts(dataset: Any, n: int, max_len: int) -> list[list[int]]:
-    """Each sample's tokens before its first assistant token: the data's own template."""
+    """Each sample's tokens before its first assistant token: the data's own template (none
+    from a shard that does not read: the shard check names it)."""
+    from safetensors import SafetensorError
+
+    from draftsmith.errors import DraftsmithError
+
     out = []
     for i in range(len(dataset)):
-        s = dataset[i]
+        try:
+            s = dataset[i]
+        except (DraftsmithError, SafetensorError):
+            continue
         mask = s["loss_mask"].bool()
         if not mask.any():
             continue

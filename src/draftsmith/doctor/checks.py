@@ -33,13 +33,13 @@ def target_identity(target: Any, manifest: dict | None, data: Path | None,
     if manifest is not None and data is not None:
         out += _hashes(manifest.get("target") or {}, live, target.source, "data",
                        _manifest_path(data))
+    fp = info.recorded("target_fingerprint") if info is not None else None
+    if info is not None and fp and fp != live["fingerprint"]:  # exported folders record it too
+        out.append(Finding(
+            "error", "target", f"the drafter was trained for target fingerprint {fp}, the "
+            f"live target {target.source!r} has {live['fingerprint']}", _cfg_path(info),
+            "pass the drafter's own target with --target, or retrain for this one"))
     if info is not None and info.layout == "draftsmith":
-        fp = info.config.get("target_fingerprint")
-        if fp and fp != live["fingerprint"]:
-            out.append(Finding(
-                "error", "target", f"the drafter was trained for target fingerprint {fp}, the "
-                f"live target {target.source!r} has {live['fingerprint']}", _cfg_path(info),
-                "pass the drafter's own target with --target, or retrain for this one"))
         trained = (info.meta.get("data") or {}).get("target_fingerprint")
         if manifest is not None and trained and trained != (manifest.get("target") or {}).get(
                 "fingerprint"):
@@ -108,8 +108,8 @@ def _drafter_sizes(target: Any, info: DrafterInfo, data_ids: list[int] | None) -
     c, out, where = target.cfg, [], _cfg_path(info)
     pairs = [("target_hidden_size", info.target_hidden_size, c.hidden_size),
              ("vocab_size", info.vocab_size, c.vocab_size)]
-    if info.layout == "draftsmith" and info.config.get("target_num_layers"):
-        pairs.append(("target_num_layers", int(info.config["target_num_layers"]), c.num_layers))
+    if info.recorded("target_num_layers"):
+        pairs.append(("target_num_layers", int(info.recorded("target_num_layers")), c.num_layers))
     for key, got, live in pairs:
         if got != live:
             out.append(Finding("error", "sizes", f"drafter {key} {got} != the target's {live}",
@@ -156,9 +156,14 @@ def draft_vocab(info: DrafterInfo, vocab: int, data: Path | None) -> list[Findin
 
 
 def _coverage(used: torch.Tensor, vocab: int, data: Path) -> list[Finding]:
+    from safetensors import SafetensorError
+
     from draftsmith.data.vocab import count_dataset
 
-    counts = count_dataset(data, vocab)
+    try:
+        counts = count_dataset(data, vocab)
+    except (DraftsmithError, SafetensorError):  # a damaged shard: the shard check names it
+        return []
     if counts.numel() > vocab:
         over = int(counts[vocab:].nonzero().flatten()[0]) + vocab
         return [Finding("error", "vocab", f"the data holds token id {over} >= target vocab "
@@ -188,8 +193,10 @@ def data_files(data: Path, manifest: dict) -> list[Finding]:
                            "rerun the capture command (it resumes)"))
     conv = manifest.get("aux_convention")
     if conv and conv != CANONICAL_WORDS:
-        out.append(Finding("warning", "shards", f"aux ids recorded as {conv!r}", where,
-                           f"draftsmith records {CANONICAL_WORDS!r}; the live match decides"))
+        out.append(Finding("error", "shards", f"aux ids recorded as {conv!r}: `draftsmith "
+                           "train` reads only its canonical form", where,
+                           f"set aux_convention in manifest.json to {CANONICAL_WORDS!r} and "
+                           "aux_layer_ids to the canonical layers the live match names"))
     return out
 
 
@@ -236,9 +243,10 @@ def positions(target: Any, info: DrafterInfo) -> list[Finding]:
 
 def capturable(ids: list[int], num_layers: int, engine: str | None, where: str) -> list[Finding]:
     notes = engine_limits(ids, num_layers)
-    if engine == "vllm":
-        notes = [f"id {num_layers - 1} (last layer output) needs vLLM id {num_layers}, which only"
-                 " newer vLLM model files capture"] if num_layers - 1 in ids else []
+    if engine == "vllm":  # older model files add a residual that is still None at layer 0
+        edges = {-1: ("embedding output", 0), num_layers - 1: ("last layer output", num_layers)}
+        notes = [f"id {i} ({what}) needs vLLM id {j}, which only newer vLLM model files capture"
+                 for i, (what, j) in edges.items() if i in ids]
     sev = "error" if engine and engine.startswith("sglang") else "warning"
     return [Finding(sev, "capturable", n, where, "retrain on layers every engine can capture "
                     "(default: `draftsmith data capture` without --aux-layers)") for n in notes]

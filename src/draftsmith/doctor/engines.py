@@ -101,6 +101,36 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
     return Feed(engine, key, list(written), _order(ids, engine), note, dep)
 
 
+def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
+    """No top-level ids but nested ones: vLLM then reads eagle_config's list, in its own
+    convention (input of layer j); versions without that fallback use the target's defaults."""
+    feed = feed_from_written(nested, "vllm", num_layers, key)
+    older = _order(engine_defaults(num_layers), "vllm")
+    if feed.canonical != older:
+        feed.version_dependent = True
+        feed.note = "; ".join(filter(None, [feed.note, (
+            f"version dependent: vLLM reads eagle_config's {nested} as inputs of those layers "
+            f"(canonical {feed.canonical}) when the top-level key is missing; versions before "
+            f"that fallback use the target's defaults (canonical {older}, vLLM issue 50170)")]))
+    return feed
+
+
+def feed_from_import(written: list[int] | None, layout: str, num_layers: int,
+                     key: str) -> Feed:
+    """What `draftsmith import` (and the doctor's and compare's own runs) make of an exported
+    folder's ids: current SGLang's or speculators' convention, in the order written; the
+    engines' defaults when the key is missing or empty."""
+    if not written:
+        return Feed("draftsmith", key, None, engine_defaults(num_layers),
+                    "key missing: `draftsmith import` takes the engines' defaults")
+    conv = Convention.SGLANG if layout == "sglang" else Convention.SPECULATORS
+    try:
+        ids = from_convention(written, conv, num_layers)
+    except DraftsmithError as e:
+        return Feed("draftsmith", key, list(written), None, f"out of range for this target: {e}")
+    return Feed("draftsmith", key, list(written), ids)
+
+
 def _reading(written: list[int], convention: Convention, num_layers: int) -> str:
     """What one SGLang version feeds for `written`, in words: another version's reading may lie
     outside the target (ids [2, 3, 4] of a 4-layer target)."""
@@ -137,12 +167,24 @@ def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[li
                       f"`draftsmith data capture --aux-layers "
                       f"{','.join(map(str, engine_defaults(num_layers)))}`")
     words = f"write {key}: {written}"
-    current = to_convention(true_ids, Convention.SGLANG, num_layers)
-    if engine == "sglang-legacy" and written != current:
-        words += (f" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
-                  f"export`, write {current}")
-    elif engine.startswith("sglang") and sglang_version_dependent(written):
+    if engine == "sglang-legacy":
+        words += _legacy_words(true_ids, written, num_layers)
+    elif engine == "sglang" and sglang_version_dependent(written):
         legacy = to_convention(true_ids, Convention.SGLANG_LEGACY, num_layers)
         words += (f" for SGLang after PR #25454 (2026-05); SGLang before it needs {legacy} "
                   "(this list does not start at 1, so its meaning depends on the version)")
     return written, words
+
+
+def _legacy_words(true_ids: list[int], written: list[int], num_layers: int) -> str:
+    # Only SGLang's words compare versions: data at layer 0's output ([0, ...]) has no current
+    # SGLang form, and that must not stop the doctor's report for other engines.
+    try:
+        current = to_convention(true_ids, Convention.SGLANG, num_layers)
+    except DraftsmithError:
+        return (" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
+                "export`, cannot write these layers")
+    if written == current:
+        return ""
+    return (f" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
+            f"export`, write {current}")

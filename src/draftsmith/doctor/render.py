@@ -28,7 +28,9 @@ def show(rep: Report, console: Console | None = None) -> None:
         con.print(f"[dim]skipped {s}[/dim]")
     n_err, n_warn = len(rep.errors()), sum(f.severity == "warning" for f in rep.findings)
     if rep.ok and not n_warn:
-        con.print(f"[bold green]OK[/bold green]: {len(rep.passed)} checks passed, no findings")
+        notes = len(rep.findings)  # info only, listed in the table above
+        con.print(f"[bold green]OK[/bold green]: {len(rep.passed)} checks passed, "
+                  + (f"{notes} note(s), no errors or warnings" if notes else "no findings"))
     else:
         style = "bold red" if n_err else "yellow"
         con.print(f"[{style}]{n_err} error(s), {n_warn} warning(s)[/{style}]; "

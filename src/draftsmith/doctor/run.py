@@ -64,16 +64,15 @@ def _drafter_target(info: DrafterInfo) -> str | None:
     c = info.config
     if info.layout == "draftsmith":
         return c.get("target_source") or None
-    verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    src = (c.get("draftsmith") or {}).get("target") or verifier
+    verifier = (c.get("speculators_config") or {}).get("verifier")
+    verifier = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    src = info.recorded("target") or verifier
     return src if src and Path(str(src)).exists() else None
 
 
 def run_doctor(opts: DoctorOptions) -> Report:
-    from draftsmith.data.shards import Dataset
-
     rep = Report()
-    ds = Dataset(opts.data) if opts.data is not None else None
+    ds = _dataset(opts.data) if opts.data is not None else None
     manifest = ds.manifest if ds is not None else None
     info = read_drafter(opts.drafter) if opts.drafter is not None else None
     target, how = resolve_target(opts, manifest, info)
@@ -95,6 +94,16 @@ def run_doctor(opts: DoctorOptions) -> Report:
     if info is not None:
         _behaviour(rep, opts, target, model, info, ds, true_ids)
     return rep
+
+
+def _dataset(folder: Path) -> Any:
+    from draftsmith.data.shards import MANIFEST, Dataset
+
+    if not (folder / MANIFEST).is_file() and any(folder.glob(f"rank-*/{MANIFEST}")):
+        raise DraftsmithError(
+            f"{folder}: a multi-rank capture whose ranks are not merged: run `draftsmith data "
+            f"merge {folder}` once every rank has finished, or pass --data {folder}/rank-R")
+    return Dataset(folder)
 
 
 def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
@@ -125,10 +134,12 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
     if len(ds) == 0:
         rep.skipped.append("wiring: the dataset has no samples")
         return None
+    from safetensors import SafetensorError
+
     try:
         mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
                           not opts.all_tokens)
-    except (DraftsmithError, RuntimeError, ValueError, IndexError) as e:
+    except (DraftsmithError, RuntimeError, ValueError, IndexError, SafetensorError) as e:
         rep.add("wiring: data", [Finding("error", "wiring", f"cannot compare the stored states "
                                          f"with the live target: {e}", str(opts.data),
                                          "fix the shard findings; check --target")])
@@ -172,15 +183,15 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     promise = behaviour.promised(info.folder)
     steps = opts.steps if opts.steps is not None else (
         min(len(promise["cond_acc"]), 5) if promise else 3)
-    prompts = (behaviour.data_prompts(ds, opts.prompts, 512) if ds is not None else []) or \
-        behaviour.template_prompts(target, opts.prompts)
+    prompts = behaviour.data_prompts(ds, opts.prompts, 512) if ds is not None else []
+    source = "data" if prompts else "built-in, target chat template"
+    prompts = prompts or behaviour.template_prompts(target, opts.prompts)
     runs = _runs(info, opts.engine, target.cfg.num_layers, len(drafter.cfg.aux_layer_ids),
                  true_ids)
     if not runs:
         rep.skipped.append("behaviour: no aux layer set of the drafter's width to feed")
         return
-    out = {"prompts": "data" if ds is not None else "built-in, target chat template",
-           "promised": promise, "runs": {}}
+    out = {"prompts": source, "promised": promise, "runs": {}}
     for label, ids in runs.items():
         try:
             out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps,

@@ -8,7 +8,7 @@ from typing import Any
 from draftsmith.doctor import engines as eng
 from draftsmith.doctor.artifacts import DrafterInfo
 from draftsmith.doctor.report import Finding
-from draftsmith.doctor.wiring import MatchMatrix
+from draftsmith.doctor.wiring import MARGIN, MatchMatrix
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, Convention, engine_limits, to_convention
 
@@ -40,11 +40,22 @@ def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
 
 def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
     best = mm.rows[s.best_row]
-    if s.status in ("none", "ambiguous"):
+    alike = [mm.row_ids[i] for i in s.tied]
+    if s.status == "ambiguous":
+        return Finding("error", "wiring", f"{s.slot} matches canonical layers {alike} alike "
+                       f"(relative errors within {MARGIN:g}x of the best, {s.rel:.3g}) and none "
+                       f"clearly (manifest: {s.claimed})", where, "check --target; if the data "
+                       "is from it, recompare with more --samples or --all-tokens")
+    if s.status == "none":
         return Finding("error", "wiring", f"{s.slot} matches no live layer clearly (nearest "
                        f"{best}, relative error {s.rel:.3g}, runner-up {s.runner_up_rel:.3g})",
                        where, "the data was not captured from this target, or not from the "
                        "residual stream: check --target, recapture")
+    if s.status == "tied":
+        return Finding("info", "wiring", f"{s.slot} matches canonical layers {alike} alike "
+                       f"(their states are near-identical on these tokens): the manifest's "
+                       f"{s.claimed} is one of them, and feeding any of them feeds the same "
+                       "states", where, "nothing to fix")
     if mm.row_ids[s.best_row] is None:
         return Finding("error", "wiring", f"{s.slot} holds the final normed hidden (as HF's "
                        "hidden_states[-1]), not a residual stream", where,
@@ -76,9 +87,16 @@ def drafter_feed(info: DrafterInfo, engine: str, num_layers: int) -> eng.Feed:
         if engine == "draftsmith" or not ids:
             return eng.feed_from_written(ids or None, "draftsmith", num_layers)
         return eng.feed_from_canonical(ids, engine, num_layers)
+    if engine == "draftsmith":  # draftsmith serves its own layout: what `import` reads
+        engine_read = "sglang" if info.layout == "sglang" else "vllm"
+        written, key, _ = info.written(engine_read)
+        return eng.feed_from_import(written, info.layout, num_layers,
+                                    f"{key}, as `draftsmith import` reads it")
     written, key, note = info.written(engine)
-    if engine == "draftsmith":
-        return eng.Feed(engine, key, None, None, "an exported folder: import it first")
+    nested, nested_key, _ = info.written("sglang")
+    if engine == "vllm" and written is None and nested is not None:
+        return eng.vllm_fallback(nested, num_layers,
+                                 f"{nested_key} (vLLM's fallback: no top-level key)")
     return eng.feed_from_written(written, engine, num_layers, key, note)
 
 
@@ -95,7 +113,7 @@ def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: lis
     """A draftsmith config is checked first; when it is wrong, each engine's reading of the
     wrong ids is moot and the fix names what export will write for the right ones."""
     out: list[Finding] = []
-    others = [e for e in engines if e != "draftsmith"]
+    others = [e for e in engines if e != "draftsmith" or info.layout != "draftsmith"]
     if info.layout == "draftsmith":
         base = _feed_findings(true_ids, drafter_feed(info, "draftsmith", num_layers), info,
                               num_layers)
@@ -129,9 +147,12 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
                    num_layers: int) -> list[Finding]:
     where = f"{info.folder}: {feed.key}"
     out = []
+    fix_as = feed.engine
+    if feed.engine == "draftsmith" and info.layout != "draftsmith":  # fixed where `import` reads
+        fix_as = "sglang" if info.layout == "sglang" else "vllm"
     if feed.canonical is None:
         return [Finding("error", "wiring", f"{feed.engine}: {feed.note}", where,
-                        _fix(true_ids, feed.engine, num_layers))]
+                        _fix(true_ids, fix_as, num_layers))]
     if feed.engine.startswith("sglang") and (limits := engine_limits(feed.canonical,
                                                                     num_layers)):
         out.append(Finding("error", "wiring", f"{feed.engine} cannot feed canonical layers "
@@ -142,7 +163,7 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
         sev = "warning" if true_ids is None else "info"
         out.append(Finding(sev, "wiring", f"{feed.engine}: {feed.note} (canonical "
                            f"{feed.canonical})", where, _fix(true_ids or feed.canonical,
-                                                             feed.engine, num_layers)))
+                                                             fix_as, num_layers)))
     if true_ids is None:
         if feed.version_dependent:
             out.append(Finding("warning", "wiring", f"{feed.engine}: {feed.note}", where,
@@ -153,11 +174,11 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
                 f"data holds {list(true_ids)} ({CANONICAL_WORDS})")
         if feed.version_dependent:
             what += f"; {feed.note}"
-        out.append(Finding("error", "wiring", what, where, _fix(true_ids, feed.engine,
+        out.append(Finding("error", "wiring", what, where, _fix(true_ids, fix_as,
                                                                num_layers)))
     elif feed.version_dependent:
         out.append(Finding("warning", "wiring", f"{feed.engine}: {feed.note}", where,
-                           _fix(true_ids, feed.engine, num_layers)))
+                           _fix(true_ids, fix_as, num_layers)))
     return out
 
 

@@ -8,7 +8,7 @@ over tokens is robust to attention-sink tokens whose norms dwarf the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,11 +28,12 @@ class SlotMatch:
     rel: float
     cos: float
     runner_up_rel: float
-    status: str  # exact | approximate | ambiguous | none
+    status: str  # exact | approximate | tied | ambiguous | none
+    tied: list[int] = field(default_factory=list)  # rows as close as the best (it included)
 
     @property
     def matched(self) -> bool:
-        return self.status in ("exact", "approximate")
+        return self.status in ("exact", "approximate", "tied")
 
 
 @dataclass
@@ -60,7 +61,8 @@ class MatchMatrix:
             "slots": [
                 {"slot": s.slot, "claimed": s.claimed, "best": self.rows[s.best_row],
                  "best_id": self.row_ids[s.best_row], "rel_err": s.rel, "cosine": s.cos,
-                 "runner_up_rel_err": s.runner_up_rel, "status": s.status}
+                 "runner_up_rel_err": s.runner_up_rel, "status": s.status,
+                 "tied_ids": [self.row_ids[i] for i in s.tied]}
                 for s in self.slots
             ],
             "true_ids": self.true_ids(),
@@ -130,22 +132,28 @@ def match(
     rows = ["embedding"] + [f"layer {j}" for j in range(num_layers)] + ["final norm"]
     row_ids: list[int | None] = [*range(-1, num_layers), None]
     med, mean_cos = rel.median(0).values, cos.mean(0)
+    said = [claimed[k] if k < len(claimed) and k < n_aux else None for k in range(n_aux + 1)]
     slots = [
-        _verdict(cols[k], claimed[k] if k < len(claimed) and k < n_aux else None,
-                 med[:, k], mean_cos[:, k])
+        _verdict(cols[k], said[k], med[:, k], mean_cos[:, k],
+                 row_ids.index(said[k]) if said[k] in row_ids[:-1] else None)
         for k in range(n_aux + 1)
     ]
     return MatchMatrix(rows, row_ids, cols, med, mean_cos, int(rel.shape[0]), idx,
                        "loss-masked" if use_mask else "all", slots)
 
 
-def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor) -> SlotMatch:
+def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor,
+             claimed_row: int | None = None) -> SlotMatch:
     order = torch.argsort(rel)
     best = int(order[0])
     b = float(rel[best])
     r = float(rel[order[1]]) if rel.numel() > 1 else float("inf")
-    clear = r >= MARGIN * b and r > b  # two layers of equal states (both 0) are no match
-    if b <= TOL and clear:
+    tied = [int(i) for i in order if not _clear(float(rel[i]), b)]
+    clear = len(tied) == 1  # two layers of equal states (both 0) are no match
+    if not clear and claimed_row in tied and float(rel[claimed_row]) <= TOL:
+        # layers whose states are near-identical here: feeding any of them feeds the same
+        best, status = claimed_row, "tied"
+    elif b <= TOL and clear:
         status = "exact"
     elif b <= LOOSE and clear:
         status = "approximate"
@@ -153,5 +161,10 @@ def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor
         status = "ambiguous"
     else:
         status = "none"
-    return SlotMatch(col, claimed, best, round(b, 6), round(float(cos[best]), 6), round(r, 6),
-                     status)
+    return SlotMatch(col, claimed, best, round(float(rel[best]), 6), round(float(cos[best]), 6),
+                     round(r, 6), status, [] if clear else sorted(tied))
+
+
+def _clear(x: float, best: float) -> bool:
+    """A row with relative error `x` is clearly further than the best's."""
+    return x >= MARGIN * best and x > best
