@@ -499,3 +499,17 @@ def test_a_drafter_config_that_is_not_an_object_is_named(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(DraftsmithError, match=r"config.json holds a list, not an object"):
         read_config(tmp_path)
+
+
+def test_the_vllm_hint_warns_where_vllm_cannot_load_the_aux_count(target, tmp_path):
+    """vLLM's Eagle-3 model sizes fc for 3 aux states: a 2-state speculators export is named."""
+    from draftsmith.export.cli import _serve_hint
+
+    two = export_drafter(make(target, tmp_path / "d2", aux=[1, 3]), "speculators",
+                         tmp_path / "sp2", target=str(target.folder))
+    three = export_drafter(make(target, tmp_path / "d3", aux=AUX), "speculators",
+                           tmp_path / "sp3", target=str(target.folder))
+    hints = [_serve_hint("speculators", p, json.loads((p / "config.json").read_text()), 3)
+             for p in (two, three)]
+    assert "warning: 2 aux layers" in hints[0] and "exactly 3" in hints[0]
+    assert "warning" not in hints[1] and "vLLM: --speculative-config" in hints[1]

@@ -49,9 +49,13 @@ def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
                 f"{shlex.quote(str(path))} --speculative-num-steps {k} "
                 f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
     spec = json.dumps({"method": "eagle3", "model": str(path), "num_speculative_tokens": k})
-    return (f"aux layers: canonical {ids} written for vLLM/speculators as "
-            f"{config['eagle_aux_hidden_state_layer_ids']}\n"
+    written = config["eagle_aux_hidden_state_layer_ids"]
+    hint = (f"aux layers: canonical {ids} written for vLLM/speculators as {written}\n"
             f"vLLM: --speculative-config {shlex.quote(spec)}")
+    if len(written) != 3:  # vLLM's Eagle-3 model sizes fc for three states, whatever the config
+        hint += (f"\nwarning: {len(written)} aux layers: speculators loads this drafter, but "
+                 "vLLM's Eagle-3 model builds its fc for exactly 3 and will refuse the weights")
+    return hint
 
 
 def import_(
