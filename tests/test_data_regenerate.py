@@ -180,9 +180,11 @@ def test_openai_server_backend(server, target, tmp_path):
     assert a["backend"] == "openai" and a["model"] == "fake-model" and a["base_url"] == url
     assert a["sampling"]["seed"] == 3 and a["tokens"] == 3 and a["finish"] == "stop"
     # rerun: nothing left to do, nothing duplicated
+    logs: list[str] = []
     stats = regenerate_file(convs(), out, cfg, str(target.folder), base_url=url, retries=0,
-                            log=lambda s: None)
+                            log=logs.append)
     assert stats["done_before"] == 6 and len(read_jsonl_tail_safe(out)) == 6
+    assert not [m for m in logs if "default target's tokenizer" in m]
 
 
 def test_server_errors_are_counted_not_written(tmp_path, target):
@@ -382,3 +384,14 @@ def test_a_reply_without_usage_counts_the_answer_in_target_tokens(target, tmp_pa
     want = len(target.tokenizer("ok", add_special_tokens=False)["input_ids"])
     [rec] = read_jsonl_tail_safe(tmp_path / "o.jsonl")
     assert want > 0 and rec["meta"]["answers"][0]["tokens"] == want == stats["answer_tokens"]
+
+
+def test_a_server_without_target_is_warned_of_the_default_tokenizer(server, target, tmp_path,
+                                                                   monkeypatch):
+    from draftsmith.data import regenerate as regen
+
+    monkeypatch.setattr(regen, "load_tokenizer", lambda name: target.tokenizer)
+    logs: list[str] = []
+    regenerate_file(convs()[:1], tmp_path / "d.jsonl", RegenConfig(8, 128), "default",
+                    base_url=server[0], model="fake-model", retries=0, log=logs.append)
+    assert [m for m in logs if "default target's tokenizer (SmolLM2)" in m]

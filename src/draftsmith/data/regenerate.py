@@ -389,6 +389,11 @@ def regenerate_file(
     """`regenerate` with the backend built from names: a server when base_url, else the engine."""
     if base_url:
         check_server_options(concurrency, retries)
+        if target == "default":  # the served model is another one, most likely
+            (log or (lambda m: print(m, file=sys.stderr)))(
+                "regenerate: warning: prompts are measured and cut to --max-len with the default "
+                "target's tokenizer (SmolLM2); pass --target with the served model's folder or "
+                "GGUF for its own")
         tok = load_tokenizer(target)
         backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
                                      api_key=api_key)
