@@ -148,3 +148,20 @@ def test_a_file_where_the_folder_goes_is_refused(tmp_path):
     with pytest.raises(DraftsmithError, match="keep.txt: is a file, not a folder"):
         ShardWriter(keep, HEADER, IDENTITY)
     assert keep.read_text() == "notes\n"
+
+
+def test_an_atomic_write_that_fails_keeps_the_old_file_and_leaves_no_tmp(tmp_path, monkeypatch):
+    import os
+
+    from draftsmith.data import atomic
+
+    path = tmp_path / "m.json"
+    path.write_text("old")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(DraftsmithError, match="m.json: cannot write it .No space left"):
+        atomic.atomic_write(path, b"new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["m.json"]

@@ -31,11 +31,16 @@ def make_folder(path: Path) -> Path:
 def atomic_write(path: Path, data: bytes) -> None:
     check_file_path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the old file stays, no tmp file is left beside it
+        tmp.unlink(missing_ok=True)
+        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); the file there "
+                              "before is unchanged") from None
     _fsync_dir(path.parent)
 
 
