@@ -29,7 +29,8 @@ def train(
     weight_decay: float = typer.Option(0.0, "--weight-decay"),
     grad_clip: float = typer.Option(0.5, "--grad-clip"),
     epochs: int = typer.Option(1, "--epochs"),
-    max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many steps"),
+    max_steps: int = typer.Option(None, "--max-steps", help="Train exactly this many steps "
+                                  "(instead of --epochs; past them the data repeats)"),
     batch_size: int = typer.Option(1, "--batch-size", help="Packed rows per step and rank"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per packed row"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Draft vocab "
