@@ -230,6 +230,9 @@ def test_import_overwrite_replaces_a_drafter(target, tmp_path):
     got, want = load_drafter(tmp_path / "imp"), read_any(sp)
     for (k, a), b in zip(got.state_dict().items(), want.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
+    (tmp_path / "imp" / "checkpoints").mkdir()  # a training run's folder: resume would undo it
+    with pytest.raises(DraftsmithError, match="a training run's folder"):
+        import_drafter(sp, tmp_path / "imp", overwrite=True)
 
 
 def test_import_refuses_a_target_of_another_shape(target, tmp_path):

@@ -136,6 +136,9 @@ def import_drafter(src: str | Path, out: str | Path, target: str | None = None,
     if overwrite and out.is_dir() and any(out.iterdir()) and not (out / CONFIG_FILE).is_file():
         raise DraftsmithError(f"--out {out}: not a draftsmith drafter folder (no {CONFIG_FILE}); "
                               "--overwrite replaces only a drafter; choose another --out")
+    if overwrite and (out / "checkpoints").is_dir():  # a resume there would undo the import
+        raise DraftsmithError(f"--out {out}: a training run's folder (its checkpoints/ would "
+                              "outlive the imported drafter); choose another --out")
     check_apart(out, Path(src), "the source folder")
     drafter = read_any(src, target)
     return save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
