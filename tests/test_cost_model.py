@@ -517,3 +517,21 @@ def test_extrapolation_is_flagged() -> None:
     assert predict(costs, Acceptance.constant(0.5), SpecSetting(6), 1).extrapolated
     assert not predict(costs, Acceptance.constant(0.5), SpecSetting(3), 1).extrapolated
     assert math.isfinite(predict(costs, acc, SpecSetting.baseline(), 1).tokens_per_s)
+
+
+def test_tuned_flags_name_engine_exports_and_a_flag_tune_has() -> None:
+    """tune printed SGLang and vLLM flags naming the draftsmith folder it tuned, which neither
+    engine loads (no config.json), and its vLLM note said `tune with --topk 1`, a flag tune
+    lacks (it has --max-topk)."""
+    from draftsmith.tune.flags import export_paths
+
+    measured = [Measurement(SpecSetting.baseline(), 1, 90.0),
+                Measurement(SpecSetting(2, 4, 6), 1, 150.0, accept_length=2.5)]
+    (rec,) = recommend([], measured)
+    text = recommendation_text(rec, "runs/d", exports=export_paths("runs/d"))
+    assert "--speculative-draft-model-path runs/d-sglang" in text
+    assert '"model": "runs/d-speculators"' in text
+    assert ("export: draftsmith export runs/d --format sglang --out runs/d-sglang; draftsmith "
+            "export runs/d --format speculators --speculative-tokens 2 --out runs/d-speculators"
+            ) in text
+    assert "--max-topk 1" in text and "--topk 1" not in text.replace("--max-topk 1", "")

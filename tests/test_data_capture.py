@@ -322,3 +322,16 @@ def test_a_grown_input_keeps_the_shards_it_leaves_alone(target, model, reference
     assert sorted(p.name for p in tmp_path.glob("shard-*")) == [
         "shard-00000.safetensors", "shard-00001.safetensors"]
     assert verify(tmp_path)["samples"] == 5
+
+
+def test_merge_of_a_typod_folder_says_it_is_not_there(tmp_path):
+    """`data merge` of a path that does not exist said it held no rank-R/manifest.json."""
+    from draftsmith.data.capture import try_merge
+
+    with pytest.raises(DraftsmithError, match=r"caputre: no such folder$"):
+        try_merge(tmp_path / "caputre")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(DraftsmithError, match="f: is a file, not a capture folder"):
+        try_merge(tmp_path / "f")
+    with pytest.raises(DraftsmithError, match="no rank-R/manifest.json to merge"):
+        try_merge(tmp_path)

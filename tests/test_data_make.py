@@ -230,3 +230,15 @@ def test_self_made_prompts_bad_settings_and_output(target, model, tiny_llama_dir
     assert len(read_jsonl_tail_safe(out)) == 2
     assert CliRunner().invoke(app, args + ["--overwrite"]).exit_code == 0
     assert "old" not in [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)]
+
+
+def test_make_says_a_small_vocab_warning_in_its_log(target, tmp_path, recwarn):
+    """The vocab stage's warning reached the terminal as Python's UserWarning, with the
+    pipeline's file and source line, where `data vocab` says it as one `warning:` line."""
+    from draftsmith.data.pipeline import make_dataset
+
+    logs: list[str] = []
+    make_dataset(tmp_path, 2, target=target, batch_size=4, max_len=96, max_new_tokens=8,
+                 prompt_tokens=48, vocab_size=100_000, log=logs.append, progress=False)
+    assert any(s.startswith("warning: only") and "distinct assistant tokens" in s for s in logs)
+    assert not [w for w in recwarn if "distinct assistant tokens" in str(w.message)]

@@ -91,6 +91,16 @@ def test_not_a_dataset(tmp_path):
         Dataset(tmp_path)
 
 
+def test_a_typod_or_file_dataset_path_is_named_as_such(tmp_path):
+    """A path that does not exist read "no manifest.json (not a draftsmith dataset folder)",
+    as if the folder were there; a file read the same."""
+    with pytest.raises(DraftsmithError, match=r"datset: no such file or folder$"):
+        Dataset(tmp_path / "datset")
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    with pytest.raises(DraftsmithError, match=r"a.jsonl: is a file, not a draftsmith dataset"):
+        Dataset(tmp_path / "a.jsonl")
+
+
 def test_many_shards_keep_few_files_open(tmp_path, monkeypatch):
     import draftsmith.data.shards as shards
 

@@ -504,3 +504,25 @@ def test_a_foreign_aux_convention_is_an_error_as_train_refuses_it(work, target_d
         open_offline(bad, load_target(target_dir), None)
     (f,) = errors(doctor(data=bad, target=str(target_dir)), "shards")
     assert "set aux_convention in manifest.json to 'output of decoder layer j" in f.fix
+
+
+def test_behaviour_gap_on_too_few_drafts_is_no_wiring_error():
+    """A short run (2 prompts, 8 tokens) of a drafter whose log promised 6.2% accepted 0 of 16
+    drafts, which happens 36% of the time at that rate, and the doctor called it a wiring error
+    (exit 1); the same shortfall over many drafts still is one."""
+    from draftsmith.doctor.behaviour import below_chance, gap_findings
+
+    promise = {"cond_acc": [0.0625, 0.0], "accept_length": 1.06}
+
+    def run(k, n):
+        return {"as configured": {"position_rates": [k / n, 0.0], "reached": [n, k],
+                                  "accepted": [k, 0], "mean_accept_length": 1 + k / n,
+                                  "aux_layer_ids": TRUE}}
+
+    assert below_chance(0, 16, 0.0625) == pytest.approx(0.9375 ** 16)
+    assert below_chance(3, 10, 0.0) == 1.0 and below_chance(9, 10, 1.0) == 0.0
+    (f,) = gap_findings(run(0, 16), promise, "d")
+    assert f.severity == "warning" and "0 of 16 drafts, too few to tell" in f.what
+    (f,) = gap_findings(run(0, 400), promise, "d")
+    assert f.severity == "error" and "wiring" in f.what
+    assert gap_findings(run(4, 100), {"cond_acc": [0.07], "accept_length": 1.07}, "d") == []

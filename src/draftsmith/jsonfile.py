@@ -12,6 +12,11 @@ from draftsmith.errors import DraftsmithError
 def read_json(path: Path, not_found: str) -> Any:
     """The parsed file; `not_found` says what the folder is not when the file is missing."""
     if not path.is_file():
+        where = path.parent
+        if not where.exists():  # a typo'd path: say so, not which file the folder lacks
+            raise DraftsmithError(f"{where}: no such file or folder")
+        if not where.is_dir():
+            raise DraftsmithError(f"{where}: is a file, {not_found or 'not a folder'}")
         raise DraftsmithError(f"{path.parent}: no {path.name} ({not_found})")
     try:
         return json.loads(path.read_text())

@@ -334,6 +334,9 @@ def _merged_done(out: Path, head: dict[str, Any]) -> bool:
 def try_merge(out: str | Path) -> dict[str, Any] | None:
     """Merge `rank-R/` manifests into one when every rank is complete; None if not yet."""
     out = Path(out)
+    if not out.is_dir():
+        raise DraftsmithError(f"{out}: no such folder" if not out.exists() else
+                              f"{out}: is a file, not a capture folder")
     ranks = sorted(out.glob("rank-*/" + MANIFEST))
     if not ranks:
         raise DraftsmithError(f"{out}: no rank-R/{MANIFEST} to merge")

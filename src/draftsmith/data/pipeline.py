@@ -8,6 +8,7 @@ same command skips what is finished, and a larger --n adds to what is there. Sta
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,11 @@ def _read_record(path: Path) -> dict[str, Any]:
 def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None]) -> dict:
     from draftsmith.data.vocab import build_vocab, count_dataset, save_vocab
 
-    v = build_vocab(count_dataset(data, target_vocab), min(size, target_vocab), target_vocab)
+    with warnings.catch_warnings(record=True) as caught:  # one line as `data vocab` says it,
+        warnings.simplefilter("always")                  # not Python's warning with its source
+        v = build_vocab(count_dataset(data, target_vocab), min(size, target_vocab), target_vocab)
+    for w in caught:
+        log(f"warning: {w.message}")
     save_vocab(v, data, {"made_from": {"dataset": str(data)}})
     log(f"vocab: {v.used.numel()} tokens cover {v.coverage:.2%} of assistant tokens")
     return v.summary()

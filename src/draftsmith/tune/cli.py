@@ -143,7 +143,7 @@ def run_tune(
         recommend,
         sweep_plan,
     )
-    from draftsmith.tune.flags import recommendation_text
+    from draftsmith.tune.flags import export_paths, recommendation_text
 
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     torch.manual_seed(seed)
@@ -194,7 +194,8 @@ def run_tune(
             meas.append(measure.run_setting(eng, s, ids, b, new, eos,
                                             refilled.waves if refilled else 0))
     recs = recommend(preds, meas)
-    texts = [recommendation_text(r, str(drafter_dir), refilled=refill) for r in recs]
+    texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
+                                 exports=export_paths(drafter_dir)) for r in recs]
     if refill:
         texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                         "whole run, prompt passes included, baselines alike")

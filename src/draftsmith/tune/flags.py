@@ -41,7 +41,7 @@ def vllm_speculative_config(setting: SpecSetting, model_path: str | PathLike) ->
         note = (
             f"vLLM drafts a chain: topk {setting.topk} with {setting.num_draft_tokens} draft "
             f"tokens becomes a chain of {setting.steps}; its speed was not what was predicted "
-            "or measured here (tune with --topk 1 for vLLM)"
+            "or measured here (tune with --max-topk 1 for vLLM)"
         )
     return VllmConfig(json.dumps(config), note)
 
@@ -55,11 +55,19 @@ def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
 IDLE_HINT = 0.1  # idle share of row slots from which the text points at refilled rows
 
 
+def export_paths(drafter: str | PathLike) -> dict[str, str]:
+    """Where the flags of a tuned draftsmith folder point: the engine layouts `draftsmith
+    export` writes beside it (neither engine loads the draftsmith layout itself)."""
+    return {fmt: f"{drafter}-{fmt}" for fmt in ("sglang", "speculators")}
+
+
 def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5,
-                        refilled: bool = False) -> str:
+                        refilled: bool = False, exports: dict[str, str] | None = None) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
     ones when nothing was measured) with both figures side by side, and the flags; the hint
-    at refilled rows only where they were not already the measure (`refilled`)."""
+    at refilled rows only where they were not already the measure (`refilled`). With
+    `exports` (`export_paths`), the flags name those folders and a line says how to write
+    them from `model_path`."""
     lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
     if rec.speedup is not None and rec.speculate:
         lines[0] += f", {rec.speedup:.2f}x over no speculation"
@@ -78,9 +86,16 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
             "tune --refill`, measure with `draftsmith bench --refill` (H200: 1.08-1.35x over "
             "static batches at batch 8, benchmarks/spec_refill.md)")
     if rec.speculate:
-        vllm = vllm_speculative_config(rec.setting, model_path)
-        lines.append(f"  SGLang: {sglang_flags(rec.setting, model_path)}")
-        lines.append(f"  vLLM:   {vllm_flags(rec.setting, model_path)}")
+        sg, sp = (exports or {}).get("sglang", model_path), (exports or {}).get(
+            "speculators", model_path)
+        vllm = vllm_speculative_config(rec.setting, sp)
+        lines.append(f"  SGLang: {sglang_flags(rec.setting, sg)}")
+        lines.append(f"  vLLM:   {vllm_flags(rec.setting, sp)}")
         if vllm.note:
             lines.append(f"  note:   {vllm.note}")
+        if exports:
+            q = shlex.quote
+            lines.append(f"  export: draftsmith export {q(str(model_path))} --format sglang --out "
+                         f"{q(str(sg))}; draftsmith export {q(str(model_path))} --format "
+                         f"speculators --speculative-tokens {rec.setting.steps} --out {q(str(sp))}")
     return "\n".join(lines)
