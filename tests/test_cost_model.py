@@ -444,6 +444,17 @@ def test_sweep_plan_has_baseline_top_and_neighbours() -> None:
     assert any(s.topk == 2 and s.steps == top.steps for s in plan)
 
 
+def test_a_chains_tree_neighbour_is_a_tree_not_the_chain_again() -> None:
+    """Topk 2 next to the 1-step chain: 2 draft tokens (root + one node) would be that chain,
+    measured twice and predicted never; the neighbour is the 1-step tree of both children."""
+    from draftsmith.tune.cost_model import _neighbours
+
+    near = _neighbours(SpecSetting(1))
+    assert SpecSetting(1, 2, 2) not in near and SpecSetting(1, 2, 3) in near
+    assert SpecSetting(1, 2, 3) in candidate_grid(3)  # so it is predicted too
+    assert SpecSetting(3, 2, 4) in _neighbours(SpecSetting(3))  # deeper chains: as before
+
+
 # -------------------------------------------------------------------------- flags, errors
 
 

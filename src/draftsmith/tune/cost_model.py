@@ -554,7 +554,9 @@ def _neighbours(s: SpecSetting) -> list[SpecSetting]:
             out.append(SpecSetting(steps, s.topk, n))
     i = TOPKS.index(s.topk) if s.topk in TOPKS else -1
     for k in TOPKS[max(i - 1, 0) : i + 2] if i >= 0 else ():
-        n = s.steps + 1 if k == 1 else min(max(s.num_draft_tokens, 2), tree_capacity(s.steps, k))
+        # a tree at least as wide as its topk: one draft node would be the 1-step chain again
+        n = s.steps + 1 if k == 1 else min(max(s.num_draft_tokens, k + 1),
+                                           tree_capacity(s.steps, k))
         out.append(SpecSetting(s.steps, k, n))
     if s.topk > 1:
         for n in DRAFT_TOKENS:
