@@ -516,3 +516,20 @@ def test_the_vllm_hint_warns_where_vllm_cannot_load_the_aux_count(target, tmp_pa
              for p in (two, three)]
     assert "warning: 2 aux layers" in hints[0] and "exactly 3" in hints[0]
     assert "warning" not in hints[1] and "vLLM: --speculative-config" in hints[1]
+
+
+def test_the_export_command_prints_an_absolute_path_for_the_engines(target, tmp_path,
+                                                                    monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.export.cli import export
+
+    app = typer.Typer()
+    app.command()(export)
+    app.command("other")(lambda: None)
+    src = make(target, tmp_path / "d")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["export", str(src), "-f", "sglang", "-o", "rel"])
+    assert res.exit_code == 0, res.output
+    assert f"--speculative-draft-model-path {tmp_path / 'rel'}" in res.stdout

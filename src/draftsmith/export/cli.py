@@ -36,7 +36,7 @@ def export(
     path = export_drafter(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
     config = json.loads((path / "config.json").read_text())
     print(f"wrote {fmt} drafter to {path}", file=sys.stderr)
-    print(_serve_hint(fmt, path, config, speculative_tokens))
+    print(_serve_hint(fmt, path.resolve(), config, speculative_tokens))  # engines run elsewhere
 
 
 def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
