@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -53,6 +54,12 @@ def test_self_made_prompts_killed_and_resumed_equal_an_uninterrupted_run(target,
         self_made_prompts(target, part, cfg, model, progress=False)
     monkeypatch.setattr(generate, "run_generation", real)
     self_made_prompts(target, part, cfg, model, progress=False)
+    assert part.read_text() == whole.read_text()
+    grow = dataclasses.replace(cfg, n=13)  # more of the same: checked before any generation
+    with pytest.raises(DraftsmithError, match=r"temperature 1.0 there, 0.5 now"):
+        self_made_prompts(target, part, dataclasses.replace(grow, temperature=0.5), model)
+    with pytest.raises(DraftsmithError, match="other --openings"):
+        self_made_prompts(target, part, dataclasses.replace(grow, openings=()), model)
     assert part.read_text() == whole.read_text()
 
 

@@ -139,6 +139,7 @@ def self_made_prompts(
                  compile=compile)
     conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
     meta = {"source": "magpie", "target": target.fingerprint, **conf}
+    _same_settings(out, have, meta, cfg.openings)
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)
@@ -167,6 +168,30 @@ def self_made_prompts(
     if stats["kept"] < cfg.n:
         say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
     return stats
+
+
+# what the prompts already written were made with; n and max_batches may grow on a rerun
+RESUMED = ("target", "batch_size", "max_new_tokens", "min_chars", "max_chars", "temperature",
+           "top_p", "seed", "system")
+
+
+def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
+                   openings: tuple[str, ...]) -> None:
+    """A rerun goes on with the settings the prompts in `out` were made with: with others its
+    prompts would be neither these nor an uninterrupted run's."""
+    for c in have:
+        if c.meta.get("source") != "magpie":
+            continue
+        diff = [f"{k} {c.meta.get(k)!r} there, {meta[k]!r} now" for k in RESUMED
+                if k in c.meta and c.meta[k] != meta[k]]
+        opening = c.meta.get("opening")
+        if (opening is None) == bool(openings) or (opening is not None and opening not in openings):
+            diff.append("other --openings")
+        if diff:
+            raise DraftsmithError(f"{out} holds self-made prompts made otherwise "
+                                  f"({'; '.join(diff)}): rerun with those settings, or write to "
+                                  "another file")
+        return
 
 
 def _next_round(have: list[Conversation]) -> int:
