@@ -50,3 +50,27 @@ def test_demo_phases_are_means_over_cycles_not_over_prompts():
     out = summarize(DemoConfig.for_device(Path("unused"), "cpu"), 100.0, runs, runs)
     assert out["phases_ms"]["verify"] == pytest.approx(2.2)
     assert out["phases_pct"]["verify"] == pytest.approx(100 * 2.2 / 3.2)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("conversations", 0, "--conversations must be >= 1, got 0"),
+    ("epochs", 0, "--epochs must be >= 1, got 0"),
+    ("steps", -1, "--steps must be >= 1, got -1"),
+    ("device", "gpu", "--device gpu: use cpu, cuda, cuda:N or auto"),
+    ("out", "a-file", "is a file, not a folder"),
+    ("out", "a-file/demo", "lies under the file"),
+])
+def test_demo_refuses_a_bad_option_before_any_work(tmp_path, monkeypatch, flag, value, message):
+    """One line naming the flag, not a traceback (--device, --out) nor one naming another
+    stage's flag (--n) after minutes of data making (--epochs and --steps were found late)."""
+    from draftsmith import demo as demo_mod
+    from draftsmith.errors import DraftsmithError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(demo_mod, "run_demo", lambda cfg: pytest.fail(f"ran with {cfg}"))
+    args = dict(out=Path("runs/demo"), device="cpu", conversations=None, epochs=None,
+                steps=None, target="default")
+    args[flag] = Path(value) if flag == "out" else value
+    with pytest.raises(DraftsmithError, match=message):
+        demo_mod.demo(**args)

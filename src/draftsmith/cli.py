@@ -80,6 +80,10 @@ def pick_device(device: str | None) -> str:
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise DraftsmithError(f"--device {device}: use cpu, cuda, cuda:N or auto") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
     return device

@@ -64,7 +64,11 @@ def demo(
 ) -> None:
     """The whole pipeline on the embedded default target, ending with a short report."""
     from draftsmith.cli import pick_device
+    from draftsmith.options import at_least_one, check_folder
 
+    # before any work: a bad value found by a later stage costs minutes of the earlier ones
+    at_least_one({"--conversations": conversations, "--epochs": epochs, "--steps": steps})
+    check_folder(out, "--out")
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
