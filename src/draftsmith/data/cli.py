@@ -282,16 +282,13 @@ def vocab(
         counts, vsize = V.count_dataset(source), int(m["vocab_size"])
         made_from = {"dataset": str(source), "target": m["target"]["fingerprint"]}
     else:
-        from draftsmith.data.chat import encode_many
+        from draftsmith.data.prompts import encode_conversations
         from draftsmith.targets import load_target
 
         t = load_target(target)
         vsize = t.cfg.vocab_size
         convs = read_sources([str(source)], False)
-        names = [f"{source}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
-        cut = [c.cut_turns() for c in convs]
-        counts = V.count_ids(encode_many(t.tokenizer, [c.messages for c in convs], names,
-                                         cut=cut), vsize)
+        counts = V.count_ids(encode_conversations(t.tokenizer, convs, source), vsize)
         made_from = {"conversations": str(source), "target": t.fingerprint}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

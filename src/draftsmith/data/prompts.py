@@ -134,6 +134,17 @@ def _user(text: Any, key: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
+def encode_conversations(tok: Any, convs: list[Conversation], source: str | Path,
+                         ) -> Iterator[tuple[list[int], list[bool]]]:
+    """`chat.encode_many` of conversations read from `source`, each named by its place and id,
+    the turns regenerate cut at max tokens (`Conversation.cut_turns`) without their closing."""
+    from draftsmith.data.chat import encode_many
+
+    names = [f"{source}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
+    return encode_many(tok, [c.messages for c in convs], names,
+                       cut=[c.cut_turns() for c in convs])
+
+
 def _records(path: Path) -> Iterator[tuple[int, Any]]:
     """(line or row number, parsed JSON or row dict); JSON errors yield a Malformed."""
     name = path.name.lower()

@@ -129,6 +129,9 @@ def self_made_prompts(
              "bare_openings": 0}
     if len(have) >= cfg.n:
         return stats
+    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
+    meta = {"source": "magpie", "target": target.fingerprint, **conf}
+    _same_settings(out, have, meta, cfg.openings)
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
@@ -137,9 +140,6 @@ def self_made_prompts(
     model = model if model is not None else target.build(dtype, device)
     rt = Runtime(model, cfg.batch_size, max(map(len, starts)) + cfg.max_new_tokens + 1,
                  compile=compile)
-    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
-    meta = {"source": "magpie", "target": target.fingerprint, **conf}
-    _same_settings(out, have, meta, cfg.openings)
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)

@@ -109,15 +109,12 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
 def open_online(
     prompts: str | Path, target: Target, aux_ids: list[int] | None, max_samples: int | None
 ) -> Data:
-    from draftsmith.data.chat import encode_many
-    from draftsmith.data.prompts import load_prompts
+    from draftsmith.data.prompts import encode_conversations, load_prompts
 
     convs = load_prompts(prompts).conversations
     if max_samples is not None:
         convs = convs[:max_samples]
-    names = [f"{prompts}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
-    encoded = encode_many(target.tokenizer, [c.messages for c in convs], names,
-                          cut=[c.cut_turns() for c in convs])
+    encoded = encode_conversations(target.tokenizer, convs, prompts)
     samples = [(ids, mask) for ids, mask in encoded if any(mask)]
     if not samples:
         raise DraftsmithError(
