@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
-from draftsmith.models.eagle3 import Eagle3Config
+from draftsmith.models.eagle3 import Eagle3Config, read_weights_file
 from draftsmith.options import check_folder
 from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
 
@@ -170,23 +169,13 @@ def check_apart(out: Path, src: Path, what: str) -> None:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Every *.safetensors (or pytorch_model*.bin) in a folder, `model.` prefixes dropped."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    out: dict[str, torch.Tensor] = {}
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not files:
-        files = sorted(folder.glob("pytorch_model*.bin"))
-        if not files:
-            raise DraftsmithError(f"{folder}: no *.safetensors or pytorch_model*.bin weights")
+        raise DraftsmithError(f"{folder}: no *.safetensors or pytorch_model*.bin weights")
+    out: dict[str, torch.Tensor] = {}
     for f in files:
-        try:
-            out.update(load_file(str(f)) if f.suffix == ".safetensors"
-                       else torch.load(f, map_location="cpu", weights_only=True))
-        except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-            raise DraftsmithError(f"{f}: cannot read its weights ({e}); a Git LFS pointer or "
-                                  "an interrupted download?") from None
+        out.update(read_weights_file(f))
     return {k.removeprefix("model."): v for k, v in out.items()}
 
 

@@ -428,6 +428,24 @@ def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
                           FORMAT_VERSION)
 
 
+def read_weights_file(path: Path, device: str | torch.device = "cpu",
+                      ) -> dict[str, torch.Tensor]:
+    """The tensors of one .safetensors (or torch .bin) weights file; one that cannot be read is
+    named (cut short by a kill, a full disk or a download, or a Git LFS pointer)."""
+    import pickle
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path), device=str(device))
+        return torch.load(path, map_location=device, weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise DraftsmithError(f"{path}: cannot read its weights ({e}); a file cut short, or a "
+                              "Git LFS pointer?") from None
+
+
 def load_drafter(
     folder: str | Path,
     device: str | torch.device = "cpu",
@@ -435,19 +453,12 @@ def load_drafter(
     embed: torch.Tensor | None = None,
 ) -> Eagle3Drafter:
     """Read a draftsmith drafter folder; `embed` supplies the target's embedding if not stored."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     cfg = Eagle3Config.from_dict(read_drafter_meta(folder)["config"])
     path = folder / WEIGHTS_FILE
     if not path.is_file():
         raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
-    try:
-        state = load_file(str(path), device=str(device))
-    except (SafetensorError, OSError) as e:
-        raise DraftsmithError(f"{path}: cannot read its weights ({e}); a file cut short by a "
-                              "kill or a full disk?") from None
+    state = read_weights_file(path, device)
     if "embed_tokens.weight" not in state:
         if embed is None:
             raise DraftsmithError(f"{path}: no embed_tokens.weight; pass the target's embedding")
