@@ -116,6 +116,25 @@ def load_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     return t["d2t"], t["t2d"]
 
 
+def map_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int,
+                ) -> tuple[torch.Tensor, tuple[str, str] | None]:
+    """(the target ids d2t maps the draft ids to, the first way the map fails to be one to one
+    into [0, vocab): ("outside" | "twice" | "t2d", what), or None)."""
+    used = torch.arange(d2t.numel()) + d2t.long()
+    bad = ((used < 0) | (used >= vocab)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        return used, ("outside", f"{bad.numel()} draft ids map outside the target vocab "
+                                 f"[0, {vocab}), e.g. draft {i} -> {int(used[i])}")
+    if used.unique().numel() != used.numel():
+        return used, ("twice", "d2t maps several draft ids to one target id")
+    if t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[used].all())
+                            or int(t2d.bool().sum()) != used.numel()):
+        return used, ("t2d", f"t2d marks {int(t2d.bool().sum())} tokens, not exactly the "
+                             f"{used.numel()} d2t maps to")
+    return used, None
+
+
 def coverage_table(counts: torch.Tensor, sizes: Iterable[int]) -> list[tuple[int, float]]:
     """(draft size, coverage) for each size: what a smaller or larger vocabulary would reach."""
     total = int(counts.sum())

@@ -125,6 +125,8 @@ def _drafter_sizes(target: Any, info: DrafterInfo, data_ids: list[int] | None) -
 
 
 def draft_vocab(info: DrafterInfo, vocab: int, data: Path | None) -> list[Finding]:
+    from draftsmith.data.vocab import map_problem
+
     d2t, t2d, where = info.tensor("d2t"), info.tensor("t2d"), _cfg_path(info)
     if d2t is None:
         if info.draft_vocab_size != info.vocab_size:
@@ -132,25 +134,19 @@ def draft_vocab(info: DrafterInfo, vocab: int, data: Path | None) -> list[Findin
                             f"{info.draft_vocab_size} != vocab {info.vocab_size}", where,
                             "re-export the drafter with its d2t mapping")]
         return []
-    used = torch.arange(d2t.numel()) + d2t.long()
+    used, problem = map_problem(d2t, t2d, vocab)
     out = []
     if d2t.numel() != info.draft_vocab_size:
         out.append(Finding("error", "vocab", f"d2t has {d2t.numel()} entries, draft_vocab_size "
                            f"is {info.draft_vocab_size}", where, "re-export the drafter"))
-    bad = ((used < 0) | (used >= vocab)).nonzero().flatten()
-    if bad.numel():
-        i = int(bad[0])
-        out.append(Finding("error", "vocab", f"{bad.numel()} draft ids map outside the target "
-                           f"vocab [0, {vocab}), e.g. draft {i} -> {int(used[i])}", where,
-                           "rebuild the draft vocabulary for this target"))
-    elif used.unique().numel() != used.numel():
-        out.append(Finding("error", "vocab", "d2t maps several draft ids to one target id",
-                           where, "rebuild the draft vocabulary"))
-    elif t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[used].all())
-                              or int(t2d.bool().sum()) != used.numel()):
-        out.append(Finding("warning", "vocab", "t2d does not mark exactly the d2t targets",
-                           where, "SGLang and vLLM ignore t2d; rebuild it from d2t for others"))
-    if not bad.numel() and data is not None:
+    if problem and problem[0] == "t2d":
+        out.append(Finding("warning", "vocab", problem[1], where,
+                           "SGLang and vLLM ignore t2d; rebuild it from d2t for others"))
+    elif problem:
+        fix = "rebuild the draft vocabulary" + (" for this target" if problem[0] == "outside"
+                                                else "")
+        out.append(Finding("error", "vocab", problem[1], where, fix))
+    if (not problem or problem[0] != "outside") and data is not None:
         out += _coverage(used, vocab, data)
     return out
 

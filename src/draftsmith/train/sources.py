@@ -143,7 +143,7 @@ def resolve_target(target: str | None, data: str | None) -> Target:
 def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) of a --vocab file, checked against a target of `vocab` tokens as the doctor
     checks an exported drafter: a bad map would crash on the first batch or be exported."""
-    from draftsmith.data.vocab import load_vocab
+    from draftsmith.data.vocab import load_vocab, map_problem
 
     d2t, t2d = load_vocab(path)
     if t2d.numel() != vocab:
@@ -151,23 +151,12 @@ def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor
     if d2t.dim() != 1 or not d2t.numel() or d2t.is_floating_point():
         raise DraftsmithError(f"{path}: d2t must be a non-empty list of integer offsets, got "
                               f"{d2t.dtype} of shape {list(d2t.shape)}")
-    used = d2t.long() + torch.arange(d2t.numel())
-    bad = ((used < 0) | (used >= vocab)).nonzero().flatten()
-    if bad.numel():
-        i = int(bad[0])
-        raise DraftsmithError(f"{path}: {bad.numel()} draft ids map outside the target vocab "
-                              f"[0, {vocab}), e.g. draft {i} -> {int(used[i])}; rebuild it "
-                              "for this target with `draftsmith data vocab`")
-    if used.unique().numel() != used.numel():
-        raise DraftsmithError(f"{path}: d2t maps several draft ids to one target id; rebuild "
-                              "it with `draftsmith data vocab`")
-    marks = torch.zeros(vocab, dtype=torch.bool)
-    marks[used] = True
-    if not torch.equal(marks, t2d.bool()):
-        raise DraftsmithError(f"{path}: t2d marks {int(t2d.bool().sum())} tokens, not exactly "
-                              f"the {used.numel()} d2t maps to; rebuild it with `draftsmith data "
+    _, problem = map_problem(d2t, t2d, vocab)
+    if problem:
+        fix = "for this target " if problem[0] == "outside" else ""
+        raise DraftsmithError(f"{path}: {problem[1]}; rebuild it {fix}with `draftsmith data "
                               "vocab`")
-    return d2t.long(), marks
+    return d2t.long(), t2d.bool()
 
 
 def target_head(target: Target) -> tuple[torch.Tensor, torch.Tensor]:
