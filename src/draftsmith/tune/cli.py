@@ -17,6 +17,7 @@ from draftsmith.options import DEVICE, DTYPE, TARGET, check_folder, int_list
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.tune.cost_model import SpecSetting
 
 console = Console()
 
@@ -60,14 +61,24 @@ def tune(
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if top < 1:
         raise DraftsmithError(f"--top must be >= 1 (settings swept per batch size), got {top}")
+    if max_new_tokens < 2:  # the first token comes from the prefill: no cycle to measure
+        raise DraftsmithError(f"--max-new-tokens must be >= 2 (a speculative cycle needs a "
+                              f"token after the prefill's), got {max_new_tokens}")
     check_folder(out, "--out")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
+    if nccl_sweep:  # refused now, not after the whole tune
+        if nccl_grid not in ("quick", "full"):
+            raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
+        check_folder(out / "nccl", "--out")
     from draftsmith.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature, top_p, top_k)
+    if params.greedy and (top_k or top_p < 1):
+        raise DraftsmithError("--top-k and --top-p apply to sampling: give --temperature > 0 "
+                              "with them (at temperature 0 decoding is greedy)")
     dev, dt = device_dtype(device, dtype)
-    batches = sorted(int_list(batch_sizes, "--batch-sizes"))
+    batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk, params, seed, max_draft_tokens, refill)
     if tp == 1:
@@ -133,7 +144,7 @@ def run_tune(
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
-    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
     from draftsmith.targets import load_target
     from draftsmith.tune import measure
     from draftsmith.tune.cost_model import (
@@ -146,6 +157,7 @@ def run_tune(
     from draftsmith.tune.flags import export_paths, recommendation_text
 
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
+    read_drafter_meta(drafter_dir)  # and a mistyped --drafter
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
@@ -180,16 +192,14 @@ def run_tune(
     if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
         costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
     preds, meas = [], []
-    grid = [s for s in candidate_grid(max_steps)
-            if s.topk <= max_topk and s.num_draft_tokens <= max_draft]
+    limits = (max_steps, max_topk, max_draft)
+    grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
     for b in batches:
         ranked = rank_settings(costs, acc, b, grid, mix, refilled)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
-        for s in plan:
-            if s.steps > max_steps or s.topk > max_topk or s.num_draft_tokens > max_draft:
-                continue
+        for s in (s for s in plan if within(s, *limits)):
             console.print(f"batch {b}: {s}")
             meas.append(measure.run_setting(eng, s, ids, b, new, eos,
                                             refilled.waves if refilled else 0))
@@ -209,6 +219,13 @@ def run_tune(
                           1 if tp is None else tp.size, eng.params, refill, mix, new)
     report["texts"] = texts
     return report
+
+
+def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> bool:
+    """Whether tune's limits allow a setting: --max-draft-tokens bounds trees only, so every
+    chain up to --max-steps is priced and swept."""
+    return s.steps <= max_steps and s.topk <= max_topk and (
+        s.topk == 1 or s.num_draft_tokens <= max_draft)
 
 
 def refill_plan(new: int, batches: list[int]):

@@ -52,6 +52,26 @@ def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
     return f"--speculative-config {shlex.quote(config)}" if config else ""
 
 
+def vllm_choice(rec: Recommendation) -> tuple[SpecSetting, str | None]:
+    """The setting vLLM's flags take, and a note where it is not the choice. vLLM's EAGLE-3
+    drafts a chain, so for a chosen tree: the fastest chain among the recommendation's rows,
+    or no speculation where that beat them, by measured figures where a chain was measured
+    (`tune` sweeps every chain), else by predicted ones; not the chain of the tree's depth,
+    which may be far slower."""
+    if rec.setting.topk == 1:
+        return rec.setting, None
+    for source in ("measured", "predicted"):
+        tps = {r.setting: v for r in rec.rows if r.setting.topk == 1
+               and (v := r.measured_tps if source == "measured" else r.predicted_tps) is not None}
+        if any(not s.is_baseline for s in tps):
+            best = min(tps, key=lambda s: (-tps[s], s.steps))
+            what = ("no chain beat no speculation" if best.is_baseline
+                    else f"the fastest chain {source} here is {best}")
+            return best, (f"vLLM drafts a chain, not topk {rec.setting.topk}: {what} ({source} "
+                          f"{tps[best]:.1f} tok/s)")
+    return SpecSetting(rec.setting.steps), vllm_speculative_config(rec.setting, "").note
+
+
 IDLE_HINT = 0.1  # idle share of row slots from which the text points at refilled rows
 
 
@@ -88,14 +108,17 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
     if rec.speculate:
         sg, sp = (exports or {}).get("sglang", model_path), (exports or {}).get(
             "speculators", model_path)
-        vllm = vllm_speculative_config(rec.setting, sp)
+        chain, note = vllm_choice(rec)
         lines.append(f"  SGLang: {sglang_flags(rec.setting, sg)}")
-        lines.append(f"  vLLM:   {vllm_flags(rec.setting, sp)}")
-        if vllm.note:
-            lines.append(f"  note:   {vllm.note}")
+        lines.append(f"  vLLM:   {vllm_flags(chain, sp) or '(serve without --speculative-config)'}")
+        if note:
+            lines.append(f"  note:   {note}")
         if exports:
             q = shlex.quote
-            lines.append(f"  export: draftsmith export {q(str(model_path))} --format sglang --out "
-                         f"{q(str(sg))}; draftsmith export {q(str(model_path))} --format "
-                         f"speculators --speculative-tokens {rec.setting.steps} --out {q(str(sp))}")
+            line = (f"  export: draftsmith export {q(str(model_path))} --format sglang --out "
+                    f"{q(str(sg))}")
+            if not chain.is_baseline:
+                line += (f"; draftsmith export {q(str(model_path))} --format speculators "
+                         f"--speculative-tokens {chain.steps} --out {q(str(sp))}")
+            lines.append(line)
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from draftsmith.engine.spec_refill import prompt_pass, refill_every_for, warm_re
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.engine.tree import RankCounts
+from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Drafter
 from draftsmith.tune.cost_model import (
     Acceptance,
@@ -248,6 +249,10 @@ def chain_acceptance(
     runs = [dec.generate([p], new, eos) for p in prompts]
     reached = [sum(c) for c in zip(*(r.reached for r in runs), strict=True)]
     accepted = [sum(c) for c in zip(*(r.accepted for r in runs), strict=True)]
+    if not reached or not reached[0]:
+        raise DraftsmithError(f"no prompt reached a draft in {new} new tokens: every answer "
+                              "ended at its first token (EOS), so nothing measures acceptance; "
+                              "use --prompts whose answers run longer")
     pooled = Acceptance.from_chain_counts(reached, accepted)
     own = [Acceptance.from_chain_counts(r.reached, r.accepted) if r.reached[0] else pooled
            for r in runs]

@@ -371,6 +371,10 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
                    ) -> dict[str, Any]:
     """The whole sweep; writes nccl.json and nccl.md into out when given."""
     at_least_one({"--tp": tp_size, "--iters": iters})
+    if not (timeout_s > 0 and 0 <= noise_pct < math.inf):
+        raise DraftsmithError(f"--timeout must be > 0 and --noise-pct >= 0, got {timeout_s} and "
+                              f"{noise_pct}")
+    shapes = list(dict.fromkeys((int(b), int(n)) for b, n in shapes))  # each timed once
     if out is not None:  # before the sweep, not after it
         check_folder(out, "--out")
     spec = TargetSpec(target)
