@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -179,12 +179,20 @@ def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: S
         return JSONResponse(_model_card(engine, cfg))
 
 
+def _too_large() -> P.ApiError:
+    return P.ApiError(413, f"the request body is over {MAX_BODY >> 20} MiB", None,
+                      "body_too_large")
+
+
 async def _json(request: Request) -> Any:
     size = request.headers.get("content-length", "0")
     if not size.isdigit() or int(size) > MAX_BODY:
-        raise P.ApiError(413, f"the request body is over {MAX_BODY >> 20} MiB", None,
-                         "body_too_large")
-    raw = await request.body()
+        raise _too_large()
+    raw = bytearray()
+    async for part in request.stream():  # a chunked body has no content-length to check
+        raw += part
+        if len(raw) > MAX_BODY:
+            raise _too_large()
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -194,47 +202,73 @@ async def _json(request: Request) -> Any:
 
 def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
                        sched: Scheduler) -> None:
-    async def serve(req: P.GenRequest):
+    async def serve(request: Request, req: P.GenRequest):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         job = Job(req, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
         sched.submit(job)
+        # a client that leaves while queued or waiting for a whole answer frees its rows
+        # (a stream's own disconnect watch takes over once it starts)
+        gone = asyncio.ensure_future(_until_gone(request))
         try:
-            first = await q.get()
-        except asyncio.CancelledError:
+            first = await _next(q, gone)
+            if first[0] == "error":
+                raise P.ApiError(*first[1:])
+            if req.stream:
+                return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched),
+                                         media_type="text/event-stream")
+            return JSONResponse(await _collect(req, q, first, cfg.fingerprint, gone))
+        except (asyncio.CancelledError, _Gone):
             sched.cancel(job)
+            if gone.done():
+                return Response(status_code=499)
             raise
-        if first[0] == "error":
-            raise P.ApiError(*first[1:])
-        if req.stream:
-            return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched),
-                                     media_type="text/event-stream")
-        return JSONResponse(await _collect(req, job, q, first, cfg.fingerprint, sched))
+        finally:
+            gone.cancel()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _json(request)
-        return await serve(await run_in_threadpool(P.parse_chat, body, cfg, engine))
+        return await serve(request, await run_in_threadpool(P.parse_chat, body, cfg, engine))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _json(request)
-        return await serve(await run_in_threadpool(P.parse_completion, body, cfg, engine))
+        return await serve(request, await run_in_threadpool(P.parse_completion, body, cfg,
+                                                            engine))
 
 
-async def _collect(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
-                   fingerprint: str, sched: Any) -> dict[str, Any]:
-    choices = [P.Choice() for _ in range(req.rows)]
+class _Gone(Exception):
+    """The client closed its connection."""
+
+
+async def _until_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next(q: asyncio.Queue, gone: asyncio.Future) -> tuple:
+    """The job's next event, or _Gone once its client has left."""
+    get = asyncio.ensure_future(q.get())
     try:
-        while ev[0] != "done":
-            if ev[0] == "error":
-                raise P.ApiError(*ev[1:])
-            if ev[0] == "finish":
-                choices[ev[1]] = ev[2]
-            ev = await q.get()
-    except asyncio.CancelledError:
-        sched.cancel(job)
-        raise
+        await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not get.done():
+            get.cancel()
+    if get.done() and not get.cancelled():
+        return get.result()
+    raise _Gone
+
+
+async def _collect(req: P.GenRequest, q: asyncio.Queue, ev: tuple, fingerprint: str,
+                   gone: asyncio.Future) -> dict[str, Any]:
+    choices = [P.Choice() for _ in range(req.rows)]
+    while ev[0] != "done":
+        if ev[0] == "error":
+            raise P.ApiError(*ev[1:])
+        if ev[0] == "finish":
+            choices[ev[1]] = ev[2]
+        ev = await _next(q, gone)
     return P.response(req, choices, fingerprint)
 
 

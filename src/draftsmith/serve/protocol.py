@@ -15,6 +15,7 @@ from draftsmith.engine.params import SamplingParams
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+SEEDS = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
 
 
 class ApiError(Exception):
@@ -123,7 +124,8 @@ def _bounded(body: dict, name: str, kind: type, default: Any, lo: float, hi: flo
 def _unsupported(body: dict) -> None:
     """Reject features this server does not implement instead of silently ignoring them."""
     checks = {
-        "logprobs": lambda v: v not in (None, False, 0),
+        # /v1/completions' logprobs 0 asks for the chosen tokens' logprobs (only chat's is a bool)
+        "logprobs": lambda v: v is not None and v is not False,
         "top_logprobs": lambda v: v not in (None, 0),
         "echo": lambda v: v not in (None, False),
         "best_of": lambda v: v not in (None, 1),
@@ -167,7 +169,7 @@ def _sampling(body: dict) -> tuple[SamplingParams, int | None]:
     if not 0 < top_p <= 1:
         raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p", "invalid_value")
     top_k = _bounded(body, "top_k", int, 0, -1, 1 << 30)
-    seed = _get(body, "seed", int)
+    seed = _bounded(body, "seed", int, None, *SEEDS) if body.get("seed") is not None else None
     return SamplingParams(temperature, top_p, max(top_k, 0)), seed
 
 
@@ -204,6 +206,16 @@ def _check_lengths(prompts: list[list[int]], cfg: ServeConfig, param: str) -> No
                            "context_length_exceeded")
 
 
+def _unicode(text: str, param: str) -> str:
+    """JSON may escape half of a UTF-16 pair ("\\ud83d"): no tokenizer takes that."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{param} holds an unpaired surrogate {text[e.start]!r} at "
+                       f"character {e.start}: not valid Unicode", param, "invalid_value") from None
+    return text
+
+
 def _object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
@@ -215,7 +227,7 @@ def _object(body: Any) -> dict:
 def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if isinstance(c, str):
-        return c
+        return _unicode(c, f"messages[{i}].content")
     if c is None:
         raise ApiError(400, f"messages[{i}].content is required", f"messages[{i}].content")
     if isinstance(c, list):
@@ -226,7 +238,7 @@ def _content(m: dict, i: int) -> str:
             ):
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported",
                                f"messages[{i}].content", "unsupported")
-            texts.append(part["text"])
+            texts.append(_unicode(part["text"], f"messages[{i}].content"))
         return "\n".join(texts)
     raise ApiError(400, f"messages[{i}].content must be a string or an array of text parts",
                    f"messages[{i}].content", "invalid_type")
@@ -290,7 +302,7 @@ def _prompts(body: dict, prompter: Prompter) -> list[list[int]]:
                        "ids, or an array of such arrays", "prompt", "invalid_type")
     out = []
     for x in items:
-        ids = prompter.text_ids(x) if isinstance(x, str) else x
+        ids = prompter.text_ids(_unicode(x, "prompt")) if isinstance(x, str) else x
         bad = [t for t in ids if not 0 <= t < prompter.vocab_size]
         if bad:
             raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "

@@ -48,13 +48,14 @@ class ChoiceText:
 
     def tokens_used(self, tokens: list[int]) -> int:
         """How many of `tokens` the text took: all of them, or once a stop string ended it,
-        the fewest whose text reaches that string's end (the usage counts these)."""
+        the fewest whose text reaches that string's end (the usage counts these; a character's
+        first bytes alone decode to a placeholder that does not reach it)."""
         if not self.stopped:
             return len(tokens)
         lo, hi = 1, len(tokens)
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(self.decode(tokens[:mid])) >= self.stop_end:
+            if len(self.decode(tokens[:mid]).rstrip("\ufffd")) >= self.stop_end:
                 hi = mid
             else:
                 lo = mid + 1
