@@ -65,15 +65,13 @@ class ModelConfig:
                 f"unsupported architecture {archs[0]!r} (model_type {arch!r}): draftsmith "
                 f"supports {sorted(SUPPORTED)}"
             )
-        if hf.get("mlp_bias"):
-            raise DraftsmithError("config.json: mlp_bias (biases on the MLP projections) is not "
-                                  "supported")
+        _check_mlp(hf, arch)
         heads = int(hf["num_attention_heads"])
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         eos = hf.get("eos_token_id")
-        return cls(
+        cfg = cls(
             arch=arch,
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -87,12 +85,15 @@ class ModelConfig:
             rope_scaling=None if rope_type == "default" else rope,
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", arch == "qwen2")),
+            attention_bias=_attention_bias(hf, arch),
             qk_norm=arch == "qwen3",
             sliding_window=_sliding_window(hf, arch, int(hf["num_hidden_layers"])),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
         )
+        if cfg.rope_scaling and rope_type in ("linear", "llama3"):
+            cfg.inv_freq()  # a field these kinds need is named now (KeyError), not at build
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +117,26 @@ class ModelConfig:
         raise DraftsmithError(
             f"unsupported rope scaling {kind!r}: supported default, linear, llama3"
         )
+
+
+def _check_mlp(hf: dict[str, Any], arch: str) -> None:
+    """HF's Llama alone reads mlp_bias (Qwen2/3 and Mistral ignore it); every family reads
+    hidden_act, where draftsmith's MLP is silu's alone."""
+    if arch == "llama" and hf.get("mlp_bias"):
+        raise DraftsmithError("config.json: mlp_bias (biases on the MLP projections) is not "
+                              "supported")
+    act = hf.get("hidden_act") or "silu"
+    if act not in ("silu", "swish"):
+        raise DraftsmithError(f"config.json: hidden_act {act!r} is not supported (draftsmith's "
+                              "MLP is SwiGLU: silu)")
+
+
+def _attention_bias(hf: dict[str, Any], arch: str) -> bool:
+    """As HF builds each family: Qwen2 always biases q/k/v, Mistral never biases, Llama and
+    Qwen3 follow attention_bias (a Qwen2 or Mistral config's attention_bias is ignored)."""
+    if arch in ("qwen2", "mistral"):
+        return arch == "qwen2"
+    return bool(hf.get("attention_bias", False))
 
 
 def _sliding_window(hf: dict[str, Any], arch: str, layers: int) -> int | None:

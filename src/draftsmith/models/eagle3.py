@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +84,20 @@ class Eagle3Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        if not isinstance(d, dict):
+            raise DraftsmithError(f"drafter config is a {type(d).__name__}, not an object")
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
             raise DraftsmithError(f"drafter config has unknown keys {unknown}")
-        return cls(**d)
+        required = [f.name for f in fields(cls) if f.default is MISSING
+                    and f.default_factory is MISSING]
+        if missing := [k for k in required if k not in d]:
+            raise DraftsmithError(f"drafter config lacks the keys {missing}")
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as e:  # a value of the wrong kind (a hand edit)
+            raise DraftsmithError(f"drafter config: a malformed value ({e})") from None
 
     @classmethod
     def for_target(
@@ -359,7 +368,7 @@ def fuse_hf_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _hf_layer_to_ours(name: str) -> tuple[str, str, str] | None:
     if name.startswith("midlayer."):
         prefix, rest = "midlayer.", name[len("midlayer."):]
-    elif name.startswith("layers."):
+    elif name.startswith("layers.") and name.split(".")[1].isdigit():
         i, _, rest = name[len("layers."):].partition(".")
         prefix = "midlayer." if int(i) == 0 else f"extra_layers.{int(i) - 1}."
     else:
@@ -422,10 +431,18 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
 
 
 def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
-    if not Path(folder).is_dir():
+    folder = Path(folder)
+    if not folder.is_dir():
         raise DraftsmithError(f"{folder}: no such folder (a draftsmith drafter folder)")
-    return read_versioned(Path(folder) / CONFIG_FILE, "not a draftsmith drafter folder", FORMAT,
+    if not (folder / CONFIG_FILE).exists() and (folder / "config.json").is_file():
+        raise DraftsmithError(f"{folder}: no {CONFIG_FILE} but a config.json: an engine's layout "
+                              "(SGLang/SpecForge/EAGLE or speculators), not a draftsmith drafter; "
+                              f"`draftsmith import {folder} --out DIR` converts it")
+    meta = read_versioned(folder / CONFIG_FILE, "not a draftsmith drafter folder", FORMAT,
                           FORMAT_VERSION)
+    if not isinstance(meta.get("config"), dict):
+        raise DraftsmithError(f"{folder / CONFIG_FILE}: no drafter config object")
+    return meta
 
 
 def read_weights_file(path: Path, device: str | torch.device = "cpu",

@@ -20,7 +20,7 @@ from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.targets import hf
-from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+from draftsmith.targets.tokenizer import chat_template, template_hash, tokenizer_hash
 
 # Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
 # permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored) is converted again.
@@ -52,9 +52,14 @@ class Target:
     def chat_ids(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
-        if not self.tokenizer.chat_template:  # transformers' own error is a traceback
+        if not chat_template(self.tokenizer):  # transformers' own error is a traceback
             raise DraftsmithError(f"{self.source}: the tokenizer has no chat template (a base "
                                   "model?); draftsmith prompts a target through its template")
+        named = self.tokenizer.chat_template
+        if isinstance(named, dict) and "default" not in named:
+            raise DraftsmithError(f"{self.source}: the tokenizer has named chat templates "
+                                  f"{sorted(named)} and none called 'default', which draftsmith "
+                                  "renders prompts with")
         return template_ids(self.tokenizer, messages, add_generation_prompt)
 
     @property
@@ -141,7 +146,7 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     cfg = ModelConfig.from_hf(hf_cfg)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:  # it validates config.json too
         why = " ".join(str(e).split())  # transformers' message spans lines
         raise DraftsmithError(f"{folder}: cannot load the tokenizer (tokenizer.json and "
                               f"tokenizer_config.json belong beside config.json): {why}") from None
@@ -184,16 +189,46 @@ def _convert_gguf(path: Path) -> Target:
 
 
 def _save_folder(t: Target, folder: Path) -> None:
+    """Write the converted target beside `folder`, then move it in. Each process writes its own
+    temporary folder: ranks converting one GGUF at once (torchrun on a fresh cache) shared one,
+    and a rank that moved it in first left the others writing into a folder gone."""
+    import shutil
+    import tempfile
+
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "config.json").write_text(json.dumps(t.hf_config, indent=1, default=str))
-    t.tokenizer.save_pretrained(tmp)
-    save_file({k: v.contiguous() for k, v in t.weights.items()}, tmp / "model.safetensors")
-    (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": t.fingerprint}))
-    if folder.exists():
-        import shutil
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".tmp", dir=folder.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would keep the cache from other users
+    try:
+        (tmp / "config.json").write_text(json.dumps(t.hf_config, indent=1, default=str))
+        t.tokenizer.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in t.weights.items()}, tmp / "model.safetensors")
+        (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": t.fingerprint}))
+        _move_in(tmp, folder)
+    finally:  # left where the writing failed, or where another process moved its own in
+        shutil.rmtree(tmp, ignore_errors=True)
 
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+
+def _move_in(tmp: Path, folder: Path) -> None:
+    """tmp renamed to folder, an entry there (damaged, or another process's equal one) moved
+    aside and removed first; where yet another process moves its own in meanwhile, that one
+    stays."""
+    import contextlib
+    import shutil
+    import tempfile
+
+    try:
+        tmp.rename(folder)
+        return
+    except OSError:
+        pass
+    aside = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".old", dir=folder.parent))
+    with contextlib.suppress(FileNotFoundError):
+        folder.rename(aside / "entry")
+    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / "draftsmith_target.json").is_file():
+            raise

@@ -1,4 +1,5 @@
-"""Read a Hugging Face checkpoint folder: config.json + safetensors (sharded or not)."""
+"""Read a Hugging Face checkpoint folder: config.json + safetensors (sharded or not), or
+PyTorch .bin weights where a folder holds no safetensors."""
 
 from __future__ import annotations
 
@@ -19,27 +20,48 @@ def read_config(folder: Path) -> dict:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    files = _weight_files(folder)
+    if not files:
+        raise DraftsmithError(f"{folder}: no *.safetensors (or pytorch_model*.bin) weight files")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(_read_file(f))
+    return out
+
+
+def _read_file(f: Path) -> dict[str, torch.Tensor]:
+    import pickle
+
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    files = _weight_files(folder)
-    if not files:
-        raise DraftsmithError(f"{folder}: no *.safetensors weight files")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            out.update(load_file(f))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise DraftsmithError(f"{f}: cannot read safetensors file ({e})") from None
-    return out
+    try:
+        if f.suffix == ".safetensors":
+            return load_file(f)
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise DraftsmithError(f"{f}: cannot read safetensors file ({e})") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        why = " ".join(str(e).split())[:300]  # torch's message spans lines
+        raise DraftsmithError(f"{f}: cannot read PyTorch weights file ({why})") from None
 
 
 def _weight_files(folder: Path) -> list[Path]:
     """The shards the index names where there is one: Mistral's folders also hold the same
-    weights as consolidated.safetensors, which would double the memory a load takes."""
+    weights as consolidated.safetensors, which would double the memory a load takes. Older
+    checkpoints hold only PyTorch pickles (pytorch_model*.bin; not training_args.bin)."""
     index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        return sorted(folder.glob("*.safetensors"))
+    if index.is_file():
+        return _indexed(folder, index)
+    if found := sorted(folder.glob("*.safetensors")):
+        return found
+    index = folder / "pytorch_model.bin.index.json"
+    if index.is_file():
+        return _indexed(folder, index)
+    return sorted(folder.glob("pytorch_model*.bin"))
+
+
+def _indexed(folder: Path, index: Path) -> list[Path]:
     meta = read_json(index, "")
     weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
     if not isinstance(weight_map, dict):

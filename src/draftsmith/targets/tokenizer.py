@@ -37,4 +37,15 @@ def tokenizer_hash(tok) -> str:
 
 
 def template_hash(tok) -> str:
-    return hashlib.sha256((tok.chat_template or "").encode()).hexdigest()[:16]
+    """The hash of the template prompts are rendered with: a tokenizer of several named
+    templates (tokenizer_config.json's list form) renders with its "default" one."""
+    return hashlib.sha256(chat_template(tok).encode()).hexdigest()[:16]
+
+
+def chat_template(tok) -> str:
+    """The template `apply_chat_template` renders with ("" for none); of several named ones, the
+    "default", else all of them as JSON (transformers then asks for a name)."""
+    t = tok.chat_template or ""
+    if isinstance(t, dict):
+        return t.get("default") or json.dumps(t, sort_keys=True)
+    return t
