@@ -126,3 +126,25 @@ def test_switches_are_read_strictly(monkeypatch):
         monkeypatch.setenv(name, "false")
         with pytest.raises(DraftsmithError, match=f"{name}='false': use 1 or 0"):
             make()
+
+
+def test_a_summary_of_no_cycle_shows_nothing_timed():
+    """Zero cycles (every row ended at the prefill): the table showed 0.000 ms at 0.0 % a phase
+    under a total of 100.0 %, and an accept length of 0.00; now a dash where nothing was timed,
+    and the JSON says 0 cycles."""
+    s = profiler.PhaseProfiler("cpu").summary()
+    out = Console(width=100, record=True)
+    out.print(profiler.table(s))
+    text = out.export_text()
+    assert "100.0%" not in text and "0.000" not in text and "0.00 " not in text
+    assert [ln.split("│")[2].strip() for ln in text.splitlines()
+            if "target verify" in ln or "accept length" in ln] == ["-", "-"]
+    assert json.loads(json.dumps(s.to_dict()))["cycles"] == 0
+    p = profiler.PhaseProfiler("cpu")
+    p.start()
+    for ph in profiler.PHASES:
+        p.mark(ph)
+    one = Console(width=100, record=True)
+    one.print(profiler.table(p.summary(), "mine[v2] · batch 1"))
+    text = one.export_text()
+    assert "100.0%" in text and "mine[v2] · batch 1" in text  # a suite's name, not markup

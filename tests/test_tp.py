@@ -258,3 +258,44 @@ def test_speculative_under_tp2_matches_single_process(tp2, spec_args, single):
     assert one["refill", 1] == one["refill", 2] == refilled  # speculative == plain, refilled
     lens = [len(t) for t in refilled]
     assert min(lens) < NEW and max(lens) == NEW and len(set(lens)) > 2  # EOS ended rows apart
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2: with WORLD_SIZE=2 a rank is 0 to 1"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1: with WORLD_SIZE=2 a rank is 0 to 1"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0: must be >= 1"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1: must be >= 0"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "one"}, "LOCAL_RANK='one' is not an int"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": ""}, "MASTER_PORT not set: run under"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": ""}, "MASTER_ADDR not set: run under"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "x"}, "MASTER_PORT='x' is not an int"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"}, "a port is 1 to 65535"),
+])
+def test_a_malformed_torchrun_environment_is_refused_not_waited_on(monkeypatch, env, message):
+    """RANK outside WORLD_SIZE waited forever for ranks that never come; a missing or bad
+    MASTER_* was a torch traceback."""
+    from draftsmith.dist import init_tp
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", **env}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DraftsmithError, match=message):
+        init_tp(None, "cpu")
+
+
+def test_a_port_in_use_is_one_clear_error(monkeypatch):
+    import socket
+
+    from draftsmith.dist import init_tp
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(port)}.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(DraftsmithError, match=f"rank 0 of 1 could not join the process "
+                           f"group at 127.0.0.1:{port}: .*address already in use"):
+            init_tp(None, "cpu")

@@ -8,12 +8,14 @@ reused on a rerun (the data stages resume; a trained drafter is kept).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -124,9 +126,6 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     from draftsmith.train import TrainConfig, train
 
     out = cfg.out / "drafter"
-    if (out / "draftsmith.json").is_file():
-        console.print(f"{out}: trained drafter found, reused")
-        return out
     vocab = data["dir"] / "vocab.safetensors"  # counted by the data stage
     # small data: short packed rows so an epoch is many optimizer steps
     # GPU: online (the target recomputes hidden states, faster than reading shards there)
@@ -137,10 +136,36 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
         batch_size=1 if cfg.device == "cpu" else 4, max_len=cfg.train_len,
         draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
         device=cfg.device, save_every=10_000, progress=True,
-        extra={"command": "draftsmith demo"},
+        extra={"command": "draftsmith demo", "data": data_identity(data)},
     )
+    if (out / "draftsmith.json").is_file():
+        changed = stale_settings(out, tc)
+        if not changed:
+            console.print(f"{out}: trained drafter found, reused")
+            return out
+        # a kept drafter of other epochs or data would be reported as this run's
+        console.print(f"{out}: trained with other {', '.join(changed)}: trained again")
+        shutil.rmtree(out)
     train(tc)
     return out
+
+
+def data_identity(data: dict) -> dict:
+    """What tells one demo dataset from another: a rerun with more conversations grows it."""
+    return {k: data["summary"].get(k) for k in ("samples", "tokens")}
+
+
+def stale_settings(out: Path, tc) -> list[str]:
+    """The settings (and data) a kept drafter was trained with that differ from this run's."""
+    from draftsmith.train.loop import IDENTITY
+
+    try:
+        old = json.loads((out / "draftsmith.json").read_text())["training"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["settings (its record is unreadable)"]
+    new = json.loads(json.dumps(asdict(tc), default=str))
+    return [{"extra": "data"}.get(k, k) for k in (*IDENTITY, "extra")
+            if old.get(k) != new.get(k)]
 
 
 def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:
@@ -168,7 +193,7 @@ def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
     prompts = [t.chat_ids([{"role": "user", "content": p}]) for p in EVAL_PROMPTS]
     b = 1
     rt = Runtime(model, len(prompts), 1024)
-    dec = SpecDecoder(rt, drafter, cfg.steps)
+    dec = SpecDecoder(rt, drafter, cfg.steps, profile=False)  # not DRAFTSMITH_PROFILE's
     run_generation(rt, prompts[:b], 4)
     dec.generate(prompts[:b], 4, t.eos_ids)
     base_tok, base_s, spec = 0, 0.0, []
@@ -196,7 +221,9 @@ def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> d
         "baseline_tok_s": base_tps, "speculative_tok_s": tok / secs,
         "speedup": tok / secs / base_tps,
         "accept_length": m.mean_accept_length, "accept_hist": m.accept_hist,
-        "position_acceptance": m.position_rates,
+        # None: a position no cycle reached, not a measured 0
+        "position_acceptance": [a / r if r else None
+                                for a, r in zip(m.accepted, m.reached, strict=True)],
         "phases_ms": phases, "phases_pct": pct,
     }
 
@@ -220,25 +247,29 @@ def export_all(cfg: DemoConfig, drafter_dir: Path) -> dict:
 def show(report: dict) -> None:
     b = report["bench"]
     name = "SmolLM2-135M-Instruct" if report["target"] == "default" else report["target"]
-    table = Table(title=f"draftsmith demo: {name} + its EAGLE-3 drafter")
+    table = Table(title=escape(f"draftsmith demo: {name} + its EAGLE-3 drafter"))
     table.add_column("what")
     table.add_column("value")
-    table.add_row("device", str(b["device"]))
-    table.add_row("data", f"{report['data'].get('samples', '?')} conversations, "
-                          f"{report['data'].get('tokens', '?')} tokens")
-    table.add_row("tokens/s baseline", f"{b['baseline_tok_s']:.1f}")
-    table.add_row("tokens/s speculative", f"{b['speculative_tok_s']:.1f} "
-                                          f"({b['speedup']:.2f}x, steps {b['steps']})")
-    table.add_row("accept length", f"{b['accept_length']:.2f}")
-    table.add_row("per-position acceptance",
-                  " ".join(f"{p:.2f}" for p in b["position_acceptance"]))
-    table.add_row("phases (ms / cycle)", ", ".join(
+
+    def add(what: str, value: str) -> None:  # paths and names are text, not rich markup
+        table.add_row(escape(what), escape(value))
+
+    add("device", str(b["device"]))
+    add("data", f"{report['data'].get('samples', '?')} conversations, "
+                f"{report['data'].get('tokens', '?')} tokens")
+    add("tokens/s baseline", f"{b['baseline_tok_s']:.1f}")
+    add("tokens/s speculative", f"{b['speculative_tok_s']:.1f} "
+                                f"({b['speedup']:.2f}x, steps {b['steps']})")
+    add("accept length", f"{b['accept_length']:.2f}")
+    add("per-position acceptance",
+        " ".join("-" if p is None else f"{p:.2f}" for p in b["position_acceptance"]))
+    add("phases (ms / cycle)", ", ".join(
         f"{k} {v:.2f} ({b['phases_pct'][k]:.0f}%)" for k, v in b["phases_ms"].items()))
-    table.add_row("doctor", f"exit {report['doctor']['exit_code']}, "
-                            f"{report['doctor']['findings']} findings")
+    add("doctor", f"exit {report['doctor']['exit_code']}, "
+                  f"{report['doctor']['findings']} findings")
     for k, v in report["artifacts"].items():
-        table.add_row(f"artifact: {k}", v)
+        add(f"artifact: {k}", v)
     for k, v in report["exports"].items():
-        table.add_row(f"deploy with {k}", v["flags"])
-    table.add_row("stage seconds", json.dumps(report["seconds"]))
+        add(f"deploy with {k}", v["flags"])
+    add("stage seconds", json.dumps(report["seconds"]))
     console.print(table)

@@ -181,25 +181,60 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
                 f"`torchrun --nproc-per-node {tp_size}` or through draftsmith.dist.launch_tp"
             )
         return TP(device=pick_device(_cuda_index(device), device))
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    rank, world, local = _ranks()
     size = world if tp_size is None else tp_size
     if size < 1 or world % size:
         raise DraftsmithError(f"tensor-parallel size {size} does not divide world size {world}")
-    dev = pick_device(_env_int("LOCAL_RANK", rank), device)
+    dev = pick_device(local, device)
     _start_group(rank, world, dev)
     return TP(rank % size, size, _tp_group(rank, world, size), dev)
+
+
+def _ranks() -> tuple[int, int, int]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, checked: a rank outside the world waits forever for a
+    process group that never forms."""
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local = _env_int("LOCAL_RANK", rank)
+    if world < 1:
+        raise DraftsmithError(f"environment variable WORLD_SIZE={world}: must be >= 1")
+    if not 0 <= rank < world:
+        raise DraftsmithError(f"environment variable RANK={rank}: with WORLD_SIZE={world} a "
+                              f"rank is 0 to {world - 1}")
+    if local < 0:
+        raise DraftsmithError(f"environment variable LOCAL_RANK={local}: must be >= 0")
+    return rank, world, local
 
 
 def _start_group(rank: int, world: int, dev: torch.device) -> None:
     if dist.is_initialized():
         return
-    if dev.type == "cuda":
-        ensure_nvls_off()
-        torch.cuda.set_device(dev)
-        # device_id starts the communicator now, not inside a CUDA-graph capture.
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    else:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    where = _rendezvous()
+    try:
+        if dev.type == "cuda":
+            ensure_nvls_off()
+            torch.cuda.set_device(dev)
+            # device_id starts the communicator now, not inside a CUDA-graph capture.
+            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+    except dist.DistError as e:  # e.g. MASTER_PORT taken by another process
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DraftsmithError(f"rank {rank} of {world} could not join the process group at "
+                              f"{where}: {first}") from None
+
+
+def _rendezvous() -> str:
+    """MASTER_ADDR:MASTER_PORT, where rank 0 listens and every rank meets (torchrun sets both)."""
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    unset = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k, "").strip()]
+    if unset:
+        raise DraftsmithError(f"environment variable {' and '.join(unset)} not set: run under "
+                              "torchrun, or set MASTER_ADDR and MASTER_PORT beside RANK and "
+                              "WORLD_SIZE")
+    port = _env_int("MASTER_PORT")
+    if not 0 < port < 65536:
+        raise DraftsmithError(f"environment variable MASTER_PORT={port}: a port is 1 to 65535")
+    return f"{addr}:{port}"
 
 
 def _tp_group(rank: int, world: int, size: int) -> Any:

@@ -122,8 +122,16 @@ def differences(descs: list[Description]) -> list[str]:
         if first.ids_canonical != d.ids_canonical:
             notes.append(f"they read different target layers: {first.ids_canonical} vs "
                          f"{d.ids_canonical} (canonical)")
-        notes += _data_ratio(first, d)
+        notes += _data_ratio(first, d) + _targets_differ(first, d)
     return notes
+
+
+def _targets_differ(a: Description, b: Description) -> list[str]:
+    fa, fb = (x.info.recorded("target_fingerprint") for x in (a, b))
+    if not fa or not fb or fa == fb:
+        return []
+    return [f"{a.label} and {b.label} were trained for different targets (fingerprints {fa} vs "
+            f"{fb}): no one target measures both as trained"]
 
 
 def _data_ratio(a: Description, b: Description) -> list[str]:
@@ -162,7 +170,7 @@ def _other_target(descs: list[Description], target: Any) -> list[str]:
     """Drafters recorded as trained for another target: their acceptance here is not theirs."""
     return [f"{d.label} was trained for target fingerprint {fp}, but --target {target.source} "
             f"has {target.fingerprint}: its acceptance here is on a target it was not trained "
-            "for" for d in descs if (fp := d.info.config.get("target_fingerprint"))
+            "for" for d in descs if (fp := d.info.recorded("target_fingerprint"))
             and fp != target.fingerprint]
 
 
@@ -198,20 +206,22 @@ def write(res: dict[str, Any], out: Path) -> None:
 
 def show(res: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from draftsmith.compare.report import sections
 
+    # folder names and paths are text, not markup: exp[v2] would lose its "[v2]"
     con = Console()
     for title, header, rows in sections(res):
-        tab = Table(title=title)
+        tab = Table(title=escape(title))
         for h in header:
-            tab.add_column(h, overflow="fold")
+            tab.add_column(escape(h), overflow="fold")
         for r in rows:
-            tab.add_row(*r)
+            tab.add_row(*map(escape, r))
         con.print(tab)
     for line in res["claims"] + res["notes"]:
-        con.print(f"- {line}")
+        con.print(f"- {line}", markup=False)
 
 
 def compare(

@@ -14,9 +14,11 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
 
     m = SpecResult.merged(runs)
     secs = m.prefill_s + m.decode_s
+    # None where nothing was measured: a position never reached, a run of no cycle
+    rates = [a / r if r else None for a, r in zip(m.accepted, m.reached, strict=True)]
     return {"reached": m.reached, "accepted": m.accepted, "accept_hist": m.accept_hist,
-            "new_tokens": m.new_tokens, "seconds": secs, "position_rates": m.position_rates,
-            "mean_accept_length": m.mean_accept_length,
+            "new_tokens": m.new_tokens, "seconds": secs, "position_rates": rates,
+            "mean_accept_length": m.mean_accept_length if sum(m.accept_hist) else None,
             "tokens_per_s": m.new_tokens / secs if secs else 0.0}
 
 
@@ -35,8 +37,9 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     decs = {}
     for k, d in drafters.items():
         try:
+            # profile=False: DRAFTSMITH_PROFILE=1 would sync every timed cycle
             decs[k] = SpecDecoder(model, d, steps=steps, topk=topk, num_draft_tokens=num_draft,
-                                  max_seq=max_seq)
+                                  max_seq=max_seq, profile=False)
         except DraftsmithError as e:  # which of the drafters does not fit the target
             raise DraftsmithError(f"drafter {k} with this --target: {e}") from None
     base_rt = Runtime(model, 1, max_seq)

@@ -154,19 +154,24 @@ def make_profiler(device: torch.device | str, enabled: bool | None = None):
     return PhaseProfiler(device) if enabled else NullProfiler()
 
 
+NONE = ("-", "-")  # a row's ms and % where no cycle was timed
+
+
 def table(s: PhaseSummary, title: str = "speculative cycle"):
     """The seed's table: ms and % of the cycle per phase, accept length and rate."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title)
+    t = Table(title=escape(title))  # a suite's file name is text, not rich markup
     t.add_column("phase")
     t.add_column("ms / cycle", justify="right")
     t.add_column("% of cycle", justify="right")
+    timed = s.cycles > 0  # no cycle: nothing was timed, no 0 ms or 100 % to show
     for k, v in s.ms.items():
-        t.add_row(LABELS.get(k, k), f"{v:.3f}", f"{s.pct[k]:.1f}%")
-    t.add_row("total cycle", f"{s.cycle_ms:.3f}", "100.0%", style="bold")
-    t.add_row("accept length", f"{s.accept_length:.2f}", "")
-    t.add_row("accept rate", f"{s.accept_rate:.3f}", "")
+        t.add_row(LABELS.get(k, k), *((f"{v:.3f}", f"{s.pct[k]:.1f}%") if timed else NONE))
+    t.add_row("total cycle", *((f"{s.cycle_ms:.3f}", "100.0%") if timed else NONE), style="bold")
+    t.add_row("accept length", f"{s.accept_length:.2f}" if timed else "-", "")
+    t.add_row("accept rate", f"{s.accept_rate:.3f}" if timed else "-", "")
     t.add_row("cycles", str(s.cycles), "")
     return t
 
