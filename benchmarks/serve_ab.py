@@ -3,7 +3,8 @@ mode pooled over its files (completion tokens over summed wall time; latencies a
 runs), and each version's ratio to the first.
 
 Usage: python benchmarks/serve_ab.py LABEL=DIR[,DIR...] LABEL=DIR[,DIR...] [--engine baseline]
-Prints a markdown table.
+       [--png PATH]
+Prints a markdown table; --png: tok/s of each version and mode as bars.
 """
 
 from __future__ import annotations
@@ -30,20 +31,42 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("versions", nargs="+", help="LABEL=DIR[,DIR...]")
     ap.add_argument("--engine", default="baseline")
+    ap.add_argument("--png", type=Path)
     a = ap.parse_args()
     versions = dict(v.split("=", 1) for v in a.versions)
     print("| mode | version | runs | tok/s | vs first | latency mean s | vs first | p90 s "
           "| batches a run | joined rows a run |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    table: dict[tuple[str, str], dict] = {}
     for mode in ("static", "continuous"):
         first = None
         for label, dirs in versions.items():
-            p = pooled(dirs.split(","), a.engine, mode)
+            p = table[mode, label] = pooled(dirs.split(","), a.engine, mode)
             first = first or p
             print(f"| {mode} | {label} | {p['runs']} | {p['tok_s']:.1f} | "
                   f"{p['tok_s'] / first['tok_s']:.2f}x | {p['latency_mean_s']:.2f} | "
                   f"{p['latency_mean_s'] / first['latency_mean_s']:.2f}x | "
                   f"{p['latency_p90_s']:.2f} | {p['batches']:.1f} | {p['joined_rows']:.1f} |")
+    if a.png:
+        plot(table, list(versions), a.engine, a.png)
+
+
+def plot(table: dict[tuple[str, str], dict], labels: list[str], engine: str, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels), 3.6))
+    width = 0.8 / 2
+    for j, mode in enumerate(("static", "continuous")):
+        xs = [i + (j - 0.5) * width for i in range(len(labels))]
+        ax.bar(xs, [table[mode, k]["tok_s"] for k in labels], width, label=mode)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set(ylabel="completion tok/s (pooled)", title=f"serve, {engine}: versions side by side")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":
