@@ -10,7 +10,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import DEVICE, DTYPE, TARGET
+
+if TYPE_CHECKING:
+    from draftsmith.engine.params import SamplingParams
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -102,6 +105,14 @@ def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return dev, dtype_of(dtype_name(dev, dtype))
 
 
+def greedy_flags(params: SamplingParams) -> None:
+    """Refuse --top-k / --top-p at temperature 0, where decoding is greedy and they do nothing
+    (the record would name a top-k no token was drawn with); as `tune` refuses them."""
+    if params.greedy and (params.top_k or params.top_p < 1):
+        raise DraftsmithError("--top-k and --top-p apply to sampling: give --temperature > 0 "
+                              "with them (at temperature 0 decoding is greedy)")
+
+
 @targets_app.command("show")
 def targets_show(
     path: str = typer.Argument("default", help="HF folder, .gguf file, or 'default'"),
@@ -157,6 +168,7 @@ def generate(
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
     params = SamplingParams(temperature, top_p, top_k)
+    greedy_flags(params)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     done = launch_tp(

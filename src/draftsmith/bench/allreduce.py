@@ -5,6 +5,11 @@ captured in one graph, as a graphed verify step replays them), with the NCCL set
 GPUs:  torchrun --nproc-per-node 8 -m draftsmith.bench.allreduce --hidden 4096 --layers 32
        (or `draftsmith bench-allreduce --tp 8`, which spawns the ranks itself)
 CPU:   draftsmith bench-allreduce --tp 2 --device cpu   (gloo; a smoke test, eager only)
+
+On the CPU the ranks sum host tensors through gloo: that checks the command and its record, and
+says nothing about a GPU's all-reduce (no NCCL, no NVLink; the NCCL settings do not apply). Its
+result says so (`smoke_test`, `note`, the table's title, a line on stderr), not refused: tests
+and `tune-nccl`'s CPU runs take this path.
 """
 
 from __future__ import annotations
@@ -123,7 +128,8 @@ def _row(n: int, b: int, q: int, x: torch.Tensor, eager: float, graph: float | N
         "batch": b, "q": q, "tokens": b * q, "bytes": size,
         "eager_us": round(eager * 1e6, 2),
         "graph_us": None if graph is None else round(graph * 1e6, 2),
-        "busbw_GBps": round(size / best * 2 * (n - 1) / n / 1e9, 3),
+        # one rank moves no bytes: no bus bandwidth to measure (0 would read as a measurement)
+        "busbw_GBps": round(size / best * 2 * (n - 1) / n / 1e9, 3) if n > 1 else None,
         "per_forward_us": round(best * (2 * layers + 1) * 1e6, 1),
     }
 
@@ -146,14 +152,21 @@ def _group(tp: TP) -> Iterator[TP]:
         dist.destroy_process_group()
 
 
+SMOKE = ("gloo on the CPU: a smoke test of the command, not a GPU's all-reduce (no NCCL; "
+         "its settings do not apply)")
+
+
 def bench_rank(tp: TP, opts: dict[str, Any]) -> dict[str, Any]:
     """What every rank runs; returns the full result (rows identical on every rank)."""
     with _group(tp) as g:
         rows = measure(g, opts["hidden"], opts["batches"], opts["qs"], DTYPES[opts["dtype"]],
                        opts["iters"], opts["graph_ops"], opts["layers"])
+        backend = dist.get_backend(g.group)
+        smoke = backend != "nccl"
         return {
             "bench": "allreduce", "world": g.size, "device": _device_name(g.device),
-            "backend": dist.get_backend(g.group), "dtype": opts["dtype"],
+            "backend": backend, "smoke_test": smoke, "note": SMOKE if smoke else None,
+            "dtype": opts["dtype"],
             "hidden": opts["hidden"], "layers": opts["layers"], "graph_ops": opts["graph_ops"],
             "iters": opts["iters"], "nccl": nccl_record(), "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -171,8 +184,10 @@ def print_result(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    smoke = res.get("smoke_test")
+    setting = "gloo smoke test, not a GPU figure" if smoke else f"NCCL {res['nccl']['env']}"
     table = Table(title=f"all-reduce, {res['world']} x {res['device']}, {res['dtype']}, "
-                        f"hidden {res['hidden']}, NCCL {res['nccl']['env']}")
+                        f"hidden {res['hidden']}, {setting}")
     cols = ["batch", "q", "tokens", "bytes", "eager_us", "graph_us", "busbw_GBps",
             "per_forward_us"]
     for c in cols:
@@ -180,6 +195,8 @@ def print_result(res: dict[str, Any]) -> None:
     for r in res["rows"]:
         table.add_row(*("-" if r[c] is None else str(r[c]) for c in cols))
     Console(stderr=False).print(table)
+    if smoke:
+        print(f"draftsmith: warning: {res['note']}", file=sys.stderr)
     print(json.dumps(res))
 
 

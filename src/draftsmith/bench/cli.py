@@ -46,9 +46,11 @@ def bench(
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
     from draftsmith.bench.run import BenchConfig, run_bench
-    from draftsmith.cli import device_dtype
+    from draftsmith.cli import device_dtype, greedy_flags
     from draftsmith.engine.sampling import SamplingParams
 
+    params = SamplingParams(temperature, top_p, top_k)
+    greedy_flags(params)
     if refill_every < 0:
         raise DraftsmithError(f"--refill-every must be >= 0 (0: by batch size), got "
                               f"{refill_every}")
@@ -61,7 +63,7 @@ def bench(
         steps=int_list(steps, "--steps"), topk=int_list(topk, "--topk"),
         num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens", empty_ok=True),
         batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
-        params=SamplingParams(temperature, top_p, top_k), device=dev,
+        params=params, device=dev,
         dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile, refill=refill, refill_every=refill_every,
     )

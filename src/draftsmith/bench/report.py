@@ -4,6 +4,7 @@ and a PNG (tokens/s and speedup, accept-length histogram, per-position acceptanc
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,13 @@ def results_table(report: dict[str, Any]) -> Table:
     for r in rows:
         base = r["setting"] == "baseline"
         cells = [r["suite"], str(r["batch"]), r["setting"], f"{r['tokens_per_s']:.1f}",
-                 "1.00x" if base else f"{r['speedup']:.2f}x", f"{r['decode_tokens_per_s']:.1f}",
-                 "1.00x" if base else f"{r['decode_speedup']:.2f}x",
-                 "" if base else f"{r['mean_accept_length']:.2f}",
-                 "" if base else f"{r['accept_rate']:.2f}"]
+                 "1.00x" if base else _figure(r["speedup"], ".2f", "x"),
+                 f"{r['decode_tokens_per_s']:.1f}",
+                 "1.00x" if base else _figure(r["decode_speedup"], ".2f", "x"),
+                 "" if base else _figure(r["mean_accept_length"], ".2f"),
+                 "" if base else _figure(r["accept_rate"], ".2f")]
         rates = r.get("position_rates", [])
-        cells += [f"{rates[i]:.0%}" if i < len(rates) else "" for i in range(show)]
+        cells += [_figure(rates[i], ".0%") if i < len(rates) else "" for i in range(show)]
         if profiled:
             ph = r.get("phases")
             cells += [f"{ph['pct'].get(k, 0.0):.1f}" if ph else "" for k in keys]
@@ -57,6 +59,15 @@ def results_table(report: dict[str, Any]) -> Table:
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
         t.add_row(*cells, style="dim" if base else None)
     return t
+
+
+def _figure(v: float | None, fmt: str, unit: str = "") -> str:
+    """A measured figure, or "-" where nothing was measured (a position no cycle reached)."""
+    return "-" if v is None else format(v, fmt) + unit
+
+
+def _gaps(vs: list[float | None]) -> list[float]:
+    return [math.nan if v is None else v for v in vs]
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
@@ -105,8 +116,8 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     names = list(dict.fromkeys(r["setting"] for r in rows))
     width = 0.8 / max(1, len(groups))
     for gi, (suite, b) in enumerate(groups):
-        ys = [next((r["speedup"] for r in rows if (r["suite"], r["batch"], r["setting"])
-                    == (suite, b, n)), 0.0) for n in names]
+        ys = _gaps([next((r["speedup"] for r in rows if (r["suite"], r["batch"], r["setting"])
+                          == (suite, b, n)), None) for n in names])
         ax[0, 0].bar([i + gi * width for i in range(len(names))], ys, width,
                      label=f"{suite} b{b}")
     ax[0, 0].axhline(1.0, color="k", lw=0.8)
@@ -115,18 +126,18 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     ax[0, 0].set_ylabel("speedup over baseline")
     ax[0, 0].legend(fontsize=7)
     for r in fastest(report):
-        h = r["accept_hist"]
-        total = max(1, sum(h))
-        ax[0, 1].plot(range(1, len(h)), [c / total for c in h[1:]], marker="o",
-                      label=f"{r['suite']} b{r['batch']} {r['setting']}")
-        ax[1, 0].plot(range(1, len(r["position_rates"]) + 1), r["position_rates"], marker="o",
-                      label=f"{r['suite']} b{r['batch']} {r['setting']}")
+        h, label = r["accept_hist"], f"{r['suite']} b{r['batch']} {r['setting']}"
+        if sum(h):  # a run of no cycle has no histogram, not one of zeros
+            ax[0, 1].plot(range(1, len(h)), [c / sum(h) for c in h[1:]], marker="o", label=label)
+        ax[1, 0].plot(range(1, len(r["position_rates"]) + 1), _gaps(r["position_rates"]),
+                      marker="o", label=label)
     ax[0, 1].set(xlabel="tokens per cycle", ylabel="share of cycles",
                  title="accept length (fastest setting)")
     ax[1, 0].set(xlabel="draft position", ylabel="P(accepted | reached)", ylim=(0, 1.05),
                  title="per-position acceptance")
     for a in (ax[0, 1], ax[1, 0]):
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     _phases(ax[1, 1], rows)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

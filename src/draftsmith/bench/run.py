@@ -106,9 +106,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
             for s in settings:
                 log(f"{name}: batch {b}, {setting_name(s)}")
                 row, tokens = run_spec(rt, drt, s, batches, cfg, eos)
-                row["speedup"] = row["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)
-                row["decode_speedup"] = (row["decode_tokens_per_s"]
-                                         / max(base["decode_tokens_per_s"], 1e-9))
+                row["speedup"] = _over(row["tokens_per_s"], base["tokens_per_s"])
+                row["decode_speedup"] = _over(row["decode_tokens_per_s"],
+                                              base["decode_tokens_per_s"])
                 if cfg.params.greedy:
                     row["agreement"] = agreement(model, batches, base_tokens, tokens, eos)
                 rows.append({"suite": name, "batch": b, "setting": setting_name(s),
@@ -116,6 +116,12 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     order = list(suites)  # batches ran largest first (graph pools reused); reported smallest first
     rows.sort(key=lambda r: (order.index(r["suite"]), r["batch"]))
     return {"meta": _meta(cfg, target, drafter, warnings), "results": rows}
+
+
+def _over(rate: float, base: float) -> float | None:
+    """A speedup; None where the baseline made nothing to divide by (--max-new-tokens 1 decodes
+    nothing: 0 over 0 read 0.00x, as if the speculative run were the slower)."""
+    return rate / base if base else None
 
 
 def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting]):
@@ -175,10 +181,7 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
     m = SpecResult.merged(results)
     row: dict[str, Any] = {
-        **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s),
-        "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
-        "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
-        "position_rates": m.position_rates,
+        **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
         "phases": profiled_phases(dec, cfg, m, lambda: [
             dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]),
     }
@@ -231,10 +234,7 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
 
     m = run()
     row: dict[str, Any] = {
-        **_refilled_speed(m.tokens, m.decode_s),
-        "mean_accept_length": m.mean_accept_length, "accept_rate": m.accept_rate,
-        "accept_hist": m.accept_hist, "reached": m.reached, "accepted": m.accepted,
-        "position_rates": m.position_rates, "refill": True,
+        **_refilled_speed(m.tokens, m.decode_s), **m.accept_stats(), "refill": True,
         "phases": profiled_phases(dec, cfg, m, lambda: [run().phases]),
     }
     return row, m.tokens
@@ -246,7 +246,8 @@ def merge_phases(parts: list[PhaseSummary | None], accept_length: float,
     if not parts:
         return None
     cycles = sum(p.cycles for p in parts)
-    ms = {k: sum(p.ms[k] * p.cycles for p in parts) / cycles for k in parts[0].ms}
+    keys = dict.fromkeys(k for p in parts for k in p.ms)  # a refill phase only some parts had
+    ms = {k: sum(p.ms.get(k, 0.0) * p.cycles for p in parts) / cycles for k in keys}
     total = sum(ms.values())
     pct = {k: 100 * v / total if total else 0.0 for k, v in ms.items()}
     return PhaseSummary(cycles, ms, pct, total, accept_length,

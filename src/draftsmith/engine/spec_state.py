@@ -23,6 +23,8 @@ class SpecResult:
     tokens: list[list[int]]  # new tokens per prompt, eos excluded
     prefill_s: float
     decode_s: float
+    # cycles launched: a static run leaves out its last, inert one; a refilled run counts the
+    # cycles its late done flags let run idle too (they cost wall time; tune's model counts them)
     cycles: int
     steps: int
     # [k]: row-cycles whose verify accepted k - 1 drafts (k = 0..steps+1), counted whole where
@@ -54,9 +56,15 @@ class SpecResult:
         return self.new_tokens / max(self.prefill_s + self.decode_s, 1e-9)
 
     @property
-    def mean_accept_length(self) -> float:
+    def measured_accept_length(self) -> float | None:
+        """Tokens a row-cycle made, on average; None when no cycle ran."""
         n = sum(self.accept_hist)
-        return sum(k * c for k, c in enumerate(self.accept_hist)) / n if n else 0.0
+        return sum(k * c for k, c in enumerate(self.accept_hist)) / n if n else None
+
+    @property
+    def mean_accept_length(self) -> float:
+        """`measured_accept_length`, 0.0 when no cycle ran (for callers that do arithmetic)."""
+        return self.measured_accept_length or 0.0
 
     @property
     def accept_rate(self) -> float:
@@ -64,17 +72,30 @@ class SpecResult:
         return self.mean_accept_length / (self.steps + 1)
 
     @property
+    def measured_position_rates(self) -> list[float | None]:
+        """P(draft position i accepted | position i reached); None where no cycle reached it
+        (a tree's depth never drafted, a run of no cycle): not measured, not rejected."""
+        return [a / r if r else None for a, r in zip(self.accepted, self.reached, strict=True)]
+
+    @property
     def position_rates(self) -> list[float]:
-        """P(draft position i accepted | position i reached)."""
-        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached, strict=True)]
+        """`measured_position_rates` with 0.0 for a position never reached (for callers that
+        format floats: reports should show the measured view)."""
+        return [r or 0.0 for r in self.measured_position_rates]
+
+    def accept_stats(self) -> dict[str, Any]:
+        """The acceptance figures as reports write them: None where nothing was measured."""
+        length = self.measured_accept_length
+        return {"mean_accept_length": length,
+                "accept_rate": None if length is None else length / (self.steps + 1),
+                "accept_hist": self.accept_hist, "reached": self.reached,
+                "accepted": self.accepted, "position_rates": self.measured_position_rates}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "new_tokens": self.new_tokens, "prefill_s": self.prefill_s,
             "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s, "cycles": self.cycles,
-            "mean_accept_length": self.mean_accept_length, "accept_rate": self.accept_rate,
-            "accept_hist": self.accept_hist, "reached": self.reached, "accepted": self.accepted,
-            "position_rates": self.position_rates,
+            **self.accept_stats(),
             "phases": self.phases.to_dict() if self.phases else None, **self.extra,
         }
 

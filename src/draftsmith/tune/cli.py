@@ -71,12 +71,11 @@ def tune(
         if nccl_grid not in ("quick", "full"):
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
+    from draftsmith.cli import greedy_flags
     from draftsmith.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature, top_p, top_k)
-    if params.greedy and (top_k or top_p < 1):
-        raise DraftsmithError("--top-k and --top-p apply to sampling: give --temperature > 0 "
-                              "with them (at temperature 0 decoding is greedy)")
+    greedy_flags(params)
     dev, dt = device_dtype(device, dtype)
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
