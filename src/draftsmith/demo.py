@@ -221,9 +221,7 @@ def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> d
         "baseline_tok_s": base_tps, "speculative_tok_s": tok / secs,
         "speedup": tok / secs / base_tps,
         "accept_length": m.mean_accept_length, "accept_hist": m.accept_hist,
-        # None: a position no cycle reached, not a measured 0
-        "position_acceptance": [a / r if r else None
-                                for a, r in zip(m.accepted, m.reached, strict=True)],
+        "position_acceptance": m.measured_position_rates,  # None: a position never reached
         "phases_ms": phases, "phases_pct": pct,
     }
 

@@ -15,10 +15,7 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
     m = SpecResult.merged(runs)
     secs = m.prefill_s + m.decode_s
     # None where nothing was measured: a position never reached, a run of no cycle
-    rates = [a / r if r else None for a, r in zip(m.accepted, m.reached, strict=True)]
-    return {"reached": m.reached, "accepted": m.accepted, "accept_hist": m.accept_hist,
-            "new_tokens": m.new_tokens, "seconds": secs, "position_rates": rates,
-            "mean_accept_length": m.mean_accept_length if sum(m.accept_hist) else None,
+    return {**m.accept_stats(), "new_tokens": m.new_tokens, "seconds": secs,
             "tokens_per_s": m.new_tokens / secs if secs else 0.0}
 
 
