@@ -526,3 +526,20 @@ def test_behaviour_gap_on_too_few_drafts_is_no_wiring_error():
     (f,) = gap_findings(run(0, 400), promise, "d")
     assert f.severity == "error" and "wiring" in f.what
     assert gap_findings(run(4, 100), {"cond_acc": [0.07], "accept_length": 1.07}, "d") == []
+
+
+def test_behaviour_of_a_run_that_drafted_nothing_is_unmeasured_not_rejected():
+    """A run whose answers all ended at once reached no draft position: its rates are None and
+    the table shows '-', and the gap check says nothing was measured instead of comparing 0 %
+    with the training log's promise."""
+    from draftsmith.doctor.behaviour import gap_findings
+    from draftsmith.doctor.render import behaviour_table
+
+    run = {"position_rates": [None, None], "reached": [0, 0], "accepted": [0, 0],
+           "mean_accept_length": 0.0, "tokens_per_s": 0.0, "aux_layer_ids": TRUE}
+    (f,) = gap_findings({"as configured": run}, {"cond_acc": [0.6, 0.4], "accept_length": 2.0},
+                        "d")
+    assert f.severity == "warning" and "nothing measures acceptance" in f.what
+    tab = behaviour_table({"runs": {"as configured": run}, "prompts": 2,
+                           "promised": {"cond_acc": [0.6, 0.4], "accept_length": 2.0}})
+    assert list(tab.columns[2].cells)[:2] == ["-", "-"]

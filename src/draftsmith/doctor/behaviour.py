@@ -107,7 +107,8 @@ def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max
     return {
         "aux_layer_ids": list(aux_ids if aux_ids is not None else cfg.aux_layer_ids),
         "prompts": len(prompts), "steps": steps, "new_tokens": new,
-        "position_rates": [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)],
+        # None: a position no cycle reached (not measured, not rejected)
+        "position_rates": [a / r if r else None for a, r in zip(accepted, reached, strict=True)],
         "reached": reached, "accepted": accepted,
         "mean_accept_length": sum(m * c for m, c in lengths) / cycles if cycles else 0.0,
         "tokens_per_s": new / secs if secs else 0.0,
@@ -123,6 +124,9 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
     got, want = run["position_rates"][0], promise["cond_acc"][0]
     if want <= 0.05:
         return []
+    if got is None:
+        return [Finding("warning", "behaviour", f"{label}: no cycle drafted a token, so nothing "
+                        "measures acceptance", where, "run more --prompts or --max-new-tokens")]
     ratio = got / want
     what = (f"{label}, draft position 0 was accepted {got:.1%} of the time, the training log "
             f"promised {want:.1%} (accept length {run['mean_accept_length']:.2f} vs "
@@ -147,7 +151,7 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
 
 def _explained(runs: dict[str, dict[str, Any]], want: float) -> str:
     for label, r in list(runs.items())[1:]:
-        if r["position_rates"] and r["position_rates"][0] >= WARN_RATIO * want:
+        if r["position_rates"] and (r["position_rates"][0] or 0.0) >= WARN_RATIO * want:
             return (f"; {label} {r['aux_layer_ids']} it reaches {r['position_rates'][0]:.1%}:"
                     " the wiring is the cause")
     return ""

@@ -92,6 +92,10 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
     return tab
 
 
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"  # None: a position no cycle reached
+
+
 def behaviour_table(b: dict[str, Any]) -> Table:
     runs = b["runs"]
     promise = b.get("promised") or {}
@@ -103,7 +107,7 @@ def behaviour_table(b: dict[str, Any]) -> Table:
     n = max(len(r["position_rates"]) for r in runs.values())
     cond = promise.get("cond_acc") or []
     for i in range(n):
-        cells = [f"{r['position_rates'][i]:.1%}" if i < len(r["position_rates"]) else ""
+        cells = [_rate(r["position_rates"][i]) if i < len(r["position_rates"]) else ""
                  for r in runs.values()]
         tab.add_row(str(i), f"{cond[i]:.1%}" if i < len(cond) else "-", *cells)
     acc = promise.get("accept_length")
