@@ -181,16 +181,16 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
                 f"`torchrun --nproc-per-node {tp_size}` or through draftsmith.dist.launch_tp"
             )
         return TP(device=pick_device(_cuda_index(device), device))
-    rank, world, local = _ranks()
+    rank, world, local = ranks()
     size = world if tp_size is None else tp_size
     if size < 1 or world % size:
         raise DraftsmithError(f"tensor-parallel size {size} does not divide world size {world}")
     dev = pick_device(local, device)
-    _start_group(rank, world, dev)
+    start_group(rank, world, dev)
     return TP(rank % size, size, _tp_group(rank, world, size), dev)
 
 
-def _ranks() -> tuple[int, int, int]:
+def ranks() -> tuple[int, int, int]:
     """RANK, WORLD_SIZE, LOCAL_RANK, checked: a rank outside the world waits forever for a
     process group that never forms."""
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
@@ -205,10 +205,10 @@ def _ranks() -> tuple[int, int, int]:
     return rank, world, local
 
 
-def _start_group(rank: int, world: int, dev: torch.device) -> None:
+def start_group(rank: int, world: int, dev: torch.device) -> None:
     if dist.is_initialized():
         return
-    where = _rendezvous()
+    where = rendezvous()
     try:
         if dev.type == "cuda":
             ensure_nvls_off()
@@ -223,7 +223,7 @@ def _start_group(rank: int, world: int, dev: torch.device) -> None:
                               f"{where}: {first}") from None
 
 
-def _rendezvous() -> str:
+def rendezvous() -> str:
     """MASTER_ADDR:MASTER_PORT, where rank 0 listens and every rank meets (torchrun sets both)."""
     addr = os.environ.get("MASTER_ADDR", "").strip()
     unset = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k, "").strip()]

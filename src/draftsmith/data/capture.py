@@ -63,16 +63,19 @@ class Plan:
 
 
 def dist_env() -> tuple[int, int]:
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if not 0 <= rank < world:
-        raise DraftsmithError(f"RANK={rank} is not in [0, WORLD_SIZE={world})")
+    """(rank, world) under torchrun (checked: RANK=x or a rank past the world is one error),
+    else (0, 1)."""
+    from draftsmith.train.dist import torchrun_ranks
+
+    rank, world, _ = torchrun_ranks()
     return rank, world
 
 
 def rank_device(device: str) -> str:
     """Under torchrun, a bare "cuda" means this process's own GPU (LOCAL_RANK)."""
-    local = os.environ.get("LOCAL_RANK")
-    return f"cuda:{local}" if device == "cuda" and local is not None else device
+    from draftsmith.train.dist import torchrun_ranks
+
+    return f"cuda:{torchrun_ranks()[2]}" if device == "cuda" and "RANK" in os.environ else device
 
 
 def encode_sample(

@@ -66,11 +66,54 @@ def closing_marker(tok: Any) -> str:
     the whitespace before the next turn; "" where it cannot tell."""
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SENTINEL}]
     try:
-        text = render(tok, msgs, False)
+        text = _turns_only(tok, render(tok, msgs, False))
     except DraftsmithError:
         return ""
     at = text.rfind(SENTINEL)
     return text[at + len(SENTINEL):].rstrip() if at >= 0 else ""
+
+
+_ENDS: dict[tuple[int, str, str | None], str] = {}
+
+
+def conversation_end(tok: Any) -> str:
+    """What the template writes once the last message is closed, when rendered without a
+    generation prompt (Phi-3's eos_token after the last "<|end|>\n"): no turn's text, and never
+    written by the target after an answer; "" for most templates, and where it cannot tell."""
+    key = (id(tok), str(getattr(tok, "chat_template", "")), getattr(tok, "eos_token", None))
+    if key not in _ENDS:
+        if len(_ENDS) > 64:
+            _ENDS.clear()
+        _ENDS[key] = _conversation_end(tok)
+    return _ENDS[key]
+
+
+def _conversation_end(tok: Any) -> str:
+    one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": SENTINEL}]
+    try:
+        last = render(tok, one, False)
+        more = render(tok, [*one, {"role": "user", "content": "hi"}], False)
+    except DraftsmithError:
+        return ""
+    after = last.rfind(SENTINEL) + len(SENTINEL)
+    if after < len(SENTINEL) or more.startswith(last):
+        return ""
+    # where the two part, in whole tokens: "<|end|>\n<|endoftext|>" and "<|end|>\n<|user|>"
+    # share "<|end|>\n", not the "<|" of two special tokens
+    enc = tok(last, add_special_tokens=False, return_offsets_mapping=True)
+    ids, other = enc["input_ids"], tok(more, add_special_tokens=False)["input_ids"]
+    k = next((j for j in range(min(len(ids), len(other))) if ids[j] != other[j]),
+             min(len(ids), len(other)))
+    cut = enc["offset_mapping"][k][0] if k < len(ids) else len(last)
+    # parting at the answer itself is a template that renders the last turn otherwise (Qwen3's
+    # empty think block), not an end of conversation
+    return last[cut:] if cut > after and last[after:cut].strip() else ""
+
+
+def _turns_only(tok: Any, text: str) -> str:
+    """`text`, rendered without a generation prompt, less the template's `conversation_end`."""
+    end = conversation_end(tok)
+    return text[: len(text) - len(end)] if end and text.endswith(end) else text
 
 
 def _span(tok: Any, full: str, messages: list[dict[str, str]], i: int,
@@ -79,11 +122,12 @@ def _span(tok: Any, full: str, messages: list[dict[str, str]], i: int,
     if i == 0:  # no history renders this turn's opening (role header, a default system prompt)
         return _find_content(tok, full, content, _first_turn(tok, full, messages), i)
     before = render(tok, messages[:i], True)
-    upto = render(tok, messages[: i + 1], False)
+    upto = _turns_only(tok, render(tok, messages[: i + 1], False))
     if upto.startswith(before) and full.startswith(upto) and len(before) >= cursor:
         return len(before), len(upto.rstrip())
-    if full.startswith(before) and len(before) >= cursor and _eos_after(tok, full, before):
-        return len(before), _eos_after(tok, full, before)
+    eos_end = _eos_after(tok, full, before, _next_text(full, messages, i, len(before)))
+    if full.startswith(before) and len(before) >= cursor and eos_end:
+        return len(before), eos_end
     return _find_content(tok, full, content, _after_question(full, messages, i, cursor), i)
 
 
@@ -91,7 +135,7 @@ def _first_turn(tok: Any, full: str, messages: list[dict[str, str]]) -> int:
     # The text is searched for from where the one-message render puts it, not from 0: a short
     # answer may also occur in a default system prompt ("helpful").
     try:
-        alone = render(tok, messages[:1], False)
+        alone = _turns_only(tok, render(tok, messages[:1], False))
     except DraftsmithError:  # a template that wants a user message in any conversation
         return 0
     at = alone.rfind(messages[0]["content"].strip())
@@ -107,12 +151,21 @@ def _after_question(full: str, messages: list[dict[str, str]], i: int, cursor: i
     return at + len(asked) if at >= 0 else cursor
 
 
-def _eos_after(tok: Any, full: str, before: str) -> int:
+def _eos_after(tok: Any, full: str, before: str, limit: int) -> int:
     # A template that rewrites earlier turns still opens the turn the same way: the span runs
-    # to the first end-of-turn marker.
+    # to the first end-of-turn marker, if that comes before the next message's text (an eos the
+    # template writes only at the conversation's end is no close of this turn).
     eos = getattr(tok, "eos_token", None)
-    at = full.find(eos, len(before)) if eos else -1
+    at = full.find(eos, len(before), limit) if eos else -1
     return at + len(eos) if at >= 0 else 0
+
+
+def _next_text(full: str, messages: list[dict[str, str]], i: int, start: int) -> int:
+    """Where the next message's text first occurs in `full` past `start` (its end if nowhere):
+    found early (inside this answer), it only sends the span to `_find_content`."""
+    later = next((m["content"].strip() for m in messages[i + 1:] if m["content"].strip()), "")
+    at = full.find(later, start) if later else -1
+    return at if at >= 0 else len(full)
 
 
 def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tuple[int, int]:
@@ -125,9 +178,9 @@ def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tup
             f"message {i}: the chat template does not render this assistant message's text"
         )
     end = start + len(stripped)
-    eos = getattr(tok, "eos_token", None)
-    if eos and full.startswith(eos, end):
-        end += len(eos)
+    for close in (closing_marker(tok), getattr(tok, "eos_token", None)):
+        if close and full.startswith(close, end):
+            return start, end + len(close)
     return start, end
 
 

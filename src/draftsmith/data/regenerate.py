@@ -156,13 +156,13 @@ class OpenAIBackend:
 
         retry = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                  openai.InternalServerError)
-        extra = {"top_k": self.cfg.top_k} if self.cfg.top_k else {}
         for attempt in range(self.retries + 1):
             try:
                 r = self.client.chat.completions.create(
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                    seed=self.cfg.seed, extra_body=extra or None,
+                    seed=self.cfg.seed, presence_penalty=0.0, frequency_penalty=0.0,
+                    extra_body=server_sampling(self.cfg),
                 )
             except retry as e:
                 if attempt == self.retries:
@@ -180,6 +180,14 @@ class OpenAIBackend:
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+
+
+def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
+    """The sampling fields outside OpenAI's API, each sent: vLLM and SGLang give a field a
+    request leaves out the model's generation_config.json value (Qwen's top_k 20, top_p 0.8,
+    repetition_penalty 1.05), not the one this run records. top_k -1 is "off" to both (SGLang
+    refuses 0), min_p 0 and repetition_penalty 1 are no-ops; the engine has neither."""
+    return {"top_k": cfg.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 def reply(r: Any) -> Answer:

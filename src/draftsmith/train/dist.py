@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from draftsmith.dist import ensure_nvls_off
+from draftsmith.dist import ranks, start_group
 from draftsmith.errors import DraftsmithError
 
 
@@ -34,10 +34,22 @@ class DistCtx:
             dist.destroy_process_group()
 
 
+def torchrun_ranks() -> tuple[int, int, int]:
+    """(rank, world, local rank): torchrun's, checked (`draftsmith.dist.ranks`), or a lone
+    process's. One of RANK and WORLD_SIZE without the other is a launcher set up wrongly: a
+    lone process would train as a rank, or every rank as the only one."""
+    given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
+    if not given:
+        return 0, 1, 0
+    if len(given) == 1:
+        other = "WORLD_SIZE" if given == ["RANK"] else "RANK"
+        raise DraftsmithError(f"environment variable {given[0]} is set but {other} is not: "
+                              "run under torchrun, or set both")
+    return ranks()
+
+
 def setup(device: str = "auto") -> DistCtx:
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank = int(os.environ.get("RANK", 0))
-    local = int(os.environ.get("LOCAL_RANK", rank))
+    rank, world, local = torchrun_ranks()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
@@ -52,12 +64,7 @@ def setup(device: str = "auto") -> DistCtx:
                               f"{torch.cuda.device_count()} visible CUDA device(s)")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    owns = False
-    if world > 1 and not dist.is_initialized():
-        if dev.type == "cuda":
-            ensure_nvls_off()  # NVLink multicast stays off on shared machines
-            dist.init_process_group("nccl", device_id=dev)
-        else:
-            dist.init_process_group("gloo")
-        owns = True
+    owns = world > 1 and not dist.is_initialized()
+    if owns:
+        start_group(rank, world, dev)  # checks MASTER_ADDR/PORT, names a failed join
     return DistCtx(rank, world, dev, owns)
