@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
+from draftsmith.serve.text import TextSide, TooLong
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -31,6 +32,9 @@ class ApiError(Exception):
 
 def error_body(message: str, kind: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
+    # a message may quote the request (a model name): an unpaired surrogate there must not
+    # make the error itself fail to encode (a 500)
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -136,6 +140,27 @@ def _unsupported(body: dict) -> None:
         "presence_penalty": lambda v: v not in (None, 0),
         "frequency_penalty": lambda v: v not in (None, 0),
         "response_format": lambda v: v not in (None, {"type": "text"}),
+        "tool_choice": lambda v: v not in (None, "none", "auto"),
+        "audio": lambda v: v is not None,
+        "modalities": lambda v: v not in (None, ["text"]),
+        # vLLM's own fields that change the answer (their defaults pass)
+        "min_p": lambda v: v not in (None, 0),
+        "repetition_penalty": lambda v: v not in (None, 1),
+        "min_tokens": lambda v: v not in (None, 0),
+        "ignore_eos": lambda v: v not in (None, False),
+        "stop_token_ids": lambda v: bool(v),
+        "include_stop_str_in_output": lambda v: v not in (None, False),
+        "skip_special_tokens": lambda v: v not in (None, True),
+        "prompt_logprobs": lambda v: v is not None,
+        "use_beam_search": lambda v: v not in (None, False),
+        "guided_json": lambda v: v is not None,
+        "guided_regex": lambda v: v is not None,
+        "guided_choice": lambda v: v is not None,
+        "guided_grammar": lambda v: v is not None,
+        "add_generation_prompt": lambda v: v not in (None, True),
+        "continue_final_message": lambda v: v not in (None, False),
+        "chat_template": lambda v: v is not None,
+        "chat_template_kwargs": lambda v: bool(v),
     }
     for name, bad in checks.items():
         if name in body and bad(body[name]):
@@ -160,7 +185,7 @@ def _stop(body: dict) -> list[str]:
                        "invalid_type")
     if len(stops) > MAX_STOP:
         raise ApiError(400, f"'stop' holds at most {MAX_STOP} strings", "stop", "invalid_value")
-    return stops
+    return [_unicode(s, "stop") for s in stops]
 
 
 def _sampling(body: dict) -> tuple[SamplingParams, int | None]:
@@ -173,8 +198,9 @@ def _sampling(body: dict) -> tuple[SamplingParams, int | None]:
     return SamplingParams(temperature, top_p, max(top_k, 0)), seed
 
 
-def _common(body: Any, cfg: ServeConfig, kind: str, prompts: list[list[int]],
-            tokens_key: str) -> GenRequest:
+def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
+             tokens_key: str) -> dict[str, Any]:
+    """Every field but the prompts (`count` of them), checked before any is tokenized."""
     default = cfg.max_tokens if kind == "chat" else min(COMPLETION_DEFAULT_TOKENS, cfg.max_tokens)
     max_tokens = _get(body, tokens_key, int, None)
     if max_tokens is None:
@@ -185,14 +211,42 @@ def _common(body: Any, cfg: ServeConfig, kind: str, prompts: list[list[int]],
                        f"--max-tokens-limit), got {max_tokens}", tokens_key, "invalid_value")
     params, seed = _sampling(body)
     n = _bounded(body, "n", int, 1, 1, cfg.max_batch)
-    if len(prompts) * n > cfg.max_batch:
-        raise ApiError(400, f"{len(prompts)} prompts x n={n} exceeds the server's --max-batch "
+    if count * n > cfg.max_batch:
+        raise ApiError(400, f"{count} prompts x n={n} exceeds the server's --max-batch "
                        f"{cfg.max_batch}", "n", "invalid_value")
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
-    usage = bool(stream and _get(opts, "include_usage", bool, False))
-    return GenRequest(kind, _model(body, cfg), prompts, max_tokens, params, n, seed, _stop(body),
-                      stream, usage)
+    if opts and not stream:  # as OpenAI and vLLM: not silently dropped
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
+                       "stream_options", "invalid_value")
+    return {"model": _model(body, cfg), "max_tokens": max_tokens, "params": params, "n": n,
+            "seed": seed, "stop": _stop(body), "stream": stream,
+            "include_usage": stream and _get(opts, "include_usage", bool, False)}
+
+
+def _too_long(tokens: int | str, cfg: ServeConfig, param: str, where: str) -> ApiError:
+    return ApiError(400, f"the prompt{where} is {tokens} tokens, over the server's "
+                    f"--max-prompt-tokens {cfg.max_prompt_tokens}", param,
+                    "context_length_exceeded")
+
+
+def _where(i: int, count: int) -> str:
+    return f" (prompt {i})" if count > 1 else ""
+
+
+def _tokenize(prompter: Prompter, text: str | list[dict[str, str]], cfg: ServeConfig,
+              where: str) -> list[int]:
+    """A prompt's ids; a text side refuses a text too long to fit before tokenizing it (it
+    would hold the shared tokenizer, and the GIL, for seconds)."""
+    chat = not isinstance(text, str)
+    call = prompter.chat_ids if chat else prompter.text_ids
+    try:
+        if isinstance(prompter, TextSide):
+            return call(text, most=cfg.max_prompt_tokens)  # type: ignore[arg-type]
+        return call(text)  # type: ignore[arg-type]
+    except TooLong as e:
+        raise _too_long(f"at least {e.tokens}", cfg, "messages" if chat else "prompt",
+                        where) from None
 
 
 def _check_lengths(prompts: list[list[int]], cfg: ServeConfig, param: str) -> None:
@@ -200,10 +254,7 @@ def _check_lengths(prompts: list[list[int]], cfg: ServeConfig, param: str) -> No
         if not p:
             raise ApiError(400, "the prompt is empty after tokenization", param, "invalid_value")
         if len(p) > cfg.max_prompt_tokens:
-            where = f" (prompt {i})" if len(prompts) > 1 else ""
-            raise ApiError(400, f"the prompt{where} is {len(p)} tokens, over the server's "
-                           f"--max-prompt-tokens {cfg.max_prompt_tokens}", param,
-                           "context_length_exceeded")
+            raise _too_long(len(p), cfg, param, _where(i, len(prompts)))
 
 
 def _unicode(text: str, param: str) -> str:
@@ -272,51 +323,70 @@ def parse_chat(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
     body = _object(body)
     _unsupported(body)
     messages = _messages(body)
+    opts = _options(body, cfg, "chat", 1, "max_completion_tokens")
     try:
-        ids = prompter.chat_ids(messages)
+        ids = _tokenize(prompter, messages, cfg, "")
+    except ApiError:
+        raise
     except Exception as e:  # the template's own complaint (roles must alternate, ...)
         raise ApiError(400, f"cannot apply the chat template: {e}", "messages") from None
     _check_lengths([ids], cfg, "messages")
-    return _common(body, cfg, "chat", [ids], "max_completion_tokens")
+    return GenRequest("chat", prompts=[ids], **opts)
 
 
 # ---- completions ---------------------------------------------------------------------------
 
-def _is_ids(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in v)
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
 
 
-def _prompts(body: dict, prompter: Prompter) -> list[list[int]]:
+_PROMPT_TYPES = ("'prompt' must be a string, an array of strings, an array of token ids, or an "
+                 "array of such arrays")
+
+
+def _items(body: dict, cfg: ServeConfig) -> list[str | list[int]]:
+    """The prompts as given, each a string or an array of token ids: an array's length is
+    checked before its ids are (a 16 MiB body holds millions)."""
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter")
     p = body["prompt"]
-    if isinstance(p, str):
-        items: list[Any] = [p]
-    elif _is_ids(p):
-        items = [p]
-    elif isinstance(p, list) and p and all(isinstance(x, str) or _is_ids(x) for x in p):
-        items = p
-    else:
-        raise ApiError(400, "'prompt' must be a string, an array of strings, an array of token "
-                       "ids, or an array of such arrays", "prompt", "invalid_type")
+    items = [p] if isinstance(p, str) or (isinstance(p, list) and p and _is_id(p[0])) else p
+    if not isinstance(items, list) or not items:
+        raise ApiError(400, _PROMPT_TYPES, "prompt", "invalid_type")
+    for i, x in enumerate(items):
+        if isinstance(x, list) and x:
+            if len(x) > cfg.max_prompt_tokens:
+                raise _too_long(len(x), cfg, "prompt", _where(i, len(items)))
+            if not all(_is_id(t) for t in x):
+                raise ApiError(400, _PROMPT_TYPES, "prompt", "invalid_type")
+        elif not isinstance(x, str):
+            raise ApiError(400, _PROMPT_TYPES, "prompt", "invalid_type")
+    return items
+
+
+def _prompts(items: list[str | list[int]], cfg: ServeConfig,
+             prompter: Prompter) -> list[list[int]]:
     out = []
-    for x in items:
-        ids = prompter.text_ids(_unicode(x, "prompt")) if isinstance(x, str) else x
-        bad = [t for t in ids if not 0 <= t < prompter.vocab_size]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
-                           f"[0, {prompter.vocab_size})", "prompt", "invalid_value")
-        out.append(ids)
+    for i, x in enumerate(items):
+        if isinstance(x, str):
+            x = _tokenize(prompter, _unicode(x, "prompt"), cfg, _where(i, len(items)))
+        else:
+            bad = [t for t in x if not 0 <= t < prompter.vocab_size]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary "
+                               f"[0, {prompter.vocab_size})", "prompt", "invalid_value")
+        out.append(x)
     return out
 
 
 def parse_completion(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
     body = _object(body)
     _unsupported(body)
-    prompts = _prompts(body, prompter)
+    items = _items(body, cfg)
+    opts = _options(body, cfg, "completion", len(items), "max_tokens")
+    prompts = _prompts(items, cfg, prompter)
     _check_lengths(prompts, cfg, "prompt")
-    return _common(body, cfg, "completion", prompts, "max_tokens")
+    return GenRequest("completion", prompts=prompts, **opts)
 
 
 # ---- responses -----------------------------------------------------------------------------
