@@ -31,8 +31,8 @@ def tok(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def masked_text(tok, messages) -> list[str]:
-    ids, mask = encode(tok, messages)
+def masked_text(tok, messages, cut=()) -> list[str]:
+    ids, mask = encode(tok, messages, cut)
     pieces, cur = [], []
     for i, m in zip(ids, mask, strict=True):
         if m:

@@ -26,6 +26,13 @@ from draftsmith.data.regenerate import (
 from draftsmith.errors import DraftsmithError
 
 
+def ok_reply() -> dict:
+    """A chat completion whose answer is "ok", as an OpenAI-compatible server sends it."""
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
 def convs() -> list[Conversation]:
     out = [Conversation([{"role": "user", "content": f"tell me about {i}"}]) for i in range(5)]
     out.append(Conversation([{"role": "system", "content": "be kind"},
@@ -337,10 +344,7 @@ def refusing_app(status: dict) -> FastAPI:
         status["calls"] = status.get("calls", 0) + 1
         if status["code"] != 200:
             return JSONResponse({"error": {"message": "no"}}, status_code=status["code"])
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "ok"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return ok_reply()
 
     return app
 

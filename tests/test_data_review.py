@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from fastapi import FastAPI, Request
-from test_data_regenerate import running
+from test_data_chat import masked_text as masked
+from test_data_regenerate import ok_reply, running
 from transformers import AutoTokenizer
 
-from draftsmith.data.chat import encode
 from draftsmith.data.prompts import Conversation, encode_conversations
 from draftsmith.data.regenerate import OpenAIBackend, RegenConfig, regenerate
 from draftsmith.errors import DraftsmithError
@@ -22,10 +22,7 @@ def recording_app(bodies: list[dict]) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         bodies.append(await request.json())
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "ok"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return ok_reply()
 
     return app
 
@@ -148,16 +145,6 @@ def phi_tok(folder, eos: str, template: str):
     return tok
 
 
-def masked(tok, messages, cut=()) -> list[str]:
-    ids, mask = encode(tok, messages, cut)
-    pieces, cur = [], []
-    for i, m in zip(ids, mask, strict=True):
-        if m:
-            cur.append(i)
-        elif cur:
-            pieces.append(tok.decode(cur))
-            cur = []
-    return pieces + ([tok.decode(cur)] if cur else [])
 
 
 @pytest.mark.parametrize("eos", ["<|end|>", "<|endoftext|>"])
