@@ -546,3 +546,15 @@ def test_tuned_flags_name_engine_exports_and_a_flag_tune_has() -> None:
             "export runs/d --format speculators --speculative-tokens 2 --out runs/d-speculators"
             ) in text
     assert "--max-topk 1" in text and "--topk 1" not in text.replace("--max-topk 1", "")
+
+
+def test_steps_series_of_trees_is_the_best_tree_per_depth() -> None:
+    """The tune PNG's tree line: per depth, the best over every topk > 1 and budget, measured
+    and predicted alike; chains stay out of it (a winning tree was missing from the plot)."""
+    meas = [Measurement(SpecSetting(3, 4, 8), 1, 120.0),
+            Measurement(SpecSetting(3, 2, 6), 1, 130.0), Measurement(SpecSetting(3), 1, 150.0),
+            Measurement(SpecSetting(5, 4, 16), 1, 110.0),
+            Measurement(SpecSetting(3, 4, 8), 8, 999.0)]
+    series = steps_series([], meas, batch=1, topk=None)
+    assert series["measured"] == [(3, 130.0), (5, 110.0)]
+    assert steps_series([], meas, batch=1)["measured"] == [(3, 150.0)]

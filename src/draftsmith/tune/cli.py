@@ -318,7 +318,9 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "tune.md").write_text(f"{FIXED_LENGTH}.\n\n"
                                  + "\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
-    plot(out / "tune.png", {b: steps_series(preds, meas, b) for b in batches})
+    plot(out / "tune.png", {b: {"chains": steps_series(preds, meas, b),
+                                "trees": steps_series(preds, meas, b, topk=None)}
+                            for b in batches})
     return report
 
 
@@ -360,13 +362,19 @@ def plot(path: Path, series: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 4), squeeze=False)
-    for ax, (b, s) in zip(axes[0], series.items(), strict=True):
-        for name, style in (("predicted", "--o"), ("measured", "-s")):
-            pts = sorted(s.get(name, []))
+    styles = {("chains", "predicted"): ("--o", "C0"), ("chains", "measured"): ("-s", "C0"),
+              ("trees", "predicted"): ("--^", "C1"), ("trees", "measured"): ("-D", "C1")}
+    for ax, (b, kinds) in zip(axes[0], series.items(), strict=True):
+        for (kind, name), (style, color) in styles.items():
+            # trees past the baseline only: steps 0 is the chains' point too
+            pts = [p for p in sorted(kinds.get(kind, {}).get(name, []))
+                   if kind == "chains" or p[0] > 0]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color,
+                        label=f"{kind} {name}" + (" (best topk and budget)" if kind == "trees"
+                                                  else ""))
         ax.set_title(f"batch {b} (steps 0 = no speculation)")
-        ax.set_xlabel("chain steps")
+        ax.set_xlabel("draft steps (tree depth)")
         ax.set_ylabel("tokens/s")
         ax.legend()
     fig.tight_layout()

@@ -773,15 +773,18 @@ def recommend(
 
 
 def steps_series(
-    predicted: Iterable[Prediction], measured: Iterable[Measurement], batch: int, topk: int = 1
+    predicted: Iterable[Prediction], measured: Iterable[Measurement], batch: int,
+    topk: int | None = 1,
 ) -> dict[str, list[tuple[int, float]]]:
-    """Tokens/s against steps for one batch and topk (best over draft-token budgets), with
-    the baseline at steps 0: the data behind the tune PNG."""
+    """Tokens/s against steps for one batch and topk (best over draft-token budgets; topk None:
+    best over every tree, topk > 1), with the baseline at steps 0: the data behind the tune
+    PNG."""
     series: dict[str, dict[int, float]] = {"predicted": {}, "measured": {}}
     rows = [("predicted", p) for p in predicted] + [("measured", m) for m in measured]
     for name, r in rows:
         s = r.setting
-        if r.batch == batch and (s.is_baseline or s.topk == topk):
+        if r.batch == batch and (s.is_baseline or (s.topk > 1 if topk is None
+                                                   else s.topk == topk)):
             best = series[name].get(s.steps, 0.0)
             series[name][s.steps] = max(best, r.tokens_per_s)
     return {name: sorted(points.items()) for name, points in series.items()}
