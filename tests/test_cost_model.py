@@ -558,3 +558,18 @@ def test_steps_series_of_trees_is_the_best_tree_per_depth() -> None:
     series = steps_series([], meas, batch=1, topk=None)
     assert series["measured"] == [(3, 130.0), (5, 110.0)]
     assert steps_series([], meas, batch=1)["measured"] == [(3, 150.0)]
+
+
+def test_predictions_past_the_measured_depth_are_marked_in_the_text_and_rows() -> None:
+    """A setting deeper than the measured acceptance is predicted from the last measured value
+    reused; the text and tune.json's rows say so (the flag was computed and never shown)."""
+    acc = Acceptance(chain=(0.7, 0.6))  # measured to depth 2
+    preds = [p for p in rank_settings(seed_costs(), acc, batch=1) if p.setting.topk == 1]
+    (rec,) = recommend(preds)
+    deep = {r.setting.steps: r.extrapolated for r in rec.rows}
+    assert deep[2] is False and deep[5] is True
+    text = recommendation_text(rec, "/m", top=len(rec.rows))
+    assert "* predicted past what was measured" in text
+    rows = {line.split(",")[0].strip(): line for line in text.splitlines()[1:]}
+    assert "*" not in rows["steps 2"]
+    assert rows["steps 5"].split("measured")[0].rstrip().endswith("*")

@@ -281,6 +281,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
                     "predicted_tok_s": c.predicted_tps,
                     "measured_tok_s": c.measured_tps,
                     "error_pct": c.error_pct,
+                    "extrapolated": c.extrapolated,
                 }
             )
     report = {

@@ -600,6 +600,8 @@ class Comparison:
     setting: SpecSetting
     predicted_tps: float | None
     measured_tps: float | None
+    # predicted past what was measured (deeper than the acceptance or the costs reach)
+    extrapolated: bool = False
 
     @property
     def error_pct(self) -> float | None:
@@ -741,10 +743,12 @@ def _recommend_batch(
     rows = []
     for s in dict.fromkeys([*meas, *preds]):
         p, m = preds.get(s), meas.get(s)
-        rows.append(Comparison(s, p and p.tokens_per_s, m and m.tokens_per_s))
+        rows.append(Comparison(s, p and p.tokens_per_s, m and m.tokens_per_s,
+                               bool(p and p.extrapolated)))
     rows.sort(key=_row_order)
     p, m = preds.get(setting), meas.get(setting)
-    chosen = Comparison(setting, p and p.tokens_per_s, m and m.tokens_per_s)
+    chosen = Comparison(setting, p and p.tokens_per_s, m and m.tokens_per_s,
+                        bool(p and p.extrapolated))
     if p and m:
         cause = disagreement_cause(p, m)
     else:

@@ -92,11 +92,16 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
     if rec.speedup is not None and rec.speculate:
         lines[0] += f", {rec.speedup:.2f}x over no speculation"
     measured = [r for r in rec.rows if r.measured_tps is not None]
-    for row in measured or rec.rows[:top]:
+    shown = measured or rec.rows[:top]
+    for row in shown:
         pred = "-" if row.predicted_tps is None else f"{row.predicted_tps:.1f}"
+        pred += "*" if row.extrapolated else ""
         meas = "-" if row.measured_tps is None else f"{row.measured_tps:.1f}"
         err = "" if row.error_pct is None else f" ({row.error_pct:+.1f} %)"
         lines.append(f"  {row.setting!s:<40} predicted {pred:>8}  measured {meas:>8}{err}")
+    if any(r.extrapolated for r in shown):
+        lines.append("  * predicted past what was measured (a depth beyond the measured "
+                     "acceptance or costs: the last measured value reused)")
     if rec.error_pct is not None:
         lines.append(f"  model error on the choice: {rec.error_pct:+.1f} %; cause: {rec.cause}")
     if not refilled and rec.busy is not None and rec.busy < 1 - IDLE_HINT:
