@@ -2,7 +2,8 @@
 
 self-made prompts -> regenerated answers -> captured hidden states -> trained drafter ->
 doctor -> baseline vs speculative benchmark -> exports -> a short report. Finished stages are
-reused on a rerun (the data stages resume; a trained drafter is kept).
+reused on a rerun (the data stages resume; a trained drafter is kept unless its epochs or data
+differ from this run's, then it is trained again).
 """
 
 from __future__ import annotations
