@@ -165,12 +165,15 @@ def test_allreduce_bench_on_the_cpu_says_it_is_no_gpu_figure(tmp_path, monkeypat
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    # as `python -m draftsmith bench-allreduce` runs it: the record held __main__.py's path
+    monkeypatch.setattr("sys.argv", ["/x/draftsmith/__main__.py", "bench-allreduce", "--tp", "1"])
     out = tmp_path / "ar.jsonl"
     allreduce_bench(hidden=64, layers=2, target=None, batch="1", q="1", dtype="fp32", iters=2,
                     graph_ops=2, tp=1, device="cpu", nccl_proto=None, nccl_algo=None,
                     nccl_p2p_level=None, nccl=None, out=out)
     res = json.loads(out.read_text())
     assert res["backend"] == "gloo" and res["smoke_test"] is True
+    assert res["command"] == "draftsmith bench-allreduce --tp 1"
     assert "not a GPU" in res["note"]
     assert res["rows"][0]["busbw_GBps"] is None  # one rank moves nothing: it read 0.0 GB/s
     printed = capsys.readouterr()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import typer
 
 from draftsmith.errors import DraftsmithError
@@ -44,3 +47,8 @@ def check_folder(folder, flag: str = "") -> None:
                 raise DraftsmithError(f"{flag} {folder}".strip() + f": {where}, not a folder")
             return
 
+
+def command_line(prog: str = "draftsmith") -> str:
+    """This process's command as a user would type it again (`python -m draftsmith` and the
+    `draftsmith` script alike), for the records runs keep."""
+    return shlex.join([*prog.split(), *sys.argv[1:]])

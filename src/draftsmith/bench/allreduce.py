@@ -152,6 +152,15 @@ def _group(tp: TP) -> Iterator[TP]:
         dist.destroy_process_group()
 
 
+def _command() -> str:
+    """`draftsmith bench-allreduce ...`, or the module form torchrun ran."""
+    from draftsmith.options import command_line
+
+    if "bench-allreduce" in sys.argv[1:2]:
+        return command_line()
+    return command_line("python -m draftsmith.bench.allreduce")
+
+
 SMOKE = ("gloo on the CPU: a smoke test of the command, not a GPU's all-reduce (no NCCL; "
          "its settings do not apply)")
 
@@ -170,7 +179,7 @@ def bench_rank(tp: TP, opts: dict[str, Any]) -> dict[str, Any]:
             "hidden": opts["hidden"], "layers": opts["layers"], "graph_ops": opts["graph_ops"],
             "iters": opts["iters"], "nccl": nccl_record(), "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv), "rows": rows,
+            "command": _command(), "rows": rows,
         }
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import statistics
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import parse_ids
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, command_line
 
 app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
 err = Console(stderr=True)
@@ -25,10 +23,6 @@ err = Console(stderr=True)
 STRICT = typer.Option(False, "--strict", help="Stop at the first malformed record")
 TOO_LONG = typer.Option("truncate", "--too-long", help="truncate or skip")
 LIMIT = typer.Option(0, help="Keep the first N conversations (0: all)")
-
-
-def command_line() -> str:
-    return shlex.join(["draftsmith", *sys.argv[1:]])
 
 
 def say(msg: str) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import warnings
 
 import typer
 
 from draftsmith.layers import CANONICAL_WORDS, parse_ids
+from draftsmith.options import command_line
 
 
 def train(
@@ -92,7 +92,7 @@ def train(
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
         compile_loss=compile_loss, pad_multiple=pad_multiple,
-        extra={"command": shlex.join(["draftsmith", *sys.argv[1:]])},
+        extra={"command": command_line()},
     )
     with warnings.catch_warnings():
         warnings.showwarning = _say_warning
