@@ -8,7 +8,9 @@ qkv_proj / gate_up_proj), `norm`; `lm_head` has `draft_vocab_size` rows; `load_w
 are read from the nested `eagle_config.eagle_aux_hidden_state_layer_ids` in
 `python/sglang/srt/model_executor/model_runner.py` (a missing key falls back to the target's
 defaults without a word), so they are always written. The embedding is dropped: SGLang's
-`eagle_worker.py` hands the draft the target's. vLLM also loads this layout
+`eagle_worker.py` hands the draft the target's, except where `target_hidden_size` differs from
+`hidden_size` (`LlamaForCausalLM.set_embed` in `models/llama.py` then keeps the draft's own), so
+there it is kept. vLLM also loads this layout
 (`vllm/model_executor/models/llama_eagle3.py`); it reads the top-level
 `eagle_aux_hidden_state_layer_ids` in its own convention, so that is written too.
 """
@@ -80,8 +82,10 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str) -> dict[str, 
     if sglang_version_dependent(sglang_ids):
         warnings.warn(
             f"canonical aux ids {ids} are written for SGLang as {sglang_ids}; SGLang before PR "
-            "#25454 (2026-05) reads a list not starting at 1 one layer later. Prefer ids "
-            "starting at 1 (the usual [1, L//2-1, L-4])", stacklevel=2,
+            "#25454 (2026-05), and any target model class that PR left out (it was seen in the "
+            "DeepSeek-V2 family; Llama/Qwen classes may still add 1 always), reads a list not "
+            "starting at 1 one layer later. Prefer ids starting at 1 (the usual "
+            "[1, L//2-1, L-4])", stacklevel=2,
         )
     return {
         "architectures": [ARCH],
@@ -121,7 +125,8 @@ def write_sglang(
 ) -> Path:
     check_exportable(drafter.cfg)
     tensors = cast(hf_state_dict(drafter), dtype)
-    tensors.pop("embed_tokens.weight")
+    if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
+        tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
     config = sglang_config(drafter.cfg, info, dtype_name(tensors))
     return write_folder(out, config, tensors, overwrite)
 
@@ -139,6 +144,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     ids = _canonical_ids(c, num_layers)
     mc = model_config_of(c)
     vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size") or mc.vocab_size)
+    _check_specforge_head(c, folder)
     cfg = Eagle3Config(
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
@@ -146,6 +152,8 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         vocab_size=vocab, draft_vocab_size=draft_vocab, aux_layer_ids=ids,
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, target_num_layers=num_layers,
+        norm_before_residual=bool(c.get("norm_before_residual")),  # vLLM reads it here
+        fc_norm=bool(c.get("fc_norm")),  # SpecForge's Eagle-3.1: same norms, same names
         target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
         target_source=info.name_or_path if info else "",
         target_architectures=list(info.architectures) if info else [],
@@ -155,6 +163,14 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, w, str(folder))
     return drafter
+
+
+def _check_specforge_head(c: dict[str, Any], folder: Path) -> None:
+    # SpecForge's `norm_output` is not speculators' (ours): true is the usual final norm before
+    # lm_head, false feeds lm_head the un-normed state, which this drafter cannot compute.
+    if c.get("norm_output") is False:
+        raise DraftsmithError(f"{folder}/config.json: norm_output false (SpecForge: lm_head "
+                              "without the final norm) is not supported")
 
 
 def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
@@ -168,7 +184,16 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
 def _canonical_ids(c: dict[str, Any], num_layers: int) -> list[int]:
     ids = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids:
-        return from_convention(list(ids), Convention.SGLANG, num_layers)
+        canonical = from_convention(list(ids), Convention.SGLANG, num_layers)
+        if sglang_version_dependent(list(ids)):
+            warnings.warn(
+                f"eagle_config ids {list(ids)} do not start at 1: read as inputs of those layers "
+                f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
+                "mean their outputs (one layer later); check with `draftsmith doctor`",
+                stacklevel=3)
+        return canonical
+    if ids := c.get("eagle_aux_hidden_state_layer_ids"):  # only vLLM reads these: its form
+        return from_convention(list(ids), Convention.VLLM, num_layers)
     # No ids: SGLang captures the inputs of layers [2, L//2, L-3] (its default).
     return from_convention([2, num_layers // 2, num_layers - 3], Convention.EAGLE, num_layers)
 

@@ -149,6 +149,11 @@ def _verifier_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -
     verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     vcfg = Path(str(verifier)) / "config.json" if verifier else None
     if vcfg is not None and vcfg.is_file():
-        return int(read_config(vcfg.parent)["num_hidden_layers"])
+        vc = read_config(vcfg.parent)
+        n = vc.get("num_hidden_layers") or (vc.get("text_config") or {}).get("num_hidden_layers")
+        if not n:
+            raise DraftsmithError(f"{vcfg}: no num_hidden_layers (nor text_config's) to read the "
+                                  "aux layer ids with; pass --target")
+        return int(n)
     raise DraftsmithError(f"{folder}: the target's layer count is needed to read the aux layer "
                           "ids; pass --target")
