@@ -516,6 +516,12 @@ def test_the_vllm_hint_warns_where_vllm_cannot_load_the_aux_count(target, tmp_pa
              for p in (two, three)]
     assert "warning: 2 aux layers" in hints[0] and "exactly 3" in hints[0]
     assert "warning" not in hints[1] and "vLLM: --speculative-config" in hints[1]
+    cfg = json.loads((three / "config.json").read_text())
+    for flag in ("norm_output", "fc_norm"):  # speculators reads them; vLLM's model does not
+        hint = _serve_hint("speculators", three, {**cfg, flag: True}, 3)
+        assert f"warning: {flag} set" in hint and "vLLM's Eagle-3 model does not" in hint
+    assert "warning" not in _serve_hint("speculators", three,
+                                        {**cfg, "norm_before_residual": True}, 3)
 
 
 def test_the_export_command_prints_an_absolute_path_for_the_engines(target, tmp_path,

@@ -55,6 +55,10 @@ def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
     if len(written) != 3:  # vLLM's Eagle-3 model sizes fc for three states, whatever the config
         hint += (f"\nwarning: {len(written)} aux layers: speculators loads this drafter, but "
                  "vLLM's Eagle-3 model builds its fc for exactly 3 and will refuse the weights")
+    if unread := [k for k in ("norm_before_fc", "fc_norm", "norm_output") if config.get(k)]:
+        # vLLM's llama_eagle3.py reads norm_before_residual alone of these flags
+        hint += (f"\nwarning: {', '.join(unread)} set: speculators reads them, but vLLM's Eagle-3 "
+                 "model does not (it ignores norm_output and refuses the extra norm weights)")
     return hint
 
 
