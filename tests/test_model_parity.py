@@ -30,6 +30,7 @@ def test_logits_and_hidden_states_match_hf(pair):
     assert (out.logits - ref.logits).abs().max() < 1e-4
     for i, j in enumerate((-1, 0, 2, 4)):  # the last layer's HF entry is after the final norm
         assert torch.allclose(out.aux[:, :, i], ref.hidden_states[j + 1], atol=1e-5)
+    assert torch.allclose(hf.model.norm(out.aux[:, :, 4]), ref.hidden_states[-1], atol=1e-5)
 
 
 def test_cached_forward_matches_uncached(pair):

@@ -4,12 +4,13 @@ gets from plain greedy decoding alone."""
 from __future__ import annotations
 
 import pytest
+import torch
 from test_refill import PROMPTS
 from test_speculative import Steered, greedy_seq, make_drafter, tiny_target
 
 from draftsmith.engine.generate import generate
 from draftsmith.engine.runtime import Runtime
-from draftsmith.engine.spec_refill import generate_refill
+from draftsmith.engine.spec_refill import generate_refill, prompt_pass
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.errors import DraftsmithError
 
@@ -50,6 +51,28 @@ def test_refilled_answers_equal_plain_greedy_alone(setup, steps, topk, n, rows, 
     assert emitted + len(PROMPTS) >= res.new_tokens  # the prefills made each first token
     assert sum(res.accept_hist[2:]) > 0  # drafts were accepted, not only bonus tokens
     assert res.extra["refill_rows"] == rows
+
+
+def test_a_refilled_row_holds_what_a_fresh_start_gives_its_prompt(setup):
+    """After a refill run left every row used, a prompt refilled into row 1 holds its prompt's
+    target and drafter K/V, the first draft's root (logits, hidden), first token and length as
+    a decoder starting that prompt alone. (Answers stay exact with a stale drafter state, so the
+    answer tests cannot see one; only acceptance drops.)"""
+    _, eos, _, _ = setup
+    dec = decoder(setup, 3, 2, 6)
+    generate_refill(dec, PROMPTS, NEW, eos_ids=eos, rows=3)
+    prompt = PROMPTS[3]
+    prompt_pass(dec, 3)([1], [prompt])
+    st, ref = dec._state(3), decoder(setup, 3, 2, 6, rows=1).start([prompt], NEW, eos)
+    n = len(prompt)
+    assert torch.allclose(st.root_logits[1], ref.root_logits[0], atol=1e-5)
+    assert torch.allclose(st.root_hidden[1], ref.root_hidden[0], atol=1e-5)
+    for got, want in ((st.dcaches, ref.dcaches), (st.tcaches, ref.tcaches)):
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g.k[1, :, :n], w.k[0, :, :n], atol=1e-5)
+            assert torch.allclose(g.v[1, :, :n], w.v[0, :, :n], atol=1e-5)
+    assert [int(st.L[1]), int(st.last[1]), int(st.count[1])] == [
+        int(ref.L[0]), int(ref.last[0]), int(ref.count[0])]
 
 
 def test_a_second_call_starts_clean(setup):

@@ -131,6 +131,7 @@ def test_greedy_equals_plain_greedy(setup, steps, topk, n):
     res = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref
     assert res.mean_accept_length > 1.2  # partial acceptance was exercised
+    assert 0 < res.accepted[0] < res.reached[0]  # first drafts both accepted and rejected
     one = dec.generate(PROMPTS[2:3], NEW, eos_ids=[])
     assert one.tokens == ref[2:3]
 

@@ -76,6 +76,8 @@ def test_chain_rejection_sampling_is_exact(tables):
     on = n >= 1
     e1 = torch.where(n >= 2, t2, bonus)
     assert conditional_p(e0[on], e1[on], p1) > 1e-3
+    full = n == 2  # both drafts accepted: the bonus comes from the target alone, p2
+    assert conditional_p(e0[full] * V + e1[full], bonus[full], p2.view(V * V, V)) > 1e-3
 
 
 def test_tree_multi_round_rejection_is_exact(tables):

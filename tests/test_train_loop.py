@@ -45,10 +45,26 @@ def log_rows(folder):
     return rows
 
 
+def counted_steps(monkeypatch) -> list[int]:
+    """Trainer.train_step spied on: the list grows by one each step a run trains."""
+    calls, real = [], Trainer.train_step
+
+    def spy(self):
+        calls.append(1)
+        real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    return calls
+
+
 def test_resume_continues_exactly(setup, monkeypatch):
+    """Logged every 2 steps, checkpointed every 3: the checkpoint at step 3 falls inside a log
+    window, so the resumed step-4 row holds step 3's sums only if the window was restored; the
+    resumed run trains steps 4-6 alone (a run restarted from scratch would equal the straight
+    one too)."""
     root, _, _ = setup
     with pytest.warns(UserWarning, match="distinct assistant tokens"):
-        train(config(root, "straight"))
+        train(config(root, "straight", log_every=2))
     calls = {"n": 0}
     real = Trainer.train_step
 
@@ -60,14 +76,17 @@ def test_resume_continues_exactly(setup, monkeypatch):
 
     monkeypatch.setattr(Trainer, "train_step", dies_at_step_5)
     with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning):
-        train(config(root, "cut", loader_workers=2))  # worker processes: the same order
+        train(config(root, "cut", loader_workers=2, log_every=2))  # workers: the same order
     monkeypatch.setattr(Trainer, "train_step", real)
     with pytest.raises(DraftsmithError, match="--resume"):
-        train(config(root, "cut"))
-    train(config(root, "cut", resume=True, loader_workers=1))
+        train(config(root, "cut", log_every=2))
+    resumed = counted_steps(monkeypatch)
+    train(config(root, "cut", resume=True, loader_workers=1, log_every=2))
+    assert len(resumed) == 3  # steps 4-6, from the step-3 checkpoint
+    monkeypatch.setattr(Trainer, "train_step", real)
 
     a, b = root / "straight", root / "cut"
-    assert [r["step"] for r in log_rows(b)] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in log_rows(b)] == [2, 4, 6]
     assert log_rows(a) == log_rows(b)
     da, db = load_drafter(a).state_dict(), load_drafter(b).state_dict()
     assert all(torch.equal(da[k], db[k]) for k in da)
@@ -79,10 +98,10 @@ def test_resume_continues_exactly(setup, monkeypatch):
     meta = json.loads((a / "draftsmith.json").read_text())
     assert meta["config"]["aux_layer_ids"] == AUX and meta["training"]["steps"] == 6
     with pytest.raises(DraftsmithError, match="lr was"):
-        train(config(root, "cut", resume=True, lr=1e-3))
+        train(config(root, "cut", resume=True, lr=1e-3, log_every=2))
 
 
-def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup):
+def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup, monkeypatch):
     root, _, _ = setup
     with pytest.warns(UserWarning):
         train(config(root, "whole", save_every=100))
@@ -93,7 +112,9 @@ def test_time_limit_stops_at_a_checkpoint_and_resume_finishes_the_same_run(setup
         train(config(root, "timed", save_every=100, time_limit=0.0))
     assert [p.name for p in list_checkpoints(stale)] == ["step-00000001"]
     assert not (stale / "draftsmith.json").exists()  # no final drafter from a stopped run
+    resumed = counted_steps(monkeypatch)
     train(config(root, "timed", save_every=100, resume=True, time_limit=3600.0))
+    assert len(resumed) == 5  # steps 2-6: the resume started at the step-1 checkpoint
     assert log_rows(stale) == log_rows(root / "whole")
     da, db = load_drafter(root / "whole").state_dict(), load_drafter(stale).state_dict()
     assert all(torch.equal(da[k], db[k]) for k in da)
