@@ -44,6 +44,25 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def append_whole(path: Path, data: bytes, kept: str) -> None:
+    """Append `data` whole or not at all: a failed write (a full disk) is cut back off, so the
+    file ends after whole records and a rerun resumes as an uninterrupted run goes on. `kept`
+    ends the error: what the file keeps, and how to go on. Empty `data`: only checks that the
+    file can be appended to."""
+    try:
+        with open(path, "ab", buffering=0) as f:
+            end = f.seek(0, os.SEEK_END)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[f.write(view):]
+            except OSError:
+                f.truncate(end)
+                raise
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); {kept}") from None
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -312,12 +312,17 @@ def numbered_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """(line, JSON object) of a JSONL this tool appends to. A last line without its newline is
     kept when it parses, else taken for a record cut short by a kill and cut from the file, so
     appending continues cleanly; that happens only once every other line has been read."""
+    return appended_records(path)[0]
+
+
+def appended_records(path: str | Path) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
+    """`numbered_records`, and whether the file ended inside a write (no final newline)."""
     from draftsmith.data.atomic import check_file_path
 
     path = Path(path)
     check_file_path(path)
     if not path.is_file():
-        return []
+        return [], False
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     out = [(i, _object(path, i, line)) for i, line in enumerate(data[:end].split(b"\n"), 1)
@@ -332,7 +337,26 @@ def numbered_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 f.seek(0, 2)
                 f.write(b"\n")
                 out.append((n, rec))
-    return out
+    return out, bool(tail.strip())
+
+
+def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
+                    group: Callable[[dict[str, Any]], Any]) -> list[tuple[int, dict[str, Any]]]:
+    """`records` of `path` (a JSONL appended one write per `group`: a round, a chunk) less the
+    last write, which a kill tore (`appended_records`): its records are cut from the file, so a
+    rerun redoes that write whole, as an uninterrupted run wrote it."""
+    last = group(records[-1][1]) if records else None
+    k = len(records)
+    while last is not None and k and group(records[k - 1][1]) == last:
+        k -= 1
+    if k < len(records):
+        data = path.read_bytes()
+        at = 0
+        for _ in range(records[k][0] - 1):  # the byte where line records[k][0] starts
+            at = data.index(b"\n", at) + 1
+        with open(path, "r+b") as f:
+            f.truncate(at)
+    return records[:k]
 
 
 def _object(path: Path, i: int, line: bytes) -> dict[str, Any]:

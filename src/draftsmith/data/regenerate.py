@@ -20,8 +20,14 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import make_folder
-from draftsmith.data.prompts import Conversation, lead, numbered_records, opening
+from draftsmith.data.atomic import append_whole, make_folder
+from draftsmith.data.prompts import (
+    Conversation,
+    appended_records,
+    drop_last_write,
+    lead,
+    opening,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one
 
@@ -244,9 +250,16 @@ def regenerate(
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
     info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
-    records = numbered_records(out)
+    step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
+    records, torn = appended_records(out)
     done = {_prompt_id(out, line, r) for line, r in records}
     _same_answerer(out, records, info)
+    # the engine answers a chunk a kill tore again whole, as it sampled it uninterrupted; a
+    # server's answers (not reproducible, paid for) are kept
+    if torn and isinstance(backend, EngineBackend):
+        chunk_of = {c.id: i // step for i, c in enumerate(convs)}
+        records = drop_last_write(out, records, lambda r: chunk_of.get(_pid(r)))
+        done = {_prompt_id(out, line, r) for line, r in records}
     todo = [c for c in convs if c.id not in done]
     stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "failed": 0, "answer_tokens": 0}
@@ -256,35 +269,41 @@ def regenerate(
     bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
                disable=not progress)
     make_folder(out.parent)
-    with open(out, "a", encoding="utf-8") as f:
-        step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
-        # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
-        # before are not written, and must not shift a resumed run's chunks
-        for c in range(0, len(convs), step):
-            chunk = [x for x in convs[c : c + step] if x.id not in done]
-            if not chunk:
-                continue
-            torch.manual_seed(cfg.seed * 1_000_003 + c)
-            try:
-                recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
-            except DraftsmithError as e:
-                kept = stats["done_before"] + stats["answered"]
-                raise DraftsmithError(f"{e} ({out} keeps the {kept} conversations answered "
-                                      "before; a rerun resumes after them)") from None
-            # one write: a kill keeps a chunk whole or not at all (a part would be resumed in
-            # a smaller batch, sampled otherwise)
-            f.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in recs))
-            f.flush()
-            bar.update(len(chunk))
+    append_whole(out, b"", f"it keeps the {stats['done_before']} conversations answered "
+                 "before; a rerun resumes after them")
+    # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
+    # before are not written, and must not shift a resumed run's chunks
+    for c in range(0, len(convs), step):
+        chunk = [x for x in convs[c : c + step] if x.id not in done]
+        if not chunk:
+            continue
+        torch.manual_seed(cfg.seed * 1_000_003 + c)
+        kept = f"the {stats['done_before'] + stats['answered']} conversations answered before"
+        try:
+            recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+        except DraftsmithError as e:
+            raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
+                                  ) from None
+        # one write: a kill or a full disk keeps a chunk whole or not at all (a part would be
+        # resumed in a smaller batch, sampled otherwise)
+        append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
+                                  for rec in recs).encode(),
+                     f"it keeps {kept}; a rerun resumes after them")
+        bar.update(len(chunk))
     bar.close()
     say("regenerate: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return stats
 
 
-def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
+def _pid(rec: dict[str, Any]) -> str | None:
     meta = rec.get("meta")
     pid = meta.get("prompt_id") if isinstance(meta, dict) else None
-    if not isinstance(pid, str):
+    return pid if isinstance(pid, str) else None
+
+
+def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
+    pid = _pid(rec)
+    if pid is None:
         raise DraftsmithError(f"{out}:{line}: not an answer `regenerate` wrote (no "
                               "meta.prompt_id): give another --out")
     return pid

@@ -20,9 +20,15 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import make_folder
+from draftsmith.data.atomic import append_whole, make_folder
 from draftsmith.data.chat import user_prefix
-from draftsmith.data.prompts import Conversation, Malformed, numbered_records, parse_record
+from draftsmith.data.prompts import (
+    Conversation,
+    Malformed,
+    appended_records,
+    drop_last_write,
+    parse_record,
+)
 from draftsmith.errors import DraftsmithError
 
 
@@ -123,14 +129,18 @@ def self_made_prompts(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    have = [_conversation(out, line, r) for line, r in numbered_records(out)]
+    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
+    meta = {"source": "magpie", "target": target.fingerprint, **conf}
+    records, torn = appended_records(out)
+    have = [_conversation(out, line, r) for line, r in records]
+    if torn:  # the last round's write, torn by a kill, is made again whole
+        _same_settings(out, have, meta, cfg.openings)
+        have = [_conversation(out, line, r) for line, r in drop_last_write(out, records, _round)]
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0,
              "bare_openings": 0}
     if len(have) >= cfg.n:
         return stats
-    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
-    meta = {"source": "magpie", "target": target.fingerprint, **conf}
     _same_settings(out, have, meta, cfg.openings)
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
@@ -143,27 +153,27 @@ def self_made_prompts(
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)
+    append_whole(out, b"", _kept(len(have)))  # unwritable: said before the first batch
     first = _next_round(have)
-    with open(out, "a", encoding="utf-8") as f:
-        for round_ in range(first, first + limit):
-            if stats["kept"] >= cfg.n:
-                break
-            torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
-            pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
-            gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
-            lines = []
-            for k, toks in zip(pick, gen.tokens, strict=True):
-                got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
-                if got is None or stats["kept"] >= cfg.n:
-                    continue
-                seen.add(fold(got))
-                rec = {**meta, "round": round_} | ({"opening": opens[k]} if cfg.openings else {})
-                conv = Conversation([{"role": "user", "content": got}], meta=rec)
-                lines.append(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
-                stats["kept"] += 1
-                bar.update(1)
-            f.write("".join(lines))  # a round's records in one write: a kill keeps all or none
-            f.flush()
+    for round_ in range(first, first + limit):
+        if stats["kept"] >= cfg.n:
+            break
+        torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
+        pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
+        gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
+        lines = []
+        for k, toks in zip(pick, gen.tokens, strict=True):
+            got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
+            if got is None or stats["kept"] >= cfg.n:
+                continue
+            seen.add(fold(got))
+            rec = {**meta, "round": round_} | ({"opening": opens[k]} if cfg.openings else {})
+            conv = Conversation([{"role": "user", "content": got}], meta=rec)
+            lines.append(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+            stats["kept"] += 1
+            bar.update(1)
+        if lines:  # a round's records in one write: a kill or a full disk keeps all or none
+            append_whole(out, "".join(lines).encode(), _kept(stats["kept"] - len(lines)))
     bar.close()
     if stats["kept"] < cfg.n:
         say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
@@ -192,6 +202,15 @@ def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
                                   f"({'; '.join(diff)}): rerun with those settings, or write to "
                                   "another file")
         return
+
+
+def _round(rec: dict[str, Any]) -> Any:
+    meta = rec.get("meta")
+    return meta.get("round") if isinstance(meta, dict) else None
+
+
+def _kept(n: int) -> str:
+    return f"it keeps the {n} prompts made before; a rerun of the same command resumes after them"
 
 
 def _next_round(have: list[Conversation]) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,22 +83,44 @@ def save_checkpoint(
     final = checkpoint_dir(out, step)
     tmp = final.with_name(f".{final.name}.tmp")
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        save_drafter(drafter, tmp, **summary)
-        torch.save(trainer, tmp / STATE)
+        with writing(final, tmp):
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            save_drafter(drafter, tmp, **summary)
+            torch.save(trainer, tmp / STATE)
     _barrier()
-    torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+    with writing(final, tmp):
+        torch.save(rng_state(), tmp / f"rng-{rank}.pt")
     _barrier()
     if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        with writing(final, tmp):
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
         for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old)
     _barrier()
     return final
+
+
+@contextmanager
+def writing(what: Path, *tmps: Path) -> Iterator[None]:
+    """`what` not written (a full disk, a read-only folder) as one error; its tmp files or
+    folders go, the checkpoints written before stay."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save: RuntimeError
+        for tmp in tmps:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        raise DraftsmithError(f"{what}: cannot write it ({e}); the checkpoints written before "
+                              "are kept: make room and rerun the same command with --resume"
+                              ) from None
 
 
 def load_trainer_state(folder: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:

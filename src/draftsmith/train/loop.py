@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from draftsmith.data.atomic import make_folder
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import (
     CONFIG_FILE,
@@ -549,7 +550,7 @@ class Trainer:
         from tqdm import tqdm
 
         if self.ctx.main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            make_folder(self.out)
         self._describe()
         bar = tqdm(total=self.total, initial=self.step, disable=not (self.cfg.progress and
                    self.ctx.main), desc="train", dynamic_ncols=True)
@@ -731,7 +732,9 @@ class Trainer:
 
     def _finish(self) -> Path:
         if self.ctx.main:
-            save_drafter(self.drafter, self.out, **self._summary())
+            tmps = [self.out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_FILE, CONFIG_FILE)]
+            with ckpt.writing(self.out / WEIGHTS_FILE, *tmps):  # save_drafter's tmp names
+                save_drafter(self.drafter, self.out, **self._summary())
             report.plot(self.out)
             self.say(f"drafter written to {self.out}")
         return self.out

@@ -32,16 +32,18 @@ def read_log(out: Path) -> list[dict[str, Any]]:
 def truncate_log(out: Path, step: int) -> None:
     """Keep the rows of steps <= `step` (a resumed run rewrites what came after); through a
     tmp file, so a crash here loses no row."""
+    from draftsmith.data.atomic import atomic_write
+
     rows = [r for r in read_log(out) if r["step"] <= step]
-    path = Path(out) / LOG
-    tmp = path.with_name(f".{LOG}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write(Path(out) / LOG, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
 def append_log(out: Path, row: dict[str, Any]) -> None:
-    with open(Path(out) / LOG, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    """One row, whole or not at all (a full disk: the rows before stay, the run stops)."""
+    from draftsmith.data.atomic import append_whole
+
+    append_whole(Path(out) / LOG, (json.dumps(row) + "\n").encode(),
+                 "it keeps the rows before: make room and rerun the same command with --resume")
 
 
 def plot(out: Path) -> Path | None:
@@ -67,6 +69,14 @@ def plot(out: Path) -> Path | None:
     b.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path = Path(out) / PLOT
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(f".{PLOT}.tmp")
+    try:  # through a tmp file: a full disk leaves the last whole plot
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); the checkpoints are "
+                              "kept: make room and rerun the same command with --resume") from None
+    finally:
+        plt.close(fig)
     return path
