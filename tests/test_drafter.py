@@ -189,3 +189,25 @@ def test_saving_into_a_file_is_refused_and_the_file_kept(tmp_path):
     with pytest.raises(DraftsmithError, match="lies under the file"):
         save_drafter(d, keep / "sub")
     assert keep.read_text() == "mine"
+
+
+def test_a_failed_save_leaves_no_tmp_file_and_the_old_drafter_whole(tmp_path, monkeypatch):
+    """A full disk in the middle of `save_drafter` (export, import, training's last write) left
+    its `.model.safetensors.PID.tmp` in the folder; the drafter saved before stays loadable."""
+    import safetensors.torch
+
+    d = random_drafter(tiny_cfg())
+    save_drafter(d, tmp_path / "d")
+    before = sorted(p.name for p in (tmp_path / "d").iterdir())
+
+    def full(state, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError, match="No space"):
+        save_drafter(random_drafter(tiny_cfg()), tmp_path / "d")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == before
+    assert all(torch.equal(a, b) for a, b in zip(load_drafter(tmp_path / "d").state_dict().values(),
+                                                 d.state_dict().values(), strict=True))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -422,12 +424,24 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
             "config": drafter.cfg.to_dict(), **summary}
     state = {k: v.detach().cpu() for k, v in hf_state_dict(drafter).items()}
     tmp = folder / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / WEIGHTS_FILE)
+    with _removed_on_failure(tmp):
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, folder / WEIGHTS_FILE)
     tmp = folder / f".{CONFIG_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n")
-    os.replace(tmp, folder / CONFIG_FILE)
+    with _removed_on_failure(tmp):
+        tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        os.replace(tmp, folder / CONFIG_FILE)
     return folder
+
+
+@contextmanager
+def _removed_on_failure(tmp: Path) -> Iterator[None]:
+    """A write that fails (a full disk) leaves no tmp file behind; its error goes on."""
+    try:
+        yield
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
