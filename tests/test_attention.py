@@ -30,6 +30,17 @@ def test_small_attention_equals_sdpa_with_gqa_rows_and_a_mask():
     assert not torch.allclose(small_attention(qg, k, v, mask)[0, 0, 0], ref[0, 0, 0], atol=1e-3)
 
 
+def test_causal_mask_sees_its_own_slot_and_a_window_of_the_latest():
+    """The SDPA comparisons share causal_mask with their reference, so it is pinned here: a
+    position sees its own slot and those before; a window of 3 (HF's kv > q - window) the 3
+    latest of them."""
+    pos = torch.tensor([[0, 5]])
+    seen = [torch.nonzero(row).flatten().tolist() for row in causal_mask(pos, 8)[0, 0]]
+    assert seen == [[0], [0, 1, 2, 3, 4, 5]]
+    seen = [torch.nonzero(row).flatten().tolist() for row in causal_mask(pos, 8, 3)[0, 0]]
+    assert seen == [[0], [3, 4, 5]]
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_matmul_attention_equals_sdpa_at_verify_shapes(dtype, atol):
     g = torch.Generator().manual_seed(1)

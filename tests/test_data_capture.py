@@ -65,6 +65,25 @@ def test_stored_states_equal_a_fresh_forward(target, model, reference):
         assert text.startswith(f"answer {i} ") and text.count("<|im_end|>") == 1 + (i % 3 == 0)
 
 
+def test_stored_states_equal_an_hf_forward_at_the_named_layers(tiny_llama_dir, reference):
+    """Against transformers, not our own model: canonical id j is HF's hidden_states[j + 1]
+    (the output of decoder layer j; -1 the embedding), the stored hidden its last, normed."""
+    import transformers as tf
+
+    hf = tf.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager",
+                                                 dtype=torch.float32).eval()
+    ds = Dataset(reference)
+    for i in (0, 13):
+        s = ds[i]
+        with torch.no_grad():
+            hs = hf(s["input_ids"][None], output_hidden_states=True).hidden_states
+        assert len(hs) == 7
+        want = torch.stack([hs[j + 1][0] for j in (-1, 1, 4)] + [hs[-1][0]], 1)
+        got = torch.cat([s["aux"], s["hidden"][:, None]], 1).float()
+        rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
+        assert rel.max() < 0.01, rel.max(0).values  # bf16 storage alone: ~0.002
+
+
 def test_batch_one_is_bit_exact(target, model, tmp_path):
     cfg = CaptureConfig(aux_layer_ids=[0, 5], batch_size=1, samples_per_shard=8)
     capture(target, convs(3), tmp_path, cfg, progress=False, model=model, log=lambda s: None)
@@ -85,11 +104,14 @@ def test_killed_then_resumed_is_identical(target, model, reference, tmp_path):
         capture(target, convs(), tmp_path, CFG, progress=False, model=model, on_shard=die,
                 log=lambda s: None)
     assert len(read_manifest(tmp_path)["shards"]) == 2
+    half = tmp_path / ".shard-00002.safetensors.4242.tmp"  # a kill -9 mid-write leaves one
+    half.write_bytes(b"partial")
     logs: list[str] = []
     capture(target, convs(), tmp_path, CFG, progress=False, model=model, log=logs.append)
     assert any("2/4 shards to write" in s for s in logs)
     assert shard_bytes(tmp_path) == shard_bytes(reference)
     assert verify(tmp_path)["samples"] == 14
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_other_settings_are_refused_on_resume(target, model, reference):

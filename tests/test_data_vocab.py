@@ -12,6 +12,7 @@ from draftsmith.data.vocab import (
     count_ids,
     coverage_table,
     load_vocab,
+    map_problem,
     save_vocab,
 )
 from draftsmith.errors import DraftsmithError
@@ -42,6 +43,19 @@ def test_ties_are_deterministic_and_small_data_warns():
     with pytest.warns(UserWarning, match="only 4 distinct"):
         v = build_vocab(counts, 10)
     assert v.used.tolist() == [1, 2, 3, 5] and v.coverage == 1.0 and v.t2d.numel() == 6
+
+
+def test_map_problem_names_each_way_a_map_is_not_one_to_one():
+    t2d = torch.zeros(8, dtype=torch.bool)
+    t2d[[1, 4, 6]] = True
+    used, problem = map_problem(torch.tensor([1, 3, 4]), t2d, 8)
+    assert used.tolist() == [1, 4, 6] and problem is None
+    assert map_problem(torch.tensor([1, 3, 6]), None, 8)[1][0] == "outside"  # draft 2 -> 8
+    assert map_problem(torch.tensor([1, 0, 4]), None, 8)[1][0] == "twice"  # 1, 1, 6
+    more = t2d.clone()
+    more[0] = True  # marks a token no draft id maps to
+    for bad in (more, t2d[:7], ~t2d):
+        assert map_problem(torch.tensor([1, 3, 4]), bad, 8)[1][0] == "t2d"
 
 
 def test_bad_input():

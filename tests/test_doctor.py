@@ -94,7 +94,7 @@ def errors(rep, check: str | None = None) -> list:
 def test_seed_wrong_config_names_true_layers_and_fix(work, target, target_dir, wrong):
     folder = make_drafter(work / f"wrong{wrong[0]}", target, wrong, trained_on=None)
     rep = doctor(data=work / "data", drafter=folder, target=str(target_dir))
-    assert rep.wiring["true_ids"] == TRUE
+    assert rep.wiring["true_ids"] == TRUE and rep.wiring["token_set"] == "loss-masked"
     assert [s["status"] for s in rep.wiring["slots"]] == ["exact"] * 4
     wiring = [f for f in errors(rep, "wiring") if "will feed" in f.what]
     assert len(wiring) == 1

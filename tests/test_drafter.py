@@ -56,33 +56,44 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def reference(sd: dict, c: Eagle3Config, tokens, hidden_in, pos, fused: bool):
-    """EAGLE-3 step over T tokens, causal, written from the SGLang layer description."""
+    """EAGLE-3 step over T tokens, causal, written from the SGLang layer description; layers
+    past the first (speculators' `layers.{i}`) plain Llama decoder layers on the hidden."""
     w = {k: v.double() for k, v in sd.items() if v.is_floating_point()}
-    eps, (t, nh, nkv, d) = c.rms_norm_eps, (len(tokens), c.num_heads, c.num_kv_heads, c.head_dim)
+    eps = c.rms_norm_eps
     g = hidden_in.double()
     if not fused:
-        g = g.reshape(t, -1) @ w["fc.weight"].T
+        g = g.reshape(len(tokens), -1) @ w["fc.weight"].T
     emb = w["embed_tokens.weight"][tokens]
     x = torch.cat([rms(emb, w["midlayer.input_layernorm.weight"], eps),
                    rms(g, w["midlayer.hidden_norm.weight"], eps)], -1)
-    q = rope((x @ w["midlayer.self_attn.q_proj.weight"].T).view(t, nh, d), pos, c.rope_theta)
-    k = rope((x @ w["midlayer.self_attn.k_proj.weight"].T).view(t, nkv, d), pos, c.rope_theta)
-    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(t, nkv, d)
+    h = decoder_layer(w, "midlayer.", c, x, g, pos)
+    for i in range(1, c.num_layers):
+        h = decoder_layer(w, f"layers.{i}.", c, rms(h, w[f"layers.{i}.input_layernorm.weight"],
+                                                    eps), h, pos)
+    return rms(h, w["norm.weight"], eps) @ w["lm_head.weight"].T, h
+
+
+def decoder_layer(w: dict, pre: str, c: Eagle3Config, x, residual, pos):
+    """Attention on the normed input x, its residual add, then the MLP's."""
+    t, nh, nkv, d = len(x), c.num_heads, c.num_kv_heads, c.head_dim
+    q = rope((x @ w[pre + "self_attn.q_proj.weight"].T).view(t, nh, d), pos, c.rope_theta)
+    k = rope((x @ w[pre + "self_attn.k_proj.weight"].T).view(t, nkv, d), pos, c.rope_theta)
+    v = (x @ w[pre + "self_attn.v_proj.weight"].T).view(t, nkv, d)
     heads = []
     for h in range(nh):
         kh, vh = k[:, h // (nh // nkv)], v[:, h // (nh // nkv)]
         scores = q[:, h] @ kh.T / math.sqrt(d)
         scores = scores.masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
         heads.append(torch.softmax(scores, -1) @ vh)
-    h1 = g + torch.cat(heads, -1) @ w["midlayer.self_attn.o_proj.weight"].T
-    m = rms(h1, w["midlayer.post_attention_layernorm.weight"], eps)
-    gate, up = m @ w["midlayer.mlp.gate_proj.weight"].T, m @ w["midlayer.mlp.up_proj.weight"].T
-    h2 = h1 + (torch.nn.functional.silu(gate) * up) @ w["midlayer.mlp.down_proj.weight"].T
-    return rms(h2, w["norm.weight"], eps) @ w["lm_head.weight"].T, h2
+    h1 = residual + torch.cat(heads, -1) @ w[pre + "self_attn.o_proj.weight"].T
+    m = rms(h1, w[pre + "post_attention_layernorm.weight"], c.rms_norm_eps)
+    gate, up = m @ w[pre + "mlp.gate_proj.weight"].T, m @ w[pre + "mlp.up_proj.weight"].T
+    return h1 + (torch.nn.functional.silu(gate) * up) @ w[pre + "mlp.down_proj.weight"].T
 
 
-def test_forward_matches_hand_reference():
-    c = tiny_cfg()
+@pytest.mark.parametrize("layers", [1, 2])
+def test_forward_matches_hand_reference(layers):
+    c = tiny_cfg(num_layers=layers)
     d = random_drafter(c)
     torch.manual_seed(1)
     t = 9
@@ -129,6 +140,22 @@ def test_norm_variants_follow_their_definitions():
         assert torch.allclose(d2.fuse(aux), torch.cat(parts, -1) @ sd2["fc.weight"].T, atol=1e-5)
     with pytest.raises(DraftsmithError, match="mutually exclusive"):
         tiny_cfg(fc_norm=True, norm_before_fc=True)
+
+
+def test_init_weights_sets_every_norm_to_one_and_leaves_the_embedding():
+    d = Eagle3Drafter(tiny_cfg(num_layers=2, norm_before_fc=True))
+    emb = d.embed_tokens.weight.clone()
+    torch.manual_seed(0)
+    d.init_weights(0.02)
+    norms = [n for n, _ in d.named_parameters() if n.endswith("norm.weight")]
+    assert {"norm.weight", "input_norm.weight", "midlayer.hidden_norm.weight",
+            "extra_layers.0.input_layernorm.weight"} <= set(norms)
+    for name, p in d.named_parameters():
+        if name in norms:
+            assert torch.all(p == 1), name
+        elif name != "embed_tokens.weight":
+            assert 0.01 < float(p.detach().std()) < 0.03, name
+    assert torch.equal(d.embed_tokens.weight, emb)
 
 
 def test_cached_decode_matches_full_forward():

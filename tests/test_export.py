@@ -127,6 +127,48 @@ def test_speculators_export_round_trip_and_ids(target, tmp_path):
     assert load_file(bf16 / "model.safetensors")["fc.weight"].dtype == torch.bfloat16
 
 
+def engine_values(d, prefixes: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors each engine's loader expects, cut from the drafter's fused ones by hand:
+    q/k/v the qkv rows in that order, gate/up the gate_up rows in that order."""
+    c = d.cfg
+    nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    want = {"fc.weight": d.fc.weight, "norm.weight": d.norm.weight,
+            "lm_head.weight": d.lm_head.weight}
+    for pre, layer in zip(prefixes, d.layers, strict=True):
+        qkv, gate_up = layer.self_attn.qkv.weight, layer.mlp.gate_up.weight
+        inter = c.intermediate_size
+        want |= {f"{pre}self_attn.q_proj.weight": qkv[:nq],
+                 f"{pre}self_attn.k_proj.weight": qkv[nq:nq + nk],
+                 f"{pre}self_attn.v_proj.weight": qkv[nq + nk:],
+                 f"{pre}self_attn.o_proj.weight": layer.self_attn.o.weight,
+                 f"{pre}mlp.gate_proj.weight": gate_up[:inter],
+                 f"{pre}mlp.up_proj.weight": gate_up[inter:],
+                 f"{pre}mlp.down_proj.weight": layer.mlp.down.weight,
+                 f"{pre}input_layernorm.weight": layer.input_layernorm.weight,
+                 f"{pre}post_attention_layernorm.weight": layer.post_attention_layernorm.weight}
+    want[f"{prefixes[0]}hidden_norm.weight"] = d.midlayer.hidden_norm.weight
+    return want
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_exported_values_are_what_the_engines_read(target, tmp_path, fmt):
+    """A round trip cannot see a name swapped both ways (k for v, up for gate): the exported
+    tensors are checked against the drafter's own, and d2t by SGLang's hot-token rule."""
+    layers = 1 if fmt == "sglang" else 2
+    src = make(target, tmp_path / "d", num_layers=layers)
+    d = load_drafter(src)
+    out = export_drafter(src, fmt, tmp_path / fmt, target=str(target.folder))
+    w = load_file(out / "model.safetensors")
+    prefixes = ["midlayer."] if fmt == "sglang" else ["layers.0.", "layers.1."]
+    for name, v in engine_values(d, prefixes).items():
+        assert torch.equal(w[name], v), name
+    hot = w["d2t"] + torch.arange(w["d2t"].numel())  # SGLang's hot_token_id
+    used = torch.nonzero(d.t2d).flatten()
+    assert used.numel() == 40 and torch.equal(hot, used)
+    assert torch.equal(hot, d.to_target(torch.arange(40)))
+    assert torch.equal(w["t2d"], d.t2d)
+
+
 def test_export_refusals(target, tmp_path):
     with pytest.raises(DraftsmithError, match="cannot be written for current SGLang"):
         export_drafter(make(target, tmp_path / "a", aux=[0, 2, 4]), "sglang", tmp_path / "x")
@@ -359,6 +401,30 @@ def test_import_reads_a_speculators_target_hidden_size(target, tmp_path):
     out = write_folder(tmp_path / "sp", c, speculators_names(hf_state_dict(d)))
     back = read_any(out, target=str(target.folder))
     assert back.cfg.target_hidden_size == 64 and torch.equal(back.fc.weight, d.fc.weight)
+
+
+@pytest.mark.parametrize("kept", ["d2t", "t2d"])
+def test_import_derives_the_missing_vocab_map_from_the_other(target, tmp_path, kept):
+    """A checkpoint holding one of d2t/t2d: the other is derived, the same ids as before."""
+    src = make(target, tmp_path / "d")
+    out = export_drafter(src, "sglang", tmp_path / "sg")
+    w = load_file(out / "model.safetensors")
+    w.pop("t2d" if kept == "d2t" else "d2t")
+    save_file(w, out / "model.safetensors")
+    back, orig = read_any(out, target=str(target.folder)), load_drafter(src)
+    assert torch.equal(back.d2t, orig.d2t) and torch.equal(back.t2d, orig.t2d)
+    ids = torch.arange(40)
+    assert torch.equal(back.to_target(ids), torch.nonzero(orig.t2d).flatten())
+
+
+def test_speculators_checkpoint_without_ids_takes_vllms_default(target, tmp_path):
+    """vLLM's default aux layers without ids: the inputs of layers [2, L//2, L-3]."""
+    out = export_drafter(make(target, tmp_path / "d"), "speculators", tmp_path / "sp",
+                         target=str(target.folder))
+    c = json.loads((out / "config.json").read_text())
+    c.pop("eagle_aux_hidden_state_layer_ids")
+    (out / "config.json").write_text(json.dumps(c))
+    assert read_any(out).cfg.aux_layer_ids == [1, 2, 2]  # canonical: outputs of 1, 2, 2
 
 
 def test_sglang_checkpoint_without_ids_or_embedding(target, tmp_path):

@@ -17,6 +17,7 @@ from conftest import write_tiny_folder
 def test_overfit_drafter_is_accepted_by_the_engine(tmp_path, arch, over):
     from draftsmith.data.capture import CaptureConfig, capture
     from draftsmith.data.prompts import Conversation
+    from draftsmith.data.shards import Dataset
     from draftsmith.engine.generate import generate
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -41,7 +42,16 @@ def test_overfit_drafter_is_accepted_by_the_engine(tmp_path, arch, over):
                       ttt_steps=3, device="cpu", save_every=10**6, progress=False,
                       loader_workers=0, log_every=50))
     drafter = load_drafter(tmp_path / "d")
+    fed = []  # what the engine feeds the drafter's fc: an overfit drafter accepts even states
+    fuse = drafter.fuse  # a layer off, so the acceptance alone cannot see the wiring
+    drafter.fuse = lambda aux: fuse(fed.append(aux.clone()) or aux)
     dec = SpecDecoder(Runtime(model, 4, 64), drafter, steps=3)
     res = dec.generate(prompts, 24)
     assert res.tokens == [a[:24] for a in answers]  # lossless
     assert res.mean_accept_length > 2.0, res.to_dict()  # memorised drafts get accepted
+    ds = Dataset(tmp_path / "data")
+    for r, p in enumerate(prompts):  # the prompt pass feeds the states the data holds
+        s = ds[r]
+        assert s["input_ids"][: len(p)].tolist() == p
+        want, got = s["aux"][: len(p)].float(), fed[0][r, : len(p)]
+        assert ((got - want).norm(dim=-1) / want.norm(dim=-1)).max() < 0.02, r

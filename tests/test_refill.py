@@ -61,6 +61,21 @@ def test_sampled_answers_are_seeded_and_bounded(model):
     assert len({tuple(x) for x in a}) > 4  # sampled, not one answer repeated
 
 
+def test_steps_stop_with_the_rows_and_the_spacing_follows_short_answers(model):
+    """A prompt whose first token is an eos frees its row at once, and answers of 8 tokens are
+    looked at every 2 steps (a quarter), not every 16: the steps run say so."""
+    rt = Runtime(model, 1, 64, graphs=False)
+    runs, first = [], alone(model, [], 1)[1][0]
+    for prompts, eos in (([PROMPTS[0]], []), ([PROMPTS[0], PROMPTS[1]], [first])):
+        stats: dict = {}
+        got = generate_refill(rt, prompts, 8, eos_ids=eos, rows=1, check_every=16, stats=stats)
+        runs.append((got, stats["steps"]))
+    (one, steps_one), (two, steps_two) = runs
+    assert len(one[0]) == 8 and two[1] == []
+    assert steps_one == 8  # 7 decode steps after the prompt's token, looked at every 2
+    assert steps_two <= steps_one + 2  # the ended row is harvested at the next look
+
+
 BAD_INPUT = [
     ([[1, 2], []], 4, "empty prompt"), ([[1] * 60], 8, "exceeds max_seq"),
     ([[1, 2]], 0, "max_new_tokens must be >= 1"), ([[1, 2]], -3, "max_new_tokens must be >= 1"),
