@@ -14,7 +14,8 @@ sampled jobs never join a running batch (their draws would depend on it). A job 
 `sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
 ("done", completion_tokens), ("error", status, message). An engine exception fails only the jobs
 of that batch still running: those that have sent nothing yet are rerun one by one, so only the
-culprit gets the error.
+culprit gets the error. `stop` answers the queued jobs with a 503 at once, and the running
+batch's jobs too if it has not ended within the timeout.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class Scheduler:
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._abort = False  # stop() waited long enough: the running batch's jobs end now
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -155,6 +157,8 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Queued jobs get a 503 now; a running batch has `timeout` seconds to end, then its
+        jobs get a 503 at its next look, so every waiter is answered and the engine is free."""
         with self._cv:
             self._stopping = True
             left = list(self._queue)
@@ -164,6 +168,9 @@ class Scheduler:
             job.emit(("error", 503, "the server is shutting down"))
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._abort = True
+                self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
@@ -192,12 +199,20 @@ class Scheduler:
             if self._stopping or not self.alive:
                 raise ApiError(503, "the server is shutting down", code="unavailable")
             if len(self._queue) >= self.max_queue:
+                self._drop_cancelled()
+            if len(self._queue) >= self.max_queue:
                 raise ApiError(429, f"the queue is full ({self.max_queue} requests); retry later",
                                code="queue_full", kind="rate_limit_error")
             job.batch_key = self.engine.batch_key(job.req.params)
             self._queue.append(job)
             self._cv.notify_all()
         self.metrics.add(requests=1)
+
+    def _drop_cancelled(self) -> None:
+        """Forget the queued jobs whose clients left (they hold no rows; nobody waits)."""
+        live = deque(j for j in self._queue if not j.cancelled)
+        self.metrics.add(cancelled=len(self._queue) - len(live))
+        self._queue = live
 
     # ---- worker --------------------------------------------------------------------------------
 
@@ -210,6 +225,9 @@ class Scheduler:
                 self._run(batch)
             except Exception as e:  # never let the worker die
                 self._fail(batch, e)
+            finally:
+                if batch[0].req.seeded:  # unseeded draws after it are no function of its seed
+                    torch.seed()
 
     def _take(self) -> list[Job] | None:
         with self._cv:
@@ -243,9 +261,8 @@ class Scheduler:
         return key
 
     def _select(self) -> list[Job]:
-        live = [j for j in self._queue if not j.cancelled]
-        self.metrics.add(cancelled=len(self._queue) - len(live))
-        self._queue = deque(live)
+        self._drop_cancelled()
+        live = list(self._queue)
         if not live:
             return []
         batch, rows, key = [live[0]], live[0].req.rows, live[0].key
@@ -286,6 +303,9 @@ class Scheduler:
             now = time.perf_counter()
             self.metrics.ran(now - t0, hist and [a - b for a, b in zip(hist, seen, strict=True)])
             t0, seen = now, hist
+            if self._abort:
+                self._shut(slots)
+                return
             free = slots.count(None)
             if free and self.continuous and not seeded:
                 self._join_into(live, slots, batch, key, size < self.max_batch)
@@ -393,6 +413,11 @@ class Scheduler:
             rows += job.req.rows
         return rows
 
+    def _shut(self, slots: list[Row | None]) -> None:
+        for job in dict.fromkeys(r.job for r in slots if r is not None):
+            job.done = True
+            job.emit(("error", 503, "the server is shutting down"))
+
     def _finish(self, job: Job) -> None:
         used = sum(len(r.tokens) for r in job.rows)
         if job.cancelled:  # its client is gone: no answer went out whole
@@ -411,11 +436,14 @@ class Scheduler:
         retry = [j for j in batch if len(batch) > 1 and not j.sent and not j.cancelled]
         for job in batch:
             if job not in retry:
-                self.metrics.add(failed=1)
+                self.metrics.add(**{"cancelled" if job.cancelled else "failed": 1})
                 job.emit(("error", 500, f"engine error: {type(e).__name__}: {e}"))
         with self._cv:
-            for job in reversed(retry):
+            closed = self._stopping  # the queue is cleared for good: a rerun would never come
+            for job in [] if closed else reversed(retry):
                 job.solo = True
                 job.queued_at = time.perf_counter()
                 self._queue.appendleft(job)
             self._cv.notify_all()
+        for job in retry if closed else []:
+            job.emit(("error", 503, "the server is shutting down"))
