@@ -144,14 +144,15 @@ def generate(
     prompts_file: Path = typer.Option(None, "--prompts", help="Prompts (JSONL, JSON, parquet): "
                                       "each conversation's first turn, its system prompt kept"),
     target: str = TARGET,
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
+                                       help="New tokens per prompt"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
+    top_p: float = typer.Option(1.0, "--top-p", help="With --temperature: nucleus sampling"),
+    top_k: int = typer.Option(0, "--top-k", help="With --temperature: the k likeliest only"),
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(16, "--batch-size"),
-    seed: int = typer.Option(0),
+    batch_size: int = typer.Option(16, "--batch-size", help="Prompts decoded together"),
+    seed: int = typer.Option(0, help="Seeds the sampling"),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
 ) -> None:
@@ -175,7 +176,7 @@ def generate(
         _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed,
         device=dev,
     )
-    for text, out, n in done:
+    for text, out, n in done or []:  # None: a torchrun rank other than 0, which prints nothing
         if as_json:
             print(json.dumps({"prompt": text, "completion": out, "tokens": n}))
         else:
@@ -183,8 +184,11 @@ def generate(
 
 
 def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
-    """One rank's generation: every rank runs it, rank 0's result is printed. asks: each
-    prompt's messages (its system prompts, then its user message)."""
+    """One rank's generation: every rank runs it, rank 0's result is printed (under torchrun
+    every process prints what it returns: the others return None). asks: each prompt's
+    messages (its system prompts, then its user message)."""
+    import os
+
     import torch
 
     from draftsmith.engine.generate import run_generation
@@ -200,7 +204,7 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
         for ask, toks in zip(chunk, g.tokens, strict=True):
             done.append((ask[-1]["content"], t.tokenizer.decode(toks, skip_special_tokens=True),
                          len(toks)))
-    return done
+    return done if os.environ.get("RANK", "0") == "0" else None
 
 
 def _read_prompts(path: Path) -> list[list[dict[str, str]]]:

@@ -9,8 +9,20 @@ import typer
 
 from draftsmith.errors import DraftsmithError
 
+
+def checked_device(value: str) -> str:
+    """--device refused as it is parsed (a callback), before any work: a command that hands it
+    to worker processes unread (`tune-nccl`) would otherwise fail in every one of them."""
+    if value != "auto":
+        from draftsmith.cli import pick_device
+
+        pick_device(value)
+    return value
+
+
 TARGET = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'")
-DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto",
+                      callback=checked_device)
 DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)")
 COMPILE = typer.Option(False, "--compile", help="torch.compile the target's layers (GPU; faster "
                        "decode after a one-off compile)")

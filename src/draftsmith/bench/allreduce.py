@@ -232,7 +232,8 @@ def allreduce_bench(
     hidden: int = typer.Option(4096, help="Activation width (the target's hidden size)"),
     layers: int = typer.Option(32, help="Decoder layers, for the per-forward estimate"),
     target: str = typer.Option(None, help="Take hidden size and layers from this target"),
-    batch: str = typer.Option("1,8,32", help="Batch sizes, comma-separated"),
+    batch: str = typer.Option("1,8,32", "--batch", "--batch-sizes",
+                              help="Batch sizes, comma-separated"),
     q: str = typer.Option("1,4,8,16", help="Tokens per row (1 = decode, >1 = verify)"),
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32"),
     iters: int = typer.Option(100, help="Timed all-reduces (eager) or replays (graphed)"),
@@ -243,7 +244,7 @@ def allreduce_bench(
     nccl_algo: str = typer.Option(None, "--nccl-algo", help="NCCL_ALGO, e.g. Ring or Tree"),
     nccl_p2p_level: str = typer.Option(None, "--nccl-p2p-level", help="NCCL_P2P_LEVEL"),
     nccl: list[str] = typer.Option(None, "--nccl", help="Any NCCL_NAME=VALUE (repeatable)"),
-    out: Path = typer.Option(None, help="Append the JSON line to this file"),
+    out: Path = typer.Option(None, "--out", "-o", help="Append the JSON line to this file"),
 ) -> None:
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
     if dtype not in DTYPES:

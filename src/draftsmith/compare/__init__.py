@@ -228,15 +228,15 @@ def compare(
     drafters: list[str] = typer.Argument(..., help="Two or more drafter folders (draftsmith, "
                                          "SGLang/SpecForge or speculators layout)"),
     target: str = typer.Option(None, "--target", help="Run acceptance with this target"),
-    prompts: str = typer.Option("chat", "--prompts", help="A bench suite: chat (its built-in "
-                                "prompts), humaneval, or a prompts file (JSONL, ...)"),
-    num_prompts: int = typer.Option(8, "--num-prompts"),
-    max_new: int = typer.Option(64, "--max-new-tokens"),
+    prompts: str = typer.Option("chat", "--prompts", "--suite", help="A bench suite: chat (its "
+                                "built-in prompts), humaneval, or a prompts file (JSONL, ...)"),
+    num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts from the suite"),
+    max_new: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt"),
     steps: int = typer.Option(4, "--steps", help="Draft steps (depths) per cycle"),
     topk: int = typer.Option(1, "--topk", help="1 = chain; > 1 = EAGLE-2 tree"),
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
                                          help="Tokens a tree verifies, the root included"),
-    out: Path = typer.Option(None, "--out", help="Write compare.md, compare.json, "
+    out: Path = typer.Option(None, "--out", "-o", help="Write compare.md, compare.json, "
                              "acceptance.png here"),
     claimed: list[str] = typer.Option(None, "--claimed",
                                       help="NAME=COUNT, a published parameter count (A=1e9)"),

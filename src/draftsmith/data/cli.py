@@ -78,17 +78,18 @@ def prompts(
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(32, "--batch-size"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    min_chars: int = typer.Option(12, "--min-chars"),
-    max_chars: int = typer.Option(2000, "--max-chars"),
-    temperature: float = typer.Option(1.0),
-    top_p: float = typer.Option(0.95, "--top-p"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Self-made prompts written at once"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
+                                       help="Most tokens a self-made prompt may take"),
+    min_chars: int = typer.Option(12, "--min-chars", help="Shorter self-made prompts dropped"),
+    max_chars: int = typer.Option(2000, "--max-chars", help="Longer self-made prompts dropped"),
+    temperature: float = typer.Option(1.0, help="Sampling the self-made prompts"),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling the self-made prompts"),
     system: str = typer.Option(None, help="System message for self-made prompts"),
     openings: str = typer.Option(None, "--openings", help="Self-made prompts start with these: "
                                  "'builtin' (code, reasoning, writing), 'mixed' (half builtin, "
                                  "half free) or a file, one a line"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seeds the self-made prompts"),
 ) -> None:
     """Collect prompts from files, HumanEval, or the target itself (--self-made N).
     An --out already there is refused unless it holds the same conversations (a rerun) or
@@ -131,18 +132,20 @@ def regenerate(
     model: str = typer.Option(None, "--model", help="Model name on the server"),
     concurrency: int = typer.Option(16, help="Requests in flight (server backend)"),
     retries: int = typer.Option(5, help="Retries per request with exponential backoff"),
-    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY"),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
+                                help="The server's key (server backend)"),
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(16, "--batch-size"),
+    batch_size: int = typer.Option(16, "--batch-size", help="Rows decoded together (engine)"),
     max_len: int = typer.Option(2048, "--max-len", help="Prompt + answer tokens"),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
-    temperature: float = typer.Option(0.8),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", "-n",
+                                       help="Most tokens an answer may take"),
+    temperature: float = typer.Option(0.8, help="0 = greedy"),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling"),
+    top_k: int = typer.Option(0, "--top-k", help="The k likeliest only (0: off)"),
     too_long: str = TOO_LONG,
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seeds the sampling"),
     strict: bool = STRICT,
     limit: int = LIMIT,
     compile: bool = COMPILE,
@@ -170,8 +173,8 @@ def capture(
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(8, "--batch-size"),
-    max_len: int = typer.Option(2048, "--max-len"),
+    batch_size: int = typer.Option(8, "--batch-size", help="Conversations a forward"),
+    max_len: int = typer.Option(2048, "--max-len", help="Tokens kept per conversation"),
     aux_layers: str = typer.Option(None, "--aux-layers", help="Canonical ids (output of layer "
                                    "j, 0-based, -1 = embeddings), e.g. 1,14,26"),
     shard_size: int = typer.Option(256, "--shard-size", help="Samples per shard"),
@@ -210,7 +213,7 @@ def merge(folder: Path = typer.Argument(..., help="Capture folder holding rank-R
 @app.command()
 def inspect(
     folder: Path = typer.Argument(..., help="Dataset folder"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table"),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the sha256 checks"),
 ) -> None:
     """Counts, token statistics, the layer convention, and a check of every shard."""
@@ -258,7 +261,7 @@ def describe(ds: Any) -> dict[str, Any]:
 @app.command()
 def vocab(
     source: Path = typer.Argument(..., help="Dataset folder, or conversations JSONL"),
-    size: int = typer.Option(32000, "--size", help="Draft vocabulary size"),
+    size: int = typer.Option(32000, "--size", "--vocab-size", help="Draft vocabulary size"),
     out: Path = typer.Option(None, "--out", "-o", help="Folder (default: the dataset folder)"),
     target: str = TARGET,
 ) -> None:
@@ -305,14 +308,18 @@ def make(
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(32, "--batch-size"),
-    max_len: int = typer.Option(2048, "--max-len"),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
-    aux_layers: str = typer.Option(None, "--aux-layers"),
-    vocab_size: int = typer.Option(32000, "--vocab-size"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Rows decoded together (capture: "
+                                   "a quarter of them)"),
+    max_len: int = typer.Option(2048, "--max-len", help="Prompt + answer tokens"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Most tokens an answer may "
+                                       "take"),
+    aux_layers: str = typer.Option(None, "--aux-layers", help="Canonical ids (output of layer "
+                                   "j, 0-based, -1 = embeddings), e.g. 1,14,26 (default: "
+                                   "the target's)"),
+    vocab_size: int = typer.Option(32000, "--vocab-size", help="Draft vocabulary size"),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
                                       "prompt (longer ones are dropped)"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seeds the prompts and answers"),
     compile: bool = COMPILE,
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume; a

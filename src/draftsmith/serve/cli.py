@@ -36,7 +36,7 @@ def serve(
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
                                          help="Tokens verified per cycle (tree; chain: steps+1)"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on"),
     device: str = DEVICE,
     dtype: str = DTYPE,
     max_batch: int = typer.Option(8, "--max-batch", help="Rows in one engine batch"),
@@ -73,7 +73,8 @@ def serve(
              f"loop (default: {AUTO_FRONTENDS} on a GPU host of {AUTO_FRONTENDS_CPUS}+ cores, "
              "else 0)"),
     compile: bool = COMPILE,
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, "
+                                  "warning, info, debug or trace"),
 ) -> None:
     """Serve the target over an OpenAI-compatible HTTP API (speculative with --drafter)."""
     try:

@@ -22,13 +22,14 @@ def train(
                                "the dataset's target)"),
     ttt_steps: int = typer.Option(7, "--ttt-steps", help="Unrolled training-time-test steps"),
     step_decay: float = typer.Option(0.8, "--step-decay", help="Loss weight of step j: decay^j"),
-    lr: float = typer.Option(1e-4, "--lr"),
+    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate (AdamW)"),
     min_lr: float = typer.Option(0.0, "--min-lr", help="Floor of the cosine schedule"),
-    warmup_ratio: float = typer.Option(0.02, "--warmup-ratio"),
+    warmup_ratio: float = typer.Option(0.02, "--warmup-ratio",
+                                       help="Share of the steps warming the learning rate up"),
     warmup_steps: int = typer.Option(None, "--warmup-steps", help="Overrides --warmup-ratio"),
-    weight_decay: float = typer.Option(0.0, "--weight-decay"),
-    grad_clip: float = typer.Option(0.5, "--grad-clip"),
-    epochs: int = typer.Option(1, "--epochs"),
+    weight_decay: float = typer.Option(0.0, "--weight-decay", help="AdamW weight decay"),
+    grad_clip: float = typer.Option(0.5, "--grad-clip", help="Gradient norm clipped to this"),
+    epochs: int = typer.Option(1, "--epochs", help="Passes over the data"),
     max_steps: int = typer.Option(None, "--max-steps", help="Train exactly this many steps "
                                   "(instead of --epochs; past them the data repeats)"),
     batch_size: int = typer.Option(1, "--batch-size", help="Packed rows per step and rank"),
@@ -44,20 +45,25 @@ def train(
     intermediate_size: int = typer.Option(None, "--intermediate-size", help="Drafter MLP width "
                                           "(default the target's, or with --init-from that "
                                           "drafter's; wider widens it)"),
-    norm_before_residual: bool = typer.Option(False, "--norm-before-residual"),
-    norm_before_fc: bool = typer.Option(False, "--norm-before-fc"),
-    fc_norm: bool = typer.Option(False, "--fc-norm"),
-    norm_output: bool = typer.Option(False, "--norm-output"),
+    norm_before_residual: bool = typer.Option(False, "--norm-before-residual",
+                                              help="The layer's residual is the normed hidden"),
+    norm_before_fc: bool = typer.Option(False, "--norm-before-fc",
+                                        help="One RMSNorm over the joined aux states before fc"),
+    fc_norm: bool = typer.Option(False, "--fc-norm",
+                                 help="An RMSNorm per aux state before fc"),
+    norm_output: bool = typer.Option(False, "--norm-output", help="Feed the normed hidden back "
+                                     "to the next step (vLLM's Eagle-3 model ignores it)"),
     init_head: str = typer.Option("random", "--init-head", help="random, or target: start the "
                                   "draft lm_head and final norm from the target's"),
     init_from: str = typer.Option(None, "--init-from", help="Start from this drafter's weights "
                                   "(a fresh optimizer and schedule): more epochs or more data"),
     max_samples: int = typer.Option(None, "--max-samples", help="Use the first N samples"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seeds the weights and the data order"),
     save_every: int = typer.Option(500, "--save-every", help="Checkpoint every N steps"),
     keep_last: int = typer.Option(3, "--keep-last", help="Checkpoints kept"),
     log_every: int = typer.Option(10, "--log-every", help="Steps per train_log.jsonl row"),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (torchrun: per rank)"),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto (torchrun: "
+                                "per rank)"),
     loader_workers: int = typer.Option(None, "--loader-workers",
                                        help="Processes reading batches ahead (default: auto)"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
@@ -72,7 +78,7 @@ def train(
                                       "draft-vocab logits per step; default: on a GPU)"),
     pad_multiple: int = typer.Option(None, "--pad-multiple", help="Round batch widths up to "
                                      "this (default: 128 on a GPU, 1 on CPU): fewer shapes"),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
     from draftsmith.train import TrainConfig

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET, check_folder, int_list
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
@@ -26,12 +26,14 @@ def tune(
     drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
     target: str = TARGET,
     prompts: Path = typer.Option(None, "--prompts", help="JSONL of prompts (default: chat suite)"),
-    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes"),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", "--batch-size",
+                                    help="Batch sizes to tune for, comma-separated"),
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
     max_topk: int = typer.Option(8, "--max-topk", help="Widest tree to consider (1 = chains)"),
     max_draft_tokens: int = typer.Option(32, "--max-draft-tokens",
                                          help="Most tokens a tree may verify (the root counted)"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
+                                       help="New tokens per prompt"),
     temperature: float = typer.Option(0.0, "--temperature", help="Tune for sampled decoding at "
                                       "this temperature (0: greedy); baselines sample alike"),
     top_p: float = typer.Option(1.0, "--top-p", help="With --temperature: nucleus sampling"),
@@ -43,13 +45,14 @@ def tune(
                                 "and vLLM serve) instead of static batches"),
     device: str = DEVICE,
     dtype: str = DTYPE,
-    compile: bool = typer.Option(False, "--compile", help="torch.compile the target's layers"),
+    compile: bool = COMPILE,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks (spawned; the drafter is "
                            "replicated on each)"),
     nccl_sweep: bool = typer.Option(False, "--nccl-sweep", help="With --tp: then time the chosen "
                                     "verify shapes under NCCL settings, each in fresh processes"),
     nccl_grid: str = typer.Option("quick", "--nccl-grid", help="quick (6 settings) or full (14)"),
-    out: Path = typer.Option(Path("runs/tune"), "--out"),
+    out: Path = typer.Option(Path("runs/tune"), "--out", "-o",
+                             help="Folder for tune.json, tune.md, tune.png"),
 ) -> None:
     """Pick the fastest steps/topk/draft tokens per batch size (or no speculation)."""
     from draftsmith.cli import device_dtype
@@ -389,7 +392,8 @@ def tune_nccl(
         "random-8b", "--target",
         help="default, random-8b (Llama-3-8B shape, random weights: timing only) or a path"),
     grid: str = typer.Option("full", "--grid", help="full (14 settings) or quick (6)"),
-    batch_sizes: str = typer.Option("1,8", "--batch-sizes"),
+    batch_sizes: str = typer.Option("1,8", "--batch-sizes", "--batch-size",
+                                    help="Batch sizes, comma-separated"),
     tokens: str = typer.Option("1,4,8", "--tokens", help="Verify widths to time"),
     iters: int = typer.Option(20, "--iters", help="Timed forwards per repeat (3 repeats)"),
     noise_pct: float = typer.Option(3.0, "--noise-pct",
@@ -397,7 +401,8 @@ def tune_nccl(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds per setting"),
     device: str = DEVICE,
     dtype: str = DTYPE,
-    out: Path = typer.Option(Path("runs/tune_nccl"), "--out"),
+    out: Path = typer.Option(Path("runs/tune_nccl"), "--out", "-o",
+                             help="Folder for nccl.json, nccl.md"),
 ) -> None:
     """Sweep NCCL protocol/algorithm/P2P level under TP, each in fresh processes (NVLS off)."""
     import torch
