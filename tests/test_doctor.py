@@ -294,8 +294,9 @@ def test_cli_json_and_exit_code(work, target, data_dir):
     app.command()(command)
     app.command("other")(lambda: None)
     folder = make_drafter(work / "cli", target, [0, 2, 4], trained_on=None)
+    # --dtype auto, every other command's default, was "unknown dtype 'auto'"
     res = CliRunner().invoke(app, ["doctor", "--data", str(data_dir), "--drafter", str(folder),
-                                   "--json", "--no-run", "--samples", "1"])
+                                   "--json", "--no-run", "--samples", "1", "--dtype", "auto"])
     assert res.exit_code == 1, res.output
     out = json.loads(res.output)
     assert out["ok"] is False and out["wiring"]["true_ids"] == TRUE

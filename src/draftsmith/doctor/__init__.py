@@ -38,15 +38,17 @@ def doctor(
     max_new: int = typer.Option(32, "--max-new-tokens", "-n", help="New tokens per prompt"),
     steps: int = typer.Option(None, "--steps", help="Draft steps (default: from the log)"),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 for the live target"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (bf16 on GPU) for the "
+                              "live target"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too"),
 ) -> None:
     """Check data, drafter and target against each other; exit 1 on any error finding."""
-    from draftsmith.cli import dtype_of, pick_device
+    from draftsmith.cli import device_dtype
     from draftsmith.doctor.render import show
 
+    dev, dt = device_dtype(device, dtype)  # `auto` as every other command reads it
     opts = DoctorOptions(data, drafter, target, engine, samples, max_tokens, all_tokens, run,
-                         prompts, max_new, steps, pick_device(device), dtype_of(dtype))
+                         prompts, max_new, steps, dev, dt)
     rep = run_doctor(opts)
     if as_json:
         print(json.dumps(rep.to_dict(), indent=1, default=str))
