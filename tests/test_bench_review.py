@@ -147,6 +147,14 @@ def test_bench_refuses_sampling_flags_at_temperature_zero(tmp_path, flags):
     assert "apply to sampling" not in str(ok.exception)  # sampled: on to the (missing) target
 
 
+def test_bench_refuses_refill_every_without_refill(tmp_path):
+    """--refill-every without --refill was accepted and ignored (static batches ran)."""
+    res = invoke("--target", str(tmp_path / "never-loaded"), "--drafter", "random",
+                 "--refill-every", "2", "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert isinstance(res.exception, DraftsmithError), res.output
+    assert "give --refill with it" in str(res.exception)
+
+
 @pytest.mark.parametrize("flags", [("--top-k", "20"), ("--top-p", "0.9")])
 def test_generate_refuses_sampling_flags_at_temperature_zero(tmp_path, flags):
     from draftsmith.cli import app

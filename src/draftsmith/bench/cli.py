@@ -54,6 +54,8 @@ def bench(
 
     params = SamplingParams(temperature, top_p, top_k)
     greedy_flags(params)
+    if refill_every and not refill:
+        raise DraftsmithError("--refill-every applies to refilled rows: give --refill with it")
     if refill_every < 0:
         raise DraftsmithError(f"--refill-every must be >= 0 (0: by batch size), got "
                               f"{refill_every}")
