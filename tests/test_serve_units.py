@@ -556,6 +556,25 @@ def test_serve_refuses_a_bad_or_taken_port_before_loading_the_model(tmp_path) ->
     assert r.returncode == 2 and "--port -1: use 0-65535" in r.stderr, r.stderr
 
 
+def test_speculative_settings_without_a_drafter_are_refused(tmp_path) -> None:
+    """`serve --topk 4 --num-draft-tokens 8` without --drafter served plainly, its settings
+    ignored without a word."""
+    import typer
+    from typer.testing import CliRunner
+
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.serve.cli import serve
+
+    app = typer.Typer()
+    app.command()(serve)
+    app.command("other")(lambda: None)
+    for flags in (["--steps", "5"], ["--topk", "4", "--num-draft-tokens", "8"]):
+        r = CliRunner().invoke(app, ["serve", "--target", str(tmp_path / "never-loaded"),
+                                     "--device", "cpu", *flags])
+        assert isinstance(r.exception, DraftsmithError), r.output
+        assert "give --drafter with them" in str(r.exception)
+
+
 def test_auto_frontends_only_on_a_gpu_host_with_cores_to_spare() -> None:
     from draftsmith.serve.cli import AUTO_FRONTENDS, auto_frontends
 

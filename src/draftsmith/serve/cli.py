@@ -92,6 +92,9 @@ def serve(
     if (log_level := log_level.lower()) not in LOG_LEVELS:
         raise DraftsmithError(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     dev, dt = device_dtype(device, dtype)
+    if drafter is None and (steps != 3 or topk != 1 or num_draft_tokens is not None):
+        raise DraftsmithError("--steps, --topk and --num-draft-tokens shape speculative decoding: "
+                              "give --drafter with them (without one the server decodes plainly)")
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
     kinds = warm_kinds(warm_sampling)
