@@ -22,6 +22,7 @@ from draftsmith.tune.cost_model import Measurement, SpecSetting, recommend
         (["--top-k", "20"], "--top-k and --top-p apply to sampling"),
         (["--top-p", "0.9"], "--top-k and --top-p apply to sampling"),
         (["--tp", "2", "--nccl-sweep", "--nccl-grid", "fast"], "--nccl-grid 'fast'"),
+        (["--nccl-grid", "full"], "give --nccl-sweep with it"),  # it was ignored
     ],
 )
 def test_tune_refuses_options_before_loading(tmp_path, monkeypatch, args, says):

@@ -50,7 +50,9 @@ def tune(
                            "replicated on each)"),
     nccl_sweep: bool = typer.Option(False, "--nccl-sweep", help="With --tp: then time the chosen "
                                     "verify shapes under NCCL settings, each in fresh processes"),
-    nccl_grid: str = typer.Option("quick", "--nccl-grid", help="quick (6 settings) or full (14)"),
+    nccl_grid: str = typer.Option(None, "--nccl-grid",
+                                  help="With --nccl-sweep: quick (6 settings, the default) or full "
+                                  "(14)"),
     out: Path = typer.Option(Path("runs/tune"), "--out", "-o",
                              help="Folder for tune.json, tune.md, tune.png"),
 ) -> None:
@@ -70,6 +72,10 @@ def tune(
     check_folder(out, "--out")
     if tp < 1 or (nccl_sweep and tp < 2):
         raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
+    if nccl_grid is not None and not nccl_sweep:
+        raise DraftsmithError("--nccl-grid picks the settings --nccl-sweep times: give "
+                              "--nccl-sweep with it")
+    nccl_grid = nccl_grid or "quick"
     if nccl_sweep:  # refused now, not after the whole tune
         if nccl_grid not in ("quick", "full"):
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
