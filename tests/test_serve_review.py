@@ -259,11 +259,11 @@ class Counting:
     vocab_size = 256
     calls = 0
 
-    def text_ids(self, text: str) -> list[int]:
+    def text_ids(self, text: str, most: int | None = None) -> list[int]:
         Counting.calls += 1
         return list(text.encode())
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, str]], most: int | None = None) -> list[int]:
         return self.text_ids("".join(m["content"] for m in messages))
 
 

@@ -117,12 +117,12 @@ def test_no_stop_streams_everything() -> None:
 class FakePrompter:
     vocab_size = 256
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, str]], most: int | None = None) -> list[int]:
         if [m["role"] for m in messages][-1:] == ["assistant"]:
             raise ValueError("the last message must not be the assistant's")
         return list("".join(m["content"] for m in messages).encode())
 
-    def text_ids(self, text: str) -> list[int]:
+    def text_ids(self, text: str, most: int | None = None) -> list[int]:
         return list(text.encode())
 
 

@@ -119,11 +119,11 @@ class ServeEngine:
         self._detok_lock = threading.Lock()
         self._detok = copy.deepcopy(target.tokenizer)
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.text_side.chat_ids(messages)
+    def chat_ids(self, messages: list[dict[str, str]], most: int | None = None) -> list[int]:
+        return self.text_side.chat_ids(messages, most)
 
-    def text_ids(self, text: str) -> list[int]:
-        return self.text_side.text_ids(text)
+    def text_ids(self, text: str, most: int | None = None) -> list[int]:
+        return self.text_side.text_ids(text, most)
 
     def decode(self, ids: list[int]) -> str:
         with self._detok_lock:

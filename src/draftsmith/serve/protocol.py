@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
-from draftsmith.serve.text import TextSide, TooLong
+from draftsmith.serve.text import TooLong
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -62,11 +62,14 @@ class ServeConfig:
 
 
 class Prompter(Protocol):
+    """Tokenizes a request's prompts; `most`: a text that cannot fit in that many tokens may be
+    refused (`TooLong`) before it is tokenized."""
+
     vocab_size: int
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
+    def chat_ids(self, messages: list[dict[str, str]], most: int | None = None) -> list[int]: ...
 
-    def text_ids(self, text: str) -> list[int]: ...
+    def text_ids(self, text: str, most: int | None = None) -> list[int]: ...
 
 
 @dataclass(slots=True)
@@ -236,14 +239,12 @@ def _where(i: int, count: int) -> str:
 
 def _tokenize(prompter: Prompter, text: str | list[dict[str, str]], cfg: ServeConfig,
               where: str) -> list[int]:
-    """A prompt's ids; a text side refuses a text too long to fit before tokenizing it (it
-    would hold the shared tokenizer, and the GIL, for seconds)."""
+    """A prompt's ids; a text too long to fit is refused before it is tokenized (it would
+    hold the shared tokenizer, and the GIL, for seconds)."""
     chat = not isinstance(text, str)
     call = prompter.chat_ids if chat else prompter.text_ids
     try:
-        if isinstance(prompter, TextSide):
-            return call(text, most=cfg.max_prompt_tokens)  # type: ignore[arg-type]
-        return call(text)  # type: ignore[arg-type]
+        return call(text, most=cfg.max_prompt_tokens)  # type: ignore[arg-type]
     except TooLong as e:
         raise _too_long(f"at least {e.tokens}", cfg, "messages" if chat else "prompt",
                         where) from None
