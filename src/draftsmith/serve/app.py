@@ -202,10 +202,6 @@ async def _json(request: Request) -> Any:
 
 def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
                        sched: Scheduler) -> None:
-    # parse through the text side itself (a frontend's `engine` is one): it refuses a prompt
-    # too long to fit before tokenizing it
-    texts = getattr(engine, "text_side", engine)
-
     async def serve(request: Request, req: P.GenRequest):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
@@ -233,13 +229,13 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _json(request)
-        return await serve(request, await run_in_threadpool(P.parse_chat, body, cfg, texts))
+        return await serve(request, await run_in_threadpool(P.parse_chat, body, cfg, engine))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _json(request)
         return await serve(request, await run_in_threadpool(P.parse_completion, body, cfg,
-                                                            texts))
+                                                            engine))
 
 
 class _Gone(Exception):
