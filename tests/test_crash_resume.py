@@ -186,16 +186,20 @@ def test_train_on_a_full_disk_at_a_checkpoint_says_so_and_resumes_equal(trained)
 def test_train_on_a_full_disk_at_the_drafter_says_so_and_resume_writes_it(trained, monkeypatch):
     """The final drafter did not fit: an OSError traceback and save_drafter's tmp file left in
     --out. Now one error naming it, no tmp file, and --resume writes the same drafter."""
-    import draftsmith.train.loop as loop
-
-    def disk_full(drafter, folder, **summary):
-        (Path(folder) / f".model.safetensors.{os.getpid()}.tmp").write_bytes(b"half")
-        raise OSError(28, "No space left on device")
+    import safetensors.torch
 
     out = trained / "full_at_end"
+    save_file = safetensors.torch.save_file
+
+    def disk_full(state, path, metadata=None):  # the final drafter's write only, half done
+        if Path(path).parent != out:
+            return save_file(state, path, metadata=metadata)
+        Path(path).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
     cfg = TrainConfig(out=str(out), data=str(trained / "data"), target=str(trained / "target"),
                       progress=False, **TRAIN)
-    monkeypatch.setattr(loop, "save_drafter", disk_full)
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
     with pytest.raises(DraftsmithError, match=r"model.safetensors: cannot write it \(\[Errno 28\]"
                        r".*--resume"), pytest.warns(UserWarning):
         train(cfg)

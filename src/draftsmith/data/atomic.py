@@ -28,7 +28,9 @@ def make_folder(path: Path) -> Path:
     return path
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes,
+                 kept: str = "the file there before is unchanged") -> None:
+    """`data` at `path` whole or not at all; `kept` ends the error a failed write gives."""
     check_file_path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -39,8 +41,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:  # a full disk: the old file stays, no tmp file is left beside it
         tmp.unlink(missing_ok=True)
-        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); the file there "
-                              "before is unchanged") from None
+        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); {kept}") from None
     _fsync_dir(path.parent)
 
 

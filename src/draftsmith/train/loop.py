@@ -732,8 +732,7 @@ class Trainer:
 
     def _finish(self) -> Path:
         if self.ctx.main:
-            tmps = [self.out / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_FILE, CONFIG_FILE)]
-            with ckpt.writing(self.out / WEIGHTS_FILE, *tmps):  # save_drafter's tmp names
+            with ckpt.writing(self.out / WEIGHTS_FILE):  # save_drafter removes its own tmp files
                 save_drafter(self.drafter, self.out, **self._summary())
             report.plot(self.out)
             self.say(f"drafter written to {self.out}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from draftsmith.data.atomic import append_whole, atomic_write
 from draftsmith.errors import DraftsmithError
 
 LOG = "train_log.jsonl"
@@ -32,16 +33,12 @@ def read_log(out: Path) -> list[dict[str, Any]]:
 def truncate_log(out: Path, step: int) -> None:
     """Keep the rows of steps <= `step` (a resumed run rewrites what came after); through a
     tmp file, so a crash here loses no row."""
-    from draftsmith.data.atomic import atomic_write
-
     rows = [r for r in read_log(out) if r["step"] <= step]
     atomic_write(Path(out) / LOG, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
 def append_log(out: Path, row: dict[str, Any]) -> None:
     """One row, whole or not at all (a full disk: the rows before stay, the run stops)."""
-    from draftsmith.data.atomic import append_whole
-
     append_whole(Path(out) / LOG, (json.dumps(row) + "\n").encode(),
                  "it keeps the rows before: make room and rerun the same command with --resume")
 
@@ -69,14 +66,10 @@ def plot(out: Path) -> Path | None:
     b.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path = Path(out) / PLOT
-    tmp = path.with_name(f".{PLOT}.tmp")
-    try:  # through a tmp file: a full disk leaves the last whole plot
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); the checkpoints are "
-                              "kept: make room and rerun the same command with --resume") from None
-    finally:
-        plt.close(fig)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    plt.close(fig)
+    # whole or not at all: a full disk leaves the last whole plot
+    atomic_write(path, png.getvalue(), "the checkpoints are kept: make room and rerun the same "
+                 "command with --resume")
     return path
