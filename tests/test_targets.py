@@ -241,7 +241,8 @@ def test_bad_model_paths(tmp_path, setup, expect):
 def test_corrupt_safetensors_and_unsupported_arch(tmp_path):
     folder = write_tiny_folder(tmp_path / "t", "llama")
     (folder / "model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(DraftsmithError, match="cannot read safetensors"):
+    with pytest.raises(DraftsmithError,
+                       match=r"model.safetensors: cannot read its weights \(safetensors"):
         load_target(folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]

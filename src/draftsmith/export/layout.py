@@ -13,9 +13,10 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
-from draftsmith.models.eagle3 import Eagle3Config, read_weights_file
+from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.options import check_folder
 from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
+from draftsmith.weightsfile import read_weights_file
 
 WEIGHTS = "model.safetensors"
 

@@ -31,6 +31,7 @@ from draftsmith.models import llama, triton_draft_layer, triton_norm_linear
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
 from draftsmith.models.parallel import SINGLE, TP, linear
+from draftsmith.weightsfile import read_weights_file
 
 
 @dataclass(slots=True)
@@ -457,24 +458,6 @@ def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
     if not isinstance(meta.get("config"), dict):
         raise DraftsmithError(f"{folder / CONFIG_FILE}: no drafter config object")
     return meta
-
-
-def read_weights_file(path: Path, device: str | torch.device = "cpu",
-                      ) -> dict[str, torch.Tensor]:
-    """The tensors of one .safetensors (or torch .bin) weights file; one that cannot be read is
-    named (cut short by a kill, a full disk or a download, or a Git LFS pointer)."""
-    import pickle
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        if path.suffix == ".safetensors":
-            return load_file(str(path), device=str(device))
-        return torch.load(path, map_location=device, weights_only=True)
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise DraftsmithError(f"{path}: cannot read its weights ({e}); a file cut short, or a "
-                              "Git LFS pointer?") from None
 
 
 def load_drafter(

@@ -9,6 +9,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_json
+from draftsmith.weightsfile import read_weights_file
 
 
 def read_config(folder: Path) -> dict:
@@ -25,25 +26,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         raise DraftsmithError(f"{folder}: no *.safetensors (or pytorch_model*.bin) weight files")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(_read_file(f))
+        out.update(read_weights_file(f))
     return out
-
-
-def _read_file(f: Path) -> dict[str, torch.Tensor]:
-    import pickle
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        if f.suffix == ".safetensors":
-            return load_file(f)
-        return torch.load(f, map_location="cpu", weights_only=True)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise DraftsmithError(f"{f}: cannot read safetensors file ({e})") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        why = " ".join(str(e).split())[:300]  # torch's message spans lines
-        raise DraftsmithError(f"{f}: cannot read PyTorch weights file ({why})") from None
 
 
 def _weight_files(folder: Path) -> list[Path]:
