@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from draftsmith.measured import figure
 from draftsmith.options import DEVICE
 
 console = Console()
@@ -265,7 +266,7 @@ def show(report: dict) -> None:
                                 f"({b['speedup']:.2f}x, steps {b['steps']})")
     add("accept length", f"{b['accept_length']:.2f}")
     add("per-position acceptance",
-        " ".join("-" if p is None else f"{p:.2f}" for p in b["position_acceptance"]))
+        " ".join(figure(p, ".2f") for p in b["position_acceptance"]))
     add("phases (ms / cycle)", ", ".join(
         f"{k} {v:.2f} ({b['phases_pct'][k]:.0f}%)" for k, v in b["phases_ms"].items()))
     add("doctor", f"exit {report['doctor']['exit_code']}, "

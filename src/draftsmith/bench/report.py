@@ -4,7 +4,6 @@ and a PNG (tokens/s and speedup, accept-length histogram, per-position acceptanc
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.engine.profiler import PHASES, PhaseSummary, table
+from draftsmith.measured import figure, gaps
 
 SHORT = {"draft": "draft", "verify": "verify", "accept": "accept", "extend": "extend",
          "refill": "refill"}
@@ -43,13 +43,13 @@ def results_table(report: dict[str, Any]) -> Table:
     for r in rows:
         base = r["setting"] == "baseline"
         cells = [r["suite"], str(r["batch"]), r["setting"], f"{r['tokens_per_s']:.1f}",
-                 "1.00x" if base else _figure(r["speedup"], ".2f", "x"),
+                 "1.00x" if base else figure(r["speedup"], ".2f", "x"),
                  f"{r['decode_tokens_per_s']:.1f}",
-                 "1.00x" if base else _figure(r["decode_speedup"], ".2f", "x"),
-                 "" if base else _figure(r["mean_accept_length"], ".2f"),
-                 "" if base else _figure(r["accept_rate"], ".2f")]
+                 "1.00x" if base else figure(r["decode_speedup"], ".2f", "x"),
+                 "" if base else figure(r["mean_accept_length"], ".2f"),
+                 "" if base else figure(r["accept_rate"], ".2f")]
         rates = r.get("position_rates", [])
-        cells += [_figure(rates[i], ".0%") if i < len(rates) else "" for i in range(show)]
+        cells += [figure(rates[i], ".0%") if i < len(rates) else "" for i in range(show)]
         if profiled:
             ph = r.get("phases")
             cells += [f"{ph['pct'].get(k, 0.0):.1f}" if ph else "" for k in keys]
@@ -59,15 +59,6 @@ def results_table(report: dict[str, Any]) -> Table:
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
         t.add_row(*cells, style="dim" if base else None)
     return t
-
-
-def _figure(v: float | None, fmt: str, unit: str = "") -> str:
-    """A measured figure, or "-" where nothing was measured (a position no cycle reached)."""
-    return "-" if v is None else format(v, fmt) + unit
-
-
-def _gaps(vs: list[float | None]) -> list[float]:
-    return [math.nan if v is None else v for v in vs]
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
@@ -116,7 +107,7 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     names = list(dict.fromkeys(r["setting"] for r in rows))
     width = 0.8 / max(1, len(groups))
     for gi, (suite, b) in enumerate(groups):
-        ys = _gaps([next((r["speedup"] for r in rows if (r["suite"], r["batch"], r["setting"])
+        ys = gaps([next((r["speedup"] for r in rows if (r["suite"], r["batch"], r["setting"])
                           == (suite, b, n)), None) for n in names])
         ax[0, 0].bar([i + gi * width for i in range(len(names))], ys, width,
                      label=f"{suite} b{b}")
@@ -129,7 +120,7 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         h, label = r["accept_hist"], f"{r['suite']} b{r['batch']} {r['setting']}"
         if sum(h):  # a run of no cycle has no histogram, not one of zeros
             ax[0, 1].plot(range(1, len(h)), [c / sum(h) for c in h[1:]], marker="o", label=label)
-        ax[1, 0].plot(range(1, len(r["position_rates"]) + 1), _gaps(r["position_rates"]),
+        ax[1, 0].plot(range(1, len(r["position_rates"]) + 1), gaps(r["position_rates"]),
                       marker="o", label=label)
     ax[0, 1].set(xlabel="tokens per cycle", ylabel="share of cycles",
                  title="accept length (fastest setting)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from draftsmith.compare.params import CONVENTIONS, human
 from draftsmith.layers import CANONICAL_WORDS
+from draftsmith.measured import figure, gaps
 
 
 def _fmt(v: Any) -> str:
@@ -89,22 +90,15 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
     runs = s["drafters"]
     n = max(len(runs[k]["position_rates"]) for k in names)
     rows = [[f"P(accept position {i} | reached)", *[
-        _share(runs[k]["position_rates"][i] if i < len(runs[k]["position_rates"]) else None)
+        figure(runs[k]["position_rates"][i] if i < len(runs[k]["position_rates"]) else None,
+               ".1%")
         for k in names]] for i in range(n)]
     rows.append(["mean accept length (tokens/cycle)",
-                 *[_length(runs[k]["mean_accept_length"]) for k in names]])
+                 *[figure(runs[k]["mean_accept_length"], ".2f") for k in names]])
     rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
     rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
                  *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
     return rows
-
-
-def _share(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1%}"
-
-
-def _length(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
 
 
 def setting(s: dict[str, Any]) -> str:
@@ -144,12 +138,10 @@ def plot(res: dict[str, Any], path: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, r in runs.items():
         xs = list(range(len(r["position_rates"])))
-        # a position never reached is a gap, not a point at 0
-        a.plot(xs, [math.nan if v is None else v for v in r["position_rates"]], marker="o",
-               label=name)
+        a.plot(xs, gaps(r["position_rates"]), marker="o", label=name)
         reach = [x / r["reached"][0] if r["reached"][0] else math.nan for x in r["accepted"]]
         b.plot(xs, reach, marker="o", label=f"{name} (accept length "
-               f"{_length(r['mean_accept_length'])})")
+               f"{figure(r['mean_accept_length'], '.2f')})")
     a.set(xlabel="draft position", ylabel="P(accepted | reached)", ylim=(0, 1.02),
           title="per-position acceptance")
     b.set(xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1.02),

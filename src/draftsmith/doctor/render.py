@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.doctor.report import Report
+from draftsmith.measured import figure
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -92,10 +93,6 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
     return tab
 
 
-def _rate(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1%}"  # None: a position no cycle reached
-
-
 def behaviour_table(b: dict[str, Any]) -> Table:
     runs = b["runs"]
     promise = b.get("promised") or {}
@@ -107,7 +104,7 @@ def behaviour_table(b: dict[str, Any]) -> Table:
     n = max(len(r["position_rates"]) for r in runs.values())
     cond = promise.get("cond_acc") or []
     for i in range(n):
-        cells = [_rate(r["position_rates"][i]) if i < len(r["position_rates"]) else ""
+        cells = [figure(r["position_rates"][i], ".1%") if i < len(r["position_rates"]) else ""
                  for r in runs.values()]
         tab.add_row(str(i), f"{cond[i]:.1%}" if i < len(cond) else "-", *cells)
     acc = promise.get("accept_length")
