@@ -16,7 +16,7 @@ from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.options import check_folder
 from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
-from draftsmith.weightsfile import read_weights_file
+from draftsmith.targets.hf import read_weights as read_checkpoint
 
 WEIGHTS = "model.safetensors"
 
@@ -169,15 +169,9 @@ def check_apart(out: Path, src: Path, what: str) -> None:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every *.safetensors (or pytorch_model*.bin) in a folder, `model.` prefixes dropped."""
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
-    if not files:
-        raise DraftsmithError(f"{folder}: no *.safetensors or pytorch_model*.bin weights")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(read_weights_file(f))
-    return {k.removeprefix("model."): v for k, v in out.items()}
+    """A checkpoint folder's weights as a target's are read (safetensors, sharded by an index or
+    not, else PyTorch .bin), `model.` prefixes dropped."""
+    return {k.removeprefix("model."): v for k, v in read_checkpoint(Path(folder)).items()}
 
 
 def vocab_tensors(
