@@ -46,6 +46,28 @@ def until(cond, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def ticked(eng: FakeEngine, **kw) -> Scheduler:
+    """A started scheduler over `eng`, whose steps wait for `eng.ticks` releases."""
+    eng.ticks = threading.Semaphore(0)
+    s = Scheduler(eng, max_queue=kw.pop("max_queue", 8), **kw)
+    s.start()
+    return s
+
+
+def boom_batch(max_tokens: int) -> tuple[BoomEngine, Scheduler, dict[str, list], dict[str, Job]]:
+    """Jobs a and b of `max_tokens` in one running batch of a BoomEngine."""
+    eng = BoomEngine(max_batch=4, max_tokens=max_tokens)
+    eng.gate.clear()
+    s = ticked(eng, batch_wait=0.3)
+    ev: dict[str, list] = {t: [] for t in "ab"}
+    jobs = {t: job(t, ev[t], max_tokens=max_tokens) for t in "ab"}
+    for j in jobs.values():
+        s.submit(j)
+    eng.gate.set()
+    until(lambda: eng.batches == [2])
+    return eng, s, ev, jobs
+
+
 def stopping(s: Scheduler, timeout: float) -> threading.Thread:
     t = threading.Thread(target=s.stop, args=(timeout,), daemon=True)
     t.start()
@@ -58,9 +80,7 @@ def test_a_shutdown_answers_the_jobs_of_a_batch_that_outlasts_it() -> None:
     next look and the worker ends (they once kept decoding unanswered past stop(), the engine
     still busy under whatever came next)."""
     eng = FakeEngine(max_batch=4, max_tokens=12)
-    eng.ticks = threading.Semaphore(0)
-    s = Scheduler(eng, max_queue=8, batch_wait=0.0)
-    s.start()
+    s = ticked(eng, batch_wait=0.0)
     ev: dict[str, list] = {t: [] for t in "ab"}
     for t, stream in (("a", True), ("b", False)):
         s.submit(job(t, ev[t], max_tokens=12, stream=stream))
@@ -86,16 +106,7 @@ def test_a_shutdown_answers_the_jobs_of_a_batch_that_outlasts_it() -> None:
 def test_jobs_an_engine_error_would_rerun_during_a_shutdown_get_a_503() -> None:
     """An engine error while stopping: the jobs it would rerun alone get a 503 (they were once
     queued after the queue was cleared and never answered)."""
-    eng = BoomEngine(max_batch=4, max_tokens=12)
-    eng.ticks = threading.Semaphore(0)
-    eng.gate.clear()
-    s = Scheduler(eng, max_queue=8, batch_wait=0.3)
-    s.start()
-    ev: dict[str, list] = {t: [] for t in "ab"}
-    for t in "ab":
-        s.submit(job(t, ev[t], max_tokens=12))
-    eng.gate.set()
-    until(lambda: eng.batches == [2])
+    eng, s, ev, _ = boom_batch(12)
     stopper = stopping(s, 5.0)
     eng.boom.set()
     eng.ticks.release(100)
@@ -107,17 +118,7 @@ def test_jobs_an_engine_error_would_rerun_during_a_shutdown_get_a_503() -> None:
 
 
 def test_an_engine_error_counts_a_cancelled_job_as_cancelled_and_reruns_the_other() -> None:
-    eng = BoomEngine(max_batch=4, max_tokens=6)
-    eng.ticks = threading.Semaphore(0)
-    eng.gate.clear()
-    s = Scheduler(eng, max_queue=8, batch_wait=0.3)
-    s.start()
-    ev: dict[str, list] = {t: [] for t in "ab"}
-    jobs = {t: job(t, ev[t], max_tokens=6) for t in "ab"}
-    for j in jobs.values():
-        s.submit(j)
-    eng.gate.set()
-    until(lambda: eng.batches == [2])
+    eng, s, ev, jobs = boom_batch(6)
     s.cancel(jobs["a"])
     eng.boom.set()
     eng.ticks.release(100)
@@ -133,9 +134,7 @@ def test_cancelled_queued_jobs_do_not_hold_the_queue_full() -> None:
     """Clients that left while queued behind a batch that cannot take their jobs: a new request
     is queued, not refused with a 429 for a queue of jobs nobody waits for."""
     eng = FakeEngine(max_batch=2, max_tokens=12)
-    eng.ticks = threading.Semaphore(0)
-    s = Scheduler(eng, max_queue=2, batch_wait=0.0)
-    s.start()
+    s = ticked(eng, max_queue=2, batch_wait=0.0)
     ev: list = []
     s.submit(job("a", ev, max_tokens=12))
     until(lambda: eng.batches)
