@@ -205,6 +205,20 @@ def ranks() -> tuple[int, int, int]:
     return rank, world, local
 
 
+def torchrun_ranks() -> tuple[int, int, int]:
+    """(rank, world, local rank): torchrun's, checked (`ranks`), or a lone
+    process's. One of RANK and WORLD_SIZE without the other is a launcher set up wrongly: a
+    lone process would train as a rank, or every rank as the only one."""
+    given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
+    if not given:
+        return 0, 1, 0
+    if len(given) == 1:
+        other = "WORLD_SIZE" if given == ["RANK"] else "RANK"
+        raise DraftsmithError(f"environment variable {given[0]} is set but {other} is not: "
+                              "run under torchrun, or set both")
+    return ranks()
+
+
 def start_group(rank: int, world: int, dev: torch.device) -> None:
     if dist.is_initialized():
         return

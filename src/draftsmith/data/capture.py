@@ -65,7 +65,7 @@ class Plan:
 def dist_env() -> tuple[int, int]:
     """(rank, world) under torchrun (checked: RANK=x or a rank past the world is one error),
     else (0, 1)."""
-    from draftsmith.train.dist import torchrun_ranks
+    from draftsmith.dist import torchrun_ranks
 
     rank, world, _ = torchrun_ranks()
     return rank, world
@@ -73,7 +73,7 @@ def dist_env() -> tuple[int, int]:
 
 def rank_device(device: str) -> str:
     """Under torchrun, a bare "cuda" means this process's own GPU (LOCAL_RANK)."""
-    from draftsmith.train.dist import torchrun_ranks
+    from draftsmith.dist import torchrun_ranks
 
     return f"cuda:{torchrun_ranks()[2]}" if device == "cuda" and "RANK" in os.environ else device
 

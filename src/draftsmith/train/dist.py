@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from draftsmith.dist import ranks, start_group
+from draftsmith.dist import start_group, torchrun_ranks
 from draftsmith.errors import DraftsmithError
 
 
@@ -32,20 +31,6 @@ class DistCtx:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def torchrun_ranks() -> tuple[int, int, int]:
-    """(rank, world, local rank): torchrun's, checked (`draftsmith.dist.ranks`), or a lone
-    process's. One of RANK and WORLD_SIZE without the other is a launcher set up wrongly: a
-    lone process would train as a rank, or every rank as the only one."""
-    given = [k for k in ("RANK", "WORLD_SIZE") if k in os.environ]
-    if not given:
-        return 0, 1, 0
-    if len(given) == 1:
-        other = "WORLD_SIZE" if given == ["RANK"] else "RANK"
-        raise DraftsmithError(f"environment variable {given[0]} is set but {other} is not: "
-                              "run under torchrun, or set both")
-    return ranks()
 
 
 def setup(device: str = "auto") -> DistCtx:
