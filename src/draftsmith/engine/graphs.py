@@ -70,9 +70,12 @@ class Graphs:
                 _HELD.append(gone)
 
     def capture(self, key: Hashable, fn: Callable[[], Any], warmup: int = 2) -> Any:
+        """Capture fn under key. The warm-up calls (and any compile they trigger) leave the
+        random state as they found it: a seeded call that captures a graph draws what a later
+        call under the same seed draws. The capture itself consumes nothing until replayed."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with torch.random.fork_rng(devices=[self.device]), torch.cuda.stream(stream):
             for _ in range(warmup):
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)

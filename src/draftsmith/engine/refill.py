@@ -136,10 +136,9 @@ def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts:
 
 def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams,
             prompts: list[list[int]] = ()):
-    """Build (and on GPU capture) the step for these settings now: capture's warm-up steps
-    draw random numbers, so a caller that seeds per chunk prepares before its first seed and
-    a resumed run samples what an uninterrupted one does. `prompts`: also capture the prompt
-    graphs their refills will use (`warm_prompts`)."""
+    """Build (and on GPU capture) the step for these settings now, so that no chunk pays for
+    the capture (which leaves the random state alone: `Graphs.capture`). `prompts`: also
+    capture the prompt graphs their refills will use (`warm_prompts`)."""
     state, step = _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
     warm_prompts(state.pre, list(prompts), state.start, state.rows)
     state.done.fill_(True)

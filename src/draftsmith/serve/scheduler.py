@@ -292,7 +292,7 @@ class Scheduler:
         key = self._key_of(batch)
         live = self.engine.open(size, self.engine.template(key[1]) if key[0] == "batch"
                                 else req.params)
-        if seeded:  # after open: a first open captures graphs, whose warm-up steps draw
+        if seeded:  # after open, whose capture or prompt pass needs no draw of this seed
             torch.manual_seed(req.seed)
         slots: list[Row | None] = [None] * size
         self.metrics.admitted(need, self._admit(live, slots, batch), opened=True)
