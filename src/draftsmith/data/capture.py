@@ -180,17 +180,24 @@ def aux_ids(requested: list[int] | None, num_layers: int) -> list[int]:
 def clean(folder: Path, rank: int = 0, world: int = 1) -> None:
     """Remove what a capture writes (shards, manifests, rank folders, tmp files), nothing else:
     each rank its own folder, rank 0 also the top level and folders of ranks beyond `world` (an
-    earlier, wider run's), so no rank removes what a running one already wrote."""
+    earlier, wider run's), so no rank removes what a running one already wrote. A manifest goes
+    first: a clean cut short never leaves one listing shards it removed."""
     if not folder.is_dir():
         return
-    for p in folder.iterdir():
-        if p.is_dir() and p.name.startswith("rank-"):
-            k = p.name.removeprefix("rank-")
-            other_live = k.isdigit() and int(k) < world and int(k) != rank
-            if not other_live and (rank == 0 or k == str(rank)):
-                shutil.rmtree(p)
-        elif rank == 0 and _ours(p.name):
-            p.unlink()
+    try:
+        for p in sorted(folder.iterdir(), key=lambda p: p.name != MANIFEST):
+            if p.is_dir() and p.name.startswith("rank-"):
+                k = p.name.removeprefix("rank-")
+                other_live = k.isdigit() and int(k) < world and int(k) != rank
+                if not other_live and (rank == 0 or k == str(rank)):
+                    (p / MANIFEST).unlink(missing_ok=True)
+                    shutil.rmtree(p)
+            elif rank == 0 and _ours(p.name):
+                p.unlink()
+    except OSError as e:
+        raise DraftsmithError(f"{folder}: cannot remove what an earlier capture left "
+                              f"({e.strerror or e}: {e.filename}); make it writable, or use "
+                              "another folder") from None
 
 
 def _ours(name: str) -> bool:
@@ -296,7 +303,11 @@ def _note_command(writer: ShardWriter, command: str) -> None:
 def _drop_tmp(folder: Path) -> None:
     if folder.is_dir():
         for p in folder.glob(".*.tmp"):
-            p.unlink(missing_ok=True)
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:
+                raise DraftsmithError(f"{p}: cannot remove this tmp file a killed capture left "
+                                      f"({e.strerror or e}); make {folder} writable") from None
 
 
 def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:

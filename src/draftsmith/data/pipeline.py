@@ -78,16 +78,27 @@ def make_dataset(
     stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
                                                log=log))
     engine = EngineBackend(t, model, regen, compile)
-    stage("regenerate", lambda: regenerate(read_prompts(prompts), answers, engine, t.tokenizer,
-                                           regen, progress, log))
-    # grow: a rerun with a larger --n appends answers; the shards they leave as they are stay
+    # the first n prompts: files an earlier, larger --n left hold more
+    stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers, engine,
+                                           t.tokenizer, regen, progress, log))
+    # grow: a rerun with another --n changes the answers captured; the shards they leave as they
+    # are stay
     redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
             "give `data make` another folder")
-    m = stage("capture", lambda: capture(t, read_prompts(answers), data, cap, command, log,
-                                         progress, model=model, grow=True, redo=redo)["totals"])
+    m = stage("capture", lambda: capture(t, _answers(prompts, answers, n), data, cap, command,
+                                         log, progress, model=model, grow=True,
+                                         redo=redo)["totals"])
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
+
+
+def _answers(prompts: Path, answers: Path, n: int) -> list[Any]:
+    """The answered conversations of the first `n` prompts, in the answers' order."""
+    from draftsmith.data.prompts import read_prompts
+
+    asked = {c.id for c in read_prompts(prompts)[:n]}
+    return [c for c in read_prompts(answers) if c.meta.get("prompt_id") in asked]
 
 
 def _read_record(path: Path) -> dict[str, Any]:

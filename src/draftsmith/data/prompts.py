@@ -13,6 +13,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,7 +331,7 @@ def appended_records(path: str | Path) -> tuple[list[tuple[int, dict[str, Any]]]
     tail, n = data[end:], data.count(b"\n") + 1
     if tail.strip():
         rec = _tail(path, n, tail)
-        with open(path, "r+b") as f:
+        with _mending(path), open(path, "r+b") as f:
             if rec is None:
                 f.truncate(end)
             else:
@@ -338,6 +339,19 @@ def appended_records(path: str | Path) -> tuple[list[tuple[int, dict[str, Any]]]
                 f.write(b"\n")
                 out.append((n, rec))
     return out, bool(tail.strip())
+
+
+@contextmanager
+def _mending(path: Path) -> Iterator[None]:
+    """A torn end that cannot be cut or closed (a read-only folder, a full disk) as one error:
+    nothing else was changed, so the same command resumes once the file can be written."""
+    try:
+        yield
+    except OSError as e:
+        raise DraftsmithError(
+            f"{path}: cannot mend the write a kill tore at its end ({e.strerror or e}); the "
+            "records before it are kept: make the file writable and rerun, or give another "
+            "--out") from None
 
 
 def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
@@ -354,7 +368,7 @@ def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
         at = 0
         for _ in range(records[k][0] - 1):  # the byte where line records[k][0] starts
             at = data.index(b"\n", at) + 1
-        with open(path, "r+b") as f:
+        with _mending(path), open(path, "r+b") as f:
             f.truncate(at)
     return records[:k]
 

@@ -4,7 +4,8 @@ own distribution. Backends: the built-in engine (batched) or any OpenAI-compatib
 Each finished conversation is appended to the output JSONL with `meta.prompt_id` and one
 `meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason);
 a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
-skipped; a later turn that no longer fits ends the conversation there. Both are counted.
+skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
+template refuses (roles it does not take) is skipped. Each is counted.
 """
 
 from __future__ import annotations
@@ -167,8 +168,7 @@ class OpenAIBackend:
                 r = self.client.chat.completions.create(
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                    seed=self.cfg.seed, presence_penalty=0.0, frequency_penalty=0.0,
-                    extra_body=server_sampling(self.cfg),
+                    seed=self.cfg.seed, **PENALTIES, extra_body=server_sampling(self.cfg),
                 )
             except retry as e:
                 if attempt == self.retries:
@@ -186,6 +186,9 @@ class OpenAIBackend:
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+
+
+PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
@@ -249,7 +252,7 @@ def regenerate(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
+    info = answerer(backend, cfg)
     step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
     records, torn = appended_records(out)
     done = {_prompt_id(out, line, r) for line, r in records}
@@ -262,10 +265,9 @@ def regenerate(
         done = {_prompt_id(out, line, r) for line, r in records}
     todo = [c for c in convs if c.id not in done]
     stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
-             "truncated": 0, "turns_cut": 0, "failed": 0, "answer_tokens": 0}
+             "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
+             "answer_tokens": 0}
     count = _counter(tokenizer)
-    if isinstance(backend, OpenAIBackend):
-        info["base_url"] = backend.base_url
     bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
                disable=not progress)
     make_folder(out.parent)
@@ -309,18 +311,45 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
     return pid
 
 
+def answerer(backend: Any, cfg: RegenConfig) -> dict[str, Any]:
+    """What each answer records of who answered and how: the engine's target also by its
+    fingerprint, a server's requests by the fields sent beyond OpenAI's (`sent`)."""
+    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
+    if isinstance(backend, EngineBackend):
+        info["target"] = backend.target.fingerprint
+    if isinstance(backend, OpenAIBackend):
+        info |= {"base_url": backend.base_url, "sent": PENALTIES | server_sampling(cfg)}
+    return info
+
+
 def _same_answerer(out: Path, records: list[tuple[int, dict[str, Any]]],
                    info: dict[str, Any]) -> None:
     """A rerun adds answers of the same model and sampling: the prompts answered before are
     skipped, so another target's answers would pass for this one's."""
     for line, rec in records:
         for a in (rec.get("meta") or {}).get("answers") or []:
-            if isinstance(a, dict) and (a.get("model"), a.get("sampling")) != (
-                    info["model"], info["sampling"]):
+            diff = _differs(a, info) if isinstance(a, dict) else []
+            if diff:
                 raise DraftsmithError(
-                    f"{out}:{line}: holds answers by {a.get('model')!r} with sampling "
-                    f"{a.get('sampling')}, this run answers by {info['model']!r} with "
-                    f"{info['sampling']}: give another --out")
+                    f"{out}:{line}: holds answers {'; '.join(diff)}: give another --out, or "
+                    "rerun with the settings there")
+
+
+def _differs(a: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """How answer `a` was made otherwise than this run answers. An engine's target is known by
+    its fingerprint (a path typed otherwise is the same target, other weights there are not)."""
+    out = []
+    both = a.get("target") and info.get("target")
+    if (a["target"] != info["target"]) if both else (a.get("model") != info["model"]):
+        out.append(f"by {a.get('model')!r} (target {a.get('target')}), this run answers by "
+                   f"{info['model']!r} (target {info.get('target')})")
+    if a.get("sampling") != info["sampling"]:
+        out.append(f"with sampling {a.get('sampling')}, this run with {info['sampling']}")
+    if a.get("sent") != info.get("sent"):
+        out.append(f"of requests with the fields {a.get('sent')} beyond OpenAI's (None: those "
+                   "an earlier draftsmith sent, the rest left to the server's generation_config)"
+                   f", this run sends {info.get('sent')}")
+    return out
 
 
 def _refills(backend: Any) -> bool:
@@ -345,7 +374,11 @@ def text_tokens(tok: Any, text: str) -> int:
 def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> list[dict]:
     live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
     for conv in chunk:
-        fitted = fit_prompt(tok, conv, cfg.prompt_limit, cfg.too_long, count)
+        try:
+            fitted = fit_prompt(tok, conv, cfg.prompt_limit, cfg.too_long, count)
+        except DraftsmithError as e:  # one conversation's roles, not the run: a rerun would
+            _refused(conv, e, stats)  # stop at it again
+            continue
         if fitted is None:
             stats["skipped_too_long"] += 1
             continue
@@ -381,6 +414,13 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
         recs.append(Conversation(msgs, meta=meta).to_json())
         stats["answered"] += 1
     return recs
+
+
+def _refused(conv: Conversation, e: DraftsmithError, stats: dict[str, int]) -> None:
+    stats["template_refused"] += 1
+    if stats["template_refused"] == 1:  # the count is in the closing line
+        print(f"draftsmith: warning: prompt {conv.id} skipped, and any other the chat template "
+              f"refuses: {e}", file=sys.stderr)
 
 
 def load_tokenizer(source: str) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import append_whole, make_folder
+from draftsmith.data.atomic import append_whole, atomic_write, make_folder
 from draftsmith.data.chat import user_prefix
 from draftsmith.data.prompts import (
     Conversation,
@@ -118,9 +118,11 @@ def self_made_prompts(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     compile: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, int]:
     """Append self-made user prompts to `out` (JSONL) until it holds `cfg.n`; returns counts.
-    `compile`: the decode step runs torch.compile'd layers (GPU)."""
+    `compile`: the decode step runs torch.compile'd layers (GPU). `overwrite`: start over, the
+    prompts in `out` replaced only once the first round can be written."""
     from tqdm import tqdm
 
     from draftsmith.engine.generate import run_generation
@@ -131,7 +133,7 @@ def self_made_prompts(
     out = Path(out)
     conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
     meta = {"source": "magpie", "target": target.fingerprint, **conf}
-    records, torn = appended_records(out)
+    records, torn = appended_records(out) if not overwrite else ([], False)
     have = [_conversation(out, line, r) for line, r in records]
     if torn:  # the last round's write, torn by a kill, is made again whole
         _same_settings(out, have, meta, cfg.openings)
@@ -139,9 +141,9 @@ def self_made_prompts(
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0,
              "bare_openings": 0}
+    _same_settings(out, have, meta, cfg.openings)
     if len(have) >= cfg.n:
         return stats
-    _same_settings(out, have, meta, cfg.openings)
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
@@ -153,7 +155,9 @@ def self_made_prompts(
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)
-    append_whole(out, b"", _kept(len(have)))  # unwritable: said before the first batch
+    if overwrite:  # unwritable: said before the first batch, the old prompts still there
+        atomic_write(out, b"", "the prompts there before are kept")
+    append_whole(out, b"", _kept(len(have)))
     first = _next_round(have)
     for round_ in range(first, first + limit):
         if stats["kept"] >= cfg.n:

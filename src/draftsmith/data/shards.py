@@ -125,11 +125,21 @@ class ShardWriter:
                         f"({old.get(key)!r} there, {header.get(key)!r} now); {redo}"
                     )
             self.manifest = old
+            self._forget_lost()
         else:
             self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **header,
                              "shards": [], "complete": False}
             self.manifest["totals"] = totals(self.manifest["shards"])
             write_json(path, self.manifest)
+
+    def _forget_lost(self) -> None:
+        """Shards listed but gone or of another size (deleted to be redone, cut short) are
+        written again, not counted done."""
+        shards = self.manifest["shards"]
+        kept = [s for s in shards if _whole(self.folder / s["file"], int(s["bytes"]))]
+        if len(kept) < len(shards):
+            self.manifest.update(shards=kept, totals=totals(kept), complete=False)
+            write_json(self.folder / MANIFEST, self.manifest)
 
     def done(self) -> set[int]:
         return {int(s["index"]) for s in self.manifest["shards"]}
@@ -166,6 +176,10 @@ class ShardWriter:
     def update(self, **extra: Any) -> None:
         self.manifest.update(extra)
         write_json(self.folder / MANIFEST, self.manifest)
+
+
+def _whole(path: Path, size: int) -> bool:
+    return path.is_file() and path.stat().st_size == size
 
 
 def totals(shards: list[dict[str, Any]]) -> dict[str, int]:
