@@ -3,6 +3,8 @@ parse requests without importing torch (`serve/frontends.py`)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,10 +18,16 @@ class SamplingParams:
     top_k: int = 0
 
     def __post_init__(self) -> None:
+        # NaN passes every comparison below and samples token 0 forever; an infinite temperature
+        # flattens the logits to ties, so top-k keeps the whole vocabulary
+        if not _real(self.temperature) or not math.isfinite(self.temperature):
+            raise DraftsmithError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise DraftsmithError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise DraftsmithError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:
+            raise DraftsmithError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool):
+            raise DraftsmithError(f"top_k must be a whole number, got {self.top_k!r}")
         if self.top_k < 0:
             raise DraftsmithError(f"top_k must be >= 0, got {self.top_k}")
 
@@ -36,6 +44,10 @@ class SamplingParams:
         if self.greedy:
             return "greedy"
         return "filtered" if self.top_k or self.top_p < 1 else "temperature"
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 KINDS = ("greedy", "temperature", "filtered")  # each kind's rows can take the kinds before it

@@ -39,8 +39,9 @@ def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch
     k = torch.where(top_k > 0, top_k.clamp(max=v), v).long().expand(*x.shape[:-1], 1)
     sorted_x = sorted_x.masked_fill(sorted_x < sorted_x.gather(-1, k - 1), float("-inf"))
     sp = sorted_x.softmax(-1)
-    # a row at top_p 1 drops nothing: its cumulative sum may round past 1 before the tail
-    drop = (sp.cumsum(-1) - sp > top_p) & (top_p < 1)
+    # a token goes once the tokens above it reach top_p (ties at exactly top_p too, as HF's and
+    # vLLM's top-p do); a row at top_p 1 drops nothing: its sum may round past 1 before the tail
+    drop = (sp.cumsum(-1) - sp >= top_p) & (top_p < 1)
     return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
 
 

@@ -133,6 +133,10 @@ class SpecDecoder:
         self.shape = trees.TreeShape(topk, steps, num_draft_tokens) if topk > 1 else None
         self.n_verify = steps + 1 if self.shape is None else self.shape.tokens
         self.tbase = self.rt.max_seq - (0 if self.shape is None else self.n_verify)
+        if (room := self.capacity()) < 2:  # a one-token prompt and one new token
+            raise DraftsmithError(
+                f"runtime max_seq {self.rt.max_seq} is too short for steps {steps} and "
+                f"{self.n_verify} verify tokens: it needs at least {self.rt.max_seq - room + 2}")
         fs = 0 if self.shape is None else self.shape.frontier_slots
         if isinstance(drafter, DrafterRuntime):
             self.drt = drafter
