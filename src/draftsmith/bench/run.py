@@ -57,21 +57,38 @@ class BenchConfig:
     # spec_refill.refill_every_for (4 below 32 rows, 8 from 32)
     refill_every: int = 0
 
+    def __post_init__(self) -> None:
+        self.settings()  # a grid that runs nothing is refused before any loading
+
     def settings(self) -> list[Setting]:
-        out: list[Setting] = []
-        for s in self.steps:
-            for k in self.topk:
-                if k == 1:
-                    out.append((s, 1, s + 1))
-                    continue
-                if not self.num_draft_tokens:
-                    raise DraftsmithError(f"topk {k} drafts a tree: give --num-draft-tokens")
-                for n in self.num_draft_tokens:
-                    if 2 <= n <= 1 + TreeShape(k, s, 2).candidates:
-                        out.append((s, k, n))
+        """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree
+        per token count that fits it (`unfit` names the others)."""
+        if self.num_draft_tokens and all(k == 1 for k in self.topk):
+            raise DraftsmithError("--num-draft-tokens sizes trees: give a --topk above 1 with it "
+                                  "(a chain verifies steps + 1 tokens)")
+        if any(k > 1 for k in self.topk) and not self.num_draft_tokens:
+            k = next(k for k in self.topk if k > 1)
+            raise DraftsmithError(f"topk {k} drafts a tree: give --num-draft-tokens")
+        out = [(s, k, s + 1 if k == 1 else n) for s, k, n in self._grid()
+               if k == 1 or 2 <= n <= _most_tokens(s, k)]
         if not out:
-            raise DraftsmithError("no valid speculative setting in this steps/topk/tokens grid")
+            raise DraftsmithError("no setting of this grid can run: " + "; ".join(self.unfit()))
         return list(dict.fromkeys(out))
+
+    def unfit(self) -> list[str]:
+        """The grid's trees that cannot run, each with the token counts its shape takes."""
+        return [f"tree {s}/{k}/{n}: steps {s}, topk {k} verifies 2 to {_most_tokens(s, k)} "
+                f"tokens, not {n}" for s, k, n in self._grid()
+                if k > 1 and not 2 <= n <= _most_tokens(s, k)]
+
+    def _grid(self) -> list[Setting]:
+        return [(s, k, n) for s in self.steps for k in self.topk
+                for n in (self.num_draft_tokens if k > 1 else [s + 1])]
+
+
+def _most_tokens(steps: int, topk: int) -> int:
+    """The most tokens a tree of this shape verifies, the root included."""
+    return 1 + TreeShape(topk, steps, 2).candidates
 
 
 def setting_name(s: Setting) -> str:
@@ -82,6 +99,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     from draftsmith.bench.drafters import get_drafter
     from draftsmith.targets import load_target
 
+    skipped = [f"skipped {why}" for why in cfg.unfit()]
+    for w in skipped:  # said before the minutes of loading
+        log(f"warning: {w}")
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target)
     model = target.build(cfg.dtype, cfg.device)
@@ -89,6 +109,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
     for w in warnings:
         log(f"warning: {w}")
+    warnings += skipped
     suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
               for s, label in suite_labels(cfg.suites).items()}
     settings = cfg.settings()

@@ -62,6 +62,8 @@ def tune(
     if max_steps < 1 or max_topk < 1:
         raise DraftsmithError(f"--max-steps and --max-topk must be >= 1, got {max_steps} and "
                               f"{max_topk}")
+    if max_steps > 64:  # SpecSetting's limit, met only after minutes of loading otherwise
+        raise DraftsmithError(f"--max-steps must be at most 64, got {max_steps}")
     if max_draft_tokens < 2:
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if top < 1:
@@ -104,7 +106,7 @@ def tune(
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
     if nccl_sweep:
-        _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl")
+        attach_nccl(out, _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl"))
 
 
 def _tune_rank(tp, *args) -> dict:
@@ -112,6 +114,32 @@ def _tune_rank(tp, *args) -> dict:
     pair up); rank 0 prints and writes the report."""
     console.quiet = tp.rank != 0
     return run_tune(*args, tp=tp)
+
+
+NCCL_FILES = ("nccl.json", "nccl.md")  # what `tune --nccl-sweep` writes into out/nccl
+
+
+def drop_stale_nccl(out: Path) -> None:
+    """An earlier `tune --nccl-sweep`'s files in out/nccl timed that run's verify shapes: a new
+    tune's report replaces that run's, so they go with it (the folder too, where left empty)."""
+    folder = out / "nccl"
+    for name in NCCL_FILES:
+        (folder / name).unlink(missing_ok=True)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def attach_nccl(out: Path, res: dict) -> None:
+    """This run's NCCL sweep, named in its tune.json and its recommendation added to tune.md."""
+    from draftsmith.tune import nccl
+
+    path = out / "tune.json"
+    report = json.loads(path.read_text())
+    report["nccl"] = {"file": "nccl/nccl.json", "recommendation": res["recommendation"]}
+    path.write_text(json.dumps(report, indent=1, default=str))
+    lines = "\n".join(nccl.recommendation_lines(res))
+    with (out / "tune.md").open("a") as f:
+        f.write(f"\nNCCL sweep (nccl/nccl.json, nccl/nccl.md):\n\n{lines}\n")
 
 
 def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
@@ -176,7 +204,10 @@ def run_tune(
         "model.embed_tokens.weight")
     drafter = load_drafter(drafter_dir, dev, dt, embed=embed)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
-    max_seq = max(len(p) for p in ids) + new + 64
+    # the widest verify (the tree acceptance run's or the costs' widest) past the longest row,
+    # and past position 64, where the costs are timed
+    max_seq = max(max(len(p) for p in ids) + new, 64) + 64 + verify_width(max_steps, max_topk,
+                                                                         max_draft)
     rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
@@ -203,7 +234,7 @@ def run_tune(
     limits = (max_steps, max_topk, max_draft)
     grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
     for b in batches:
-        ranked = rank_settings(costs, acc, b, grid, mix, refilled)
+        ranked = rank_settings(costs, acc, b, grid, mix, refilled, None if refill else new)
         preds += ranked
         chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
         plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
@@ -234,6 +265,12 @@ def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> boo
     chain up to --max-steps is priced and swept."""
     return s.steps <= max_steps and s.topk <= max_topk and (
         s.topk == 1 or s.num_draft_tokens <= max_draft)
+
+
+def verify_width(max_steps: int, max_topk: int, max_draft: int) -> int:
+    """The most tokens one verify of the run takes: a chain's, `measure.cost_table`'s widest
+    and `measure.tree_acceptance`'s tree."""
+    return max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft, 32)
 
 
 def refill_plan(new: int, batches: list[int]):
@@ -280,6 +317,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     from draftsmith.tune.cost_model import steps_series
 
     out.mkdir(parents=True, exist_ok=True)
+    drop_stale_nccl(out)
     rows = []
     for r in recs:
         for c in r.rows:
@@ -324,6 +362,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         ],
         "rows": rows,
         "phases": _phase_rows(preds, meas),
+        "nccl": None,  # this run's NCCL sweep, where it ran one (`attach_nccl`)
     }
     (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "tune.md").write_text(f"{FIXED_LENGTH}.\n\n"
@@ -347,7 +386,8 @@ def _phase_rows(preds, meas) -> list[dict]:
                "predicted_phases_ms": dict(p.phases) if p else None,
                "predicted_tokens_per_cycle": p.tokens_per_cycle if p else None,
                "predicted_cycle_ms": p.cycle_ms if p else None,
-               "predicted_busy": p.busy if p else None, "measured_busy": m.busy}
+               "predicted_busy": p.busy if p else None, "measured_busy": m.busy,
+               "predicted_kept": p.kept if p else None}
         if m.cycle_ms is not None:
             row["measured_cycle_ms"] = m.cycle_ms
         out.append(row)

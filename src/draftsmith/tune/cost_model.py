@@ -6,6 +6,7 @@ Numpy only. Times are milliseconds per cycle; acceptance is per position, never 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -252,13 +253,19 @@ def tree_tokens_per_cycle(acc: Acceptance, steps: int, topk: int, num_draft_toke
     best candidates overall are verified. Siblings exclude each other, so a node is accepted
     iff its whole path is, and the expected length is 1 + the kept path probabilities.
     """
-    candidates: list[float] = []
+    return 1.0 + math.fsum(w for w, _ in _tree_kept(acc, steps, topk, num_draft_tokens))
+
+
+def _tree_kept(acc: Acceptance, steps: int, topk: int, num_draft_tokens: int
+               ) -> list[tuple[float, int]]:
+    """The verified nodes of `tree_tokens_per_cycle`: (path probability, depth) each."""
+    candidates: list[tuple[float, int]] = []
     frontier = [1.0]
     for d in range(1, steps + 1):
         children = [w * acc.q(d, r) for w in frontier for r in range(topk)]
-        candidates.extend(children)
+        candidates.extend((w, d) for w in children)
         frontier = heapq.nlargest(topk, children)
-    return 1.0 + math.fsum(heapq.nlargest(num_draft_tokens - 1, candidates))
+    return heapq.nlargest(num_draft_tokens - 1, candidates, key=lambda c: c[0])
 
 
 def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
@@ -267,6 +274,36 @@ def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
     if setting.topk == 1:
         return chain_tokens_per_cycle(acc, setting.steps)
     return tree_tokens_per_cycle(acc, setting.steps, setting.topk, setting.num_draft_tokens)
+
+
+def cycle_tail(acc: Acceptance, setting: SpecSetting) -> tuple[float, ...]:
+    """tail[j] = P(a cycle makes more than j tokens), j = 0..steps: 1, then the chance that
+    draft j was accepted (a tree: that its accepted node reached depth j). Sums to
+    `tokens_per_cycle`."""
+    if setting.is_baseline:
+        return (1.0,)
+    if setting.topk == 1:
+        deep = np.cumprod([acc.p(k) for k in range(1, setting.steps + 1)]).tolist()
+    else:
+        deep = [0.0] * setting.steps
+        for w, d in _tree_kept(acc, setting.steps, setting.topk, setting.num_draft_tokens):
+            deep[d - 1] += w
+    return (1.0, *(min(1.0, x) for x in deep))
+
+
+def expected_cycles(tail: Sequence[float], tokens: int) -> float:
+    """Expected cycles until a row has made `tokens` tokens, each cycle making j + 1 tokens
+    with chance tail[j] - tail[j + 1], independently; the last cycle's surplus is dropped, so
+    this is more than tokens / (tokens per cycle) (a 4-token cycle still takes a whole cycle
+    for one token). Solved exactly up to 16 cycles' most tokens, then the renewal slope."""
+    if tokens <= 0:
+        return 0.0
+    pmf = [a - b for a, b in zip(tail, [*tail[1:], 0.0], strict=True)]  # pmf[x-1]: x tokens
+    upto = min(tokens, 16 * len(tail))
+    f = [0.0] * (upto + 1)
+    for m in range(1, upto + 1):
+        f[m] = 1.0 + math.fsum(pmf[x - 1] * f[m - x] for x in range(1, min(m, len(pmf) + 1)))
+    return f[upto] + (tokens - upto) / math.fsum(tail)
 
 
 def batch_groups(count: int, batch: int) -> list[list[int]]:
@@ -307,10 +344,36 @@ class PromptMix:
         groups = batch_groups(len(per), batch)
         return len(groups) / math.fsum(1.0 / min(per[i] for i in g) for g in groups)
 
-    def busy(self, setting: SpecSetting, batch: int) -> float:
+    def busy(self, setting: SpecSetting, batch: int, new_tokens: int | None = None) -> float:
         """The share of row slots that decode: batch 1's tokens per slot (each prompt alone,
-        never idle) against this batch's."""
+        never idle) against this batch's; with `new_tokens`, each row's expected cycles
+        (`expected_cycles`) over its batch's longest."""
+        if new_tokens is not None:
+            return self.fixed_length(setting, batch, new_tokens)[0]
         return min(1.0, self.slot_tokens(setting, batch) / self.slot_tokens(setting, 1))
+
+    def fixed_length(self, setting: SpecSetting, batch: int, new_tokens: int
+                     ) -> tuple[float, float]:
+        """(busy, kept) of the sweep's batches where every row makes `new_tokens` tokens, its
+        first by the prefill: busy, the share of row slots decoding (a batch runs its longest
+        row's expected cycles); kept, the share of the accepted tokens kept (a row's last cycle
+        accepts past --max-new-tokens: at 2 new tokens a cycle keeps one)."""
+        if setting.is_baseline:
+            return 1.0, 1.0
+        cycles = [_row_cycles(a, setting, new_tokens - 1) for a in self.prompts]
+        per = [tokens_per_cycle(a, setting) for a in self.prompts]
+        groups = batch_groups(len(cycles), batch)
+        slots = batch * math.fsum(max(cycles[i] for i in g) for g in groups)
+        decoded = math.fsum(cycles[i] for g in groups for i in g)
+        accepted = math.fsum(cycles[i] * per[i] for g in groups for i in g)
+        if not decoded:
+            return 1.0, 1.0
+        return decoded / slots, min(1.0, (new_tokens - 1) * batch * len(groups) / accepted)
+
+
+@functools.lru_cache(maxsize=65536)
+def _row_cycles(acc: Acceptance, setting: SpecSetting, tokens: int) -> float:
+    return expected_cycles(cycle_tail(acc, setting), tokens)
 
 
 def leviathan_tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -473,6 +536,9 @@ class Prediction:
     phases: Mapping[str, float]
     extrapolated: bool = False
     busy: float = 1.0  # the share of row slots that decode (below 1: rows idle in their batch)
+    # the share of accepted tokens kept (a row's last cycle may accept past its new tokens);
+    # None where not modelled (no new-token count, or refilled rows: their own schedule)
+    kept: float | None = None
 
 
 def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[str, float]:
@@ -489,12 +555,15 @@ def predict_phases(costs: CostTable, setting: SpecSetting, batch: int) -> dict[s
 
 def predict(
     costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
-    mix: PromptMix | None = None, refill: Refill | None = None,
+    mix: PromptMix | None = None, refill: Refill | None = None, new_tokens: int | None = None,
 ) -> Prediction:
-    """Tokens/s of one setting: batch x tokens per cycle x the share of rows busy x cycles per
-    second. Without a prompt mix every row is taken to decode until the end; with one, rows
-    done before their batch idle (`PromptMix.busy`); with `refill` too, ended rows take the
-    next prompt (`refill_model.Refill.predict`)."""
+    """Tokens/s of one setting: batch x tokens per cycle x the share of rows busy x the share
+    of accepted tokens kept x cycles per second. Without a prompt mix every row is taken to
+    decode until the end; with one, rows done before their batch idle (`PromptMix.busy`); with
+    `refill` too, ended rows take the next prompt (`refill_model.Refill.predict`). With
+    `new_tokens` (each row's, the prefill's first included) a row's cycles are counted whole
+    (`PromptMix.fixed_length`); without it, as many as its tokens over its tokens per cycle,
+    which is too hopeful for short answers."""
     if refill is not None:
         if mix is None:
             raise CostModelError("refill: the model needs each prompt's acceptance (a mix)")
@@ -504,10 +573,12 @@ def predict(
     if cycle <= 0:
         raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
     tpc = tokens_per_cycle(acc, setting)
-    busy = 1.0 if mix is None else mix.busy(setting, batch)
+    busy, kept = 1.0 if mix is None else mix.busy(setting, batch), None
+    if new_tokens is not None:
+        busy, kept = (mix or PromptMix((acc,))).fixed_length(setting, batch, new_tokens)
+    tps = batch * tpc * busy * (kept or 1.0) * 1000.0 / cycle
     beyond = not costs.covers(setting) or setting.steps > acc.depth
-    return Prediction(setting, batch, tpc, cycle, batch * tpc * busy * 1000.0 / cycle, phases,
-                      beyond, busy)
+    return Prediction(setting, batch, tpc, cycle, tps, phases, beyond, busy, kept)
 
 
 def _simpler_first(s: SpecSetting) -> tuple[int, int, int]:
@@ -539,10 +610,11 @@ def rank_settings(
     candidates: Iterable[SpecSetting] | None = None,
     mix: PromptMix | None = None,
     refill: Refill | None = None,
+    new_tokens: int | None = None,
 ) -> list[Prediction]:
     """Predictions for the candidates and the baseline, fastest first (ties: simplest)."""
     settings = dict.fromkeys([SpecSetting.baseline(), *(candidates or candidate_grid())])
-    preds = [predict(costs, acc, s, batch, mix, refill) for s in settings]
+    preds = [predict(costs, acc, s, batch, mix, refill, new_tokens) for s in settings]
     return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
 
 
@@ -665,6 +737,15 @@ def _wall_cycle_ms(meas: Measurement) -> float | None:
     return None
 
 
+def _measured_kept(meas: Measurement) -> float | None:
+    """The share of accepted tokens the measured rows kept, where the engine gave its cycle
+    time, accept length and busy share: what of tokens/s they leave unexplained."""
+    accept = _accept_length(meas)
+    if meas.cycle_ms is None or not accept or not meas.busy or meas.tokens_per_s <= 0:
+        return None
+    return meas.tokens_per_s * meas.cycle_ms / (1000.0 * meas.batch * accept * meas.busy)
+
+
 def _measured_cycle_ms(meas: Measurement) -> float | None:
     wall = _wall_cycle_ms(meas)
     if wall is not None:
@@ -690,16 +771,24 @@ def disagreement_cause(pred: Prediction, meas: Measurement) -> str:
     """Name what moved the measurement furthest from the model: acceptance (tokens per
     cycle), idle rows (the share of row slots that decoded) or time per cycle, and for time
     the phase with the largest absolute difference (time outside every profiled phase counts
-    as the phase "unprofiled"). Tokens/s is batch x tokens per cycle x busy share / cycle, so
-    the three log errors add up to the model's."""
+    as the phase "unprofiled"), or the accepted tokens past a row's end. Tokens/s is batch x
+    tokens per cycle x busy share x kept share / cycle, so the four log errors add up to the
+    model's."""
     accept, cycle = _accept_length(meas), _measured_cycle_ms(meas)
     acc_err = abs(math.log(pred.tokens_per_cycle / accept)) if accept else 0.0
     idle_err = abs(math.log(pred.busy / meas.busy)) if meas.busy else 0.0
     time_err = abs(math.log(cycle / pred.cycle_ms)) if cycle else 0.0
-    if accept and acc_err >= max(time_err, idle_err) and acc_err > 0:
+    kept = _measured_kept(meas) if pred.kept else None
+    kept_err = abs(math.log(pred.kept / kept)) if pred.kept and kept else 0.0
+    if accept and acc_err >= max(time_err, idle_err, kept_err) and acc_err > 0:
         return (
             f"acceptance: predicted {pred.tokens_per_cycle:.2f} tokens per cycle, "
             f"measured {accept:.2f}"
+        )
+    if kept and kept_err > max(time_err, idle_err):
+        return (
+            f"tokens past a row's end: predicted {pred.kept:.0%} of accepted tokens kept, "
+            f"measured {kept:.0%} (a row's last cycle may accept more than it has left)"
         )
     if idle_err > time_err:
         return (
