@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers import validate
 from draftsmith.targets.hf import read_config
 
 IDS = "eagle_aux_hidden_state_layer_ids"
@@ -78,6 +79,17 @@ class DrafterInfo:
         if self.layout != "draftsmith":
             return None
         return list(self.config.get("aux_layer_ids") or [])
+
+    def exported_ids(self, num_layers: int) -> list[int] | None:
+        """An exported folder's canonical ids as `draftsmith export` recorded them: the layers
+        the drafter was trained on, whatever an edit to the engines' keys says since."""
+        ids = self.recorded("aux_layer_ids_canonical") if self.layout != "draftsmith" else None
+        if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
+            return None
+        try:
+            return validate(ids, num_layers)
+        except DraftsmithError:  # of another target: the sizes and target checks say so
+            return None
 
     def written(self, engine: str) -> tuple[list[int] | None, str, str]:
         """(ids at the key `engine` reads or None, that key, what the engine does if missing)."""

@@ -59,7 +59,7 @@ def matrix_table(w: dict[str, Any]) -> Table:
         label = name if rid is None else f"{name} ({rid})"
         cells = []
         for c in range(len(w["cols"])):
-            cell = f"{w['rel_err'][r][c]:.3g} / {w['cosine'][r][c]:.3f}"
+            cell = f"{figure(w['rel_err'][r][c], '.3g')} / {figure(w['cosine'][r][c], '.3f')}"
             cells.append(f"[bold green]{cell}[/bold green]" if (name, c) in best else cell)
         tab.add_row(label, *cells)
     return tab

@@ -84,7 +84,7 @@ def run_doctor(opts: DoctorOptions) -> Report:
     layers = target.cfg.num_layers
     if info is not None:
         _drafter_checks(rep, opts, target, info, true_ids)
-    ids = true_ids or (info.canonical_ids() if info else None)
+    ids = true_ids or (info.canonical_ids() or info.exported_ids(layers) if info else None)
     if ids:
         where = str(opts.data or opts.drafter)
         rep.add("capturable", checks.capturable(ids, layers, opts.engine, where))
@@ -120,6 +120,8 @@ def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
         ctx["drafter"] = {"folder": str(info.folder), "layout": info.layout}
         if info.layout == "draftsmith":
             ctx["drafter"]["aux_layer_ids (canonical)"] = info.canonical_ids()
+        if (recorded := info.exported_ids(target.cfg.num_layers)) is not None:
+            ctx["drafter"]["aux_layer_ids (canonical, recorded at export)"] = recorded
         for engine in ("sglang", "vllm"):
             written, key, _ = info.written(engine)
             if info.layout != "draftsmith" and written is not None:
@@ -162,7 +164,10 @@ def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: Drafter
     rep.add("wiring: drafter vs its training data", checks.training_ids(info))
     engines = verdict.default_engines(info, opts.engine)
     rep.context["checked_engines"] = engines
-    rep.add("wiring: drafter", verdict.drafter_findings(true_ids, info, engines, layers))
+    ref, basis = true_ids, "the data holds"
+    if ref is None and (recorded := info.exported_ids(layers)):  # the seed's edit, no --data
+        ref, basis = recorded, "config.json's draftsmith section records it was trained on"
+    rep.add("wiring: drafter", verdict.drafter_findings(ref, info, engines, layers, basis))
 
 
 def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: DrafterInfo,
@@ -219,4 +224,5 @@ def _runs(info: DrafterInfo, engine: str | None, layers: int, n_aux: int,
     for e in verdict.default_engines(info, engine):
         add(f"as {e} feeds it", verdict.drafter_feed(info, e, layers).canonical)
     add("with the data's layers", true_ids)
+    add("with the layers recorded at export", info.exported_ids(layers))
     return runs

@@ -15,10 +15,14 @@ from draftsmith.layers import CANONICAL_WORDS, Convention, engine_limits, to_con
 
 def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
     where = str(data / "manifest.json")
-    out = [f for s in mm.slots[:-1] if (f := _slot_finding(mm, s, where))]
+    out = _nonfinite(mm, where)
+    unread = {s.slot for s in mm.slots if s.status == "nonfinite"}  # said above
+    out += [f for s in mm.slots[:-1] if s.slot not in unread
+            and (f := _slot_finding(mm, s, where))]
     hidden = mm.slots[-1]
     best = mm.rows[hidden.best_row]
-    if not hidden.matched or mm.row_ids[hidden.best_row] is not None:
+    if hidden.slot not in unread and (not hidden.matched
+                                      or mm.row_ids[hidden.best_row] is not None):
         out.append(Finding(
             "error", "wiring", f"the stored final hidden best matches {best} (median relative "
             f"error {hidden.rel:.3g}, status {hidden.status}), not the live hidden after the final"
@@ -36,6 +40,22 @@ def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
             f"set aux_layer_ids in manifest.json to {true}; a drafter trained on this data was "
             f"trained on {true}"))
     return out
+
+
+def _nonfinite(mm: MatchMatrix, where: str) -> list[Finding]:
+    out = []
+    for s, n in zip(mm.slots, mm.nonfinite, strict=False):
+        if n:
+            out.append(Finding(
+                "error", "wiring", f"{_named(s.slot)} holds NaN/inf at {n} of "
+                f"{mm.sample_tokens} tokens of samples {mm.samples}; training on them gives NaN "
+                "losses", where,
+                "recapture with --dtype bfloat16 or float32 (float16 overflows on many targets)"))
+    return out
+
+
+def _named(slot: str) -> str:
+    return "the stored final hidden" if slot == "hidden" else slot
 
 
 def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
@@ -105,13 +125,17 @@ def default_engines(info: DrafterInfo | None, engine: str | None) -> list[str]:
         return [engine]
     if info is None or info.layout == "draftsmith":
         return ["draftsmith"]
-    return ["sglang"] if info.layout == "sglang" else ["vllm"]
+    if info.layout == "speculators":
+        return ["vllm"]
+    # vLLM loads this layout too, and a top-level key is written for it alone
+    return ["sglang", "vllm"] if info.written("vllm")[0] is not None else ["sglang"]
 
 
 def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: list[str],
-                     num_layers: int) -> list[Finding]:
+                     num_layers: int, basis: str = "the data holds") -> list[Finding]:
     """A draftsmith config is checked first; when it is wrong, each engine's reading of the
-    wrong ids is moot and the fix names what export will write for the right ones."""
+    wrong ids is moot and the fix names what export will write for the right ones. `basis`
+    says where `true_ids` come from."""
     out: list[Finding] = []
     others = [e for e in engines if e != "draftsmith" or info.layout != "draftsmith"]
     if info.layout == "draftsmith":
@@ -128,7 +152,8 @@ def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: lis
                                str(info.folder), "export the drafter with `draftsmith export "
                                "--format sglang`, or serve this folder with vLLM"))
             continue
-        out += _feed_findings(true_ids, drafter_feed(info, name, num_layers), info, num_layers)
+        out += _feed_findings(true_ids, drafter_feed(info, name, num_layers), info, num_layers,
+                              basis)
     return out
 
 
@@ -144,7 +169,7 @@ def _export_note(true_ids: list[int] | None, engine: str, num_layers: int) -> st
 
 
 def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo,
-                   num_layers: int) -> list[Finding]:
+                   num_layers: int, basis: str = "the data holds") -> list[Finding]:
     where = f"{info.folder}: {feed.key}"
     out = []
     fix_as = feed.engine
@@ -170,8 +195,8 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
                                "export ids that start at 1, or pin the SGLang version"))
         return out
     if feed.canonical != list(true_ids):
-        what = (f"{feed.engine} will feed the drafter canonical layers {feed.canonical} but the "
-                f"data holds {list(true_ids)} ({CANONICAL_WORDS})")
+        what = (f"{feed.engine} will feed the drafter canonical layers {feed.canonical} but "
+                f"{basis} {list(true_ids)} ({CANONICAL_WORDS})")
         if feed.version_dependent:
             what += f"; {feed.note}"
         out.append(Finding("error", "wiring", what, where, _fix(true_ids, fix_as,

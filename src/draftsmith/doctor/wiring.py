@@ -8,6 +8,7 @@ over tokens is robust to attention-sink tokens whose norms dwarf the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ class SlotMatch:
     rel: float
     cos: float
     runner_up_rel: float
-    status: str  # exact | approximate | tied | ambiguous | none
+    status: str  # exact | approximate | tied | ambiguous | none | nonfinite
     tied: list[int] = field(default_factory=list)  # rows as close as the best (it included)
 
     @property
@@ -47,6 +48,8 @@ class MatchMatrix:
     samples: list[int]
     token_set: str  # "loss-masked" or "all"
     slots: list[SlotMatch]
+    nonfinite: list[int] = field(default_factory=list)  # per column: tokens holding NaN/inf
+    sample_tokens: int = 0  # every token of the compared samples (nonfinite counts over these)
 
     def true_ids(self) -> list[int | None]:
         """Canonical id each aux slot best matches (None: the final norm or no clear match)."""
@@ -58,19 +61,26 @@ class MatchMatrix:
             "rows": self.rows, "row_ids": self.row_ids, "cols": self.cols,
             "rel_err": _rounded(self.rel), "cosine": _rounded(self.cos),
             "tokens": self.tokens, "samples": self.samples, "token_set": self.token_set,
+            "sample_tokens": self.sample_tokens,
             "slots": [
                 {"slot": s.slot, "claimed": s.claimed, "best": self.rows[s.best_row],
-                 "best_id": self.row_ids[s.best_row], "rel_err": s.rel, "cosine": s.cos,
-                 "runner_up_rel_err": s.runner_up_rel, "status": s.status,
-                 "tied_ids": [self.row_ids[i] for i in s.tied]}
-                for s in self.slots
+                 "best_id": self.row_ids[s.best_row], "rel_err": _finite(s.rel),
+                 "cosine": _finite(s.cos), "runner_up_rel_err": _finite(s.runner_up_rel),
+                 "status": s.status, "tied_ids": [self.row_ids[i] for i in s.tied],
+                 "nonfinite_tokens": self.nonfinite[k] if self.nonfinite else 0}
+                for k, s in enumerate(self.slots)
             ],
             "true_ids": self.true_ids(),
         }
 
 
-def _rounded(t: torch.Tensor) -> list[list[float]]:
-    return [[round(float(x), 5) for x in row] for row in t]
+def _rounded(t: torch.Tensor) -> list[list[float | None]]:
+    return [[_finite(round(float(x), 5)) for x in row] for row in t]
+
+
+def _finite(x: float) -> float | None:
+    """None for NaN/inf: strict JSON readers (jq, JavaScript) refuse those literals."""
+    return x if math.isfinite(x) else None
 
 
 def pick_samples(n_total: int, n: int) -> list[int]:
@@ -112,15 +122,17 @@ def match(
     loss_only: bool = True,
 ) -> MatchMatrix:
     idx = pick_samples(len(dataset), n_samples)
-    rels, coss, masked = [], [], []
+    rels, coss, masked, bad, total = [], [], [], 0, 0
     for i in idx:
         s = dataset[i]
+        full = torch.cat([s["aux"], s["hidden"][:, None]], 1)
+        ok = full.isfinite().all(-1)  # [T, C]: a stored state with NaN/inf compares with nothing
+        bad, total = bad + (~ok).sum(0), total + int(ok.shape[0])
         n = min(max_tokens, int(s["input_ids"].numel()))  # causal: a prefix is exact
         live = live_rows(model, s["input_ids"][:n], num_layers)
-        stored = torch.cat([s["aux"][:n], s["hidden"][:n, None]], 1)
-        r, c = token_errors(stored, live)
-        rels.append(r)
-        coss.append(c)
+        r, c = token_errors(full[:n], live)
+        rels.append(r.masked_fill(~ok[:n, None], math.nan))
+        coss.append(c.masked_fill(~ok[:n, None], math.nan))
         masked.append(s["loss_mask"][:n].bool())
     rel, cos, mask = torch.cat(rels), torch.cat(coss), torch.cat(masked)
     use_mask = loss_only and bool(mask.any())
@@ -131,7 +143,7 @@ def match(
     cols = [f"aux[{k}]" for k in range(n_aux)] + ["hidden"]
     rows = ["embedding"] + [f"layer {j}" for j in range(num_layers)] + ["final norm"]
     row_ids: list[int | None] = [*range(-1, num_layers), None]
-    med, mean_cos = rel.median(0).values, cos.mean(0)
+    med, mean_cos = rel.nanmedian(0).values, cos.nanmean(0)
     said = [claimed[k] if k < len(claimed) and k < n_aux else None for k in range(n_aux + 1)]
     slots = [
         _verdict(cols[k], said[k], med[:, k], mean_cos[:, k],
@@ -139,7 +151,8 @@ def match(
         for k in range(n_aux + 1)
     ]
     return MatchMatrix(rows, row_ids, cols, med, mean_cos, int(rel.shape[0]), idx,
-                       "loss-masked" if use_mask else "all", slots)
+                       "loss-masked" if use_mask else "all", slots,
+                       [int(x) for x in bad], total)
 
 
 def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor,
@@ -147,6 +160,9 @@ def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor
     order = torch.argsort(rel)
     best = int(order[0])
     b = float(rel[best])
+    if math.isnan(b):  # every stored state of this slot holds NaN/inf: nothing to match
+        row = claimed_row if claimed_row is not None else rel.numel() - 1
+        return SlotMatch(col, claimed, row, math.nan, math.nan, math.nan, "nonfinite")
     r = float(rel[order[1]]) if rel.numel() > 1 else float("inf")
     tied = [int(i) for i in order if not _clear(float(rel[i]), b)]
     clear = len(tied) == 1  # two layers of equal states (both 0) are no match
