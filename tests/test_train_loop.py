@@ -470,6 +470,7 @@ def test_pread_reader_equals_the_dataset(setup):
 
 
 def test_online_aux_equals_offline_capture_of_packed_rows(setup):
+    """Each packed document gets the states it gets alone, in the shards' bf16."""
     _, target, _ = setup
     model = target.build(torch.float32)
     seqs = [([1, 5, 9, 30, 44, 7], [0, 0, 1, 1, 1, 1]), ([3, 8, 8, 20], [0, 1, 1, 1]),
@@ -484,8 +485,10 @@ def test_online_aux_equals_offline_capture_of_packed_rows(setup):
             for i, n in row:
                 ids = torch.tensor([seqs[i][0]])
                 fo = model(ids, torch.arange(n)[None], aux_ids=tuple(AUX), want_logits=False)
-                assert torch.allclose(batch.aux[r, at : at + n], fo.aux[0], atol=1e-5)
-                assert torch.allclose(batch.hidden[r, at : at + n], fo.hidden[0], atol=1e-5)
+                for got, want in ((batch.aux, fo.aux), (batch.hidden, fo.hidden)):
+                    assert got.dtype == torch.bfloat16
+                    assert torch.allclose(got[r, at : at + n].float(), want[0], atol=1e-5,
+                                          rtol=2**-8)
                 at += n
 
 
@@ -508,7 +511,8 @@ def test_online_aux_of_a_sliding_window_target_equals_its_forward_per_document(t
         for i, n in rows[0]:
             fo = model(torch.tensor([seqs[i][0]]), torch.arange(n)[None], aux_ids=(0, 1),
                        want_logits=False)
-            assert torch.allclose(batch.hidden[0, at : at + n], fo.hidden[0], atol=1e-5)
+            assert torch.allclose(batch.hidden[0, at : at + n].float(), fo.hidden[0], atol=1e-5,
+                                  rtol=2**-8)
             at += n
 
 

@@ -61,11 +61,12 @@ class Plan:
         perm = torch.randperm(len(self.lengths), generator=g).tolist()
         packed = [pack(perm[r :: self.world], self.lengths, self.max_len)
                   for r in range(self.world)]
-        steps = min(len(p) for p in packed) // self.batch_size
+        rows = min(len(p) for p in packed)
+        steps = rows // self.batch_size
         if steps == 0:
             raise DraftsmithError(
-                f"epoch {e}: the data packs into fewer than batch_size={self.batch_size} "
-                f"rows of {self.max_len} tokens per rank; lower --batch-size"
+                f"epoch {e}: the data packs into {rows} row(s) of {self.max_len} tokens per "
+                f"rank, fewer than --batch-size {self.batch_size}; lower --batch-size"
             )
         self._steps[e] = steps
         self._rows = (e, packed[self.rank])
@@ -188,12 +189,17 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
     yield from loader
 
 
+# dataset shards hold aux and hidden in bf16 (data capture): online states are rounded alike, so
+# online training equals offline training on a capture of the same conversations
+STATES_DTYPE = torch.bfloat16
+
+
 @torch.no_grad()
 def run_target(model: Any, batch: Batch, aux_ids: tuple[int, ...]) -> Batch:
     """Fill aux and hidden of a token-only batch with a forward of the target (online)."""
     mask = doc_causal_mask(batch.doc, model.cfg.sliding_window)
     out = model(batch.tokens, batch.positions, mask=mask, aux_ids=aux_ids, want_logits=False)
-    batch.aux, batch.hidden = out.aux, out.hidden
+    batch.aux, batch.hidden = out.aux.to(STATES_DTYPE), out.hidden.to(STATES_DTYPE)
     return batch
 
 

@@ -251,11 +251,12 @@ class Trainer:
         self.target = resolve_target(cfg.target, cfg.data)
         self.data = self._open_data()
         self.data_id = self.data.identity()
-        found = self._find_checkpoint()
-        self.drafter = self._build_drafter(found).to(ctx.device)
+        # before the vocab count and the drafter: a --batch-size the data cannot fill is refused
         self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
                          cfg.seed)
         self.total = self._total_steps()
+        found = self._find_checkpoint()
+        self.drafter = self._build_drafter(found).to(ctx.device)
         self.opt, self.sched = self._optimizer()
         self.step, self.tokens = 0, 0
         self.window = Window(cfg.ttt_steps)
@@ -292,7 +293,7 @@ class Trainer:
                     "--aux-layers out or capture a dataset with those layers"
                 )
             return data
-        return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples)
+        return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples, c.max_len)
 
     def _find_checkpoint(self) -> Path | None:
         latest = ckpt.latest_checkpoint(self.out)
@@ -487,9 +488,12 @@ class Trainer:
                      f"--draft-vocab-size {size}): using {n}")
 
     def _total_steps(self) -> int:
-        if self.cfg.max_steps is not None:
-            return self.cfg.max_steps
-        return sum(self.plan.steps_per_epoch(e) for e in range(self.cfg.epochs))
+        if self.cfg.max_steps is None:
+            return sum(self.plan.steps_per_epoch(e) for e in range(self.cfg.epochs))
+        # packs every epoch the steps reach, so an epoch too small for a batch is refused here,
+        # not in a loader worker mid-run
+        self.plan.locate(self.cfg.max_steps - 1)
+        return self.cfg.max_steps
 
     def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         c = self.cfg

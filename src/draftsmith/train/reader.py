@@ -42,17 +42,32 @@ class ShardReader:
     def sample_id(self, i: int) -> str:
         return self.ds.sample_id(i)
 
+    def check_shapes(self, n_aux: int, hidden: int) -> None:
+        """Each shard's states as the manifest says (`n_aux` aux layers of `hidden`): a shard of
+        other aux layers or of another target would fail inside the first step instead."""
+        want = {"aux": [n_aux, hidden], "hidden": [hidden]}
+        for s in self.shards:
+            path = Path(self.folder) / s["file"]
+            fd = _open(path)
+            try:
+                header = _header(fd)
+            finally:
+                os.close(fd)
+            got = {k: header.get(k, {}).get("shape", [None])[1:] for k in want}
+            if got != want:
+                raise DraftsmithError(
+                    f"{path}: holds aux states {got['aux']} and hidden {got['hidden']} a token, "
+                    f"but the manifest says {n_aux} aux layers of {hidden}: a shard of another "
+                    "capture; capture the dataset again"
+                )
+
     def _shard(self, k: int) -> tuple[int, dict[str, Any], int, list[int]]:
         if k not in self._meta:
-            path = Path(self.folder) / self.shards[k]["file"]
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as e:
-                raise DraftsmithError(f"{path}: cannot open the shard ({e.strerror})") from None
-            n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
-            header = json.loads(os.pread(fd, n, 8))
-            offsets = _read(fd, header["offsets"], 8 + n, 0, header["offsets"]["shape"][0])
-            self._meta[k] = (fd, header, 8 + n, offsets.tolist())
+            fd = _open(Path(self.folder) / self.shards[k]["file"])
+            header = _header(fd)
+            start = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+            offsets = _read(fd, header["offsets"], start, 0, header["offsets"]["shape"][0])
+            self._meta[k] = (fd, header, start, offsets.tolist())
         return self._meta[k]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
@@ -63,6 +78,18 @@ class ShardReader:
         out["input_ids"] = out["input_ids"].long()
         out["loss_mask"] = out["loss_mask"].bool()
         return out
+
+
+def _open(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot open the shard ({e.strerror})") from None
+
+
+def _header(fd: int) -> dict[str, Any]:
+    n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+    return json.loads(os.pread(fd, n, 8))
 
 
 def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int) -> torch.Tensor:

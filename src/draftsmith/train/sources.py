@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
     if max_samples is not None and max_samples < len(ds):
         source, lengths = Head(reader, max_samples), lengths[:max_samples]
     ids = validate(m["aux_layer_ids"], target.cfg.num_layers)
+    reader.check_shapes(len(ids), target.cfg.hidden_size)
     summary = {"kind": "offline", "folder": str(Path(folder).resolve()),
                "samples": len(lengths), "tokens": sum(lengths),
                "target_fingerprint": m["target"].get("fingerprint"),
@@ -107,27 +109,57 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
 
 
 def open_online(
-    prompts: str | Path, target: Target, aux_ids: list[int] | None, max_samples: int | None
+    prompts: str | Path, target: Target, aux_ids: list[int] | None, max_samples: int | None,
+    max_len: int | None = None,
 ) -> Data:
-    from draftsmith.data.prompts import encode_conversations, load_prompts
+    """The conversations as `data capture` stores them (cut at `max_len`, those without an
+    assistant token left or that the chat template refuses skipped), so online training equals
+    offline training on a capture of them."""
+    from draftsmith.data.prompts import load_prompts
 
     convs = load_prompts(prompts).conversations
     if max_samples is not None:
         convs = convs[:max_samples]
-    encoded = encode_conversations(target.tokenizer, convs, prompts)
-    samples = [(ids, mask) for ids, mask in encoded if any(mask)]
+    encoded, refused = _encode(target.tokenizer, convs, prompts)
+    cut = [(ids[:max_len], mask[:max_len]) for ids, mask in encoded]
+    samples = [(ids, mask) for ids, mask in cut if any(mask)]
+    said = (f"the chat template refused {len(refused)} conversation(s); the first: "
+            f"{refused[0]}" if refused else "")
     if not samples:
         raise DraftsmithError(
             f"{prompts}: no conversation has an assistant turn; online training needs answers "
-            "(regenerate them with the target first)"
+            "(regenerate them with the target first)" + (f"; {said}" if said else "")
         )
+    if said:
+        warnings.warn(f"{prompts}: {said}: skipped, as data capture skips them", stacklevel=2)
     layers = target.cfg.num_layers
     ids = ascending(validate(aux_ids or default_aux_layers(layers), layers))
     src = TokenSource(samples)
     summary = {"kind": "online", "prompts": str(prompts), "samples": len(samples),
-               "skipped_without_assistant": len(convs) - len(samples),
+               "skipped_without_assistant": len(encoded) - len(samples),
+               "skipped_template_refused": len(refused),
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary)
+
+
+def _encode(tok: Any, convs: list[Any], prompts: str | Path,
+            ) -> tuple[list[tuple[list[int], list[bool]]], list[str]]:
+    """(ids and loss mask of each conversation the chat template takes, one line per refused
+    conversation): capture skips those, so online training does too."""
+    from draftsmith.data.chat import encode
+    from draftsmith.data.prompts import encode_conversations
+
+    try:
+        return list(encode_conversations(tok, convs, prompts)), []
+    except DraftsmithError:
+        pass  # one at a time now, in order to skip just the refused ones
+    encoded, refused = [], []
+    for i, c in enumerate(convs):
+        try:
+            encoded.append(encode(tok, c.messages, c.cut_turns()))
+        except DraftsmithError as e:
+            refused.append(f"conversation {i} (id {c.id}): {e}")
+    return encoded, refused
 
 
 def resolve_target(target: str | None, data: str | None) -> Target:
