@@ -17,7 +17,7 @@ def test_a_tree_that_cannot_run_is_named_not_dropped():
     so tree 1/4/8 was left out of the run and the report without a word."""
     cfg = BenchConfig(steps=[1, 3], topk=[1, 4], num_draft_tokens=[8])
     assert cfg.settings() == [(1, 1, 2), (3, 1, 4), (3, 4, 8)]
-    assert cfg.unfit() == ["tree 1/4/8: steps 1, topk 4 verifies 2 to 5 tokens, not 8"]
+    assert cfg.unfit() == ["tree 1/4/8: --steps 1, --topk 4 verify 2 to 5 tokens, not 8"]
     assert BenchConfig(steps=[3], topk=[4], num_draft_tokens=[8]).unfit() == []
 
 
@@ -25,10 +25,10 @@ def test_a_tree_that_cannot_run_is_named_not_dropped():
     ("grid", "says"),
     [
         ({"steps": [2], "topk": [2], "num_draft_tokens": [8]},
-         "no setting of this grid can run: tree 2/2/8: steps 2, topk 2 verifies 2 to 7"),
+         "no setting of this grid can run: tree 2/2/8: --steps 2, --topk 2 verify 2 to 7"),
         ({"steps": [2], "topk": [1], "num_draft_tokens": [4]},
          "--num-draft-tokens sizes trees: give a --topk above 1"),
-        ({"steps": [2], "topk": [1, 2]}, "topk 2 drafts a tree: give --num-draft-tokens"),
+        ({"steps": [2], "topk": [1, 2]}, "--topk 2 drafts a tree: give --num-draft-tokens"),
     ],
 )
 def test_a_grid_that_cannot_run_is_refused_as_it_is_made(grid, says):
@@ -45,5 +45,5 @@ def test_bench_warns_of_the_trees_it_skips(tiny_llama_dir, drafter_dir,  # noqa:
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert [r["setting"] for r in report["results"]] == ["baseline", "tree 2/2/5"]
     assert report["meta"]["warnings"] == [
-        "skipped tree 1/2/5: steps 1, topk 2 verifies 2 to 3 tokens, not 5"]
+        "skipped tree 1/2/5: --steps 1, --topk 2 verify 2 to 3 tokens, not 5"]
     assert "warning: skipped tree 1/2/5" in res.stderr

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET
+from draftsmith.options import DEVICE, DTYPE, TARGET, check_sampling
 
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
@@ -42,7 +42,7 @@ COMMANDS = [
     ("draftsmith.export.cli", "import_", "import"),
     ("draftsmith.doctor", "doctor", "doctor"),
     ("draftsmith.bench.cli", "bench", "bench"),
-    ("draftsmith.bench.allreduce", "allreduce_bench", "bench-allreduce"),
+    ("draftsmith.bench.cli", "allreduce_bench", "bench-allreduce"),
     ("draftsmith.tune.cli", "tune", "tune"),
     ("draftsmith.tune.cli", "tune_nccl", "tune-nccl"),
     ("draftsmith.compare", "compare", "compare"),
@@ -113,6 +113,17 @@ def greedy_flags(params: SamplingParams) -> None:
                               "with them (at temperature 0 decoding is greedy)")
 
 
+def sampling_params(temperature: float, top_p: float, top_k: int) -> SamplingParams:
+    """--temperature, --top-p and --top-k as one setting, a bad value refused by its flag (not
+    by SamplingParams' field name), and --top-k/--top-p at temperature 0 (`greedy_flags`)."""
+    from draftsmith.engine.params import SamplingParams
+
+    check_sampling(temperature, top_p, top_k)
+    params = SamplingParams(temperature, top_p, top_k)
+    greedy_flags(params)
+    return params
+
+
 @targets_app.command("show")
 def targets_show(
     path: str = typer.Argument("default", help="HF folder, .gguf file, or 'default'"),
@@ -158,7 +169,6 @@ def generate(
 ) -> None:
     """Complete prompts with the target's chat template (greedy by default)."""
     from draftsmith.dist import launch_tp
-    from draftsmith.engine.sampling import SamplingParams
 
     if max_new_tokens < 1 or batch_size < 1:
         raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
@@ -168,8 +178,7 @@ def generate(
     if not asks:
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
-    params = SamplingParams(temperature, top_p, top_k)
-    greedy_flags(params)
+    params = sampling_params(temperature, top_p, top_k)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     done = launch_tp(

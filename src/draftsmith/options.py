@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 import shlex
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -21,9 +25,13 @@ def checked_device(value: str) -> str:
 
 
 TARGET = typer.Option("default", "--target", help="HF folder, .gguf file, or 'default'")
-DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto",
-                      callback=checked_device)
-DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16 or auto (bf16 on GPU)")
+DEVICE_HELP = "cpu, cuda, cuda:N or auto"
+DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP, callback=checked_device)
+# for a command that uses --device only in some modes: it refuses the flag where unused, not an
+# absent GPU first (it checks the device itself where it uses it)
+DEVICE_UNCHECKED = typer.Option("auto", "--device", help=DEVICE_HELP)
+DTYPE = typer.Option("auto", "--dtype", help="float32, bfloat16, float16 or auto (bfloat16 on "
+                     "GPU, float32 on CPU)")
 COMPILE = typer.Option(False, "--compile", help="torch.compile the target's layers (GPU; faster "
                        "decode after a one-off compile)")
 
@@ -44,6 +52,40 @@ def at_least_one(flags: dict[str, int | None]) -> None:
     for flag, value in flags.items():
         if value is not None and value < 1:
             raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+
+
+def given(command: Callable[..., Any], **values: Any) -> list[str]:
+    """The flags, as typed, of those of `command`'s options whose values differ from their
+    declared defaults: what the user gave (one given at its default is not told apart)."""
+    params = inspect.signature(command).parameters
+    out = []
+    for name, value in values.items():
+        info = params[name].default
+        if value != info.default:
+            decl = info.param_decls[0] if info.param_decls else "--" + name.replace("_", "-")
+            on, _, off = decl.partition("/")
+            out.append(off if off and value is False else on)
+    return out
+
+
+def unused(flags: list[str], where: str, fix: str) -> None:
+    """Refuse flags given where they do nothing: they apply only `where`; `fix` says what to do,
+    its {it} standing for them."""
+    if flags:
+        one = len(flags) == 1
+        raise DraftsmithError(f"{', '.join(flags)} {'applies' if one else 'apply'} only {where}: "
+                              + fix.format(it="it" if one else "them"))
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
+    """--temperature, --top-p and --top-k in range, refused by flag before any work."""
+    if not math.isfinite(temperature) or temperature < 0:  # NaN passes every comparison
+        raise DraftsmithError(f"--temperature must be a finite number >= 0 (0: greedy), got "
+                              f"{temperature}")
+    if not 0 < top_p <= 1:
+        raise DraftsmithError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise DraftsmithError(f"--top-k must be >= 0 (0: off), got {top_k}")
 
 
 def check_folder(folder, flag: str = "") -> None:

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
+from draftsmith.bench import allreduce
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
+from draftsmith.options import (
+    COMPILE,
+    DEVICE,
+    DTYPE,
+    TARGET,
+    check_folder,
+    given,
+    int_list,
+    unused,
+)
 
 
 def bench(
@@ -49,11 +61,14 @@ def bench(
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
     from draftsmith.bench.run import BenchConfig, run_bench
-    from draftsmith.cli import device_dtype, greedy_flags
-    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.bench.suites import suite_messages
+    from draftsmith.cli import device_dtype, sampling_params
 
-    params = SamplingParams(temperature, top_p, top_k)
-    greedy_flags(params)
+    params = sampling_params(temperature, top_p, top_k)
+    if not drafter:
+        raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
+    for name in suite:  # before the target loads, not after
+        suite_messages(name, num_prompts)
     if refill_every and not refill:
         raise DraftsmithError("--refill-every applies to refilled rows: give --refill with it")
     if refill_every < 0:
@@ -78,3 +93,13 @@ def bench(
     write_png(report, out / "bench.png")
     print_report(report, Console(width=max(Console().width, 150)))
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+@functools.wraps(allreduce.allreduce_bench)  # its options and help
+def allreduce_bench(**options: Any) -> None:
+    # --hidden and --layers beside --target, which sets both, were dropped without a word
+    if options["target"]:
+        unused(given(allreduce.allreduce_bench, hidden=options["hidden"],
+                     layers=options["layers"]),
+               "without --target", "--target sets the hidden size and layers; leave {it} out")
+    allreduce.allreduce_bench(**options)

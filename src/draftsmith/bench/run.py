@@ -68,7 +68,7 @@ class BenchConfig:
                                   "(a chain verifies steps + 1 tokens)")
         if any(k > 1 for k in self.topk) and not self.num_draft_tokens:
             k = next(k for k in self.topk if k > 1)
-            raise DraftsmithError(f"topk {k} drafts a tree: give --num-draft-tokens")
+            raise DraftsmithError(f"--topk {k} drafts a tree: give --num-draft-tokens")
         out = [(s, k, s + 1 if k == 1 else n) for s, k, n in self._grid()
                if k == 1 or 2 <= n <= _most_tokens(s, k)]
         if not out:
@@ -77,7 +77,7 @@ class BenchConfig:
 
     def unfit(self) -> list[str]:
         """The grid's trees that cannot run, each with the token counts its shape takes."""
-        return [f"tree {s}/{k}/{n}: steps {s}, topk {k} verifies 2 to {_most_tokens(s, k)} "
+        return [f"tree {s}/{k}/{n}: --steps {s}, --topk {k} verify 2 to {_most_tokens(s, k)} "
                 f"tokens, not {n}" for s, k, n in self._grid()
                 if k > 1 and not 2 <= n <= _most_tokens(s, k)]
 

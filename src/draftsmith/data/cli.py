@@ -15,13 +15,34 @@ from rich.table import Table
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import parse_ids
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, command_line
+from draftsmith.options import (
+    COMPILE,
+    DEVICE,
+    DEVICE_UNCHECKED,
+    DTYPE,
+    TARGET,
+    at_least_one,
+    check_folder,
+    check_sampling,
+    command_line,
+    given,
+    unused,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Make training data with the target.")
 err = Console(stderr=True)
 
 STRICT = typer.Option(False, "--strict", help="Stop at the first malformed record")
-TOO_LONG = typer.Option("truncate", "--too-long", help="truncate or skip")
+
+
+def _too_long(value: str) -> str:
+    if value not in ("truncate", "skip"):
+        raise DraftsmithError(f"--too-long {value!r}: use truncate or skip")
+    return value
+
+
+TOO_LONG = typer.Option("truncate", "--too-long", callback=_too_long,
+                        help="Input longer than --max-len allows: truncate or skip")
 LIMIT = typer.Option(0, help="Keep the first N conversations (0: all)")
 
 
@@ -76,7 +97,7 @@ def prompts(
     overwrite: bool = typer.Option(False, help="Replace an --out that holds other data (self-made "
                                    "prompts: start over instead of resuming)"),
     target: str = TARGET,
-    device: str = DEVICE,
+    device: str = DEVICE_UNCHECKED,
     dtype: str = DTYPE,
     batch_size: int = typer.Option(32, "--batch-size", help="Self-made prompts written at once"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
@@ -99,28 +120,35 @@ def prompts(
 
     check_file_path(out)
     not_an_input(out, sources or [])
+    if self_made < 0:
+        raise DraftsmithError(f"--self-made must be >= 0 (0: prompts from files), got {self_made}")
     if self_made and sources:  # they were dropped without a word
         raise DraftsmithError(f"--self-made {self_made} makes prompts with the target alone: "
                               f"give {', '.join(sources)} in a run of its own")
-    if self_made:
-        from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
-        from draftsmith.targets import load_target
-
-        dev, dt = device_dtype(device, dtype)
-        cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
-                           temperature, top_p, seed, system, openings=openings_from(openings))
-        t = load_target(target)
-        if overwrite:
-            out.unlink(missing_ok=True)
-        stats = self_made_prompts(t, out, cfg, device=dev, dtype=dt, log=say)
-        say(f"{out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    if not self_made:
+        unused(given(prompts, target=target, device=device, dtype=dtype, batch_size=batch_size,
+                     max_new_tokens=max_new_tokens, min_chars=min_chars, max_chars=max_chars,
+                     temperature=temperature, top_p=top_p, system=system, openings=openings,
+                     seed=seed), "to self-made prompts", "give {it} with --self-made N")
+        if not sources:
+            raise DraftsmithError("give prompt sources (files, folders, 'humaneval') or "
+                                  "--self-made N")
+        n = write_jsonl(out, read_sources(sources, strict, limit), overwrite)
+        say(f"{out}: {n} conversations")
         return
-    if openings:
-        raise DraftsmithError("--openings shapes self-made prompts: give it with --self-made N")
-    if not sources:
-        raise DraftsmithError("give prompt sources (files, folders, 'humaneval') or --self-made N")
-    n = write_jsonl(out, read_sources(sources, strict, limit), overwrite)
-    say(f"{out}: {n} conversations")
+    from draftsmith.data.selfmade import MagpieConfig, openings_from, self_made_prompts
+    from draftsmith.targets import load_target
+
+    unused(given(prompts, strict=strict, limit=limit), "to prompt files",
+           "leave {it} out with --self-made N")
+    at_least_one({"--batch-size": batch_size, "--max-new-tokens": max_new_tokens})
+    check_sampling(temperature, top_p)
+    dev, dt = device_dtype(device, dtype)
+    cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
+                       temperature, top_p, seed, system, openings=openings_from(openings))
+    t = load_target(target)
+    stats = self_made_prompts(t, out, cfg, device=dev, dtype=dt, log=say, overwrite=overwrite)
+    say(f"{out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
 
 
 @app.command()
@@ -135,7 +163,7 @@ def regenerate(
     api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                 help="The server's key (server backend)"),
     target: str = TARGET,
-    device: str = DEVICE,
+    device: str = DEVICE_UNCHECKED,
     dtype: str = DTYPE,
     batch_size: int = typer.Option(16, "--batch-size", help="Rows decoded together (engine)"),
     max_len: int = typer.Option(2048, "--max-len", help="Prompt + answer tokens"),
@@ -154,14 +182,25 @@ def regenerate(
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.atomic import check_file_path
-    from draftsmith.data.regenerate import RegenConfig, regenerate_file
+    from draftsmith.data.regenerate import RegenConfig, check_server_options, regenerate_file
 
-    cfg = RegenConfig(max_new_tokens, max_len, too_long, batch_size, temperature, top_p, top_k,
-                      seed, refill)
+    if base_url:
+        unused(given(regenerate, device=device, dtype=dtype, batch_size=batch_size,
+                     compile=compile, refill=refill), "to the built-in engine",
+               "leave {it} out with --base-url")
+        check_server_options(concurrency, retries)
+    else:
+        unused(given(regenerate, model=model, concurrency=concurrency, retries=retries),
+               "to a server", "give {it} with --base-url")
+    check_sampling(temperature, top_p, top_k)
+    # a server's answers are written a chunk at a time: a chunk of --concurrency conversations
+    # keeps that many requests in flight (one of --batch-size capped them at 16)
+    cfg = RegenConfig(max_new_tokens, max_len, too_long, concurrency if base_url else batch_size,
+                      temperature, top_p, top_k, seed, refill)
     check_file_path(out)
     not_an_input(out, [source])
-    convs = read_sources([source], strict, limit)
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
+    convs = read_sources([source], strict, limit)
     regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
                     api_key, log=say, compile=compile)
 
@@ -188,6 +227,7 @@ def capture(
     from draftsmith.targets import load_target
 
     check_folder(out, "--out")
+    at_least_one({"--batch-size": batch_size, "--max-len": max_len, "--shard-size": shard_size})
     dev, dt = device_dtype(device, dtype)
     cfg = CaptureConfig(parse_ids(aux_layers), batch_size, max_len, too_long, shard_size,
                         dt, dev)
@@ -262,8 +302,10 @@ def describe(ds: Any) -> dict[str, Any]:
 def vocab(
     source: Path = typer.Argument(..., help="Dataset folder, or conversations JSONL"),
     size: int = typer.Option(32000, "--size", "--vocab-size", help="Draft vocabulary size"),
-    out: Path = typer.Option(None, "--out", "-o", help="Folder (default: the dataset folder)"),
-    target: str = TARGET,
+    out: Path = typer.Option(None, "--out", "-o", help="Folder (default: the dataset folder, or "
+                             "the JSONL's folder)"),
+    target: str = typer.Option("default", "--target", help="With a conversations JSONL: the "
+                               "target that tokenizes it (a dataset folder names its own)"),
 ) -> None:
     """Top-N loss-masked tokens -> draft vocabulary (d2t/t2d) and the coverage it reaches."""
     from draftsmith.data import vocab as V
@@ -275,6 +317,8 @@ def vocab(
     if source.is_dir():
         from draftsmith.data.shards import read_manifest
 
+        unused(given(vocab, target=target), "to a conversations JSONL",
+               "a dataset folder's manifest names its target; leave {it} out")
         m = read_manifest(source)
         counts, vsize = V.count_dataset(source), int(m["vocab_size"])
         made_from = {"dataset": str(source), "target": m["target"]["fingerprint"]}

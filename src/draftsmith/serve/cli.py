@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, at_least_one
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, at_least_one, given, unused
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # serve --frontends by default: on the H200's 16-core host four HTTP processes gave the compiled
@@ -67,7 +67,7 @@ def serve(
              "changes row count with the load (the row count picks the kernels; in bf16 that "
              "can flip near-ties), at the cost of a lone request decoding in a full batch"),
     frontends: int = typer.Option(
-        None, "--frontends", min=0,
+        None, "--frontends",
         help="HTTP processes in front of the engine's (parsing, tokenizing, the OpenAI "
              "bodies); 0: HTTP in the engine's own process, sharing its GIL with the batch "
              f"loop (default: {AUTO_FRONTENDS} on a GPU host of {AUTO_FRONTENDS_CPUS}+ cores, "
@@ -91,18 +91,25 @@ def serve(
                   "--steps": steps, "--topk": topk})
     if (log_level := log_level.lower()) not in LOG_LEVELS:
         raise DraftsmithError(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    if frontends is not None and frontends < 0:
+        raise DraftsmithError(f"--frontends must be >= 0 (0: HTTP in the engine's process), got "
+                              f"{frontends}")
     dev, dt = device_dtype(device, dtype)
-    if drafter is None and (steps != 3 or topk != 1 or num_draft_tokens is not None):
-        raise DraftsmithError("--steps, --topk and --num-draft-tokens shape speculative decoding: "
-                              "give --drafter with them (without one the server decodes plainly)")
-    if topk > 1 and num_draft_tokens is None:
-        raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
+    spec = given(serve, steps=steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    if drafter is None and spec:
+        raise DraftsmithError(f"{', '.join(spec)} without --drafter: settings of speculative "
+                              "decoding; give --drafter with them (without one the server "
+                              "decodes plainly)")
+    check_drafting(steps, topk, num_draft_tokens)
     kinds = warm_kinds(warm_sampling)
+    if not (warm := warmup if warmup is not None else dev != "cpu"):
+        unused(given(serve, warm_sampling=warm_sampling), "with a warm-up",
+               "give --warmup with it, or leave it out" if warmup is None else "leave it out")
     check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
                         num_draft_tokens, compile and dev != "cpu", fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
-    if warmup if warmup is not None else dev != "cpu":
+    if warm:
         sizes = f"{max_batch}" if fixed_rows else f"up to {max_batch} (powers of two)"
         _say(f"warming up batches of {sizes} rows ({', '.join(('greedy', *kinds))} sampling) "
              "and prompt passes" + (", compiling" if ecfg.compile else ""))
@@ -117,6 +124,25 @@ def serve(
     http = f", {frontends} HTTP processes" if frontends else ""
     _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
     run_server(engine, cfg, host, port, log_level, frontends)
+
+
+def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
+    """--steps, --topk and --num-draft-tokens make one drafting, refused by flag before the
+    model loads (the engine's own check came after it, naming its fields)."""
+    from draftsmith.engine.tree import TreeShape
+
+    if topk == 1:
+        if tokens not in (None, steps + 1):
+            raise DraftsmithError(f"--num-draft-tokens {tokens}: a chain (--topk 1) verifies "
+                                  f"--steps + 1 = {steps + 1} tokens; leave it out, or give "
+                                  "--topk > 1")
+        return
+    if tokens is None:
+        raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
+    most = 1 + TreeShape(topk, steps, 2).candidates
+    if not 2 <= tokens <= most:
+        raise DraftsmithError(f"--num-draft-tokens {tokens}: a tree of --topk {topk} and --steps "
+                              f"{steps} verifies 2 to {most} tokens")
 
 
 def check_bindable(host: str, port: int) -> None:

@@ -82,11 +82,9 @@ def tune(
         if nccl_grid not in ("quick", "full"):
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
-    from draftsmith.cli import greedy_flags
-    from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.cli import sampling_params
 
-    params = SamplingParams(temperature, top_p, top_k)
-    greedy_flags(params)
+    params = sampling_params(temperature, top_p, top_k)
     dev, dt = device_dtype(device, dtype)
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
