@@ -141,3 +141,27 @@ def test_sglang_layout_import_warns_on_ids_whose_meaning_changed(target, tmp_pat
                         eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 4, 5]})
     with pytest.warns(UserWarning, match=r"\[3, 4, 5\] do not start at 1"):
         assert read_any(out, target=str(target.folder)).cfg.aux_layer_ids == [2, 3, 4]
+
+
+@pytest.mark.parametrize("layout", ["sglang", "speculators"])
+def test_import_reads_descending_ids_in_the_order_the_engines_feed(target, tmp_path, layout):
+    """SGLang and vLLM append captured states walking the layers, so a folder listing its ids
+    descending runs on them ascending. Import kept the listed order: the drafter decoded on
+    states in another order than the engines give, and its export was refused, pointing at a
+    doctor that found nothing. Now read ascending with a warning; a repeated layer is refused."""
+    from test_export import make
+
+    out = export_drafter(make(target, tmp_path / "d"), layout, tmp_path / layout)
+    c = json.loads((out / "config.json").read_text())
+    holder = c["eagle_config"] if layout == "sglang" else c
+    listed = holder["eagle_aux_hidden_state_layer_ids"]
+    holder["eagle_aux_hidden_state_layer_ids"] = listed[::-1]
+    (out / "config.json").write_text(json.dumps(c))
+    with pytest.warns(UserWarning, match="not ascending; SGLang and vLLM feed the states in "
+                      "layer order"):
+        back = read_any(out, target=str(target.folder))
+    assert back.cfg.aux_layer_ids == sorted(AUX)
+    holder["eagle_aux_hidden_state_layer_ids"] = [listed[0], *listed[:-1]]
+    (out / "config.json").write_text(json.dumps(c))
+    with pytest.raises(DraftsmithError, match="repeat a layer"):
+        read_any(out, target=str(target.folder))

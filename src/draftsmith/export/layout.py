@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,18 @@ def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | No
         return info.num_layers
     n = config.get("draftsmith", {}).get("target_num_layers")
     return int(n) if n else None
+
+
+def engine_order(ids: list[int], where: str) -> list[int]:
+    """Canonical ids as an engine feeds them: SGLang and vLLM append captured states walking
+    the layers, whatever order a config lists them in, so a drafter in their layout runs on
+    them ascending. A layer listed twice is captured once: the fc would get too few states."""
+    if len(set(ids)) < len(ids):
+        raise DraftsmithError(f"{where}: aux layer ids {ids} repeat a layer, which the engines "
+                              "capture once: the drafter's fc would get too few states")
+    if ids != sorted(ids):
+        warnings.warn(f"{where}: aux layer ids {ids} are not ascending; SGLang and vLLM feed the "
+                      f"states in layer order, so they are read as {sorted(ids)} (a drafter "
+                      "trained on the listed order gets its states in another order there)",
+                      stacklevel=3)
+    return sorted(ids)

@@ -28,6 +28,7 @@ from draftsmith.export.layout import (
     TargetInfo,
     cast,
     dtype_name,
+    engine_order,
     hf_layer_config,
     model_config_of,
     read_config,
@@ -141,7 +142,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     c = read_config(folder)
     w = read_weights(folder)
     num_layers = _target_layers(c, info, folder)
-    ids = _canonical_ids(c, num_layers)
+    ids = _canonical_ids(c, num_layers, folder)
     mc = model_config_of(c)
     vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size") or mc.vocab_size)
     _check_specforge_head(c, folder)
@@ -181,9 +182,11 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
                           "ids; pass --target")
 
 
-def _canonical_ids(c: dict[str, Any], num_layers: int) -> list[int]:
+def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int]:
+    where = f"{folder}/config.json"
     ids = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids:
+        ids = engine_order(list(ids), where)
         canonical = from_convention(list(ids), Convention.SGLANG, num_layers)
         if sglang_version_dependent(list(ids)):
             warnings.warn(
@@ -193,7 +196,7 @@ def _canonical_ids(c: dict[str, Any], num_layers: int) -> list[int]:
                 stacklevel=3)
         return canonical
     if ids := c.get("eagle_aux_hidden_state_layer_ids"):  # only vLLM reads these: its form
-        return from_convention(list(ids), Convention.VLLM, num_layers)
+        return from_convention(engine_order(list(ids), where), Convention.VLLM, num_layers)
     # No ids: SGLang captures the inputs of layers [2, L//2, L-3] (its default).
     return from_convention([2, num_layers // 2, num_layers - 3], Convention.EAGLE, num_layers)
 

@@ -22,6 +22,7 @@ from draftsmith.export.layout import (
     TargetInfo,
     cast,
     dtype_name,
+    engine_order,
     hf_layer_config,
     model_config_of,
     read_config,
@@ -113,7 +114,9 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         raise DraftsmithError(f"{folder}/config.json: transformer_layer_config is missing")
     mc = model_config_of(layer)
     num_layers = _verifier_layers(c, info, folder)
-    ids = c.get("eagle_aux_hidden_state_layer_ids") or [2, num_layers // 2, num_layers - 3]
+    ids = c.get("eagle_aux_hidden_state_layer_ids")
+    ids = engine_order(list(ids), f"{folder}/config.json") if ids else [
+        2, num_layers // 2, num_layers - 3]
     vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size", 32000))
     verifier = (c.get("speculators_config") or {}).get("verifier") or {}
     cfg = Eagle3Config(
@@ -121,7 +124,7 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
         target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
-        aux_layer_ids=from_convention(list(ids), Convention.SPECULATORS, num_layers),
+        aux_layer_ids=from_convention(ids, Convention.SPECULATORS, num_layers),
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, num_layers=mc.num_layers,
         **{k: bool(c.get(k, False)) for k in FLAGS},
