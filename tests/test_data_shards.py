@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -130,7 +131,7 @@ def test_damaged_shard_is_named_by_inspect_and_the_reader(tmp_path):
     assert CliRunner().invoke(app, ["inspect", str(tmp_path)]).exit_code == 0
     shard = tmp_path / "shard-00000.safetensors"
     shard.write_bytes(shard.read_bytes()[:500])
-    for flags, why in (([], "sha256"), (["--no-verify"], "unreadable shard")):
+    for flags, why in (([], "500 bytes, the manifest says"), (["--no-verify"], "unreadable shard")):
         res = CliRunner().invoke(app, ["inspect", str(tmp_path), *flags])
         assert isinstance(res.exception, DraftsmithError), res.output
         assert str(shard) in str(res.exception) and why in str(res.exception)
@@ -175,3 +176,83 @@ def test_an_atomic_write_that_fails_keeps_the_old_file_and_leaves_no_tmp(tmp_pat
     with pytest.raises(DraftsmithError, match="m.json: cannot write it .No space left"):
         atomic.atomic_write(path, b"new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def _rewrite(folder, k: int, **change) -> None:
+    """Shard k's tensors changed (name -> function of the tensor), the manifest's size and
+    sha256 updated: a shard another tool wrote."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    path = folder / f"shard-{k:05d}.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {n: f.get_tensor(n) for n in f.keys()}, f.metadata()  # noqa: SIM118
+    tensors.update({n: fn(tensors[n]) for n, fn in change.items()})
+    raw = save(tensors, metadata=meta)
+    path.write_bytes(raw)
+    m = json.loads((folder / MANIFEST).read_text())
+    m["shards"][k].update(sha256=hashlib.sha256(raw).hexdigest(), bytes=len(raw))
+    m["totals"]["bytes"] = sum(s["bytes"] for s in m["shards"])
+    (folder / MANIFEST).write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(("name", "fn", "said"), [
+    ("aux", lambda t: t.half(), "{'aux': 'float16'}, the manifest implies {'aux': 'bfloat16'}"),
+    ("hidden", lambda t: t.float(), "{'hidden': 'float32'}"),
+    ("input_ids", lambda t: t.long(), "{'input_ids': 'int64'}, the manifest implies "
+                                      "{'input_ids': 'int32'}"),
+])
+def test_verify_checks_dtypes(tmp_path, name, fn, said):
+    """A float16 aux of the right shape passed `verify` (it checked shapes only)."""
+    from draftsmith.data.shards import ShardDtypeError
+
+    write(tmp_path, [make_samples(2), make_samples(2, seed=3)])
+    _rewrite(tmp_path, 1, **{name: fn})
+    with pytest.raises(ShardDtypeError, match="shard-00001.safetensors: tensor dtypes "
+                       + re.escape(said)):
+        verify(tmp_path)
+
+
+def test_verify_follows_the_manifests_dtype(tmp_path):
+    write(tmp_path, [make_samples(2)])
+    _rewrite(tmp_path, 0, aux=lambda t: t.half(), hidden=lambda t: t.half())
+    m = json.loads((tmp_path / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps({**m, "dtype": "float16"}))
+    assert verify(tmp_path)["shards"] == 1
+
+
+def test_verify_hashes_only_the_shards_named(tmp_path, monkeypatch):
+    """Sizes, shapes and dtypes of every shard; sha256 of those named (all when none are)."""
+    import draftsmith.data.shards as shards
+
+    write(tmp_path, [make_samples(2, seed=k) for k in range(3)])
+    path = tmp_path / "shard-00002.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF  # same size: only its hash tells
+    path.write_bytes(bytes(raw))
+    hashed: list[str] = []
+    real = shards.sha256_file
+    monkeypatch.setattr(shards, "sha256_file", lambda p: hashed.append(p.name) or real(p))
+    assert verify(tmp_path, hashed=[0])["shards"] == 3
+    assert hashed == ["shard-00000.safetensors"]
+    with pytest.raises(DraftsmithError, match="shard-00002.*sha256"):
+        verify(tmp_path)
+    path.write_bytes(bytes(raw[:-1]))
+    with pytest.raises(DraftsmithError, match="shard-00002.*bytes, the manifest says"):
+        verify(tmp_path, hashed=[])
+
+
+def test_a_manifest_counting_more_samples_than_a_shard_holds_is_named(tmp_path):
+    """Reading a sample past the shard's offsets was an IndexError (a traceback from the
+    doctor's prompt scan, the trainer's reader)."""
+    write(tmp_path, [make_samples(2), make_samples(2, seed=3)])
+    m = json.loads((tmp_path / MANIFEST).read_text())
+    m["shards"][0]["samples"] += 1
+    (tmp_path / MANIFEST).write_text(json.dumps(m))
+    ds = Dataset(tmp_path)
+    for read in (lambda: ds[2], lambda: ds[1], lambda: ds.tokens(0), ds.lengths):
+        with pytest.raises(DraftsmithError, match="shard-00000.safetensors: offsets for 2 "
+                           "samples, the manifest says 3"):
+            read()

@@ -1,9 +1,10 @@
 """Dataset shards: safetensors files of concatenated samples plus a `manifest.json`.
 
 A shard holds `input_ids` int32 [N], `loss_mask` uint8 [N], `offsets` int64 [S+1],
-`aux` bf16 [N, n_aux, H] and `hidden` bf16 [N, H]. The manifest lists every finished shard
-with its counts and sha256; a shard's `file` is relative to the manifest's folder (merged
-multi-rank datasets point into `rank-R/`). Writes are atomic: tmp file, fsync, os.replace.
+`aux` [N, n_aux, H] and `hidden` [N, H] in the manifest's `dtype` (bf16). The manifest lists
+every finished shard with its counts, size and sha256; a shard's `file` is relative to the
+manifest's folder (merged multi-rank datasets point into `rank-R/`). Writes are atomic: tmp
+file, fsync, os.replace.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,14 @@ TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "hidden")
 SHARD_KEYS = {"index": int, "file": str, "samples": int, "tokens": int, "loss_tokens": int,
               "bytes": int, "sha256": str}
 OPEN_SHARDS = 64  # memory-mapped shard files a Dataset keeps open at once
+TOKEN_DTYPES = {"input_ids": "int32", "loss_mask": "uint8", "offsets": "int64"}
+SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+                      "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+                      "U8": "uint8", "BOOL": "bool"}
+
+
+class ShardDtypeError(DraftsmithError):
+    """A shard whose tensors are of other dtypes than its manifest implies."""
 
 
 @dataclass
@@ -232,7 +241,11 @@ class Dataset:
         handle = open_shard(path)
         if k not in self._offsets:
             with reading(path):  # no offsets tensor: not a shard this draftsmith wrote
-                self._offsets[k] = handle.get_tensor("offsets").tolist()
+                offsets = handle.get_tensor("offsets").tolist()
+            if len(offsets) != int(self.shards[k]["samples"]) + 1:
+                raise DraftsmithError(f"{path}: offsets for {len(offsets) - 1} samples, the "
+                                      f"manifest says {self.shards[k]['samples']}")
+            self._offsets[k] = offsets
         if len(self._open) >= OPEN_SHARDS:
             self._open.pop(next(iter(self._open)))
         self._open[k] = handle
@@ -248,6 +261,13 @@ class Dataset:
             "aux": f.get_slice("aux")[a:b],
             "hidden": f.get_slice("hidden")[a:b],
         }
+
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `i`'s input_ids and loss_mask, without reading its hidden states."""
+        k, j = self.locate(i)
+        f = self._handle(k)
+        a, b = self._offsets[k][j], self._offsets[k][j + 1]
+        return f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].bool()
 
     def sample_id(self, i: int) -> str:
         k, j = self.locate(i)
@@ -265,12 +285,14 @@ class Dataset:
         return verify(self.folder)
 
 
-def verify(folder: str | Path) -> dict[str, int]:
-    """Check every shard against the manifest; raise DraftsmithError naming the first bad one."""
+def verify(folder: str | Path, hashed: Collection[int] | None = None) -> dict[str, int]:
+    """Check every shard against the manifest (size, tensor shapes and dtypes, offsets) and the
+    sha256 of those at the positions `hashed` in its list (None: every shard); raise
+    DraftsmithError naming the first bad one."""
     folder = Path(folder)
     m = read_manifest(folder)
-    for s in m["shards"]:
-        _verify_shard(folder, m, s)
+    for k, s in enumerate(m["shards"]):
+        _verify_shard(folder, m, s, hashed is None or k in hashed)
     got = totals(m["shards"])
     want = m.get("totals", got)
     for key, value in got.items():
@@ -281,18 +303,31 @@ def verify(folder: str | Path) -> dict[str, int]:
     return got
 
 
-def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
+def tensor_dtypes(m: dict[str, Any]) -> dict[str, str]:
+    """Each shard tensor's dtype as a manifest implies it."""
+    states = str(m.get("dtype") or "bfloat16")
+    return {**TOKEN_DTYPES, "aux": states, "hidden": states}
+
+
+def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bool) -> None:
     path = folder / s["file"]
     if not path.is_file():
         raise DraftsmithError(f"{path}: shard listed in the manifest is missing")
-    digest = sha256_file(path)
+    size = path.stat().st_size
+    if size != int(s["bytes"]):
+        raise DraftsmithError(f"{path}: {size} bytes, the manifest says {s['bytes']} (a shard "
+                              "cut short or written again since)")
+    digest = sha256_file(path) if hashed else s["sha256"]
     if digest != s["sha256"]:
         raise DraftsmithError(
             f"{path}: sha256 {digest[:16]}... does not match the manifest's {s['sha256'][:16]}..."
         )
     # a corrupt header whose sha256 matched a wrong manifest
     with open_shard(path) as f, reading(path):
-        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        slices = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118
+        shapes = {k: tuple(v.get_shape()) for k, v in slices.items()}
+        dtypes = {k: SAFETENSORS_DTYPES.get(str(v.get_dtype()), str(v.get_dtype()))
+                  for k, v in slices.items()}
         offsets = f.get_tensor("offsets")
     n, samples = int(s["tokens"]), int(s["samples"])
     n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
@@ -303,5 +338,10 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any]) -> None:
             raise DraftsmithError(
                 f"{path}: tensor {key} has shape {shapes.get(key)}, the manifest implies {shape}"
             )
+    kinds = tensor_dtypes(m)
+    bad = {k: dtypes[k] for k, v in kinds.items() if dtypes[k] != v}
+    if bad:
+        raise ShardDtypeError(f"{path}: tensor dtypes {bad}, the manifest implies "
+                              f"{ {k: kinds[k] for k in bad} }")
     if int(offsets[0]) != 0 or int(offsets[-1]) != n or bool((offsets.diff() <= 0).any()):
         raise DraftsmithError(f"{path}: offsets are not increasing from 0 to {n}")

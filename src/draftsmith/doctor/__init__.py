@@ -41,6 +41,9 @@ def doctor(
     dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (bf16 on GPU) for the "
                               "live target"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too"),
+    full_verify: bool = typer.Option(False, "--full-verify",
+                                     help="Hash every shard (default: sizes, shapes and dtypes "
+                                          "of all, sha256 of those samples are read from)"),
 ) -> None:
     """Check data, drafter and target against each other; exit 1 on any error finding."""
     from draftsmith.cli import device_dtype
@@ -48,7 +51,7 @@ def doctor(
 
     dev, dt = device_dtype(device, dtype)  # `auto` as every other command reads it
     opts = DoctorOptions(data, drafter, target, engine, samples, max_tokens, all_tokens, run,
-                         prompts, max_new, steps, dev, dt)
+                         prompts, max_new, steps, dev, dt, full_verify)
     rep = run_doctor(opts)
     if as_json:
         print(json.dumps(rep.to_dict(), indent=1, default=str))

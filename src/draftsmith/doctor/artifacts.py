@@ -92,7 +92,8 @@ class DrafterInfo:
             return None
 
     def written(self, engine: str) -> tuple[list[int] | None, str, str]:
-        """(ids at the key `engine` reads or None, that key, what the engine does if missing)."""
+        """(ids at the key `engine` reads or None, that key, what the engine does if missing);
+        vLLM's ids are None when empty too, as vLLM reads them."""
         nested = (self.config.get("eagle_config") or {}).get(IDS)
         top = self.config.get(IDS)
         name = "config.json" if self.layout != "draftsmith" else "draftsmith.json"
@@ -106,12 +107,13 @@ class DrafterInfo:
                         + "it silently uses its defaults")
             return _ints(nested), f"eagle_config.{IDS} in {name}", note
         note = ""
-        if top is None:
-            note = (f"vLLM reads the top-level {IDS}; "
-                    + ("only some versions fall back to eagle_config, others " if nested
-                       is not None else "")
-                    + "silently use the target's defaults (vLLM issue 50170)")
-        return _ints(top), f"{IDS} (top level) in {name}", note
+        if not top:  # vLLM tests the list for truth: an empty one is as good as none
+            what = "is an empty list, which vLLM treats as missing" if top == [] else "is missing"
+            note = (f"the top-level {IDS}, the key vLLM reads, {what}: "
+                    + ("some versions fall back to eagle_config, others silently use" if nested
+                       else "vLLM silently uses")
+                    + " the target's defaults (vLLM issue 50170)")
+        return _ints(top or None), f"{IDS} (top level) in {name}", note
 
     # ---- tensors ------------------------------------------------------------------------------
 

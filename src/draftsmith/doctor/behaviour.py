@@ -22,6 +22,7 @@ ERROR_RATIO, WARN_RATIO = 0.5, 0.8  # measured / promised at draft position 0
 # at the promised rate (binomial lower tail): a short run of a few prompts can miss a low
 # promise by chance (0 of 16 at a promised 6.2% happens 36% of the time)
 ERROR_P, WARN_P = 0.001, 0.05
+PROMPT_SCAN = 16  # samples read at most for each prompt the run wants from the data
 
 
 def below_chance(accepted: int, reached: int, rate: float) -> float:
@@ -54,28 +55,30 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
             "steps": [r["step"] for r in rows], "source": str(folder / "train_log.jsonl")}
 
 
-def data_prompts(dataset: Any, n: int, max_len: int) -> list[list[int]]:
-    """Each sample's tokens before its first assistant token: the data's own template (none
-    from a shard that does not read: the shard check names it)."""
+def data_prompts(dataset: Any, n: int, max_len: int) -> tuple[list[list[int]], int]:
+    """(prompts, samples read): each sample's tokens before its first assistant token, the
+    data's own template (none from a shard that does not read: the shard check names it). At
+    most `PROMPT_SCAN` samples a prompt are read, their tokens only: a dataset whose prefixes
+    are all longer than `max_len` is not read whole."""
     from safetensors import SafetensorError
 
     from draftsmith.errors import DraftsmithError
 
-    out = []
-    for i in range(len(dataset)):
+    out: list[list[int]] = []
+    scanned = min(len(dataset), PROMPT_SCAN * n)
+    for i in range(scanned):
         try:
-            s = dataset[i]
+            ids, mask = dataset.tokens(i)
         except (DraftsmithError, SafetensorError):
             continue
-        mask = s["loss_mask"].bool()
         if not mask.any():
             continue
         first = int(mask.nonzero()[0])
         if 0 < first <= max_len:
-            out.append(s["input_ids"][:first].tolist())
+            out.append(ids[:first].tolist())
         if len(out) >= n:
-            break
-    return out
+            return out, i + 1
+    return out, scanned
 
 
 def template_prompts(target: Any, n: int) -> list[list[int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -173,17 +174,21 @@ def _coverage(used: torch.Tensor, vocab: int, data: Path) -> list[Finding]:
     return []
 
 
-def data_files(data: Path, manifest: dict) -> list[Finding]:
-    from draftsmith.data.shards import verify
+def data_files(data: Path, manifest: dict, hashed: Collection[int] | None) -> list[Finding]:
+    """Every shard against the manifest; the sha256 only of those at the positions `hashed`
+    (None: all)."""
+    from draftsmith.data.shards import ShardDtypeError, verify
 
     where, out = _manifest_path(data), []
     try:
-        verify(data)
+        verify(data, hashed)
+    except ShardDtypeError as e:
+        out.append(Finding("error", "dtype", str(e), where, "recapture into a fresh folder (or "
+                           "set dtype in manifest.json to what aux and hidden hold)"))
     except DraftsmithError as e:
         out.append(Finding("error", "shards", f"shard does not match the manifest: {e}", where,
                            "recapture into a fresh folder (or drop that shard's entry from "
                            "manifest.json and rerun the same capture command to rewrite it)"))
-    out += _dtypes(data, manifest)
     if not manifest.get("complete", True):
         out.append(Finding("warning", "shards", "the capture is not complete", where,
                            "rerun the capture command (it resumes)"))
@@ -193,31 +198,6 @@ def data_files(data: Path, manifest: dict) -> list[Finding]:
                            "train` reads only its canonical form", where,
                            f"set aux_convention in manifest.json to {CANONICAL_WORDS!r} and "
                            "aux_layer_ids to the canonical layers the live match names"))
-    return out
-
-
-def _dtypes(data: Path, manifest: dict) -> list[Finding]:
-    from safetensors import safe_open
-
-    want = {"aux": manifest.get("dtype", "bfloat16"), "hidden": manifest.get("dtype", "bfloat16"),
-            "input_ids": "int32", "loss_mask": "uint8", "offsets": "int64"}
-    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "I32": "int32",
-             "U8": "uint8", "I64": "int64"}
-    out = []
-    for s in manifest.get("shards", [])[:8]:
-        path = data / s["file"]
-        if not path.is_file():
-            continue
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                got = {k: names.get(str(f.get_slice(k).get_dtype()), str(
-                    f.get_slice(k).get_dtype())) for k in f.keys()}  # noqa: SIM118
-        except Exception:
-            continue
-        bad = {k: got.get(k) for k, v in want.items() if got.get(k) not in (v, None)}
-        if bad:
-            out.append(Finding("error", "dtype", f"{s['file']}: dtypes {bad}, the manifest says "
-                               f"{ {k: want[k] for k in bad} }", str(path), "recapture"))
     return out
 
 

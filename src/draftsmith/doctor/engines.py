@@ -102,16 +102,18 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
 
 
 def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
-    """No top-level ids but nested ones: vLLM then reads eagle_config's list, in its own
-    convention (input of layer j); versions without that fallback use the target's defaults."""
+    """No top-level ids (or an empty list) but nested ones: vLLM then reads eagle_config's list,
+    in its own convention (input of layer j); versions without that fallback use the target's
+    defaults."""
     feed = feed_from_written(nested, "vllm", num_layers, key)
     older = _order(engine_defaults(num_layers), "vllm")
     if feed.canonical != older:
         feed.version_dependent = True
         feed.note = "; ".join(filter(None, [feed.note, (
             f"version dependent: vLLM reads eagle_config's {nested} as inputs of those layers "
-            f"(canonical {feed.canonical}) when the top-level key is missing; versions before "
-            f"that fallback use the target's defaults (canonical {older}, vLLM issue 50170)")]))
+            f"(canonical {feed.canonical}) when the top-level key is missing or empty; versions "
+            f"before that fallback use the target's defaults (canonical {older}, vLLM issue "
+            "50170)")]))
     return feed
 
 

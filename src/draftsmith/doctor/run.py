@@ -16,6 +16,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.options import at_least_one
 
+PROMPT_LEN = 512  # the longest data prompt the speculative run takes
+
 
 @dataclass
 class DoctorOptions:
@@ -32,6 +34,7 @@ class DoctorOptions:
     steps: int | None = None
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    full_verify: bool = False  # hash every shard, not only those samples are read from
 
     def __post_init__(self) -> None:
         if self.data is None and self.drafter is None:
@@ -78,7 +81,9 @@ def run_doctor(opts: DoctorOptions) -> Report:
     target, how = resolve_target(opts, manifest, info)
     rep.context = _context(opts, target, how, ds, info)
     model = target.build(opts.dtype, opts.device)
-    true_ids = _data_checks(rep, opts, target, model, ds) if ds is not None else None
+    prompts, scanned = (behaviour.data_prompts(ds, opts.prompts, PROMPT_LEN)
+                        if ds is not None and info is not None and opts.run else ([], 0))
+    true_ids = _data_checks(rep, opts, target, model, ds, scanned) if ds is not None else None
     rep.add("sizes", checks.sizes(target, manifest, opts.data, info,
                                   true_ids or (ds.aux_layer_ids if ds else None)))
     layers = target.cfg.num_layers
@@ -92,8 +97,27 @@ def run_doctor(opts: DoctorOptions) -> Report:
         rep.context["in_each_convention"] = verdict.conventions(ids, layers)
     rep.engines = verdict.engine_rows(true_ids, info, layers)
     if info is not None:
-        _behaviour(rep, opts, target, model, info, ds, true_ids)
+        _behaviour(rep, opts, target, model, info, prompts, true_ids)
     return rep
+
+
+def read_shards(ds: Any, samples: int, scanned: int) -> list[int]:
+    """Positions of the shards the doctor reads samples from: the wiring's spread samples and
+    the first `scanned`, which the run's prompts come from."""
+    shards = {ds.locate(i)[0] for i in wiring.pick_samples(len(ds), samples)}
+    if scanned:
+        shards |= set(range(ds.locate(scanned - 1)[0] + 1))
+    return sorted(shards)
+
+
+def _checked(ds: Any, hashed: list[int] | None) -> str:
+    n = len(ds.shards)
+    if hashed is None or len(hashed) == n:
+        return f"size, shapes, dtypes and sha256 of all {n} shards"
+    names = [ds.shards[k]["file"] for k in hashed[:8]] + (
+        [f"{len(hashed) - 8} more"] if len(hashed) > 8 else [])
+    return (f"size, shapes and dtypes of all {n} shards; sha256 of the {len(hashed)} it reads "
+            f"samples from ({', '.join(names)}); --full-verify hashes all")
 
 
 def _dataset(folder: Path) -> Any:
@@ -130,8 +154,10 @@ def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
 
 
 def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
-                 ds: Any) -> list[int] | None:
-    rep.add("shards", checks.data_files(opts.data, ds.manifest))
+                 ds: Any, scanned: int) -> list[int] | None:
+    hashed = None if opts.full_verify else read_shards(ds, opts.samples, scanned)
+    rep.context["data"]["checked"] = _checked(ds, hashed)
+    rep.add("shards", checks.data_files(opts.data, ds.manifest, hashed))
     rep.add("target", checks.target_identity(target, ds.manifest, opts.data, None))
     if len(ds) == 0:
         rep.skipped.append("wiring: the dataset has no samples")
@@ -171,7 +197,7 @@ def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: Drafter
 
 
 def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: DrafterInfo,
-               ds: Any, true_ids: list[int] | None) -> None:
+               prompts: list[list[int]], true_ids: list[int] | None) -> None:
     if not opts.run:
         rep.skipped.append("behaviour: --no-run")
         return
@@ -188,7 +214,6 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     promise = behaviour.promised(info.folder)
     steps = opts.steps if opts.steps is not None else (
         min(len(promise["cond_acc"]), 5) if promise else 3)
-    prompts = behaviour.data_prompts(ds, opts.prompts, 512) if ds is not None else []
     source = "data" if prompts else "built-in, target chat template"
     prompts = prompts or behaviour.template_prompts(target, opts.prompts)
     runs = _runs(info, opts.engine, target.cfg.num_layers, len(drafter.cfg.aux_layer_ids),

@@ -114,9 +114,9 @@ def drafter_feed(info: DrafterInfo, engine: str, num_layers: int) -> eng.Feed:
                                     f"{key}, as `draftsmith import` reads it")
     written, key, note = info.written(engine)
     nested, nested_key, _ = info.written("sglang")
-    if engine == "vllm" and written is None and nested is not None:
+    if engine == "vllm" and written is None and nested:
         return eng.vllm_fallback(nested, num_layers,
-                                 f"{nested_key} (vLLM's fallback: no top-level key)")
+                                 f"{nested_key} (vLLM's fallback: no top-level ids)")
     return eng.feed_from_written(written, engine, num_layers, key, note)
 
 
