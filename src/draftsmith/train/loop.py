@@ -3,6 +3,12 @@
 Writes into `out`: the drafter (`draftsmith.json` + `model.safetensors`), `train_log.jsonl`,
 `train_curves.png` and `checkpoints/`. With `resume`, the latest checkpoint's weights,
 optimizer, scheduler, data position and RNG continue the run exactly.
+
+Loss weighting under DDP: each rank's loss is the mean over its own counted positions (per TTT
+step, steps weighted decay^j), and DDP averages the ranks' gradients; a rank whose batch counts
+few positions weighs as much as one that counts many (no mean over the global batch's
+positions). The logged loss is the ranks' mean. SpecForge also normalizes per rank (over its
+batch's positions) and lets DDP average the ranks.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,7 @@ from draftsmith.train.objective import (
     Targets,
     chain_counts,
     compiled_step_loss,
+    counted_positions,
     make_targets,
     step_loss,
     summarize,
@@ -211,6 +219,7 @@ class Window:
 
     def __init__(self, steps: int) -> None:
         self.n, self.loss, self.grad = 0, 0.0, 0.0
+        self.counted = 0.0  # positions step 0 trains on: an assistant token, its target in vocab
         self.step_loss = torch.zeros(steps, dtype=torch.float64)
         self.counts = torch.zeros(4, steps, dtype=torch.float64)
         self.tokens, self.seconds, self.lr = 0, 0.0, 0.0
@@ -254,12 +263,14 @@ class Trainer:
         # before the vocab count and the drafter: a --batch-size the data cannot fill is refused
         self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
                          cfg.seed)
+        self._check_answers()
         self.total = self._total_steps()
         found = self._find_checkpoint()
         self.drafter = self._build_drafter(found).to(ctx.device)
         self.opt, self.sched = self._optimizer()
         self.step, self.tokens = 0, 0
         self.window = Window(cfg.ttt_steps)
+        self.watched = False  # the first logged window checked for positions that train
         self.pending: Pending | None = None
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
@@ -294,6 +305,22 @@ class Trainer:
                 )
             return data
         return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples, c.max_len)
+
+    def _check_answers(self) -> None:
+        """Refuse data of which no position would train: every assistant token cut off by
+        --max-len, or none past a sample's first two tokens (the loss would be 0 throughout)."""
+        c, at = self.cfg, self.data.answer_start(self.cfg.max_len)
+        if at is None:
+            raise DraftsmithError(
+                f"{c.data or c.prompts}: no sample has an assistant token past its first two "
+                "tokens, so no position would train; train on conversations with answers"
+            )
+        if at >= c.max_len:
+            raise DraftsmithError(
+                f"--max-len {c.max_len} cuts off every answer: no sample has an assistant token "
+                f"a drafter learns (from its third token on) within its first {c.max_len} "
+                f"tokens, the earliest is token {at + 1}; raise --max-len well past {at + 1}"
+            )
 
     def _find_checkpoint(self) -> Path | None:
         latest = ckpt.latest_checkpoint(self.out)
@@ -603,12 +630,14 @@ class Trainer:
 
     def _describe(self) -> None:
         d = self.drafter.cfg
+        ranks = (", loss: each rank's mean over its counted positions, averaged over ranks"
+                 if self.ctx.world > 1 else "")  # the DDP weighting (module docstring)
         self.say(
             f"{self.data.summary['samples']} samples ({self.data.summary['kind']}), "
             f"{self.total} steps of {self.cfg.batch_size}x{self.cfg.max_len} tokens on "
             f"{self.ctx.world} rank(s), draft vocab {d.draft_vocab_size}, aux layers "
             f"{d.aux_layer_ids} (canonical), {self.drafter.param_groups()['trainable']:,} "
-            f"trainable parameters"
+            f"trainable parameters{ranks}"
         )
 
     def _batch(self) -> tuple[int, int, Batch]:
@@ -646,7 +675,7 @@ class Trainer:
         vec = torch.cat([  # float64 on the device: nothing here may make the host wait
             loss.detach().double().view(1), losses.double(),
             grad.detach().double().view(1).to(dev), (batch.doc >= 0).sum().double().view(1),
-            chain_counts(correct, valid).flatten().double(),
+            chain_counts(correct, valid).flatten().double(), counted_positions(tg).view(1),
         ])
         self.ctx.all_reduce_sum(vec)
         prev, self.pending = self.pending, Pending.of(vec, loss.detach(),
@@ -675,7 +704,8 @@ class Trainer:
         w.step_loss += v[1 : s + 1] / world
         w.grad += float(v[s + 1] / world)
         w.tokens += int(v[s + 2])
-        w.counts += v[s + 3 :].view(4, s)
+        w.counts += v[s + 3 : 5 * s + 3].view(4, s)
+        w.counted += float(v[5 * s + 3])
         self.tokens += int(v[s + 2])
 
     def _non_finite(self, value: float, grad: float, local_ok: bool, step: int, e: int, b: int,
@@ -710,9 +740,41 @@ class Trainer:
         }
         if self.ctx.main:
             report.append_log(self.out, row)
+            if not self.watched:
+                self._warn_untrained(w)
+        self.watched = True
         self.window = Window(self.cfg.ttt_steps)
         return (f"loss {row['loss']:.3f} acc0 {s['acc'][0]:.3f} "
                 f"accept {s['accept_length']:.2f} tok/s {row['tokens_per_s']:.0f}")
+
+    def _warn_untrained(self, w: Window) -> None:
+        """One warning line where the first logged window trained on no position (loss 0, the
+        weights unmoved), naming the likely cause; a vocab that misses the target stays so."""
+        c, steps = self.cfg, f"the first {w.n} step(s)"
+        if w.counts[1, 0] == 0:
+            why = (f"{steps} held no assistant token a drafter learns: most answers may lie "
+                   f"past --max-len {c.max_len} (raise it), or check the data's loss masks")
+        elif w.counted == 0:
+            why = (f"in {steps} the target's next token was never one of the "
+                   f"{self.drafter.cfg.draft_vocab_size} draft tokens (at "
+                   f"{int(w.counts[1, 0])} assistant positions): {self._vocab_cause()}")
+        else:
+            return
+        warnings.warn(f"nothing trained: {why}; the loss was 0 and the weights did not move",
+                      stacklevel=2)
+
+    def _vocab_cause(self) -> str:
+        c = self.cfg
+        if c.vocab:
+            return (f"--vocab {c.vocab} was likely counted on other data; leave --vocab out (it "
+                    "is then counted on this data) or make one with `draftsmith data vocab`")
+        if c.init_from:
+            return (f"the vocab of --init-from {c.init_from} was likely counted on other data; "
+                    "regrow it on this data (--vocab from `draftsmith data vocab`, or another "
+                    "--draft-vocab-size)")
+        return ("the answers were likely not made by this target (counted on them, the vocab "
+                "misses its predictions); regenerate them with the target, or raise "
+                "--draft-vocab-size")
 
     def _summary(self) -> dict[str, Any]:
         rows = report.read_log(self.out) if self.ctx.main else []

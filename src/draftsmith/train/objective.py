@@ -112,6 +112,15 @@ def chain_counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     ]).double()
 
 
+def counted_positions(tg: Targets) -> torch.Tensor:
+    """Positions step 0 trains on (float64, on the device): an assistant token of the chain's
+    document next, the target's argmax inside the draft vocab."""
+    ok = tg.ok[:, 1:] & (tg.label[:, 1:] >= 0)
+    if tg.doc is not None:
+        ok = ok & (tg.doc[:, :-1] == tg.doc[:, 1:])
+    return ok.sum().double()
+
+
 def summarize(counts: torch.Tensor) -> dict[str, list[float] | float]:
     """counts [4, steps] -> per-step accuracy, conditional acceptance and accept length."""
     c = counts.double().cpu()

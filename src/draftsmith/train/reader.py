@@ -12,11 +12,15 @@ import json
 import math
 import os
 import struct
+from collections import OrderedDict
+from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftsmith.data.shards import OPEN_SHARDS
 from draftsmith.errors import DraftsmithError
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
@@ -25,19 +29,32 @@ TENSORS = ("input_ids", "loss_mask", "aux", "hidden")
 
 
 class ShardReader:
-    """`[i] -> dict(input_ids, loss_mask, aux, hidden)` like `Dataset`, for the same folder."""
+    """`[i] -> dict(input_ids, loss_mask, aux, hidden)` like `Dataset`, for the same folder.
 
-    def __init__(self, dataset: Any) -> None:
+    Each shard's layout is read once; at most `open_shards` files stay open (the least recently
+    used closed first), so a dataset of more shards than the open-file limit reads."""
+
+    def __init__(self, dataset: Any, open_shards: int = OPEN_SHARDS) -> None:
         self.ds = dataset
         self.folder = dataset.folder
         self.shards = dataset.shards
-        self._meta: dict[int, tuple[int, dict[str, Any], int, list[int]]] = {}
+        self.open_shards = open_shards
+        self._meta: dict[int, tuple[dict[str, Any], int, list[int]]] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_meta": {}}  # file descriptors stay with their process
+        return {**self.__dict__, "_fds": OrderedDict()}  # descriptors stay with their process
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem(last=False)[1])
+
+    def __del__(self) -> None:
+        if getattr(self, "_fds", None):
+            self.close()
 
     def sample_id(self, i: int) -> str:
         return self.ds.sample_id(i)
@@ -61,14 +78,35 @@ class ShardReader:
                     "capture; capture the dataset again"
                 )
 
+    def _fd(self, k: int) -> int:
+        if k in self._fds:
+            self._fds.move_to_end(k)
+            return self._fds[k]
+        fd = _open(Path(self.folder) / self.shards[k]["file"])
+        while len(self._fds) >= max(1, self.open_shards):
+            os.close(self._fds.popitem(last=False)[1])
+        self._fds[k] = fd
+        return fd
+
     def _shard(self, k: int) -> tuple[int, dict[str, Any], int, list[int]]:
+        fd = self._fd(k)
         if k not in self._meta:
-            fd = _open(Path(self.folder) / self.shards[k]["file"])
             header = _header(fd)
             start = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
             offsets = _read(fd, header["offsets"], start, 0, header["offsets"]["shape"][0])
-            self._meta[k] = (fd, header, start, offsets.tolist())
-        return self._meta[k]
+            self._meta[k] = (header, start, offsets.tolist())
+        return (fd, *self._meta[k])
+
+    def loss_masks(self) -> Iterator[torch.Tensor]:
+        """Each sample's loss mask in order, one read a shard (no states read); the files it
+        opened are closed after, so loader workers forked later inherit none."""
+        try:
+            for k in range(len(self.shards)):
+                fd, header, start, offsets = self._shard(k)
+                masks = _read(fd, header["loss_mask"], start, 0, offsets[-1]).bool()
+                yield from (masks[a:b] for a, b in pairwise(offsets))
+        finally:
+            self.close()
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k, j = self.ds.locate(i)

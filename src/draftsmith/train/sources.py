@@ -6,7 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,23 @@ class Data:
         digest = hashlib.sha256(json.dumps(self.lengths).encode()).hexdigest()[:16]
         return {"samples": len(self.lengths), "tokens": sum(self.lengths), "lengths": digest}
 
+    def answer_start(self, max_len: int) -> int | None:
+        """The index of an assistant token a drafter learns (from a sample's third token on: the
+        first chain starts at index 0 and predicts index 2): one below `max_len` where a sample
+        has one (the scan stops at it), else the earliest past it; None where no sample has
+        one. Loss masks only: no hidden states are read."""
+        best = None
+        with closing(loss_masks(self.source)) as masks:
+            for mask in masks:
+                hit = mask[2:].nonzero()
+                if not hit.numel():
+                    continue
+                at = int(hit[0]) + 2
+                if at < max_len:
+                    return at
+                best = at if best is None else min(best, at)
+        return best
+
     def token_counts(self, vocab: int) -> torch.Tensor:
         """Frequencies of the assistant tokens this run trains on (ids only, no hidden states)."""
         from draftsmith.data.vocab import count_dataset, count_ids
@@ -43,6 +63,12 @@ class Data:
         items = (self.source[i] for i in range(len(self.source)))
         return count_ids(((s["input_ids"].tolist(), s["loss_mask"].tolist()) for s in items),
                          vocab)
+
+
+def loss_masks(source: Source) -> Generator[torch.Tensor, None, None]:
+    """Each sample's loss mask in order, through the source's own reader where it has one."""
+    own = getattr(source, "loss_masks", None)
+    yield from own() if own is not None else (source[i]["loss_mask"] for i in range(len(source)))
 
 
 class Head:
@@ -58,6 +84,10 @@ class Head:
         if not 0 <= i < self.n:
             raise IndexError(i)
         return self.source[i]
+
+    def loss_masks(self) -> Iterator[torch.Tensor]:
+        with closing(loss_masks(self.source)) as masks:
+            yield from islice(masks, self.n)
 
 
 def target_of_dataset(manifest: dict[str, Any]) -> str:
