@@ -44,6 +44,26 @@ from draftsmith.models.parallel import TP
 from draftsmith.options import at_least_one, int_list
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+LONG_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # every other command's
+
+
+def dtype_key(name: str) -> str:
+    """--dtype as DTYPES' key: a short name, the long one every other command takes, or auto
+    (kept as auto until the device is known: `resolve_auto`)."""
+    key = LONG_NAMES.get(name, name)
+    if key != "auto" and key not in DTYPES:
+        raise DraftsmithError(f"--dtype {name!r}: use float32, bfloat16, float16 (or fp32, bf16, "
+                              "fp16) or auto (bfloat16 on GPU, float32 on CPU)")
+    return key
+
+
+def resolve_auto(key: str, device: str | None, size: int) -> str:
+    """auto: bf16 where the ranks run on GPUs (as `launch_tp` places them), else fp32."""
+    if key != "auto":
+        return key
+    gpu = device != "cpu" and (torch.cuda.is_available() if under_torchrun()
+                               else torch.cuda.device_count() >= size)
+    return "bf16" if gpu else "fp32"
 
 
 def _sync(dev: torch.device) -> None:
@@ -235,7 +255,8 @@ def allreduce_bench(
     batch: str = typer.Option("1,8,32", "--batch", "--batch-sizes",
                               help="Batch sizes, comma-separated"),
     q: str = typer.Option("1,4,8,16", help="Tokens per row (1 = decode, >1 = verify)"),
-    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32"),
+    dtype: str = typer.Option("bf16", help="bfloat16 (bf16), float16 (fp16), float32 (fp32) or "
+                              "auto (bfloat16 on GPU, float32 on CPU)"),
     iters: int = typer.Option(100, help="Timed all-reduces (eager) or replays (graphed)"),
     graph_ops: int = typer.Option(64, "--graph-ops", help="All-reduces captured per graph"),
     tp: int = typer.Option(0, "--tp", help="Ranks (0 = torchrun's world or every visible GPU)"),
@@ -247,8 +268,7 @@ def allreduce_bench(
     out: Path = typer.Option(None, "--out", "-o", help="Append the JSON line to this file"),
 ) -> None:
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
-    if dtype not in DTYPES:
-        raise DraftsmithError(f"--dtype {dtype!r}: use one of {sorted(DTYPES)}")
+    key = dtype_key(dtype)
     at_least_one({"--hidden": hidden, "--layers": layers, "--iters": iters,
                   "--graph-ops": graph_ops})
     if tp < 0:
@@ -256,11 +276,15 @@ def allreduce_bench(
     _check_out(out)
     if target:
         hidden, layers = _shape_from_target(target)
-    opts = {"hidden": hidden, "layers": layers, "batches": int_list(batch, "--batch"),
-            "qs": int_list(q, "--q"), "dtype": dtype, "iters": iters, "graph_ops": graph_ops}
+    # a shape given twice is timed once, in the order given (as tune-nccl's)
+    opts = {"hidden": hidden, "layers": layers,
+            "batches": list(dict.fromkeys(int_list(batch, "--batch"))),
+            "qs": list(dict.fromkeys(int_list(q, "--q"))), "iters": iters,
+            "graph_ops": graph_ops}
     apply_nccl_env(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl)))
     dev = None if device == "auto" else device
     size = tp or _default_size(dev)
+    opts["dtype"] = resolve_auto(key, dev, size)
     try:
         res = launch_tp(bench_rank, size, opts, device=dev)
     finally:

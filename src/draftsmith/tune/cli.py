@@ -3,9 +3,11 @@ and their neighbours on the real engine, and recommend a setting per batch size.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,7 +106,8 @@ def tune(
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
     if nccl_sweep:
-        attach_nccl(out, _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl"))
+        attach_nccl(out, _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl",
+                                   drafter))
 
 
 def _tune_rank(tp, *args) -> dict:
@@ -141,14 +144,17 @@ def attach_nccl(out: Path, res: dict) -> None:
 
 
 def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
-              out: Path) -> dict:
-    """The NCCL settings sweep on the verify shapes the recommendations use."""
+              out: Path, drafter: Path) -> dict:
+    """The NCCL settings sweep on the verify shapes the recommendations use, capturing the
+    drafter's aux layers as its verifies do."""
+    from draftsmith.models.eagle3 import read_drafter_meta
     from draftsmith.tune import nccl
 
+    aux = read_drafter_meta(drafter)["config"]["aux_layer_ids"]
     shapes = sorted({(r["batch"], r["verify_tokens"]) for r in report["recommendations"]})
     res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, nccl.dtype_key(dt), 20,
-                              nccl.NOISE_PCT,
-                              300.0, out, log=lambda line: console.print(line, markup=False))
+                              nccl.NOISE_PCT, 300.0, out,
+                              log=lambda line: console.print(line, markup=False), aux=aux)
     nccl.print_report(res)
     console.print(f"wrote {out}/nccl.json, nccl.md")
     return res
@@ -212,50 +218,120 @@ def run_tune(
                          compile=compile)
     eng = measure.Engine(rt, drt, drafter, params or SamplingParams())
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
-    console.print("measuring acceptance (chain of", max_steps, "steps) ...")
-    acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
-    if max_topk > 1:
-        console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
-        acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids, acc,
-                                           mix, max(32, max_draft))
-    console.print("measuring costs ...")
-    costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
-    refilled = None
-    if refill:
-        console.print("measuring refills' prompt passes ...")
-        refilled = refill_plan(new, batches)
-        base, spec = measure.refill_costs(eng, batches, ids)
-        costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
-    if tp is not None and tp.size > 1:  # ranks time alike but not equal: plan on rank 0's costs,
-        costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
-    preds, meas = [], []
-    limits = (max_steps, max_topk, max_draft)
-    grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
-    for b in batches:
-        ranked = rank_settings(costs, acc, b, grid, mix, refilled, None if refill else new)
-        preds += ranked
-        chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
-        plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
-        for s in (s for s in plan if within(s, *limits)):
-            console.print(f"batch {b}: {s}")
-            meas.append(measure.run_setting(eng, s, ids, b, new, eos,
-                                            refilled.waves if refilled else 0))
-    recs = recommend(preds, meas)
-    texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
-                                 exports=export_paths(drafter_dir)) for r in recs]
-    if refill:
-        texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
-                        "whole run, prompt passes included, baselines alike")
-    if not eng.params.greedy:
-        p = eng.params
-        texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p {p.top_p:g}, "
-                        f"top-k {p.top_k or 'off'}: acceptance, baselines and sweep all sampled")
-    if tp is not None and tp.rank != 0:
-        return {"texts": texts}  # launch_tp hands back rank 0's report
-    report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
-                          1 if tp is None else tp.size, eng.params, refill, mix, new)
+    kept = Partial(out if tp is None or tp.rank == 0 else None, {
+        "drafter": str(drafter_dir), "target": target, "prompts": str(prompts_path),
+        "batches": batches, "new_tokens": new, "max_steps": max_steps, "max_topk": max_topk,
+        "max_draft_tokens": max_draft, "refill": refill,
+        "sampling": {"temperature": eng.params.temperature, "top_p": eng.params.top_p,
+                     "top_k": eng.params.top_k}})
+    with kept.on_failure():
+        console.print("measuring acceptance (chain of", max_steps, "steps) ...")
+        acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
+        kept.acceptance(acc, mix)
+        if max_topk > 1:
+            console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
+            acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids,
+                                               acc, mix, max(32, max_draft))
+            kept.acceptance(acc, mix)
+        console.print("measuring costs ...")
+        costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
+        kept.save(costs=costs.to_dict())
+        refilled = None
+        if refill:
+            console.print("measuring refills' prompt passes ...")
+            refilled = refill_plan(new, batches)
+            base, spec = measure.refill_costs(eng, batches, ids)
+            costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
+            kept.save(costs=costs.to_dict())
+        if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
+            costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
+        preds, meas = [], []
+        limits = (max_steps, max_topk, max_draft)
+        grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
+        for b in batches:
+            ranked = rank_settings(costs, acc, b, grid, mix, refilled, None if refill else new)
+            preds += ranked
+            chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
+            plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
+            for s in (s for s in plan if within(s, *limits)):
+                console.print(f"batch {b}: {s}")
+                meas.append(measure.run_setting(eng, s, ids, b, new, eos,
+                                                refilled.waves if refilled else 0))
+                kept.save(measured=[_measured_row(m) for m in meas])
+        recs = recommend(preds, meas)
+        texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
+                                     exports=export_paths(drafter_dir)) for r in recs]
+        if refill:
+            texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
+                            "whole run, prompt passes included, baselines alike")
+        if not eng.params.greedy:
+            p = eng.params
+            texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p "
+                            f"{p.top_p:g}, top-k {p.top_k or 'off'}: acceptance, baselines and "
+                            "sweep all sampled")
+        if tp is not None and tp.rank != 0:
+            return {"texts": texts}  # launch_tp hands back rank 0's report
+        report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
+                              1 if tp is None else tp.size, eng.params, refill, mix, new)
+    kept.drop()  # tune.json holds it all
     report["texts"] = texts
     return report
+
+
+PARTIAL = "tune.partial.json"
+
+
+class Partial:
+    """What a tune run has measured so far, written into out/tune.partial.json as it goes
+    (acceptance, costs, each swept setting): a run that fails or is stopped partway leaves
+    it, and its error names it. None for `out`: a TP rank other than 0, which writes nothing."""
+
+    def __init__(self, out: Path | None, run: dict) -> None:
+        self.path = None if out is None else out / PARTIAL
+        self.data = {"status": "partial: the run stopped before its report (tune.json)",
+                     "run": run}
+        self.written = False
+
+    def acceptance(self, acc, mix) -> None:
+        self.save(acceptance=acc.to_dict(),
+                  prompt_acceptance=[a.to_dict() for a in mix.prompts])
+
+    def save(self, **parts) -> None:
+        if self.path is None:
+            return
+        self.data.update(parts)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(PARTIAL + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)  # a crash mid-write leaves the last whole file
+        self.written = True
+
+    @contextlib.contextmanager
+    def on_failure(self) -> Iterator[None]:
+        """A failure inside names the file, where this run wrote one."""
+        try:
+            yield
+        except DraftsmithError as e:
+            if not self.written:
+                raise
+            raise DraftsmithError(f"{e} (tune stopped; what it measured is in "
+                                  f"{self.path})") from e
+        except BaseException as e:
+            if self.written:
+                e.add_note(f"draftsmith tune stopped; what it measured is in {self.path}")
+            raise
+
+    def drop(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def _measured_row(m) -> dict:
+    s = m.setting
+    return {"batch": m.batch, "setting": str(s), "steps": s.steps, "topk": s.topk,
+            "num_draft_tokens": s.num_draft_tokens, "tokens_per_s": m.tokens_per_s,
+            "accept_length": m.accept_length, "phases_ms": dict(m.phases or {}),
+            "cycle_ms": m.cycle_ms, "busy": m.busy}
 
 
 def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> bool:

@@ -306,6 +306,58 @@ def expected_cycles(tail: Sequence[float], tokens: int) -> float:
     return f[upto] + (tokens - upto) / math.fsum(tail)
 
 
+# past this many tokens a row's cycle count is taken as normal (the renewal CLT): the exact
+# distribution costs a convolution per cycle, and tune prices every setting at every batch
+EXACT_TOKENS = 256
+
+
+def cycle_survival(tail: Sequence[float], tokens: int) -> tuple[int, np.ndarray]:
+    """The distribution of a row's cycles until it has made `tokens` tokens (cycles as in
+    `expected_cycles`): (start, sv), P(more than c cycles) = 1 for c < start, sv[c - start]
+    from there, 0 past its end. Exact up to EXACT_TOKENS, then normal with the renewal
+    variance tokens * var / mean^3 about `expected_cycles`."""
+    if tokens <= 0:
+        return 0, np.zeros(0)
+    pmf = np.append(0.0, -np.diff(np.append(np.asarray(tail, dtype=np.float64), 0.0)))
+    if tokens > EXACT_TOKENS:
+        return _normal_survival(pmf, tail, tokens)
+    made = np.zeros(tokens)  # made[t]: chance of having made t < tokens tokens so far
+    made[0], sv = 1.0, []
+    while (left := made.sum()) > 1e-12:
+        sv.append(left)
+        made = np.convolve(made, pmf)[:tokens]
+    return 0, np.minimum(np.asarray(sv), 1.0)
+
+
+def _normal_survival(pmf: np.ndarray, tail: Sequence[float], tokens: int
+                     ) -> tuple[int, np.ndarray]:
+    xs = np.arange(len(pmf))
+    mean = float(pmf @ xs)
+    var = max(float(pmf @ xs**2) - mean**2, 0.0)
+    mid, sd = expected_cycles(tail, tokens), math.sqrt(tokens * var / mean**3)
+    lo = max(0, math.floor(mid - 9 * sd) - 1)
+    hi = min(tokens, math.ceil(mid + 9 * sd) + 1)
+    c = np.arange(lo, hi + 1)
+    z = (c + 0.5 - mid) / (max(sd, 1e-9) * math.sqrt(2.0))
+    return lo, 0.5 * np.vectorize(math.erfc)(z)
+
+
+def expected_max_cycles(rows: Sequence[tuple[int, np.ndarray]]) -> float:
+    """E[max over independent rows of their cycles], each row as `cycle_survival` gives it:
+    the sum over c of P(some row needs more than c cycles)."""
+    start = max(s for s, _ in rows)
+    end = max(s + len(sv) for s, sv in rows)
+    if end <= start:
+        return float(start)
+    done = np.ones(end - start)  # P(every row is done within c cycles), c = start ...
+    for s, sv in rows:
+        part = np.zeros(end - start)
+        seg = sv[start - s :]
+        part[: len(seg)] = seg
+        done *= 1.0 - part
+    return start + math.fsum(1.0 - done)
+
+
 def batch_groups(count: int, batch: int) -> list[list[int]]:
     """Indices of `count` prompts in static batches of `batch` rows, every prompt at least
     once: the last batch, or one larger than the prompts, filled round-robin from the first."""
@@ -321,12 +373,16 @@ class PromptMix:
     done, and rows that finish first idle in their slots (no refill). A row needs
     new_tokens / (its tokens per cycle) cycles, so a batch emits, per slot and cycle, its
     slowest row's tokens per cycle (H200 tune run 4: idle rows took 42 % of the batch-8
-    sweep's row slots at chain 6)."""
+    sweep's row slots at chain 6); with a token count (`fixed_length`), the batch runs the
+    expected largest of its rows' cycle counts."""
 
     prompts: tuple[Acceptance, ...]
     # each prompt's own tree counts (reached, accepted) by depth and rank, as measured, where
     # its tree came from them (`prompt_tree`): kept for the report, to refit the prior
     tree_counts: tuple = field(default=(), hash=False)
+    # rows draw their tokens independently even for one prompt (sampled decoding): a prompt
+    # repeated in a batch then counts once per copy in the batch's longest row
+    sampled: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -346,8 +402,7 @@ class PromptMix:
 
     def busy(self, setting: SpecSetting, batch: int, new_tokens: int | None = None) -> float:
         """The share of row slots that decode: batch 1's tokens per slot (each prompt alone,
-        never idle) against this batch's; with `new_tokens`, each row's expected cycles
-        (`expected_cycles`) over its batch's longest."""
+        never idle) against this batch's; with `new_tokens`, `fixed_length`'s."""
         if new_tokens is not None:
             return self.fixed_length(setting, batch, new_tokens)[0]
         return min(1.0, self.slot_tokens(setting, batch) / self.slot_tokens(setting, 1))
@@ -355,20 +410,38 @@ class PromptMix:
     def fixed_length(self, setting: SpecSetting, batch: int, new_tokens: int
                      ) -> tuple[float, float]:
         """(busy, kept) of the sweep's batches where every row makes `new_tokens` tokens, its
-        first by the prefill: busy, the share of row slots decoding (a batch runs its longest
-        row's expected cycles); kept, the share of the accepted tokens kept (a row's last cycle
-        accepts past --max-new-tokens: at 2 new tokens a cycle keeps one)."""
+        first by the prefill: busy, the share of row slots decoding (a batch runs until its
+        slowest row's actual end: `_batch_cycles`); kept, the share of the accepted tokens kept
+        (a row's last cycle accepts past --max-new-tokens: at 2 new tokens a cycle keeps one)."""
         if setting.is_baseline:
             return 1.0, 1.0
         cycles = [_row_cycles(a, setting, new_tokens - 1) for a in self.prompts]
         per = [tokens_per_cycle(a, setting) for a in self.prompts]
         groups = batch_groups(len(cycles), batch)
-        slots = batch * math.fsum(max(cycles[i] for i in g) for g in groups)
+        slots = batch * math.fsum(self._batch_cycles(g, cycles, setting, new_tokens - 1)
+                                  for g in groups)
         decoded = math.fsum(cycles[i] for g in groups for i in g)
         accepted = math.fsum(cycles[i] * per[i] for g in groups for i in g)
         if not decoded:
             return 1.0, 1.0
         return decoded / slots, min(1.0, (new_tokens - 1) * batch * len(groups) / accepted)
+
+    def _batch_cycles(self, group: list[int], cycles: list[float], setting: SpecSetting,
+                      tokens: int) -> float:
+        """A batch's expected cycles: its rows' largest cycle count, E[max], not the largest
+        E (a batch runs to its slowest row's actual end). A prompt repeated in one batch
+        decodes alike under greedy decoding, so counts once; sampled, each copy draws its own."""
+        rows = group if self.sampled else list(dict.fromkeys(group))
+        longest = max(cycles[i] for i in rows)
+        if len(rows) == 1:
+            return longest
+        dists = [_row_survival(self.prompts[i], setting, tokens) for i in rows]
+        return max(longest, expected_max_cycles(dists))
+
+
+@functools.lru_cache(maxsize=32768)
+def _row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
+    return cycle_survival(cycle_tail(acc, setting), tokens)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -573,9 +646,10 @@ def predict(
     if cycle <= 0:
         raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
     tpc = tokens_per_cycle(acc, setting)
-    busy, kept = 1.0 if mix is None else mix.busy(setting, batch), None
     if new_tokens is not None:
         busy, kept = (mix or PromptMix((acc,))).fixed_length(setting, batch, new_tokens)
+    else:
+        busy, kept = 1.0 if mix is None else mix.busy(setting, batch), None
     tps = batch * tpc * busy * (kept or 1.0) * 1000.0 / cycle
     beyond = not costs.covers(setting) or setting.steps > acc.depth
     return Prediction(setting, batch, tpc, cycle, tps, phases, beyond, busy, kept)

@@ -256,7 +256,7 @@ def chain_acceptance(
     pooled = Acceptance.from_chain_counts(reached, accepted)
     own = [Acceptance.from_chain_counts(r.reached, r.accepted) if r.reached[0] else pooled
            for r in runs]
-    return pooled, PromptMix(tuple(own))
+    return pooled, PromptMix(tuple(own), sampled=not eng.params.greedy)
 
 
 def tree_acceptance(
@@ -287,7 +287,7 @@ def tree_acceptance(
     pooled = Acceptance.from_rank_counts(reached, accepted, chain=chain.chain)
     own = tuple(prompt_tree(pooled, r, a, p.chain)
                 for (r, a), p in zip(rows, mix.prompts, strict=True))
-    return pooled, PromptMix(own, tuple(rows))
+    return pooled, PromptMix(own, tuple(rows), mix.sampled)
 
 
 def draft_phase_costs(

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, spawn
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers import validate
 from draftsmith.models.parallel import TP
 from draftsmith.options import at_least_one, check_folder
 from draftsmith.tune.tp_targets import TargetSpec, check_split, quiet_twin
@@ -170,13 +171,14 @@ def nccl_rank(tp: TP, job: dict[str, Any]) -> dict[str, Any]:
     model = TargetSpec(job["target"]).build(tp, dtype)
     cfg = model.cfg
     shapes = [(int(b), int(n)) for b, n in job["shapes"]]
-    aux = tuple(default_aux_layers(cfg.num_layers))
+    aux = tuple(job.get("aux") or default_aux_layers(cfg.num_layers))
     with torch.no_grad():
         verify = verify_times(tp, model, shapes, aux, job["iters"], job["repeats"])
     batches, qs = sorted({b for b, _ in shapes}), sorted({n for _, n in shapes})
     ar = measure(tp, cfg.hidden_size, batches, qs, dtype, job["ar_iters"], job["graph_ops"],
                  cfg.num_layers)
-    return {**rank_identity(tp), "nccl": nccl_record(), "verify": verify, "allreduce": ar}
+    return {**rank_identity(tp), "nccl": nccl_record(), "aux": list(aux), "verify": verify,
+            "allreduce": ar}
 
 
 # ---- the sweep (parent process) ----------------------------------------------------------------
@@ -252,7 +254,8 @@ def _pick(ok: list[dict], base: dict | None, key: Callable[[dict], tuple[float, 
 
 def _overall(shapes: list[tuple[int, int]], base: dict | None
              ) -> Callable[[dict], tuple[float, float] | None]:
-    """A setting's geometric-mean time relative to defaults over every shape (defaults = 1)."""
+    """A setting's geometric-mean time relative to defaults over `shapes` (defaults = 1), which
+    defaults must all have timed; None for a setting that missed one."""
     ref = _times(base) if base is not None else None
 
     def key(r: dict) -> tuple[float, float] | None:
@@ -274,13 +277,16 @@ def recommend(results: list[dict[str, Any]], noise_pct: float = NOISE_PCT) -> di
     if not ok:
         return {"per_shape": [], "overall": None, "note": "every setting failed"}
     base = next((r for r in ok if r["setting"] == DEFAULTS.name), None)
-    shapes = list(_times(ok[0]))
+    shapes = list(dict.fromkeys(s for r in ok for s in _times(r)))  # any setting's, in order
     per_shape = []
     for s in shapes:
         pick = _pick(ok, base, lambda r, s=s: _times(r).get(s), noise_pct)
         per_shape.append({"batch": s[0], "tokens": s[1], **pick})
+    # overall: over the shapes the reference (defaults, else the first to succeed) timed
+    ref = list(_times(base if base is not None else ok[0]))
     out: dict[str, Any] = {"per_shape": per_shape,
-                           "overall": _pick(ok, base, _overall(shapes, base), noise_pct)}
+                           "overall": _pick(ok, base, _overall(ref, base), noise_pct)
+                           if ref else None}
     if base is None:
         out["note"] = "the defaults failed: the fastest setting is shown without a comparison"
     return out
@@ -356,20 +362,25 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def job_for(target: str, shapes: list[tuple[int, int]], dtype: str, iters: int,
-            repeats: int = 3, ar_iters: int = 50, graph_ops: int = 32) -> dict[str, Any]:
+            repeats: int = 3, ar_iters: int = 50, graph_ops: int = 32,
+            aux: list[int] | None = None) -> dict[str, Any]:
+    """What each rank of a setting runs; `aux`, the layers the verify captures (a drafter's;
+    None: EAGLE-3's usual three)."""
     if dtype not in DTYPES:
         raise DraftsmithError(f"dtype {dtype!r}: use one of {sorted(DTYPES)}")
     return {"target": target, "shapes": [list(s) for s in shapes], "dtype": dtype,
-            "iters": iters, "repeats": repeats, "ar_iters": ar_iters, "graph_ops": graph_ops}
+            "iters": iters, "repeats": repeats, "ar_iters": ar_iters, "graph_ops": graph_ops,
+            "aux": None if aux is None else [int(i) for i in aux]}
 
 
 def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
                    shapes: list[tuple[int, int]], device: str, dtype: str, iters: int,
                    noise_pct: float = NOISE_PCT, timeout_s: float = 300.0,
                    out: Path | None = None, log: Callable[[str], None] = print,
-                   rank_fn: Callable[..., dict] = nccl_rank, deadline: float | None = None
-                   ) -> dict[str, Any]:
-    """The whole sweep; writes nccl.json and nccl.md into out when given."""
+                   rank_fn: Callable[..., dict] = nccl_rank, deadline: float | None = None,
+                   aux: list[int] | None = None) -> dict[str, Any]:
+    """The whole sweep; writes nccl.json and nccl.md into out when given. `aux`: the aux
+    layers the verifies capture (`tune --nccl-sweep`: its drafter's)."""
     at_least_one({"--tp": tp_size, "--iters": iters})
     if not (timeout_s > 0 and 0 <= noise_pct < math.inf):
         raise DraftsmithError(f"--timeout must be > 0 and --noise-pct >= 0, got {timeout_s} and "
@@ -378,10 +389,13 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
     if out is not None:  # before the sweep, not after it
         check_folder(out, "--out")
     spec = TargetSpec(target)
-    why = check_split(spec.config(), tp_size)
+    cfg = spec.config()
+    why = check_split(cfg, tp_size)
     if why:
         raise DraftsmithError(f"target {spec.label} cannot run at TP {tp_size}: {why}")
-    job = job_for(target, shapes, dtype, iters)
+    if aux is not None:
+        validate(list(aux), cfg.num_layers)
+    job = job_for(target, shapes, dtype, iters, aux=aux)
     results = sweep(settings, tp_size, job, device, rank_fn, timeout_s, log, deadline)
     backends = {r.get("backend") for r in results if r["status"] == "ok"}
     backend = backends.pop() if len(backends) == 1 else ",".join(sorted(map(str, backends)))
