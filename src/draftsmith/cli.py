@@ -163,7 +163,8 @@ def generate(
     device: str = DEVICE,
     dtype: str = DTYPE,
     batch_size: int = typer.Option(16, "--batch-size", help="Prompts decoded together"),
-    seed: int = typer.Option(0, help="Seeds the sampling"),
+    seed: int | None = typer.Option(None, help="With --temperature: seeds the sampling "
+                                                "(default 0)"),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
 ) -> None:
@@ -179,10 +180,13 @@ def generate(
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
     params = sampling_params(temperature, top_p, top_k)
+    if seed is not None and params.greedy:
+        raise DraftsmithError("--seed applies to sampling: give --temperature > 0 with it (at "
+                              "temperature 0 decoding is greedy)")
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     done = launch_tp(
-        _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed,
+        _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed or 0,
         device=dev,
     )
     for text, out, n in done or []:  # None: a torchrun rank other than 0, which prints nothing
@@ -200,16 +204,18 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
 
     import torch
 
-    from draftsmith.engine.generate import run_generation
+    from draftsmith.engine.generate import check_positions, run_generation
     from draftsmith.targets import load_target
 
     torch.manual_seed(seed)
     t = load_target(target)
+    ids = [t.chat_ids(a) for a in asks]
+    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens")
     model = t.build(dtype_of(dt), str(tp.device), tp)
     done = []
     for i in range(0, len(asks), batch_size):
         chunk = asks[i : i + batch_size]
-        g = run_generation(model, [t.chat_ids(a) for a in chunk], new, params, t.eos_ids)
+        g = run_generation(model, ids[i : i + batch_size], new, params, t.eos_ids)
         for ask, toks in zip(chunk, g.tokens, strict=True):
             done.append((ask[-1]["content"], t.tokenizer.decode(toks, skip_special_tokens=True),
                          len(toks)))
@@ -224,8 +230,8 @@ def _read_prompts(path: Path) -> list[list[dict[str, str]]]:
 
 
 def main() -> None:
-    _register()
     try:
+        _register()  # imports the engine, whose switches are read (and refused) at import
         app()
     except DraftsmithError as e:
         print(f"draftsmith: error: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@ and a PNG (tokens/s and speedup, accept-length histogram, per-position acceptanc
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             console.print(
                 f"{r['suite']} batch {r['batch']} {r['setting']}: "
                 f"{a['prompts'] - a['identical']} completions diverge from the baseline; "
-                f"largest candidate-logit gap at a divergence {a['max_gap']:.4f}"
+                f"largest candidate-logit gap at a divergence {figure(a['max_gap'], '.4f')}"
             )
-    print(json.dumps(report, separators=(",", ":")))
+    print(json.dumps(strict(report), separators=(",", ":"), allow_nan=False))
 
 
 def fastest(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,8 +92,20 @@ def fastest(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_json(report: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    path.write_text(json.dumps(strict(report), indent=1, allow_nan=False) + "\n")
     return path
+
+
+def strict(v: Any) -> Any:
+    """`v` with every non-finite float as None: strict JSON readers (jq, JavaScript) refuse the
+    NaN and Infinity literals Python writes."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: strict(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [strict(x) for x in v]
+    return v
 
 
 def write_png(report: dict[str, Any], path: Path) -> Path:

@@ -21,7 +21,7 @@ import torch
 
 from draftsmith.bench.suites import fill_batches, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import run_generation, sync
+from draftsmith.engine.generate import check_positions, run_generation, sync
 from draftsmith.engine.profiler import PhaseSummary, env_on
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
@@ -104,14 +104,16 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"warning: {w}")
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target)
+    suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
+              for s, label in suite_labels(cfg.suites).items()}
+    check_positions([p for ps in suites.values() for p in ps], cfg.max_new_tokens,
+                    target.cfg.max_position_embeddings, "--max-new-tokens")  # before the weights
     model = target.build(cfg.dtype, cfg.device)
     drafter, warnings = get_drafter(cfg.drafter, target, model)
     check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
     for w in warnings:
         log(f"warning: {w}")
     warnings += skipped
-    suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
-              for s, label in suite_labels(cfg.suites).items()}
     settings = cfg.settings()
     rt, drt = _runtimes(model, drafter, suites, cfg, settings)
     eos = target.eos_ids
@@ -288,26 +290,32 @@ def agreement(model, batches, base: list[list[int]], spec: list[list[int]],
         j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
                  min(len(a), len(b)))
         divergent.append({"prompt": i, "position": j, **_gap(model, p + a[:j], a, b, j, eos)})
+    gaps = [d["gap"] for d in divergent if d["gap"] is not None]
     return {"prompts": len(prompts), "identical": len(prompts) - len(divergent),
-            "max_gap": max((d["gap"] for d in divergent), default=0.0),
+            "max_gap": max(gaps, default=None if divergent else 0.0),
             "divergences": divergent[:20]}
 
 
 def _gap(model, prefix: list[int], a: list[int], b: list[int], j: int,
-         eos: list[int]) -> dict[str, float]:
+         eos: list[int]) -> dict[str, float | None]:
+    """The two candidates' logit gap at divergence j; None where one candidate is an end with
+    no EOS id in the vocabulary to read its logit from."""
     dev = model.embed.weight.device
     ids = torch.tensor([prefix], device=dev)
     logits = model(ids, torch.arange(len(prefix), device=dev)[None]).logits[0, -1].float()
     top = logits.topk(2).values
 
-    def pick(seq: list[int]) -> float:
+    ends = [e for e in eos if 0 <= e < logits.numel()]  # an eos id may lie past the vocabulary
+
+    def pick(seq: list[int]) -> float | None:
         if j < len(seq):
             return float(logits[seq[j]])
-        return float(logits[eos].max()) if eos else float("nan")
+        return float(logits[ends].max()) if ends else None
 
-    gap = abs(pick(a) - pick(b))
+    x, y = pick(a), pick(b)
+    gap = None if x is None or y is None else abs(x - y)
     return {"gap": gap, "top2_gap": float(top[0] - top[1]),
-            "relative_gap": gap / max(float(logits.std()), 1e-9)}
+            "relative_gap": None if gap is None else gap / max(float(logits.std()), 1e-9)}
 
 
 def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, Any]:

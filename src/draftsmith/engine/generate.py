@@ -6,8 +6,9 @@ all-rows-done flag a step late (`LateFlag`), so the GPU always has the next step
 
 from __future__ import annotations
 
+import numbers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from draftsmith.engine.runtime import Runtime, engine_compile, pinned_at
 from draftsmith.engine.sampling import RowSampling, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
+
+INT64 = 1 << 63
 
 
 @dataclass
@@ -35,7 +38,7 @@ class Generation:
 
 def prefill(rt: Runtime, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Write every prompt into the cache; return last-position logits [B, V] and lengths [B]."""
-    if any(not p for p in prompts):
+    if any(not len(p) for p in prompts):
         raise DraftsmithError("empty prompt")
     longest = max(len(p) for p in prompts)
     if longest > rt.max_seq:
@@ -51,7 +54,7 @@ def padded(prompts: list[list[int]], device: torch.device
     b, longest = len(prompts), max(len(p) for p in prompts)
     tokens = torch.zeros(b, longest, dtype=torch.long)
     for i, p in enumerate(prompts):
-        tokens[i, : len(p)] = torch.tensor(p)
+        tokens[i, : len(p)] = torch.as_tensor(p)
     lens = torch.tensor([len(p) for p in prompts], device=device)
     return tokens.to(device), lens, torch.arange(longest, device=device).repeat(b, 1)
 
@@ -153,7 +156,7 @@ def run_generation(
     """params: one setting for every prompt, or one a prompt."""
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     eos = list(eos_ids or [])
-    check_request(rt, prompts, max_new_tokens)
+    check_request(rt, prompts, max_new_tokens, eos)
     state, step = decoder(rt, len(prompts), eos, params)
     sync(rt)
     t0 = time.perf_counter()
@@ -177,33 +180,79 @@ def run_generation(
                       host.summary())
 
 
-def check_request(rt: Runtime, prompts: list[list[int]], max_new: int) -> None:
-    """Every prompt non-empty and in the target's vocabulary, max_new >= 1, and the longest
-    prompt plus max_new within the runtime's slots."""
+def check_request(rt: Runtime, prompts: list[list[int]], max_new: int,
+                  eos: Sequence[int] = ()) -> None:
+    """Every prompt non-empty and in the target's vocabulary, max_new >= 1, eos ids whole
+    numbers, and the longest prompt plus max_new within the runtime's slots."""
     check_prompts(prompts, rt.model.cfg.vocab_size)
-    if max_new < 1:
-        raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
+    check_eos(eos)
+    check_max_new(max_new)
     need = max(len(p) for p in prompts) + max_new
     if need > rt.max_seq:
         raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
 
 
+def check_max_new(max_new: int) -> None:
+    """max_new_tokens a whole number >= 1 (a float one failed deep in a buffer's allocation)."""
+    if not isinstance(max_new, numbers.Integral) or isinstance(max_new, bool):
+        raise DraftsmithError(f"max_new_tokens must be a whole number, got {max_new!r}")
+    if max_new < 1:
+        raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
+
+
+def check_positions(prompts: list[list[int]], max_new: int, most: int | None,
+                    what: str = "max_new_tokens") -> None:
+    """The longest prompt plus max_new within the target's max_position_embeddings (`most`),
+    as `serve` refuses past it: decoding went on past the positions the target knows."""
+    need = max(map(len, prompts), default=0) + max_new
+    if most and need > most:
+        raise DraftsmithError(f"the longest prompt + {what} = {need} exceeds the target's "
+                              f"max_position_embeddings {most}")
+
+
 def check_prompts(prompts: list[list[int]], vocab: int) -> None:
-    """A non-empty list of non-empty prompts of token ids in [0, vocab): an id past the
+    """A non-empty list of non-empty prompts of integer token ids in [0, vocab): an id past the
     embedding is an IndexError on CPU and, on a GPU, a device-side assert that ends the
-    process's CUDA context."""
+    process's CUDA context; a float id was cut to an integer without a word."""
+    if not isinstance(prompts, (list, tuple)):
+        raise DraftsmithError(f"prompts must be a list of token-id lists, not a "
+                              f"{type(prompts).__name__}")
     if not prompts or any(isinstance(p, int) or not len(p) for p in prompts):
         raise DraftsmithError("empty prompt list or empty prompt (prompts: lists of token ids)")
     for i, p in enumerate(prompts):
-        if (low := min(p)) < 0 or (high := max(p)) >= vocab:
+        if not whole_numbers(p):
+            raise DraftsmithError(f"prompt {i} is not a list of whole-number token ids "
+                                  f"(prompts: lists of token ids)")
+        if (low := int(min(p))) < 0 or (high := int(max(p))) >= vocab:
             bad = low if low < 0 else high
             raise DraftsmithError(f"prompt {i} holds token id {bad}, outside the target's "
                                   f"vocabulary [0, {vocab})")
 
 
+def check_eos(eos: Sequence[int]) -> None:
+    """EOS ids are whole numbers within int64 (they may lie past the vocabulary)."""
+    if len(eos) and not (whole_numbers(eos) and min(eos) >= -INT64 and max(eos) < INT64):
+        raise DraftsmithError(f"eos ids must be whole numbers within int64, got {list(eos)}")
+
+
+def whole_numbers(values: Any) -> bool:
+    """Whether `values` is a flat sequence of integers: an array's dtype says so; a list's sum,
+    one pass in C, is an integer only where every element is (a float, a nested list or a
+    string makes it a float or a TypeError)."""
+    if hasattr(values, "dtype"):  # a tensor or an array
+        t = torch.as_tensor(values)
+        return t.dim() == 1 and not (t.dtype.is_floating_point or t.dtype.is_complex
+                                     or t.dtype == torch.bool)
+    try:
+        return isinstance(sum(values), numbers.Integral)
+    except TypeError:
+        return False
+
+
 def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:
     """A runtime sized to the request (checked first: a bad one would size it wrong)."""
     check_prompts(prompts, model.cfg.vocab_size)
+    check_max_new(new)
     return Runtime(model, len(prompts), max(len(p) for p in prompts) + max(new, 1) + 1)
 
 

@@ -56,7 +56,7 @@ class RefillState:
               params: list[SamplingParams] | None = None) -> None:
         """Prefill `prompts` into `rows` (any rows) and sample their first token; each row then
         samples with its entry of `params` (default: the state's setting)."""
-        params = params or [self.params] * len(rows)
+        params = [self.params] * len(rows) if params is None else list(params)
         for at in range(0, len(rows), self.pre.max_batch):
             part = slice(at, at + self.pre.max_batch)
             idx = torch.tensor(rows[part], device=self.rt.device)
@@ -139,7 +139,8 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
     """Build (and on GPU capture) the step for these settings now, so that no chunk pays for
     the capture (which leaves the random state alone: `Graphs.capture`). `prompts`: also
     capture the prompt graphs their refills will use (`warm_prompts`)."""
-    state, step = _refiller(rt, min(rows, rt.max_batch), max_new, list(eos), params)
+    check_rows(rows, rt.max_batch)
+    state, step = _refiller(rt, rows, max_new, list(eos), params)
     warm_prompts(state.pre, list(prompts), state.start, state.rows)
     state.done.fill_(True)
     return state, step
@@ -169,10 +170,10 @@ def generate_refill(
     """New tokens for every prompt (eos excluded), in prompt order, with `rows` in flight
     (fewer prompts than rows leave rows idle: one captured step serves every call); `stats`,
     if given, gets the decode steps run (`steps`)."""
-    check_rows(rows)
-    rows = min(rows or rt.max_batch, rt.max_batch)
-    check_request(rt, prompts, max_new_tokens)
+    check_rows(rows, rt.max_batch)
+    rows = rows or rt.max_batch
     eos = list(eos_ids or [])
+    check_request(rt, prompts, max_new_tokens, eos)
     state, step = _refiller(rt, rows, max_new_tokens, eos, params)
     state.done.fill_(True)
     queue = deque(enumerate(prompts))
@@ -199,10 +200,13 @@ def generate_refill(
     return results
 
 
-def check_rows(rows: int | None) -> None:
-    """Rows in flight: None for as many as the engine holds, else at least one."""
+def check_rows(rows: int | None, most: int) -> None:
+    """Rows in flight: None for as many as the engine holds (`most`, its max_batch), else at
+    least one and at most that."""
     if rows is not None and rows < 1:
         raise DraftsmithError(f"rows must be >= 1, got {rows}")
+    if rows is not None and rows > most:
+        raise DraftsmithError(f"rows {rows} exceed max_batch {most}")
 
 
 def step_spacing(check_every: int, max_new: int) -> int:

@@ -33,7 +33,6 @@ from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens
-from draftsmith.errors import DraftsmithError
 
 
 class Prefiller:
@@ -123,7 +122,7 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     once no prompt waits, it stops the cycle after every row is done. The result's `decode_s` is
     the whole wall time, prefills included (`prefill_s` is 0), so `tokens_per_s` is the serving
     rate; the accept statistics cover every prompt."""
-    check_rows(rows)
+    check_rows(rows, dec.rt.max_batch)
     rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
     check_every = check_every or refill_every_for(rows)
     eos = list(eos_ids or [])
@@ -165,6 +164,7 @@ def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
     """Capture, untimed, what a refill run of these prompts will replay: the cycle's graphs at
     `rows` and the prompt graphs (target and drafter) of every row count and bucket its
     prefills use."""
+    check_rows(rows, dec.rt.max_batch)
     rows = min(rows, len(prompts))
     warm_prompts(_prefiller(dec).rt, prompts, prompt_pass(dec, rows), rows)
     sync(dec.rt)
@@ -180,10 +180,6 @@ def prompt_pass(dec: SpecDecoder, rows: int) -> Callable[[list[int], list[list[i
 
 def _check(dec: SpecDecoder, prompts: list[list[int]], max_new: int, eos: list[int],
            rows: int) -> None:
-    if rows > dec.rt.max_batch:
-        raise DraftsmithError(f"rows {rows} exceed max_batch {dec.rt.max_batch}")
-    if not prompts:
-        raise DraftsmithError("empty prompt list")
     dec._check_inputs(prompts, max_new, eos, batch=rows)
 
 

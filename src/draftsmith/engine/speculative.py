@@ -27,7 +27,14 @@ import torch
 from draftsmith.engine import tree as trees
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, check_prompts, padded, sync
+from draftsmith.engine.generate import (
+    _trim,
+    check_eos,
+    check_max_new,
+    check_prompts,
+    padded,
+    sync,
+)
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, engine_compile
@@ -216,6 +223,7 @@ class SpecDecoder:
         eos = list(eos_ids or [])
         prof = make_profiler(self.device, self.profile)
         self._check_inputs(prompts, max_new_tokens, eos)
+        params = self.row_settings(params, len(prompts))  # refused before any capture
         st = self._state(len(prompts))  # a first call's capture is no prefill time (as baseline's)
         sync(self.rt)
         t0 = time.perf_counter()
@@ -261,6 +269,7 @@ class SpecDecoder:
         samples with its entry of `params` (default: the decoder's setting; drafts drawn from
         the drafter take the decoder's setting alone)."""
         self._check_inputs(prompts, max_new_tokens, eos)
+        params = self.row_settings(params, len(prompts))
         return self._begin(self._state(len(prompts)), prompts, max_new_tokens, eos, params)
 
     def _begin(self, st: SpecState, prompts: list[list[int]], max_new_tokens: int,
@@ -285,9 +294,11 @@ class SpecDecoder:
             counts.add(st.tree, st.n, st.ext_tok, active)
 
     def row_settings(self, params: list[SamplingParams] | None, n: int) -> list[SamplingParams]:
-        """The settings of n rows: `params`, or the decoder's own; drafts drawn from the drafter
-        take the decoder's setting alone."""
-        rows = params or [self.params] * n
+        """The settings of n rows: `params` (one a row), or (None) the decoder's own; drafts
+        drawn from the drafter take the decoder's setting alone."""
+        rows = [self.params] * n if params is None else list(params)
+        if len(rows) != n:
+            raise DraftsmithError(f"{len(rows)} sampling settings for {n} prompts")
         if self.drawn and any(p != self.params for p in rows):
             raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
                                   f"setting {self.params} alone")
@@ -310,8 +321,8 @@ class SpecDecoder:
                       batch: int | None = None) -> None:
         """batch: the rows the prompts run in (default: one row each)."""
         check_prompts(prompts, self.rt.model.cfg.vocab_size)
-        if max_new < 1:
-            raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")
+        check_eos(eos)
+        check_max_new(max_new)
         if len(eos) > MAX_EOS:
             raise DraftsmithError(f"at most {MAX_EOS} eos ids, got {len(eos)}")
         if (b := batch or len(prompts)) > self.rt.max_batch:
