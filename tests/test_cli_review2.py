@@ -217,3 +217,44 @@ def test_self_made_overwrite_in_a_folder_it_cannot_write_keeps_the_old_prompts(
     assert errors[0].endswith("p.jsonl: cannot write it (Permission denied); the prompts there "
                               "before are kept")
     assert out.read_text() == '{"prompt": "an old one"}\n'
+
+
+def test_a_bad_engine_switch_is_one_error_line_from_the_command_line():
+    """The engine reads its DRAFTSMITH_* switches at import, which `main` did before its error
+    handling: a bad value was a traceback and exit 1, not the one line the README promises."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DRAFTSMITH_SMALL_LINEAR_ROWS": "x"}
+    run = subprocess.run([sys.executable, "-m", "draftsmith", "generate", "-p", "hi"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "draftsmith: error: DRAFTSMITH_SMALL_LINEAR_ROWS='x': use a count >= 0"]
+
+
+@pytest.mark.parametrize("args", [
+    ["data", "regenerate", "P", "-o", "a.jsonl", "--temperature", "0", "--top-k", "5"],
+    ["data", "regenerate", "P", "-o", "a.jsonl", "--temperature", "0", "--top-p", "0.5"],
+    ["data", "prompts", "--self-made", "2", "-o", "x.jsonl", "--temperature", "0", "--top-p",
+     "0.5"],
+])
+def test_data_refuses_filters_given_at_temperature_0(monkeypatch, capsys, tmp_path, args):
+    """regenerate took --top-k 5 at temperature 0 and recorded top_k 5 as the answers' sampling,
+    though they were greedy (generate, bench and tune refuse it)."""
+    monkeypatch.chdir(tmp_path)
+    prompts_file(tmp_path / "P", 2)
+    says = error_of(monkeypatch, capsys, *args, "--target", NEVER, "--device", "cpu")
+    assert "only to sampling (--temperature > 0): at temperature 0 decoding is greedy" in says
+
+
+def test_regenerate_greedy_keeps_its_default_top_p(monkeypatch, capsys, tmp_path):
+    """The default --top-p (0.95) is not a flag given: a greedy run still starts (and here
+    stops at the target, which cannot load)."""
+    monkeypatch.chdir(tmp_path)
+    prompts_file(tmp_path / "P", 2)
+    code, _, err = run_main(monkeypatch, capsys, "data", "regenerate", "P", "-o", "a.jsonl",
+                            "--temperature", "0", "--target", NEVER, "--device", "cpu")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"draftsmith: error: {NEVER}: no such file or folder")

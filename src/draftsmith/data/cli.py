@@ -143,6 +143,9 @@ def prompts(
            "leave {it} out with --self-made N")
     at_least_one({"--batch-size": batch_size, "--max-new-tokens": max_new_tokens})
     check_sampling(temperature, top_p)
+    if temperature == 0:
+        unused(given(prompts, top_p=top_p), "to sampling (--temperature > 0)",
+               "at temperature 0 decoding is greedy; leave {it} out")
     dev, dt = device_dtype(device, dtype)
     cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
                        temperature, top_p, seed, system, openings=openings_from(openings))
@@ -193,6 +196,9 @@ def regenerate(
         unused(given(regenerate, model=model, concurrency=concurrency, retries=retries),
                "to a server", "give {it} with --base-url")
     check_sampling(temperature, top_p, top_k)
+    if temperature == 0:  # greedy: they would be recorded as the answers' sampling
+        unused(given(regenerate, top_p=top_p, top_k=top_k), "to sampling (--temperature > 0)",
+               "at temperature 0 decoding is greedy; leave {it} out")
     # a server's answers are written a chunk at a time: a chunk of --concurrency conversations
     # keeps that many requests in flight (one of --batch-size capped them at 16)
     cfg = RegenConfig(max_new_tokens, max_len, too_long, concurrency if base_url else batch_size,
