@@ -21,7 +21,7 @@ from draftsmith.train import TrainConfig, train
 from draftsmith.train.batches import Plan, batches, collate
 from draftsmith.train.dist import setup as setup_ctx
 from draftsmith.train.loop import Trainer
-from draftsmith.train.objective import make_targets
+from draftsmith.train.objective import counted_positions, make_targets
 from draftsmith.train.reader import ShardReader
 from draftsmith.train.sources import target_head
 
@@ -148,9 +148,10 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig) -> None:
     train(cfg)
 
 
-def rank_loss_and_grad(trainer: Trainer, rank: int) -> tuple[float, torch.Tensor, int]:
-    """(loss, flat gradient, counted positions) of `rank`'s first batch in a 2-rank run, from
-    the same initial drafter in this process."""
+def rank_loss_and_grad(trainer: Trainer, rank: int) -> tuple[float, torch.Tensor, int, tuple]:
+    """(loss, flat gradient, counted positions, (step-0 positions in the draft vocab, step-0
+    assistant positions)) of `rank`'s first batch in a 2-rank run, from the same initial drafter
+    in this process."""
     c = trainer.cfg
     plan = Plan(trainer.data.lengths, c.batch_size, c.max_len, 2, rank, c.seed)
     b = collate(trainer.data.source, plan.rows(0)[2])
@@ -160,7 +161,8 @@ def rank_loss_and_grad(trainer: Trainer, rank: int) -> tuple[float, torch.Tensor
                                       tg.ok)
     loss.backward()
     grad = torch.cat([p.grad.flatten() for p in trainer.drafter.parameters() if p.requires_grad])
-    return float(loss.detach()), grad, int(valid.sum())
+    return float(loss.detach()), grad, int(valid.sum()), (float(counted_positions(tg)),
+                                                            float(valid[0].sum()))
 
 
 @pytest.mark.filterwarnings("ignore:only .* distinct assistant tokens")
@@ -177,10 +179,12 @@ def test_ddp_loss_is_each_ranks_mean_averaged_over_ranks(root, capfd):
         capfd.readouterr().err
     row = log_rows(root / "ddp")[0]
     alone = Trainer(config(root, "ddp_alone", **one_step), setup_ctx("cpu"))
-    (l0, g0, n0), (l1, g1, n1) = (rank_loss_and_grad(alone, r) for r in (0, 1))
+    (l0, g0, n0, c0), (l1, g1, n1, c1) = (rank_loss_and_grad(alone, r) for r in (0, 1))
     assert n0 != n1  # the two weightings differ
     assert row["loss"] == pytest.approx((l0 + l1) / 2, rel=1e-5)
     assert row["grad_norm"] == pytest.approx(float(((g0 + g1) / 2).norm()), rel=1e-4)
     pooled = float(((n0 * g0 + n1 * g1) / (n0 + n1)).norm())
     assert row["grad_norm"] != pytest.approx(pooled, rel=1e-3)
+    assert c0[0] / c0[1] != c1[0] / c1[1]  # the coverage is over both ranks' positions
+    assert row["coverage"] == pytest.approx((c0[0] + c1[0]) / (c0[1] + c1[1]), rel=1e-12)
     assert load_drafter(root / "ddp").cfg.draft_vocab_size == alone.drafter.cfg.draft_vocab_size

@@ -27,6 +27,7 @@ from torch import nn
 
 from draftsmith.data.atomic import make_folder
 from draftsmith.errors import DraftsmithError
+from draftsmith.measured import figure
 from draftsmith.models.eagle3 import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -60,6 +61,12 @@ from draftsmith.train.sources import (
     target_head,
 )
 from draftsmith.train.ttt import unroll
+
+# A first window whose draft vocab holds the target's next token at fewer assistant positions
+# than this is warned: on the default target 4,096 tokens already cover 0.88-0.92 of its answers
+# and 8,192 0.95-0.96 (benchmarks/draft_vocab_coverage.md), so below 0.85 the vocab is smaller
+# than that or counted on other answers, and acceptance stays under it at every position.
+COVERAGE_FLOOR = 0.85
 
 # (options, bound, strict): each option > bound (strict) or >= bound, unless None
 RANGES = (
@@ -220,6 +227,9 @@ class Window:
     def __init__(self, steps: int) -> None:
         self.n, self.loss, self.grad = 0, 0.0, 0.0
         self.counted = 0.0  # positions step 0 trains on: an assistant token, its target in vocab
+        # step-0 assistant positions (counts[1, 0]) of steps restored from a checkpoint written
+        # before `counted` was summed: left out of the coverage's denominator
+        self.uncounted = 0.0
         self.step_loss = torch.zeros(steps, dtype=torch.float64)
         self.counts = torch.zeros(4, steps, dtype=torch.float64)
         self.tokens, self.seconds, self.lr = 0, 0.0, 0.0
@@ -229,6 +239,17 @@ class Window:
 
     def load(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
+        if "counted" not in state:
+            self.uncounted = float(self.counts[1, 0])
+
+    def assistant(self) -> float:
+        """Step-0 assistant positions whose coverage was counted."""
+        return float(self.counts[1, 0]) - self.uncounted
+
+    def coverage(self) -> float | None:
+        """Share of those whose target token lies in the draft vocab (None: none counted)."""
+        n = self.assistant()
+        return self.counted / n if n > 0 else None
 
 
 @dataclass
@@ -571,6 +592,8 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]
         self.window.load(state["window"])
+        # a window was logged (and judged) before this one began: its warnings said their say
+        self.watched = self.step > self.window.n
         if rng is not None:
             ckpt.set_rng_state(rng)
         if self.ctx.main:
@@ -737,6 +760,7 @@ class Trainer:
             "lr": w.lr, "loss": w.loss / w.n,
             "step_loss": (w.step_loss / w.n).tolist(), **s, "grad_norm": w.grad / w.n,
             "tokens": self.tokens, "tokens_per_s": w.tokens / max(w.seconds, 1e-9),
+            "coverage": w.coverage(),
         }
         if self.ctx.main:
             report.append_log(self.out, row)
@@ -745,7 +769,8 @@ class Trainer:
         self.watched = True
         self.window = Window(self.cfg.ttt_steps)
         return (f"loss {row['loss']:.3f} acc0 {s['acc'][0]:.3f} "
-                f"accept {s['accept_length']:.2f} tok/s {row['tokens_per_s']:.0f}")
+                f"accept {s['accept_length']:.2f} cover {figure(row['coverage'], '.3f')} "
+                f"tok/s {row['tokens_per_s']:.0f}")
 
     def _warn_untrained(self, w: Window) -> None:
         """One warning line where the first logged window trained on no position (loss 0, the
@@ -759,9 +784,35 @@ class Trainer:
                    f"{self.drafter.cfg.draft_vocab_size} draft tokens (at "
                    f"{int(w.counts[1, 0])} assistant positions): {self._vocab_cause()}")
         else:
-            return
+            return self._warn_coverage(w)
         warnings.warn(f"nothing trained: {why}; the loss was 0 and the weights did not move",
                       stacklevel=2)
+
+    def _warn_coverage(self, w: Window) -> None:
+        """One warning line where the first logged window's draft vocab misses the target's
+        next token at many positions: the drafter can never propose those tokens."""
+        cov = w.coverage()
+        if cov is None or cov >= COVERAGE_FLOOR:
+            return
+        warnings.warn(
+            f"low draft vocab coverage: in the first {w.n} step(s) the target's next token was "
+            f"one of the {self.drafter.cfg.draft_vocab_size} draft tokens at {cov:.1%} of "
+            f"{int(w.assistant())} assistant positions (under {COVERAGE_FLOOR:.0%}), so no "
+            f"draft position can accept more than that: {self._small_vocab_cause()}",
+            stacklevel=2)
+
+    def _small_vocab_cause(self) -> str:
+        c, size = self.cfg, self.drafter.cfg.draft_vocab_size
+        if c.vocab:
+            return (f"--vocab {c.vocab} is too small or was counted on other data; make a larger "
+                    "one on this data (`draftsmith data vocab --size N`), or leave --vocab out "
+                    "and give --draft-vocab-size")
+        if c.init_from and c.draft_vocab_size is None:
+            return (f"the vocab of --init-from {c.init_from} is too small or was counted on "
+                    "other data; regrow it on this data with a larger --draft-vocab-size")
+        return (f"raise --draft-vocab-size (now {size}; on the default target 4,096 tokens "
+                "cover ~0.91 of its answers, 16,384 ~0.98), or regenerate the answers with "
+                "this target if another model wrote them")
 
     def _vocab_cause(self) -> str:
         c = self.cfg
@@ -781,7 +832,7 @@ class Trainer:
         last = rows[-1] if rows else {}
         training = {"steps": self.step, "tokens": self.tokens, "world_size": self.ctx.world,
                     "config": asdict(self.cfg)}
-        for key in ("loss", "acc", "cond_acc", "accept_length"):
+        for key in ("loss", "acc", "cond_acc", "accept_length", "coverage"):
             if key in last:
                 training[f"last_{key}"] = last[key]
         return {"training": training, "data": self.data.summary, "vocab": self.vocab_summary}

@@ -9,6 +9,7 @@ from typing import Any
 
 from draftsmith.data.atomic import append_whole, atomic_write
 from draftsmith.errors import DraftsmithError
+from draftsmith.measured import gaps
 
 LOG = "train_log.jsonl"
 PLOT = "train_curves.png"
@@ -44,7 +45,8 @@ def append_log(out: Path, row: dict[str, Any]) -> None:
 
 
 def plot(out: Path) -> Path | None:
-    """Loss and per-TTT-position accuracy against the optimizer step."""
+    """Loss and per-TTT-position accuracy (and the draft vocab's coverage of the target's next
+    tokens, which caps it) against the optimizer step."""
     rows = read_log(out)
     if not rows:
         return None
@@ -61,6 +63,9 @@ def plot(out: Path) -> Path | None:
         b.plot(steps, [r["acc"][k] for r in rows], label=f"position {k}")
     b.plot(steps, [r["accept_length"] / (len(rows[0]["acc"]) + 1) for r in rows], "k--",
            label="accept length / (k+1)")
+    if any(r.get("coverage") is not None for r in rows):  # logs written before it lack it
+        b.plot(steps, gaps([r.get("coverage") for r in rows]), ":", color="grey",
+               label="draft vocab coverage")
     b.set(xlabel="step", ylabel="accuracy (top-1 = target argmax)", ylim=(0, 1),
           title="TTT per-position accuracy")
     b.legend(fontsize=7, ncol=2)
