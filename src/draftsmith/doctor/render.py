@@ -48,14 +48,24 @@ def _context(con: Console, ctx: dict[str, Any]) -> None:
 
 
 def matrix_table(w: dict[str, Any]) -> Table:
-    tab = Table(title=f"stored vs live: median relative error / mean cosine over "
-                f"{w['tokens']} {w['token_set']} tokens of samples {w['samples']}")
-    tab.add_column("live (canonical id)")
+    """Every residual row and the final norm; a layer's part rows only where a slot matches
+    one (all are in the JSON)."""
+    kinds = w.get("row_kinds") or ["residual"] * len(w["rows"])
     best = {(s["best"], i) for i, s in enumerate(w["slots"])}
+    named = {s["best"] for s in w["slots"]}
+    shown = [r for r, k in enumerate(kinds) if k in ("residual", "final norm")
+             or w["rows"][r] in named]
+    hidden = len(kinds) - sum(k in ("residual", "final norm") for k in kinds)
+    tab = Table(title=f"stored vs live: median relative error / mean cosine over "
+                f"{w['tokens']} {w['token_set']} tokens of samples {w['samples']}",
+                caption=f"also compared: {hidden} layer parts (stream after attention, MLP "
+                        "output alone), shown where a slot matches one" if hidden else None)
+    tab.add_column("live (canonical id)")
     for col, s in zip(w["cols"], w["slots"], strict=True):
         claimed = "" if s["claimed"] is None else f" (manifest: {s['claimed']})"
         tab.add_column(col + claimed, justify="right")
-    for r, (name, rid) in enumerate(zip(w["rows"], w["row_ids"], strict=True)):
+    for r in shown:
+        name, rid = w["rows"][r], w["row_ids"][r]
         label = name if rid is None else f"{name} ({rid})"
         cells = []
         for c in range(len(w["cols"])):
@@ -74,7 +84,8 @@ def _verdict(con: Console, rep: Report) -> None:
         con.print("  as each convention writes them: " + ", ".join(
             f"{k} {v}" for k, v in conv.items() if k != "draftsmith"))
     else:
-        con.print("[bold red]some stored aux states match no live layer clearly[/bold red]")
+        con.print("[bold red]some stored aux states match no layer's output clearly (see the "
+                  "findings)[/bold red]")
 
 
 def engines_table(rows: list[dict[str, Any]]) -> Table:

@@ -76,7 +76,9 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        f"(their states are near-identical on these tokens): the manifest's "
                        f"{s.claimed} is one of them, and feeding any of them feeds the same "
                        "states", where, "nothing to fix")
-    if mm.row_ids[s.best_row] is None:
+    if s.residual_row is not None:
+        return _part_finding(mm, s, where)
+    if mm.row_kinds[s.best_row] == "final norm":
         return Finding("error", "wiring", f"{s.slot} holds the final normed hidden (as HF's "
                        "hidden_states[-1]), not a residual stream", where,
                        "recapture at a decoder layer's output")
@@ -85,6 +87,18 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        f"(relative error {s.rel:.3g}, runner-up {s.runner_up_rel:.3g})", where,
                        "expected for bf16 captures of deep targets; else check the target")
     return None
+
+
+def _part_finding(mm: MatchMatrix, s: Any, where: str) -> Finding:
+    j = mm.row_layers[s.best_row]
+    what = ("stream after attention, before its MLP (SGLang's `residual` alone)"
+            if s.status == "mid-layer" else "MLP output alone (SGLang's `hidden_states` alone)")
+    return Finding("error", "wiring", f"{s.slot} holds layer {j}'s {what}, not a residual "
+                   f"stream (relative error {s.rel:.3g}; next best {mm.rows[s.residual_row]}, "
+                   f"{s.runner_up_rel:.3g}; manifest: {s.claimed})",
+                   where, f"recapture storing hidden_states + residual, layer {j}'s output "
+                   f"(canonical {j}); a drafter trained on this data learnt from states no "
+                   "engine feeds it")
 
 
 def engine_rows(true_ids: list[int] | None, info: DrafterInfo | None,

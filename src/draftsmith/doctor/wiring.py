@@ -1,24 +1,33 @@
 """Which hidden states a dataset really holds: every stored tensor against every live layer.
 
 A few samples go through the live target with every residual stream captured (embedding output,
-each decoder layer's output) plus the final normed hidden. Each stored aux slot and the stored
-final hidden is compared with each of those rows per token (relative error, cosine); the median
-over tokens is robust to attention-sink tokens whose norms dwarf the rest.
+each decoder layer's output) plus the final normed hidden, and each layer's parts: its stream after
+the attention's residual add, before the MLP (SGLang's `residual` alone), and its MLP's output
+(SGLang's `hidden_states` alone), both easy to store instead of their sum. Each stored aux slot and
+the stored final hidden is compared with each of those rows per token (relative error, cosine);
+the median over tokens is robust to attention-sink tokens whose norms dwarf the rest. A slot is
+matched among the residual rows as before; a part row takes it only where it is clearly closer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS
 
 TOL = 0.05  # median relative error of a clear match (bf16 storage alone gives ~0.004)
 LOOSE = 0.25  # a nearest layer this close with a clear margin still counts, with a warning
 MARGIN = 2.0  # the runner-up must be at least this many times further than the best
+# a layer's parts, as rows after the residual ones: (kind, row name suffix, slot status)
+PARTS = (("after attention", "after attention", "mid-layer"),
+         ("MLP output", "MLP output alone", "mlp-output"))
 
 
 @dataclass
@@ -29,8 +38,9 @@ class SlotMatch:
     rel: float
     cos: float
     runner_up_rel: float
-    status: str  # exact | approximate | tied | ambiguous | none | nonfinite
+    status: str  # exact | approximate | tied | ambiguous | none | nonfinite, or PARTS' status
     tied: list[int] = field(default_factory=list)  # rows as close as the best (it included)
+    residual_row: int | None = None  # for a part's match: the nearest residual row (runner-up)
 
     @property
     def matched(self) -> bool:
@@ -39,8 +49,8 @@ class SlotMatch:
 
 @dataclass
 class MatchMatrix:
-    rows: list[str]  # "embedding (-1)", "layer 0", ..., "final norm"
-    row_ids: list[int | None]  # canonical id of each row; None for the final norm
+    rows: list[str]  # "embedding", "layer 0", ..., "final norm", then each layer's parts
+    row_ids: list[int | None]  # canonical id of each row; None for the final norm and parts
     cols: list[str]
     rel: torch.Tensor  # [rows, cols] median per-token relative error
     cos: torch.Tensor  # [rows, cols] mean per-token cosine
@@ -50,6 +60,8 @@ class MatchMatrix:
     slots: list[SlotMatch]
     nonfinite: list[int] = field(default_factory=list)  # per column: tokens holding NaN/inf
     sample_tokens: int = 0  # every token of the compared samples (nonfinite counts over these)
+    row_kinds: list[str] = field(default_factory=list)  # "residual", "final norm", PARTS' kinds
+    row_layers: list[int | None] = field(default_factory=list)  # the layer a part row is of
 
     def true_ids(self) -> list[int | None]:
         """Canonical id each aux slot best matches (None: the final norm or no clear match)."""
@@ -58,16 +70,20 @@ class MatchMatrix:
     def to_dict(self) -> dict[str, Any]:
         return {
             "convention": CANONICAL_WORDS,
-            "rows": self.rows, "row_ids": self.row_ids, "cols": self.cols,
+            "rows": self.rows, "row_ids": self.row_ids, "row_kinds": self.row_kinds,
+            "row_layers": self.row_layers, "cols": self.cols,
             "rel_err": _rounded(self.rel), "cosine": _rounded(self.cos),
             "tokens": self.tokens, "samples": self.samples, "token_set": self.token_set,
             "sample_tokens": self.sample_tokens,
             "slots": [
                 {"slot": s.slot, "claimed": s.claimed, "best": self.rows[s.best_row],
-                 "best_id": self.row_ids[s.best_row], "rel_err": _finite(s.rel),
+                 "best_id": self.row_ids[s.best_row], "best_kind": self.row_kinds[s.best_row],
+                 "rel_err": _finite(s.rel),
                  "cosine": _finite(s.cos), "runner_up_rel_err": _finite(s.runner_up_rel),
                  "status": s.status, "tied_ids": [self.row_ids[i] for i in s.tied],
-                 "nonfinite_tokens": self.nonfinite[k] if self.nonfinite else 0}
+                 "nonfinite_tokens": self.nonfinite[k] if self.nonfinite else 0,
+                 "nearest_residual": None if s.residual_row is None
+                 else self.rows[s.residual_row]}
                 for k, s in enumerate(self.slots)
             ],
             "true_ids": self.true_ids(),
@@ -92,14 +108,62 @@ def pick_samples(n_total: int, n: int) -> list[int]:
     return sorted({round(i * (n_total - 1) / (n - 1)) for i in range(n)})
 
 
+def row_names(num_layers: int) -> tuple[list[str], list[int | None], list[str],
+                                           list[int | None]]:
+    """Every live row's name, canonical id, kind and (for a part) layer, in match's order."""
+    rows = ["embedding"] + [f"layer {j}" for j in range(num_layers)] + ["final norm"]
+    ids: list[int | None] = [*range(-1, num_layers), None]
+    kinds = ["residual"] * (num_layers + 1) + ["final norm"]
+    layers: list[int | None] = [None] * (num_layers + 2)
+    for kind, suffix, _ in PARTS:
+        rows += [f"layer {j} {suffix}" for j in range(num_layers)]
+        ids += [None] * num_layers
+        kinds += [kind] * num_layers
+        layers += list(range(num_layers))
+    return rows, ids, kinds, layers
+
+
+@contextmanager
+def _parts_tapped(model: Any, keep: Callable[[str, int, torch.Tensor], None]) -> Iterator[None]:
+    """Hand each layer's stream after attention (the post-attention norm's input) and its MLP's
+    output to `keep` during one eager forward (the doctor's: no fused norms)."""
+    kind_mid, kind_mlp = PARTS[0][0], PARTS[1][0]
+    handles = []
+    for j, layer in enumerate(model.layers):
+        handles.append(layer.post_norm.register_forward_pre_hook(
+            lambda _m, args, j=j: keep(kind_mid, j, args[0])))
+        handles.append(layer.mlp.register_forward_hook(
+            lambda _m, _args, out, j=j: keep(kind_mlp, j, out)))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @torch.no_grad()
-def live_rows(model: Any, input_ids: torch.Tensor, num_layers: int) -> torch.Tensor:
-    """[T, L + 2, H] float32: embedding output, each layer's output, final normed hidden."""
+def live_errors(model: Any, input_ids: torch.Tensor, stored: torch.Tensor,
+                num_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """stored [T, C, H] against every live row (`row_names`' order) -> relative error and
+    cosine [T, R, C]. The parts are compared as the forward makes them: no [T, 3L, H] copy."""
     dev = next(model.parameters()).device
     t = input_ids.numel()
-    fo = model(input_ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t),
-               aux_ids=tuple(range(-1, num_layers)), want_logits=False)
-    return torch.cat([fo.aux[0], fo.hidden[0][:, None]], 1).float().cpu()
+    parts: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(kind: str, j: int, x: torch.Tensor) -> None:
+        parts[kind, j] = token_errors(stored, x[0, :, None].float().cpu())
+
+    with _parts_tapped(model, keep):
+        fo = model(input_ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t),
+                   aux_ids=tuple(range(-1, num_layers)), want_logits=False)
+    if len(parts) != len(PARTS) * num_layers:
+        raise DraftsmithError(f"the live target ran {len(parts)} of its "
+                              f"{len(PARTS) * num_layers} layer parts (a fused forward?)")
+    rel, cos = token_errors(stored, torch.cat([fo.aux[0], fo.hidden[0][:, None]], 1).float()
+                            .cpu())
+    order = [parts[kind, j] for kind, _, _ in PARTS for j in range(num_layers)]
+    return (torch.cat([rel, *(r for r, _ in order)], 1),
+            torch.cat([cos, *(c for _, c in order)], 1))
 
 
 def token_errors(stored: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,8 +193,7 @@ def match(
         ok = full.isfinite().all(-1)  # [T, C]: a stored state with NaN/inf compares with nothing
         bad, total = bad + (~ok).sum(0), total + int(ok.shape[0])
         n = min(max_tokens, int(s["input_ids"].numel()))  # causal: a prefix is exact
-        live = live_rows(model, s["input_ids"][:n], num_layers)
-        r, c = token_errors(full[:n], live)
+        r, c = live_errors(model, s["input_ids"][:n], full[:n], num_layers)
         rels.append(r.masked_fill(~ok[:n, None], math.nan))
         coss.append(c.masked_fill(~ok[:n, None], math.nan))
         masked.append(s["loss_mask"][:n].bool())
@@ -141,18 +204,36 @@ def match(
     claimed = list(dataset.manifest.get("aux_layer_ids") or [])
     n_aux = rel.shape[-1] - 1
     cols = [f"aux[{k}]" for k in range(n_aux)] + ["hidden"]
-    rows = ["embedding"] + [f"layer {j}" for j in range(num_layers)] + ["final norm"]
-    row_ids: list[int | None] = [*range(-1, num_layers), None]
+    rows, row_ids, kinds, layers = row_names(num_layers)
     med, mean_cos = rel.nanmedian(0).values, cos.nanmean(0)
     said = [claimed[k] if k < len(claimed) and k < n_aux else None for k in range(n_aux + 1)]
+    main = num_layers + 2  # the residual rows and the final norm; the parts follow
     slots = [
-        _verdict(cols[k], said[k], med[:, k], mean_cos[:, k],
-                 row_ids.index(said[k]) if said[k] in row_ids[:-1] else None)
+        _part_verdict(_verdict(cols[k], said[k], med[:main, k], mean_cos[:main, k],
+                               row_ids.index(said[k]) if said[k] in row_ids[:main - 1]
+                               else None),
+                      med[:, k], mean_cos[:, k], main, kinds)
         for k in range(n_aux + 1)
     ]
     return MatchMatrix(rows, row_ids, cols, med, mean_cos, int(rel.shape[0]), idx,
                        "loss-masked" if use_mask else "all", slots,
-                       [int(x) for x in bad], total)
+                       [int(x) for x in bad], total, kinds, layers)
+
+
+def _part_verdict(m: SlotMatch, rel: torch.Tensor, cos: torch.Tensor, main: int,
+                  kinds: list[str]) -> SlotMatch:
+    """`m` (the residual rows' verdict), or the part row clearly closer than any residual row:
+    on deep targets a layer's stream after attention lies near its output and read as it."""
+    if m.status == "nonfinite" or rel.numel() <= main:
+        return m
+    part = rel[main:].nan_to_num(math.inf)
+    best = main + int(part.argmin())
+    b = float(rel[best])
+    if not (b <= LOOSE and _clear(m.rel, b)):
+        return m
+    status = next(st for kind, _, st in PARTS if kind == kinds[best])
+    return SlotMatch(m.slot, m.claimed, best, round(b, 6), round(float(cos[best]), 6),
+                     m.rel, status, [], m.best_row)
 
 
 def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor,
