@@ -77,6 +77,13 @@ def unused(flags: list[str], where: str, fix: str) -> None:
                               + fix.format(it="it" if one else "them"))
 
 
+def check_compile(compile: bool, device: str) -> None:
+    """--compile refused off CUDA: the compiled layers run only inside CUDA graphs, so on a CPU
+    it did nothing while records said `compile: true`."""
+    unused(["--compile"] if compile and not str(device).startswith("cuda") else [],
+           "on a GPU (--device cuda)", "leave {it} out on the CPU")
+
+
 def check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
     """--temperature, --top-p and --top-k in range, refused by flag before any work."""
     if not math.isfinite(temperature) or temperature < 0:  # NaN passes every comparison

@@ -29,6 +29,7 @@ from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder, check_pair
 from draftsmith.engine.tree import TreeShape
 from draftsmith.errors import DraftsmithError
+from draftsmith.options import check_compile
 
 Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
 
@@ -59,6 +60,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         self.settings()  # a grid that runs nothing is refused before any loading
+        check_compile(self.compile, self.device)
 
     def settings(self) -> list[Setting]:
         """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree

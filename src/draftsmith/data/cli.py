@@ -22,6 +22,7 @@ from draftsmith.options import (
     DTYPE,
     TARGET,
     at_least_one,
+    check_compile,
     check_folder,
     check_sampling,
     command_line,
@@ -206,6 +207,7 @@ def regenerate(
     check_file_path(out)
     not_an_input(out, [source])
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
+    check_compile(compile, dev)  # before the prompts are read and counted
     convs = read_sources([source], strict, limit)
     regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
                     api_key, log=say, compile=compile)

@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,10 @@ from draftsmith.data.atomic import make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_json
 from draftsmith.options import at_least_one, check_folder
+
+if TYPE_CHECKING:
+    from draftsmith.data.regenerate import RegenConfig
+    from draftsmith.data.selfmade import MagpieConfig
 
 
 def make_dataset(
@@ -41,8 +45,14 @@ def make_dataset(
 ) -> dict[str, Any]:
     from draftsmith.data.capture import CaptureConfig, aux_ids, capture
     from draftsmith.data.prompts import read_prompts
-    from draftsmith.data.regenerate import EngineBackend, RegenConfig, regenerate
+    from draftsmith.data.regenerate import (
+        EngineBackend,
+        RegenConfig,
+        regenerate,
+        within_positions,
+    )
     from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+    from draftsmith.options import check_compile
     from draftsmith.targets import load_target
 
     out = Path(out)
@@ -50,12 +60,15 @@ def make_dataset(
                   "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
                   "--vocab-size": vocab_size})
     check_folder(out)
+    check_compile(compile, device)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
     # every setting is checked before the first stage starts
     magpie = MagpieConfig(n, batch_size, prompt_tokens, seed=seed)
-    regen = RegenConfig(max_new_tokens, max_len, batch_size=batch_size, seed=seed)
-    cap = CaptureConfig(ids, max(1, batch_size // 4), max_len, dtype=dtype, device=device)
+    regen = within_positions(RegenConfig(max_new_tokens, max_len, batch_size=batch_size,
+                                         seed=seed), t.cfg.max_position_embeddings, log)
+    # regen.max_len: --max-len within the target's positions, as the answers are
+    cap = CaptureConfig(ids, max(1, batch_size // 4), regen.max_len, dtype=dtype, device=device)
     record_path = make_folder(out) / "make.json"
     record = _read_record(record_path)
     record.setdefault("commands", [])
@@ -75,12 +88,17 @@ def make_dataset(
         return result
 
     prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
-    stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model, progress=progress,
-                                               log=log))
+    made = stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model,
+                                                      progress=progress, log=log,
+                                                      compile=compile))
+    if not made["kept"]:
+        raise DraftsmithError(_no_prompts(made, magpie))
     engine = EngineBackend(t, model, regen, compile)
     # the first n prompts: files an earlier, larger --n left hold more
-    stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers, engine,
-                                           t.tokenizer, regen, progress, log))
+    said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers, engine,
+                                                  t.tokenizer, regen, progress, log))
+    if not said["done_before"] + said["answered"]:
+        raise DraftsmithError(_no_answers(said, regen))
     # grow: a rerun with another --n changes the answers captured; the shards they leave as they
     # are stay
     redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
@@ -91,6 +109,23 @@ def make_dataset(
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
+
+
+def _no_prompts(made: dict[str, int], cfg: MagpieConfig) -> str:
+    """Why the prompts stage kept none, by its counts, and what to change."""
+    return (f"data make: the target's self-made prompts were all dropped ({made['duplicates']} "
+            f"duplicates, {made['length_filtered']} under {cfg.min_chars} or over "
+            f"{cfg.max_chars} characters, {made['unfinished']} unfinished within "
+            f"--prompt-tokens {cfg.max_new_tokens}, {made['bare_openings']} bare openings): "
+            "raise --prompt-tokens, or try another --seed or --target")
+
+
+def _no_answers(said: dict[str, int], cfg: RegenConfig) -> str:
+    """Why the regenerate stage answered none, by its counts, and what to change."""
+    return (f"data make: the target answered no prompt ({said['skipped_too_long']} longer than "
+            f"--max-len {cfg.max_len} - --max-new-tokens {cfg.max_new_tokens}, "
+            f"{said['template_refused']} refused by the chat template, {said['failed']} failed)"
+            ": raise --max-len or lower --max-new-tokens")
 
 
 def _answers(prompts: Path, answers: Path, n: int) -> list[Any]:

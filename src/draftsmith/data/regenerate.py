@@ -10,6 +10,7 @@ template refuses (roles it does not take) is skipped. Each is counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -75,6 +76,24 @@ class RegenConfig:
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
 
+def within_positions(cfg: RegenConfig, most: int | None,
+                     say: Callable[[str], None] | None = None) -> RegenConfig:
+    """`cfg` for the built-in engine, which decodes no further than the target's
+    max_position_embeddings (`most`): a --max-len past them is cut to them, so a prompt that
+    cannot fit with its answer is truncated or skipped as one past --max-len is."""
+    if not most or cfg.max_len <= most:
+        return cfg
+    if cfg.max_new_tokens >= most:
+        raise DraftsmithError(f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a "
+                              f"prompt within the target's max_position_embeddings {most}")
+    (say or (lambda s: print(s, file=sys.stderr)))(
+        f"regenerate: warning: --max-len {cfg.max_len} exceeds the target's "
+        f"max_position_embeddings {most}: prompts are held to {most - cfg.max_new_tokens} "
+        f"tokens ({most} less --max-new-tokens {cfg.max_new_tokens}; longer ones: --too-long "
+        f"{cfg.too_long})")
+    return dataclasses.replace(cfg, max_len=most)
+
+
 # A server answering these to every request is set up wrongly (--api-key, --model, --base-url):
 # each prompt would fail alike.
 _KEY = "check --api-key (or OPENAI_API_KEY)"
@@ -97,7 +116,8 @@ class EngineBackend:
         from draftsmith.engine.runtime import Runtime
         from draftsmith.engine.sampling import SamplingParams
 
-        self.target, self.cfg = target, cfg
+        self.target = target
+        self.cfg = cfg = within_positions(cfg, target.cfg.max_position_embeddings)
         self.model_name = target.source
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1, compile=compile)
@@ -252,6 +272,8 @@ def regenerate(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
+    if isinstance(backend, EngineBackend) and backend.cfg.max_len < cfg.max_len:
+        cfg = dataclasses.replace(cfg, max_len=backend.cfg.max_len)  # the target's positions
     info = answerer(backend, cfg)
     step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
     records, torn = appended_records(out)
@@ -467,9 +489,12 @@ def regenerate_file(
         if not model:
             backend.model_name = server_model(backend.client, base_url)
     else:
+        from draftsmith.options import check_compile
         from draftsmith.targets import load_target
 
+        check_compile(compile, device)
         t = load_target(target)
+        cfg = within_positions(cfg, t.cfg.max_position_embeddings, log)  # before the weights
         tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg, compile)
     try:
         return regenerate(convs, out, backend, tok, cfg, log=log)

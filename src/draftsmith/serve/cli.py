@@ -84,6 +84,7 @@ def serve(
             f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
             "(fastapi, uvicorn)") from None
     from draftsmith.cli import device_dtype
+    from draftsmith.options import check_compile
     from draftsmith.serve.engine import EngineConfig, load_engine
 
     at_least_one({"--max-batch": max_batch, "--max-tokens-limit": max_tokens_limit,
@@ -105,9 +106,10 @@ def serve(
     if not (warm := warmup if warmup is not None else dev != "cpu"):
         unused(given(serve, warm_sampling=warm_sampling), "with a warm-up",
                "give --warmup with it, or leave it out" if warmup is None else "leave it out")
+    check_compile(compile, dev)
     check_bindable(host, port)  # before the model loads, not after
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
-                        num_draft_tokens, compile and dev != "cpu", fixed_rows)
+                        num_draft_tokens, compile, fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warm:
         sizes = f"{max_batch}" if fixed_rows else f"up to {max_batch} (powers of two)"

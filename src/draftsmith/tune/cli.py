@@ -85,9 +85,11 @@ def tune(
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
     from draftsmith.cli import sampling_params
+    from draftsmith.options import check_compile
 
     params = sampling_params(temperature, top_p, top_k)
     dev, dt = device_dtype(device, dtype)
+    check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk, params, seed, max_draft_tokens, refill)
@@ -182,9 +184,11 @@ def run_tune(
     import torch
 
     from draftsmith.engine.drafter_runtime import DrafterRuntime
+    from draftsmith.engine.generate import check_positions
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
+    from draftsmith.options import check_compile
     from draftsmith.targets import load_target
     from draftsmith.tune import measure
     from draftsmith.tune.cost_model import (
@@ -196,18 +200,21 @@ def run_tune(
     )
     from draftsmith.tune.flags import export_paths, recommendation_text
 
+    check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     read_drafter_meta(drafter_dir)  # and a mistyped --drafter
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
         dev = str(tp.device)
+    ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
+    # the acceptance runs decode --max-new-tokens past each prompt: refused before the weights
+    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens")
     model = t.build(dt, dev, tp)
     # under TP the target's embedding is sharded: the drafter takes the whole one
     embed = model.embed.weight if tp is None or tp.size == 1 else t.weights.get(
         "model.embed_tokens.weight")
     drafter = load_drafter(drafter_dir, dev, dt, embed=embed)
-    ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
     # the widest verify (the tree acceptance run's or the costs' widest) past the longest row,
     # and past position 64, where the costs are timed
     max_seq = max(max(len(p) for p in ids) + new, 64) + 64 + verify_width(max_steps, max_topk,
