@@ -68,6 +68,20 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def train_root(tmp_path_factory, tiny_llama_dir) -> Path:
+    """A folder of a captured dataset of 24 samples (`data/`) and the tiny llama (`target`),
+    one a test module, for training tests."""
+    from test_train_helpers import write_dataset
+
+    from draftsmith.targets import load_target
+
+    root = tmp_path_factory.mktemp("train_root")
+    write_dataset(root / "data", load_target(tiny_llama_dir), n=24)
+    (root / "target").symlink_to(tiny_llama_dir)
+    return root
+
+
+@pytest.fixture(scope="module")
 def target(tiny_llama_dir):
     """The tiny llama as a `Target` (a module may define its own `target` instead)."""
     from draftsmith.targets import load_target

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import test_doctor as td
+import torch
 from test_doctor import TRUE, doctor, errors
 
 # test_doctor's module fixtures: its tiny 8-layer target, data on layers 1, 3, 5, a drafter
@@ -47,9 +49,9 @@ def test_an_exported_folder_edited_off_by_one_fails_without_data(
     assert doctor(drafter=exported[fmt], target=str(target_dir), engine=engine).problems() == []
 
 
-def _poison(src: Path, dst: Path, slot: int | None, every: int) -> Path:
-    """A copy of `src` whose aux[slot] (None: the final hidden) holds NaN at every `every`-th
-    token, with the manifest's checksums updated: a float16 capture that overflowed."""
+def edit_shards(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of dataset `src` whose shards' tensors `edit` changes in place, with the
+    manifest's sizes and checksums updated (so only the doctor's live match can tell)."""
     from safetensors import safe_open
     from safetensors.torch import save
 
@@ -59,15 +61,25 @@ def _poison(src: Path, dst: Path, slot: int | None, every: int) -> Path:
         path = dst / s["file"]
         with safe_open(str(path), framework="pt") as f:
             t, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
-        if slot is None:
-            t["hidden"][::every] = float("inf")
-        else:
-            t["aux"][::every, slot] = float("nan")
+        edit(t)
         raw = save(t, metadata=meta)
         path.write_bytes(raw)
         s.update(sha256=hashlib.sha256(raw).hexdigest(), bytes=len(raw))
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst
+
+
+def _poison(src: Path, dst: Path, slot: int | None, every: int) -> Path:
+    """A copy of `src` whose aux[slot] (None: the final hidden) holds NaN at every `every`-th
+    token: a float16 capture that overflowed."""
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        if slot is None:
+            t["hidden"][::every] = float("inf")
+        else:
+            t["aux"][::every, slot] = float("nan")
+
+    return edit_shards(src, dst, edit)
 
 
 def test_stored_states_holding_nan_or_inf_are_an_error(data_dir, target_dir, tmp_path):

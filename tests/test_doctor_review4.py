@@ -4,16 +4,15 @@ not read as that layer's output."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import write_tiny_folder
 from test_doctor import TRUE, convs, doctor, errors
+from test_doctor_review2 import edit_shards
 
 from draftsmith.data.capture import CaptureConfig, capture
 from draftsmith.targets import load_target
@@ -60,17 +59,10 @@ def _parts(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
 @torch.no_grad()
 def _fabricate(src: Path, dst: Path, target_dir: Path, slot: int | None, part: str) -> Path:
     """A copy of `src` whose aux[slot] (None: the final hidden, from the last layer) holds that
-    layer's `part` instead of its output; checksums updated."""
-    from safetensors import safe_open
-    from safetensors.torch import save
-
+    layer's `part` instead of its output."""
     model = load_target(target_dir).build(torch.float32)
-    shutil.copytree(src, dst)
-    m = json.loads((dst / "manifest.json").read_text())
-    for s in m["shards"]:
-        path = dst / s["file"]
-        with safe_open(str(path), framework="pt") as f:
-            t, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
         off = t["offsets"].tolist()
         for a, b in zip(off, off[1:], strict=False):
             got = _parts(model, t["input_ids"][a:b].long())
@@ -80,11 +72,8 @@ def _fabricate(src: Path, dst: Path, target_dir: Path, slot: int | None, part: s
                 t["hidden"][a:b] = got[part][-1].bfloat16()
             else:
                 t["aux"][a:b, slot] = got[part][TRUE[slot]].bfloat16()
-        raw = save(t, metadata=meta)
-        path.write_bytes(raw)
-        s.update(sha256=hashlib.sha256(raw).hexdigest(), bytes=len(raw))
-    (dst / "manifest.json").write_text(json.dumps(m))
-    return dst
+
+    return edit_shards(src, dst, edit)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from test_train_helpers import AUX, write_dataset
+from test_train_helpers import AUX
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import load_drafter
@@ -18,10 +18,8 @@ from draftsmith.train.loop import Trainer
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, tiny_llama_dir):
-    root = tmp_path_factory.mktemp("train_review2")
-    write_dataset(root / "data", load_target(tiny_llama_dir), n=24)
-    return root
+def root(train_root):
+    return train_root
 
 
 def config(root, out, **over) -> TrainConfig:

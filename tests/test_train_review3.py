@@ -29,11 +29,8 @@ UNTRAINED = "nothing trained"
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, tiny_llama_dir):
-    root = tmp_path_factory.mktemp("train_review3")
-    write_dataset(root / "data", load_target(tiny_llama_dir), n=24)
-    (root / "target").symlink_to(tiny_llama_dir)
-    return root
+def root(train_root):
+    return train_root
 
 
 def config(root, out, **over) -> TrainConfig:

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from test_train_helpers import write_dataset
+from test_train_review3 import log_rows
 
 from draftsmith.data.shards import Dataset
 from draftsmith.data.vocab import build_vocab, save_vocab
@@ -22,11 +22,8 @@ LOW = "low draft vocab coverage"
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory, tiny_llama_dir):
-    root = tmp_path_factory.mktemp("train_review4")
-    write_dataset(root / "data", load_target(tiny_llama_dir), n=24)
-    (root / "target").symlink_to(tiny_llama_dir)
-    return root
+def root(train_root):
+    return train_root
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +45,6 @@ def config(root, out, **over) -> TrainConfig:
                 save_every=1000, progress=False, loader_workers=0)
     base.update(over)
     return TrainConfig(**base)
-
-
-def log_rows(folder) -> list[dict]:
-    return [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
 
 
 def vocab_of(root, name: str, tokens: torch.Tensor, size: int):
