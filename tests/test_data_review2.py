@@ -138,20 +138,28 @@ def answered(out: Path, **answer) -> None:
 
 
 def test_server_answers_sent_otherwise_are_not_mixed_with_this_runs(target, tmp_path):
-    """Answers an earlier draftsmith asked a server for without top_k, min_p and
-    repetition_penalty (sampled with its generation_config's, recorded as top_k 0) were
-    resumed by requests sending them, both under one recorded sampling."""
+    """Answers recorded with other fields sent beyond OpenAI's (another top_k, min_p,
+    repetition_penalty) are not resumed under this run's; answers written before the fields
+    were recorded (yesterday's draftsmith sent these same fields) are."""
+    from draftsmith.data.regenerate import PENALTIES, server_sampling
+
     out = tmp_path / "a.jsonl"
-    answered(out, backend="openai", model="m", base_url="http://old/v1")
+    answered(out, backend="openai", model="m", base_url="http://old/v1",
+             sent={**PENALTIES, **server_sampling(CFG), "top_k": 20})
     before = out.read_bytes()
     backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", CFG, retries=0, timeout=1)
     try:
         with pytest.raises(DraftsmithError, match=r"a.jsonl:1: holds answers of requests with "
-                           r"the fields None .*generation_config.*'top_k': -1.*another --out"):
+                           r"the fields .*'top_k': 20.*'top_k': -1.*another --out"):
             regenerate(asks(3), out, backend, target.tokenizer, CFG, False, lambda s: None)
+        assert out.read_bytes() == before
+        out.unlink()
+        answered(out, backend="openai", model="m", base_url="http://old/v1")  # no `sent`
+        backend.answer = Echo().answer
+        stats = regenerate(asks(2), out, backend, target.tokenizer, CFG, False, lambda s: None)
+        assert stats["done_before"] == 1 and stats["answered"] == 1
     finally:
         backend.close()
-    assert out.read_bytes() == before
 
 
 def test_the_engine_knows_its_target_by_fingerprint_not_by_path(target, model, tmp_path):
@@ -182,6 +190,11 @@ def test_self_made_prompts_made_otherwise_are_refused_when_enough_are_there(targ
                                "meta": meta}) + "\n")
     with pytest.raises(DraftsmithError, match="made otherwise .seed 0 there, 1 now"):
         self_made_prompts(target, out, cfg, progress=False, log=lambda s: None)
+    # the batch size only shapes rounds: a full file made at another one is kept (a `data make`
+    # rerun with another --batch-size after its capture ran out of memory)
+    other = MagpieConfig(n=1, seed=0, batch_size=cfg.batch_size * 2)
+    stats = self_made_prompts(target, out, other, progress=False, log=lambda s: None)
+    assert stats["kept"] == 1
 
 
 # --- capture: a shard gone since is written again --------------------------------------------

@@ -730,3 +730,27 @@ def test_init_from_refuses_a_norm_its_drafter_was_trained_without(setup):
     with pytest.raises(DraftsmithError, match="--fc-norm False there, True here; --norm-output"):
         Trainer(config(root, "more_norms", init_from=str(root / "plain_norms"),
                        draft_vocab_size=None, fc_norm=True, norm_output=True), setup_ctx("cpu"))
+
+
+def test_online_data_cut_at_max_len_keeps_the_identity_its_checkpoints_recorded(target,
+                                                                                  tmp_path):
+    """Online samples are now cut at --max-len as capture cuts them (packing cut them later
+    before), which changed the data's identity: `--resume` of yesterday's online run said the
+    data changed. The identity stays that of the uncut samples, so the order and the checkpoint
+    agree; a sample the cut leaves no answer token is gone, and that is a change."""
+    import hashlib
+
+    from draftsmith.train.sources import open_online
+
+    long = "word " * 40
+    rows = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": long}],
+            [{"role": "user", "content": "word " * 15}, {"role": "assistant", "content": "ok"}]]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows))
+    full = open_online(path, target, None, None)
+    cut = open_online(path, target, None, None, max_len=120)
+    assert max(cut.lengths) == 120 < max(full.lengths)
+    assert cut.identity() == full.identity()
+    digest = hashlib.sha256(json.dumps(full.lengths).encode()).hexdigest()[:16]
+    assert full.identity()["lengths"] == digest  # what checkpoints before the cut recorded
+    assert len(open_online(path, target, None, None, max_len=60).lengths) == 1

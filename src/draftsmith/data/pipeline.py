@@ -98,7 +98,7 @@ def make_dataset(
     said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers, engine,
                                                   t.tokenizer, regen, progress, log))
     if not said["done_before"] + said["answered"]:
-        raise DraftsmithError(_no_answers(said, regen))
+        raise DraftsmithError(_no_answers(said, regen, regen.max_len < max_len))
     # grow: a rerun with another --n changes the answers captured; the shards they leave as they
     # are stay
     redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
@@ -120,12 +120,15 @@ def _no_prompts(made: dict[str, int], cfg: MagpieConfig) -> str:
             "raise --prompt-tokens, or try another --seed or --target")
 
 
-def _no_answers(said: dict[str, int], cfg: RegenConfig) -> str:
-    """Why the regenerate stage answered none, by its counts, and what to change."""
+def _no_answers(said: dict[str, int], cfg: RegenConfig, cut: bool) -> str:
+    """Why the regenerate stage answered none, by its counts, and what to change (`cut`:
+    --max-len was cut to the target's positions, so only --max-new-tokens can make room)."""
+    limit = (f"--max-len {cfg.max_len} (cut to the target's max_position_embeddings)" if cut
+             else f"--max-len {cfg.max_len}")
+    fix = "lower --max-new-tokens" if cut else "raise --max-len or lower --max-new-tokens"
     return (f"data make: the target answered no prompt ({said['skipped_too_long']} longer than "
-            f"--max-len {cfg.max_len} - --max-new-tokens {cfg.max_new_tokens}, "
-            f"{said['template_refused']} refused by the chat template, {said['failed']} failed)"
-            ": raise --max-len or lower --max-new-tokens")
+            f"{limit} - --max-new-tokens {cfg.max_new_tokens}, {said['template_refused']} "
+            f"refused by the chat template, {said['failed']} failed): {fix}")
 
 
 def _answers(prompts: Path, answers: Path, n: int) -> list[Any]:

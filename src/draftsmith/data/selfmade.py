@@ -141,8 +141,9 @@ def self_made_prompts(
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0,
              "bare_openings": 0}
-    _same_settings(out, have, meta, cfg.openings)
-    if len(have) >= cfg.n:
+    full = len(have) >= cfg.n
+    _same_settings(out, have, meta, cfg.openings, full)
+    if full:
         return stats
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
@@ -190,13 +191,15 @@ RESUMED = ("target", "batch_size", "max_new_tokens", "min_chars", "max_chars", "
 
 
 def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
-                   openings: tuple[str, ...]) -> None:
+                   openings: tuple[str, ...], full: bool = False) -> None:
     """A rerun goes on with the settings the prompts in `out` were made with: with others its
-    prompts would be neither these nor an uninterrupted run's."""
+    prompts would be neither these nor an uninterrupted run's. `full`: no round is left to
+    make, so the batch size (which only shapes rounds) may differ."""
+    keys = [k for k in RESUMED if not (full and k == "batch_size")]
     for c in have:
         if c.meta.get("source") != "magpie":
             continue
-        diff = [f"{k} {c.meta.get(k)!r} there, {meta[k]!r} now" for k in RESUMED
+        diff = [f"{k} {c.meta.get(k)!r} there, {meta[k]!r} now" for k in keys
                 if k in c.meta and c.meta[k] != meta[k]]
         opening = c.meta.get("opening")
         if (opening is None) == bool(openings) or (opening is not None and opening not in openings):

@@ -30,12 +30,16 @@ class Data:
     online: bool
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
+    # online: the samples' lengths before the cut at --max-len, which checkpoints of runs that
+    # cut later (packing) recorded; the order is the same either way
+    uncut: list[int] | None = None
 
     def identity(self) -> dict[str, Any]:
         """What the data order depends on (the sample lengths), to tell on --resume whether the
         data changed since the checkpoint (a dataset grown in place, an edited prompts file)."""
-        digest = hashlib.sha256(json.dumps(self.lengths).encode()).hexdigest()[:16]
-        return {"samples": len(self.lengths), "tokens": sum(self.lengths), "lengths": digest}
+        lengths = self.uncut if self.uncut is not None else self.lengths
+        digest = hashlib.sha256(json.dumps(lengths).encode()).hexdigest()[:16]
+        return {"samples": len(lengths), "tokens": sum(lengths), "lengths": digest}
 
     def answer_start(self, max_len: int) -> int | None:
         """The index of an assistant token a drafter learns (from a sample's third token on: the
@@ -151,8 +155,8 @@ def open_online(
     if max_samples is not None:
         convs = convs[:max_samples]
     encoded, refused = _encode(target.tokenizer, convs, prompts)
-    cut = [(ids[:max_len], mask[:max_len]) for ids, mask in encoded]
-    samples = [(ids, mask) for ids, mask in cut if any(mask)]
+    kept = [(ids, mask) for ids, mask in encoded if any(mask[:max_len])]
+    samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
             f"{refused[0]}" if refused else "")
     if not samples:
@@ -169,7 +173,7 @@ def open_online(
                "skipped_without_assistant": len(encoded) - len(samples),
                "skipped_template_refused": len(refused),
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
-    return Data(src, src.lengths(), ids, True, summary)
+    return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept])
 
 
 def _encode(tok: Any, convs: list[Any], prompts: str | Path,
