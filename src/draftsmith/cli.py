@@ -42,7 +42,7 @@ COMMANDS = [
     ("draftsmith.export.cli", "import_", "import"),
     ("draftsmith.doctor", "doctor", "doctor"),
     ("draftsmith.bench.cli", "bench", "bench"),
-    ("draftsmith.bench.cli", "allreduce_bench", "bench-allreduce"),
+    ("draftsmith.bench.allreduce", "allreduce_bench", "bench-allreduce"),
     ("draftsmith.tune.cli", "tune", "tune"),
     ("draftsmith.tune.cli", "tune_nccl", "tune-nccl"),
     ("draftsmith.compare", "compare", "compare"),

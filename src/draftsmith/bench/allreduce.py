@@ -41,7 +41,7 @@ from draftsmith.dist import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.parallel import TP
-from draftsmith.options import at_least_one, int_list
+from draftsmith.options import at_least_one, given, int_list, unused
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LONG_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # every other command's
@@ -274,7 +274,9 @@ def allreduce_bench(
     if tp < 0:
         raise DraftsmithError(f"--tp must be >= 0 (0: torchrun's world or every GPU), got {tp}")
     _check_out(out)
-    if target:
+    if target:  # it sets both: --hidden and --layers beside it were dropped without a word
+        unused(given(allreduce_bench, hidden=hidden, layers=layers), "without --target",
+               "--target sets the hidden size and layers; leave {it} out")
         hidden, layers = _shape_from_target(target)
     # a shape given twice is timed once, in the order given (as tune-nccl's)
     opts = {"hidden": hidden, "layers": layers,

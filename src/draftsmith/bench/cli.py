@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 
-from draftsmith.bench import allreduce
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import (
     COMPILE,
@@ -17,9 +14,7 @@ from draftsmith.options import (
     DTYPE,
     TARGET,
     check_folder,
-    given,
     int_list,
-    unused,
 )
 
 
@@ -93,13 +88,3 @@ def bench(
     write_png(report, out / "bench.png")
     print_report(report, Console(width=max(Console().width, 150)))
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
-
-
-@functools.wraps(allreduce.allreduce_bench)  # its options and help
-def allreduce_bench(**options: Any) -> None:
-    # --hidden and --layers beside --target, which sets both, were dropped without a word
-    if options["target"]:
-        unused(given(allreduce.allreduce_bench, hidden=options["hidden"],
-                     layers=options["layers"]),
-               "without --target", "--target sets the hidden size and layers; leave {it} out")
-    allreduce.allreduce_bench(**options)
