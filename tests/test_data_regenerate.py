@@ -275,7 +275,8 @@ def test_a_rerun_by_another_model_or_sampling_is_refused(target, tmp_path):
     with pytest.raises(DraftsmithError, match="a.jsonl:1: holds answers by 'echo'.*'other-model'"):
         regenerate(convs(), out, other, target.tokenizer, cfg, False, lambda s: None)
     hotter = RegenConfig(max_new_tokens=8, max_len=128, batch_size=2, temperature=1.0)
-    with pytest.raises(DraftsmithError, match="give another --out"):
+    with pytest.raises(DraftsmithError, match="write to another file .regenerate --out, or "
+                       "another `data make` folder."):
         regenerate(convs(), out, Echo(), target.tokenizer, hotter, False, lambda s: None)
     assert out.read_bytes() == before
     assert regenerate(convs(), out, Echo(), target.tokenizer, cfg, False,

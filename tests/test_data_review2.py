@@ -150,7 +150,7 @@ def test_server_answers_sent_otherwise_are_not_mixed_with_this_runs(target, tmp_
     backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", CFG, retries=0, timeout=1)
     try:
         with pytest.raises(DraftsmithError, match=r"a.jsonl:1: holds answers of requests with "
-                           r"the fields .*'top_k': 20.*'top_k': -1.*another --out"):
+                           r"the fields .*'top_k': 20.*'top_k': -1.*write to another file"):
             regenerate(asks(3), out, backend, target.tokenizer, CFG, False, lambda s: None)
         assert out.read_bytes() == before
         out.unlink()

@@ -350,8 +350,8 @@ def _mending(path: Path) -> Iterator[None]:
     except OSError as e:
         raise DraftsmithError(
             f"{path}: cannot mend the write a kill tore at its end ({e.strerror or e}); the "
-            "records before it are kept: make the file writable and rerun, or give another "
-            "--out") from None
+            "records before it are kept: make the file writable and rerun, or write to another "
+            "file") from None
 
 
 def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],

@@ -329,7 +329,8 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
     pid = _pid(rec)
     if pid is None:
         raise DraftsmithError(f"{out}:{line}: not an answer `regenerate` wrote (no "
-                              "meta.prompt_id): give another --out")
+                              "meta.prompt_id): write to another file (regenerate --out, or "
+                              "another `data make` folder)")
     return pid
 
 
@@ -353,7 +354,8 @@ def _same_answerer(out: Path, records: list[tuple[int, dict[str, Any]]],
             diff = _differs(a, info) if isinstance(a, dict) else []
             if diff:
                 raise DraftsmithError(
-                    f"{out}:{line}: holds answers {'; '.join(diff)}: give another --out, or "
+                    f"{out}:{line}: holds answers {'; '.join(diff)}: write to another file "
+                    "(regenerate --out, or another `data make` folder), or "
                     "rerun with the settings there")
 
 

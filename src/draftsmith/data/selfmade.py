@@ -121,8 +121,9 @@ def self_made_prompts(
     overwrite: bool = False,
 ) -> dict[str, int]:
     """Append self-made user prompts to `out` (JSONL) until it holds `cfg.n`; returns counts.
-    `compile`: the decode step runs torch.compile'd layers (GPU). `overwrite`: start over, the
-    prompts in `out` replaced only once the first round can be written."""
+    `compile`: the decode step runs torch.compile'd layers (GPU). `overwrite`: start over; the
+    prompts in `out` are emptied (atomically) only after the model is built, just before the
+    first round, so a folder that cannot be written keeps them."""
     from tqdm import tqdm
 
     from draftsmith.engine.generate import run_generation
