@@ -111,7 +111,7 @@ def claims(descs: list[Description], claimed: dict[str, float]) -> list[str]:
 
 
 def differences(descs: list[Description]) -> list[str]:
-    first, notes = descs[0], []
+    first, notes = descs[0], _same_folders(descs)
     for d in descs[1:]:
         keys = [k for k in first.arch if k != "layout" and first.arch[k] != d.arch.get(k)]
         if keys:
@@ -122,21 +122,61 @@ def differences(descs: list[Description]) -> list[str]:
         if first.ids_canonical != d.ids_canonical:
             notes.append(f"they read different target layers: {first.ids_canonical} vs "
                          f"{d.ids_canonical} (canonical)")
-        notes += _data_ratio(first, d) + _targets_differ(first, d)
+        notes += _data_ratio(first, d) + _targets_differ(first, d) + _vocab_differs(first, d)
     return notes
 
 
+def _same_folders(descs: list[Description]) -> list[str]:
+    seen: dict[Path, str] = {}
+    notes = []
+    for d in descs:
+        where = d.info.folder.resolve()
+        if where in seen:
+            notes.append(f"{seen[where]} and {d.label} are the same folder ({where}): their "
+                         "figures differ by measurement noise alone")
+        seen.setdefault(where, d.label)
+    return notes
+
+
+TARGET_FACTS = {"target_fingerprint": "fingerprints", "vocab_size (target)": "target vocab",
+                "target_hidden_size": "target hidden size", "target_num_layers": "target layers"}
+
+
+def _target_fact(d: Description, key: str) -> Any:
+    return d.arch.get(key) if key in d.arch else d.info.recorded(key)
+
+
 def _targets_differ(a: Description, b: Description) -> list[str]:
-    fa, fb = (x.info.recorded("target_fingerprint") for x in (a, b))
-    if not fa or not fb or fa == fb:
+    """The first recorded fact of the target that differs: a fingerprint, else a size no
+    drafter of one target can differ in (external folders record no fingerprint)."""
+    for key, words in TARGET_FACTS.items():
+        fa, fb = _target_fact(a, key), _target_fact(b, key)
+        if fa and fb and fa != fb:
+            return [f"{a.label} and {b.label} were trained for different targets ({words} {fa} "
+                    f"vs {fb}): no one target measures both as trained"]
+    return []
+
+
+def _vocab_differs(a: Description, b: Description) -> list[str]:
+    """Draft vocabs of one size over other tokens: the architecture alone calls them alike."""
+    ua, ub = (_draft_tokens(x) for x in (a, b))
+    if ua is None or ub is None or len(ua) != len(ub) or ua == ub:
         return []
-    return [f"{a.label} and {b.label} were trained for different targets (fingerprints {fa} vs "
-            f"{fb}): no one target measures both as trained"]
+    return [f"{a.label} and {b.label} draft over different tokens: {len(ua & ub):,} of their "
+            f"{len(ua):,} draft-vocab tokens are shared"]
+
+
+def _draft_tokens(d: Description) -> set[int] | None:
+    """The target ids of the draft vocab (d2t[i] + i), None where no d2t is stored."""
+    d2t = d.info.tensor("d2t")
+    if d2t is None or d2t.dim() != 1:
+        return None
+    return set((d2t.long() + torch.arange(d2t.numel())).tolist())
 
 
 def _data_ratio(a: Description, b: Description) -> list[str]:
     ta, tb = ((x.data or {}).get("tokens") for x in (a, b))
-    if not ta or not tb or ta == tb:
+    if not all(isinstance(t, (int, float)) and t > 0 for t in (ta, tb)) or ta == tb:
         return []
     big, small = (a, b) if ta >= tb else (b, a)
     ratio = max(ta, tb) / min(ta, tb)
@@ -145,6 +185,7 @@ def _data_ratio(a: Description, b: Description) -> list[str]:
 
 
 def run_compare(opts: CompareOptions) -> dict[str, Any]:
+    from draftsmith.bench.report import strict
     from draftsmith.targets import load_target
 
     target = load_target(opts.target) if opts.target else None
@@ -154,16 +195,32 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     res: dict[str, Any] = {
         "context": {"date": date.today().isoformat(), "target": target.source if target
                     else None, "drafters": [str(Path(f)) for f in opts.drafters]},
-        "drafters": [d.to_dict() for d in descs],
+        "drafters": [],  # after the run: it adds the ids it measured on
         "claims": claims(descs, opts.claimed),
         "notes": differences(descs),
     }
     if target is not None:
         res["notes"] += _other_target(descs, target)
         res["speed"] = _speed(opts, target, descs)
+        res["notes"] += _measured_ids(descs)
+    res["drafters"] = [d.to_dict() for d in descs]
+    res = strict(res)  # a NaN read from a drafter's files is null in compare.json
     if opts.out is not None:
         write(res, Path(opts.out))
     return res
+
+
+def _measured_ids(descs: list[Description]) -> list[str]:
+    """An engine folder whose ids compare's run (as `draftsmith import`) reads otherwise than
+    its engine feeds them: the acceptance measured is not the engine's."""
+    return [f"{d.label} was measured on canonical aux layers {d.ids_measured} (its config as "
+            f"`draftsmith import` reads it), but {_ENGINE[d.info.layout]} feeds it "
+            f"{d.ids_canonical}: its acceptance there may differ from this one"
+            for d in descs if d.info.layout in _ENGINE and d.ids_measured is not None
+            and d.ids_measured != d.ids_canonical]
+
+
+_ENGINE = {"sglang": "SGLang", "speculators": "vLLM"}
 
 
 def _other_target(descs: list[Description], target: Any) -> list[str]:
@@ -177,18 +234,31 @@ def _other_target(descs: list[Description], target: Any) -> list[str]:
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
     from draftsmith.bench.suites import suite_label, suite_messages
     from draftsmith.compare.speed import measure
-    from draftsmith.doctor.artifacts import load_any
+    from draftsmith.engine.generate import check_positions
 
     # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance
     prompts = [target.chat_ids(m) for m in suite_messages(opts.prompts, opts.num_prompts)]
     if len(prompts) < opts.num_prompts:
         print(f"compare: --prompts {opts.prompts} has {len(prompts)} prompts with a user turn, "
               f"fewer than --num-prompts {opts.num_prompts}")
+    check_positions(prompts, opts.max_new, target.cfg.max_position_embeddings,
+                    "--max-new-tokens")  # before the weights, as bench
     model = target.build(opts.dtype, opts.device)
-    drafters = {d.label: load_any(d.info, target, opts.device, opts.dtype) for d in descs}
+    drafters = {d.label: _load(d, target, opts) for d in descs}
     res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
                   opts.topk, opts.num_draft_tokens)
     return {"suite": suite_label(opts.prompts), **res}
+
+
+def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
+    from draftsmith.doctor.artifacts import load_any
+
+    try:
+        drafter = load_any(d.info, target, opts.device, opts.dtype)
+    except DraftsmithError as e:  # which of the drafters does not fit the target
+        raise DraftsmithError(f"drafter {d.label} with this --target: {e}") from None
+    d.ids_measured = list(drafter.cfg.aux_layer_ids)
+    return drafter
 
 
 def write(res: dict[str, Any], out: Path) -> None:
@@ -201,7 +271,8 @@ def write(res: dict[str, Any], out: Path) -> None:
     else:  # an earlier run's plot would sit beside a report that measured nothing
         (out / "acceptance.png").unlink(missing_ok=True)
     (out / "compare.md").write_text(markdown(res, png))
-    (out / "compare.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    (out / "compare.json").write_text(json.dumps(res, indent=1, default=str, allow_nan=False)
+                                      + "\n")
 
 
 def show(res: dict[str, Any]) -> None:
@@ -256,6 +327,6 @@ def compare(
                                      steps, out, parse_claims(claimed), dev, dt, topk,
                                      num_draft_tokens))
     if as_json:
-        print(json.dumps(res, indent=1, default=str))
+        print(json.dumps(res, indent=1, default=str, allow_nan=False))
     else:
         show(res)

@@ -12,8 +12,14 @@ from draftsmith.compare.params import ParamCounts, count
 from draftsmith.doctor.artifacts import IDS, DrafterInfo, read_drafter
 from draftsmith.doctor.engines import feed_from_written
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets.hf import read_config
 
 NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# draftsmith's config key -> an engine config's (speculators: in transformer_layer_config)
+SIZES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
+         "num_heads": "num_attention_heads", "draft_vocab_size": "draft_vocab_size",
+         "target_hidden_size": "target_hidden_size"}
+OPTIONAL = ("draft_vocab_size", "target_hidden_size")
 
 
 @dataclass
@@ -27,17 +33,20 @@ class Description:
     params: ParamCounts
     data: dict[str, Any] | None
     training: dict[str, Any] | None
+    ids_measured: list[int] | None = None  # canonical, as compare's own run read them
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "folder": str(self.info.folder), "layout": self.info.layout,
                 "architecture": self.arch, "aux_ids_written": self.ids_written,
                 "aux_ids_canonical": self.ids_canonical, "aux_ids_note": self.ids_note,
+                "aux_ids_measured": self.ids_measured,
                 "params": self.params.to_dict(), "data": self.data, "training": self.training}
 
 
 def describe(folder: str | Path, label: str, num_layers: int | None = None) -> Description:
     info = read_drafter(folder)
-    shapes = info.shapes()
+    check_sizes(info)
+    shapes = readable_shapes(info)
     if "fc.weight" not in shapes:
         raise DraftsmithError(f"{info.folder}: no fc.weight: not an EAGLE-3 drafter")
     layers = num_layers or target_layers(info)
@@ -48,6 +57,29 @@ def describe(folder: str | Path, label: str, num_layers: int | None = None) -> D
     dtype = shapes["fc.weight"][1]
     return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
                        note, params, training_data(info), training_summary(info))
+
+
+def readable_shapes(info: DrafterInfo) -> dict[str, tuple[tuple[int, ...], str]]:
+    from safetensors import SafetensorError
+
+    try:
+        return info.shapes()
+    except (SafetensorError, OSError) as e:  # a truncated or foreign file
+        raise DraftsmithError(f"{info.folder}: cannot read its weights ({e})") from None
+
+
+def check_sizes(info: DrafterInfo) -> None:
+    """The sizes the tables and counts use, each a whole number: a missing or odd one is named
+    with its file, not a TypeError."""
+    for key, written in SIZES.items():
+        value = info.get(key)
+        if value is None and key in OPTIONAL:
+            continue
+        if type(value) is not int or value < 1:
+            mine = info.layout == "draftsmith"
+            where = info.folder / ("draftsmith.json" if mine else "config.json")
+            raise DraftsmithError(f"{where}: {key if mine else written} is {value!r}, not a "
+                                  "whole number >= 1")
 
 
 def architecture(info: DrafterInfo, dtype: str) -> dict[str, Any]:
@@ -92,7 +124,9 @@ def target_layers(info: DrafterInfo) -> int | None:
     verifier = ((info.config.get("speculators_config") or {}).get("verifier") or {})
     path = Path(str(verifier.get("name_or_path") or "")) / "config.json"
     if verifier.get("name_or_path") and path.is_file():
-        return int(json.loads(path.read_text()).get("num_hidden_layers", 0)) or None
+        vc = read_config(path.parent)  # a multimodal verifier's layers are its text model's
+        n = vc.get("num_hidden_layers") or (vc.get("text_config") or {}).get("num_hidden_layers")
+        return n if type(n) is int and n > 0 else None
     return None
 
 

@@ -19,7 +19,7 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list):
-        return ", ".join(map(str, v)) if v and not isinstance(v[0], list) else str(v)
+        return ", ".join(map(_fmt, v)) if v and not isinstance(v[0], list) else str(v)
     return str(v)
 
 
@@ -46,6 +46,11 @@ def _rows(ds: list[dict], key: str) -> list[list[str]]:
 
 def _ids(ds: list[dict]) -> list[list[str]]:
     rows = [[f"canonical ({CANONICAL_WORDS})", *[_fmt(d["aux_ids_canonical"]) for d in ds]]]
+    measured = [d.get("aux_ids_measured") for d in ds]
+    if any(m is not None and m != d["aux_ids_canonical"] for m, d in zip(measured, ds,
+                                                                        strict=True)):
+        rows.append(["canonical, as compare measured (as `draftsmith import` reads it)",
+                     *map(_fmt, measured)])
     keys = list(dict.fromkeys(k for d in ds for k in d["aux_ids_written"]))
     rows += [[f"as written: {k}", *[_fmt(d["aux_ids_written"].get(k)) for d in ds]] for k in keys]
     if any(d["aux_ids_note"] for d in ds):
@@ -83,7 +88,8 @@ def _data(ds: list[dict]) -> list[list[str]]:
 
 
 def _round(v: Any) -> Any:
-    return [round(x, 3) for x in v] if isinstance(v, list) else v
+    # a position a run never measured is None (null in the drafter's files): "-" in the table
+    return [round(x, 3) if isinstance(x, float) else x for x in v] if isinstance(v, list) else v
 
 
 def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
