@@ -27,7 +27,7 @@ from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder, check_pair
-from draftsmith.engine.tree import TreeShape
+from draftsmith.engine.tree import TreeShape, most_tokens
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import check_compile
 
@@ -72,25 +72,20 @@ class BenchConfig:
             k = next(k for k in self.topk if k > 1)
             raise DraftsmithError(f"--topk {k} drafts a tree: give --num-draft-tokens")
         out = [(s, k, s + 1 if k == 1 else n) for s, k, n in self._grid()
-               if k == 1 or 2 <= n <= _most_tokens(s, k)]
+               if k == 1 or 2 <= n <= most_tokens(k, s)]
         if not out:
             raise DraftsmithError("no setting of this grid can run: " + "; ".join(self.unfit()))
         return list(dict.fromkeys(out))
 
     def unfit(self) -> list[str]:
         """The grid's trees that cannot run, each with the token counts its shape takes."""
-        return [f"tree {s}/{k}/{n}: --steps {s}, --topk {k} verify 2 to {_most_tokens(s, k)} "
+        return [f"tree {s}/{k}/{n}: --steps {s}, --topk {k} verify 2 to {most_tokens(k, s)} "
                 f"tokens, not {n}" for s, k, n in self._grid()
-                if k > 1 and not 2 <= n <= _most_tokens(s, k)]
+                if k > 1 and not 2 <= n <= most_tokens(k, s)]
 
     def _grid(self) -> list[Setting]:
         return [(s, k, n) for s in self.steps for k in self.topk
                 for n in (self.num_draft_tokens if k > 1 else [s + 1])]
-
-
-def _most_tokens(steps: int, topk: int) -> int:
-    """The most tokens a tree of this shape verifies, the root included."""
-    return 1 + TreeShape(topk, steps, 2).candidates
 
 
 def setting_name(s: Setting) -> str:

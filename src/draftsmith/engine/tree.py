@@ -64,6 +64,12 @@ ROOT_HEAD = env_choice("DRAFTSMITH_ROOT_HEAD", "triton", ("triton", "logits"))
 DrafterCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
+def most_tokens(topk: int, steps: int) -> int:
+    """The most tokens a tree of `steps` depths and `topk` children a node verifies, the root
+    included: its root's k children and k*k more at each later depth."""
+    return 1 + topk + (steps - 1) * topk**2
+
+
 @dataclass(frozen=True, slots=True)
 class TreeShape:
     topk: int
@@ -73,15 +79,16 @@ class TreeShape:
     def __post_init__(self) -> None:
         if self.topk < 2 or self.steps < 1:
             raise DraftsmithError(f"a tree needs topk >= 2 and steps >= 1, got {self}")
-        if not 2 <= self.tokens <= 1 + self.candidates:
+        if not 2 <= self.tokens <= most_tokens(self.topk, self.steps):
             raise DraftsmithError(
-                f"num_draft_tokens {self.tokens} must lie in [2, {1 + self.candidates}] for "
-                f"topk {self.topk} and steps {self.steps}"
+                f"num_draft_tokens {self.tokens} must lie in "
+                f"[2, {most_tokens(self.topk, self.steps)}] for topk {self.topk} and steps "
+                f"{self.steps}"
             )
 
     @property
     def candidates(self) -> int:
-        return self.topk + (self.steps - 1) * self.topk**2
+        return most_tokens(self.topk, self.steps) - 1
 
     @property
     def frontier_slots(self) -> int:

@@ -131,7 +131,7 @@ def serve(
 def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
     """--steps, --topk and --num-draft-tokens make one drafting, refused by flag before the
     model loads (the engine's own check came after it, naming its fields)."""
-    from draftsmith.engine.tree import TreeShape
+    from draftsmith.engine.tree import most_tokens
 
     if topk == 1:
         if tokens not in (None, steps + 1):
@@ -141,7 +141,7 @@ def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
         return
     if tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
-    most = 1 + TreeShape(topk, steps, 2).candidates
+    most = most_tokens(topk, steps)
     if not 2 <= tokens <= most:
         raise DraftsmithError(f"--num-draft-tokens {tokens}: a tree of --topk {topk} and --steps "
                               f"{steps} verifies 2 to {most} tokens")

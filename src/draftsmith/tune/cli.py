@@ -16,6 +16,7 @@ from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
+from draftsmith.tune.cost_model import DEEPEST
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
@@ -64,8 +65,8 @@ def tune(
     if max_steps < 1 or max_topk < 1:
         raise DraftsmithError(f"--max-steps and --max-topk must be >= 1, got {max_steps} and "
                               f"{max_topk}")
-    if max_steps > 64:  # SpecSetting's limit, met only after minutes of loading otherwise
-        raise DraftsmithError(f"--max-steps must be at most 64, got {max_steps}")
+    if max_steps > DEEPEST:  # SpecSetting's limit, met only after minutes of loading otherwise
+        raise DraftsmithError(f"--max-steps must be at most {DEEPEST}, got {max_steps}")
     if max_draft_tokens < 2:
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if top < 1:

@@ -37,6 +37,9 @@ def tree_capacity(steps: int, topk: int) -> int:
     return 1 if steps == 0 else 1 + topk + (steps - 1) * topk * topk
 
 
+DEEPEST = 64  # the deepest draft a setting may have
+
+
 @dataclass(frozen=True, slots=True)
 class SpecSetting:
     """One speculative configuration, in SGLang's terms. steps 0 means no speculation.
@@ -50,8 +53,9 @@ class SpecSetting:
     num_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.steps > 64:
-            raise CostModelError(f"steps must be 0 (no speculation) to 64, got {self.steps}")
+        if self.steps < 0 or self.steps > DEEPEST:
+            raise CostModelError(f"steps must be 0 (no speculation) to {DEEPEST}, got "
+                                 f"{self.steps}")
         if self.topk < 1:
             raise CostModelError(f"topk must be at least 1, got {self.topk}")
         if self.num_draft_tokens == 0 and self.topk == 1:
