@@ -44,7 +44,7 @@ from draftsmith.models.parallel import TP
 from draftsmith.options import at_least_one, given, int_list, unused
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LONG_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # every other command's
+LONG_NAMES = {str(v).removeprefix("torch."): k for k, v in DTYPES.items()}  # every other command's
 
 
 def dtype_key(name: str) -> str:

@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.shards import OPEN_SHARDS
+from draftsmith.data.shards import OPEN_SHARDS, SAFETENSORS_DTYPES
 from draftsmith.errors import DraftsmithError
 
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
+DTYPES = {code: getattr(torch, name) for code, name in SAFETENSORS_DTYPES.items()}
 TENSORS = ("input_ids", "loss_mask", "aux", "hidden")
 
 

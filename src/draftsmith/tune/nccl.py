@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from draftsmith.bench.allreduce import DTYPES
 from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, spawn
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
@@ -36,7 +37,6 @@ from draftsmith.options import at_least_one, check_folder
 from draftsmith.tune.tp_targets import TargetSpec, check_split, quiet_twin
 
 SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def dtype_key(dtype: torch.dtype) -> str:
