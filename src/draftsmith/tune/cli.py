@@ -307,11 +307,13 @@ class Partial:
     def save(self, **parts) -> None:
         if self.path is None:
             return
+        from draftsmith.data.atomic import atomic_write
+
         self.data.update(parts)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(PARTIAL + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        tmp.replace(self.path)  # a crash mid-write leaves the last whole file
+        # a crash mid-write leaves the last whole file
+        atomic_write(self.path, json.dumps(self.data, indent=1, default=str).encode(),
+                     "the measurements it held before are kept")
         self.written = True
 
     @contextlib.contextmanager
