@@ -273,9 +273,10 @@ class SpecDecoder:
         return self._begin(self._state(len(prompts)), prompts, max_new_tokens, eos, params)
 
     def _begin(self, st: SpecState, prompts: list[list[int]], max_new_tokens: int,
-               eos: list[int], params: list[SamplingParams] | None) -> SpecState:
-        """`start` past its checks, into this batch size's state `st`."""
-        st.sampling.set(st.rows, self.row_settings(params, len(prompts)))
+               eos: list[int], params: list[SamplingParams]) -> SpecState:
+        """`start` past its checks (`params`: `row_settings`' one a row), into this batch
+        size's state `st`."""
+        st.sampling.set(st.rows, params)
         self._prefill(st, prompts, max_new_tokens, eos)
         return st
 
