@@ -38,6 +38,14 @@ Messages = list[dict[str, str]]
 # written together: a killed run redoes at most one chunk) so that finished rows have a next one.
 REFILL_CHUNK = 8
 
+# An engine's sampled answers depend on the rows decoded together (the draws of a batch) and
+# on the chunks seeded (REFILL_CHUNK batches with refill, one without): a rerun made otherwise
+# would add answers equal to neither run's.
+BATCHING: dict[str, Callable[[Any], str]] = {
+    "batch_size": lambda v: f"--batch-size {v}",
+    "refill": lambda v: "--refill" if v else "--no-refill",
+}
+
 
 @dataclass(slots=True)
 class RegenConfig:
@@ -251,11 +259,24 @@ def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
         keep = len(toks) - over - 2
         if keep < 1:
             return None
-        msgs[k]["content"] = target_tok.decode(toks[:keep])
+        msgs[k]["content"] = _head(target_tok, msgs[k]["content"], toks, keep)
         over = count(opening(msgs)) - limit
         if over <= 0:
             return Conversation(msgs, conv.id, dict(conv.meta))
     return None
+
+
+def _head(tok: Any, text: str, toks: list[int], keep: int) -> str:
+    """`text` up to its token `keep`, cut where the tokenizer says that token starts: decoding
+    the first `keep` tokens wrote a character they split as U+FFFD and text the tokenizer cannot
+    spell back (an unknown token) as its name. Decoded where it gives no offsets (a slow one)."""
+    try:
+        spans = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except (NotImplementedError, KeyError, TypeError, ValueError):
+        spans = None
+    if spans is None or len(spans) != len(toks) or not spans[keep][0]:
+        return tok.decode(toks[:keep])
+    return text[: spans[keep][0]]
 
 
 def regenerate(
@@ -278,7 +299,10 @@ def regenerate(
     step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
     records, torn = appended_records(out)
     done = {_prompt_id(out, line, r) for line, r in records}
-    _same_answerer(out, records, info)
+    # a file with nothing left to answer takes no more answers: any batching may reread it
+    full = not torn and all(c.id in done for c in convs)
+    _same_answerer(out, records, {k: v for k, v in info.items()
+                                  if not (full and k in BATCHING)})
     # the engine answers a chunk a kill tore again whole, as it sampled it uninterrupted; a
     # server's answers (not reproducible, paid for) are kept
     if torn and isinstance(backend, EngineBackend):
@@ -336,10 +360,12 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
 
 def answerer(backend: Any, cfg: RegenConfig) -> dict[str, Any]:
     """What each answer records of who answered and how: the engine's target also by its
-    fingerprint, a server's requests by the fields sent beyond OpenAI's (`sent`)."""
+    fingerprint and its batching (`BATCHING`: the rows sampled together and their seeds), a
+    server's requests by the fields sent beyond OpenAI's (`sent`)."""
     info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
     if isinstance(backend, EngineBackend):
-        info["target"] = backend.target.fingerprint
+        info |= {"target": backend.target.fingerprint, "batch_size": backend.cfg.batch_size,
+                 "refill": backend.cfg.refill}
     if isinstance(backend, OpenAIBackend):
         info |= {"base_url": backend.base_url, "sent": PENALTIES | server_sampling(cfg)}
     return info
@@ -374,6 +400,10 @@ def _differs(a: dict[str, Any], info: dict[str, Any]) -> list[str]:
     if "sent" in a and a["sent"] != info.get("sent"):
         out.append(f"of requests with the fields {a['sent']} beyond OpenAI's, this run sends "
                    f"{info.get('sent')}")
+    # answers written before the batching was recorded carry none, and are resumed as before
+    for key, flag in BATCHING.items():
+        if key in a and key in info and a[key] != info[key]:
+            out.append(f"made with {flag(a[key])}, this run with {flag(info[key])}")
     return out
 
 

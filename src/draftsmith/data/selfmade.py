@@ -11,6 +11,7 @@ narrow range of questions, and a drafter trained on its answers generalises only
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -88,6 +89,12 @@ def openings_from(spec: str | None) -> tuple[str, ...]:
     return lines
 
 
+def openings_id(openings: tuple[str, ...]) -> str:
+    """The set of openings in its order (which picks each row's), as each prompt records it:
+    a rerun with another set (builtin and mixed share their first) would pick otherwise."""
+    return hashlib.sha256(json.dumps(openings).encode()).hexdigest()[:16]
+
+
 def fold(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -149,6 +156,7 @@ def self_made_prompts(
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
+    _within_positions(starts, cfg.max_new_tokens, target.cfg.max_position_embeddings)
     stops = stop_ids(target, suffix)
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
@@ -160,7 +168,7 @@ def self_made_prompts(
     if overwrite:  # unwritable: said before the first batch, the old prompts still there
         atomic_write(out, b"", "the prompts there before are kept")
     append_whole(out, b"", _kept(len(have)))
-    first = _next_round(have)
+    first, which = _next_round(have), openings_id(cfg.openings)
     for round_ in range(first, first + limit):
         if stats["kept"] >= cfg.n:
             break
@@ -173,7 +181,8 @@ def self_made_prompts(
             if got is None or stats["kept"] >= cfg.n:
                 continue
             seen.add(fold(got))
-            rec = {**meta, "round": round_} | ({"opening": opens[k]} if cfg.openings else {})
+            rec = {**meta, "round": round_} | ({"opening": opens[k], "openings_id": which}
+                                               if cfg.openings else {})
             conv = Conversation([{"role": "user", "content": got}], meta=rec)
             lines.append(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
             stats["kept"] += 1
@@ -203,13 +212,30 @@ def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
         diff = [f"{k} {c.meta.get(k)!r} there, {meta[k]!r} now" for k in keys
                 if k in c.meta and c.meta[k] != meta[k]]
         opening = c.meta.get("opening")
-        if (opening is None) == bool(openings) or (opening is not None and opening not in openings):
+        if "openings_id" in c.meta:
+            other = c.meta["openings_id"] != (openings_id(openings) if openings else None)
+        else:  # written before the set was recorded: only the first record's opening tells
+            other = (opening is None) == bool(openings) or (opening is not None
+                                                           and opening not in openings)
+        if other:
             diff.append("other --openings")
         if diff:
             raise DraftsmithError(f"{out} holds self-made prompts made otherwise "
                                   f"({'; '.join(diff)}): rerun with those settings, or write to "
                                   "another file")
         return
+
+
+def _within_positions(starts: list[list[int]], max_new: int, most: int | None) -> None:
+    """Refused before any round, as generate and serve refuse (regenerate cuts): decoding past
+    the target's positions wrote prompts from positions it was never trained on."""
+    from draftsmith.engine.generate import check_positions
+
+    try:
+        check_positions(starts, max_new, most, f"--max-new-tokens {max_new} (`data make`: "
+                        "--prompt-tokens)")
+    except DraftsmithError as e:
+        raise DraftsmithError(f"self-made prompts: {e}") from None
 
 
 def _round(rec: dict[str, Any]) -> Any:

@@ -309,6 +309,18 @@ def tensor_dtypes(m: dict[str, Any]) -> dict[str, str]:
     return {**TOKEN_DTYPES, "aux": states, "hidden": states}
 
 
+def check_widths(path: Path, shapes: dict[str, Any], n_aux: int, hidden: int) -> None:
+    """The shard at `path` holds, a token, `n_aux` aux states and one hidden state of `hidden`
+    (`shapes`: its tensors' shapes): a shard of other aux layers or of another target is named
+    up front, not by a shape error inside training's first step."""
+    got = {k: list(shapes.get(k, (None,))[1:]) for k in ("aux", "hidden")}
+    if got != {"aux": [n_aux, hidden], "hidden": [hidden]}:
+        raise DraftsmithError(
+            f"{path}: holds aux states {got['aux']} and hidden {got['hidden']} a token, but the "
+            f"manifest says {n_aux} aux layers of {hidden}: a shard of another capture; capture "
+            "the dataset again")
+
+
 def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bool) -> None:
     path = folder / s["file"]
     if not path.is_file():
@@ -331,6 +343,7 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bo
         offsets = f.get_tensor("offsets")
     n, samples = int(s["tokens"]), int(s["samples"])
     n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
+    check_widths(path, shapes, n_aux, h)
     want = {"input_ids": (n,), "loss_mask": (n,), "offsets": (samples + 1,),
             "aux": (n, n_aux, h), "hidden": (n, h)}
     for key, shape in want.items():

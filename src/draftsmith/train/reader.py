@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.shards import OPEN_SHARDS, SAFETENSORS_DTYPES
+from draftsmith.data.shards import OPEN_SHARDS, SAFETENSORS_DTYPES, check_widths, reading
 from draftsmith.errors import DraftsmithError
 
 DTYPES = {code: getattr(torch, name) for code, name in SAFETENSORS_DTYPES.items()}
@@ -61,21 +61,16 @@ class ShardReader:
     def check_shapes(self, n_aux: int, hidden: int) -> None:
         """Each shard's states as the manifest says (`n_aux` aux layers of `hidden`): a shard of
         other aux layers or of another target would fail inside the first step instead."""
-        want = {"aux": [n_aux, hidden], "hidden": [hidden]}
         for s in self.shards:
             path = Path(self.folder) / s["file"]
             fd = _open(path)
             try:
-                header = _header(fd)
+                with reading(path):
+                    header = _header(fd)
+                    shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
             finally:
                 os.close(fd)
-            got = {k: header.get(k, {}).get("shape", [None])[1:] for k in want}
-            if got != want:
-                raise DraftsmithError(
-                    f"{path}: holds aux states {got['aux']} and hidden {got['hidden']} a token, "
-                    f"but the manifest says {n_aux} aux layers of {hidden}: a shard of another "
-                    "capture; capture the dataset again"
-                )
+            check_widths(path, shapes, n_aux, hidden)
 
     def _fd(self, k: int) -> int:
         if k in self._fds:
