@@ -99,9 +99,19 @@ def architecture(info: DrafterInfo, dtype: str) -> dict[str, Any]:
         "max_position_embeddings": info.max_position_embeddings,
         "rope_theta": info.get("rope_theta"),
         "rms_norm_eps": info.get("rms_norm_eps"),
-        **{k: bool(info.config.get(k, False)) for k in NORMS},
+        **norms(info),
         "weights dtype": dtype,
     }
+
+
+def norms(info: DrafterInfo) -> dict[str, bool]:
+    """The norm flags as the layout's engine reads them (vLLM: a missing norm_before_residual is
+    True)."""
+    if info.layout == "speculators":
+        from draftsmith.export.speculators import flags_of
+
+        return flags_of(info.config)
+    return {k: bool(info.config.get(k, False)) for k in NORMS}
 
 
 def written_ids(info: DrafterInfo) -> dict[str, list[int]]:

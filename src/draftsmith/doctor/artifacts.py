@@ -6,6 +6,7 @@ engine makes of those ids is `engines`' job, every conversion `layers`'.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ class DrafterInfo:
     layout: str
     config: dict[str, Any]  # draftsmith: Eagle3Config dict; else config.json
     meta: dict[str, Any] = field(default_factory=dict)  # draftsmith.json, when present
+    _pickles: dict[Path, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     # ---- sizes, whatever the layout -----------------------------------------------------------
 
@@ -59,7 +61,12 @@ class DrafterInfo:
 
     @property
     def draft_vocab_size(self) -> int:
-        return int(self.get("draft_vocab_size") or self.vocab_size)
+        if self.layout == "draftsmith":
+            return int(self.get("draft_vocab_size") or self.vocab_size)
+        from draftsmith.export.layout import draft_vocab_of
+
+        return draft_vocab_of(self.config, self.vocab_size,
+                              str(self.folder / "config.json"))
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -118,30 +125,71 @@ class DrafterInfo:
     # ---- tensors ------------------------------------------------------------------------------
 
     def weight_files(self) -> list[Path]:
-        return sorted(self.folder.glob("*.safetensors"))
+        """The files `draftsmith import` reads (safetensors, by its index where there is one,
+        else PyTorch .bin)."""
+        from draftsmith.export.layout import weight_files
+
+        return weight_files(self.folder)
 
     def tensor(self, name: str) -> torch.Tensor | None:
-        from safetensors import safe_open
-
-        for f in self.weight_files():
-            with safe_open(str(f), framework="pt") as h:
-                keys = set(h.keys())
-                for key in (name, "model." + name):
-                    if key in keys:
-                        return h.get_tensor(key)
+        for tensors in self._each_file():
+            for key in (name, "model." + name):
+                if key in tensors:
+                    return tensors[key]
         return None
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """name (without a `model.` prefix) -> (shape, dtype) from the safetensors headers."""
+        """name (without a `model.` prefix) -> (shape, safetensors dtype code)."""
+        out = {}
+        for tensors in self._each_file():
+            for k in tensors.keys():  # noqa: SIM118 - safe_open has keys(), not __iter__
+                shape, dtype = _shape(tensors, k)
+                out[k.removeprefix("model.")] = (shape, dtype)
+        return out
+
+    def _each_file(self) -> Iterator[Any]:
+        """Each weights file as a mapping of its tensors: a safetensors file opened lazily (its
+        header alone for shapes), a PyTorch pickle loaded once and kept."""
         from safetensors import safe_open
 
-        out = {}
+        from draftsmith.weightsfile import read_weights_file
+
         for f in self.weight_files():
-            with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():  # noqa: SIM118
-                    sl = h.get_slice(k)
-                    out[k.removeprefix("model.")] = (tuple(sl.get_shape()), str(sl.get_dtype()))
-        return out
+            if f.suffix == ".safetensors":
+                with safe_open(str(f), framework="pt") as h:
+                    yield _Lazy(h)
+            else:
+                if f not in self._pickles:
+                    self._pickles[f] = read_weights_file(f)
+                yield self._pickles[f]
+
+
+class _Lazy:
+    """A safetensors handle read as a mapping (`in`, `[]`, `keys`)."""
+
+    def __init__(self, h: Any) -> None:
+        self.h, self.names = h, set(h.keys())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.h.get_tensor(key)
+
+    def keys(self) -> list[str]:
+        return list(self.h.keys())
+
+
+def _shape(tensors: Any, key: str) -> tuple[tuple[int, ...], str]:
+    from draftsmith.data.shards import SAFETENSORS_DTYPES
+
+    if isinstance(tensors, _Lazy):
+        sl = tensors.h.get_slice(key)
+        return tuple(sl.get_shape()), str(sl.get_dtype())
+    t = tensors[key]
+    name = str(t.dtype).removeprefix("torch.")
+    code = {v: k for k, v in SAFETENSORS_DTYPES.items()}.get(name, name)
+    return tuple(t.shape), code
 
 
 def _ints(v: Any) -> list[int] | None:
@@ -165,7 +213,7 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
     else:
         info = DrafterInfo(folder, layout, read_config(folder))
     if not info.weight_files():
-        raise DraftsmithError(f"{folder}: no *.safetensors weight file")
+        raise DraftsmithError(f"{folder}: no *.safetensors (or pytorch_model*.bin) weight file")
     _require(info)
     return info
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.export.layout import engine_feed, engine_ids, imported_ids
 from draftsmith.layers import (
     Convention,
     engine_limits,
@@ -84,11 +85,12 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
             return Feed(engine, key, None, None, "no aux layer ids in the drafter config")
         ids = engine_defaults(num_layers)
         note = missing_note or f"key missing: {engine} silently uses its defaults"
-        return Feed(engine, key, None, _order(ids, engine), note)
+        return Feed(engine, key, None, ids, note)
     try:
-        ids = from_convention(written, CONVENTION[engine], num_layers)
+        ids = (from_convention(written, CONVENTION[engine], num_layers) if engine == "draftsmith"
+               else engine_feed(written, CONVENTION[engine], num_layers))
     except DraftsmithError as e:
-        return Feed(engine, key, list(written), None, f"out of range for this target: {e}")
+        return Feed(engine, key, list(written), None, str(e))
     limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
     dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
     note = "; ".join(limits)
@@ -98,7 +100,7 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
         note = "; ".join(filter(None, [note, (
             f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as {legacy}, "
             f"later versions as {current}")]))
-    return Feed(engine, key, list(written), _order(ids, engine), note, dep)
+    return Feed(engine, key, list(written), ids, note, dep)
 
 
 def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
@@ -106,7 +108,7 @@ def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
     in its own convention (input of layer j); versions without that fallback use the target's
     defaults."""
     feed = feed_from_written(nested, "vllm", num_layers, key)
-    older = _order(engine_defaults(num_layers), "vllm")
+    older = sorted(engine_defaults(num_layers))
     if feed.canonical != older:
         feed.version_dependent = True
         feed.note = "; ".join(filter(None, [feed.note, (
@@ -117,20 +119,18 @@ def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
     return feed
 
 
-def feed_from_import(written: list[int] | None, layout: str, num_layers: int,
-                     key: str) -> Feed:
-    """What `draftsmith import` (and the doctor's and compare's own runs) make of an exported
-    folder's ids: current SGLang's or speculators' convention, in the order written; the
-    engines' defaults when the key is missing or empty."""
-    if not written:
-        return Feed("draftsmith", key, None, engine_defaults(num_layers),
-                    "key missing: `draftsmith import` takes the engines' defaults")
-    conv = Convention.SGLANG if layout == "sglang" else Convention.SPECULATORS
+def feed_from_import(config: dict[str, Any], layout: str, num_layers: int, where: str) -> Feed:
+    """What `draftsmith import` (and the doctor's and compare's own runs, which load through it)
+    makes of an exported folder's ids: `export.layout.imported_ids`, the engines' defaults when
+    the folder names none."""
     try:
-        ids = from_convention(written, conv, num_layers)
+        written, key, _ = engine_ids(config, layout, num_layers, where)
+        key = f"{key} in {where}, as `draftsmith import` reads it"
+        ids = imported_ids(config, layout, num_layers, "")
     except DraftsmithError as e:
-        return Feed("draftsmith", key, list(written), None, f"out of range for this target: {e}")
-    return Feed("draftsmith", key, list(written), ids)
+        return Feed("draftsmith", where, None, None, str(e))
+    note = "" if written else "key missing: `draftsmith import` takes the engines' defaults"
+    return Feed("draftsmith", key, written, ids, note)
 
 
 def _reading(written: list[int], convention: Convention, num_layers: int) -> str:
@@ -140,11 +140,6 @@ def _reading(written: list[int], convention: Convention, num_layers: int) -> str
         return f"outputs of layers {from_convention(written, convention, num_layers)}"
     except DraftsmithError:
         return "ids outside this target (it would fail to load the drafter)"
-
-
-def _order(ids: list[int], engine: str) -> list[int]:
-    # SGLang and vLLM append captured states while walking the layers: always ascending.
-    return list(ids) if engine == "draftsmith" else sorted(ids)
 
 
 def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[list[int] | None,

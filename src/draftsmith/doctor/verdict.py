@@ -122,10 +122,7 @@ def drafter_feed(info: DrafterInfo, engine: str, num_layers: int) -> eng.Feed:
             return eng.feed_from_written(ids or None, "draftsmith", num_layers)
         return eng.feed_from_canonical(ids, engine, num_layers)
     if engine == "draftsmith":  # draftsmith serves its own layout: what `import` reads
-        engine_read = "sglang" if info.layout == "sglang" else "vllm"
-        written, key, _ = info.written(engine_read)
-        return eng.feed_from_import(written, info.layout, num_layers,
-                                    f"{key}, as `draftsmith import` reads it")
+        return eng.feed_from_import(info.config, info.layout, num_layers, "config.json")
     written, key, note = info.written(engine)
     nested, nested_key, _ = info.written("sglang")
     if engine == "vllm" and written is None and nested:

@@ -13,13 +13,18 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers import Convention, from_convention
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.options import check_folder
-from draftsmith.targets.hf import read_config  # noqa: F401 - one reader, re-exported
+from draftsmith.targets.hf import (
+    read_config,  # noqa: F401 - one reader, re-exported
+    weight_files,  # noqa: F401 - one finder, re-exported
+)
 from draftsmith.targets.hf import read_weights as read_checkpoint
 
 WEIGHTS = "model.safetensors"
+IDS = "eagle_aux_hidden_state_layer_ids"
 
 
 @dataclass
@@ -31,16 +36,18 @@ class TargetInfo:
     architectures: list[str] = field(default_factory=list)
     fingerprint: str = ""
     embed: torch.Tensor | None = None
+    head: torch.Tensor | None = None  # the target's lm_head (SGLang's draft without one takes it)
 
     @classmethod
     def of_target(cls, target: Any) -> TargetInfo:
         from draftsmith.train.sources import target_head
 
+        embed, head = target_head(target)
         return cls(
             target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
             _where(str(target.folder or target.source)),
             list(target.hf_config.get("architectures") or []),
-            target.fingerprint, target_head(target)[0],
+            target.fingerprint, embed, head,
         )
 
     @classmethod
@@ -178,7 +185,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def vocab_tensors(
     w: dict[str, torch.Tensor], vocab: int, draft_vocab: int, where: str
 ) -> dict[str, torch.Tensor]:
-    """d2t and t2d, derived from each other (or the identity) where a checkpoint omits them."""
+    """d2t and t2d, derived from each other (or the identity) where a checkpoint omits them; a
+    d2t of another length than the draft vocab, or mapping outside the target's, is refused (an
+    engine would index past its vocabulary)."""
+    from draftsmith.data.vocab import map_problem
+
     d2t, t2d = w.get("d2t"), w.get("t2d")
     if d2t is None and t2d is None:
         if draft_vocab != vocab:
@@ -188,15 +199,38 @@ def vocab_tensors(
     if d2t is None:
         used = torch.nonzero(t2d.bool()).flatten()
         d2t = used - torch.arange(used.numel())
+    if d2t.numel() != draft_vocab or (t2d is not None and t2d.numel() != vocab):
+        raise DraftsmithError(
+            f"{where}: d2t has {d2t.numel()} entries and t2d "
+            f"{'none' if t2d is None else t2d.numel()}; the config says draft vocab "
+            f"{draft_vocab}, vocab {vocab}")
+    used, problem = map_problem(d2t.flatten(), None, vocab)
+    if problem is not None and problem[0] == "outside":
+        raise DraftsmithError(f"{where}: d2t: {problem[1]}")
     if t2d is None:
         t2d = torch.zeros(vocab, dtype=torch.bool)
-        t2d[d2t.long() + torch.arange(d2t.numel())] = True
-    if d2t.numel() != draft_vocab or t2d.numel() != vocab:
-        raise DraftsmithError(
-            f"{where}: d2t has {d2t.numel()} entries and t2d {t2d.numel()}; the config says "
-            f"draft vocab {draft_vocab}, vocab {vocab}"
-        )
+        t2d[used] = True
     return {"d2t": d2t.long(), "t2d": t2d.bool()}
+
+
+def draft_vocab_of(config: dict[str, Any], vocab: int, where: str) -> int:
+    """The draft vocabulary the engines read from `config`: its draft_vocab_size, else the
+    target's vocab (SGLang's LlamaForCausalLMEagle3 and vLLM's Eagle3LlamaForCausalLM both fall
+    back so; speculators' own 32000 default is not what vLLM serves)."""
+    v = config.get("draft_vocab_size")
+    if v is None:
+        return vocab
+    if type(v) is not int or v < 1:
+        raise DraftsmithError(f"{where}: draft_vocab_size is {v!r}, not a whole number >= 1")
+    return v
+
+
+def drafter_config(where: str, **kw: Any) -> Eagle3Config:
+    """An engine folder's Eagle3Config, a value it refuses named with the folder's config."""
+    try:
+        return Eagle3Config(**kw)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{where}: {e}") from None
 
 
 def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | None:
@@ -207,16 +241,55 @@ def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | No
     return int(n) if n else None
 
 
-def engine_order(ids: list[int], where: str) -> list[int]:
-    """Canonical ids as an engine feeds them: SGLang and vLLM append captured states walking
-    the layers, whatever order a config lists them in, so a drafter in their layout runs on
-    them ascending. A layer listed twice is captured once: the fc would get too few states."""
+def engine_feed(written: list[int], conv: Convention | str, num_layers: int,
+                where: str = "") -> list[int]:
+    """Canonical ids an engine feeds for `written`, the list at the key it reads: the one
+    reading every import, doctor and compare make of an engine folder's ids. The engines convert
+    the list as written (SGLang tests the first id it holds for 1), capture each layer once and
+    append the states walking the layers (`for i in range(...): if i in layers_to_capture`), so
+    they feed them ascending whatever order the list is in."""
+    ids, at = [int(i) for i in written], f"{where}: " if where else ""
     if len(set(ids)) < len(ids):
-        raise DraftsmithError(f"{where}: aux layer ids {ids} repeat a layer, which the engines "
+        raise DraftsmithError(f"{at}aux layer ids {ids} repeat a layer, which the engines "
                               "capture once: the drafter's fc would get too few states")
-    if ids != sorted(ids):
-        warnings.warn(f"{where}: aux layer ids {ids} are not ascending; SGLang and vLLM feed the "
-                      f"states in layer order, so they are read as {sorted(ids)} (a drafter "
-                      "trained on the listed order gets its states in another order there)",
-                      stacklevel=3)
-    return sorted(ids)
+    try:
+        return sorted(from_convention(ids, conv, num_layers))
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{at}{ids} out of range for this target: {e}") from None
+
+
+def engine_ids(config: dict[str, Any], layout: str, num_layers: int,
+               where: str) -> tuple[list[int] | None, str, Convention]:
+    """(the ids `draftsmith import` reads, None for the engines' defaults; their key; their
+    convention). SGLang's layout: eagle_config's list, else the top-level one only vLLM reads;
+    speculators': the top-level list. An empty list is as good as none (the engines test it for
+    truth). A list that is not of integers is refused here, not with a traceback."""
+    nested = (config.get("eagle_config") or {}) if layout == "sglang" else {}
+    if not isinstance(nested, dict):
+        raise DraftsmithError(f"{where}: eagle_config is not a JSON object")
+    for key, ids, conv in ((f"eagle_config.{IDS}", nested.get(IDS), Convention.SGLANG),
+                           (f"{IDS} (top level)", config.get(IDS), Convention.VLLM)):
+        if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+            raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
+        if ids:
+            return list(ids), key, conv
+    return None, f"eagle_config.{IDS}" if layout == "sglang" else f"{IDS} (top level)", \
+        Convention.EAGLE
+
+
+def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: str) -> list[int]:
+    """Canonical ids of an engine folder as `draftsmith import` (and the doctor's and compare's
+    runs, which load through it) reads them: as its engine feeds them, or the engines' default
+    [2, L//2, L-3] (inputs of those layers) where the folder names none."""
+    written, key, conv = engine_ids(config, layout, num_layers, where)
+    if written is None:  # kept as is: a target under 8 layers repeats one ([2, 3, 3] of 6)
+        return from_convention([2, num_layers // 2, num_layers - 3], conv, num_layers)
+    return engine_feed(written, conv, num_layers, f"{where}: {key}" if where else key)
+
+
+def warn_unsorted(written: list[int], canonical: list[int], where: str) -> None:
+    if list(written) != sorted(written):
+        warnings.warn(f"{where}: aux layer ids {list(written)} are not ascending; SGLang and vLLM "
+                      f"feed the states in layer order, so they are read as canonical "
+                      f"{canonical} (a drafter trained on the listed order gets its states in "
+                      "another order there)", stacklevel=3)

@@ -27,21 +27,24 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     TargetInfo,
     cast,
+    draft_vocab_of,
+    drafter_config,
     dtype_name,
-    engine_order,
+    engine_ids,
     hf_layer_config,
+    imported_ids,
     model_config_of,
     read_config,
     read_weights,
     recorded_layers,
     vocab_tensors,
+    warn_unsorted,
     write_folder,
 )
 from draftsmith.layers import (
     WORDS,
     Convention,
     engine_limits,
-    from_convention,
     sglang_version_dependent,
     to_convention,
 )
@@ -144,9 +147,11 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     num_layers = _target_layers(c, info, folder)
     ids = _canonical_ids(c, num_layers, folder)
     mc = model_config_of(c)
-    vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size") or mc.vocab_size)
+    vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
+                                                            f"{folder}/config.json")
     _check_specforge_head(c, folder)
-    cfg = Eagle3Config(
+    cfg = drafter_config(
+        f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
         target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
@@ -161,6 +166,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     )
     w.update(vocab_tensors(w, vocab, draft_vocab, str(folder)))
     _add_embedding(w, info, folder)
+    _add_head(w, c, info, folder)
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, w, str(folder))
     return drafter
@@ -184,21 +190,18 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
 
 def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int]:
     where = f"{folder}/config.json"
-    ids = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids:
-        ids = engine_order(list(ids), where)
-        canonical = from_convention(list(ids), Convention.SGLANG, num_layers)
-        if sglang_version_dependent(list(ids)):
-            warnings.warn(
-                f"eagle_config ids {list(ids)} do not start at 1: read as inputs of those layers "
-                f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
-                "mean their outputs (one layer later); check with `draftsmith doctor`",
-                stacklevel=3)
+    canonical = imported_ids(c, "sglang", num_layers, where)
+    written, key, conv = engine_ids(c, "sglang", num_layers, where)
+    if written is None:
         return canonical
-    if ids := c.get("eagle_aux_hidden_state_layer_ids"):  # only vLLM reads these: its form
-        return from_convention(engine_order(list(ids), where), Convention.VLLM, num_layers)
-    # No ids: SGLang captures the inputs of layers [2, L//2, L-3] (its default).
-    return from_convention([2, num_layers // 2, num_layers - 3], Convention.EAGLE, num_layers)
+    warn_unsorted(written, canonical, where)
+    if conv is Convention.SGLANG and sglang_version_dependent(written):
+        warnings.warn(
+            f"eagle_config ids {written} do not start at 1: read as inputs of those layers "
+            f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
+            "mean their outputs (one layer later); check with `draftsmith doctor`",
+            stacklevel=3)
+    return canonical
 
 
 def _add_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None, folder: Path) -> None:
@@ -208,3 +211,23 @@ def _add_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None, folder: 
         raise DraftsmithError(f"{folder}: no embed_tokens.weight (SGLang reuses the target's); "
                               "pass --target to take it from there")
     w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
+
+
+def _add_head(w: dict[str, torch.Tensor], c: dict[str, Any], info: TargetInfo | None,
+              folder: Path) -> None:
+    """SGLang's LlamaForCausalLMEagle3: tie_word_embeddings makes lm_head the embedding (a stored
+    lm_head.weight is never read); untied without draft_vocab_size and without lm_head.weight,
+    it loads the target's lm_head (`load_lm_head_from_target`)."""
+    if c.get("tie_word_embeddings"):
+        w["lm_head.weight"] = w["embed_tokens.weight"]
+        return
+    if "lm_head.weight" in w:
+        return
+    if c.get("draft_vocab_size") is not None:
+        raise DraftsmithError(f"{folder}: no lm_head.weight, and config.json's draft_vocab_size "
+                              "says the drafter has its own head (SGLang takes the target's only "
+                              "without a draft_vocab_size)")
+    if info is None or info.head is None:
+        raise DraftsmithError(f"{folder}: no lm_head.weight (SGLang takes the target's); pass "
+                              "--target to take it from there")
+    w["lm_head.weight"] = info.head.to(w["fc.weight"].dtype)

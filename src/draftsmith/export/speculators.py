@@ -21,17 +21,21 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     TargetInfo,
     cast,
+    draft_vocab_of,
+    drafter_config,
     dtype_name,
-    engine_order,
+    engine_ids,
     hf_layer_config,
+    imported_ids,
     model_config_of,
     read_config,
     read_weights,
     recorded_layers,
     vocab_tensors,
+    warn_unsorted,
     write_folder,
 )
-from draftsmith.layers import WORDS, Convention, from_convention, to_convention
+from draftsmith.layers import WORDS, Convention, to_convention
 from draftsmith.models.eagle3 import (
     Eagle3Config,
     Eagle3Drafter,
@@ -41,6 +45,14 @@ from draftsmith.models.eagle3 import (
 )
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# vLLM's update_eagle3 reads a missing norm_before_residual as True (speculators' own default is
+# False, but vLLM serves the folder); the other flags as False.
+VLLM_DEFAULTS = {"norm_before_residual": True}
+
+
+def flags_of(config: dict[str, Any]) -> dict[str, bool]:
+    """The speculators flags of `config` as vLLM reads them."""
+    return {k: bool(config.get(k, VLLM_DEFAULTS.get(k, False))) for k in FLAGS}
 
 
 def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -114,20 +126,23 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         raise DraftsmithError(f"{folder}/config.json: transformer_layer_config is missing")
     mc = model_config_of(layer)
     num_layers = _verifier_layers(c, info, folder)
-    ids = c.get("eagle_aux_hidden_state_layer_ids")
-    ids = engine_order(list(ids), f"{folder}/config.json") if ids else [
-        2, num_layers // 2, num_layers - 3]
-    vocab, draft_vocab = mc.vocab_size, int(c.get("draft_vocab_size", 32000))
+    where = f"{folder}/config.json"
+    ids = imported_ids(c, "speculators", num_layers, where)
+    if (written := engine_ids(c, "speculators", num_layers, where)[0]) is not None:
+        warn_unsorted(written, ids, where)
+    vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
+                                                            f"{folder}/config.json")
     verifier = (c.get("speculators_config") or {}).get("verifier") or {}
-    cfg = Eagle3Config(
+    cfg = drafter_config(
+        f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
         target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
-        aux_layer_ids=from_convention(ids, Convention.SPECULATORS, num_layers),
+        aux_layer_ids=ids,
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, num_layers=mc.num_layers,
-        **{k: bool(c.get(k, False)) for k in FLAGS},
+        **flags_of(c),
         target_num_layers=num_layers,
         target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
         target_source=str(verifier.get("name_or_path") or ""),

@@ -21,7 +21,7 @@ def read_config(folder: Path) -> dict:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    files = _weight_files(folder)
+    files = weight_files(folder)
     if not files:
         raise DraftsmithError(f"{folder}: no *.safetensors (or pytorch_model*.bin) weight files")
     out: dict[str, torch.Tensor] = {}
@@ -30,7 +30,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     """The shards the index names where there is one: Mistral's folders also hold the same
     weights as consolidated.safetensors, which would double the memory a load takes. Older
     checkpoints hold only PyTorch pickles (pytorch_model*.bin; not training_args.bin)."""
