@@ -27,7 +27,7 @@ def test_a_tree_that_cannot_run_is_named_not_dropped():
         ({"steps": [2], "topk": [2], "num_draft_tokens": [8]},
          "no setting of this grid can run: tree 2/2/8: --steps 2, --topk 2 verify 2 to 7"),
         ({"steps": [2], "topk": [1], "num_draft_tokens": [4]},
-         "--num-draft-tokens sizes trees: give a --topk above 1"),
+         r"--num-draft-tokens 4: a chain \(--topk 1\) verifies --steps \+ 1 = 3 tokens"),
         ({"steps": [2], "topk": [1, 2]}, "--topk 2 drafts a tree: give --num-draft-tokens"),
     ],
 )

@@ -83,12 +83,16 @@ def pick_device(device: str | None) -> str:
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise DraftsmithError(f"--device {device}: use cpu, cuda, cuda:N or auto") from None
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    kind, colon, index = device.partition(":")
+    # torch takes meta, mps, cpu:1 ... too: they failed deep in a run (a traceback), and cpu:1
+    # was taken for a GPU (bfloat16 by --dtype auto)
+    if device != "cpu" and (kind != "cuda" or colon and not index.isdigit()):
+        raise DraftsmithError(f"--device {device}: use cpu, cuda, cuda:N or auto")
+    if kind == "cuda" and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
+    if index and int(index) >= (n := torch.cuda.device_count()):
+        raise DraftsmithError(f"--device {device}: this host has {n} CUDA device(s), cuda:0 to "
+                              f"cuda:{n - 1}")
     return device
 
 
@@ -105,22 +109,30 @@ def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return dev, dtype_of(dtype_name(dev, dtype))
 
 
-def greedy_flags(params: SamplingParams) -> None:
-    """Refuse --top-k / --top-p at temperature 0, where decoding is greedy and they do nothing
-    (the record would name a top-k no token was drawn with); as `tune` refuses them."""
-    if params.greedy and (params.top_k or params.top_p < 1):
+def greedy_flags(params: SamplingParams, seed: bool = False) -> None:
+    """Refuse --top-k / --top-p, and --seed where given (`seed`), at temperature 0, where
+    decoding is greedy and they do nothing (the record would name a top-k no token was drawn
+    with). The one rule of every command that samples: generate, bench, tune."""
+    if not params.greedy:
+        return
+    if params.top_k or params.top_p < 1:
         raise DraftsmithError("--top-k and --top-p apply to sampling: give --temperature > 0 "
                               "with them (at temperature 0 decoding is greedy)")
+    if seed:
+        raise DraftsmithError("--seed applies to sampling: give --temperature > 0 with it (at "
+                              "temperature 0 decoding is greedy)")
 
 
-def sampling_params(temperature: float, top_p: float, top_k: int) -> SamplingParams:
+def sampling_params(temperature: float, top_p: float, top_k: int,
+                    seed: bool = False) -> SamplingParams:
     """--temperature, --top-p and --top-k as one setting, a bad value refused by its flag (not
-    by SamplingParams' field name), and --top-k/--top-p at temperature 0 (`greedy_flags`)."""
+    by SamplingParams' field name), and --top-k/--top-p (and --seed, where `seed` says the user
+    gave it) at temperature 0 (`greedy_flags`)."""
     from draftsmith.engine.params import SamplingParams
 
     check_sampling(temperature, top_p, top_k)
     params = SamplingParams(temperature, top_p, top_k)
-    greedy_flags(params)
+    greedy_flags(params, seed)
     return params
 
 
@@ -179,10 +191,7 @@ def generate(
     if not asks:
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
-    params = sampling_params(temperature, top_p, top_k)
-    if seed is not None and params.greedy:
-        raise DraftsmithError("--seed applies to sampling: give --temperature > 0 with it (at "
-                              "temperature 0 decoding is greedy)")
+    params = sampling_params(temperature, top_p, top_k, seed is not None)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     done = launch_tp(

@@ -95,6 +95,16 @@ def check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
         raise DraftsmithError(f"--top-k must be >= 0 (0: off), got {top_k}")
 
 
+def check_chain_tokens(steps: list[int], tokens: list[int]) -> None:
+    """--num-draft-tokens of chains (--topk 1): steps + 1, as SGLang forces, one for each --steps
+    where several are given; none given is fine."""
+    want = sorted({s + 1 for s in steps})
+    if tokens and sorted(set(tokens)) != want:
+        got, need = ",".join(map(str, tokens)), ",".join(map(str, want))
+        raise DraftsmithError(f"--num-draft-tokens {got}: a chain (--topk 1) verifies --steps + 1 "
+                              f"= {need} tokens; leave it out, or give --topk > 1")
+
+
 def check_folder(folder, flag: str = "") -> None:
     """Refuse a folder to write that is, or would lie under, an existing file (before any work);
     `flag`, where a command-line option named it, leads the message."""

@@ -14,6 +14,8 @@ from draftsmith.options import (
     DTYPE,
     TARGET,
     check_folder,
+    command_line,
+    given,
     int_list,
 )
 
@@ -27,7 +29,8 @@ def bench(
     steps: str = typer.Option("1,3,5", help="draft steps, e.g. 1,3,5"),
     topk: str = typer.Option("1", help="1 = chain; >1 = tree (comma-separated list)"),
     num_draft_tokens: str = typer.Option("", "--num-draft-tokens",
-                                         help="tree tokens verified, root included (list)"),
+                                         help="tokens verified, root included (list): a tree's "
+                                              "size; a chain's is steps + 1"),
     batch_size: str = typer.Option("1", "--batch-size", "--batch-sizes",
                                    help="batch sizes, e.g. 1,8,32"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n",
@@ -44,7 +47,7 @@ def bench(
                                       "--refill it adds the refills' share"),
     out: Path = typer.Option(Path("bench-out"), "--out", "-o",
                              help="folder for bench.json/.png"),
-    seed: int = typer.Option(0, help="seeds the sampling"),
+    seed: int = typer.Option(0, help="with --temperature: seeds the sampling"),
     refill: bool = typer.Option(False, "--refill",
                                 help="a finished row takes the next prompt (baseline and "
                                      "speculative alike); tokens/s over wall time"),
@@ -58,10 +61,13 @@ def bench(
     from draftsmith.bench.run import BenchConfig, run_bench
     from draftsmith.bench.suites import suite_messages
     from draftsmith.cli import device_dtype, sampling_params
+    from draftsmith.models.eagle3 import read_drafter_meta
 
-    params = sampling_params(temperature, top_p, top_k)
+    params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     if not drafter:
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
+    if drafter != "random":  # a mistyped folder, before the target's minutes of loading
+        read_drafter_meta(drafter)
     for name in suite:  # before the target loads, not after
         suite_messages(name, num_prompts)
     if refill_every and not refill:
@@ -84,7 +90,12 @@ def bench(
     )
     console = Console(stderr=True)
     report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
-    write_json(report, out / "bench.json")
-    write_png(report, out / "bench.png")
-    print_report(report, Console(width=max(Console().width, 150)))
+    report["meta"]["command"] = command_line()  # bench.json says how to run it again
+    print_report(report, Console(width=max(Console().width, 150)))  # first: kept if writes fail
+    try:
+        write_json(report, out / "bench.json")
+        write_png(report, out / "bench.png")
+    except OSError as e:
+        raise DraftsmithError(f"--out {out}: cannot write it ({e.strerror or e}); the results "
+                              "are the JSON line printed above") from None
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")

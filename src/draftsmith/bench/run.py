@@ -29,7 +29,7 @@ from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder, check_pair
 from draftsmith.engine.tree import TreeShape, most_tokens
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import check_compile
+from draftsmith.options import check_chain_tokens, check_compile
 
 Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
 
@@ -65,9 +65,8 @@ class BenchConfig:
     def settings(self) -> list[Setting]:
         """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree
         per token count that fits it (`unfit` names the others)."""
-        if self.num_draft_tokens and all(k == 1 for k in self.topk):
-            raise DraftsmithError("--num-draft-tokens sizes trees: give a --topk above 1 with it "
-                                  "(a chain verifies steps + 1 tokens)")
+        if all(k == 1 for k in self.topk):  # as serve and SGLang: a chain's is steps + 1
+            check_chain_tokens(self.steps, self.num_draft_tokens)
         if any(k > 1 for k in self.topk) and not self.num_draft_tokens:
             k = next(k for k in self.topk if k > 1)
             raise DraftsmithError(f"--topk {k} drafts a tree: give --num-draft-tokens")
@@ -327,6 +326,7 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
         "aux_layer_ids": list(drafter.cfg.aux_layer_ids),
         "params": {"temperature": cfg.params.temperature, "top_p": cfg.params.top_p,
                    "top_k": cfg.params.top_k},
+        "seed": None if cfg.params.greedy else cfg.seed,  # a greedy run draws nothing
         "max_new_tokens": cfg.max_new_tokens, "num_prompts": cfg.num_prompts,
         "suites": cfg.suites, "warnings": warnings,
         "refill": cfg.refill,

@@ -10,19 +10,15 @@ CHAT_SUITE = Path(__file__).with_name("chat_suite.jsonl")
 
 
 def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
-    """The first turn (system message kept) of up to `limit` conversations of a suite:
+    """The first turn (its system prompts kept) of up to `limit` conversations of a suite:
     'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads."""
-    from draftsmith.data.prompts import read_prompts
+    from draftsmith.data.prompts import opening, read_prompts
 
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = CHAT_SUITE if name == "chat" else name
-    out = []
-    for conv in read_prompts(source):
-        turn = [m for m in conv.messages[:1] if m["role"] == "system"]
-        user = next((m for m in conv.messages if m["role"] == "user"), None)
-        if user is not None:
-            out.append([*turn, user])
+    out = [opening(c.messages) for c in read_prompts(source)  # as generate and regenerate ask
+           if any(m["role"] == "user" for m in c.messages)]
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
     return out[:limit] if limit > 0 else out

@@ -8,7 +8,16 @@ from pathlib import Path
 import typer
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, at_least_one, given, unused
+from draftsmith.options import (
+    COMPILE,
+    DEVICE,
+    DTYPE,
+    TARGET,
+    at_least_one,
+    check_chain_tokens,
+    given,
+    unused,
+)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # serve --frontends by default: on the H200's 16-core host four HTTP processes gave the compiled
@@ -84,6 +93,7 @@ def serve(
             f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
             "(fastapi, uvicorn)") from None
     from draftsmith.cli import device_dtype
+    from draftsmith.models.eagle3 import read_drafter_meta
     from draftsmith.options import check_compile
     from draftsmith.serve.engine import EngineConfig, load_engine
 
@@ -108,6 +118,8 @@ def serve(
                "give --warmup with it, or leave it out" if warmup is None else "leave it out")
     check_compile(compile, dev)
     check_bindable(host, port)  # before the model loads, not after
+    if drafter is not None:  # a mistyped folder, before the target's minutes of loading
+        read_drafter_meta(drafter)
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
                         num_draft_tokens, compile, fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
@@ -134,10 +146,7 @@ def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
     from draftsmith.engine.tree import most_tokens
 
     if topk == 1:
-        if tokens not in (None, steps + 1):
-            raise DraftsmithError(f"--num-draft-tokens {tokens}: a chain (--topk 1) verifies "
-                                  f"--steps + 1 = {steps + 1} tokens; leave it out, or give "
-                                  "--topk > 1")
+        check_chain_tokens([steps], [] if tokens is None else [tokens])
         return
     if tokens is None:
         raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
