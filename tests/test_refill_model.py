@@ -151,16 +151,16 @@ def test_refill_passes_cost_the_padded_row_count():
 
 
 def test_refilled_rows_price_their_cycles_and_prompt_passes():
-    """Alike prompts: the schedule's cycles at the predicted cycle plus each refill's pass; a
-    mix of fast and slow prompts keeps more row slots busy refilled than in static batches."""
+    """Alike prompts that always accept (no spread of cycles): the schedule's cycles at the
+    predicted cycle plus each refill's pass; a mix of fast and slow prompts keeps more row
+    slots busy refilled than in static batches."""
     c = _costs(refill={1: 5.0, 4: 8.0}, spec_refill={1: 6.0, 4: 9.0})
     fast, slow = Acceptance.constant(0.9, 3), Acceptance.constant(0.1, 3)
     plan = Refill(NEW, every={4: 1}, steps_every={4: 4}, waves=2)
-    chain = SpecSetting(3)
-    alike = PromptMix((fast,) * 3)  # taken in turn up to two a row: 8 prompts
-    p = predict(c, fast, chain, 4, alike, plan)
-    tpc = 1 + 0.9 + 0.81 + 0.729
-    need = math.ceil((NEW - 1) / tpc)
+    chain, sure = SpecSetting(3), Acceptance.constant(1.0, 3)
+    alike = PromptMix((sure,) * 3)  # taken in turn up to two a row: 8 prompts
+    p = predict(c, sure, chain, 4, alike, plan)
+    need = math.ceil((NEW - 1) / 4)
     s = spec_schedule([need] * 8, 4, 1)
     assert s.fills == (4, 4)
     cycle = 12.0 + 2.0 * 3  # verify of 4 tokens, three draft steps (no extend measured)
@@ -168,7 +168,7 @@ def test_refilled_rows_price_their_cycles_and_prompt_passes():
     assert p.tokens_per_s == pytest.approx(8 * NEW * 1000 / (cycle * s.cycles + 18.0))
     # the first fill comes before the first cycle, outside the profiled phases
     assert p.phases["refill"] == p.phases["unprofiled"] == pytest.approx(9.0 / s.cycles)
-    base = predict(c, fast, SpecSetting.baseline(), 4, alike, plan)
+    base = predict(c, sure, SpecSetting.baseline(), 4, alike, plan)
     assert base.tokens_per_s == pytest.approx(8 * NEW * 1000 / (9.0 * 32 + 16.0))
     # two prompts a row: the last wave's tail idles as much as a static batch's rows do;
     # ten a row: refilled rows stay busy where the static batch's wait for their slowest

@@ -99,8 +99,7 @@ def busy_at(plan, pooled: Acceptance, batch: int):
     def busy(mix: PromptMix, s: SpecSetting) -> float:
         if plan is None:
             return mix.busy(s, batch)
-        sched = plan.schedule(plan.paces(pooled, s, batch, mix), s, batch)
-        return sched.busy / (sched.cycles * batch)
+        return plan.busy(pooled, s, batch, mix)
     return busy
 
 

@@ -3,11 +3,9 @@ and their neighbours on the real engine, and recommend a setting per batch size.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +15,7 @@ from rich.console import Console
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
 from draftsmith.tune.cost_model import DEEPEST
+from draftsmith.tune.partial import PARTIAL, Partial  # noqa: F401 (PARTIAL: the file's name)
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
@@ -191,7 +190,7 @@ def run_tune(
     from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
     from draftsmith.options import check_compile
     from draftsmith.targets import load_target
-    from draftsmith.tune import measure
+    from draftsmith.tune import measure, partial
     from draftsmith.tune.cost_model import (
         SpecSetting,
         candidate_grid,
@@ -211,6 +210,20 @@ def run_tune(
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
     # the acceptance runs decode --max-new-tokens past each prompt: refused before the weights
     check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens")
+    most = t.cfg.max_position_embeddings  # and the costs, timed within its positions
+    measure.cost_room(most, ids, measure.cost_width(max_steps, max_topk, max_draft))
+    params = params or SamplingParams()
+    rank0 = tp is None or tp.rank == 0
+    kept = Partial(out if rank0 else None, {
+        "drafter": str(drafter_dir), "target": target, "prompts": str(prompts_path),
+        **(_identity(t, drafter_dir, ids, dev, dt, compile, tp, seed) if rank0 else {}),
+        "batches": batches, "new_tokens": new, "max_steps": max_steps, "max_topk": max_topk,
+        "max_draft_tokens": max_draft, "refill": refill,
+        "sampling": {"temperature": params.temperature, "top_p": params.top_p,
+                     "top_k": params.top_k}})
+    was = partial.agreed(tp, kept.resume)  # another tune's kept figures: refused before loading
+    if was:
+        console.print(f"resuming from {kept.path}: what it measured is not measured again")
     model = t.build(dt, dev, tp)
     # under TP the target's embedding is sharded: the drafter takes the whole one
     embed = model.embed.weight if tp is None or tp.size == 1 else t.weights.get(
@@ -224,36 +237,24 @@ def run_tune(
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
                          compile=compile)
-    eng = measure.Engine(rt, drt, drafter, params or SamplingParams())
+    eng = measure.Engine(rt, drt, drafter, params)
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
-    kept = Partial(out if tp is None or tp.rank == 0 else None, {
-        "drafter": str(drafter_dir), "target": target, "prompts": str(prompts_path),
-        "batches": batches, "new_tokens": new, "max_steps": max_steps, "max_topk": max_topk,
-        "max_draft_tokens": max_draft, "refill": refill,
-        "sampling": {"temperature": eng.params.temperature, "top_p": eng.params.top_p,
-                     "top_k": eng.params.top_k}})
     with kept.on_failure():
-        console.print("measuring acceptance (chain of", max_steps, "steps) ...")
-        acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, t.eos_ids)  # real answers
-        kept.acceptance(acc, mix)
-        if max_topk > 1:
-            console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
-            acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, t.eos_ids,
-                                               acc, mix, max(32, max_draft))
-            kept.acceptance(acc, mix)
-        console.print("measuring costs ...")
-        costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft)
-        kept.save(costs=costs.to_dict())
-        refilled = None
-        if refill:
+        acc, mix = _acceptance(eng, kept, was, ids, (max_steps, max_topk, max_draft), new,
+                               t.eos_ids)
+        if (costs := partial.kept_costs(was)) is None:
+            console.print("measuring costs ...")
+            costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft, most)
+            kept.save(costs=costs.to_dict())
+        refilled = refill_plan(new, batches) if refill else None
+        if refill and not costs.refill:
             console.print("measuring refills' prompt passes ...")
-            refilled = refill_plan(new, batches)
             base, spec = measure.refill_costs(eng, batches, ids)
             costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
             kept.save(costs=costs.to_dict())
         if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
             costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
-        preds, meas = [], []
+        preds, meas, done = [], [], partial.kept_measured(was)
         limits = (max_steps, max_topk, max_draft)
         grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
         for b in batches:
@@ -262,10 +263,14 @@ def run_tune(
             chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
             plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
             for s in (s for s in plan if within(s, *limits)):
+                if (m := done.get((b, s))) is not None:
+                    console.print(f"batch {b}: {s} (measured before it stopped)")
+                    meas.append(m)
+                    continue
                 console.print(f"batch {b}: {s}")
                 meas.append(measure.run_setting(eng, s, ids, b, new, eos,
                                                 refilled.waves if refilled else 0))
-                kept.save(measured=[_measured_row(m) for m in meas])
+                kept.save(measured=[partial.measured_row(m) for m in meas])
         recs = recommend(preds, meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir)) for r in recs]
@@ -286,62 +291,38 @@ def run_tune(
     return report
 
 
-PARTIAL = "tune.partial.json"
+def _identity(t, drafter_dir: Path, ids: list[list[int]], dev: str, dt, compile: bool, tp,
+              seed: int) -> dict:
+    """What makes a stopped tune's measurements this tune's, besides its options: the very
+    target, drafter and prompts, timed on the same device, dtype, compile and ranks."""
+    from draftsmith.models.eagle3 import CONFIG_FILE, WEIGHTS_FILE
+    from draftsmith.tune.partial import files_digest, ids_digest
+
+    return {"target_fingerprint": t.fingerprint,
+            "drafter_digest": files_digest(Path(drafter_dir), (CONFIG_FILE, WEIGHTS_FILE)),
+            "prompt_digest": ids_digest(ids), "device": device_name(dev), "dtype": str(dt),
+            "compile": compile, "tp": 1 if tp is None else tp.size, "seed": seed}
 
 
-class Partial:
-    """What a tune run has measured so far, written into out/tune.partial.json as it goes
-    (acceptance, costs, each swept setting): a run that fails or is stopped partway leaves
-    it, and its error names it. None for `out`: a TP rank other than 0, which writes nothing."""
+def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tuple[int, ...],
+                new: int, eos: list[int]):
+    """The chain's acceptance, then the tree's (where --max-topk > 1), each measured unless a
+    stopped run of this tune kept it."""
+    from draftsmith.tune import measure
+    from draftsmith.tune.partial import kept_acceptance
 
-    def __init__(self, out: Path | None, run: dict) -> None:
-        self.path = None if out is None else out / PARTIAL
-        self.data = {"status": "partial: the run stopped before its report (tune.json)",
-                     "run": run}
-        self.written = False
-
-    def acceptance(self, acc, mix) -> None:
-        self.save(acceptance=acc.to_dict(),
-                  prompt_acceptance=[a.to_dict() for a in mix.prompts])
-
-    def save(self, **parts) -> None:
-        if self.path is None:
-            return
-        from draftsmith.data.atomic import atomic_write
-
-        self.data.update(parts)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # a crash mid-write leaves the last whole file
-        atomic_write(self.path, json.dumps(self.data, indent=1, default=str).encode(),
-                     "the measurements it held before are kept")
-        self.written = True
-
-    @contextlib.contextmanager
-    def on_failure(self) -> Iterator[None]:
-        """A failure inside names the file, where this run wrote one."""
-        try:
-            yield
-        except DraftsmithError as e:
-            if not self.written:
-                raise
-            raise DraftsmithError(f"{e} (tune stopped; what it measured is in "
-                                  f"{self.path})") from e
-        except BaseException as e:
-            if self.written:
-                e.add_note(f"draftsmith tune stopped; what it measured is in {self.path}")
-            raise
-
-    def drop(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-
-
-def _measured_row(m) -> dict:
-    s = m.setting
-    return {"batch": m.batch, "setting": str(s), "steps": s.steps, "topk": s.topk,
-            "num_draft_tokens": s.num_draft_tokens, "tokens_per_s": m.tokens_per_s,
-            "accept_length": m.accept_length, "phases_ms": dict(m.phases or {}),
-            "cycle_ms": m.cycle_ms, "busy": m.busy}
+    max_steps, max_topk, max_draft = limits
+    stage, acc, mix = kept_acceptance(was, not eng.params.greedy)
+    if stage is None:
+        console.print("measuring acceptance (chain of", max_steps, "steps) ...")
+        acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, eos)  # real answers
+        kept.acceptance(acc, mix, "chain")
+    if max_topk > 1 and stage != "tree":
+        console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
+        acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, eos, acc, mix,
+                                           max(32, max_draft))
+        kept.acceptance(acc, mix, "tree")
+    return acc, mix
 
 
 def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> bool:
@@ -354,7 +335,9 @@ def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> boo
 def verify_width(max_steps: int, max_topk: int, max_draft: int) -> int:
     """The most tokens one verify of the run takes: a chain's, `measure.cost_table`'s widest
     and `measure.tree_acceptance`'s tree."""
-    return max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft, 32)
+    from draftsmith.tune.measure import cost_width
+
+    return max(cost_width(max_steps, max_topk, max_draft), 32 if max_topk > 1 else 0)
 
 
 def refill_plan(new: int, batches: list[int]):

@@ -405,11 +405,18 @@ class PromptMix:
         return len(groups) / math.fsum(1.0 / min(per[i] for i in g) for g in groups)
 
     def busy(self, setting: SpecSetting, batch: int, new_tokens: int | None = None) -> float:
-        """The share of row slots that decode: batch 1's tokens per slot (each prompt alone,
-        never idle) against this batch's; with `new_tokens`, `fixed_length`'s."""
+        """The share of row slots that decode over the sweep's batches: `fixed_length`'s with
+        `new_tokens`; without, its limit for long answers (a row's cycles its tokens over its
+        tokens per cycle), each batch's rows weighed as it holds them (a prompt in two
+        batches counts twice, as it decodes twice)."""
         if new_tokens is not None:
             return self.fixed_length(setting, batch, new_tokens)[0]
-        return min(1.0, self.slot_tokens(setting, batch) / self.slot_tokens(setting, 1))
+        if setting.is_baseline:
+            return 1.0
+        pace = [1.0 / tokens_per_cycle(a, setting) for a in self.prompts]
+        groups = batch_groups(len(pace), batch)
+        decoded = math.fsum(pace[i] for g in groups for i in g)
+        return min(1.0, decoded / (batch * math.fsum(max(pace[i] for i in g) for g in groups)))
 
     def fixed_length(self, setting: SpecSetting, batch: int, new_tokens: int
                      ) -> tuple[float, float]:

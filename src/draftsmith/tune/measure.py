@@ -75,7 +75,11 @@ class Engine:
         return self.rt.device
 
 
-def verify_costs(eng: Engine, batches: list[int], max_n: int = 16) -> dict[int, dict[int, float]]:
+AT = 64  # where costs are timed: a cycle past a short prompt (`cost_room` moves it back)
+
+
+def verify_costs(eng: Engine, batches: list[int], max_n: int = 16, at: int = AT
+                 ) -> dict[int, dict[int, float]]:
     ns = [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
     aux = tuple(eng.drafter.cfg.aux_layer_ids)
     out: dict[int, dict[int, float]] = {}
@@ -84,13 +88,14 @@ def verify_costs(eng: Engine, batches: list[int], max_n: int = 16) -> dict[int, 
         row = {}
         for n in ns:
             tok = torch.zeros(b, n, dtype=torch.long, device=eng.device)
-            pos = torch.arange(64, 64 + n, device=eng.device).repeat(b, 1)
+            pos = torch.arange(at, at + n, device=eng.device).repeat(b, 1)
             row[n] = time_ms(lambda t=tok, p=pos: eng.rt.forward(t, p, aux_ids=aux), eng.device)
         out[b] = row
     return out
 
 
-def drafter_costs(eng: Engine, batches: list[int], qs: list[int]) -> dict[int, dict[int, float]]:
+def drafter_costs(eng: Engine, batches: list[int], qs: list[int], at: int = AT
+                  ) -> dict[int, dict[int, float]]:
     """ms of one drafter forward of q tokens per row (a draft step of width q, or an extend)."""
     h = eng.drafter.cfg.hidden_size
     out: dict[int, dict[int, float]] = {}
@@ -100,19 +105,21 @@ def drafter_costs(eng: Engine, batches: list[int], qs: list[int]) -> dict[int, d
         for q in qs:
             tok = torch.zeros(b, q, dtype=torch.long, device=eng.device)
             hid = torch.zeros(b, q, h, dtype=eng.drt.dtype, device=eng.device)
-            pos = torch.arange(64, 64 + q, device=eng.device).repeat(b, 1)
+            pos = torch.arange(at, at + q, device=eng.device).repeat(b, 1)
             row[q] = time_ms(lambda t=tok, x=hid, p=pos: eng.drt.forward(t, x, p), eng.device)
         out[b] = row
     return out
 
 
-def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]]) -> dict[int, float]:
+def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]], steps: int = AT
+                 ) -> dict[int, float]:
+    """ms of one plain decode step: `steps` new tokens past each row's prompt."""
     out = {}
     for b in batches:
         rows = [prompts[i % len(prompts)] for i in range(b)]
-        run_generation(eng.rt, rows, 16, eng.params)
-        g = run_generation(eng.rt, rows, 64, eng.params)
-        out[b] = g.decode_s / 63 * 1e3
+        run_generation(eng.rt, rows, min(16, steps), eng.params)
+        g = run_generation(eng.rt, rows, steps, eng.params)
+        out[b] = g.decode_s / (steps - 1) * 1e3
     return out
 
 
@@ -292,7 +299,7 @@ def tree_acceptance(
 
 def draft_phase_costs(
     eng: Engine, batches: list[int], prompts: list[list[int]], topks: list[int],
-    shallow: int = 2, deep: int = 4,
+    shallow: int = 2, deep: int = 4, new: int = 32,
 ) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]], dict[int, float]]:
     """(first step, each further step) of the engine's own draft phase, in ms, per batch and
     topk: the profiled draft of a shallow and a deep setting, a line through the two. A tree's
@@ -307,7 +314,8 @@ def draft_phase_costs(
         first[b], step[b] = {}, {}
         for k in topks:
             lo, hi = (probe_phases(eng, SpecSetting(s, k, s + 1 if k == 1 else
-                                                    min(tree_capacity(s, k), 8)), prompts, b)
+                                                    min(tree_capacity(s, k), 8)), prompts, b,
+                                  new)
                       for s in (shallow, deep))
             step[b][k] = max(0.0, (hi.get("draft", 0.0) - lo.get("draft", 0.0)) / (deep - shallow))
             first[b][k] = max(0.0, lo.get("draft", 0.0) - (shallow - 1) * step[b][k])
@@ -316,10 +324,37 @@ def draft_phase_costs(
     return first, step, overhead
 
 
-def probe_phases(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int) -> dict:
-    """The profiled phases (ms per cycle) of one batch of the prompts, 32 new tokens, rows of
-    fixed length."""
-    return dict(run_setting(eng, s, prompts[:b], b, 32, []).phases or {})
+def probe_phases(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int,
+                 new: int = 32) -> dict:
+    """The profiled phases (ms per cycle) of one batch of the prompts, `new` new tokens, rows
+    of fixed length."""
+    return dict(run_setting(eng, s, prompts[:b], b, new, []).phases or {})
+
+
+def cost_width(max_steps: int, max_topk: int, max_draft: int) -> int:
+    """The widest verify `cost_table` times: the deepest chain's, or the widest tree's."""
+    return max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
+
+
+def cost_room(most: int | None, prompts: list[list[int]], widest: int, deep: int = 4
+              ) -> tuple[int, int]:
+    """(where verifies and drafter steps are timed, new tokens the decode and phase probes
+    run): position AT and AT tokens past the longest prompt, both moved back within a target
+    of few positions (`most`, its max_position_embeddings; a probe drafts `deep` past its
+    last token): timed past them, a forward the target never runs was timed, and an engine
+    that sizes its tables by them fails there."""
+    if not most:
+        return AT, AT
+    longest = max(map(len, prompts))
+    if most < widest:
+        raise DraftsmithError(f"tune times verifies of up to {widest} tokens (--max-steps, "
+                              f"--max-draft-tokens): more than the target's "
+                              f"max_position_embeddings {most}")
+    if longest + 2 + deep > most:
+        raise DraftsmithError(f"tune's cost probes decode 2 tokens and draft {deep} past the "
+                              f"longest prompt ({longest} tokens): more than the target's "
+                              f"max_position_embeddings {most}; use shorter --prompts")
+    return min(AT, most - widest), min(AT, most - longest - deep)
 
 
 def cost_table(
@@ -329,17 +364,20 @@ def cost_table(
     max_topk: int,
     max_steps: int = 10,
     max_draft: int = 16,
+    most: int | None = None,
 ) -> CostTable:
+    """Every cost the model needs, timed within the target's `most` positions (`cost_room`)."""
     topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
     qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
-    widest = max_steps + 1 if max_topk == 1 else max(max_steps + 1, max_draft)
-    drafts = drafter_costs(eng, batches, qs)
-    first, step, overhead = draft_phase_costs(eng, batches, prompts, topks)
+    widest = cost_width(max_steps, max_topk, max_draft)
+    at, new = cost_room(most, prompts, widest)
+    drafts = drafter_costs(eng, batches, qs, at)
+    first, step, overhead = draft_phase_costs(eng, batches, prompts, topks, new=min(32, new))
     return CostTable(
-        verify=verify_costs(eng, batches, widest),
+        verify=verify_costs(eng, batches, widest, at),
         draft_step=step,
         draft_first=first,
         extend={b: {n: row[n] for n in row if n >= 2} for b, row in drafts.items()},
         overhead=overhead,
-        decode=decode_costs(eng, batches, prompts),
+        decode=decode_costs(eng, batches, prompts, new),
     )

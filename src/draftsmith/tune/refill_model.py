@@ -3,8 +3,9 @@ batching: `bench --refill`, `engine/spec_refill.py`, and how SGLang and vLLM ser
 
 A static batch runs until its slowest row ends (`PromptMix.busy`). Refilled rows idle only from
 their end to the next refill, and each refill pays a prompt pass. The model replays the engine's
-own host loops on each prompt's expected number of cycles, so it prices the cycles and the
-refills that the engine would run on those counts. Numpy only, as `cost_model`.
+own host loops on draws of each prompt's cycles (rows end at scattered cycles, priced for static
+batches as their expected largest), so it prices the cycles and the refills that the engine would
+run, on average over the draws. Numpy only, as `cost_model`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from draftsmith.tune.cost_model import (
     Acceptance,
     CostModelError,
@@ -21,6 +24,7 @@ from draftsmith.tune.cost_model import (
     Prediction,
     PromptMix,
     SpecSetting,
+    _row_survival,
     predict_phases,
     tokens_per_cycle,
 )
@@ -59,20 +63,62 @@ def spec_schedule(need: Sequence[int], rows: int, every: int) -> Schedule:
     cycle the host reads the done flags one cycle late (`LateFlag`) and, once `every` cycles
     have passed since the last refill, refills the rows that were done; with no prompt left it
     stops at the first cycle that sees every row done (one cycle after the last ends)."""
-    queue, end = _checked(need, rows, every)
-    fills = [_start(queue, need, end, range(len(end)), 0)]
-    t = since = 0
-    while True:
-        t, since = t + 1, since + 1
-        ended = [r for r, e in enumerate(end) if e is not None and e <= t - 1]
-        all_done = len(ended) == sum(e is not None for e in end)
-        if queue and since >= every and ended:
-            for r in ended:
-                end[r] = None
-            fills.append(_start(queue, need, end, ended, t))
-            all_done, since = False, 0
-        if all_done and not queue:
-            return Schedule(t, tuple(fills), sum(need))
+    _checked(need, rows, every)
+    runs = spec_runs(np.asarray([need], dtype=np.int64), rows, every)
+    fills = tuple(int(f[0]) for f in runs.fills if f[0])
+    return Schedule(int(runs.cycles[0]), fills, int(runs.busy[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """`spec_schedule` of many draws at once, one entry a draw: `cycles`, `busy`, and `fills`,
+    per host read that refilled in some draw, the rows each draw refilled then (0: none);
+    the first fill included."""
+
+    cycles: np.ndarray
+    busy: np.ndarray
+    fills: list[np.ndarray]
+
+
+def _next_read(t: int, end: np.ndarray, held: np.ndarray, since: np.ndarray, every: int,
+               queued: np.ndarray, active: np.ndarray) -> int:
+    """The next cycle after `t` whose read may refill or stop some draw: a held row is seen
+    done the cycle after its end's, and rows seen done wait for the refill spacing."""
+    ahead = np.where(held & (end >= t), end + 1, np.iinfo(np.int64).max).min(axis=1)
+    pending = queued & (held & (end <= t)).any(axis=1)
+    spaced = np.where(pending, t + np.maximum(every - since, 1), ahead)
+    return int(np.minimum(ahead, spaced)[active].min())
+
+
+def spec_runs(need: np.ndarray, rows: int, every: int) -> Runs:
+    """`spec_schedule` for each row of `need` (draws x prompts, cycles each), replayed side by
+    side; reads at which no draw can refill or stop are skipped."""
+    draws, count = need.shape
+    rows = min(rows, count)
+    end, held = need[:, :rows].copy(), np.ones((draws, rows), dtype=bool)
+    ptr, since = np.full(draws, rows), np.zeros(draws, dtype=np.int64)
+    cycles, active = np.zeros(draws, dtype=np.int64), np.ones(draws, dtype=bool)
+    fills, t = [np.full(draws, rows)], 0
+    who = np.broadcast_to(np.arange(draws)[:, None], end.shape)
+    while active.any():
+        nxt = _next_read(t, end, held, since, every, ptr < count, active)
+        t, since = nxt, since + (nxt - t)
+        ended = held & (end <= t - 1)
+        all_done = ended.sum(axis=1) == held.sum(axis=1)
+        refill = active & (ptr < count) & (since >= every) & ended.any(axis=1)
+        if refill.any():
+            freed = ended & refill[:, None]
+            idx = ptr[:, None] + np.cumsum(freed, axis=1) - 1
+            take = freed & (idx < count)
+            held &= ~freed | take
+            end[take] = t + need[who[take], idx[take]]
+            took = take.sum(axis=1)
+            fills.append(took)
+            ptr, since = ptr + took, np.where(refill, 0, since)
+            all_done &= ~refill
+        stop = active & all_done & (ptr >= count)
+        cycles[stop], active = t, active & ~stop
+    return Runs(cycles, need.sum(axis=1), fills)
 
 
 def baseline_schedule(need: Sequence[int], rows: int, every: int) -> Schedule:
@@ -126,41 +172,104 @@ class Refill:
         order = refill_order(len(mix.prompts), batch, self.waves)
         if setting.is_baseline:
             return [1.0] * len(order)
-        gain = 1.0
-        if setting.topk > 1 and acc.chain:
-            gain = tokens_per_cycle(acc, setting) / tokens_per_cycle(
-                Acceptance(chain=acc.chain), setting)
+        gain = _tree_gain(acc, setting)
         own = [tokens_per_cycle(a, setting) * (1.0 if a.tree else gain) for a in mix.prompts]
         return [min(max(own[i], 1.0), setting.steps + 1.0) for i in order]
 
-    def schedule(self, paces: list[float], setting: SpecSetting, batch: int) -> Schedule:
-        """Each prompt's cycles: the tokens after its first over its pace, rounded up (the
-        last cycle of an answer may accept more than it needs)."""
-        need = [math.ceil((self.new_tokens - 1) / t - 1e-9) for t in paces]
+    def cycle_draws(self, acc: Acceptance, setting: SpecSetting, batch: int,
+                    mix: PromptMix) -> np.ndarray:
+        """Each prompt's cycles, in the run's order, in DRAWS draws (draws x prompts): rows of
+        a refilled batch end at scattered cycles, as a static batch's do (`PromptMix.
+        fixed_length`, whose distribution of a row's cycles this draws from). A prompt decodes
+        alike each time under greedy decoding, so its repeats share a draw; sampled, each
+        draws its own. The baseline's: one draw, new_tokens - 1 steps each."""
+        order = refill_order(len(mix.prompts), batch, self.waves)
+        tokens = self.new_tokens - 1
         if setting.is_baseline:
-            return baseline_schedule(need, batch, self.steps_every[batch])
-        return spec_schedule(need, batch, self.every[batch])
+            return np.full((1, len(order)), tokens, dtype=np.int64)
+        gain = _tree_gain(acc, setting)
+        cols = list(range(len(order))) if mix.sampled else order
+        u = _uniforms(DRAWS, max(cols) + 1)
+        out = np.empty((DRAWS, len(order)), dtype=np.int64)
+        for j, (i, c) in enumerate(zip(order, cols, strict=True)):
+            out[:, j] = _draw(mix.prompts[i], setting, tokens, u[:, c],
+                              1.0 if mix.prompts[i].tree else gain)
+        return out
+
+    def runs(self, need: np.ndarray, setting: SpecSetting, batch: int) -> Runs:
+        """The engine's schedule of each draw (`spec_runs`; the baseline's, `baseline_schedule`)."""
+        if not setting.is_baseline:
+            return spec_runs(need, batch, self.every[batch])
+        s = baseline_schedule(need[0].tolist(), batch, self.steps_every[batch])
+        return Runs(np.array([s.cycles]), np.array([s.busy]), [np.array([k]) for k in s.fills])
 
     def predict(self, costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
                 mix: PromptMix) -> Prediction:
         """Tokens/s of the whole run, prompt passes included: every prompt's tokens over the
-        schedule's cycles at the predicted cycle plus the prompt passes. As the profiler
-        reports them: the refills' passes as the phase `refill`, per cycle; the first fill,
-        before the first cycle, as `unprofiled`. Tokens per cycle: the paces' harmonic mean
-        (tokens over cycles)."""
+        expected cycles (`cycle_draws` replayed by `runs`) at the predicted cycle plus the
+        expected prompt passes. As the profiler reports them: the refills' passes as the phase
+        `refill`, per cycle; the first fill, before the first cycle, as `unprofiled`. Tokens
+        per cycle: the paces' harmonic mean (tokens over cycles)."""
         if batch not in self.every or batch not in self.steps_every:
             raise CostModelError(f"refill: no refill spacing for batch {batch}")
         paces = self.paces(acc, setting, batch, mix)
-        sched = self.schedule(paces, setting, batch)
+        runs = self.runs(self.cycle_draws(acc, setting, batch, mix), setting, batch)
+        return self._priced(costs, acc, setting, batch, paces, runs)
+
+    def busy(self, acc: Acceptance, setting: SpecSetting, batch: int, mix: PromptMix) -> float:
+        """The share of row slots that decode, as `predict` gives it (no costs needed)."""
+        runs = self.runs(self.cycle_draws(acc, setting, batch, mix), setting, batch)
+        return _busy(runs, batch, len(refill_order(len(mix.prompts), batch, self.waves)))
+
+    def _priced(self, costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
+                paces: list[float], runs: Runs) -> Prediction:
+        spec = not setting.is_baseline
+        ms = np.array([0.0, *(costs.refill_ms(k, spec) for k in range(1, batch + 1))])
+        cycles = float(runs.cycles.mean())
         phases = predict_phases(costs, setting, batch)
-        first, *later = (costs.refill_ms(k, not setting.is_baseline) for k in sched.fills)
-        phases["refill"] = math.fsum(later) / sched.cycles
-        phases["unprofiled"] = first / sched.cycles
+        later = math.fsum(float(ms[f].mean()) for f in runs.fills[1:])
+        phases["refill"] = later / cycles
+        phases["unprofiled"] = float(ms[runs.fills[0]].mean()) / cycles
         cycle = math.fsum(phases.values())
         if cycle <= 0:
             raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
-        tps = len(paces) * self.new_tokens * 1000.0 / (cycle * sched.cycles)
+        tps = len(paces) * self.new_tokens * 1000.0 / (cycle * cycles)
         beyond = not costs.covers(setting) or setting.steps > acc.depth
         tpc = len(paces) / math.fsum(1.0 / t for t in paces)
         return Prediction(setting, batch, tpc, cycle, tps, phases, beyond,
-                          sched.busy / (sched.cycles * min(batch, len(paces))))
+                          _busy(runs, batch, len(paces)))
+
+
+DRAWS = 64  # draws of every prompt's cycles a refilled run is priced over
+
+
+def _busy(runs: Runs, batch: int, count: int) -> float:
+    """Row-cycles that decoded over the row slots of the run, both expected over the draws."""
+    return float(runs.busy.mean()) / (float(runs.cycles.mean()) * min(batch, count))
+
+
+def _uniforms(draws: int, count: int, seed: int = 0) -> np.ndarray:
+    """draws x count uniforms, each column stratified (one in each 1/draws of [0, 1), in a
+    shuffled order): the draws' mean settles far sooner than at random."""
+    rng = np.random.default_rng(seed)
+    ranks = np.argsort(rng.random((draws, count)), axis=0)
+    return (ranks + rng.random((draws, count))) / draws
+
+
+def _tree_gain(acc: Acceptance, setting: SpecSetting) -> float:
+    """A tree's tokens per cycle over its chain's in the pooled figures (1 for a chain)."""
+    if setting.topk == 1 or not acc.chain:
+        return 1.0
+    return tokens_per_cycle(acc, setting) / tokens_per_cycle(Acceptance(chain=acc.chain), setting)
+
+
+def _draw(acc: Acceptance, setting: SpecSetting, tokens: int, u: np.ndarray,
+          gain: float) -> np.ndarray:
+    """Cycles until `tokens` tokens at the uniforms `u` (inverse CDF of `cycle_survival`), cut
+    by `gain` (a tree priced by its chain's figures), at least a whole cycle's most each."""
+    start, sv = _row_survival(acc, setting, tokens)
+    cycles = start + np.searchsorted(-sv, -u, side="left")  # how many P(more than c) exceed u
+    if gain == 1.0:
+        return cycles
+    least = math.ceil(tokens / (setting.steps + 1))
+    return np.maximum(np.ceil(cycles / gain - 1e-9), least).astype(np.int64)
