@@ -10,7 +10,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.layout import engine_feed, engine_ids, imported_ids
+from draftsmith.export.layout import (
+    default_repeat,
+    engine_feed,
+    engine_ids,
+    imported_ids,
+)
 from draftsmith.layers import (
     Convention,
     engine_limits,
@@ -85,7 +90,8 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
             return Feed(engine, key, None, None, "no aux layer ids in the drafter config")
         ids = engine_defaults(num_layers)
         note = missing_note or f"key missing: {engine} silently uses its defaults"
-        return Feed(engine, key, None, ids, note)
+        return Feed(engine, key, None, ids, "; ".join(filter(None, [note, default_repeat(
+            num_layers)])))
     try:
         ids = (from_convention(written, CONVENTION[engine], num_layers) if engine == "draftsmith"
                else engine_feed(written, CONVENTION[engine], num_layers))
@@ -129,7 +135,8 @@ def feed_from_import(config: dict[str, Any], layout: str, num_layers: int, where
         ids = imported_ids(config, layout, num_layers, "")
     except DraftsmithError as e:
         return Feed("draftsmith", where, None, None, str(e))
-    note = "" if written else "key missing: `draftsmith import` takes the engines' defaults"
+    missing = "key missing: `draftsmith import` takes the engines' defaults"
+    note = "" if written else "; ".join(filter(None, [missing, default_repeat(num_layers)]))
     return Feed("draftsmith", key, written, ids, note)
 
 

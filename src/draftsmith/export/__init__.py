@@ -117,6 +117,10 @@ def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
         check_pair(t.cfg, drafter.cfg)
     except DraftsmithError as e:
         raise DraftsmithError(f"--target {target} does not fit the drafter {folder}: {e}") from None
+    want = drafter.cfg.target_fingerprint  # as export refuses it: same shapes, other weights
+    if want and t.fingerprint != want:
+        raise DraftsmithError(f"--target {target} has fingerprint {t.fingerprint}, but the "
+                              f"drafter {folder} records its target as {want}; pass that target")
     return drafter
 
 

@@ -287,6 +287,24 @@ def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: st
     return engine_feed(written, conv, num_layers, f"{where}: {key}" if where else key)
 
 
+def default_repeat(num_layers: int) -> str:
+    """Words for a target whose engine default ids ([2, L//2, L-3], inputs of those layers)
+    repeat a layer, else "": SGLang (`LlamaModel.forward`) and vLLM (`LlamaModel.forward`) test
+    each layer once (`if i in layers_to_capture`), so they feed fewer states than the fc takes."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) == len(ids):
+        return ""
+    return (f"the engines' default aux layers for this {num_layers}-layer target, inputs of "
+            f"layers {ids}, repeat a layer, which SGLang and vLLM capture once: their fc gets "
+            f"{len(set(ids))} states instead of {len(ids)} and fails; write the ids the drafter "
+            "was trained on")
+
+
+def warn_default_repeat(num_layers: int, where: str) -> None:
+    if note := default_repeat(num_layers):
+        warnings.warn(f"{where}: names no aux layer ids; {note}", stacklevel=3)
+
+
 def warn_unsorted(written: list[int], canonical: list[int], where: str) -> None:
     if list(written) != sorted(written):
         warnings.warn(f"{where}: aux layer ids {list(written)} are not ascending; SGLang and vLLM "

@@ -10,7 +10,9 @@ are read from the nested `eagle_config.eagle_aux_hidden_state_layer_ids` in
 defaults without a word), so they are always written. The embedding is dropped: SGLang's
 `eagle_worker.py` hands the draft the target's, except where `target_hidden_size` differs from
 `hidden_size` (`LlamaForCausalLM.set_embed` in `models/llama.py` then keeps the draft's own), so
-there it is kept. vLLM also loads this layout
+there it is kept. Import, given the target, reads what SGLang serves: the target's embedding
+(and the target's head where SGLang takes it), a stored one that differs named in a warning.
+vLLM also loads this layout
 (`vllm/model_executor/models/llama_eagle3.py`); it reads the top-level
 `eagle_aux_hidden_state_layer_ids` in its own convention, so that is written too.
 """
@@ -38,6 +40,7 @@ from draftsmith.export.layout import (
     read_weights,
     recorded_layers,
     vocab_tensors,
+    warn_default_repeat,
     warn_unsorted,
     write_folder,
 )
@@ -165,8 +168,8 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         target_architectures=list(info.architectures) if info else [],
     )
     w.update(vocab_tensors(w, vocab, draft_vocab, str(folder)))
-    _add_embedding(w, info, folder)
-    _add_head(w, c, info, folder)
+    replaced = _add_embedding(w, c, mc.hidden_size, info, folder)
+    _warn_replaced(replaced + _add_head(w, c, info, folder), folder)
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, w, str(folder))
     return drafter
@@ -193,6 +196,7 @@ def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int
     canonical = imported_ids(c, "sglang", num_layers, where)
     written, key, conv = engine_ids(c, "sglang", num_layers, where)
     if written is None:
+        warn_default_repeat(num_layers, where)
         return canonical
     warn_unsorted(written, canonical, where)
     if conv is Convention.SGLANG and sglang_version_dependent(written):
@@ -204,30 +208,68 @@ def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int
     return canonical
 
 
-def _add_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None, folder: Path) -> None:
-    if "embed_tokens.weight" in w:
-        return
-    if info is None or info.embed is None:
-        raise DraftsmithError(f"{folder}: no embed_tokens.weight (SGLang reuses the target's); "
-                              "pass --target to take it from there")
-    w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
+def _add_embedding(w: dict[str, torch.Tensor], c: dict[str, Any], hidden: int,
+                   info: TargetInfo | None, folder: Path) -> list[str]:
+    """The embedding SGLang's EAGLE worker leaves in the draft: the target's (`set_embed`, or
+    `set_embed_and_head` where the head comes from the target too), unless `target_hidden_size`
+    differs from `hidden_size` (models/llama.py `set_embed` then keeps the draft's own). Without
+    the target, a stored one stands in. Returns the names whose stored values the target's
+    replaced with other values."""
+    keeps_own = c.get("target_hidden_size") not in (None, hidden) and not _head_from_target(c)
+    if info is not None and info.embed is not None and not keeps_own:
+        return _take_target(w, "embed_tokens.weight", info.embed)
+    if "embed_tokens.weight" not in w:
+        if info is None or info.embed is None:
+            raise DraftsmithError(f"{folder}: no embed_tokens.weight (SGLang reuses the "
+                                  "target's); pass --target to take it from there")
+        w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
+    return []
+
+
+def _head_from_target(c: dict[str, Any]) -> bool:
+    # LlamaForCausalLMEagle3's load_lm_head_from_target: untied and no draft_vocab_size
+    return not c.get("tie_word_embeddings") and c.get("draft_vocab_size") is None
+
+
+def _take_target(w: dict[str, torch.Tensor], name: str, theirs: torch.Tensor) -> list[str]:
+    """Put the target's tensor at `name` (in the checkpoint's dtype); [name] where a stored one
+    of that shape held other values. One of another shape is left for the fit checks to name."""
+    dtype = w["fc.weight"].dtype
+    stored = w.get(name)
+    if stored is not None and stored.shape != theirs.shape:
+        return []
+    w[name] = theirs.to(dtype)
+    return [] if stored is None or torch.equal(stored.to(dtype), w[name]) else [name]
 
 
 def _add_head(w: dict[str, torch.Tensor], c: dict[str, Any], info: TargetInfo | None,
-              folder: Path) -> None:
-    """SGLang's LlamaForCausalLMEagle3: tie_word_embeddings makes lm_head the embedding (a stored
-    lm_head.weight is never read); untied without draft_vocab_size and without lm_head.weight,
-    it loads the target's lm_head (`load_lm_head_from_target`)."""
+              folder: Path) -> list[str]:
+    """SGLang's LlamaForCausalLMEagle3: tie_word_embeddings makes lm_head the embedding module
+    (a stored lm_head.weight is never read, and set_embed replaces both); untied without
+    draft_vocab_size it serves the target's lm_head (`load_lm_head_from_target`), a stored one
+    or not. Without the target, a stored one stands in."""
     if c.get("tie_word_embeddings"):
         w["lm_head.weight"] = w["embed_tokens.weight"]
-        return
+        return []
+    if _head_from_target(c) and info is not None and info.head is not None:
+        return _take_target(w, "lm_head.weight", info.head)
     if "lm_head.weight" in w:
-        return
+        return []
     if c.get("draft_vocab_size") is not None:
         raise DraftsmithError(f"{folder}: no lm_head.weight, and config.json's draft_vocab_size "
                               "says the drafter has its own head (SGLang takes the target's only "
                               "without a draft_vocab_size)")
-    if info is None or info.head is None:
-        raise DraftsmithError(f"{folder}: no lm_head.weight (SGLang takes the target's); pass "
-                              "--target to take it from there")
-    w["lm_head.weight"] = info.head.to(w["fc.weight"].dtype)
+    raise DraftsmithError(f"{folder}: no lm_head.weight (SGLang takes the target's); pass "
+                          "--target to take it from there")
+
+
+def _warn_replaced(names: list[str], folder: Path) -> None:
+    if not names:
+        return
+    vllm = (" (vLLM, which loads this layout too, keeps a stored embedding: the two engines "
+            "would run different drafters)" if "embed_tokens.weight" in names else "")
+    warnings.warn(
+        f"{folder}: the stored {' and '.join(names)} {'differs' if len(names) == 1 else 'differ'}"
+        " from the target's; SGLang's EAGLE worker serves the target's (set_embed / "
+        f"set_embed_and_head), so the import takes the target's{vllm}; a SpecForge drafter "
+        "normally stores the target's own", stacklevel=4)

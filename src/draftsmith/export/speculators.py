@@ -32,6 +32,7 @@ from draftsmith.export.layout import (
     read_weights,
     recorded_layers,
     vocab_tensors,
+    warn_default_repeat,
     warn_unsorted,
     write_folder,
 )
@@ -130,6 +131,8 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     ids = imported_ids(c, "speculators", num_layers, where)
     if (written := engine_ids(c, "speculators", num_layers, where)[0]) is not None:
         warn_unsorted(written, ids, where)
+    else:
+        warn_default_repeat(num_layers, where)
     vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
                                                             f"{folder}/config.json")
     verifier = (c.get("speculators_config") or {}).get("verifier") or {}
@@ -156,7 +159,17 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
             raise DraftsmithError(f"{folder}: no embed_tokens.weight; pass --target")
         w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
     drafter = build_empty(cfg)
-    load_hf_state_dict(drafter, w, str(folder))
+    try:
+        load_hf_state_dict(drafter, w, str(folder))
+    except DraftsmithError as e:
+        kind = layer.get("model_type")
+        if kind in (None, "llama"):
+            raise
+        # vLLM builds another layer for some types (qwen3: Eagle3Qwen3ForCausalLM, q/k norms)
+        raise DraftsmithError(
+            f"{folder}/config.json: transformer_layer_config.model_type is {kind!r}, and "
+            f"draftsmith reads only llama-type drafter layers; its tensors do not fit one: {e}"
+        ) from None
     return drafter
 
 
