@@ -57,6 +57,13 @@ def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     return resolve(device, dtype)
 
 
+def typed(ctx: typer.Context, name: str, value: Any) -> Any:
+    """`value` where the user typed option `name` on the command line, else None: one that an
+    environment variable set (OPENAI_API_KEY) is no mistake where it does nothing."""
+    source = ctx.get_parameter_source(name)  # typer's own click (vendored since 0.2x) or click's
+    return value if getattr(source, "name", None) == "COMMANDLINE" else None
+
+
 def not_an_input(out: Path, sources: list[str]) -> None:
     """Refuse an output path that is one of the inputs: writing it would lose the input."""
     for src in sources:
@@ -145,7 +152,7 @@ def prompts(
     at_least_one({"--batch-size": batch_size, "--max-new-tokens": max_new_tokens})
     check_sampling(temperature, top_p)
     if temperature == 0:
-        unused(given(prompts, top_p=top_p), "to sampling (--temperature > 0)",
+        unused(given(prompts, top_p=top_p, seed=seed), "to sampling (--temperature > 0)",
                "at temperature 0 decoding is greedy; leave {it} out")
     dev, dt = device_dtype(device, dtype)
     cfg = MagpieConfig(self_made, batch_size, max_new_tokens, min_chars, max_chars,
@@ -157,6 +164,7 @@ def prompts(
 
 @app.command()
 def regenerate(
+    ctx: typer.Context,
     source: str = typer.Argument(..., help="Prompts (any format `data prompts` reads)"),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (appended; reruns resume)"),
     base_url: str = typer.Option(None, "--base-url", help="OpenAI-compatible server, e.g. "
@@ -194,11 +202,13 @@ def regenerate(
                "leave {it} out with --base-url")
         check_server_options(concurrency, retries)
     else:
-        unused(given(regenerate, model=model, concurrency=concurrency, retries=retries),
-               "to a server", "give {it} with --base-url")
+        unused(given(regenerate, model=model, concurrency=concurrency, retries=retries,
+                     api_key=typed(ctx, "api_key", api_key)), "to a server",
+               "give {it} with --base-url")
     check_sampling(temperature, top_p, top_k)
     if temperature == 0:  # greedy: they would be recorded as the answers' sampling
-        unused(given(regenerate, top_p=top_p, top_k=top_k), "to sampling (--temperature > 0)",
+        unused(given(regenerate, top_p=top_p, top_k=top_k, seed=seed),
+               "to sampling (--temperature > 0)",
                "at temperature 0 decoding is greedy; leave {it} out")
     # a server's answers are written a chunk at a time: a chunk of --concurrency conversations
     # keeps that many requests in flight (one of --batch-size capped them at 16)

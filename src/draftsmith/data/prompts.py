@@ -247,6 +247,9 @@ def read_humaneval() -> PromptSet:
 
 def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
     """Read a prompt source; duplicates (same id) are dropped and counted."""
+    if isinstance(source, str) and not source.strip():  # Path('') is the working folder
+        raise DraftsmithError(f"an empty prompt source ({source!r}): give a file, a folder or "
+                              f"'{HUMANEVAL}'")
     if str(source).lower() == HUMANEVAL:
         return read_humaneval()
     path = Path(source)
@@ -354,15 +357,57 @@ def _mending(path: Path) -> Iterator[None]:
             "file") from None
 
 
+def mark_write(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`records` of one write, each with `meta.write` [i, n]: the i-th of the n records written
+    together, so a rerun tells a write a kill cut short (`drop_last_write`) from a whole one."""
+    for i, rec in enumerate(records):
+        rec.setdefault("meta", {})["write"] = [i, len(records)]
+    return records
+
+
+def _write_place(rec: dict[str, Any]) -> tuple[int, int] | None:
+    meta = rec.get("meta")
+    place = meta.get("write") if isinstance(meta, dict) else None
+    if (isinstance(place, list) and len(place) == 2
+            and all(type(x) is int for x in place) and 0 <= place[0] < place[1]):
+        return place[0], place[1]
+    return None
+
+
+def _last_write_kept(records: list[tuple[int, dict[str, Any]]]) -> int | None:
+    """How many records of the last write `records` hold, where their marks (`mark_write`)
+    say it lacks some (0: it is whole); None where the records carry none."""
+    place = _write_place(records[-1][1]) if records else None
+    if place is None or place[0] + 1 > len(records):
+        return None
+    i, n = place
+    tail = [_write_place(r) for _, r in records[len(records) - i - 1:]]
+    if tail != [(j, n) for j in range(i + 1)]:
+        return None
+    return 0 if i == n - 1 else i + 1
+
+
+def write_cut(records: list[tuple[int, dict[str, Any]]]) -> bool:
+    """Whether the last write of `records` lacks records its marks name: a kill between two
+    of its lines, which leaves the file ending at a line's end."""
+    return bool(_last_write_kept(records))
+
+
 def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
                     group: Callable[[dict[str, Any]], Any]) -> list[tuple[int, dict[str, Any]]]:
     """`records` of `path` (a JSONL appended one write per `group`: a round, a chunk) less the
-    last write, which a kill tore (`appended_records`): its records are cut from the file, so a
-    rerun redoes that write whole, as an uninterrupted run wrote it."""
-    last = group(records[-1][1]) if records else None
-    k = len(records)
-    while last is not None and k and group(records[k - 1][1]) == last:
-        k -= 1
+    last write, which a kill tore (`appended_records`, `write_cut`): its records are cut from
+    the file, so a rerun redoes that write whole, as an uninterrupted run wrote it. Records
+    marked by `mark_write` say where that write starts, and that a kill inside a write's first
+    record left the writes before whole; unmarked ones (older files) drop the last `group`."""
+    kept = _last_write_kept(records)
+    if kept is not None:
+        k = len(records) - kept
+    else:
+        last = group(records[-1][1]) if records else None
+        k = len(records)
+        while last is not None and k and group(records[k - 1][1]) == last:
+            k -= 1
     if k < len(records):
         data = path.read_bytes()
         at = 0

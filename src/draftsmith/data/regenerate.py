@@ -28,7 +28,9 @@ from draftsmith.data.prompts import (
     appended_records,
     drop_last_write,
     lead,
+    mark_write,
     opening,
+    write_cut,
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one
@@ -45,6 +47,18 @@ BATCHING: dict[str, Callable[[Any], str]] = {
     "batch_size": lambda v: f"--batch-size {v}",
     "refill": lambda v: "--refill" if v else "--no-refill",
 }
+# So do the weights' dtype and compiled layers (other kernels: near-ties break otherwise, and
+# one token apart the answers part).
+NUMERICS: dict[str, Callable[[Any], str]] = {
+    "dtype": lambda v: f"--dtype {v}",
+    "compile": lambda v: "--compile" if v else "no --compile",
+}
+ENGINE = BATCHING | NUMERICS
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as --dtype spells it."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(slots=True)
@@ -298,11 +312,12 @@ def regenerate(
     info = answerer(backend, cfg)
     step = cfg.batch_size * (REFILL_CHUNK if _refills(backend) else 1)
     records, torn = appended_records(out)
+    torn = torn or write_cut(records)
     done = {_prompt_id(out, line, r) for line, r in records}
     # a file with nothing left to answer takes no more answers: any batching may reread it
     full = not torn and all(c.id in done for c in convs)
     _same_answerer(out, records, {k: v for k, v in info.items()
-                                  if not (full and k in BATCHING)})
+                                  if not (full and k in ENGINE)})
     # the engine answers a chunk a kill tore again whole, as it sampled it uninterrupted; a
     # server's answers (not reproducible, paid for) are kept
     if torn and isinstance(backend, EngineBackend):
@@ -335,7 +350,7 @@ def regenerate(
         # one write: a kill or a full disk keeps a chunk whole or not at all (a part would be
         # resumed in a smaller batch, sampled otherwise)
         append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
-                                  for rec in recs).encode(),
+                                  for rec in mark_write(recs)).encode(),
                      f"it keeps {kept}; a rerun resumes after them")
         bar.update(len(chunk))
     bar.close()
@@ -360,12 +375,13 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
 
 def answerer(backend: Any, cfg: RegenConfig) -> dict[str, Any]:
     """What each answer records of who answered and how: the engine's target also by its
-    fingerprint and its batching (`BATCHING`: the rows sampled together and their seeds), a
-    server's requests by the fields sent beyond OpenAI's (`sent`)."""
+    fingerprint, its batching (`BATCHING`: the rows sampled together and their seeds) and its
+    numerics (`NUMERICS`), a server's requests by the fields sent beyond OpenAI's (`sent`)."""
     info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
     if isinstance(backend, EngineBackend):
         info |= {"target": backend.target.fingerprint, "batch_size": backend.cfg.batch_size,
-                 "refill": backend.cfg.refill}
+                 "refill": backend.cfg.refill, "dtype": dtype_name(backend.rt.dtype),
+                 "compile": backend.rt.compiled}
     if isinstance(backend, OpenAIBackend):
         info |= {"base_url": backend.base_url, "sent": PENALTIES | server_sampling(cfg)}
     return info
@@ -400,8 +416,9 @@ def _differs(a: dict[str, Any], info: dict[str, Any]) -> list[str]:
     if "sent" in a and a["sent"] != info.get("sent"):
         out.append(f"of requests with the fields {a['sent']} beyond OpenAI's, this run sends "
                    f"{info.get('sent')}")
-    # answers written before the batching was recorded carry none, and are resumed as before
-    for key, flag in BATCHING.items():
+    # answers written before the batching or numerics were recorded carry none, and are
+    # resumed as before
+    for key, flag in ENGINE.items():
         if key in a and key in info and a[key] != info[key]:
             out.append(f"made with {flag(a[key])}, this run with {flag(info[key])}")
     return out

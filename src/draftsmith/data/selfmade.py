@@ -28,8 +28,11 @@ from draftsmith.data.prompts import (
     Malformed,
     appended_records,
     drop_last_write,
+    mark_write,
     parse_record,
+    write_cut,
 )
+from draftsmith.data.regenerate import NUMERICS, dtype_name
 from draftsmith.errors import DraftsmithError
 
 
@@ -140,8 +143,11 @@ def self_made_prompts(
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
     conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
-    meta = {"source": "magpie", "target": target.fingerprint, **conf}
+    numerics = {"dtype": dtype_name(dtype if model is None else next(model.parameters()).dtype),
+                "compile": compile}
+    meta = {"source": "magpie", "target": target.fingerprint, **conf, **numerics}
     records, torn = appended_records(out) if not overwrite else ([], False)
+    torn = torn or write_cut(records)
     have = [_conversation(out, line, r) for line, r in records]
     if torn:  # the last round's write, torn by a kill, is made again whole
         _same_settings(out, have, meta, cfg.openings)
@@ -175,7 +181,7 @@ def self_made_prompts(
         torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
         pick = [(round_ * cfg.batch_size + i) % len(opens) for i in range(cfg.batch_size)]
         gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
-        lines = []
+        made = []
         for k, toks in zip(pick, gen.tokens, strict=True):
             got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
             if got is None or stats["kept"] >= cfg.n:
@@ -183,12 +189,13 @@ def self_made_prompts(
             seen.add(fold(got))
             rec = {**meta, "round": round_} | ({"opening": opens[k], "openings_id": which}
                                                if cfg.openings else {})
-            conv = Conversation([{"role": "user", "content": got}], meta=rec)
-            lines.append(json.dumps(conv.to_json(), ensure_ascii=False) + "\n")
+            made.append(Conversation([{"role": "user", "content": got}], meta=rec).to_json())
             stats["kept"] += 1
             bar.update(1)
-        if lines:  # a round's records in one write: a kill or a full disk keeps all or none
-            append_whole(out, "".join(lines).encode(), _kept(stats["kept"] - len(lines)))
+        if made:  # a round's records in one write: a kill or a full disk keeps all or none
+            append_whole(out, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                      for r in mark_write(made)).encode(),
+                         _kept(stats["kept"] - len(made)))
     bar.close()
     if stats["kept"] < cfg.n:
         say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
@@ -197,19 +204,22 @@ def self_made_prompts(
 
 # what the prompts already written were made with; n and max_batches may grow on a rerun
 RESUMED = ("target", "batch_size", "max_new_tokens", "min_chars", "max_chars", "temperature",
-           "top_p", "seed", "system")
+           "top_p", "seed", "system", *NUMERICS)
+# what shapes only the rounds still to make: a file that needs none may be read under others
+ROUNDS = ("batch_size", *NUMERICS)
 
 
 def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
                    openings: tuple[str, ...], full: bool = False) -> None:
     """A rerun goes on with the settings the prompts in `out` were made with: with others its
     prompts would be neither these nor an uninterrupted run's. `full`: no round is left to
-    make, so the batch size (which only shapes rounds) may differ."""
-    keys = [k for k in RESUMED if not (full and k == "batch_size")]
+    make, so the settings that only shape rounds (`ROUNDS`) may differ. Prompts written before
+    a setting was recorded carry none, and resume under any."""
+    keys = [k for k in RESUMED if not (full and k in ROUNDS)]
     for c in have:
         if c.meta.get("source") != "magpie":
             continue
-        diff = [f"{k} {c.meta.get(k)!r} there, {meta[k]!r} now" for k in keys
+        diff = [_setting(k, c.meta[k], meta[k]) for k in keys
                 if k in c.meta and c.meta[k] != meta[k]]
         opening = c.meta.get("opening")
         if "openings_id" in c.meta:
@@ -224,6 +234,12 @@ def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
                                   f"({'; '.join(diff)}): rerun with those settings, or write to "
                                   "another file")
         return
+
+
+def _setting(key: str, there: Any, now: Any) -> str:
+    if key in NUMERICS:
+        return f"{NUMERICS[key](there)} there, {NUMERICS[key](now)} now"
+    return f"{key} {there!r} there, {now!r} now"
 
 
 def _within_positions(starts: list[list[int]], max_new: int, most: int | None) -> None:

@@ -76,18 +76,24 @@ class ShardReader:
         if k in self._fds:
             self._fds.move_to_end(k)
             return self._fds[k]
-        fd = _open(Path(self.folder) / self.shards[k]["file"])
+        fd = _open(self._path(k))
         while len(self._fds) >= max(1, self.open_shards):
             os.close(self._fds.popitem(last=False)[1])
         self._fds[k] = fd
         return fd
 
+    def _path(self, k: int) -> Path:
+        return Path(self.folder) / self.shards[k]["file"]
+
     def _shard(self, k: int) -> tuple[int, dict[str, Any], int, list[int]]:
         fd = self._fd(k)
         if k not in self._meta:
-            header = _header(fd)
-            start = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
-            offsets = _read(fd, header["offsets"], start, 0, header["offsets"]["shape"][0])
+            path = self._path(k)
+            with reading(path):  # a header cut short or foreign, named by its shard
+                header = _header(fd)
+                start = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+                offsets = _read(fd, header["offsets"], start, 0, header["offsets"]["shape"][0],
+                                path)
             self._meta[k] = (header, start, offsets.tolist())
         return (fd, *self._meta[k])
 
@@ -97,7 +103,8 @@ class ShardReader:
         try:
             for k in range(len(self.shards)):
                 fd, header, start, offsets = self._shard(k)
-                masks = _read(fd, header["loss_mask"], start, 0, offsets[-1]).bool()
+                masks = _read(fd, header["loss_mask"], start, 0, offsets[-1],
+                              self._path(k)).bool()
                 yield from (masks[a:b] for a, b in pairwise(offsets))
         finally:
             self.close()
@@ -106,7 +113,7 @@ class ShardReader:
         k, j = self.ds.locate(i)
         fd, header, start, offsets = self._shard(k)
         a, b = offsets[j], offsets[j + 1]
-        out = {name: _read(fd, header[name], start, a, b) for name in TENSORS}
+        out = {name: _read(fd, header[name], start, a, b, self._path(k)) for name in TENSORS}
         out["input_ids"] = out["input_ids"].long()
         out["loss_mask"] = out["loss_mask"].bool()
         return out
@@ -124,14 +131,17 @@ def _header(fd: int) -> dict[str, Any]:
     return json.loads(os.pread(fd, n, 8))
 
 
-def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int) -> torch.Tensor:
-    """Rows a..b of a tensor stored at info['data_offsets'] after `start`."""
+def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int,
+          path: Path) -> torch.Tensor:
+    """Rows a..b of a tensor stored at info['data_offsets'] after `start` in shard `path`."""
     dtype = DTYPES[info["dtype"]]
     shape = info["shape"]
     row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
     buf = bytearray(os.pread(fd, (b - a) * row, start + info["data_offsets"][0] + a * row))
     if len(buf) != (b - a) * row:
-        raise DraftsmithError(f"shard read came back short ({len(buf)} of {(b - a) * row} bytes)")
+        raise DraftsmithError(f"{path}: shard read came back short ({len(buf)} of "
+                              f"{(b - a) * row} bytes): the file is truncated (`draftsmith data "
+                              "inspect` on its dataset folder checks every shard)")
     if not buf:
         return torch.empty(0, *shape[1:], dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(b - a, *shape[1:])
