@@ -30,6 +30,7 @@ from draftsmith.engine.speculative import SpecDecoder, check_pair
 from draftsmith.engine.tree import TreeShape, most_tokens
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import check_chain_tokens, check_compile
+from draftsmith.tune.cost_model import DEEPEST
 
 Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
 
@@ -65,6 +66,8 @@ class BenchConfig:
     def settings(self) -> list[Setting]:
         """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree
         per token count that fits it (`unfit` names the others)."""
+        if (deepest := max(self.steps, default=0)) > DEEPEST:  # as tune's --max-steps and serve
+            raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {deepest}")
         if all(k == 1 for k in self.topk):  # as serve and SGLang: a chain's is steps + 1
             check_chain_tokens(self.steps, self.num_draft_tokens)
         if any(k > 1 for k in self.topk) and not self.num_draft_tokens:

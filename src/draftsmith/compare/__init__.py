@@ -46,10 +46,10 @@ class CompareOptions:
             raise DraftsmithError("compare needs at least two drafter folders")
         if len(self.drafters) > len(string.ascii_uppercase):
             raise DraftsmithError("compare takes at most 26 drafters")
-        from draftsmith.engine.speculative import check_drafting
+        from draftsmith.serve.cli import check_drafting  # by flag, the tree's size too
 
         at_least_one({"--num-prompts": self.num_prompts, "--max-new-tokens": self.max_new,
-                      "--steps": self.steps})
+                      "--steps": self.steps, "--topk": self.topk})
         check_drafting(self.steps, self.topk, self.num_draft_tokens)
         if self.target is None:
             self._check_no_acceptance_flags()

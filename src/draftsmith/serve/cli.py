@@ -132,19 +132,30 @@ def serve(
                         continuous)
     if host not in LOOPBACK and not api_key:
         _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
-    mode = f"speculative ({drafter}, steps {steps}, topk {topk})" if drafter else "baseline"
+    mode = speculative_mode(drafter, steps, topk, num_draft_tokens) if drafter else "baseline"
     if frontends is None:
         frontends = auto_frontends(dev)
     http = f", {frontends} HTTP processes" if frontends else ""
-    _say(f"serving '{cfg.model_name}' on http://{host}:{port}/v1 ({mode}, {dev}, {dt}{http})")
+    port = check_bindable(host, port)  # still free after the load; for 0, the port to serve on
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+    _say(f"serving '{cfg.model_name}' on http://{where}:{port}/v1 ({mode}, {dev}, {dt}{http})")
     run_server(engine, cfg, host, port, log_level, frontends)
+
+
+def speculative_mode(drafter: Path, steps: int, topk: int, tokens: int | None) -> str:
+    """The startup line's drafting: a tree's size too (a chain's is steps + 1)."""
+    size = f", {tokens} draft tokens" if topk > 1 else ""
+    return f"speculative ({drafter}, steps {steps}, topk {topk}{size})"
 
 
 def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
     """--steps, --topk and --num-draft-tokens make one drafting, refused by flag before the
     model loads (the engine's own check came after it, naming its fields)."""
     from draftsmith.engine.tree import most_tokens
+    from draftsmith.tune.cost_model import DEEPEST
 
+    if steps > DEEPEST:  # tune's --max-steps limit (cost_model.DEEPEST)
+        raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {steps}")
     if topk == 1:
         check_chain_tokens([steps], [] if tokens is None else [tokens])
         return
@@ -156,8 +167,9 @@ def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
                               f"{steps} verifies 2 to {most} tokens")
 
 
-def check_bindable(host: str, port: int) -> None:
-    """The address can be bound now: a port out of range or taken is refused by name."""
+def check_bindable(host: str, port: int) -> int:
+    """The address can be bound now: a port out of range or taken is refused by name. The port
+    bound: `port`, or for 0 the free one the system gave, which the server then listens on."""
     import socket
 
     if not 0 <= port <= 65535:
@@ -173,6 +185,7 @@ def check_bindable(host: str, port: int) -> None:
             sock.bind(addr)
         except OSError as e:
             raise DraftsmithError(f"cannot bind {host}:{port}: {e.strerror}") from None
+        return sock.getsockname()[1]
 
 
 def server_config(engine, target: str, name: str | None, api_key: str | None,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, int_list
+from draftsmith.options import COMPILE, DEVICE, DTYPE, TARGET, check_folder, given, int_list
 from draftsmith.tune.cost_model import DEEPEST
 from draftsmith.tune.partial import PARTIAL, Partial  # noqa: F401 (PARTIAL: the file's name)
 
@@ -87,7 +87,7 @@ def tune(
     from draftsmith.cli import sampling_params
     from draftsmith.options import check_compile
 
-    params = sampling_params(temperature, top_p, top_k)
+    params = sampling_params(temperature, top_p, top_k, bool(given(tune, seed=seed)))
     dev, dt = device_dtype(device, dtype)
     check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
