@@ -11,6 +11,7 @@ from typing import Any
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
+    default_feed,
     default_repeat,
     engine_feed,
     engine_ids,
@@ -48,8 +49,9 @@ def engine_name(name: str) -> str:
 
 
 def engine_defaults(num_layers: int) -> list[int]:
-    """SGLang's and vLLM's ids when none are given: inputs of 2, L//2, L-3, in canonical form."""
-    return from_convention([2, num_layers // 2, num_layers - 3], Convention.VLLM, num_layers)
+    """SGLang's and vLLM's ids when none are given: inputs of 2, L//2, L-3, in canonical form,
+    in the (ascending) order they feed them, as `draftsmith import` reads them."""
+    return default_feed(num_layers)
 
 
 @dataclass
@@ -114,7 +116,7 @@ def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:
     in its own convention (input of layer j); versions without that fallback use the target's
     defaults."""
     feed = feed_from_written(nested, "vllm", num_layers, key)
-    older = sorted(engine_defaults(num_layers))
+    older = engine_defaults(num_layers)
     if feed.canonical != older:
         feed.version_dependent = True
         feed.note = "; ".join(filter(None, [feed.note, (

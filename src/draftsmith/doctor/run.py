@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         rep.skipped.append("behaviour: --no-run")
         return
     try:
-        drafter = load_any(info, target, opts.device, opts.dtype)
+        drafter, notes = _load(info, target, opts)
     except ImportError as e:
         rep.skipped.append(f"behaviour: cannot load the drafter ({e})")
         return
@@ -211,6 +212,7 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
                                       str(info.folder), "its weights and config.json must "
                                       "agree: re-export or retrain it")])
         return
+    rep.add("loads", notes)
     promise = behaviour.promised(info.folder)
     steps = opts.steps if opts.steps is not None else (
         min(len(promise["cond_acc"]), 5) if promise else 3)
@@ -232,6 +234,24 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         return
     rep.behaviour = out
     rep.add("behaviour", behaviour.gap_findings(out["runs"], promise, str(info.folder)))
+
+
+def _load(info: DrafterInfo, target: Any, opts: DoctorOptions) -> tuple[Any, list[Finding]]:
+    """The drafter as `draftsmith import` reads it, and what that reading warned (a replaced
+    embedding, unsorted ids, defaults that repeat a layer) as findings; other warnings go on."""
+    from draftsmith.export.layout import ImportNote
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drafter = load_any(info, target, opts.device, opts.dtype)
+    found = []
+    for w in caught:
+        if isinstance(w.message, ImportNote):
+            found.append(Finding("warning", "loads", str(w.message), str(info.folder),
+                                 w.message.fix))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return drafter, found
 
 
 def _runs(info: DrafterInfo, engine: str | None, layers: int, n_aux: int,

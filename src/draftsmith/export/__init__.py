@@ -111,8 +111,8 @@ def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
     from draftsmith.targets import load_target
 
     t = load_target(target)
-    drafter = (load_drafter(folder) if fmt == "draftsmith"
-               else _read_engine(folder, fmt, TargetInfo.of_target(t)))
+    info = None if fmt == "draftsmith" else TargetInfo.of_target(t)
+    drafter = load_drafter(folder) if info is None else _read_engine(folder, fmt, info)
     try:
         check_pair(t.cfg, drafter.cfg)
     except DraftsmithError as e:
@@ -121,7 +121,17 @@ def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
     if want and t.fingerprint != want:
         raise DraftsmithError(f"--target {target} has fingerprint {t.fingerprint}, but the "
                               f"drafter {folder} records its target as {want}; pass that target")
+    if not want and info is not None:
+        _record_target(drafter, info)
     return drafter
+
+
+def _record_target(drafter: Eagle3Drafter, info: TargetInfo) -> None:
+    """A foreign folder (no draftsmith record) that fits --target is recorded as that target's
+    drafter, so doctor, serve, compare and export check the pairing as for a trained one."""
+    drafter.cfg.target_fingerprint = info.fingerprint
+    drafter.cfg.target_source = info.name_or_path
+    drafter.cfg.target_architectures = list(info.architectures)
 
 
 def _read_engine(folder: str | Path, fmt: str, info: TargetInfo | None) -> Eagle3Drafter:

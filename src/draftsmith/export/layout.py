@@ -27,6 +27,20 @@ WEIGHTS = "model.safetensors"
 IDS = "eagle_aux_hidden_state_layer_ids"
 
 
+class ImportNote(UserWarning):
+    """A warning about how an engine folder reads (the doctor reports each as a finding, with
+    its fix)."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+def note(message: str, fix: str, stacklevel: int = 3) -> None:
+    """Warn with an ImportNote; `stacklevel` as warnings.warn counts it from the caller."""
+    warnings.warn(ImportNote(message, fix), stacklevel=stacklevel + 1)
+
+
 @dataclass
 class TargetInfo:
     num_layers: int
@@ -242,14 +256,16 @@ def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | No
 
 
 def engine_feed(written: list[int], conv: Convention | str, num_layers: int,
-                where: str = "") -> list[int]:
+                where: str = "", repeats: bool = False) -> list[int]:
     """Canonical ids an engine feeds for `written`, the list at the key it reads: the one
     reading every import, doctor and compare make of an engine folder's ids. The engines convert
     the list as written (SGLang tests the first id it holds for 1), capture each layer once and
     append the states walking the layers (`for i in range(...): if i in layers_to_capture`), so
-    they feed them ascending whatever order the list is in."""
+    they feed them ascending whatever order the list is in. `repeats` keeps a repeated layer
+    (the engines' own defaults on a short target, which `default_repeat` names) instead of
+    refusing it."""
     ids, at = [int(i) for i in written], f"{where}: " if where else ""
-    if len(set(ids)) < len(ids):
+    if len(set(ids)) < len(ids) and not repeats:
         raise DraftsmithError(f"{at}aux layer ids {ids} repeat a layer, which the engines "
                               "capture once: the drafter's fc would get too few states")
     try:
@@ -282,16 +298,31 @@ def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: st
     runs, which load through it) reads them: as its engine feeds them, or the engines' default
     [2, L//2, L-3] (inputs of those layers) where the folder names none."""
     written, key, conv = engine_ids(config, layout, num_layers, where)
-    if written is None:  # kept as is: a target under 8 layers repeats one ([2, 3, 3] of 6)
-        return from_convention([2, num_layers // 2, num_layers - 3], conv, num_layers)
+    if written is None:
+        return default_feed(num_layers, where)
     return engine_feed(written, conv, num_layers, f"{where}: {key}" if where else key)
+
+
+def default_ids(num_layers: int) -> list[int]:
+    """SGLang's and vLLM's ids when a folder names none, as they list them: inputs of
+    [2, L//2, L-3] ([2, 1, 0] of a 3-layer target, [2, 2, 1] of a 4-layer one)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def default_feed(num_layers: int, where: str = "") -> list[int]:
+    """Canonical ids the engines feed from their defaults: ascending like any list they read,
+    a repeated layer kept (a target under 8 layers repeats one, [2, 3, 3] of 6; `default_repeat`
+    names it)."""
+    what = "the engines' default ids"
+    return engine_feed(default_ids(num_layers), Convention.EAGLE, num_layers,
+                       f"{where}: {what}" if where else what, repeats=True)
 
 
 def default_repeat(num_layers: int) -> str:
     """Words for a target whose engine default ids ([2, L//2, L-3], inputs of those layers)
     repeat a layer, else "": SGLang (`LlamaModel.forward`) and vLLM (`LlamaModel.forward`) test
     each layer once (`if i in layers_to_capture`), so they feed fewer states than the fc takes."""
-    ids = [2, num_layers // 2, num_layers - 3]
+    ids = default_ids(num_layers)
     if len(set(ids)) == len(ids):
         return ""
     return (f"the engines' default aux layers for this {num_layers}-layer target, inputs of "
@@ -301,13 +332,16 @@ def default_repeat(num_layers: int) -> str:
 
 
 def warn_default_repeat(num_layers: int, where: str) -> None:
-    if note := default_repeat(num_layers):
-        warnings.warn(f"{where}: names no aux layer ids; {note}", stacklevel=3)
+    if words := default_repeat(num_layers):
+        note(f"{where}: names no aux layer ids; {words}",
+             "write the ids the drafter was trained on at the key the engine reads "
+             "(`draftsmith doctor --data DIR` finds them)")
 
 
 def warn_unsorted(written: list[int], canonical: list[int], where: str) -> None:
     if list(written) != sorted(written):
-        warnings.warn(f"{where}: aux layer ids {list(written)} are not ascending; SGLang and vLLM "
-                      f"feed the states in layer order, so they are read as canonical "
-                      f"{canonical} (a drafter trained on the listed order gets its states in "
-                      "another order there)", stacklevel=3)
+        note(f"{where}: aux layer ids {list(written)} are not ascending; SGLang and vLLM feed "
+             f"the states in layer order, so they are read as canonical {canonical} (a drafter "
+             "trained on the listed order gets its states in another order there)",
+             f"write the ids sorted; if the drafter was trained on the listed order, first "
+             f"permute the {len(written)} column blocks of fc.weight to ascending layer order")

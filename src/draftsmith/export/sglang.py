@@ -4,7 +4,8 @@ Matched against sgl-project/sglang `python/sglang/srt/models/llama_eagle3.py` (c
 03d5a7771f60 and d737979cbd17): `LlamaModel` holds `embed_tokens`, `fc` (3 x target_hidden_size
 in when `target_hidden_size` is set), `midlayer` (q/k/v and gate/up loaded as shards of
 qkv_proj / gate_up_proj), `norm`; `lm_head` has `draft_vocab_size` rows; `load_weights` turns
-`d2t` into `hot_token_id`, skips `t2d`, and silently drops names it does not know. The aux ids
+`d2t` into `hot_token_id`, skips `t2d`, and silently drops names it does not know (import
+leaves them out too, named in a warning; vLLM refuses them). The aux ids
 are read from the nested `eagle_config.eagle_aux_hidden_state_layer_ids` in
 `python/sglang/srt/model_executor/model_runner.py` (a missing key falls back to the target's
 defaults without a word), so they are always written. The embedding is dropped: SGLang's
@@ -36,6 +37,7 @@ from draftsmith.export.layout import (
     hf_layer_config,
     imported_ids,
     model_config_of,
+    note,
     read_config,
     read_weights,
     recorded_layers,
@@ -153,6 +155,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
                                                             f"{folder}/config.json")
     _check_specforge_head(c, folder)
+    _check_layout(c, folder)
     cfg = drafter_config(
         f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -167,12 +170,41 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         target_source=info.name_or_path if info else "",
         target_architectures=list(info.architectures) if info else [],
     )
+    w = _drop_unknown(w, cfg, folder)
     w.update(vocab_tensors(w, vocab, draft_vocab, str(folder)))
     replaced = _add_embedding(w, c, mc.hidden_size, info, folder)
     _warn_replaced(replaced + _add_head(w, c, info, folder), folder)
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, w, str(folder))
     return drafter
+
+
+def _check_layout(c: dict[str, Any], folder: Path) -> None:
+    """What SGLang's LlamaForCausalLMEagle3 would load but this drafter cannot hold is refused:
+    extra decoder layers (`additional_layers`, which drop the residual stream) and an fc bias
+    (`config.bias`)."""
+    n = c.get("num_hidden_layers", 1)
+    if n != 1:
+        raise DraftsmithError(f"{folder}/config.json: num_hidden_layers is {n!r}; SGLang's extra "
+                              "draft layers compute differently, so only 1-layer SGLang drafters "
+                              "are read")
+    if c.get("bias"):
+        raise DraftsmithError(f"{folder}/config.json: bias true (SGLang gives fc a bias); "
+                              "draftsmith's fc has none")
+
+
+def _drop_unknown(w: dict[str, torch.Tensor], cfg: Eagle3Config,
+                  folder: Path) -> dict[str, torch.Tensor]:
+    """SGLang's `load_weights` skips names it has no parameter for without a word; so does the
+    import, naming them once. A missing tensor is still refused by the loader."""
+    known = set(hf_state_dict(build_empty(cfg)))
+    known |= {"layers.0." + k.removeprefix("midlayer.") for k in known if k.startswith("midlayer.")}
+    unknown = sorted(set(w) - known)
+    if unknown:
+        note(f"{folder}: tensors SGLang does not load, left out: {unknown}",
+             "remove them from the folder's weights: vLLM, which loads this layout too, refuses "
+             "names it does not know", stacklevel=2)
+    return {k: v for k, v in w.items() if k not in unknown}
 
 
 def _check_specforge_head(c: dict[str, Any], folder: Path) -> None:
@@ -200,11 +232,12 @@ def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int
         return canonical
     warn_unsorted(written, canonical, where)
     if conv is Convention.SGLANG and sglang_version_dependent(written):
-        warnings.warn(
-            f"eagle_config ids {written} do not start at 1: read as inputs of those layers "
-            f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
-            "mean their outputs (one layer later); check with `draftsmith doctor`",
-            stacklevel=3)
+        note(f"eagle_config ids {written} do not start at 1: read as inputs of those layers "
+             f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
+             "mean their outputs (one layer later); check with `draftsmith doctor`",
+             "write ids starting at 1 (outputs of those layers), which every SGLang version "
+             "reads alike; `draftsmith doctor --data DIR` tells which layers the drafter was "
+             "trained on")
     return canonical
 
 
@@ -268,8 +301,10 @@ def _warn_replaced(names: list[str], folder: Path) -> None:
         return
     vllm = (" (vLLM, which loads this layout too, keeps a stored embedding: the two engines "
             "would run different drafters)" if "embed_tokens.weight" in names else "")
-    warnings.warn(
-        f"{folder}: the stored {' and '.join(names)} {'differs' if len(names) == 1 else 'differ'}"
-        " from the target's; SGLang's EAGLE worker serves the target's (set_embed / "
-        f"set_embed_and_head), so the import takes the target's{vllm}; a SpecForge drafter "
-        "normally stores the target's own", stacklevel=4)
+    note(f"{folder}: the stored {' and '.join(names)} {'differs' if len(names) == 1 else 'differ'}"
+         " from the target's; SGLang's EAGLE worker serves the target's (set_embed / "
+         f"set_embed_and_head), so the import takes the target's{vllm}; a SpecForge drafter "
+         "normally stores the target's own",
+         "check that the drafter was trained for this target; `draftsmith import --target` "
+         "and `draftsmith export` write the target's own, which every engine serves alike",
+         stacklevel=3)
