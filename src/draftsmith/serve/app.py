@@ -195,7 +195,10 @@ async def _json(request: Request) -> Any:
             raise _too_large()
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise P.ApiError(400, "the request body is not valid JSON: it nests arrays or objects "
+                         "too deeply", None, "invalid_json") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer of over 4,300 digits
         raise P.ApiError(400, f"the request body is not valid JSON: {e}", None,
                          "invalid_json") from None
 

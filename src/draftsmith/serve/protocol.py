@@ -114,7 +114,11 @@ def _get(body: dict, name: str, kind: type, default: Any = None) -> Any:
         return default
     ok = isinstance(v, kind) and not (kind in (int, float) and isinstance(v, bool))
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # JSON integers have no bound; a float does
+            raise ApiError(400, f"'{name}' is out of range: an integer of {len(str(abs(v)))} "
+                           "digits", name, "invalid_value") from None
     if not ok:
         raise ApiError(400, f"'{name}' must be {_NAMES[kind]}, got {type(v).__name__}: {v!r:.60}",
                        name, "invalid_type")
