@@ -219,7 +219,8 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
     torch.manual_seed(seed)
     t = load_target(target)
     ids = [t.chat_ids(a) for a in asks]
-    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens")
+    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens",
+                    t.cfg.sliding_window)
     model = t.build(dtype_of(dt), str(tp.device), tp)
     done = []
     for i in range(0, len(asks), batch_size):

@@ -106,7 +106,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
               for s, label in suite_labels(cfg.suites).items()}
     check_positions([p for ps in suites.values() for p in ps], cfg.max_new_tokens,
-                    target.cfg.max_position_embeddings, "--max-new-tokens")  # before the weights
+                    target.cfg.max_position_embeddings, "--max-new-tokens",
+                    target.cfg.sliding_window)  # before the weights
     model = target.build(cfg.dtype, cfg.device)
     drafter, warnings = get_drafter(cfg.drafter, target, model)
     check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
@@ -150,7 +151,8 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
     longest = max(len(p) for ps in suites.values() for p in ps)
     s_max, n_max = max(s[0] for s in settings), max(s[2] for s in settings)
     max_seq = longest + cfg.max_new_tokens + 2 * s_max + 2 + n_max
-    rt = Runtime(model, max(cfg.batch_sizes), max_seq, compile=cfg.compile)
+    rt = Runtime(model, max(cfg.batch_sizes), max_seq, compile=cfg.compile,
+                 kept=longest + cfg.max_new_tokens)
     fs = max((0 if k == 1 else TreeShape(k, st, n).frontier_slots) for st, k, n in settings)
     return rt, DrafterRuntime(drafter, rt.max_batch, max_seq + fs, rt.graphs or False,
                               compile=cfg.compile)

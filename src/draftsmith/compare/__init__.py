@@ -242,7 +242,7 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
         print(f"compare: --prompts {opts.prompts} has {len(prompts)} prompts with a user turn, "
               f"fewer than --num-prompts {opts.num_prompts}")
     check_positions(prompts, opts.max_new, target.cfg.max_position_embeddings,
-                    "--max-new-tokens")  # before the weights, as bench
+                    "--max-new-tokens", target.cfg.sliding_window)  # before the weights
     model = target.build(opts.dtype, opts.device)
     drafters = {d.label: _load(d, target, opts) for d in descs}
     res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,

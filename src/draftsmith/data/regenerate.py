@@ -99,21 +99,25 @@ class RegenConfig:
 
 
 def within_positions(cfg: RegenConfig, most: int | None,
-                     say: Callable[[str], None] | None = None) -> RegenConfig:
+                     say: Callable[[str], None] | None = None,
+                     window: int | None = None) -> RegenConfig:
     """`cfg` for the built-in engine, which decodes no further than the target's
-    max_position_embeddings (`most`): a --max-len past them is cut to them, so a prompt that
-    cannot fit with its answer is truncated or skipped as one past --max-len is."""
-    if not most or cfg.max_len <= most:
+    max_position_embeddings (`most`) and its sliding window (`window`, which the cached engine
+    does not apply): a --max-len past them is cut to them, so a prompt that cannot fit with its
+    answer is truncated or skipped as one past --max-len is."""
+    limit, what = most, f"max_position_embeddings {most}"
+    if window and (not most or window < most):
+        limit, what = window, f"sliding window of {window} tokens"
+    if not limit or cfg.max_len <= limit:
         return cfg
-    if cfg.max_new_tokens >= most:
+    if cfg.max_new_tokens >= limit:
         raise DraftsmithError(f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a "
-                              f"prompt within the target's max_position_embeddings {most}")
+                              f"prompt within the target's {what}")
     (say or (lambda s: print(s, file=sys.stderr)))(
-        f"regenerate: warning: --max-len {cfg.max_len} exceeds the target's "
-        f"max_position_embeddings {most}: prompts are held to {most - cfg.max_new_tokens} "
-        f"tokens ({most} less --max-new-tokens {cfg.max_new_tokens}; longer ones: --too-long "
-        f"{cfg.too_long})")
-    return dataclasses.replace(cfg, max_len=most)
+        f"regenerate: warning: --max-len {cfg.max_len} exceeds the target's {what}: prompts "
+        f"are held to {limit - cfg.max_new_tokens} tokens ({limit} less --max-new-tokens "
+        f"{cfg.max_new_tokens}; longer ones: --too-long {cfg.too_long})")
+    return dataclasses.replace(cfg, max_len=limit)
 
 
 # A server answering these to every request is set up wrongly (--api-key, --model, --base-url):
@@ -139,10 +143,12 @@ class EngineBackend:
         from draftsmith.engine.sampling import SamplingParams
 
         self.target = target
-        self.cfg = cfg = within_positions(cfg, target.cfg.max_position_embeddings)
+        self.cfg = cfg = within_positions(cfg, target.cfg.max_position_embeddings,
+                                          window=target.cfg.sliding_window)
         self.model_name = target.source
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
-        self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1, compile=compile)
+        self.rt = Runtime(model, cfg.batch_size, cfg.max_len + 1, compile=compile,
+                          kept=cfg.max_len)
         if cfg.refill:  # before regenerate's first per-chunk seed
             from draftsmith.engine.refill import prepare
 
@@ -544,7 +550,8 @@ def regenerate_file(
 
         check_compile(compile, device)
         t = load_target(target)
-        cfg = within_positions(cfg, t.cfg.max_position_embeddings, log)  # before the weights
+        cfg = within_positions(cfg, t.cfg.max_position_embeddings, log,  # before the weights
+                               t.cfg.sliding_window)
         tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg, compile)
     try:
         return regenerate(convs, out, backend, tok, cfg, log=log)

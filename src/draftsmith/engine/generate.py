@@ -16,7 +16,7 @@ import torch
 
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_clock
-from draftsmith.engine.runtime import Runtime, engine_compile, pinned_at
+from draftsmith.engine.runtime import Runtime, check_window, engine_compile, pinned_at
 from draftsmith.engine.sampling import RowSampling, SamplingParams, widest
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
@@ -183,13 +183,15 @@ def run_generation(
 def check_request(rt: Runtime, prompts: list[list[int]], max_new: int,
                   eos: Sequence[int] = ()) -> None:
     """Every prompt non-empty and in the target's vocabulary, max_new >= 1, eos ids whole
-    numbers, and the longest prompt plus max_new within the runtime's slots."""
+    numbers, and the longest prompt plus max_new within the runtime's slots and the target's
+    sliding window."""
     check_prompts(prompts, rt.model.cfg.vocab_size)
     check_eos(eos)
     check_max_new(max_new)
     need = max(len(p) for p in prompts) + max_new
     if need > rt.max_seq:
         raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")
+    check_window(need, rt.model.cfg.sliding_window)
 
 
 def check_max_new(max_new: int) -> None:
@@ -201,13 +203,19 @@ def check_max_new(max_new: int) -> None:
 
 
 def check_positions(prompts: list[list[int]], max_new: int, most: int | None,
-                    what: str = "max_new_tokens") -> None:
+                    what: str = "max_new_tokens", window: int | None = None) -> None:
     """The longest prompt plus max_new within the target's max_position_embeddings (`most`),
-    as `serve` refuses past it: decoding went on past the positions the target knows."""
+    as `serve` refuses past it: decoding went on past the positions the target knows; and
+    within its sliding window (`window`), which the cached engine does not apply. Front ends
+    call it before loading the weights."""
     need = max(map(len, prompts), default=0) + max_new
     if most and need > most:
         raise DraftsmithError(f"the longest prompt + {what} = {need} exceeds the target's "
                               f"max_position_embeddings {most}")
+    if window and need > window:
+        raise DraftsmithError(f"the longest prompt + {what} = {need} exceeds the target's "
+                              f"sliding window of {window} tokens, which draftsmith's cached "
+                              f"engine does not apply")
 
 
 def check_prompts(prompts: list[list[int]], vocab: int) -> None:
@@ -253,7 +261,8 @@ def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runt
     """A runtime sized to the request (checked first: a bad one would size it wrong)."""
     check_prompts(prompts, model.cfg.vocab_size)
     check_max_new(new)
-    return Runtime(model, len(prompts), max(len(p) for p in prompts) + max(new, 1) + 1)
+    need = max(len(p) for p in prompts) + new
+    return Runtime(model, len(prompts), need + 1, kept=need)
 
 
 def _trim(rows: list[list[int]], eos: list[int]) -> list[list[int]]:

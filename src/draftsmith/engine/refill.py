@@ -89,10 +89,11 @@ def prefill_runtime(rt: Runtime, max_seq: int | None = None,
     knows the longest prompt (default: `rt`'s); `buckets` (the first call's): prompts padded to
     buckets and graphed (default: as `rt`'s)."""
     if "_prefill_rt" not in rt.__dict__:
+        seq = max_seq or rt.max_seq
         rt.__dict__["_prefill_rt"] = Runtime(
-            rt.model, min(rt.max_batch, PREFILL_ROWS), max_seq or rt.max_seq,
-            graphs=rt.graphs is not None,
-            prompt_buckets=rt.prompt_buckets if buckets is None else buckets)
+            rt.model, min(rt.max_batch, PREFILL_ROWS), seq, graphs=rt.graphs is not None,
+            prompt_buckets=rt.prompt_buckets if buckets is None else buckets,
+            kept=min(seq, rt.kept))  # prompts: within `rt`'s kept positions
     return rt.__dict__["_prefill_rt"]
 
 

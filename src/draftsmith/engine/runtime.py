@@ -21,6 +21,17 @@ PROMPT_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 15
 PROMPT_GRAPH_TOKENS = 4096
 
 
+def check_window(need: int, window: int | None, what: str | None = None) -> None:
+    """Prompt + answer (`need` positions) within a sliding-window target's window: the engine's
+    decode kernels and tree masks see the whole cache, so only positions below the window, whose
+    attention the window does not cut, are exact; positions past `need` shape only cut drafts."""
+    if window and need > window:
+        raise DraftsmithError(
+            f"the target attends over a sliding window of {window} tokens, which draftsmith's "
+            f"cached engine does not apply: keep prompt and answer within it "
+            f"({what or f'prompt + max_new_tokens = {need}'} > {window})")
+
+
 class Runtime:
     """Owns the KV cache of `max_batch` rows x `max_seq` slots for one model.
 
@@ -37,15 +48,15 @@ class Runtime:
         graphs: bool | None = None,
         compile: bool = False,
         prompt_buckets: bool | None = None,
+        kept: int | None = None,
     ) -> None:
         """prompt_buckets: prompts padded to a bucket length (`PROMPT_BUCKETS`) and, with graphs,
-        prefilled by a captured forward; None = whenever graphs are on."""
-        window = model.cfg.sliding_window
-        if window and max_seq > window:  # the decode kernels and tree masks see the whole cache
-            raise DraftsmithError(
-                f"the target attends over a sliding window of {window} tokens, which draftsmith's "
-                f"cached engine does not apply: keep prompt and answer within it (max_seq "
-                f"{max_seq} > {window})")
+        prefilled by a captured forward; None = whenever graphs are on. kept: the positions whose
+        output is kept, prompt + answer (default max_seq); slots past them are a drafting margin
+        whose forwards only shape drafts that get cut."""
+        self.kept = max_seq if kept is None else min(kept, max_seq)
+        check_window(self.kept, model.cfg.sliding_window,
+                     None if kept is not None else f"max_seq {max_seq}")
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.max_batch, self.max_seq = max_batch, max_seq

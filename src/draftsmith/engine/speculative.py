@@ -37,7 +37,7 @@ from draftsmith.engine.generate import (
 )
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime, engine_compile
+from draftsmith.engine.runtime import Runtime, check_window, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
@@ -132,13 +132,14 @@ class SpecDecoder:
         """fuse_bookkeeping: torch.compile the greedy accept arithmetic and tree bookkeeping;
         None = whenever the engine runs compiled graphs (False: the eager ops, for an A/B)."""
         check_drafting(steps, topk, num_draft_tokens)
-        self.rt = target if isinstance(target, Runtime) else Runtime(target, max_batch, max_seq)
         self.steps, self.topk, self.params, self.profile = steps, topk, params, profile
         # drafts drawn from the drafter's distribution (sampling under "drawn"); otherwise the
         # drafts are greedy's and so are the draft, accept and extend phases
         self.drawn = not params.greedy and SAMPLED_DRAFTS == "drawn"
         self.shape = trees.TreeShape(topk, steps, num_draft_tokens) if topk > 1 else None
         self.n_verify = steps + 1 if self.shape is None else self.shape.tokens
+        self.rt = target if isinstance(target, Runtime) else self._runtime(target, max_batch,
+                                                                           max_seq)
         self.tbase = self.rt.max_seq - (0 if self.shape is None else self.n_verify)
         if (room := self.capacity()) < 2:  # a one-token prompt and one new token
             raise DraftsmithError(
@@ -205,6 +206,14 @@ class SpecDecoder:
     def capacity(self) -> int:
         """The longest prompt + max_new_tokens this decoder can run."""
         return self.tbase - 2 * self.steps - 2
+
+    def _runtime(self, target: Transformer, max_batch: int, max_seq: int) -> Runtime:
+        """The decoder's own runtime: its kept positions are its capacity, held to a sliding
+        window (each request is checked against it), its margin past them drafts only."""
+        margin = (0 if self.shape is None else self.n_verify) + 2 * self.steps + 2
+        window = target.cfg.sliding_window
+        kept = max_seq - margin if not window else min(max_seq - margin, window)
+        return Runtime(target, max_batch, max_seq, kept=kept)
 
     def capture(self, batch_sizes: list[int]) -> None:
         """Allocate state and capture graphs for these batch sizes, largest first."""
@@ -335,6 +344,7 @@ class SpecDecoder:
                 f"{self.capacity()} (runtime max_seq {self.rt.max_seq}, steps {self.steps}, "
                 f"{self.n_verify} verify tokens)"
             )
+        check_window(need, self.rt.model.cfg.sliding_window)
 
     def _state(self, b: int) -> SpecState:
         if b in self.states:

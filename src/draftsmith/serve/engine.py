@@ -89,7 +89,8 @@ class ServeEngine:
         # rows' prompts prefill in the prefill runtime below, never in this one's rows: no bucket
         # padding here, where the cache is sized up front for prompt + completion
         self.rt = Runtime(model, c.max_batch, c.max_prompt_tokens + c.max_tokens + margin,
-                          compile=c.compile, prompt_buckets=False)
+                          compile=c.compile, prompt_buckets=False,
+                          kept=c.max_prompt_tokens + c.max_tokens)
         # the rows' prompt passes: a cache only as long as the longest prompt, graphed per
         # (rows, bucket) on CUDA (`warmup` captures them: a capture on first use stalls a request)
         prefill_runtime(self.rt, c.max_prompt_tokens, buckets=self.rt.graphs is not None)
@@ -380,16 +381,24 @@ def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:
     return (row, False) if cut is None else (row[:cut], True)
 
 
+def check_limits(cfg: EngineConfig, most: int | None, window: int | None) -> None:
+    """Every request's prompt + completion within the target's positions and sliding window
+    (which the cached engine does not apply), before the weights load."""
+    need = cfg.max_prompt_tokens + cfg.max_tokens
+    for limit, what in ((most, f"max_position_embeddings {most}"),
+                        (window, f"sliding window of {window} tokens, which draftsmith's cached "
+                                 "engine does not apply")):
+        if limit and need > limit:
+            raise DraftsmithError(f"--max-prompt-tokens + --max-tokens-limit = {need} exceeds "
+                                  f"the target's {what}")
+
+
 def load_engine(target: str, drafter: str | Path | None, device: str, dtype: torch.dtype,
                 cfg: EngineConfig, log: Callable[[str], None] = print) -> ServeEngine:
     from draftsmith.targets import load_target
 
     t = load_target(target)
-    most = t.cfg.max_position_embeddings
-    if most and cfg.max_prompt_tokens + cfg.max_tokens > most:
-        raise DraftsmithError(
-            f"--max-prompt-tokens + --max-tokens-limit = {cfg.max_prompt_tokens + cfg.max_tokens}"
-            f" exceeds the target's max_position_embeddings {most}")
+    check_limits(cfg, t.cfg.max_position_embeddings, t.cfg.sliding_window)
     model = t.build(dtype, device)
     d = None
     if drafter is not None:

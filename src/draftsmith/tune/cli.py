@@ -209,8 +209,11 @@ def run_tune(
         dev = str(tp.device)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
     # the acceptance runs decode --max-new-tokens past each prompt: refused before the weights
-    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens")
-    most = t.cfg.max_position_embeddings  # and the costs, timed within its positions
+    check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens",
+                    t.cfg.sliding_window)
+    # and the costs, timed within its positions (and its sliding window: the decode probes are
+    # requests, which the engine keeps within it)
+    most = min(filter(None, (t.cfg.max_position_embeddings, t.cfg.sliding_window)), default=None)
     measure.cost_room(most, ids, measure.cost_width(max_steps, max_topk, max_draft))
     params = params or SamplingParams()
     rank0 = tp is None or tp.rank == 0
@@ -233,7 +236,8 @@ def run_tune(
     # and past position 64, where the costs are timed
     max_seq = max(max(len(p) for p in ids) + new, 64) + 64 + verify_width(max_steps, max_topk,
                                                                          max_draft)
-    rt = Runtime(model, max(batches), max_seq + 40, compile=compile)
+    rt = Runtime(model, max(batches), max_seq + 40, compile=compile,
+                 kept=max(len(p) for p in ids) + new)  # the costs' timing keeps no output
     # room for the widest tree's frontier slots beyond the target's scratch region
     drt = DrafterRuntime(drafter, max(batches), max_seq + 40 + 64 * max_steps, rt.graphs or False,
                          compile=compile)
