@@ -236,7 +236,8 @@ def test_costs_are_timed_within_a_short_targets_positions(tmp_path, monkeypatch)
         if most == 30:
             monkeypatch.setattr("draftsmith.targets.Target.build",
                                 lambda *a, **k: pytest.fail("weights loaded"))
-            with pytest.raises(DraftsmithError, match="max_position_embeddings 30; use shorter"):
+            with pytest.raises(DraftsmithError, match=r"max_position_embeddings 30 \(or sliding "
+                                                      r"window, where smaller\); use shorter"):
                 run_tune(tmp_path / "d", str(folder), prompts, [1], 2, 4, 1, "cpu",
                          torch.float32, False, tmp_path / "o30", max_topk=1)
             continue

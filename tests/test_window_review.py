@@ -195,3 +195,29 @@ def test_tune_times_and_sweeps_within_the_window(tmp_path, windowed_dir, drafter
     report = run_tune(Path(drafter_dirs[0]), str(windowed_dir), prompts, [1], 2, 4, 1, "cpu",
                       torch.float32, False, tmp_path / "tune")
     assert [r["batch"] for r in report["recommendations"]] == [1]
+
+
+@pytest.mark.parametrize("steps, topk, n", SETTINGS)
+def test_compare_measures_requests_ending_at_the_window(setup, steps, topk, n):
+    """compare's baseline runtime held the drafting margin too: "max_seq 47 > 40"."""
+    from draftsmith.compare.speed import measure
+
+    target, want, _ = setup
+    got = measure(target, {"A": make_drafter(target, 128)}, PROMPTS[:1], steps, NEW, [], topk,
+                  n)
+    assert got["baseline_tokens_per_s"] > 0 and got["drafters"]["A"]["tokens_per_s"] > 0
+
+
+def test_self_made_prompts_end_at_the_window_and_not_past_it(tmp_path):
+    """Self-made prompts sized their runtime prompt + answer + 1: refused at the window itself."""
+    from draftsmith.data.selfmade import MagpieConfig, self_made_prompts, user_prefix
+
+    t = load_target(str(write_tiny_folder(tmp_path / "w", "mistral", sliding_window=WINDOW)))
+    start = len(t.tokenizer(user_prefix(t.tokenizer, None)[0],
+                            add_special_tokens=False)["input_ids"])
+    with pytest.raises(DraftsmithError, match="sliding window of 40 tokens"):
+        self_made_prompts(t, tmp_path / "p.jsonl", MagpieConfig(
+            n=2, batch_size=2, max_new_tokens=WINDOW - start + 1), progress=False)
+    assert not (tmp_path / "p.jsonl").exists()
+    self_made_prompts(t, tmp_path / "p.jsonl", MagpieConfig(
+        n=2, batch_size=2, max_new_tokens=WINDOW - start, max_batches=1), progress=False)

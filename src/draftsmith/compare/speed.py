@@ -39,7 +39,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
                                   max_seq=max_seq, profile=False)
         except DraftsmithError as e:  # which of the drafters does not fit the target
             raise DraftsmithError(f"drafter {k} with this --target: {e}") from None
-    base_rt = Runtime(model, 1, max_seq)
+    base_rt = Runtime(model, 1, max_seq, kept=max(len(p) for p in prompts) + max_new)
     warm = min(8, max_new)
     run_generation(base_rt, prompts[:1], warm, eos_ids=eos)
     for dec in decs.values():

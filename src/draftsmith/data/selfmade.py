@@ -162,12 +162,13 @@ def self_made_prompts(
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
-    _within_positions(starts, cfg.max_new_tokens, target.cfg.max_position_embeddings)
+    _within_positions(starts, cfg.max_new_tokens, target.cfg.max_position_embeddings,
+                      target.cfg.sliding_window)
     stops = stop_ids(target, suffix)
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
-    rt = Runtime(model, cfg.batch_size, max(map(len, starts)) + cfg.max_new_tokens + 1,
-                 compile=compile)
+    need = max(map(len, starts)) + cfg.max_new_tokens
+    rt = Runtime(model, cfg.batch_size, need + 1, compile=compile, kept=need)
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
     make_folder(out.parent)
@@ -242,14 +243,15 @@ def _setting(key: str, there: Any, now: Any) -> str:
     return f"{key} {there!r} there, {now!r} now"
 
 
-def _within_positions(starts: list[list[int]], max_new: int, most: int | None) -> None:
+def _within_positions(starts: list[list[int]], max_new: int, most: int | None,
+                      window: int | None = None) -> None:
     """Refused before any round, as generate and serve refuse (regenerate cuts): decoding past
     the target's positions wrote prompts from positions it was never trained on."""
     from draftsmith.engine.generate import check_positions
 
     try:
         check_positions(starts, max_new, most, f"--max-new-tokens {max_new} (`data make`: "
-                        "--prompt-tokens)")
+                        "--prompt-tokens)", window)
     except DraftsmithError as e:
         raise DraftsmithError(f"self-made prompts: {e}") from None
 

@@ -349,12 +349,16 @@ def cost_room(most: int | None, prompts: list[list[int]], widest: int, deep: int
     if most < widest:
         raise DraftsmithError(f"tune times verifies of up to {widest} tokens (--max-steps, "
                               f"--max-draft-tokens): more than the target's "
-                              f"max_position_embeddings {most}")
+                              f"{_limit(most)}")
     if longest + 2 + deep > most:
         raise DraftsmithError(f"tune's cost probes decode 2 tokens and draft {deep} past the "
                               f"longest prompt ({longest} tokens): more than the target's "
-                              f"max_position_embeddings {most}; use shorter --prompts")
+                              f"{_limit(most)}; use shorter --prompts")
     return min(AT, most - widest), min(AT, most - longest - deep)
+
+
+def _limit(most: int) -> str:
+    return f"max_position_embeddings {most} (or sliding window, where smaller)"
 
 
 def cost_table(
