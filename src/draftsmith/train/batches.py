@@ -8,12 +8,14 @@ a resumed run only needs the global step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from draftsmith.data.shards import OPEN_SHARDS
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.ttt import doc_causal_mask
 
@@ -153,6 +155,14 @@ def collate(source: Source, rows: list[Row], multiple: int = 1, cap: int | None 
     return Batch(tokens, mask, positions, doc, aux, hidden, samples)
 
 
+@dataclass
+class Failed:
+    """A loader worker's DraftsmithError, returned rather than raised: DataLoader re-raises a
+    worker's exception with its traceback folded into the message, not as one line."""
+
+    message: str
+
+
 class StepBatches(torch.utils.data.Dataset):
     """Item k = the batch of global step start + k, as (epoch, batch index, Batch)."""
 
@@ -164,29 +174,76 @@ class StepBatches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.total - self.start
 
-    def __getitem__(self, k: int) -> tuple[int, int, Batch]:
-        e, b, rows = self.plan.rows(self.start + k)
-        return e, b, collate(self.source, rows, self.multiple, self.plan.max_len)
+    def __getitem__(self, k: int) -> tuple[int, int, Batch] | Failed:
+        try:
+            e, b, rows = self.plan.rows(self.start + k)
+            return e, b, collate(self.source, rows, self.multiple, self.plan.max_len)
+        except DraftsmithError as err:
+            return Failed(str(err))
 
 
 def _as_is(item: Any) -> Any:
     return item
 
 
+PREFETCH = 4  # batches each loader worker reads ahead
+# Descriptors a worker's read-ahead holds: each batch's six tensors reach the main process as
+# shared-memory files (torch's file_descriptor strategy) and stay open while the batch lives;
+# a worker also holds up to OPEN_SHARDS shard files, and ROOM is the rest of the run's files.
+WORKER_FILES = PREFETCH * 6 + 4
+ROOM = 64
+
+
+def open_files_needed(workers: int) -> int:
+    """Descriptors the busiest process (the main one, or a worker) may hold at once."""
+    try:
+        now = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no procfs: a guess of what a process of this size holds
+        now = 64
+    return now + ROOM + max(workers * WORKER_FILES, OPEN_SHARDS + WORKER_FILES)
+
+
+def fit_open_files(workers: int) -> None:
+    """Raise the soft open-file limit (up to the hard one) where `workers` reading ahead may
+    pass it: past it a worker's hand-over fails in torch's pickling, a traceback mid-run."""
+    import resource
+
+    need = open_files_needed(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or soft >= need:
+        return
+    if hard != infinite and hard < need:
+        raise DraftsmithError(
+            f"--loader-workers {workers}: reading ahead they may hold about {need} open files, "
+            f"more than this process may open ({hard}, the hard limit); raise it (`ulimit -n "
+            f"{need}`) or pass fewer --loader-workers (0 reads in the training process)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == infinite else hard, hard))
+
+
 def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4,
             pin: bool = False, multiple: int = 1) -> Iterator[tuple[int, int, Batch]]:
     """The batches of steps start..total-1 in order, widths rounded up to `multiple`. Worker
     processes read ahead: reading memory-mapped shards is page faults and copies, which neither
-    the GPU nor threads hide."""
+    the GPU nor threads hide. The open-file limit is checked (and raised) here, before any
+    batch is read."""
     ds = StepBatches(plan, source, start, total, multiple)
     if workers == 0:
-        yield from (ds[k] for k in range(len(ds)))
-        return
+        return _unfailed(ds[k] for k in range(len(ds)))
+    fit_open_files(workers)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=None, num_workers=workers, collate_fn=_as_is, pin_memory=pin,
-        prefetch_factor=4, multiprocessing_context="fork",
+        prefetch_factor=PREFETCH, multiprocessing_context="fork",
     )
-    yield from loader
+    return _unfailed(loader)
+
+
+def _unfailed(items: Iterable[Any]) -> Iterator[tuple[int, int, Batch]]:
+    for item in items:
+        if isinstance(item, Failed):
+            raise DraftsmithError(item.message)
+        yield item
 
 
 # dataset shards hold aux and hidden in bf16 (data capture): online states are rounded alike, so

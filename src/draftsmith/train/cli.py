@@ -107,5 +107,7 @@ def train(
 
 def _say_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, as `data vocab` prints it (not Python's file:line and source)."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"draftsmith train: warning: {message}", file=sys.stderr)
+    from tqdm import tqdm
+
+    if os.environ.get("RANK", "0") == "0":  # through tqdm: a line of its own below the bar
+        tqdm.write(f"draftsmith train: warning: {message}", file=sys.stderr)

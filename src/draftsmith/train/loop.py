@@ -168,6 +168,16 @@ IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmu
             "init_from", "max_samples", "seed", *NORM_FLAGS)
 
 
+PATHS = ("data", "prompts", "vocab", "init_from")  # of IDENTITY: compared as the files they name
+
+
+def _same_path(a: str | None, b: str | None) -> bool:
+    """Both None, or names of one file (a relative one read from the working folder)."""
+    if a is None or b is None:
+        return a is b
+    return Path(a).resolve() == Path(b).resolve()
+
+
 # What a training run writes into --out; a folder holding anything else is not one.
 RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINTS, "profile.json",
              "profile.txt"}
@@ -293,6 +303,7 @@ class Trainer:
         self.window = Window(cfg.ttt_steps)
         self.watched = False  # the first logged window checked for positions that train
         self.pending: Pending | None = None
+        self.lines = False  # progress as a line a logged step (run: stderr not a terminal)
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
             self._restore(found)
@@ -311,8 +322,10 @@ class Trainer:
                              if self.data.online else None)
 
     def say(self, msg: str) -> None:
-        if self.ctx.main:
-            print(f"draftsmith train: {msg}", file=sys.stderr)
+        from tqdm import tqdm
+
+        if self.ctx.main:  # through tqdm: a line of its own below a progress bar
+            tqdm.write(f"draftsmith train: {msg}", file=sys.stderr)
 
     def _open_data(self) -> Data:
         c = self.cfg
@@ -570,6 +583,8 @@ class Trainer:
             old, new = state["config"].get(key, default), getattr(self.cfg, key)
             if key == "draft_vocab_size" and self.cfg.vocab:
                 continue  # the --vocab file (compared itself) sets it; older runs saved 32000
+            if key in PATHS and _same_path(old, new):
+                continue  # `data/` for `data`, or an absolute path for a relative one
             if old != new:
                 raise DraftsmithError(
                     f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
@@ -603,17 +618,22 @@ class Trainer:
     def run(self) -> Path:
         from tqdm import tqdm
 
-        if self.ctx.main:
-            make_folder(self.out)
-        self._describe()
-        bar = tqdm(total=self.total, initial=self.step, disable=not (self.cfg.progress and
-                   self.ctx.main), desc="train", dynamic_ncols=True)
         workers = self.cfg.loader_workers
         if workers is None:
             workers = min(4, (os.cpu_count() or 1) // 2)
         gpu = self.ctx.device.type == "cuda"
+        # first: an open-file limit too low for the workers is refused before --out is made
         self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
                               pin=gpu, multiple=self.cfg.pad_multiple)
+        if self.ctx.main:
+            make_folder(self.out)
+        self._describe()
+        shown = self.cfg.progress and self.ctx.main
+        # off a terminal (a log file, a pipe) a bar is one endless line of carriage returns:
+        # each logged step is a line of its own there instead
+        self.lines = shown and not sys.stderr.isatty()
+        bar = tqdm(total=self.total, initial=self.step, disable=not shown or self.lines,
+                   desc="train", dynamic_ncols=True)
         if self.step == 0 and self.ctx.main:
             report.truncate_log(self.out, 0)  # rows of an earlier run that left no checkpoint
         start = time.perf_counter()
@@ -629,7 +649,7 @@ class Trainer:
                 self.window.seconds += time.perf_counter() - t0
                 bar.update(1)
                 if log:
-                    bar.set_postfix_str(self._log())
+                    self._show(bar, self._log())
                 if saved:
                     self._checkpoint()
                 if log and self.step < self.total and self._out_of_time(start):
@@ -644,6 +664,12 @@ class Trainer:
             bar.close()
             self.prof.close()
         return self._finish()
+
+    def _show(self, bar: Any, stats: str) -> None:
+        if self.lines:
+            self.say(f"step {self.step}/{self.total}: {stats}")
+        else:
+            bar.set_postfix_str(stats)
 
     def _out_of_time(self, start: float) -> bool:
         if self.cfg.time_limit is None:

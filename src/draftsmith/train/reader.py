@@ -40,6 +40,9 @@ class ShardReader:
         self.open_shards = open_shards
         self._meta: dict[int, tuple[dict[str, Any], int, list[int]]] = {}
         self._fds: OrderedDict[int, int] = OrderedDict()
+        # each shard's file as first opened: one opened again later (a loader worker, the LRU)
+        # must be that file, not one a `data make` rerun has since put in its place
+        self._stamps: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -61,9 +64,9 @@ class ShardReader:
     def check_shapes(self, n_aux: int, hidden: int) -> None:
         """Each shard's states as the manifest says (`n_aux` aux layers of `hidden`): a shard of
         other aux layers or of another target would fail inside the first step instead."""
-        for s in self.shards:
-            path = Path(self.folder) / s["file"]
-            fd = _open(path)
+        for i in range(len(self.shards)):
+            path = self._path(i)
+            fd = self._opened(i, anew=True)
             try:
                 with reading(path):
                     header = _header(fd)
@@ -76,10 +79,32 @@ class ShardReader:
         if k in self._fds:
             self._fds.move_to_end(k)
             return self._fds[k]
-        fd = _open(self._path(k))
+        fd = self._opened(k)
         while len(self._fds) >= max(1, self.open_shards):
             os.close(self._fds.popitem(last=False)[1])
         self._fds[k] = fd
+        return fd
+
+    def _opened(self, k: int, anew: bool = False) -> int:
+        """Shard `k` opened, refused where it is no longer the file first opened (one fstat an
+        open: a file rewritten in place under an open descriptor goes unseen); `anew`: the
+        file as it is now is the one to read (its header read again)."""
+        path = self._path(k)
+        fd = _open(path)
+        st = os.fstat(fd)
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if anew and self._stamps.get(k) != stamp:
+            self._stamps[k] = stamp
+            self._meta.pop(k, None)
+        if self._stamps.setdefault(k, stamp) != stamp:
+            os.close(fd)
+            raise DraftsmithError(
+                f"{path}: the shard changed on disk since this run opened {self.folder} (a "
+                "`data make` or `data capture` rerun into it?), so it no longer holds the "
+                "samples the run planned on; the checkpoints written are kept: once the dataset "
+                "is final, rerun with --resume (refused where its samples changed) or train "
+                "into another --out"
+            )
         return fd
 
     def _path(self, k: int) -> Path:
