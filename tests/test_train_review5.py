@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -135,3 +136,22 @@ def test_progress_off_a_terminal_is_one_line_per_logged_step(root, capfd):
     steps = [x for x in err.splitlines() if x.startswith("draftsmith train: step ")]
     assert [x.split(":")[1] for x in steps] == [" step 2/6", " step 4/6", " step 6/6"]
     assert "loss " in steps[0] and "accept " in steps[0]
+
+
+def test_the_demo_keeps_a_drafter_whose_data_path_is_spelled_otherwise(tmp_path, monkeypatch):
+    """The demo compared the recorded data path as a string: `runs/demo` then an absolute
+    `--out` retrained a drafter whose every setting was the same."""
+    from dataclasses import asdict
+
+    from draftsmith.demo import stale_settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d" / "data").mkdir(parents=True)
+    before = TrainConfig(out="d/drafter", data="d/data", lr=3e-4)
+    (tmp_path / "d" / "draftsmith.json").write_text(json.dumps(
+        {"training": {"config": asdict(before)}}, default=str))
+    again = TrainConfig(out=str(tmp_path / "d" / "drafter"), data=str(tmp_path / "d" / "data"),
+                        lr=3e-4)
+    assert stale_settings(tmp_path / "d", again) == []
+    assert stale_settings(tmp_path / "d", TrainConfig(out="x", data="other", lr=3e-4)) == [
+        "data"]

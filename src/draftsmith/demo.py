@@ -163,7 +163,7 @@ def data_identity(data: dict) -> dict:
 
 def stale_settings(out: Path, tc) -> list[str]:
     """The settings (and data) a kept drafter was trained with that differ from this run's."""
-    from draftsmith.train.loop import IDENTITY
+    from draftsmith.train.loop import IDENTITY, PATHS, same_path
 
     try:
         old = json.loads((out / "draftsmith.json").read_text())["training"]["config"]
@@ -171,7 +171,8 @@ def stale_settings(out: Path, tc) -> list[str]:
         return ["settings (its record is unreadable)"]
     new = json.loads(json.dumps(asdict(tc), default=str))
     return [{"extra": "data"}.get(k, k) for k in (*IDENTITY, "extra")
-            if old.get(k) != new.get(k)]
+            if old.get(k) != new.get(k)
+            and not (k in PATHS and same_path(old.get(k), new.get(k)))]
 
 
 def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:

@@ -171,7 +171,7 @@ IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmu
 PATHS = ("data", "prompts", "vocab", "init_from")  # of IDENTITY: compared as the files they name
 
 
-def _same_path(a: str | None, b: str | None) -> bool:
+def same_path(a: str | None, b: str | None) -> bool:
     """Both None, or names of one file (a relative one read from the working folder)."""
     if a is None or b is None:
         return a is b
@@ -583,7 +583,7 @@ class Trainer:
             old, new = state["config"].get(key, default), getattr(self.cfg, key)
             if key == "draft_vocab_size" and self.cfg.vocab:
                 continue  # the --vocab file (compared itself) sets it; older runs saved 32000
-            if key in PATHS and _same_path(old, new):
+            if key in PATHS and same_path(old, new):
                 continue  # `data/` for `data`, or an absolute path for a relative one
             if old != new:
                 raise DraftsmithError(
