@@ -11,6 +11,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,10 @@ PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "PAT")
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5")
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0"}
+
+
+class PortTaken(DraftsmithError):
+    """MASTER_PORT is another process's: a launcher that picked the port itself picks again."""
 
 
 # ---- NCCL settings -----------------------------------------------------------------------------
@@ -146,14 +151,18 @@ def _env_int(name: str, default: int | None = None) -> int:
         raise DraftsmithError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def pick_device(local_rank: int, device: str | None) -> torch.device:
-    """cuda:<local rank> when CUDA is there (or asked for), else cpu."""
+def pick_device(local_rank: int, device: str | None, rank: int | None = None) -> torch.device:
+    """cuda:<local rank> when CUDA is there (or asked for), else cpu. rank: that of a process
+    group, whose explicit cuda:N must be its local rank's (as training's)."""
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return torch.device("cpu")
     if not device.startswith("cuda"):
         raise DraftsmithError(f"device {device!r}: tensor parallelism runs on cpu or cuda")
+    if rank is not None and device != "cuda" and _cuda_index(device) != local_rank:
+        raise DraftsmithError(f"--device {device}: rank {rank} runs on cuda:{local_rank} (its "
+                              "local rank); give --device cuda")
     if torch.cuda.device_count() <= local_rank:
         raise DraftsmithError(
             f"local rank {local_rank} needs cuda:{local_rank}, but "
@@ -175,6 +184,7 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
     NCCL on CUDA, gloo on CPU. Without torchrun, tp_size must be 1.
     """
     if not under_torchrun():
+        torchrun_ranks()  # RANK or WORLD_SIZE alone: a launcher set up wrongly, refused
         if tp_size not in (None, 1):
             raise DraftsmithError(
                 f"tensor-parallel size {tp_size} needs {tp_size} processes: run under "
@@ -185,7 +195,7 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
     size = world if tp_size is None else tp_size
     if size < 1 or world % size:
         raise DraftsmithError(f"tensor-parallel size {size} does not divide world size {world}")
-    dev = pick_device(local, device)
+    dev = pick_device(local, device, rank)
     start_group(rank, world, dev)
     return TP(rank % size, size, _tp_group(rank, world, size), dev)
 
@@ -233,8 +243,10 @@ def start_group(rank: int, world: int, dev: torch.device) -> None:
             dist.init_process_group("gloo", rank=rank, world_size=world)
     except dist.DistError as e:  # e.g. MASTER_PORT taken by another process
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DraftsmithError(f"rank {rank} of {world} could not join the process group at "
-                              f"{where}: {first}") from None
+        taken = "EADDRINUSE" in first or "address already in use" in first.lower()
+        raise (PortTaken if taken else DraftsmithError)(
+            f"rank {rank} of {world} could not join the process group at {where}: {first}"
+        ) from None
 
 
 def rendezvous() -> str:
@@ -275,6 +287,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT_TRIES = 3  # launches on fresh ports when the one picked was taken before rank 0 bound it
+TERM_S = 5.0  # how long a terminated rank may take to end before it is killed
+
+
 def spawn(
     fn: Callable[..., Any],
     nprocs: int,
@@ -287,11 +303,24 @@ def spawn(
     fn must be importable (a module-level function); args and results travel pickled. A
     DraftsmithError in any rank is raised here as one; other failures as RuntimeError.
     """
-    import multiprocessing as mp
-
     if nprocs < 1:
         raise DraftsmithError(f"cannot spawn {nprocs} processes")
+    _check_spawn_device(device, nprocs)
     payload = pickle.dumps((fn, args))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _launch(payload, nprocs, device, deadline, timeout_s)
+        except PortTaken:  # free_port's port went to another process before rank 0 bound it
+            if attempt == PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch(payload: bytes, nprocs: int, device: str | None, deadline: float | None,
+            timeout_s: float | None) -> list[Any]:
+    import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     results: queue.Queue = ctx.Queue()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
@@ -303,11 +332,21 @@ def spawn(
     for p in procs:
         p.start()
     try:
-        return _collect(procs, results, timeout_s)
+        return _collect(procs, results, deadline, timeout_s)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        _end(procs)
+
+
+def _end(procs: list) -> None:
+    """Every rank ended: terminated, then killed where it outlives TERM_S (a SIGTERM handler, a
+    rank stuck in a driver call), so a failed launch never waits on a rank that will not end."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(TERM_S)
+        if p.is_alive():
+            p.kill()
             p.join()
 
 
@@ -320,22 +359,29 @@ def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, 
         if tp.device.type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
         out.put((rank, "ok", pickle.dumps(fn(tp, *args))))
+    except PortTaken as e:
+        out.put((rank, "port", str(e)))
     except DraftsmithError as e:
         out.put((rank, "draftsmith", str(e)))
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
     finally:
+        # the message is in the pipe before the group's teardown, which may crash or hang, and
+        # which ends the other ranks' collectives with errors that must not arrive first
+        out.close()
+        out.join_thread()
         shutdown()
 
 
 QUIET_S = 30.0  # how long a rank's result may trail its exit (the queue's feeder flushes)
 
 
-def _collect(procs: list, results: queue.Queue, timeout_s: float | None) -> list[Any]:
-    import time
+GRACE_S = 1.0  # how long a rank's failure waits for the rank whose end may have caused it
 
+
+def _collect(procs: list, results: queue.Queue, deadline: float | None,
+             timeout_s: float | None) -> list[Any]:
     done: dict[int, Any] = {}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     quiet: dict[int, float] = {}  # rank -> when it was first seen ended with no result
     while len(done) < len(procs):
         if deadline is not None and time.monotonic() > deadline:
@@ -346,19 +392,42 @@ def _collect(procs: list, results: queue.Queue, timeout_s: float | None) -> list
         if msg is None:
             continue
         rank, kind, body = msg
+        if kind == "port":
+            raise PortTaken(f"rank {rank}: {body}")
         if kind == "draftsmith":
             raise DraftsmithError(f"rank {rank}: {body}")
         if kind == "error":
-            raise RuntimeError(f"rank {rank} failed:\n{body}")
+            raise _first_cause(procs, results, done, rank, body)
         done[rank] = pickle.loads(body)
     return [done[r] for r in range(len(procs))]
+
+
+def _first_cause(procs: list, results: queue.Queue, done: dict[int, Any], rank: int,
+                 body: str) -> Exception:
+    """A rank's failure in a collective often only echoes another rank's end (gloo: "Connection
+    closed by peer"): a rank that died, or refused its input, within GRACE_S is named instead."""
+    end = time.monotonic() + GRACE_S
+    while True:
+        dead = [i for i, p in enumerate(procs)
+                if i != rank and i not in done and p.exitcode not in (None, 0)]
+        if dead:
+            last = body.strip().splitlines()[-1] if body.strip() else "?"
+            return RuntimeError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}); "
+                                f"rank {rank} then failed: {last}")
+        left = end - time.monotonic()
+        if left <= 0:
+            return RuntimeError(f"rank {rank} failed:\n{body}")
+        try:
+            other, kind, text = results.get(timeout=min(0.1, left))
+        except queue.Empty:
+            continue
+        if kind == "draftsmith":
+            return DraftsmithError(f"rank {other}: {text}")
 
 
 def _check_quiet(procs: list, done: dict[int, Any], quiet: dict[int, float]) -> None:
     """A rank that exited cleanly without a result (killed by a signal its handler swallowed, or
     `os._exit(0)`) would leave the launch waiting forever: its result gets QUIET_S to arrive."""
-    import time
-
     now = time.monotonic()
     for i, p in enumerate(procs):
         if i not in done and p.exitcode == 0 and now - quiet.setdefault(i, now) > QUIET_S:
@@ -389,3 +458,16 @@ def launch_tp(fn: Callable[..., Any], tp_size: int, *args: Any, device: str | No
     if device is None:
         device = "cuda" if torch.cuda.device_count() >= tp_size else "cpu"
     return spawn(fn, tp_size, *args, device=device)[0]
+
+
+def _check_spawn_device(device: str | None, nprocs: int) -> None:
+    """Refused before any rank starts: spawned rank r runs on cuda:r, so a cuda:N (which the
+    ranks would ignore) or fewer GPUs than ranks failed only after every rank had started."""
+    if not (device or "").startswith("cuda"):
+        return
+    if device != "cuda":
+        raise DraftsmithError(f"--device {device} with --tp {nprocs}: spawned rank r runs on "
+                              "cuda:r; give --device cuda")
+    if (n := torch.cuda.device_count()) < nprocs:
+        raise DraftsmithError(f"--tp {nprocs} on cuda needs {nprocs} CUDA devices, one a "
+                              f"rank; {n} visible")
