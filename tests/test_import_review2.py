@@ -3,31 +3,18 @@ the engines' default ids on small targets, and speculators layers of another mod
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from test_export import make
+from test_import_review import _edit
 
 from draftsmith.doctor import DoctorOptions, run_doctor
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export_drafter, read_any
 from draftsmith.train.sources import target_head
-
-
-def _edit(folder: Path, config=None, weights=None) -> Path:
-    if config is not None:
-        c = json.loads((folder / "config.json").read_text())
-        config(c)
-        (folder / "config.json").write_text(json.dumps(c))
-    if weights is not None:
-        w = load_file(folder / "model.safetensors")
-        weights(w)
-        save_file(w, folder / "model.safetensors")
-    return folder
 
 
 def _read(folder: Path, target=None) -> tuple[object, list[str]]:

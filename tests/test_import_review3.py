@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_tiny_folder
-from safetensors.torch import load_file, save_file
 from test_export import make
+from test_import_review import _edit
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export_drafter, import_drafter, read_any
@@ -19,18 +19,6 @@ from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
 from draftsmith.targets import load_target
 
 IDS = "eagle_aux_hidden_state_layer_ids"
-
-
-def _edit(folder: Path, config=None, weights=None) -> Path:
-    if config is not None:
-        c = json.loads((folder / "config.json").read_text())
-        config(c)
-        (folder / "config.json").write_text(json.dumps(c))
-    if weights is not None:
-        w = load_file(folder / "model.safetensors")
-        weights(w)
-        save_file(w, folder / "model.safetensors")
-    return folder
 
 
 def _read(folder: Path, target) -> tuple[object, list[str]]:
