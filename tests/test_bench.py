@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -477,3 +478,22 @@ def test_allreduce_bench_checks_its_out_file_before_measuring(tmp_path, monkeypa
     out = tmp_path / "new" / "ar.jsonl"
     allreduce.allreduce_bench(**kw, out=out)
     assert runs and json.loads(out.read_text())["rows"][0]["batch"] == 1
+
+
+def test_allreduce_bench_puts_the_environment_back(tmp_path, monkeypatch):
+    """The NCCL settings it is given reach its ranks, and leave the caller's environment as it
+    was (they stayed set in a Python caller for every later run)."""
+    from draftsmith.bench import allreduce
+
+    for name in ("RANK", "WORLD_SIZE", "NCCL_PROTO", "NCCL_NVLS_ENABLE"):
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+    launch = allreduce.launch_tp
+    monkeypatch.setattr(allreduce, "launch_tp", lambda *a, **k: seen.append(
+        os.environ.get("NCCL_PROTO")) or launch(*a, **k))
+    allreduce.allreduce_bench(hidden=64, layers=2, target=None, batch="1", q="1", dtype="fp32",
+                              iters=2, graph_ops=2, tp=1, device="cpu", nccl_proto="Simple",
+                              nccl_algo=None, nccl_p2p_level=None, nccl=None,
+                              out=tmp_path / "ar.jsonl")
+    assert seen == ["Simple"]
+    assert "NCCL_PROTO" not in os.environ and "NCCL_NVLS_ENABLE" not in os.environ

@@ -7,13 +7,14 @@ NCCL_NVLS_ENABLE=0, and asking for NVLS in any form is a DraftsmithError.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,23 @@ def apply_nccl_env(env: dict[str, str]) -> None:
         raise DraftsmithError("NCCL settings must be applied before the process group starts")
     os.environ.update(env)
     os.environ.update(NVLS_OFF)
+
+
+@contextlib.contextmanager
+def nccl_settings(env: dict[str, str]) -> Iterator[None]:
+    """`apply_nccl_env(env)` for the ranks started inside, the environment put back after: a
+    caller in Python (a notebook, a test) kept NCCL_PROTO and the like for later runs."""
+    keys = [*env, *NVLS_OFF]
+    saved = {k: os.environ.get(k) for k in keys}
+    apply_nccl_env(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ensure_nvls_off() -> None:

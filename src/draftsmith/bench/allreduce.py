@@ -30,12 +30,12 @@ import torch.distributed as dist
 import typer
 
 from draftsmith.dist import (
-    apply_nccl_env,
     ensure_nvls_off,
     free_port,
     launch_tp,
     nccl_env,
     nccl_record,
+    nccl_settings,
     shutdown,
     under_torchrun,
 )
@@ -283,15 +283,15 @@ def allreduce_bench(
             "batches": list(dict.fromkeys(int_list(batch, "--batch"))),
             "qs": list(dict.fromkeys(int_list(q, "--q"))), "iters": iters,
             "graph_ops": graph_ops}
-    apply_nccl_env(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl)))
     dev = None if device == "auto" else device
     size = tp or _default_size(dev)
     opts["dtype"] = resolve_auto(key, dev, size)
-    try:
-        res = launch_tp(bench_rank, size, opts, device=dev)
-    finally:
-        if under_torchrun():
-            shutdown()
+    with nccl_settings(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl))):
+        try:
+            res = launch_tp(bench_rank, size, opts, device=dev)
+        finally:
+            if under_torchrun():
+                shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
         print_result(res)
         if out:
