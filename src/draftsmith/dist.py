@@ -14,7 +14,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +105,9 @@ def apply_nccl_env(env: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def nccl_settings(env: dict[str, str]) -> Iterator[None]:
-    """`apply_nccl_env(env)` for the ranks started inside, the environment put back after: a
-    caller in Python (a notebook, a test) kept NCCL_PROTO and the like for later runs."""
-    keys = [*env, *NVLS_OFF]
+def restored_env(keys: Iterable[str]) -> Iterator[None]:
+    """The environment variables `keys` put back as they were on leaving (unset where unset)."""
     saved = {k: os.environ.get(k) for k in keys}
-    apply_nccl_env(env)
     try:
         yield
     finally:
@@ -119,6 +116,15 @@ def nccl_settings(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def nccl_settings(env: dict[str, str]) -> Iterator[None]:
+    """`apply_nccl_env(env)` for the ranks started inside, the environment put back after: a
+    caller in Python (a notebook, a test) kept NCCL_PROTO and the like for later runs."""
+    with restored_env([*env, *NVLS_OFF]):
+        apply_nccl_env(env)
+        yield
 
 
 def ensure_nvls_off() -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.bench.allreduce import DTYPES
-from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, spawn
+from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, restored_env, spawn
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.parallel import TP
@@ -86,20 +86,12 @@ def env_line(env: dict[str, str]) -> str:
 def environment(setting: NcclSetting) -> Iterator[dict[str, str]]:
     """This process's environment holds exactly the setting's swept variables (children
     inherit it); restored afterwards."""
-    keys = (*SWEPT, "NCCL_NVLS_ENABLE")
-    saved = {k: os.environ.get(k) for k in keys}
     env = setting.env()
-    for k in SWEPT:
-        os.environ.pop(k, None)
-    try:
+    with restored_env((*SWEPT, "NCCL_NVLS_ENABLE")):
+        for k in SWEPT:
+            os.environ.pop(k, None)
         apply_nccl_env(env)
         yield env
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # ---- timing on a rank --------------------------------------------------------------------------
