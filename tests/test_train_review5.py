@@ -11,6 +11,7 @@ import sys
 import warnings
 
 import pytest
+from test_train_review3 import config as review3_config
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.train import TrainConfig, train
@@ -23,11 +24,8 @@ def root(train_root):
 
 
 def config(root, out, **over) -> TrainConfig:
-    base = dict(out=str(root / out), data=str(root / "data"), target=str(root / "target"),
-                max_steps=6, batch_size=2, max_len=48, ttt_steps=2, lr=3e-3, log_every=2,
-                save_every=100, draft_vocab_size=64, progress=False, loader_workers=0)
-    base.update(over)
-    return TrainConfig(**base)
+    """test_train_review3's run, six steps logged every other one."""
+    return review3_config(root, out, **{"max_steps": 6, "log_every": 2, **over})
 
 
 def quiet_train(cfg: TrainConfig) -> None:
