@@ -446,12 +446,12 @@ class PromptMix:
         longest = max(cycles[i] for i in rows)
         if len(rows) == 1:
             return longest
-        dists = [_row_survival(self.prompts[i], setting, tokens) for i in rows]
+        dists = [row_survival(self.prompts[i], setting, tokens) for i in rows]
         return max(longest, expected_max_cycles(dists))
 
 
 @functools.lru_cache(maxsize=32768)
-def _row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
+def row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
     return cycle_survival(cycle_tail(acc, setting), tokens)
 
 

@@ -24,8 +24,8 @@ from draftsmith.tune.cost_model import (
     Prediction,
     PromptMix,
     SpecSetting,
-    _row_survival,
     predict_phases,
+    row_survival,
     tokens_per_cycle,
 )
 
@@ -267,7 +267,7 @@ def _draw(acc: Acceptance, setting: SpecSetting, tokens: int, u: np.ndarray,
           gain: float) -> np.ndarray:
     """Cycles until `tokens` tokens at the uniforms `u` (inverse CDF of `cycle_survival`), cut
     by `gain` (a tree priced by its chain's figures), at least a whole cycle's most each."""
-    start, sv = _row_survival(acc, setting, tokens)
+    start, sv = row_survival(acc, setting, tokens)
     cycles = start + np.searchsorted(-sv, -u, side="left")  # how many P(more than c) exceed u
     if gain == 1.0:
         return cycles
