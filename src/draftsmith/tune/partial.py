@@ -21,16 +21,16 @@ PATHS = ("drafter", "target", "prompts")  # said, not compared: a moved folder i
 
 
 def files_digest(folder: Path, names: tuple[str, ...]) -> str:
-    """sha256 over the named files of a folder (their contents, in order; a missing one
+    """sha256 over the named files of a folder (each file's sha256, in order; a missing one
     counts as missing)."""
+    from draftsmith.data.shards import sha256_file
+
     h = hashlib.sha256()
     for name in names:
         path = folder / name
         h.update(name.encode() + b"\0")
         if path.is_file():
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 24):
-                    h.update(chunk)
+            h.update(sha256_file(path).encode())
     return h.hexdigest()
 
 
