@@ -107,8 +107,8 @@ def test_a_request_past_the_window_is_refused_with_the_window_named(setup):
 def test_check_positions_names_the_window():
     check_positions(PROMPTS, NEW, 512, window=WINDOW)  # exactly at the window: allowed
     with pytest.raises(DraftsmithError, match=(
-            "the longest prompt \\+ --max-new-tokens = 41 exceeds the target's sliding window "
-            "of 40 tokens")):
+            "sliding window of 40 tokens.*keep prompt and answer within it "
+            "\\(the longest prompt \\+ --max-new-tokens = 41 > 40\\)")):
         check_positions(PROMPTS, NEW + 1, 512, "--max-new-tokens", window=WINDOW)
 
 
@@ -148,9 +148,10 @@ def test_front_ends_refuse_a_request_past_the_window_before_loading(monkeypatch,
         command = ["compare", *drafter_dirs, *command[1:]]
     err = error_of(monkeypatch, capsys, *command, "--target", str(windowed_dir),
                    "--device", "cpu")
-    assert re.fullmatch(r"the longest prompt \+ --max-new-tokens = \d+ exceeds the target's "
-                        r"sliding window of 40 tokens, which draftsmith's cached engine does "
-                        r"not apply", err), err
+    assert re.fullmatch(r"the target attends over a sliding window of 40 tokens, which "
+                        r"draftsmith's cached engine does not apply: keep prompt and answer "
+                        r"within it \(the longest prompt \+ --max-new-tokens = (\d+) > 40\)",
+                        err), err
 
 
 def test_serve_refuses_limits_past_the_window_before_loading(monkeypatch, windowed_dir):

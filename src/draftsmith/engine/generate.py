@@ -212,10 +212,7 @@ def check_positions(prompts: list[list[int]], max_new: int, most: int | None,
     if most and need > most:
         raise DraftsmithError(f"the longest prompt + {what} = {need} exceeds the target's "
                               f"max_position_embeddings {most}")
-    if window and need > window:
-        raise DraftsmithError(f"the longest prompt + {what} = {need} exceeds the target's "
-                              f"sliding window of {window} tokens, which draftsmith's cached "
-                              f"engine does not apply")
+    check_window(need, window, f"the longest prompt + {what} = {need}")
 
 
 def check_prompts(prompts: list[list[int]], vocab: int) -> None:
