@@ -214,6 +214,8 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
         # (a stream's own disconnect watch takes over once it starts)
         gone = asyncio.ensure_future(_until_gone(request))
         try:
+            # the first event: ("accepted",) once queued (a stream answers 200 then, as vLLM's
+            # does, while a refusal before it keeps its own status), else a refusal
             first = await _next(q, gone)
             if first[0] == "error":
                 raise P.ApiError(*first[1:])
@@ -298,6 +300,8 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
                 if req.include_usage:
                     yield _sse_line(P.usage_chunk(req, ev[1], fingerprint))
                 break
+            elif kind == "accepted":
+                pass
             else:
                 yield _sse_line(P.ApiError(*ev[1:]).body())
                 break

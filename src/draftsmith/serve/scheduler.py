@@ -12,10 +12,11 @@ only if all of them fit, else it drains and the next opens larger); a job the ba
 hold at the head waits for the batch to drain, and so does everything queued behind it. Seeded
 sampled jobs never join a running batch (their draws would depend on it). A job reports through
 `sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
-("done", completion_tokens), ("error", status, message). An engine exception fails only the jobs
-of that batch still running: those that have sent nothing yet are rerun one by one, so only the
-culprit gets the error. `stop` answers the queued jobs with a 503 at once, and the running
-batch's jobs too if it has not ended within the timeout.
+("done", completion_tokens), ("error", status, message); and ("accepted",) once, from `submit`
+(the job is queued: an error from then on is the engine's, not the request's). An engine
+exception fails only the jobs of that batch still running: those that have sent nothing yet are
+rerun one by one, so only the culprit gets the error. `stop` answers the queued jobs with a 503
+at once, and the running batch's jobs too if it has not ended within the timeout.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Row:
         self.limit = job.req.max_tokens
         self.text = ChoiceText(decode, job.req.stop, job.req.stream)
         self.tokens: list[int] = []
+        self.used = 0  # completion_tokens: the tokens, and an eos that ended them (as vLLM)
         self.finished = False
 
     def feed(self, raw: list[int], final: bool) -> None:
@@ -68,6 +70,7 @@ class Row:
         delta = self.text.feed(self.tokens, done)
         if self.text.stopped:  # tokens decoded past the stop string are not the answer's
             self.tokens = self.tokens[: self.text.tokens_used(self.tokens)]
+        self.used = len(self.tokens) + (eos_hit and not self.text.stopped)
         if delta and self.job.req.stream:
             self.job.emit(("delta", self.index, delta))
         if done or self.text.stopped:
@@ -75,7 +78,7 @@ class Row:
             stop = eos_hit or self.text.stopped or len(self.tokens) < self.limit
             text = "" if self.job.req.stream else self.text.text
             self.job.emit(("finish", self.index, Choice(text, "stop" if stop else "length",
-                                                        len(self.tokens))))
+                                                        self.used)))
 
 
 class Metrics:
@@ -205,6 +208,8 @@ class Scheduler:
                                code="queue_full", kind="rate_limit_error")
             job.batch_key = self.engine.batch_key(job.req.params)
             self._queue.append(job)
+            # before the worker can take it: a stream's 200 goes out now, not with its first token
+            job.emit(("accepted",))
             self._cv.notify_all()
         self.metrics.add(requests=1)
 
@@ -350,11 +355,12 @@ class Scheduler:
 
     @staticmethod
     def _steps(slots: list[Row | None], most: int = 1) -> int:
-        """Steps before the next look: 1 while a row streams, else up to CHECK_EVERY but no more
-        than it takes the nearest row to reach its limit if every step emits `most` tokens (a
-        speculative cycle: steps + 1), so no row runs far past its max_tokens."""
+        """Steps before the next look: 1 while a row streams or watches for a stop string (its
+        answer, and its slot, end at the step that completes one), else up to CHECK_EVERY but no
+        more than it takes the nearest row to reach its limit if every step emits `most` tokens
+        (a speculative cycle: steps + 1), so no row runs far past its max_tokens."""
         busy = [r for r in slots if r is not None]
-        if any(r.job.req.stream for r in busy):
+        if any(r.job.req.stream or r.job.req.stop for r in busy):
             return 1
         left = min(r.limit - len(r.tokens) for r in busy)
         return max(1, min(CHECK_EVERY, -(-left // most)))
@@ -419,7 +425,7 @@ class Scheduler:
             job.emit(("error", 503, "the server is shutting down"))
 
     def _finish(self, job: Job) -> None:
-        used = sum(len(r.tokens) for r in job.rows)
+        used = sum(r.used for r in job.rows)
         if job.cancelled:  # its client is gone: no answer went out whole
             self.metrics.add(cancelled=1)
         else:

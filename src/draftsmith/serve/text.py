@@ -2,8 +2,10 @@
 
 Streaming decodes only a window of recent tokens (vLLM's prefix/read offsets), so a partial
 UTF-8 sequence or a tokenizer's clean-up never changes text already sent; text that could still
-become the start of a stop string is held back. Non-streaming text is `decode(all tokens)`, the
-same string `draftsmith generate` prints.
+become the start of a stop string is held back. A non-streamed text with stop strings grows the
+same way (the rows carrying one are looked at every step, so each look decodes a window, not the
+whole text); without stop strings it is `decode(all tokens)`, once, the same string `draftsmith
+generate` prints.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from draftsmith.data.chat import template_ids
 class ChoiceText:
     def __init__(self, decode: Callable[[list[int]], str], stop: list[str], stream: bool) -> None:
         self.decode, self.stop, self.stream = decode, stop, stream
+        self.incremental = stream or bool(stop)
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""
         self.sent = 0
@@ -33,9 +36,9 @@ class ChoiceText:
         if self.stopped:
             return ""
         self._tokens = tokens
-        if self.stream:
+        if self.incremental:
             self._advance(final)
-        elif final or self.stop:  # no stop string to watch: decoded once, at the end
+        elif final:  # no stop string to watch: decoded once, at the end
             self.text = self.decode(tokens)
         hit = self._find_stop()
         if hit is not None:
