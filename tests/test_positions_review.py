@@ -130,7 +130,7 @@ def test_serve_startup_line_names_the_port_bound_and_the_trees_size(monkeypatch,
     monkeypatch.setattr(engine, "load_engine", lambda *a, **k: fake_engine(3, 4, 12))
     served = {}
     monkeypatch.setattr(app, "run_server",
-                        lambda eng, cfg, host, port, *a: served.update(port=port))
+                        lambda eng, cfg, host, port, *a, **k: served.update(port=port, **k))
     code, _, err = run_main(monkeypatch, capsys, "serve", "--drafter", str(tmp_path), "--steps",
                             "3", "--topk", "4", "--num-draft-tokens", "12", "--port", "0",
                             "--host", host, "--device", "cpu", "--frontends", "0")
@@ -139,8 +139,10 @@ def test_serve_startup_line_names_the_port_bound_and_the_trees_size(monkeypatch,
     assert port > 0 and f"on http://{url}:{port}/v1 (" in err
     assert "steps 3, topk 4, 12 draft tokens" in err
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:  # the port printed was free to serve on
-        s.bind((host, port))
+    with served["sock"] as sock, socket.socket(family) as s:
+        # the server is handed the socket it announced, already listening: no race for port 0
+        assert sock.getsockname()[1] == port
+        s.connect((host, port))
 
 
 def test_a_request_past_the_targets_positions_is_still_refused():

@@ -498,7 +498,7 @@ def test_serve_command_wiring(tiny_llama_dir: Path, monkeypatch) -> None:
     from draftsmith.serve.cli import serve
 
     seen = {}
-    def run_server(engine, cfg, host, port, level, frontends) -> None:
+    def run_server(engine, cfg, host, port, level, frontends, sock=None) -> None:
         seen.update(engine=engine, cfg=cfg, host=host, port=port, frontends=frontends)
 
     monkeypatch.setattr(app_mod, "run_server", run_server)

@@ -7,6 +7,7 @@ Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE stream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import inspect
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.serve import protocol as P
 from draftsmith.serve.jobs import Job
 from draftsmith.switches import env_count, env_flag
@@ -314,13 +316,21 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
 
 
 def run_server(engine: ServeEngine, cfg: P.ServeConfig, host: str, port: int,
-               log_level: str = "info", frontends: int = 0) -> None:
-    """Serve until interrupted: HTTP in this process, or in `frontends` processes of its own."""
+               log_level: str = "info", frontends: int = 0, sock: Any = None) -> None:
+    """Serve until interrupted: HTTP in this process, or in `frontends` processes of its own; on
+    `sock` where given (bound and listening: the port announced is the one served on)."""
     if frontends:
         from draftsmith.serve.frontends import Frontends
 
-        Frontends(engine, cfg, frontends, host, port, log_level).serve_forever()
+        Frontends(engine, cfg, frontends, host, port, log_level, sock=sock).serve_forever()
         return
     import uvicorn
 
-    uvicorn.run(create_app(engine, cfg), host=host, port=port, log_level=log_level)
+    if sock is None:
+        uvicorn.run(create_app(engine, cfg), host=host, port=port, log_level=log_level)
+        return
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, cfg), log_level=log_level))
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: ctrl-C ends it quietly
+        server.run(sockets=[sock])
+    if not server.started:
+        raise DraftsmithError("the server did not start (see uvicorn's log above)")

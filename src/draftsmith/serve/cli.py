@@ -136,10 +136,13 @@ def serve(
     if frontends is None:
         frontends = auto_frontends(dev)
     http = f", {frontends} HTTP processes" if frontends else ""
-    port = check_bindable(host, port)  # still free after the load; for 0, the port to serve on
+    from draftsmith.serve.frontends import listen
+
+    sock = listen(host, port)  # still free after the load; bound once, so port 0's is announced
+    port = sock.getsockname()[1]
     where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     _say(f"serving '{cfg.model_name}' on http://{where}:{port}/v1 ({mode}, {dev}, {dt}{http})")
-    run_server(engine, cfg, host, port, log_level, frontends)
+    run_server(engine, cfg, host, port, log_level, frontends, sock=sock)
 
 
 def speculative_mode(drafter: Path, steps: int, topk: int, tokens: int | None) -> str:
@@ -167,25 +170,12 @@ def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
                               f"{steps} verifies 2 to {most} tokens")
 
 
-def check_bindable(host: str, port: int) -> int:
-    """The address can be bound now: a port out of range or taken is refused by name. The port
-    bound: `port`, or for 0 the free one the system gave, which the server then listens on."""
-    import socket
+def check_bindable(host: str, port: int) -> None:
+    """The address can be bound now (before the model loads): a port out of range or taken is
+    refused by name."""
+    from draftsmith.serve.frontends import listen
 
-    if not 0 <= port <= 65535:
-        raise DraftsmithError(f"--port {port}: use 0-65535")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise DraftsmithError(f"--host {host}: {e.strerror}") from None
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            sock.bind(addr)
-        except OSError as e:
-            raise DraftsmithError(f"cannot bind {host}:{port}: {e.strerror}") from None
-        return sock.getsockname()[1]
+    listen(host, port).close()
 
 
 def server_config(engine, target: str, name: str | None, api_key: str | None,

@@ -205,7 +205,8 @@ class Frontends:
     """The engine's scheduler in this process and `n` frontend processes on one socket."""
 
     def __init__(self, engine: Any, cfg: ServeConfig, n: int, host: str = "127.0.0.1",
-                 port: int = 0, log_level: str = "warning") -> None:
+                 port: int = 0, log_level: str = "warning",
+                 sock: socket.socket | None = None) -> None:
         if n < 1:
             raise DraftsmithError(f"--frontends {n}: use 1 or more (0 serves in one process)")
         self.engine, self.n, self.host, self.port, self.log_level = engine, n, host, port, log_level
@@ -215,7 +216,7 @@ class Frontends:
         self.sched = Scheduler(engine, cfg.max_queue, continuous=cfg.continuous)
         self.link = EngineLink(self.sched)
         self.procs: list[Any] = []
-        self.sock: socket.socket | None = None
+        self.sock: socket.socket | None = sock  # given: already listening (serve's CLI binds it)
         self._tuned = False
 
     @property
@@ -228,7 +229,8 @@ class Frontends:
         (raises `Interrupted` if `stop` is set first)."""
         from draftsmith.serve.app import _TUNING
 
-        self.sock = _listen(self.host, self.port)
+        if self.sock is None:
+            self.sock = listen(self.host, self.port)
         self.port = self.sock.getsockname()[1]
         _TUNING.enter()
         self._tuned = True
@@ -304,11 +306,19 @@ class Frontends:
             self.stop()
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port and listening (for port 0, on the free port the system gave):
+    bound once, so the port the server announces is the one it serves on. A port out of range,
+    an unknown host or a taken port is refused by name."""
+    if not 0 <= port <= 65535:
+        raise DraftsmithError(f"--port {port}: use 0-65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DraftsmithError(f"--host {host}: {e.strerror}") from None
     family, kind, proto, _, addr = infos[0]
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
     try:
         sock.bind(addr)
     except OSError as e:
