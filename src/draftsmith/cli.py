@@ -182,6 +182,7 @@ def generate(
 ) -> None:
     """Complete prompts with the target's chat template (greedy by default)."""
     from draftsmith.dist import launch_tp
+    from draftsmith.tune.tp_targets import refuse_split
 
     if max_new_tokens < 1 or batch_size < 1:
         raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
@@ -194,6 +195,7 @@ def generate(
     params = sampling_params(temperature, top_p, top_k, seed is not None)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
+    refuse_split(target, tp)
     done = launch_tp(
         _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed or 0,
         device=dev,

@@ -329,7 +329,7 @@ def spawn(
     """
     if nprocs < 1:
         raise DraftsmithError(f"cannot spawn {nprocs} processes")
-    _check_spawn_device(device, nprocs)
+    check_spawn_device(device, nprocs)
     payload = pickle.dumps((fn, args))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     for attempt in range(1, PORT_TRIES + 1):
@@ -484,7 +484,7 @@ def launch_tp(fn: Callable[..., Any], tp_size: int, *args: Any, device: str | No
     return spawn(fn, tp_size, *args, device=device)[0]
 
 
-def _check_spawn_device(device: str | None, nprocs: int) -> None:
+def check_spawn_device(device: str | None, nprocs: int) -> None:
     """Refused before any rank starts: spawned rank r runs on cuda:r, so a cuda:N (which the
     ranks would ignore) or fewer GPUs than ranks failed only after every rank had started."""
     if not (device or "").startswith("cuda"):

@@ -93,23 +93,51 @@ def tune(
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk, params, seed, max_draft_tokens, refill)
+    _one_group(tp)
     if tp == 1:
         report = run_tune(*args)
     else:
         from draftsmith.dist import launch_tp
+        from draftsmith.tune.tp_targets import refuse_split
 
         if nccl_sweep and "WORLD_SIZE" in os.environ:
             raise DraftsmithError("--nccl-sweep spawns fresh processes per setting: run "
                                   "`draftsmith tune --tp N --nccl-sweep` without torchrun")
+        refuse_split(target, tp)
         report = launch_tp(_tune_rank, tp, *args, device=dev)
-        if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
-            return
+    if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
+        return
     for text in report["texts"]:
         console.print(text)
     console.print(f"wrote {out}/tune.json, tune.md, tune.png")
     if nccl_sweep:
         attach_nccl(out, _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl",
                                    drafter))
+
+
+def _one_group(tp: int) -> None:
+    """Under torchrun tune times one TP group made of every process: --tp 1 in each of N
+    processes (or N / tp groups) would time the same settings side by side on shared devices,
+    each writing --out."""
+    from draftsmith.dist import torchrun_ranks
+
+    world = torchrun_ranks()[1]  # half a torchrun environment refused here too
+    if ("RANK" in os.environ or "WORLD_SIZE" in os.environ) and world != tp:
+        raise DraftsmithError(f"--tp {tp} under torchrun with WORLD_SIZE={world}: tune times "
+                              f"one tensor-parallel group of every process; give --tp {world}, "
+                              f"or run --tp {tp} without torchrun")
+
+
+def writes_out(tp) -> bool:
+    """Whether this process writes --out: the world's rank 0 alone (under torchrun every
+    process runs tune, and another TP group's rank 0 is no writer either)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    from draftsmith.dist import torchrun_ranks
+
+    return torchrun_ranks()[0] == 0 and (tp is None or tp.rank == 0)
 
 
 def _tune_rank(tp, *args) -> dict:
@@ -134,15 +162,17 @@ def drop_stale_nccl(out: Path) -> None:
 
 def attach_nccl(out: Path, res: dict) -> None:
     """This run's NCCL sweep, named in its tune.json and its recommendation added to tune.md."""
+    from draftsmith.data.atomic import atomic_write
     from draftsmith.tune import nccl
 
-    path = out / "tune.json"
+    path, md = out / "tune.json", out / "tune.md"
     report = json.loads(path.read_text())
     report["nccl"] = {"file": "nccl/nccl.json", "recommendation": res["recommendation"]}
-    path.write_text(json.dumps(report, indent=1, default=str))
     lines = "\n".join(nccl.recommendation_lines(res))
-    with (out / "tune.md").open("a") as f:
-        f.write(f"\nNCCL sweep (nccl/nccl.json, nccl/nccl.md):\n\n{lines}\n")
+    kept = "it keeps the tune's report without the sweep, which nccl/nccl.json holds"
+    atomic_write(path, json.dumps(report, indent=1, default=str).encode(), kept)
+    text = f"{md.read_text()}\nNCCL sweep (nccl/nccl.json, nccl/nccl.md):\n\n{lines}\n"
+    atomic_write(md, text.encode(), kept)
 
 
 def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
@@ -216,7 +246,7 @@ def run_tune(
     most = min(filter(None, (t.cfg.max_position_embeddings, t.cfg.sliding_window)), default=None)
     measure.cost_room(most, ids, measure.cost_width(max_steps, max_topk, max_draft))
     params = params or SamplingParams()
-    rank0 = tp is None or tp.rank == 0
+    rank0 = writes_out(tp)
     kept = Partial(out if rank0 else None, {
         "drafter": str(drafter_dir), "target": target, "prompts": str(prompts_path),
         **(_identity(t, drafter_dir, ids, dev, dt, compile, tp, seed) if rank0 else {}),
@@ -286,7 +316,7 @@ def run_tune(
             texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p "
                             f"{p.top_p:g}, top-k {p.top_k or 'off'}: acceptance, baselines and "
                             "sweep all sampled")
-        if tp is not None and tp.rank != 0:
+        if not rank0:
             return {"texts": texts}  # launch_tp hands back rank 0's report
         report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
                               1 if tp is None else tp.size, eng.params, refill, mix, new)
@@ -385,9 +415,10 @@ FIXED_LENGTH = ("Priced and swept with every row decoding --max-new-tokens token
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
                  params: SamplingParams, refill: bool = False, mix=None,
                  new: int | None = None) -> dict:
+    from draftsmith.data.atomic import atomic_write, make_folder
     from draftsmith.tune.cost_model import steps_series
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     drop_stale_nccl(out)
     rows = []
     for r in recs:
@@ -435,9 +466,10 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         "phases": _phase_rows(preds, meas),
         "nccl": None,  # this run's NCCL sweep, where it ran one (`attach_nccl`)
     }
-    (out / "tune.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "tune.md").write_text(f"{FIXED_LENGTH}.\n\n"
-                                 + "\n\n".join(f"```\n{t}\n```" for t in texts) + "\n")
+    md = f"{FIXED_LENGTH}.\n\n" + "\n\n".join(f"```\n{t}\n```" for t in texts) + "\n"
+    atomic_write(out / "tune.json", json.dumps(report, indent=1, default=str).encode(),
+                 "the report there before is unchanged")
+    atomic_write(out / "tune.md", md.encode(), "the report there before is unchanged")
     plot(out / "tune.png", {b: {"chains": steps_series(preds, meas, b),
                                 "trees": steps_series(preds, meas, b, topk=None)}
                             for b in batches})

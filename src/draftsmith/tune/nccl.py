@@ -29,7 +29,14 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.bench.allreduce import DTYPES
-from draftsmith.dist import apply_nccl_env, nccl_env, nccl_record, restored_env, spawn
+from draftsmith.dist import (
+    apply_nccl_env,
+    check_spawn_device,
+    nccl_env,
+    nccl_record,
+    restored_env,
+    spawn,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.parallel import TP
@@ -380,6 +387,7 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
     shapes = list(dict.fromkeys((int(b), int(n)) for b, n in shapes))  # each timed once
     if out is not None:  # before the sweep, not after it
         check_folder(out, "--out")
+    check_spawn_device(device, tp_size)  # else every setting fails on it, each recorded so
     spec = TargetSpec(target)
     cfg = spec.config()
     why = check_split(cfg, tp_size)
@@ -399,7 +407,10 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
               "noise_pct": noise_pct, "notes": notes, "job": job, "results": results,
               "recommendation": recommend(results, noise_pct)}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "nccl.json").write_text(json.dumps(report, indent=1, default=str))
-        (out / "nccl.md").write_text(markdown(report))
+        from draftsmith.data.atomic import atomic_write, make_folder
+
+        make_folder(out)
+        kept = "the sweep there before is unchanged"
+        atomic_write(out / "nccl.json", json.dumps(report, indent=1, default=str).encode(), kept)
+        atomic_write(out / "nccl.md", markdown(report).encode(), kept)
     return report

@@ -6,6 +6,7 @@ a twin whose collectives do nothing, so a forward's compute can be timed alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -58,6 +59,10 @@ class TargetSpec:
     def config(self) -> ModelConfig:
         if self.random:
             return RANDOM[self.name]
+        if Path(self.name).is_dir():  # its config.json: the sweep's parent needs no weights
+            from draftsmith.targets.hf import read_config
+
+            return ModelConfig.from_hf(read_config(Path(self.name)))
         from draftsmith.targets import load_target
 
         return load_target(self.name).cfg
@@ -72,11 +77,59 @@ class TargetSpec:
 
 def check_split(cfg: ModelConfig, size: int) -> str | None:
     """Why cfg cannot be split over size ranks, or None when it can."""
-    for what, n in (("attention heads", cfg.num_heads), ("kv heads", cfg.num_kv_heads),
-                    ("intermediate size", cfg.intermediate_size)):
+    return split_problem(split_dims(cfg), size)
+
+
+def split_dims(cfg: ModelConfig) -> dict[str, int]:
+    """The sizes tensor parallelism divides over its ranks (the vocabulary is padded instead)."""
+    return {"attention heads": cfg.num_heads, "kv heads": cfg.num_kv_heads,
+            "intermediate size": cfg.intermediate_size}
+
+
+def split_problem(dims: dict[str, int], size: int) -> str | None:
+    for what, n in dims.items():
         if n % size:
             return f"{n} {what} do not split over {size} ranks"
     return None
+
+
+def source_split_dims(source: str) -> dict[str, int]:
+    """`split_dims` of a target named as `--target` names it, read without its weights: a
+    folder's config.json, a GGUF file's header ({} where the header lacks them: the ranks'
+    own check then answers)."""
+    from draftsmith.targets import default_gguf
+    from draftsmith.targets.hf import read_config
+
+    if source in RANDOM:
+        return split_dims(RANDOM[source])
+    path = default_gguf() if source in ("", "default") else Path(source)
+    if not path.exists():
+        raise DraftsmithError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return split_dims(ModelConfig.from_hf(read_config(path)))
+    return _gguf_split_dims(path) if path.suffix == ".gguf" else {}
+
+
+def _gguf_split_dims(path: Path) -> dict[str, int]:
+    from draftsmith.targets.gguf_file import architecture, field, reader
+
+    rd = reader(path)
+    arch = architecture(rd)
+    got = {what: field(rd, f"{arch}.{key}") for what, key in (
+        ("attention heads", "attention.head_count"), ("kv heads", "attention.head_count_kv"),
+        ("intermediate size", "feed_forward_length"))}
+    if got["kv heads"] is None:  # llama.cpp leaves it out where it equals the heads
+        got["kv heads"] = got["attention heads"]
+    if not all(isinstance(v, int) for v in got.values()):  # absent, or one a layer
+        return {}
+    return got
+
+
+def refuse_split(source: str, size: int) -> None:
+    """A target that cannot run over `size` ranks refused before they start (they would each
+    load it first, then fail in `TP.split`)."""
+    if size > 1 and (why := split_problem(source_split_dims(source), size)):
+        raise DraftsmithError(f"--tp {size}: {why} (target {source})")
 
 
 def _fill_random(module: torch.nn.Module, device: torch.device, seed: int) -> None:
