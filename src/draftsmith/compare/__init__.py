@@ -202,7 +202,7 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     if target is not None:
         res["notes"] += _other_target(descs, target)
         res["speed"] = _speed(opts, target, descs)
-        res["notes"] += _measured_ids(descs)
+        res["notes"] += _measured_ids(descs) + _load_notes(descs)
     res["drafters"] = [d.to_dict() for d in descs]
     res = strict(res)  # a NaN read from a drafter's files is null in compare.json
     if opts.out is not None:
@@ -221,6 +221,12 @@ def _measured_ids(descs: list[Description]) -> list[str]:
 
 
 _ENGINE = {"sglang": "SGLang", "speculators": "vLLM"}
+
+
+def _load_notes(descs: list[Description]) -> list[str]:
+    """What reading each engine folder warned (as doctor's `loads` findings), as report lines
+    instead of Python warnings on stderr."""
+    return [f"{d.label}: {n}" for d in descs for n in d.load_notes]
 
 
 def _other_target(descs: list[Description], target: Any) -> list[str]:
@@ -251,13 +257,14 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
 
 
 def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
-    from draftsmith.doctor.artifacts import load_any
+    from draftsmith.doctor.artifacts import load_noted
 
     try:
-        drafter = load_any(d.info, target, opts.device, opts.dtype)
+        drafter, notes = load_noted(d.info, target, opts.device, opts.dtype)
     except DraftsmithError as e:  # which of the drafters does not fit the target
         raise DraftsmithError(f"drafter {d.label} with this --target: {e}") from None
     d.ids_measured = list(drafter.cfg.aux_layer_ids)
+    d.load_notes = [f"{n} (fix: {n.fix})" if n.fix else str(n) for n in notes]
     return drafter
 
 

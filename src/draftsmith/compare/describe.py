@@ -4,7 +4,7 @@ counts by convention, and its training data where a manifest records it."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class Description:
     data: dict[str, Any] | None
     training: dict[str, Any] | None
     ids_measured: list[int] | None = None  # canonical, as compare's own run read them
+    load_notes: list[str] = field(default_factory=list)  # what loading it as `import` warned
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "folder": str(self.info.folder), "layout": self.info.layout,

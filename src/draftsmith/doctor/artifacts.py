@@ -234,6 +234,27 @@ def _require(info: DrafterInfo) -> None:
             raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
 
 
+def load_noted(info: DrafterInfo, target: Any, device: str,
+               dtype: torch.dtype) -> tuple[Any, list[Any]]:
+    """`load_any`, and what `draftsmith import`'s reading warned (`ImportNote`s: a replaced
+    embedding, unsorted ids, defaults that repeat a layer) for the caller's report; any other
+    warning goes on as it was raised."""
+    import warnings
+
+    from draftsmith.export.layout import ImportNote
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drafter = load_any(info, target, device, dtype)
+    notes = []
+    for w in caught:
+        if isinstance(w.message, ImportNote):
+            notes.append(w.message)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return drafter, notes
+
+
 def load_any(info: DrafterInfo, target: Any, device: str, dtype: torch.dtype) -> Any:
     """Any layout -> Eagle3Drafter on `device`; the target supplies the embedding."""
     from draftsmith.export.layout import TargetInfo

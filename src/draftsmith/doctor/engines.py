@@ -19,6 +19,7 @@ from draftsmith.export.layout import (
 )
 from draftsmith.layers import (
     Convention,
+    default_aux_layers,
     engine_limits,
     from_convention,
     sglang_version_dependent,
@@ -161,17 +162,16 @@ def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[li
             f"them ascending: permute the {len(true_ids)} column blocks of fc.weight to "
             f"ascending layer order (no retraining), then write the sorted ids"
         )
-    limits = engine_limits(true_ids, num_layers) if engine.startswith("sglang") else []
-    try:
-        written = to_convention(true_ids, CONVENTION[engine], num_layers)
-    except DraftsmithError as e:
-        limits.append(str(e))
-        written = None
-    if limits or written is None:
+    if engine != "draftsmith" and len(set(true_ids)) < len(true_ids):
+        return None, (f"canonical layers {list(true_ids)} repeat a layer, which {engine} "
+                      f"captures once (its fc would get {len(set(true_ids))} states, not "
+                      f"{len(true_ids)}): no ids written for it feed them; "
+                      + _retrain(engine, num_layers, len(true_ids)))
+    limits = _limits(true_ids, engine, num_layers)
+    if limits:
         return None, (f"{engine} cannot capture canonical layers {true_ids} ({'; '.join(limits)})"
-                      ": retrain on layers it can capture, e.g. "
-                      f"`draftsmith data capture --aux-layers "
-                      f"{','.join(map(str, engine_defaults(num_layers)))}`")
+                      ": " + _retrain(engine, num_layers, len(true_ids)))
+    written = to_convention(true_ids, CONVENTION[engine], num_layers)
     words = f"write {key}: {written}"
     if engine == "sglang-legacy":
         words += _legacy_words(true_ids, written, num_layers)
@@ -180,6 +180,46 @@ def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[li
         words += (f" for SGLang after PR #25454 (2026-05); SGLang before it needs {legacy} "
                   "(this list does not start at 1, so its meaning depends on the version)")
     return written, words
+
+
+def _limits(ids: list[int], engine: str, num_layers: int) -> list[str]:
+    """Why `engine` cannot be given canonical `ids` (none: it can); each reason once."""
+    limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
+    try:
+        to_convention(ids, CONVENTION[engine], num_layers)
+    except DraftsmithError as e:
+        if not (limits and "-1" in str(e)):  # the embedding is named by engine_limits already
+            limits.append(str(e))
+    return limits
+
+
+def capturable_ids(engine: str, num_layers: int, n: int) -> list[int] | None:
+    """`n` distinct ascending canonical ids `engine` can be given for this target: data
+    capture's default where it fits, else `n` spread over the widest range it captures; None
+    where the target has too few such layers."""
+    first = default_aux_layers(num_layers)
+    if len(first) == n and not _limits(first, engine, num_layers):
+        return first
+    for lo, hi in sorted(((lo, hi) for lo in (-1, 0, 1) for hi in (num_layers - 1,
+                          num_layers - 2)), key=lambda r: r[0] - r[1]):
+        span = hi - lo
+        if span + 1 < n:
+            continue
+        ids = [lo + k * span // max(n - 1, 1) for k in range(n)]
+        if not _limits(ids, engine, num_layers):
+            return ids
+    return None
+
+
+def _retrain(engine: str, num_layers: int, n: int) -> str:
+    ids = capturable_ids(engine, num_layers, n)
+    if ids is None:
+        return (f"{engine} cannot be given {n} distinct layers of this {num_layers}-layer "
+                "target: serve the drafter with vLLM (`draftsmith export --format speculators`)"
+                if engine.startswith("sglang") else
+                f"this {num_layers}-layer target has fewer than {n} layers to feed")
+    return ("retrain on distinct layers it can capture, e.g. `draftsmith data capture "
+            f"--aux-layers {','.join(map(str, ids))}`")
 
 
 def _legacy_words(true_ids: list[int], written: list[int], num_layers: int) -> str:

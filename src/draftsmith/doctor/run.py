@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import torch
 
 from draftsmith.doctor import behaviour, checks, verdict, wiring
-from draftsmith.doctor.artifacts import DrafterInfo, load_any, read_drafter
+from draftsmith.doctor.artifacts import DrafterInfo, load_noted, read_drafter
 from draftsmith.doctor.engines import engine_name
 from draftsmith.doctor.report import Finding, Report
 from draftsmith.errors import DraftsmithError
@@ -237,21 +236,9 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
 
 
 def _load(info: DrafterInfo, target: Any, opts: DoctorOptions) -> tuple[Any, list[Finding]]:
-    """The drafter as `draftsmith import` reads it, and what that reading warned (a replaced
-    embedding, unsorted ids, defaults that repeat a layer) as findings; other warnings go on."""
-    from draftsmith.export.layout import ImportNote
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        drafter = load_any(info, target, opts.device, opts.dtype)
-    found = []
-    for w in caught:
-        if isinstance(w.message, ImportNote):
-            found.append(Finding("warning", "loads", str(w.message), str(info.folder),
-                                 w.message.fix))
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return drafter, found
+    """The drafter as `draftsmith import` reads it, and what that reading warned as findings."""
+    drafter, notes = load_noted(info, target, opts.device, opts.dtype)
+    return drafter, [Finding("warning", "loads", str(n), str(info.folder), n.fix) for n in notes]
 
 
 def _runs(info: DrafterInfo, engine: str | None, layers: int, n_aux: int,

@@ -197,9 +197,11 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
                            "retrain on layers SGLang captures"))
     if feed.written is None and feed.note:
         sev = "warning" if true_ids is None else "info"
-        out.append(Finding(sev, "wiring", f"{feed.engine}: {feed.note} (canonical "
-                           f"{feed.canonical})", where, _fix(true_ids or feed.canonical,
-                                                             fix_as, num_layers)))
+        # defaults that repeat a layer are no ids to write: the trained ones are
+        basis_ids = true_ids or (feed.canonical if len(set(feed.canonical)) ==
+                                 len(feed.canonical) else None)
+        out.append(Finding(sev, "wiring", f"{feed.engine}: {feed.note} (it feeds canonical "
+                           f"{feed.canonical})", where, _fix(basis_ids, fix_as, num_layers)))
     if true_ids is None:
         if feed.version_dependent:
             out.append(Finding("warning", "wiring", f"{feed.engine}: {feed.note}", where,

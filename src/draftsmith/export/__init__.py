@@ -7,6 +7,7 @@ back to canonical ids the same way; nothing here adds or subtracts one.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,25 @@ def target_info(drafter: Eagle3Drafter, target: str | None) -> TargetInfo:
     if t.cfg.vocab_size != drafter.cfg.vocab_size:
         raise DraftsmithError(f"--target {target}: vocabulary {t.cfg.vocab_size} != the "
                               f"drafter's {drafter.cfg.vocab_size}")
+    _check_fits(t, drafter, target)
     return TargetInfo.of_target(t)
+
+
+def _check_fits(t: Any, drafter: Eagle3Drafter, target: str) -> None:
+    """A drafter without a fingerprint (imported without --target) is checked by its sizes, as
+    import checks it: the export records --target's fingerprint, so a target it does not fit
+    would be named as its own."""
+    from draftsmith.engine.speculative import check_pair
+
+    try:
+        check_pair(t.cfg, drafter.cfg)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"--target {target} does not fit the drafter: {e}") from None
+    n = drafter.cfg.target_num_layers
+    if n > 0 and n != t.cfg.num_layers:
+        raise DraftsmithError(
+            f"--target {target} has {t.cfg.num_layers} layers, but the drafter's aux layers "
+            f"{drafter.cfg.aux_layer_ids} were read for a target of {n}; pass that target")
 
 
 def export_drafter(
@@ -112,18 +131,26 @@ def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
 
     t = load_target(target)
     info = None if fmt == "draftsmith" else TargetInfo.of_target(t)
+    if info is not None:  # before reading, whose notes compare the target's tensors
+        _check_fingerprint(t, target, folder, read_config(folder).get("draftsmith") or {})
     drafter = load_drafter(folder) if info is None else _read_engine(folder, fmt, info)
     try:
         check_pair(t.cfg, drafter.cfg)
     except DraftsmithError as e:
         raise DraftsmithError(f"--target {target} does not fit the drafter {folder}: {e}") from None
-    want = drafter.cfg.target_fingerprint  # as export refuses it: same shapes, other weights
-    if want and t.fingerprint != want:
-        raise DraftsmithError(f"--target {target} has fingerprint {t.fingerprint}, but the "
-                              f"drafter {folder} records its target as {want}; pass that target")
+    want = drafter.cfg.target_fingerprint
+    _check_fingerprint(t, target, folder, {"target_fingerprint": want})
     if not want and info is not None:
         _record_target(drafter, info)
     return drafter
+
+
+def _check_fingerprint(t: Any, target: str, folder: str | Path, recorded: Any) -> None:
+    """As export refuses it: a target of the drafter's shapes but other weights."""
+    want = recorded.get("target_fingerprint") if isinstance(recorded, dict) else None
+    if want and t.fingerprint != want:
+        raise DraftsmithError(f"--target {target} has fingerprint {t.fingerprint}, but the "
+                              f"drafter {folder} records its target as {want}; pass that target")
 
 
 def _record_target(drafter: Eagle3Drafter, info: TargetInfo) -> None:

@@ -28,6 +28,7 @@ from draftsmith.export.layout import (
     hf_layer_config,
     imported_ids,
     model_config_of,
+    note,
     read_config,
     read_weights,
     recorded_layers,
@@ -158,19 +159,60 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         if info is None or info.embed is None:
             raise DraftsmithError(f"{folder}: no embed_tokens.weight; pass --target")
         w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
+    else:
+        _warn_own_embedding(w, info, folder)
+    kind = layer.get("model_type")
+    _check_qk_norms(kind, w, folder)
     drafter = build_empty(cfg)
     try:
         load_hf_state_dict(drafter, w, str(folder))
     except DraftsmithError as e:
-        kind = layer.get("model_type")
         if kind in (None, "llama"):
             raise
-        # vLLM builds another layer for some types (qwen3: Eagle3Qwen3ForCausalLM, q/k norms)
         raise DraftsmithError(
             f"{folder}/config.json: transformer_layer_config.model_type is {kind!r}, and "
             f"draftsmith reads only llama-type drafter layers; its tensors do not fit one: {e}"
         ) from None
     return drafter
+
+
+def _warn_own_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None,
+                        folder: Path) -> None:
+    """vLLM's EAGLE proposer (`_maybe_share_embeddings`) shares the target's embedding only
+    where the draft stores none or an identical one, and otherwise keeps the stored one, as the
+    import does: named where it differs, since a drafter trained on the target's frozen
+    embedding then drafts from other vectors (SGLang, which swaps in the target's, does not load
+    this layout)."""
+    stored = w["embed_tokens.weight"]
+    if info is None or info.embed is None or stored.shape != info.embed.shape:
+        return  # without the target nothing to compare; another shape: the fit checks say so
+    if torch.equal(stored, info.embed.to(stored.dtype)):
+        return
+    note(f"{folder}: the stored embed_tokens.weight differs from the target's; vLLM keeps a "
+         "draft's own embedding where it differs (\"Keeping separate embedding weights from the "
+         "target model\"), so vLLM, and this import, draft with the stored one, not the "
+         "target's", "check that the drafter was trained for this target; to have vLLM share "
+         "the target's embedding, remove embed_tokens.weight from the folder's weights",
+         stacklevel=3)
+
+
+def _check_qk_norms(kind: Any, w: dict[str, torch.Tensor], folder: Path) -> None:
+    """A qwen3 layer is refused even without q_norm/k_norm tensors: speculators builds it as
+    Qwen3DecoderEagle3FirstLayer and vLLM (Eagle3Qwen3ForCausalLM, in versions that route qwen3
+    to it) as a Qwen3DecoderLayer, both normalizing q and k per head, which a llama layer does
+    not; read as llama it would draft otherwise than it was trained, without a word."""
+    if not (isinstance(kind, str) and kind.startswith("qwen3")):
+        return
+    norms = sorted(k for k in w if k.endswith(("q_norm.weight", "k_norm.weight")))
+    held = (f"its tensors {norms} have no place in one" if norms else "this folder holds no "
+            "q_norm/k_norm weights, which that layer needs (a vLLM that builds "
+            "Eagle3Qwen3ForCausalLM refuses the folder, an older one serves it as llama: the "
+            "engines disagree)")
+    raise DraftsmithError(
+        f"{folder}/config.json: transformer_layer_config.model_type is {kind!r}, and draftsmith "
+        f"reads only llama-type drafter layers: speculators and vLLM build a Qwen3 layer, which "
+        f"normalizes q and k per head (q_norm/k_norm); {held}; if the drafter was trained as a "
+        "llama layer, set transformer_layer_config.model_type to \"llama\"")
 
 
 def _verifier_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
