@@ -7,6 +7,7 @@ built in a dot-named tmp folder and renamed into place; older ones beyond `keep_
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -89,19 +90,38 @@ def save_checkpoint(
             tmp.mkdir(parents=True)
             save_drafter(drafter, tmp, **summary)
             torch.save(trainer, tmp / STATE)
+            _synced(*(p for p in tmp.iterdir() if p.is_file()))
     _barrier()
     with writing(final, tmp):
         torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+        _synced(tmp / f"rng-{rank}.pt")
     _barrier()
     if rank == 0:
         with writing(final, tmp):
+            _synced(tmp, folder=True)
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
+            _synced(final.parent, folder=True)  # the rename on disk before older ones go
         for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old)
     _barrier()
     return final
+
+
+def _synced(*paths: Path, folder: bool = False) -> None:
+    """The files (or a folder's entries) on disk: a checkpoint renamed into place must be whole
+    after a host crash (a lent machine taken back) too, not only after a killed process. A
+    folder's fsync that the file system refuses is skipped; a file's is a failed write."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        except OSError:
+            if not folder:
+                raise
+        finally:
+            os.close(fd)
 
 
 @contextmanager
@@ -125,14 +145,28 @@ def writing(what: Path, *tmps: Path) -> Iterator[None]:
 
 def load_trainer_state(folder: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(trainer state, this rank's RNG state or None when the run had fewer ranks)."""
-    trainer = _load(folder / STATE)
-    rng_path = folder / f"rng-{rank}.pt"
-    return trainer, _load(rng_path) if rng_path.is_file() else None
+    with unreadable(folder):
+        trainer = _load(folder / STATE)
+        rng_path = folder / f"rng-{rank}.pt"
+        return trainer, _load(rng_path) if rng_path.is_file() else None
+
+
+@contextmanager
+def unreadable(folder: Path) -> Iterator[None]:
+    """A file of checkpoint `folder` that cannot be read (torn by a crash, a bad copy) as one
+    error saying which folder to delete and where --resume then starts."""
+    try:
+        yield
+    except DraftsmithError as e:
+        before = [p for p in list_checkpoints(folder.parent.parent)
+                  if int(p.name.split("-")[1]) < int(folder.name.split("-")[1])]
+        then = f"resumes from {before[-1].name}" if before else "starts over"
+        raise DraftsmithError(f"{e}; that checkpoint is unreadable: delete {folder} and "
+                              f"--resume {then}") from None
 
 
 def _load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise DraftsmithError(f"{path}: unreadable checkpoint ({e}); delete that checkpoint "
-                              "folder to resume from the one before") from None
+        raise DraftsmithError(f"{path}: unreadable checkpoint ({e})") from None

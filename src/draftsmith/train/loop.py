@@ -13,6 +13,7 @@ batch's positions) and lets DDP average the ranks.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import sys
@@ -168,6 +169,11 @@ IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmu
             "init_from", "max_samples", "seed", *NORM_FLAGS)
 
 
+# Resolved before a run (None: by the device) and recorded so since; older checkpoints hold
+# None. RESOLVED changes what is trained (refused on --resume), SPEED only how fast (noted).
+RESOLVED = ("bf16",)
+SPEED = ("compile_loss", "pad_multiple")
+
 PATHS = ("data", "prompts", "vocab", "init_from")  # of IDENTITY: compared as the files they name
 
 
@@ -182,6 +188,19 @@ def same_path(a: str | None, b: str | None) -> bool:
 RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINTS, "profile.json",
              "profile.txt"}
 RUN_MARKERS = {CONFIG_FILE, report.LOG, ckpt.CHECKPOINTS}
+
+# The --out locks this process holds (`Trainer._hold_out`). A forked child (a loader worker)
+# closes its copies: a flock lives while any copy is open, so a killed run's orphaned workers
+# would otherwise keep a --resume after it refused until they noticed.
+HELD: list[int] = []
+
+
+def _close_held() -> None:
+    while HELD:
+        os.close(HELD.pop())
+
+
+os.register_at_fork(after_in_child=_close_held)
 
 
 def check_run_folder(out: Path) -> None:
@@ -286,6 +305,11 @@ class Pending:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistCtx) -> None:
+        gpu = ctx.device.type == "cuda"
+        # what runs, not None, is checked on --resume and goes into checkpoints and the config
+        cfg = replace(cfg, compile_loss=gpu if cfg.compile_loss is None else cfg.compile_loss,
+                      bf16=gpu if cfg.bf16 is None else cfg.bf16,
+                      pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
         check_run_folder(self.out)
         self.target = resolve_target(cfg.target, cfg.data)
@@ -303,15 +327,11 @@ class Trainer:
         self.window = Window(cfg.ttt_steps)
         self.watched = False  # the first logged window checked for positions that train
         self.pending: Pending | None = None
+        self.held: int | None = None  # the --out lock's descriptor (`_hold_out`)
         self.lines = False  # progress as a line a logged step (run: stderr not a terminal)
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
             self._restore(found)
-        gpu = ctx.device.type == "cuda"
-        # what ran, not None, goes into checkpoints and the drafter's config
-        self.cfg = cfg = replace(cfg, compile_loss=gpu if cfg.compile_loss is None
-                                 else cfg.compile_loss, bf16=gpu if cfg.bf16 is None else cfg.bf16,
-                                 pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
                                             cfg.compile_loss))
         head_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
@@ -375,8 +395,10 @@ class Trainer:
 
     def _build_drafter(self, found: Path | None) -> Eagle3Drafter:
         if found is not None:
-            self.vocab_summary = read_drafter_meta(found).get("vocab", {})
-            return self._same_inputs(found, load_drafter(found))
+            with ckpt.unreadable(found):
+                self.vocab_summary = read_drafter_meta(found).get("vocab", {})
+                drafter = load_drafter(found)
+            return self._same_inputs(found, drafter)
         embed, head = target_head(self.target)
         if self.cfg.init_from:
             return self._warm_start(Path(self.cfg.init_from), embed)
@@ -576,11 +598,12 @@ class Trainer:
         return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                    broadcast_buffers=False)
 
-    def _restore(self, found: Path) -> None:
-        state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
+    def _same_options(self, found: Path, saved: dict[str, Any]) -> None:
+        """Refuse an option that shapes the result other than the checkpoint's run had it;
+        say once which speed-only options changed and which were not recorded."""
         for key in IDENTITY:
             default = TrainConfig.__dataclass_fields__[key].default  # runs saved before the key
-            old, new = state["config"].get(key, default), getattr(self.cfg, key)
+            old, new = saved.get(key, default), getattr(self.cfg, key)
             if key == "draft_vocab_size" and self.cfg.vocab:
                 continue  # the --vocab file (compared itself) sets it; older runs saved 32000
             if key in PATHS and same_path(old, new):
@@ -590,6 +613,26 @@ class Trainer:
                     f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
                     "with the same options (or train into another --out)"
                 )
+        unknown = [k for k in (*RESOLVED, *SPEED) if saved.get(k) is None]
+        for key in (k for k in RESOLVED if k not in unknown):
+            if saved[key] != getattr(self.cfg, key):
+                flag = f"--{'' if saved[key] else 'no-'}{key.replace('_', '-')}"
+                raise DraftsmithError(
+                    f"--resume from {found}: {key} was {saved[key]!r} in that run, now "
+                    f"{getattr(self.cfg, key)!r}; resume with {flag} (or train into another "
+                    "--out)")
+        changed = [f"{k} {saved[k]!r} -> {getattr(self.cfg, k)!r}" for k in SPEED
+                   if k not in unknown and saved[k] != getattr(self.cfg, k)]
+        if changed:
+            self.say(f"--resume: {', '.join(changed)} since that run (speed only: the same "
+                     "loss is trained)")
+        if unknown:
+            self.say(f"--resume: {found} does not record {', '.join(unknown)} (an older run): "
+                     "taken as given now")
+
+    def _restore(self, found: Path) -> None:
+        state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
+        self._same_options(found, state["config"])
         old, new = state.get("data", self.data_id), self.data_id  # runs saved before the key
         if old != new:
             raise DraftsmithError(
@@ -611,11 +654,18 @@ class Trainer:
         self.watched = self.step > self.window.n
         if rng is not None:
             ckpt.set_rng_state(rng)
-        if self.ctx.main:
-            report.truncate_log(self.out, self.step)
         self.say(f"resumed from {found} at step {self.step}")
 
     def run(self) -> Path:
+        try:
+            return self._run()
+        finally:
+            if self.held is not None:
+                HELD.remove(self.held)
+                os.close(self.held)  # the --out lock goes with it
+                self.held = None
+
+    def _run(self) -> Path:
         from tqdm import tqdm
 
         workers = self.cfg.loader_workers
@@ -625,8 +675,11 @@ class Trainer:
         # first: an open-file limit too low for the workers is refused before --out is made
         self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
                               pin=gpu, multiple=self.cfg.pad_multiple)
-        if self.ctx.main:
-            make_folder(self.out)
+        try:
+            self._hold_out()
+        except BaseException:
+            self.loader.close()
+            raise
         self._describe()
         shown = self.cfg.progress and self.ctx.main
         # off a terminal (a log file, a pipe) a bar is one endless line of carriage returns:
@@ -634,9 +687,10 @@ class Trainer:
         self.lines = shown and not sys.stderr.isatty()
         bar = tqdm(total=self.total, initial=self.step, disable=not shown or self.lines,
                    desc="train", dynamic_ncols=True)
-        if self.step == 0 and self.ctx.main:
-            report.truncate_log(self.out, 0)  # rows of an earlier run that left no checkpoint
-        start = time.perf_counter()
+        if self.ctx.main:  # rows past the checkpoint, or of an earlier run that left none
+            report.truncate_log(self.out, self.step)
+        start = self.started = time.perf_counter()
+        self.first = self.step  # steps before are a resumed run's: not this process's pace
         try:
             while self.step < self.total:
                 t0 = time.perf_counter()
@@ -665,9 +719,36 @@ class Trainer:
             self.prof.close()
         return self._finish()
 
+    def _hold_out(self) -> None:
+        """--out made and locked (flock on the folder, rank 0) while this run writes: a second
+        `train` into it (a rerun in another shell) would delete the first's checkpoints. The
+        lock dies with its process, so a killed run leaves none behind."""
+        busy = torch.zeros((), device=self.ctx.device)
+        if self.ctx.main:
+            make_folder(self.out)
+            self.held = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
+            HELD.append(self.held)
+            try:
+                fcntl.flock(self.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self.held)
+                self.held = None
+                busy += 1
+            except OSError:
+                pass  # a file system without locks: unguarded, as before
+        if self.ctx.all_reduce_sum(busy) > 0:  # every rank stops
+            raise DraftsmithError(f"--out {self.out}: another `draftsmith train` is writing into "
+                                  "it; wait for it to end (then --resume continues it) or train "
+                                  "into another --out")
+
     def _show(self, bar: Any, stats: str) -> None:
-        if self.lines:
-            self.say(f"step {self.step}/{self.total}: {stats}")
+        if self.lines:  # what the bar shows on a terminal: time spent and time left
+            from tqdm import tqdm
+
+            spent = time.perf_counter() - self.started
+            left = spent / max(1, self.step - self.first) * (self.total - self.step)
+            self.say(f"step {self.step}/{self.total}: {stats}, {tqdm.format_interval(spent)} "
+                     f"spent, eta {tqdm.format_interval(left)}")
         else:
             bar.set_postfix_str(stats)
 

@@ -86,26 +86,33 @@ class ShardReader:
         return fd
 
     def _opened(self, k: int, anew: bool = False) -> int:
-        """Shard `k` opened, refused where it is no longer the file first opened (one fstat an
-        open: a file rewritten in place under an open descriptor goes unseen); `anew`: the
+        """Shard `k` opened, refused where it is no longer the file first opened; `anew`: the
         file as it is now is the one to read (its header read again)."""
-        path = self._path(k)
-        fd = _open(path)
-        st = os.fstat(fd)
-        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        fd = _open(self._path(k))
+        stamp = _stamp(fd)
         if anew and self._stamps.get(k) != stamp:
             self._stamps[k] = stamp
             self._meta.pop(k, None)
-        if self._stamps.setdefault(k, stamp) != stamp:
+        self._stamps.setdefault(k, stamp)
+        try:
+            self._unchanged(k, fd, stamp)
+        except DraftsmithError:
             os.close(fd)
+            raise
+        return fd
+
+    def _unchanged(self, k: int, fd: int, stamp: tuple[int, ...] | None = None) -> None:
+        """Refuse shard `k` where the file `fd` names is not the one first opened: replaced
+        (another inode) or rewritten in place (size, mtime or ctime; `cp -p` keeps the mtime,
+        not the ctime). One fstat, after a read, so a write during it is seen too."""
+        if (stamp or _stamp(fd)) != self._stamps[k]:
             raise DraftsmithError(
-                f"{path}: the shard changed on disk since this run opened {self.folder} (a "
-                "`data make` or `data capture` rerun into it?), so it no longer holds the "
+                f"{self._path(k)}: the shard changed on disk since this run opened {self.folder} "
+                "(a `data make` or `data capture` rerun into it?), so it no longer holds the "
                 "samples the run planned on; the checkpoints written are kept: once the dataset "
                 "is final, rerun with --resume (refused where its samples changed) or train "
                 "into another --out"
             )
-        return fd
 
     def _path(self, k: int) -> Path:
         return Path(self.folder) / self.shards[k]["file"]
@@ -130,6 +137,7 @@ class ShardReader:
                 fd, header, start, offsets = self._shard(k)
                 masks = _read(fd, header["loss_mask"], start, 0, offsets[-1],
                               self._path(k)).bool()
+                self._unchanged(k, fd)
                 yield from (masks[a:b] for a, b in pairwise(offsets))
         finally:
             self.close()
@@ -139,9 +147,15 @@ class ShardReader:
         fd, header, start, offsets = self._shard(k)
         a, b = offsets[j], offsets[j + 1]
         out = {name: _read(fd, header[name], start, a, b, self._path(k)) for name in TENSORS}
+        self._unchanged(k, fd)
         out["input_ids"] = out["input_ids"].long()
         out["loss_mask"] = out["loss_mask"].bool()
         return out
+
+
+def _stamp(fd: int) -> tuple[int, ...]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _open(path: Path) -> int:
