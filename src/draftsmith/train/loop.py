@@ -726,16 +726,18 @@ class Trainer:
         busy = torch.zeros((), device=self.ctx.device)
         if self.ctx.main:
             make_folder(self.out)
-            self.held = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
-            HELD.append(self.held)
+            fd = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
             try:
-                fcntl.flock(self.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(self.held)
-                self.held = None
                 busy += 1
             except OSError:
                 pass  # a file system without locks: unguarded, as before
+            if busy:
+                os.close(fd)
+            else:  # only a held lock is listed: a forked child closes what HELD names
+                self.held = fd
+                HELD.append(fd)
         if self.ctx.all_reduce_sum(busy) > 0:  # every rank stops
             raise DraftsmithError(f"--out {self.out}: another `draftsmith train` is writing into "
                                   "it; wait for it to end (then --resume continues it) or train "
