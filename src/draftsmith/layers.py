@@ -45,7 +45,15 @@ WORDS = {
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's usual low/mid/high choice, canonical: outputs of 1, L//2-1, L-4."""
+    """EAGLE-3's usual low/mid/high choice, canonical: outputs of 1, L//2-1, L-4. EAGLE-3
+    fuses three states, so a short target gets three distinct ids all the same: on 2-3 layers
+    [-1, 0, 1] (what vLLM's default 2, L//2, L-3 means on 3 layers); one layer has only two."""
+    if num_layers < 2:
+        raise DraftsmithError(
+            f"a {num_layers}-layer target has fewer than the three hidden states EAGLE-3 "
+            "fuses, so no default aux layers: give --aux-layers -1,0 to use the two it has")
+    if num_layers < 4:
+        return [-1, 0, 1]
     ids = [1, num_layers // 2 - 1, num_layers - 4]
     if num_layers < 5 or len(set(ids)) < 3:  # e.g. L=6 would give [1, 2, 2]
         ids = sorted({0, max(0, num_layers // 2 - 1), max(0, num_layers - 2)})

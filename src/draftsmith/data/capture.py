@@ -22,7 +22,15 @@ import torch
 
 from draftsmith.data.chat import encode
 from draftsmith.data.prompts import Conversation
-from draftsmith.data.shards import MANIFEST, Sample, ShardWriter, read_manifest, totals, write_json
+from draftsmith.data.shards import (
+    MANIFEST,
+    Sample,
+    ShardWriter,
+    read_manifest,
+    same_setting,
+    totals,
+    write_json,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.options import check_folder
@@ -251,18 +259,17 @@ def capture(
     _report(say, p, head, ids, mine, todo)
     if todo:
         model = model if model is not None else target.build(cfg.dtype, rank_device(cfg.device))
-        _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard)
+        _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard, say)
     writer.finish()
     if world > 1:
         return try_merge(out) or writer.manifest
     return writer.manifest
 
 
-def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard) -> None:
-    from tqdm import tqdm
+def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard, say) -> None:
+    from draftsmith.data.progress import Progress
 
-    bar = tqdm(total=sum(len(s) for _, s in todo), unit="sample", disable=not progress,
-               desc="capture")
+    bar = Progress(sum(len(s) for _, s in todo), 0, "sample", "capture", progress, say)
     for k, idx in todo:
         writer.write(k, forward_shard(model, tok, convs, idx, cfg, aux_ids))
         bar.update(len(idx))
@@ -314,7 +321,7 @@ def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:
     if not (folder / MANIFEST).is_file():
         return
     m = read_manifest(folder)
-    same = all(m.get(k) == head.get(k) for k in IDENTITY if k != "source_digest")
+    same = all(same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k != "source_digest")
     if not same or m.get("source_digest") == head["source_digest"]:
         return  # the same run (resumed as it is), or another one ShardWriter names
     keep = [s for s in m["shards"] if s["index"] < len(shards)
@@ -342,7 +349,7 @@ def _merged_done(out: Path, head: dict[str, Any]) -> bool:
         return False
     m = read_manifest(out)
     keys = [k for k in IDENTITY if k != "rank"]
-    return bool(m.get("complete")) and all(m.get(k) == head.get(k) for k in keys)
+    return bool(m.get("complete")) and all(same_setting(k, m.get(k), head.get(k)) for k in keys)
 
 
 def try_merge(out: str | Path) -> dict[str, Any] | None:
@@ -364,7 +371,7 @@ def try_merge(out: str | Path) -> dict[str, Any] | None:
 def merge(out: Path, ms: list[dict[str, Any]]) -> dict[str, Any]:
     keys = [k for k in IDENTITY if k != "rank"]
     for m in ms[1:]:
-        bad = [k for k in keys if m.get(k) != ms[0].get(k)]
+        bad = [k for k in keys if not same_setting(k, m.get(k), ms[0].get(k))]
         if bad:
             raise DraftsmithError(f"{out}: rank {m['rank']} differs from rank 0 in {bad}")
     shards = []

@@ -229,7 +229,7 @@ class OpenAIBackend:
                         f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
             else:
-                return reply(r)
+                return reply(r, self.model_name)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -247,9 +247,17 @@ def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
     return {"top_k": cfg.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
-def reply(r: Any) -> Answer:
+def reply(r: Any, asked: str = "") -> Answer:
     """The Answer in a chat completion; a failed one for a reply with none (a proxy's HTML page,
-    an error object sent with status 200), which is counted and retried by a rerun."""
+    an error object sent with status 200), which is counted and retried by a rerun. A reply
+    that names another model than `asked` stops the run: a router's fallback or an alias
+    answered, and its answers would be recorded as the target's."""
+    served = getattr(r, "model", None)
+    if asked and isinstance(served, str) and served and served != asked:
+        raise DraftsmithError(
+            f"the server answered with model {served!r}, not {asked!r} as asked (a router's "
+            f"fallback, an alias): pass --model {served} if that is the target, else point "
+            "--base-url at the target's own server")
     choices = getattr(r, "choices", None)
     message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices \
         else None
@@ -309,7 +317,7 @@ def regenerate(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Answer every conversation not yet in `out`; returns counts."""
-    from tqdm import tqdm
+    from draftsmith.data.progress import Progress
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
@@ -335,8 +343,7 @@ def regenerate(
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
              "answer_tokens": 0}
     count = _counter(tokenizer)
-    bar = tqdm(total=len(convs), initial=stats["done_before"], unit="conv", desc="regenerate",
-               disable=not progress)
+    bar = Progress(len(convs), stats["done_before"], "conv", "regenerate", progress, say)
     make_folder(out.parent)
     append_whole(out, b"", f"it keeps the {stats['done_before']} conversations answered "
                  "before; a rerun resumes after them")

@@ -86,7 +86,11 @@ def openings_from(spec: str | None) -> tuple[str, ...]:
     path = Path(spec)
     if not path.is_file():
         raise DraftsmithError(f"--openings {spec!r}: neither 'builtin', 'mixed' nor a file")
-    lines = tuple(x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip())
+    try:  # utf-8-sig: a Windows editor's BOM would open the first opening's prompts
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DraftsmithError(f"--openings {spec}: cannot read it as UTF-8 text ({e})") from None
+    lines = tuple(x.strip() for x in text.splitlines() if x.strip())
     if not lines:
         raise DraftsmithError(f"--openings {spec}: the file holds no openings")
     return lines
@@ -134,8 +138,7 @@ def self_made_prompts(
     `compile`: the decode step runs torch.compile'd layers (GPU). `overwrite`: start over; the
     prompts in `out` are emptied (atomically) only after the model is built, just before the
     first round, so a folder that cannot be written keeps them."""
-    from tqdm import tqdm
-
+    from draftsmith.data.progress import Progress
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
@@ -170,7 +173,7 @@ def self_made_prompts(
     need = max(map(len, starts)) + cfg.max_new_tokens
     rt = Runtime(model, cfg.batch_size, need + 1, compile=compile, kept=need)
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
-    bar = tqdm(total=cfg.n, initial=len(have), unit="prompt", desc="prompts", disable=not progress)
+    bar = Progress(cfg.n, len(have), "prompt", "prompts", progress, say)
     make_folder(out.parent)
     if overwrite:  # unwritable: said before the first batch, the old prompts still there
         atomic_write(out, b"", "the prompts there before are kept")

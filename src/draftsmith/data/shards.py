@@ -128,7 +128,7 @@ class ShardWriter:
         if path.is_file():
             old = read_manifest(self.folder)
             for key in identity:
-                if old.get(key) != header.get(key):
+                if not same_setting(key, old.get(key), header.get(key)):
                     raise DraftsmithError(
                         f"{self.folder}: holds a dataset made with a different {key} "
                         f"({old.get(key)!r} there, {header.get(key)!r} now); {redo}"
@@ -185,6 +185,14 @@ class ShardWriter:
     def update(self, **extra: Any) -> None:
         self.manifest.update(extra)
         write_json(self.folder / MANIFEST, self.manifest)
+
+
+def same_setting(key: str, there: Any, now: Any) -> bool:
+    """Whether a manifest's `key` is this run's: a target is the same by its fingerprint and
+    hashes, however its path was typed (relative, absolute, through a link)."""
+    if key == "target" and isinstance(there, dict) and isinstance(now, dict):
+        there, now = ({k: v for k, v in d.items() if k != "source"} for d in (there, now))
+    return there == now
 
 
 def _whole(path: Path, size: int) -> bool:

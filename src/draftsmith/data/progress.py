@@ -1,0 +1,58 @@
+"""Progress of a data stage: tqdm's bar on a terminal; off one (a log file, a pipe), where a bar
+is one endless line of carriage returns, a plain line now and then and one at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+EVERY_S = 30.0  # off a terminal: the most often a line is written
+
+
+def on_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class Progress:
+    def __init__(self, total: int, initial: int, unit: str, desc: str, shown: bool,
+                 say: Callable[[str], None], every: float = EVERY_S) -> None:
+        from tqdm import tqdm
+
+        self.lines = shown and not on_terminal()
+        self.bar: Any = tqdm(total=total, initial=initial, unit=unit, desc=desc,
+                             disable=not shown or self.lines)
+        self.total, self.done, self.first = total, initial, initial
+        self.unit, self.desc, self.say, self.every = unit, desc, say, every
+        self.start = self.said = time.perf_counter()
+        self.unsaid = False
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        self.done += n
+        self.unsaid = True
+        if self.lines and time.perf_counter() - self.said >= self.every:
+            self._line()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.lines and self.unsaid:
+            self._line()
+
+    def _line(self) -> None:
+        now = time.perf_counter()
+        spent, made = now - self.start, self.done - self.first
+        left = self.total - self.done
+        eta = f", eta {_span(spent / made * left)}" if made and left > 0 else ""
+        self.say(f"{self.desc}: {self.done}/{self.total} {self.unit}s, {_span(spent)} spent{eta}")
+        self.said, self.unsaid = now, False
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
