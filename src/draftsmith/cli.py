@@ -215,12 +215,13 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
 
     import torch
 
+    from draftsmith.bench.suites import prompt_ids
     from draftsmith.engine.generate import check_positions, run_generation
     from draftsmith.targets import load_target
 
     torch.manual_seed(seed)
     t = load_target(target)
-    ids = [t.chat_ids(a) for a in asks]
+    ids = prompt_ids(t, asks, "generate")
     check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens",
                     t.cfg.sliding_window)
     model = t.build(dtype_of(dt), str(tp.device), tp)

@@ -58,7 +58,7 @@ def bench(
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.report import print_report, write_json, write_png
-    from draftsmith.bench.run import BenchConfig, run_bench
+    from draftsmith.bench.run import BenchConfig, check_topk, run_bench
     from draftsmith.bench.suites import suite_messages
     from draftsmith.cli import device_dtype, sampling_params
     from draftsmith.models.eagle3 import read_drafter_meta
@@ -66,8 +66,8 @@ def bench(
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     if not drafter:
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
-    if drafter != "random":  # a mistyped folder, before the target's minutes of loading
-        read_drafter_meta(drafter)
+    # a mistyped folder, before the target's minutes of loading
+    meta = read_drafter_meta(drafter) if drafter != "random" else {"config": {}}
     for name in suite:  # before the target loads, not after
         suite_messages(name, num_prompts)
     if refill_every and not refill:
@@ -88,6 +88,8 @@ def bench(
         dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile, refill=refill, refill_every=refill_every,
     )
+    if isinstance(dv := meta["config"].get("draft_vocab_size"), int):
+        check_topk(cfg.settings(), dv)  # as run_bench does, here before the target loads
     console = Console(stderr=True)
     report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
     report["meta"]["command"] = command_line()  # bench.json says how to run it again

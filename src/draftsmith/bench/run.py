@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.bench.suites import fill_batches, suite_labels, suite_messages
+from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_positions, run_generation, sync
 from draftsmith.engine.profiler import PhaseSummary, env_on
@@ -103,7 +103,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"warning: {w}")
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target)
-    suites = {label: [target.chat_ids(m) for m in suite_messages(s, cfg.num_prompts)]
+    suites = {label: prompt_ids(target, suite_messages(s, cfg.num_prompts), f"--suite {s}")
               for s, label in suite_labels(cfg.suites).items()}
     check_positions([p for ps in suites.values() for p in ps], cfg.max_new_tokens,
                     target.cfg.max_position_embeddings, "--max-new-tokens",
@@ -111,10 +111,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     model = target.build(cfg.dtype, cfg.device)
     drafter, warnings = get_drafter(cfg.drafter, target, model)
     check_pair(model.cfg, drafter.cfg)  # before the baseline's minutes, not after
+    settings = cfg.settings()
+    check_topk(settings, drafter.cfg.draft_vocab_size)
     for w in warnings:
         log(f"warning: {w}")
     warnings += skipped
-    settings = cfg.settings()
     rt, drt = _runtimes(model, drafter, suites, cfg, settings)
     eos = target.eos_ids
     rows: list[dict[str, Any]] = []
@@ -139,6 +140,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     order = list(suites)  # batches ran largest first (graph pools reused); reported smallest first
     rows.sort(key=lambda r: (order.index(r["suite"]), r["batch"]))
     return {"meta": _meta(cfg, target, drafter, warnings), "results": rows}
+
+
+def check_topk(settings: list[Setting], draft_vocab: int) -> None:
+    """Every tree's topk within the drafter's draft vocabulary: refused by the decoder only when
+    its setting came up, after the baseline and the settings before it had run, their results
+    lost."""
+    if (k := max(s[1] for s in settings)) > draft_vocab:
+        raise DraftsmithError(f"--topk {k} exceeds the drafter's draft vocabulary of "
+                              f"{draft_vocab}")
 
 
 def _over(rate: float, base: float) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from draftsmith.errors import DraftsmithError
 
@@ -22,6 +23,22 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
     return out[:limit] if limit > 0 else out
+
+
+def prompt_ids(target: Any, conversations: list[list[dict[str, str]]],
+               what: str) -> list[list[int]]:
+    """Each conversation's token ids under the target's chat template; one the template refuses
+    (a system turn to Gemma's, roles out of turn to Mistral's) is named, not a jinja traceback."""
+    out = []
+    for i, messages in enumerate(conversations):
+        try:
+            out.append(target.chat_ids(messages))
+        except DraftsmithError:
+            raise
+        except Exception as e:  # jinja raises anything a template author chose
+            raise DraftsmithError(f"{what}: the target's chat template refused prompt {i + 1} "
+                                  f"({type(e).__name__}: {e})") from None
+    return out
 
 
 def suite_label(name: str) -> str:

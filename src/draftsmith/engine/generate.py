@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,9 +108,7 @@ def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | li
     """A (state, step function) pair, its rows set to `params` (one setting, or one a row); the
     step is a captured CUDA graph where possible, one per kind of sampling (the widest of the
     rows': `sampling.KINDS`)."""
-    rows = [params] * b if isinstance(params, SamplingParams) else list(params)
-    if len(rows) != b:
-        raise DraftsmithError(f"{len(rows)} sampling settings for {b} prompts")
+    rows = row_params(params, b)
     like = widest(rows)
     state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
                                lambda: DecodeState(rt, b, eos_ids, like))
@@ -154,8 +152,8 @@ def run_generation(
     eos_ids: list[int] | None = None,
 ) -> Generation:
     """params: one setting for every prompt, or one a prompt."""
+    eos = eos_list(eos_ids)
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
-    eos = list(eos_ids or [])
     check_request(rt, prompts, max_new_tokens, eos)
     state, step = decoder(rt, len(prompts), eos, params)
     sync(rt)
@@ -232,6 +230,34 @@ def check_prompts(prompts: list[list[int]], vocab: int) -> None:
             bad = low if low < 0 else high
             raise DraftsmithError(f"prompt {i} holds token id {bad}, outside the target's "
                                   f"vocabulary [0, {vocab})")
+
+
+def row_params(params: SamplingParams | Sequence[SamplingParams], n: int
+               ) -> list[SamplingParams]:
+    """n rows' settings from one setting for all or one a row; anything else refused by name
+    (a dict or a float failed deep in the sampler with an AttributeError)."""
+    rows = [params] * n if isinstance(params, SamplingParams) else params
+    if not isinstance(rows, (list, tuple)) or not all(
+            isinstance(p, SamplingParams) for p in rows):
+        raise DraftsmithError(f"sampling settings must be a SamplingParams or a list of one a "
+                              f"prompt, got {params!r}")
+    if len(rows) != n:
+        raise DraftsmithError(f"{len(rows)} sampling settings for {n} prompts")
+    return list(rows)
+
+
+def eos_list(eos_ids: Iterable[int] | None) -> list[int]:
+    """eos_ids as a checked list (None: none). A bare id is refused: `eos_ids=2` was a
+    TypeError, and `eos_ids=0` read as no EOS at all."""
+    if eos_ids is None:
+        return []
+    tensor = isinstance(eos_ids, torch.Tensor)
+    if (isinstance(eos_ids, (numbers.Number, str, bytes)) or not isinstance(eos_ids, Iterable)
+            or tensor and eos_ids.dim() != 1):
+        raise DraftsmithError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
+    eos = eos_ids.tolist() if tensor else list(eos_ids)
+    check_eos(eos)
+    return eos
 
 
 def check_eos(eos: Sequence[int]) -> None:

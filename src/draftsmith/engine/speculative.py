@@ -16,6 +16,7 @@ the last emitted token x_L is verified at position L; the drafter pair (x_{p+1},
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 import warnings
@@ -32,7 +33,9 @@ from draftsmith.engine.generate import (
     check_eos,
     check_max_new,
     check_prompts,
+    eos_list,
     padded,
+    row_params,
     sync,
 )
 from draftsmith.engine.graphs import LateFlag
@@ -89,6 +92,11 @@ EXACT_END = env_flag("DRAFTSMITH_EXACT_END", "1")
 def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
     """The drafting a SpecDecoder takes: a chain (topk 1) verifies steps + 1 tokens, a tree
     (topk > 1) the num_draft_tokens it is given. Front ends call it before loading a model."""
+    given = {"steps": steps, "topk": topk, "num_draft_tokens": num_draft_tokens}
+    if bad := {k: v for k, v in given.items() if not (v is None and k == "num_draft_tokens")
+               and (not isinstance(v, numbers.Integral) or isinstance(v, bool))}:
+        raise DraftsmithError("steps, topk and num_draft_tokens must be whole numbers, got "
+                              + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
     if steps < 1 or topk < 1:
         raise DraftsmithError(f"steps and topk must be >= 1, got steps {steps}, topk {topk}")
     if topk == 1 and num_draft_tokens not in (None, steps + 1):
@@ -132,6 +140,8 @@ class SpecDecoder:
         """fuse_bookkeeping: torch.compile the greedy accept arithmetic and tree bookkeeping;
         None = whenever the engine runs compiled graphs (False: the eager ops, for an A/B)."""
         check_drafting(steps, topk, num_draft_tokens)
+        if not isinstance(params, SamplingParams):
+            raise DraftsmithError(f"params must be a SamplingParams, got {params!r}")
         self.steps, self.topk, self.params, self.profile = steps, topk, params, profile
         # drafts drawn from the drafter's distribution (sampling under "drawn"); otherwise the
         # drafts are greedy's and so are the draft, accept and extend phases
@@ -227,9 +237,9 @@ class SpecDecoder:
         self, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int] | None = None,
         params: list[SamplingParams] | None = None,
     ) -> SpecResult:
-        """params: each prompt's setting, of the decoder's kind or one before it (`KINDS`;
-        default: its own)."""
-        eos = list(eos_ids or [])
+        """params: each prompt's setting (or one for all), of the decoder's kind or one before
+        it (`KINDS`; default: its own)."""
+        eos = eos_list(eos_ids)
         prof = make_profiler(self.device, self.profile)
         self._check_inputs(prompts, max_new_tokens, eos)
         params = self.row_settings(params, len(prompts))  # refused before any capture
@@ -277,6 +287,7 @@ class SpecDecoder:
         """Check the inputs, take this batch size's static state and prefill it; each row
         samples with its entry of `params` (default: the decoder's setting; drafts drawn from
         the drafter take the decoder's setting alone)."""
+        eos = eos_list(eos)
         self._check_inputs(prompts, max_new_tokens, eos)
         params = self.row_settings(params, len(prompts))
         return self._begin(self._state(len(prompts)), prompts, max_new_tokens, eos, params)
@@ -303,12 +314,12 @@ class SpecDecoder:
         if counts is not None:
             counts.add(st.tree, st.n, st.ext_tok, active)
 
-    def row_settings(self, params: list[SamplingParams] | None, n: int) -> list[SamplingParams]:
-        """The settings of n rows: `params` (one a row), or (None) the decoder's own; drafts
-        drawn from the drafter take the decoder's setting alone."""
-        rows = [self.params] * n if params is None else list(params)
-        if len(rows) != n:
-            raise DraftsmithError(f"{len(rows)} sampling settings for {n} prompts")
+    def row_settings(self, params: SamplingParams | list[SamplingParams] | None,
+                     n: int) -> list[SamplingParams]:
+        """The settings of n rows: `params` (one a row, or one for all, as `run_generation`
+        takes them), or (None) the decoder's own; drafts drawn from the drafter take the
+        decoder's setting alone."""
+        rows = row_params(self.params if params is None else params, n)
         if self.drawn and any(p != self.params for p in rows):
             raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
                                   f"setting {self.params} alone")
