@@ -413,7 +413,8 @@ def build_empty(cfg: Eagle3Config) -> Eagle3Drafter:
 
 def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> Path:
     """Write the draftsmith layout: `model.safetensors`, then `draftsmith.json` (each file
-    through a tmp name and os.replace, so a reader never sees a half-written file)."""
+    through a tmp name, fsynced, os.replace and the folder fsynced: a reader never sees a
+    half-written file, nor a host crash leaves one, and a config on disk means whole weights)."""
     from safetensors.torch import save_file
 
     from draftsmith.options import check_folder
@@ -427,12 +428,30 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
     tmp = folder / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
     with _removed_on_failure(tmp):
         save_file(state, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, folder / WEIGHTS_FILE)
+        _replace_synced(tmp, folder / WEIGHTS_FILE)
     tmp = folder / f".{CONFIG_FILE}.{os.getpid()}.tmp"
     with _removed_on_failure(tmp):
         tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n")
-        os.replace(tmp, folder / CONFIG_FILE)
+        _replace_synced(tmp, folder / CONFIG_FILE)
     return folder
+
+
+def _replace_synced(tmp: Path, path: Path) -> None:
+    """`tmp` on disk, renamed to `path`, the rename on disk (a folder's fsync that the file
+    system refuses is skipped; a file's is a failed write)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager

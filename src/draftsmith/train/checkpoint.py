@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Drafter, save_drafter
+from draftsmith.train.dist import shared_failure
 
 CHECKPOINTS = "checkpoints"
 STATE = "trainer_state.pt"
@@ -66,11 +66,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def save_checkpoint(
     out: Path,
     step: int,
@@ -79,34 +74,39 @@ def save_checkpoint(
     summary: dict[str, Any],
     keep_last: int,
     rank: int = 0,
+    world: int = 1,
 ) -> Path:
-    """Every rank calls this (collective); rank 0 writes the model and trainer state."""
+    """Every rank calls this (collective); rank 0 writes the model and trainer state. A write
+    that fails on any rank stops every rank with its error."""
     final = checkpoint_dir(out, step)
     tmp = final.with_name(f".{final.name}.tmp")
-    if rank == 0:
-        with writing(final, tmp):
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            save_drafter(drafter, tmp, **summary)
-            torch.save(trainer, tmp / STATE)
-            _synced(*(p for p in tmp.iterdir() if p.is_file()))
-    _barrier()
-    with writing(final, tmp):
+    with shared_failure(world):
+        if rank == 0:
+            with writing(final, tmp):
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+                save_drafter(drafter, tmp, **summary)
+                torch.save(trainer, tmp / STATE)
+                _synced(*(p for p in tmp.iterdir() if p.is_file()))
+    with shared_failure(world), writing(final, tmp):
         torch.save(rng_state(), tmp / f"rng-{rank}.pt")
         _synced(tmp / f"rng-{rank}.pt")
-    _barrier()
-    if rank == 0:
-        with writing(final, tmp):
-            _synced(tmp, folder=True)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            _synced(final.parent, folder=True)  # the rename on disk before older ones go
-        for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(old)
-    _barrier()
+    with shared_failure(world):
+        if rank == 0:
+            _put_in_place(final, tmp, out, keep_last)
     return final
+
+
+def _put_in_place(final: Path, tmp: Path, out: Path, keep_last: int) -> None:
+    with writing(final, tmp):
+        _synced(tmp, folder=True)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _synced(final.parent, folder=True)  # the rename on disk before older ones go
+    for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old)
 
 
 def _synced(*paths: Path, folder: bool = False) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -53,3 +55,25 @@ def setup(device: str = "auto") -> DistCtx:
     if owns:
         start_group(rank, world, dev)  # checks MASTER_ADDR/PORT, names a failed join
     return DistCtx(rank, world, dev, owns)
+
+
+@contextmanager
+def shared_failure(world: int) -> Iterator[None]:
+    """The block's DraftsmithError (of any of `world` ranks) raised on every rank, or none (a
+    collective where world > 1: every rank enters it, a rank's writes inside): a rank that
+    raised alone (rank 0 failing to write into --out) left the others waiting at the next
+    collective."""
+    error = None
+    try:
+        yield
+    except DraftsmithError as e:
+        error = e
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    said: list[str | None] = [None] * world
+    dist.all_gather_object(said, None if error is None else str(error))
+    first = next((s for s in said if s is not None), None)
+    if first is not None:
+        raise DraftsmithError(first) from None

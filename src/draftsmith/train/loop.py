@@ -42,7 +42,7 @@ from draftsmith.options import check_folder
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
-from draftsmith.train.dist import DistCtx, setup
+from draftsmith.train.dist import DistCtx, setup, shared_failure
 from draftsmith.train.objective import (
     Targets,
     chain_counts,
@@ -630,17 +630,34 @@ class Trainer:
             self.say(f"--resume: {found} does not record {', '.join(unknown)} (an older run): "
                      "taken as given now")
 
+    def _same_data(self, found: Path, old: dict[str, Any] | None) -> None:
+        """Refuse data other than the checkpoint's run trained on; a checkpoint that recorded
+        less of it (an older run) is compared on what it recorded, and says so."""
+        new = self.data_id
+        unrecorded = old is None or old.get("content") is None
+        old = {**new, **(old or {})} if unrecorded else old
+        if old != new:
+            raise DraftsmithError(f"--resume from {found}: the data changed since that run: "
+                                  f"{self._data_change(old, new)}; resume with the data it "
+                                  "trained on (or train into another --out)")
+        if unrecorded:
+            self.say(f"--resume: {found} does not record the data's contents (an older run): "
+                     "only its sample count and lengths were compared")
+
+    def _data_change(self, old: dict[str, Any], new: dict[str, Any]) -> str:
+        if {**old, "content": None} != {**new, "content": None}:
+            return (f"{old['samples']} samples of {old['tokens']} tokens then, {new['samples']} "
+                    f"of {new['tokens']} now (or the same counts in other lengths), so the data "
+                    "order would change")
+        other = ("other token ids" if self.data.online else
+                 "other shard contents in its manifest: captured again or rewritten since")
+        return (f"the same {new['samples']} samples in the same lengths, but other contents "
+                f"({other})")
+
     def _restore(self, found: Path) -> None:
         state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
         self._same_options(found, state["config"])
-        old, new = state.get("data", self.data_id), self.data_id  # runs saved before the key
-        if old != new:
-            raise DraftsmithError(
-                f"--resume from {found}: the data changed since that run: {old['samples']} "
-                f"samples of {old['tokens']} tokens then, {new['samples']} of {new['tokens']} now"
-                " (or the same counts in other lengths), so the data order would change; resume "
-                "with the data it trained on (or train into another --out)"
-            )
+        self._same_data(found, state.get("data"))
         if state["world"] != self.ctx.world:
             raise DraftsmithError(
                 f"--resume from {found}: the run had {state['world']} ranks, now "
@@ -687,8 +704,6 @@ class Trainer:
         self.lines = shown and not sys.stderr.isatty()
         bar = tqdm(total=self.total, initial=self.step, disable=not shown or self.lines,
                    desc="train", dynamic_ncols=True)
-        if self.ctx.main:  # rows past the checkpoint, or of an earlier run that left none
-            report.truncate_log(self.out, self.step)
         start = self.started = time.perf_counter()
         self.first = self.step  # steps before are a resumed run's: not this process's pace
         try:
@@ -723,25 +738,26 @@ class Trainer:
         """--out made and locked (flock on the folder, rank 0) while this run writes: a second
         `train` into it (a rerun in another shell) would delete the first's checkpoints. The
         lock dies with its process, so a killed run leaves none behind."""
-        busy = torch.zeros((), device=self.ctx.device)
-        if self.ctx.main:
-            make_folder(self.out)
-            fd = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                busy += 1
-            except OSError:
-                pass  # a file system without locks: unguarded, as before
-            if busy:
-                os.close(fd)
-            else:  # only a held lock is listed: a forked child closes what HELD names
-                self.held = fd
-                HELD.append(fd)
-        if self.ctx.all_reduce_sum(busy) > 0:  # every rank stops
+        with shared_failure(self.ctx.world):  # every rank stops
+            if self.ctx.main:
+                make_folder(self.out)
+                self._lock_out()
+                # rows past the checkpoint, or of an earlier run that left none
+                report.truncate_log(self.out, self.step)
+
+    def _lock_out(self) -> None:
+        fd = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
             raise DraftsmithError(f"--out {self.out}: another `draftsmith train` is writing into "
                                   "it; wait for it to end (then --resume continues it) or train "
-                                  "into another --out")
+                                  "into another --out") from None
+        except OSError:
+            pass  # a file system without locks: unguarded, as before
+        self.held = fd  # only a held lock is listed: a forked child closes what HELD names
+        HELD.append(fd)
 
     def _show(self, bar: Any, stats: str) -> None:
         if self.lines:  # what the bar shows on a terminal: time spent and time left
@@ -871,10 +887,11 @@ class Trainer:
             "tokens": self.tokens, "tokens_per_s": w.tokens / max(w.seconds, 1e-9),
             "coverage": w.coverage(),
         }
-        if self.ctx.main:
-            report.append_log(self.out, row)
-            if not self.watched:
-                self._warn_untrained(w)
+        with shared_failure(self.ctx.world):  # a full disk stops every rank
+            if self.ctx.main:
+                report.append_log(self.out, row)
+        if self.ctx.main and not self.watched:
+            self._warn_untrained(w)
         self.watched = True
         self.window = Window(self.cfg.ttt_steps)
         return (f"loss {row['loss']:.3f} acc0 {s['acc'][0]:.3f} "
@@ -952,16 +969,18 @@ class Trainer:
                  "window": self.window.state(), "config": asdict(self.cfg),
                  "data": self.data_id}
         ckpt.save_checkpoint(self.out, self.step, self.drafter, state, self._summary(),
-                             self.cfg.keep_last, self.ctx.rank)
-        if self.ctx.main:
-            report.plot(self.out)
+                             self.cfg.keep_last, self.ctx.rank, self.ctx.world)
+        with shared_failure(self.ctx.world):
+            if self.ctx.main:
+                report.plot(self.out)
 
     def _finish(self) -> Path:
-        if self.ctx.main:
-            with ckpt.writing(self.out / WEIGHTS_FILE):  # save_drafter removes its own tmp files
-                save_drafter(self.drafter, self.out, **self._summary())
-            report.plot(self.out)
-            self.say(f"drafter written to {self.out}")
+        with shared_failure(self.ctx.world):  # every rank ends as rank 0's write did
+            if self.ctx.main:
+                with ckpt.writing(self.out / WEIGHTS_FILE):  # save_drafter removes its tmp files
+                    save_drafter(self.drafter, self.out, **self._summary())
+                report.plot(self.out)
+        self.say(f"drafter written to {self.out}")
         return self.out
 
 

@@ -142,6 +142,19 @@ class ShardReader:
         finally:
             self.close()
 
+    def token_pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each sample's (input_ids, loss_mask) in order, one read each a shard (no states
+        read); the files it opened are closed after, as `loss_masks`."""
+        try:
+            for k in range(len(self.shards)):
+                fd, header, start, offsets = self._shard(k)
+                ids, masks = (_read(fd, header[name], start, 0, offsets[-1], self._path(k))
+                              for name in ("input_ids", "loss_mask"))
+                self._unchanged(k, fd)
+                yield from ((ids[a:b].long(), masks[a:b].bool()) for a, b in pairwise(offsets))
+        finally:
+            self.close()
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k, j = self.ds.locate(i)
         fd, header, start, offsets = self._shard(k)

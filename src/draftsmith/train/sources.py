@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from array import array
 from collections.abc import Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -33,13 +34,18 @@ class Data:
     # online: the samples' lengths before the cut at --max-len, which checkpoints of runs that
     # cut later (packing) recorded; the order is the same either way
     uncut: list[int] | None = None
+    # a digest of what is trained on: offline, the used shards' sha256 from the manifest (a
+    # re-capture of the same tokens with other hidden states differs); online, the token ids
+    content: str | None = None
 
     def identity(self) -> dict[str, Any]:
-        """What the data order depends on (the sample lengths), to tell on --resume whether the
-        data changed since the checkpoint (a dataset grown in place, an edited prompts file)."""
+        """What the data order depends on (the sample lengths) and what it holds (`content`),
+        to tell on --resume whether the data changed since the checkpoint (a dataset grown in
+        place or captured again, an edited prompts file)."""
         lengths = self.uncut if self.uncut is not None else self.lengths
         digest = hashlib.sha256(json.dumps(lengths).encode()).hexdigest()[:16]
-        return {"samples": len(lengths), "tokens": sum(lengths), "lengths": digest}
+        return {"samples": len(lengths), "tokens": sum(lengths), "lengths": digest,
+                "content": self.content}
 
     def answer_start(self, max_len: int) -> int | None:
         """The index of an assistant token a drafter learns (from a sample's third token on: the
@@ -64,9 +70,20 @@ class Data:
 
         if self.manifest is not None:
             return count_dataset(self.source.folder, vocab)  # type: ignore[attr-defined]
-        items = (self.source[i] for i in range(len(self.source)))
-        return count_ids(((s["input_ids"].tolist(), s["loss_mask"].tolist()) for s in items),
-                         vocab)
+        with closing(token_pairs(self.source)) as pairs:
+            return count_ids(((ids.tolist(), mask.tolist()) for ids, mask in pairs), vocab)
+
+
+def token_pairs(source: Source) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+    """Each sample's (input_ids, loss_mask) in order, through the source's own reader where it
+    has one: the first --max-samples of a dataset were read whole, hidden states and all."""
+    own = getattr(source, "token_pairs", None)
+    if own is not None:
+        yield from own()
+        return
+    for i in range(len(source)):
+        s = source[i]
+        yield s["input_ids"], s["loss_mask"]
 
 
 def loss_masks(source: Source) -> Generator[torch.Tensor, None, None]:
@@ -93,6 +110,10 @@ class Head:
         with closing(loss_masks(self.source)) as masks:
             yield from islice(masks, self.n)
 
+    def token_pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        with closing(token_pairs(self.source)) as pairs:
+            yield from islice(pairs, self.n)
+
 
 def target_of_dataset(manifest: dict[str, Any]) -> str:
     source = str(manifest.get("target", {}).get("source", ""))
@@ -118,7 +139,28 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
                "samples": len(lengths), "tokens": sum(lengths),
                "target_fingerprint": m["target"].get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
-    return Data(source, lengths, ids, False, summary, m if source is reader else None)
+    return Data(source, lengths, ids, False, summary, m if source is reader else None,
+                content=shards_digest(m["shards"], len(lengths)))
+
+
+def shards_digest(shards: list[dict[str, Any]], samples: int) -> str:
+    """The manifest's sha256 of the shards holding the first `samples` samples, in order, as
+    one digest: no shard is read again."""
+    used, count = [], 0
+    for s in shards:
+        if count >= samples:
+            break
+        used.append(s.get("sha256"))  # older manifests: None, compared as such
+        count += int(s["samples"])
+    return hashlib.sha256(json.dumps(used).encode()).hexdigest()[:16]
+
+
+def tokens_digest(samples: list[tuple[list[int], list[bool]]]) -> str:
+    """One digest of the samples' token ids and loss masks."""
+    h = hashlib.sha256()
+    for ids, mask in samples:
+        h.update(array("q", [len(ids)]).tobytes() + array("q", ids).tobytes() + bytes(mask))
+    return h.hexdigest()[:16]
 
 
 def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> None:
@@ -173,7 +215,8 @@ def open_online(
                "skipped_without_assistant": len(encoded) - len(samples),
                "skipped_template_refused": len(refused),
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
-    return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept])
+    return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
+                content=tokens_digest(kept))
 
 
 def _encode(tok: Any, convs: list[Any], prompts: str | Path,
