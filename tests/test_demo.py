@@ -106,6 +106,7 @@ def test_a_rerun_with_other_epochs_or_more_data_trains_again(tmp_path, monkeypat
     cfg = DemoConfig.for_device(tmp_path / "demo", "cpu")
     data = {"dir": tmp_path / "demo" / "data" / "dataset", "summary": {"samples": 6,
                                                                      "tokens": 330}}
+    _manifest(data["dir"], "a" * 64)
     train_drafter(cfg, data)
     train_drafter(cfg, data)
     assert len(runs) == 1 and "trained drafter found, reused" in capsys.readouterr().out
@@ -115,6 +116,24 @@ def test_a_rerun_with_other_epochs_or_more_data_trains_again(tmp_path, monkeypat
     train_drafter(replace(cfg, epochs=cfg.epochs + 1), {**data, "summary": {"samples": 10,
                                                                            "tokens": 558}})
     assert len(runs) == 3 and "trained with other data" in capsys.readouterr().out
+    # captured again (another device or dtype): the same counts, other shards
+    train_drafter(replace(cfg, epochs=cfg.epochs + 1), {**data, "summary": {"samples": 10,
+                                                                           "tokens": 558}})
+    assert len(runs) == 3
+    _manifest(data["dir"], "b" * 64)
+    train_drafter(replace(cfg, epochs=cfg.epochs + 1), {**data, "summary": {"samples": 10,
+                                                                           "tokens": 558}})
+    assert len(runs) == 4 and "trained with other data" in capsys.readouterr().out
+
+
+def _manifest(folder: Path, sha: str) -> None:
+    from draftsmith.data.shards import FORMAT, FORMAT_VERSION, MANIFEST
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shard = {"index": 0, "file": "shard-00000.safetensors", "samples": 10, "tokens": 558,
+             "loss_tokens": 300, "bytes": 1, "sha256": sha}
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "format_version":
+                                               FORMAT_VERSION, "shards": [shard]}))
 
 
 def test_the_timed_runs_are_not_profiled_under_the_environment_switch(tmp_path, monkeypatch):

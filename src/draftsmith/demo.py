@@ -157,8 +157,15 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
 
 
 def data_identity(data: dict) -> dict:
-    """What tells one demo dataset from another: a rerun with more conversations grows it."""
-    return {k: data["summary"].get(k) for k in ("samples", "tokens")}
+    """What tells one demo dataset from another: a rerun with more conversations grows it, and
+    one captured again (another device or dtype: the same tokens, other states) holds other
+    shards, by the manifest's sha256 of each."""
+    from draftsmith.data.shards import read_manifest
+    from draftsmith.train.sources import shards_digest
+
+    ident = {k: data["summary"].get(k) for k in ("samples", "tokens")}
+    shards = read_manifest(data["dir"]).get("shards", [])
+    return {**ident, "content": shards_digest(shards, ident["samples"] or 0)}
 
 
 def stale_settings(out: Path, tc) -> list[str]:
