@@ -681,6 +681,11 @@ class Trainer:
                 HELD.remove(self.held)
                 os.close(self.held)  # the --out lock goes with it
                 self.held = None
+            if self.ctx.world > 1:
+                # DDP's reducer goes while the process group is still registered: freed last
+                # by the reducer, a gloo group's destructor joined its worker thread holding
+                # the GIL while that thread freed the last all_gather's tensors, which needs it
+                self.model = None
 
     def _run(self) -> Path:
         from tqdm import tqdm
