@@ -79,7 +79,7 @@ class ModelConfig:
             num_layers=int(hf["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+            head_dim=int(hf.get("head_dim") or _default_head_dim(hf, arch, heads)),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=None if rope_type == "default" else rope,
@@ -131,6 +131,11 @@ def _check_mlp(hf: dict[str, Any], arch: str) -> None:
                               "MLP is SwiGLU: silu)")
 
 
+def _default_head_dim(hf: dict[str, Any], arch: str, heads: int) -> int:
+    """HF's Qwen3 config defaults head_dim to 128; the other families to hidden / heads."""
+    return 128 if arch == "qwen3" else int(hf["hidden_size"]) // heads
+
+
 def _attention_bias(hf: dict[str, Any], arch: str) -> bool:
     """As HF builds each family: Qwen2 always biases q/k/v, Mistral never biases, Llama and
     Qwen3 follow attention_bias (a Qwen2 or Mistral config's attention_bias is ignored)."""
@@ -141,8 +146,9 @@ def _attention_bias(hf: dict[str, Any], arch: str) -> bool:
 
 def _sliding_window(hf: dict[str, Any], arch: str, layers: int) -> int | None:
     """Mistral windows every layer; Qwen2/3 only under use_sliding_window, and only the layers
-    from max_window_layers on (HF's layer_types)."""
-    window = hf.get("sliding_window")
+    from max_window_layers on (HF's layer_types). A config without the key windows 4096 tokens,
+    HF's default in these three families."""
+    window = hf.get("sliding_window", 4096)
     if window is None or arch == "mistral":
         return None if window is None else int(window)
     if arch not in ("qwen2", "qwen3") or not hf.get("use_sliding_window"):

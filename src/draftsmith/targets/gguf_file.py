@@ -57,12 +57,31 @@ def architecture(rd: Any) -> str:
     return str(field(rd, "general.architecture") or "")
 
 
+def check_whole(rd: Any, path: Path) -> None:
+    """A file of a split GGUF (llama.cpp's gguf-split) holds some layers only."""
+    count = field(rd, "split.count")
+    if count is not None and int(count) > 1:
+        raise DraftsmithError(f"{path}: one file of a GGUF split in {int(count)}; merge them "
+                              "first (llama-gguf-split --merge FIRST-FILE OUT.gguf)")
+
+
+def end_of_turn_ids(rd: Any) -> list[int]:
+    """llama.cpp's end-of-turn and end-of-message ids, at which it stops beside the EOS."""
+    keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return sorted({int(v) for k in keys if (v := field(rd, k)) is not None})
+
+
 def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
     """What transformers' GGUF reader leaves out of the config: the head size (it keeps Qwen3's
-    default of 128) and RoPE scaling (`rope.scaling.*` keys, or Llama 3's `rope_freqs` tensor)."""
+    default of 128), RoPE scaling (`rope.scaling.*` keys, or Llama 3's `rope_freqs` tensor) and
+    the sliding window (it gives a Mistral its config's default of 4096, where llama.cpp, which
+    reads Mistral as llama, windows none)."""
     arch = architecture(rd)
     if (k := field(rd, f"{arch}.attention.key_length")) is not None:
         hf_cfg["head_dim"] = int(k)
+    if hf_cfg.get("model_type") == "mistral":
+        window = field(rd, f"{arch}.attention.sliding_window")
+        hf_cfg["sliding_window"] = None if window is None else int(window)
     scaling = _rope_scaling(rd, arch, hf_cfg, path)
     if scaling:
         key = "rope_parameters" if hf_cfg.get("rope_parameters") else "rope_scaling"

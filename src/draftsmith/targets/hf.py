@@ -54,3 +54,18 @@ def _indexed(folder: Path, index: Path) -> list[Path]:
     if missing := [f.name for f in files if not f.is_file()]:
         raise DraftsmithError(f"{index} names weight files that are missing: {missing}")
     return files
+
+
+def generation_eos(folder: Path) -> list[int]:
+    """generation_config.json's eos_token_id (an id or a list; none without the file), the ids
+    HF's generate stops at: Llama 3's lists <|eot_id|>, which its config.json may not."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return []
+    meta = read_json(path, "")
+    eos = meta.get("eos_token_id") if isinstance(meta, dict) else None
+    ids = [eos] if isinstance(eos, int) else eos or []
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        raise DraftsmithError(f"{path}: eos_token_id is {eos!r}, expected a token id or a list "
+                              "of them")
+    return ids
