@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from draftsmith.doctor.report import Finding
+from draftsmith.measured import figure
 
 PROMPTS = [
     "Explain what a hash table is in two sentences.",
@@ -53,6 +54,17 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
     accept = [r["accept_length"] for r in rows if "accept_length" in r]
     return {"cond_acc": cond, "accept_length": sum(accept) / len(accept) if accept else None,
             "steps": [r["step"] for r in rows], "source": str(folder / "train_log.jsonl")}
+
+
+def promised_length(promise: dict[str, Any], steps: int) -> float | None:
+    """The accept length the log promises a chain of `steps` drafts: its own `accept_length`
+    counts every training-time-test step (7 by default), more drafts than the run makes."""
+    from draftsmith.train.objective import accept_length
+
+    cond = promise.get("cond_acc") or []
+    if not cond:
+        return promise.get("accept_length")
+    return accept_length(cond[:steps])
 
 
 def data_prompts(dataset: Any, n: int, max_len: int) -> tuple[list[list[int]], int]:
@@ -113,7 +125,8 @@ def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max
         # None: a position no cycle reached (not measured, not rejected)
         "position_rates": [a / r if r else None for a, r in zip(accepted, reached, strict=True)],
         "reached": reached, "accepted": accepted,
-        "mean_accept_length": sum(m * c for m, c in lengths) / cycles if cycles else 0.0,
+        # None: no cycle ran, so no accept length was measured (not one of 0)
+        "mean_accept_length": sum(m * c for m, c in lengths) / cycles if cycles else None,
         "tokens_per_s": new / secs if secs else 0.0,
     }
 
@@ -131,9 +144,10 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
         return [Finding("warning", "behaviour", f"{label}: no cycle drafted a token, so nothing "
                         "measures acceptance", where, "run more --prompts or --max-new-tokens")]
     ratio = got / want
+    steps = len(run["position_rates"])
     what = (f"{label}, draft position 0 was accepted {got:.1%} of the time, the training log "
-            f"promised {want:.1%} (accept length {run['mean_accept_length']:.2f} vs "
-            f"{promise['accept_length'] or 0:.2f})")
+            f"promised {want:.1%} (accept length {figure(run['mean_accept_length'], '.2f')} vs "
+            f"{figure(promised_length(promise, steps), '.2f')} at {steps} draft steps)")
     n, k = (run.get("reached") or [0])[0], (run.get("accepted") or [0])[0]
     chance = below_chance(k, n, want) if "reached" in run else 0.0
     if ratio < ERROR_RATIO and chance >= ERROR_P:

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from draftsmith.doctor.behaviour import promised_length
 from draftsmith.doctor.report import Report
 from draftsmith.measured import figure
 
@@ -118,9 +119,9 @@ def behaviour_table(b: dict[str, Any]) -> Table:
         cells = [figure(r["position_rates"][i], ".1%") if i < len(r["position_rates"]) else ""
                  for r in runs.values()]
         tab.add_row(str(i), f"{cond[i]:.1%}" if i < len(cond) else "-", *cells)
-    acc = promise.get("accept_length")
-    tab.add_row("accept length", f"{acc:.2f}" if acc else "-",
-                *[f"{r['mean_accept_length']:.2f}" for r in runs.values()])
+    acc = promised_length(promise, n) if promise else None
+    tab.add_row(f"accept length ({n} draft steps)", figure(acc, ".2f"),
+                *[figure(r["mean_accept_length"], ".2f") for r in runs.values()])
     tab.add_row("tokens/s", "", *[f"{r['tokens_per_s']:.1f}" for r in runs.values()])
     return tab
 
