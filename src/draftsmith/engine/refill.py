@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.engine.generate import _trim, check_request, graphed_step, padded, sync
+from draftsmith.engine.generate import _trim, check_request, eos_list, graphed_step, padded, sync
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import RowSampling, SamplingParams
 from draftsmith.errors import DraftsmithError
@@ -126,6 +126,9 @@ def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts:
     ([layers, 2, batch, heads, seq, dim]). Returns pre's output and the padded tokens' lengths,
     tokens, positions and bucket: each covers the padded rows (the first len(rows) are real)."""
     k = len(prompts)
+    if (longest := max(map(len, prompts))) > pre.max_seq:  # else an IndexError in its pass
+        raise DraftsmithError(f"prompt of {longest} tokens exceeds the prefill runtime's "
+                              f"{pre.max_seq} positions")
     more = padded_rows(k, pre.max_batch) - k
     tokens, lens, pos = padded(prompts + prompts[-1:] * more, pre.device)
     out = pre.prompt(tokens, lens, aux_ids)
@@ -173,7 +176,9 @@ def generate_refill(
     if given, gets the decode steps run (`steps`)."""
     check_rows(rows, rt.max_batch)
     rows = rows or rt.max_batch
-    eos = list(eos_ids or [])
+    eos = eos_list(eos_ids)  # a bare id refused: `eos_ids=0` read as no EOS at all
+    if not isinstance(params, SamplingParams):
+        raise DraftsmithError(f"params must be a SamplingParams, got {params!r}")
     check_request(rt, prompts, max_new_tokens, eos)
     state, step = _refiller(rt, rows, max_new_tokens, eos, params)
     state.done.fill_(True)

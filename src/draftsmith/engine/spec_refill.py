@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, sync
+from draftsmith.engine.generate import _trim, eos_list, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_profiler
 from draftsmith.engine.refill import check_rows, prefill_runtime, prompt_into_rows, warm_prompts
@@ -125,7 +125,7 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     check_rows(rows, dec.rt.max_batch)
     rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
     check_every = check_every or refill_every_for(rows)
-    eos = list(eos_ids or [])
+    eos = eos_list(eos_ids)  # a bare id refused: `eos_ids=0` read as no EOS at all
     _check(dec, prompts, max_new_tokens, eos, rows)
     st, pre = dec._state(rows), _prefiller(dec)
     prof = make_profiler(dec.device, dec.profile)

@@ -27,6 +27,7 @@ from draftsmith.engine.generate import check_request, decoder, prefill
 from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import KINDS, SamplingParams, widest
+from draftsmith.engine.spec_state import MAX_EOS
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one
 from draftsmith.serve.text import TextSide
@@ -85,6 +86,9 @@ class ServeEngine:
         self.target, self.cfg, self.drafter = target, cfg or EngineConfig(), drafter
         c = self.cfg
         self.eos = list(target.eos_ids)
+        if drafter is not None and len(self.eos) > MAX_EOS:  # else every batch failed to open
+            raise DraftsmithError(f"the target has {len(self.eos)} eos ids; speculative decoding "
+                                  f"takes at most {MAX_EOS}")
         margin = c.spec_margin if drafter is not None else 1
         # rows' prompts prefill in the prefill runtime below, never in this one's rows: no bucket
         # padding here, where the cache is sized up front for prompt + completion
@@ -296,6 +300,13 @@ class LiveRows:
     def _idx(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, device=self.eng.rt.device)
 
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        """Prompts within max_prompt_tokens: the prefill runtime holds no more (a longer one
+        was an IndexError in its pass)."""
+        most = self.eng.cfg.max_prompt_tokens
+        if (longest := max(map(len, prompts), default=0)) > most:
+            raise DraftsmithError(f"prompt of {longest} tokens exceeds max_prompt_tokens {most}")
+
     def read(self, slots: list[int]) -> tuple[list[list[int]], list[bool]]:
         st, idx = self.state, self._idx(slots)
         cap = self.eng.cfg.max_tokens
@@ -326,6 +337,7 @@ class _BaselineRows(LiveRows):
     def add(self, slots: list[int], prompts: list[list[int]],
             params: list[SamplingParams] | None = None) -> None:
         check_request(self.eng.rt, prompts, self.eng.cfg.max_tokens)
+        self._check_prompts(prompts)
         self.state.start(slots, prompts, params)
 
     @torch.no_grad()
@@ -347,6 +359,7 @@ class _SpecRows(LiveRows):
     def add(self, slots: list[int], prompts: list[list[int]],
             params: list[SamplingParams] | None = None) -> None:
         self.dec._check_inputs(prompts, self.eng.cfg.max_tokens, self.eng.eos, batch=self.rows)
+        self._check_prompts(prompts)
         self.pre.start(self.state, slots, prompts, params)
 
     @torch.no_grad()
