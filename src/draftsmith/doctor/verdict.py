@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from draftsmith.doctor import engines as eng
 from draftsmith.doctor.artifacts import DrafterInfo
 from draftsmith.doctor.report import Finding
-from draftsmith.doctor.wiring import MARGIN, MatchMatrix
+from draftsmith.doctor.wiring import MARGIN, TOL, MatchMatrix
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, Convention, engine_limits, to_convention
 
@@ -20,26 +21,69 @@ def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
     out += [f for s in mm.slots[:-1] if s.slot not in unread
             and (f := _slot_finding(mm, s, where))]
     hidden = mm.slots[-1]
-    best = mm.rows[hidden.best_row]
-    if hidden.slot not in unread and (not hidden.matched
-                                      or mm.row_ids[hidden.best_row] is not None):
-        out.append(Finding(
-            "error", "wiring", f"the stored final hidden best matches {best} (median relative "
-            f"error {hidden.rel:.3g}, status {hidden.status}), not the live hidden after the final"
-            " norm", where, "recapture: the training targets lm_head(hidden) are wrong"))
-    elif hidden.status == "approximate":
-        out.append(Finding("warning", "wiring", f"the stored final hidden matches the live one "
-                           f"only approximately (relative error {hidden.rel:.3g})", where,
-                           "expected when the data was captured in bf16; else recapture"))
+    if hidden.slot not in unread and (f := _hidden_finding(mm, hidden, where)):
+        out.append(f)
     true = mm.true_ids()
-    claimed = [s.claimed for s in mm.slots[:-1]]
-    if None not in true and true != claimed:
+    listed = _listed_ids(data)
+    if None in true:
+        return out
+    if not isinstance(listed, list) or len(listed) != len(true):
         out.append(Finding(
-            "error", "wiring", f"the manifest says aux layers {claimed} but the data holds "
-            f"{true} ({CANONICAL_WORDS})", where,
-            f"set aux_layer_ids in manifest.json to {true}; a drafter trained on this data was "
-            f"trained on {true}"))
+            "error", "wiring", f"the manifest lists aux_layer_ids {listed} but the shards "
+            f"hold {len(true)} aux slots, of layers {true} ({CANONICAL_WORDS})",
+            where, _relabel_fix(true)))
+    elif true != listed:
+        out.append(Finding(
+            "error", "wiring", f"the manifest says aux layers {listed} but the data holds "
+            f"{true} ({CANONICAL_WORDS})", where, _relabel_fix(true)))
     return out
+
+
+def _listed_ids(data: Path) -> Any:
+    """The manifest's own aux_layer_ids, as written (None where absent or unreadable)."""
+    try:
+        return json.loads((data / "manifest.json").read_text()).get("aux_layer_ids")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _relabel_fix(true: list[int]) -> str:
+    if len(set(true)) < len(true):
+        return (f"recapture with distinct ascending --aux-layers: the data holds {true}, a "
+                "layer in two slots")
+    if true != sorted(true):  # `train` takes any order, `export` refuses it
+        ids = sorted(true)
+        return (f"recapture with ascending ids (`draftsmith data capture --aux-layers "
+                f"{','.join(map(str, ids))}`), or reorder the stored aux slots to {ids} and set "
+                f"aux_layer_ids to that; `draftsmith export` refuses a drafter trained on {true}")
+    return (f"set aux_layer_ids in manifest.json to {true}; a drafter trained on this data was "
+            f"trained on {true}")
+
+
+def _hidden_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
+    best = mm.rows[s.best_row]
+    wrong = "the training targets lm_head(hidden) are wrong"
+    if s.status in ("none", "ambiguous"):
+        return Finding("error", "wiring", f"the stored final hidden matches no live state "
+                       f"clearly (nearest: {best}, median relative error {s.rel:.3g}, runner-up "
+                       f"{s.runner_up_rel:.3g})", where, "the data was not captured from this "
+                       f"target, or not after its final norm: check --target, recapture ({wrong})")
+    best_id = mm.row_ids[s.best_row]
+    if s.matched and best_id is not None and best_id == max(i for i in mm.row_ids
+                                                            if i is not None):
+        return Finding("error", "wiring", f"the stored final hidden is the last layer's output "
+                       f"before the final norm ({best}, median relative error {s.rel:.3g}), not "
+                       "the hidden after it", where, "apply the target's final norm to the "
+                       f"stored hidden, or recapture: as stored, {wrong}")
+    if not s.matched or best_id is not None:
+        return Finding("error", "wiring", f"the stored final hidden best matches {best} (median "
+                       f"relative error {s.rel:.3g}, status {s.status}), not the live hidden after"
+                       " the final norm", where, f"recapture: {wrong}")
+    if s.status == "approximate":
+        return Finding("warning", "wiring", f"the stored final hidden matches the live one "
+                       f"only approximately (relative error {s.rel:.3g})", where,
+                       "expected when the data was captured in bf16; else recapture")
+    return None
 
 
 def _nonfinite(mm: MatchMatrix, where: str) -> list[Finding]:
@@ -62,6 +106,12 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
     best = mm.rows[s.best_row]
     alike = [mm.row_ids[i] for i in s.tied]
     if s.status == "ambiguous":
+        if (near := _nearest_alike(mm, s)) is not None:
+            return Finding("error", "wiring", f"{s.slot} matches canonical layers {alike} alike "
+                           f"(relative errors within {MARGIN:g}x of the best, {s.rel:.3g}: they "
+                           f"cannot be told apart at this capture's precision), and "
+                           f"{_manifest_words(s.claimed)} none of them", where,
+                           _alike_fix(mm, s.slot, near))
         return Finding("error", "wiring", f"{s.slot} matches canonical layers {alike} alike "
                        f"(relative errors within {MARGIN:g}x of the best, {s.rel:.3g}) and none "
                        f"clearly (manifest: {s.claimed})", where, "check --target; if the data "
@@ -73,9 +123,9 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        "residual stream: check --target, recapture")
     if s.status == "tied":
         return Finding("info", "wiring", f"{s.slot} matches canonical layers {alike} alike "
-                       f"(their states are near-identical on these tokens): the manifest's "
-                       f"{s.claimed} is one of them, and feeding any of them feeds the same "
-                       "states", where, "nothing to fix")
+                       f"(relative errors within {MARGIN:g}x of the best, {s.rel:.3g}): they "
+                       f"cannot be told apart at this capture's precision; the manifest's "
+                       f"{s.claimed} is one of them", where, "nothing to fix")
     if s.residual_row is not None:
         return _part_finding(mm, s, where)
     if mm.row_kinds[s.best_row] == "final norm":
@@ -87,6 +137,30 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        f"(relative error {s.rel:.3g}, runner-up {s.runner_up_rel:.3g})", where,
                        "expected for bf16 captures of deep targets; else check the target")
     return None
+
+
+def _nearest_alike(mm: MatchMatrix, s: Any) -> int | None:
+    """The layer nearest the manifest's id among those `s` matches alike, each a clear match
+    on its own (`TOL`); None where they are not all that close (a truly ambiguous slot)."""
+    col = mm.cols.index(s.slot)
+    ids = [mm.row_ids[i] for i in s.tied]
+    if s.status != "ambiguous" or None in ids or any(float(mm.rel[i, col]) > TOL for i in s.tied):
+        return None
+    anchor = s.claimed if s.claimed is not None else mm.row_ids[s.best_row]
+    return min(ids, key=lambda i: (abs(i - anchor), i))
+
+
+def _manifest_words(claimed: int | None) -> str:
+    return "the manifest names" if claimed is None else f"the manifest's {claimed} is"
+
+
+def _alike_fix(mm: MatchMatrix, slot: str, near: int) -> str:
+    ids = [mm.row_ids[x.best_row] if x.matched else _nearest_alike(mm, x)
+           for x in mm.slots[:-1]]
+    if None in ids:
+        return f"set {slot}'s entry of aux_layer_ids in manifest.json to {near}, the nearest"
+    return (f"set aux_layer_ids in manifest.json to {ids} ({slot}: {near}, the nearest of the "
+            "layers it matches)")
 
 
 def _part_finding(mm: MatchMatrix, s: Any, where: str) -> Finding:
