@@ -14,11 +14,12 @@ import torch
 from test_drafter import random_drafter, tiny_cfg
 from test_train_loop import _free_port
 from test_train_review3 import config
+from test_train_review6 import quiet_train
 
 from draftsmith.data.shards import Dataset, Sample, ShardWriter
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import CONFIG_FILE, WEIGHTS_FILE, load_drafter, save_drafter
-from draftsmith.train import TrainConfig, train
+from draftsmith.train import TrainConfig
 from draftsmith.train.checkpoint import STATE, latest_checkpoint
 from draftsmith.train.loop import Trainer
 
@@ -26,12 +27,6 @@ from draftsmith.train.loop import Trainer
 @pytest.fixture(scope="module")
 def root(train_root):
     return train_root
-
-
-def quiet_train(cfg: TrainConfig) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        train(cfg)
 
 
 def recapture(src: Path, dst: Path, scale: float, shards: int | None = None) -> None:

@@ -42,7 +42,7 @@ def atomic_write(path: Path, data: bytes,
     except OSError as e:  # a full disk: the old file stays, no tmp file is left beside it
         tmp.unlink(missing_ok=True)
         raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); {kept}") from None
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def append_whole(path: Path, data: bytes, kept: str) -> None:
@@ -64,7 +64,17 @@ def append_whole(path: Path, data: bytes, kept: str) -> None:
         raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); {kept}") from None
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """`path`'s bytes on disk (a failure is a failed write)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(folder: Path) -> None:
+    """A folder's entries (a rename into it) on disk; a file system that refuses is skipped."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

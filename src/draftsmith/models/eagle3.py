@@ -439,19 +439,11 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
 def _replace_synced(tmp: Path, path: Path) -> None:
     """`tmp` on disk, renamed to `path`, the rename on disk (a folder's fsync that the file
     system refuses is skipped; a file's is a failed write)."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    from draftsmith.data.atomic import fsync_dir, fsync_file
+
+    fsync_file(tmp)
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 @contextmanager

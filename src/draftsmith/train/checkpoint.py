@@ -7,7 +7,6 @@ built in a dot-named tmp folder and renamed into place; older ones beyond `keep_
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -113,15 +112,10 @@ def _synced(*paths: Path, folder: bool = False) -> None:
     """The files (or a folder's entries) on disk: a checkpoint renamed into place must be whole
     after a host crash (a lent machine taken back) too, not only after a killed process. A
     folder's fsync that the file system refuses is skipped; a file's is a failed write."""
+    from draftsmith.data.atomic import fsync_dir, fsync_file
+
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        except OSError:
-            if not folder:
-                raise
-        finally:
-            os.close(fd)
+        (fsync_dir if folder else fsync_file)(path)
 
 
 @contextmanager
