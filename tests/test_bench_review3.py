@@ -147,3 +147,17 @@ def test_generate_names_a_prompt_the_chat_template_refuses(no_system_dir, tmp_pa
     assert isinstance(res.exception, DraftsmithError), res.output
     assert str(res.exception) == ("generate: the target's chat template refused prompt 2 "
                                   "(TemplateError: System role not supported)")
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_generate_refuses_an_empty_prompt(tmp_path, text):
+    """`generate -p ""` decoded an empty user turn, where a prompts file's empty message is
+    refused; refused before the target loads."""
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    res = CliRunner().invoke(app, ["generate", "-p", "hi", "-p", text, "--target",
+                                   str(tmp_path / "missing"), "--device", "cpu"])
+    assert isinstance(res.exception, DraftsmithError), res.output
+    assert str(res.exception) == "--prompt: an empty user message; give the text to complete"

@@ -82,6 +82,19 @@ def test_refill_refuses_sampling_settings_of_the_wrong_type(model, params):
         refill.generate_refill(Runtime(model, 2, 32, graphs=False), PROMPTS, 4, params)
 
 
+@pytest.mark.parametrize("rows", [2.5, True, "2"])
+def test_refill_rows_must_be_a_whole_number(model, rows):
+    """rows=2.5 passed the range check and failed later in a TypeError; True ran one row."""
+    with pytest.raises(DraftsmithError, match=f"rows must be a whole number, got {rows!r}"):
+        refill.generate_refill(Runtime(model, 2, 32, graphs=False), PROMPTS, 4, rows=rows)
+
+
+def test_prepare_refuses_a_bare_eos_id(model):
+    """prepare (tune's refilled timing) took list(eos): a bare id was a TypeError there."""
+    with pytest.raises(DraftsmithError, match="eos_ids must be a list of token ids, got 2"):
+        refill.prepare(Runtime(model, 2, 32, graphs=False), 2, 4, 2, SamplingParams())
+
+
 def capacity_prompts(rng: random.Random, room: int) -> tuple[list[list[int]], int]:
     """Prompts of mixed lengths, the longest filling `room` with max_new exactly."""
     new = rng.randint(1, 9)

@@ -187,6 +187,8 @@ def generate(
     if max_new_tokens < 1 or batch_size < 1:
         raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
                               f"{max_new_tokens} and {batch_size}")
+    if any(not x.strip() for x in prompt or []):  # as a prompts file's empty message is
+        raise DraftsmithError("--prompt: an empty user message; give the text to complete")
     asks = [[{"role": "user", "content": x}] for x in prompt or []]
     asks += _read_prompts(prompts_file) if prompts_file else []
     if not asks:

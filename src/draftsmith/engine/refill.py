@@ -10,6 +10,7 @@ independent, so a greedy answer is the one a prompt gets alone.
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from collections.abc import Callable
 
@@ -144,7 +145,7 @@ def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Sampli
     the capture (which leaves the random state alone: `Graphs.capture`). `prompts`: also
     capture the prompt graphs their refills will use (`warm_prompts`)."""
     check_rows(rows, rt.max_batch)
-    state, step = _refiller(rt, rows, max_new, list(eos), params)
+    state, step = _refiller(rt, rows, max_new, eos_list(eos), params)
     warm_prompts(state.pre, list(prompts), state.start, state.rows)
     state.done.fill_(True)
     return state, step
@@ -209,6 +210,8 @@ def generate_refill(
 def check_rows(rows: int | None, most: int) -> None:
     """Rows in flight: None for as many as the engine holds (`most`, its max_batch), else at
     least one and at most that."""
+    if rows is not None and (not isinstance(rows, numbers.Integral) or isinstance(rows, bool)):
+        raise DraftsmithError(f"rows must be a whole number, got {rows!r}")
     if rows is not None and rows < 1:
         raise DraftsmithError(f"rows must be >= 1, got {rows}")
     if rows is not None and rows > most:
