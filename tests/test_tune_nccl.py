@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LL, RING = nccl.NcclSetting("LL", proto="LL"), nccl.NcclSetting("Ring", algo="Ring")
 
 
+@pytest.mark.slow  # 10-14 s of spawned ranks: the default suite near 10 min
 def test_every_setting_runs_in_fresh_processes_with_its_env_and_nvls_off(monkeypatch, tmp_path):
     monkeypatch.setenv("NCCL_PROTO", "Simple")  # the parent's own setting must not leak in
     rep = nccl.run_nccl_sweep(2, "tiny", [nccl.DEFAULTS, LL, RING], [(1, 1), (2, 2)], "cpu",
@@ -58,6 +59,7 @@ def _flaky_rank(tp: TP, job: dict) -> dict:
     return {**nccl.rank_identity(tp), "verify": [{"batch": 1, "tokens": 1, "ms": 1.0}]}
 
 
+@pytest.mark.slow  # 10-14 s of spawned ranks: the default suite near 10 min
 def test_a_failing_setting_is_recorded_and_the_sweep_goes_on():
     settings = [nccl.DEFAULTS, nccl.NcclSetting("LL128", proto="LL128"),
                 nccl.NcclSetting("Tree", algo="Tree"), LL]
