@@ -6,27 +6,19 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import write_tiny_folder
 from test_export import make
 from test_import_review import _edit
+from test_import_review3 import IDS
+from test_import_review3 import _read as _notes
 
 from draftsmith.doctor.engines import what_to_write
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export_drafter, read_any
 from draftsmith.targets import load_target
-
-IDS = "eagle_aux_hidden_state_layer_ids"
-
-
-def _notes(folder: Path, target) -> tuple[object, list[str]]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        d = read_any(folder, target=str(target.folder))
-    return d, [str(w.message) for w in caught]
 
 
 def test_a_qwen3_layer_without_qk_norms_is_refused_not_read_as_llama(target, tmp_path):

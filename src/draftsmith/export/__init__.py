@@ -158,8 +158,8 @@ def _other_fingerprint(t: Any, recorded: Any) -> bool:
 
 def _check_fingerprint(t: Any, target: str, folder: str | Path, recorded: Any) -> None:
     """As export refuses it: a target of the drafter's shapes but other weights."""
-    want = recorded.get("target_fingerprint") if isinstance(recorded, dict) else None
-    if want and t.fingerprint != want:
+    if _other_fingerprint(t, recorded):
+        want = recorded["target_fingerprint"]
         raise DraftsmithError(f"--target {target} has fingerprint {t.fingerprint}, but the "
                               f"drafter {folder} records its target as {want}; pass that target")
 

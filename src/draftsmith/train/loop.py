@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from draftsmith.data.atomic import make_folder
+from draftsmith.data.progress import on_terminal
 from draftsmith.errors import DraftsmithError
 from draftsmith.measured import figure
 from draftsmith.models.eagle3 import (
@@ -706,7 +707,7 @@ class Trainer:
         shown = self.cfg.progress and self.ctx.main
         # off a terminal (a log file, a pipe) a bar is one endless line of carriage returns:
         # each logged step is a line of its own there instead
-        self.lines = shown and not sys.stderr.isatty()
+        self.lines = shown and not on_terminal()
         bar = tqdm(total=self.total, initial=self.step, disable=not shown or self.lines,
                    desc="train", dynamic_ncols=True)
         start = self.started = time.perf_counter()
