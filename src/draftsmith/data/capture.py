@@ -252,6 +252,9 @@ def capture(
         return read_manifest(out)
     if grow and world == 1:
         _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
+    else:
+        _same_input(folder, head, redo if world > 1 else f"pass --grow to keep its shards whose "
+                    f"samples stay and capture the rest, or {redo}")
     writer = ShardWriter(folder, head, IDENTITY, redo)
     _note_command(writer, command or "draftsmith.data.capture.capture()")
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
@@ -315,6 +318,22 @@ def _drop_tmp(folder: Path) -> None:
             except OSError as e:
                 raise DraftsmithError(f"{p}: cannot remove this tmp file a killed capture left "
                                       f"({e.strerror or e}); make {folder} writable") from None
+
+
+def _same_input(folder: Path, head: dict[str, Any], fix: str) -> None:
+    """Refuse a folder captured from other conversations with these settings by what changed
+    (ShardWriter would name two digests): an answers file grown or edited since."""
+    if not (folder / MANIFEST).is_file():
+        return
+    m = read_manifest(folder)
+    if m.get("source_digest") == head["source_digest"] or not all(
+            same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k != "source_digest"):
+        return  # the same input, or other settings, which ShardWriter names
+    there = (m.get("input") or {}).get("conversations", "?")
+    raise DraftsmithError(
+        f"{folder}: holds a dataset made with a different source_digest, of other "
+        f"conversations ({there} there, {head['input']['conversations']} in this input: it "
+        f"grew or changed since); {fix}")
 
 
 def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:

@@ -237,21 +237,27 @@ def capture(
     shard_size: int = typer.Option(256, "--shard-size", help="Samples per shard"),
     too_long: str = TOO_LONG,
     overwrite: bool = typer.Option(False, help="Delete this folder's shards first"),
+    grow: bool = typer.Option(False, help="A folder captured from other conversations (answers "
+                              "added since): keep its shards whose samples stay, capture the "
+                              "rest"),
     strict: bool = STRICT,
 ) -> None:
     """Teacher-forced capture of aux and final hidden states into shards (resumable)."""
-    from draftsmith.data.capture import CaptureConfig
+    from draftsmith.data.capture import CaptureConfig, dist_env
     from draftsmith.data.capture import capture as run
     from draftsmith.targets import load_target
 
     check_folder(out, "--out")
+    if grow and dist_env()[1] > 1:
+        raise DraftsmithError("--grow keeps the shards of a single-process capture: run it "
+                              "without torchrun, or start over with --overwrite")
     at_least_one({"--batch-size": batch_size, "--max-len": max_len, "--shard-size": shard_size})
     dev, dt = device_dtype(device, dtype)
     cfg = CaptureConfig(parse_ids(aux_layers), batch_size, max_len, too_long, shard_size,
                         dt, dev)
     convs = read_sources([source], strict)
     m = run(load_target(target), convs, out, cfg, command=command_line(), log=say,
-            overwrite=overwrite)
+            overwrite=overwrite, grow=grow)
     say(f"{out}: {m['totals']['samples']} samples, {m['totals']['tokens']} tokens, "
         f"{m['totals']['shards']} shards" + ("" if m.get("complete") and m.get("rank", 0) in
                                              (0, None) else " (this rank)"))

@@ -2,7 +2,8 @@
 HumanEval, and conversations read back from draftsmith's own JSONL.
 
 Every conversation gets a stable id: a hash of its messages. A malformed record is reported
-as `file:line: why` and skipped, unless `strict`.
+where it is (`file:line`, a JSON array's `file item [i]`, a table's `file row n`) with why,
+and skipped, unless `strict`.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def encode_conversations(tok: Any, convs: list[Conversation], source: str | Path
 
 
 def _records(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line or row number, parsed JSON or row dict); JSON errors yield a Malformed."""
+    """(line, row or item number from 1, 0 for a .json file's one object; parsed JSON or row
+    dict); JSON errors yield a Malformed."""
     name = path.name.lower()
     if path.is_dir():
         yield from enumerate(_dataset_rows(path), start=1)
@@ -160,7 +162,7 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
             raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-        yield from enumerate(data if isinstance(data, list) else [data], start=1)
+        yield from enumerate(data, start=1) if isinstance(data, list) else [(0, data)]
     else:
         yield from _jsonl(path, gzip.open if name.endswith(".gz") else open)
 
@@ -245,12 +247,23 @@ def read_humaneval() -> PromptSet:
     return PromptSet(convs)
 
 
+def _one_humaneval(path: Path) -> None:
+    """Refuse the bare name of the bundled HumanEval where a file or folder of that name is
+    here too: which one was meant cannot be told, and the wrong prompts would be read."""
+    if path.exists():
+        kind = "folder" if path.is_dir() else "file"
+        raise DraftsmithError(
+            f"{str(path)!r} names both the bundled HumanEval and the {kind} {path} here: give "
+            f"the {kind} as {path.resolve()}, or for HumanEval run where no {path} is")
+
+
 def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
     """Read a prompt source; duplicates (same id) are dropped and counted."""
     if isinstance(source, str) and not source.strip():  # Path('') is the working folder
         raise DraftsmithError(f"an empty prompt source ({source!r}): give a file, a folder or "
                               f"'{HUMANEVAL}'")
     if str(source).lower() == HUMANEVAL:
+        _one_humaneval(Path(source))
         return read_humaneval()
     path = Path(source)
     if not path.exists():
@@ -262,7 +275,7 @@ def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
                 raise rec
             conv = parse_record(rec)
         except Malformed as e:
-            where = f"{path}:{line}" if not path.is_dir() else f"{path} row {line}"
+            where = _place(path, line)
             if strict:
                 raise DraftsmithError(f"{where}: {e}") from None
             out.problems.append(f"{where}: {e}")
@@ -273,6 +286,17 @@ def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
         seen.add(conv.id)
         out.conversations.append(conv)
     return out
+
+
+def _place(path: Path, n: int) -> str:
+    """Where record `n` (from 1) of `path` is, as its kind counts: a JSONL's line, a JSON
+    array's item (from 0, as jq and Python index it), a Parquet or `datasets` row."""
+    name = path.name.lower()
+    if path.is_dir() or name.endswith(".parquet"):
+        return f"{path} row {n}"
+    if name.endswith(".json"):  # 0: the file's one object
+        return f"{path} item [{n - 1}]" if n else str(path)
+    return f"{path}:{n}"
 
 
 def read_prompts(

@@ -268,8 +268,15 @@ def reply(r: Any, asked: str = "") -> Answer:
             "the server returns the answer's reasoning apart from its text (it runs a reasoning "
             "parser): the drafter must learn all the target writes; serve it without one")
     used = getattr(getattr(r, "usage", None), "completion_tokens", None)
-    return Answer((message.content or "").strip(), used if isinstance(used, int) else None,
-                  choices[0].finish_reason or "stop")
+    finish = choices[0].finish_reason or "stop"
+    calls = getattr(message, "tool_calls", None)
+    if not isinstance(message.content, str) or (calls and not message.content.strip()):
+        # a tool call, or a parser that took the text: no answer of the target's to learn; an
+        # empty string is one (an end of turn at once), kept as the built-in engine keeps it
+        what = " but a tool call" if calls else ""
+        return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
+                             f"{finish}): not kept as an answer, a rerun asks again")
+    return Answer(message.content.strip(), used if isinstance(used, int) else None, finish)
 
 
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,

@@ -64,6 +64,10 @@ def sha256_file(path: Path) -> str:
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
+    if not path.exists() and any(Path(folder).glob(f"rank-*/{MANIFEST}")):
+        raise DraftsmithError(f"{folder}: holds the ranks' captures but no {MANIFEST} joining "
+                              f"them: once every rank is done, run `draftsmith data merge "
+                              f"{folder}`")
     m = read_versioned(path, "not a draftsmith dataset folder", FORMAT, FORMAT_VERSION)
     shards = m.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):

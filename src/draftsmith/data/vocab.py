@@ -94,6 +94,13 @@ def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None =
     from draftsmith.data.atomic import atomic_write, make_folder, write_json
 
     folder = make_folder(Path(folder))
+    # the old summary goes first: a failure between the two writes leaves the new vocabulary
+    # without a summary, never beside the summary of another one
+    try:
+        (folder / "vocab.json").unlink(missing_ok=True)
+    except OSError as e:
+        raise DraftsmithError(f"{folder / 'vocab.json'}: cannot replace it ({e.strerror or e}); "
+                              "make the folder writable, or give another --out") from None
     atomic_write(folder / "vocab.safetensors", save({"d2t": v.d2t, "t2d": v.t2d}))
     write_json(folder / "vocab.json", {**v.summary(), **(extra or {})})
     return folder / "vocab.safetensors"

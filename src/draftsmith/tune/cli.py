@@ -147,7 +147,8 @@ def _tune_rank(tp, *args) -> dict:
     return run_tune(*args, tp=tp)
 
 
-NCCL_FILES = ("nccl.json", "nccl.md")  # what `tune --nccl-sweep` writes into out/nccl
+# what `tune --nccl-sweep` writes into out/nccl (and a stopped sweep's timings)
+NCCL_FILES = ("nccl.json", "nccl.md", "nccl.partial.json")
 
 
 def drop_stale_nccl(out: Path) -> None:
@@ -215,6 +216,7 @@ def run_tune(
 
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.generate import check_positions
+    from draftsmith.engine.refill import PREFILL_ROWS
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
@@ -276,16 +278,19 @@ def run_tune(
     with kept.on_failure():
         acc, mix = _acceptance(eng, kept, was, ids, (max_steps, max_topk, max_draft), new,
                                t.eos_ids)
-        if (costs := partial.kept_costs(was)) is None:
+        rows = min(max(batches), PREFILL_ROWS)  # the refills' prompt passes' widest
+        costs = partial.kept_costs(was, batches, rows)
+        if todo := partial.missing(costs, batches):  # another --batch-sizes: the new ones
             console.print("measuring costs ...")
-            costs = measure.cost_table(eng, batches, ids, max_topk, max_steps, max_draft, most)
+            costs = partial.joined(costs, measure.cost_table(eng, todo, ids, max_topk, max_steps,
+                                                             max_draft, most), batches)
             kept.save(costs=costs.to_dict())
         refilled = refill_plan(new, batches) if refill else None
         if refill and not costs.refill:
             console.print("measuring refills' prompt passes ...")
             base, spec = measure.refill_costs(eng, batches, ids)
             costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
-            kept.save(costs=costs.to_dict())
+            kept.save(costs=costs.to_dict(), refill_rows=rows)
         if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
             costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
         preds, meas, done = [], [], partial.kept_measured(was)
@@ -346,7 +351,7 @@ def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tup
     from draftsmith.tune.partial import kept_acceptance
 
     max_steps, max_topk, max_draft = limits
-    stage, acc, mix = kept_acceptance(was, not eng.params.greedy)
+    stage, acc, mix = kept_acceptance(was, not eng.params.greedy, eng.rt.max_batch)
     if stage is None:
         console.print("measuring acceptance (chain of", max_steps, "steps) ...")
         acc, mix = measure.chain_acceptance(eng, ids, max_steps, new, eos)  # real answers
@@ -355,7 +360,7 @@ def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tup
         console.print(f"measuring tree acceptance (steps {max_steps}, topk {max_topk}) ...")
         acc, mix = measure.tree_acceptance(eng, ids, max_steps, max_topk, new, eos, acc, mix,
                                            max(32, max_draft))
-        kept.acceptance(acc, mix, "tree")
+        kept.acceptance(acc, mix, "tree", eng.rt.max_batch)
     return acc, mix
 
 
@@ -538,8 +543,10 @@ def plot(path: Path, series: dict) -> None:
 def tune_nccl(
     tp: int = typer.Option(2, "--tp", help="Tensor-parallel size (ranks spawned per setting)"),
     target: str = typer.Option(
-        "random-8b", "--target",
-        help="default, random-8b (Llama-3-8B shape, random weights: timing only) or a path"),
+        None, "--target",
+        help="default, random-8b (Llama-3-8B shape, random weights: timing only; the default on "
+             "CUDA), tiny (a small random Llama; the default on CPU, where gloo makes the sweep "
+             "a smoke test) or a path"),
     grid: str = typer.Option("full", "--grid", help="full (14 settings) or quick (6)"),
     batch_sizes: str = typer.Option("1,8", "--batch-sizes", "--batch-size",
                                     help="Batch sizes, comma-separated"),
@@ -562,6 +569,7 @@ def tune_nccl(
     dev = device if device != "auto" else (
         "cuda" if torch.cuda.device_count() >= tp else "cpu")
     dt = nccl.dtype_key(dtype_of(dtype_name(dev, dtype)))
+    target = target or sweep_target(dev)
     shapes = [(b, n) for b in int_list(batch_sizes, "--batch-sizes")
               for n in int_list(tokens, "--tokens")]
     report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
@@ -569,3 +577,14 @@ def tune_nccl(
                                  log=lambda line: console.print(line, markup=False))
     nccl.print_report(report)
     console.print(f"wrote {out}/nccl.json, nccl.md")
+
+
+def sweep_target(dev: str) -> str:
+    """tune-nccl's target where none is given: random-8b on CUDA; on CPU, where gloo takes no
+    NCCL setting, the tiny one (an 8B forward there takes about a second a rank: a setting's
+    hundreds of them would pass its --timeout, and every setting fail)."""
+    if dev.startswith("cuda"):
+        return "random-8b"
+    console.print("tune-nccl on cpu: timing the tiny random target (random-8b is for GPUs); "
+                  "give --target for another", markup=False)
+    return "tiny"

@@ -50,6 +50,7 @@ def dtype_key(dtype: torch.dtype) -> str:
     """DTYPES' name for a torch dtype (what a sweep job carries to its ranks)."""
     return next(k for k, v in DTYPES.items() if v == dtype)
 NOISE_PCT = 3.0
+PARTIAL = "nccl.partial.json"  # the settings timed so far, while a sweep runs
 VERIFY_SEQ = 128  # slots of the timing runtime (more for verifies wider than 64 tokens)
 VERIFY_AT = 64  # verify positions start here
 GLOO_NOTE = ("backend gloo (no NCCL): the settings were applied and recorded but have no "
@@ -206,12 +207,19 @@ def run_setting(setting: NcclSetting, tp_size: int, job: dict[str, Any], device:
 
 def sweep(settings: list[NcclSetting], tp_size: int, job: dict[str, Any], device: str,
           rank_fn: Callable[..., dict] = nccl_rank, timeout_s: float = 300.0,
-          log: Callable[[str], None] = print, deadline: float | None = None
-          ) -> list[dict[str, Any]]:
+          log: Callable[[str], None] = print, deadline: float | None = None,
+          done: dict[str, dict[str, Any]] | None = None,
+          keep: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Every setting in its own fresh processes; failures are recorded and the sweep goes on.
-    Settings not started by `deadline` (time.perf_counter) are recorded as skipped."""
+    Settings not started by `deadline` (time.perf_counter) are recorded as skipped. `done`: the
+    results a stopped run of this sweep timed, by setting, taken as they are; `keep` is handed
+    the results so far after each setting."""
     results: list[dict[str, Any]] = []
     for i, s in enumerate(settings, 1):
+        if (old := (done or {}).get(s.name)) is not None and old.get("env") == s.env():
+            log(f"[nccl {i}/{len(settings)}] {s.name}: timed before the sweep stopped")
+            results.append(old)
+            continue
         if deadline is not None and time.perf_counter() > deadline:
             results.append({"setting": s.name, "status": "skipped", "env": s.env(),
                             "error": "time budget spent"})
@@ -221,7 +229,32 @@ def sweep(settings: list[NcclSetting], tp_size: int, job: dict[str, Any], device
         if res["status"] != "ok":
             log(f"  failed: {res['error'][:300]}")
         results.append(res)
+        if keep is not None:
+            keep(results)
     return results
+
+
+def resumed(path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The settings a stopped run of this very sweep timed (`PARTIAL`), by name: those that
+    ran (a failure may have been the stop itself, so it runs again). Another sweep's file is
+    refused, naming what differs, and left as it is."""
+    if not path.is_file():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+        theirs, results = old["run"], old["results"]
+        ok = {r["setting"]: r for r in results if r["status"] == "ok"}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DraftsmithError(f"{path}: not a stopped NCCL sweep's timings ({e}); delete it or "
+                              "give another --out") from None
+    mine = json.loads(json.dumps(run, default=str))
+    differ = [f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here"
+              for k in dict.fromkeys([*mine, *theirs]) if theirs.get(k) != mine.get(k)]
+    if differ:
+        raise DraftsmithError(f"{path} holds what another NCCL sweep timed before it stopped ("
+                              + "; ".join(differ) + "): rerun that sweep to resume it, or "
+                              "delete the file or give another --out")
+    return ok
 
 
 # ---- recommendation ----------------------------------------------------------------------------
@@ -396,7 +429,24 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
     if aux is not None:
         validate(list(aux), cfg.num_layers)
     job = job_for(target, shapes, dtype, iters, aux=aux)
-    results = sweep(settings, tp_size, job, device, rank_fn, timeout_s, log, deadline)
+    done, keep, partial = {}, None, None
+    if out is not None:  # what is timed so far, kept as it goes: a stopped sweep resumes
+        from draftsmith.data.atomic import atomic_write, make_folder
+
+        gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
+        run = {"tp": tp_size, "target": target, "device": device, "gpu": gpu, "job": job}
+        partial = make_folder(out) / PARTIAL
+        done = resumed(partial, run)
+        if done:
+            log(f"resuming from {partial}: the {len(done)} settings it timed are not timed again")
+
+        def keep(results: list[dict[str, Any]]) -> None:
+            atomic_write(partial, json.dumps({"status": "partial: the sweep stopped before "
+                                              "nccl.json", "run": run, "results": results},
+                                             indent=1, default=str).encode(),
+                         "the timings it held before are kept")
+
+    results = sweep(settings, tp_size, job, device, rank_fn, timeout_s, log, deadline, done, keep)
     backends = {r.get("backend") for r in results if r["status"] == "ok"}
     backend = backends.pop() if len(backends) == 1 else ",".join(sorted(map(str, backends)))
     notes = [GLOO_NOTE] if backend == "gloo" else []
@@ -413,4 +463,6 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
         kept = "the sweep there before is unchanged"
         atomic_write(out / "nccl.json", json.dumps(report, indent=1, default=str).encode(), kept)
         atomic_write(out / "nccl.md", markdown(report).encode(), kept)
+    if partial is not None:
+        partial.unlink(missing_ok=True)  # nccl.json holds it all
     return report

@@ -4,6 +4,7 @@ taken up again by a rerun of the same tune (same target, drafter, prompts, setti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -18,6 +19,11 @@ PARTIAL = "tune.partial.json"
 WHAT = {"target_fingerprint": "the target (its config, weights or tokenizer)",
         "drafter_digest": "the drafter's files", "prompt_digest": "the prompts (as token ids)"}
 PATHS = ("drafter", "target", "prompts")  # said, not compared: a moved folder is the same run
+# said, not compared: what was measured at the batch sizes both runs tune for is taken up
+# (`kept_costs`, `kept_measured`), the rest measured
+RESHAPED = ("batches",)
+# CostTable's tables keyed by batch size (refill and spec_refill: by refilled rows)
+BATCH_KEYED = ("verify", "draft_step", "extend", "overhead", "decode", "draft_first")
 
 
 def files_digest(folder: Path, names: tuple[str, ...]) -> str:
@@ -65,7 +71,7 @@ class Partial:
         mine = self.data["run"]
         differ = [WHAT.get(k) or f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here"
                   for k in dict.fromkeys([*mine, *theirs])
-                  if k not in PATHS and theirs.get(k) != mine.get(k)]
+                  if k not in PATHS + RESHAPED and theirs.get(k) != mine.get(k)]
         if differ:
             raise DraftsmithError(
                 f"{self.path} holds what another tune measured before it stopped ("
@@ -75,11 +81,13 @@ class Partial:
         self.written = True  # a failure from here on names it
         return old
 
-    def acceptance(self, acc, mix, stage: str) -> None:
-        """The acceptance measured up to `stage` ("chain", then "tree")."""
+    def acceptance(self, acc, mix, stage: str, rows: int | None = None) -> None:
+        """The acceptance measured up to `stage` ("chain", then "tree"), the tree's run
+        decoding prompts `rows` at a time."""
         self.save(acceptance=acc.to_dict(), acceptance_stage=stage,
                   prompt_acceptance=[a.to_dict() for a in mix.prompts],
-                  prompt_tree_counts=[{"reached": r, "accepted": a} for r, a in mix.tree_counts])
+                  prompt_tree_counts=[{"reached": r, "accepted": a} for r, a in mix.tree_counts],
+                  **({"tree_rows": rows} if stage == "tree" else {}))
 
     def save(self, **parts) -> None:
         if self.path is None:
@@ -134,19 +142,59 @@ def agreed(tp, resume: Callable[[], dict]) -> dict:
     return got[0]
 
 
-def kept_acceptance(was: dict, sampled: bool
+def _rows(was: dict) -> int | None:
+    """The most rows the stopped run's engine held (its largest batch size)."""
+    batches = (was.get("run") or {}).get("batches")
+    return max(batches) if isinstance(batches, list) and batches else None
+
+
+def kept_acceptance(was: dict, sampled: bool, rows: int | None = None
                     ) -> tuple[str | None, Acceptance | None, PromptMix | None]:
-    """(stage, pooled, each prompt's) of the acceptance a stopped run kept; stage None: none."""
+    """(stage, pooled, each prompt's) of the acceptance a stopped run kept; stage None: none.
+    A tree run that decoded the prompts other than `rows` at a time (another largest batch
+    size) is measured again; the chain's (each prompt alone) is kept."""
     stage = was.get("acceptance_stage")
     if stage not in ("chain", "tree"):
         return None, None, None
+    if stage == "tree" and rows is not None and was.get("tree_rows", _rows(was)) != rows:
+        stage = "chain"
     own = tuple(Acceptance.from_dict(a) for a in was["prompt_acceptance"])
     counts = tuple((c["reached"], c["accepted"]) for c in was.get("prompt_tree_counts", []))
     return stage, Acceptance.from_dict(was["acceptance"]), PromptMix(own, counts, sampled)
 
 
-def kept_costs(was: dict) -> CostTable | None:
-    return CostTable.from_dict(was["costs"]) if was.get("costs") else None
+def kept_costs(was: dict, batches: list[int] | None = None, refill_rows: int | None = None
+               ) -> CostTable | None:
+    """The costs a stopped run kept, at those of `batches` it timed (None: none of them; the
+    others are `missing`); its refills' prompt passes only where timed for `refill_rows`."""
+    if not was.get("costs"):
+        return None
+    costs = CostTable.from_dict(was["costs"])
+    if batches is None:
+        return costs
+    keep = [b for b in batches if b in costs.verify]
+    if not keep:
+        return None
+    same = was.get("refill_rows", refill_rows if was["run"].get("batches") == batches else None)
+    return dataclasses.replace(
+        costs, **{n: {b: t[b] for b in keep if b in (t := getattr(costs, n))}
+                  for n in BATCH_KEYED},
+        **({} if same == refill_rows else {"refill": {}, "spec_refill": {}}))
+
+
+def missing(costs: CostTable | None, batches: list[int]) -> list[int]:
+    """The batch sizes `costs` has not timed."""
+    return [b for b in batches if costs is None or b not in costs.verify]
+
+
+def joined(kept: CostTable | None, new: CostTable, batches: list[int]) -> CostTable:
+    """`kept` and `new` (timed at the batch sizes `kept` lacks) as one table, by batch size in
+    the order of `batches`, as one run timing them all writes it."""
+    if kept is None:
+        return new
+    return dataclasses.replace(kept, **{
+        n: {b: t[b] for b in batches for t in (getattr(kept, n), getattr(new, n)) if b in t}
+        for n in BATCH_KEYED})
 
 
 def measured_row(m: Measurement) -> dict:
