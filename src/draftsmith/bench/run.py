@@ -11,6 +11,7 @@ measured (the gap between the two candidate logits there, from one full forward)
 from __future__ import annotations
 
 import datetime
+import numbers
 import platform
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import torch
 
 from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import check_positions, run_generation, sync
+from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
 from draftsmith.engine.profiler import PhaseSummary, env_on
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
@@ -60,8 +61,25 @@ class BenchConfig:
     refill_every: int = 0
 
     def __post_init__(self) -> None:
+        self._check_counts()  # a Python caller's, as the CLI's int_list refuses them
         self.settings()  # a grid that runs nothing is refused before any loading
         check_compile(self.compile, self.device)
+
+    def _check_counts(self) -> None:
+        """Every grid value a whole number >= 1 and max_new >= 1: steps 0 was refused by the
+        decoder after the baseline had run, batch 0 was a ZeroDivisionError after loading."""
+        for flag, values in (("--steps", self.steps), ("--topk", self.topk),
+                             ("--num-draft-tokens", self.num_draft_tokens),
+                             ("--batch-size", self.batch_sizes)):
+            if not values and flag != "--num-draft-tokens":
+                raise DraftsmithError(f"{flag}: give at least one value")
+            if bad := [v for v in values if not isinstance(v, numbers.Integral)
+                       or isinstance(v, bool) or v < 1]:
+                raise DraftsmithError(f"{flag} must be whole numbers >= 1, got {bad[0]!r}")
+        check_max_new(self.max_new_tokens)
+        if not isinstance(self.num_prompts, int) or self.num_prompts < 0:
+            raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got "
+                                  f"{self.num_prompts!r}")
 
     def settings(self) -> list[Setting]:
         """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree

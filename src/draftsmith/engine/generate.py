@@ -151,7 +151,10 @@ def run_generation(
     params: SamplingParams | list[SamplingParams] = SamplingParams(),
     eos_ids: list[int] | None = None,
 ) -> Generation:
-    """params: one setting for every prompt, or one a prompt."""
+    """params: one setting for every prompt, or one a prompt. Sampled rows draw from torch's
+    global generator, one draw for the whole batch a step: seed it (`torch.manual_seed`) to
+    repeat a run, and a prompt's answer repeats only in the same batch (same prompts, same
+    order, same batch size); there is no per-request seed as vLLM's."""
     eos = eos_list(eos_ids)
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     check_request(rt, prompts, max_new_tokens, eos)
@@ -181,11 +184,12 @@ def run_generation(
 def check_request(rt: Runtime, prompts: list[list[int]], max_new: int,
                   eos: Sequence[int] = ()) -> None:
     """Every prompt non-empty and in the target's vocabulary, max_new >= 1, eos ids whole
-    numbers, and the longest prompt plus max_new within the runtime's slots and the target's
-    sliding window."""
+    numbers, and the longest prompt plus max_new within the target's max_position_embeddings
+    (past them it decoded on without a word), the runtime's slots and the sliding window."""
     check_prompts(prompts, rt.model.cfg.vocab_size)
     check_eos(eos)
     check_max_new(max_new)
+    check_positions(prompts, max_new, rt.model.cfg.max_position_embeddings)
     need = max(len(p) for p in prompts) + max_new
     if need > rt.max_seq:
         raise DraftsmithError(f"prompt + max_new_tokens = {need} exceeds max_seq {rt.max_seq}")

@@ -32,6 +32,7 @@ from draftsmith.engine.generate import (
     _trim,
     check_eos,
     check_max_new,
+    check_positions,
     check_prompts,
     eos_list,
     padded,
@@ -104,6 +105,11 @@ def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
             f"with topk 1 num_draft_tokens is steps + 1 = {steps + 1}, got {num_draft_tokens}")
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens (--num-draft-tokens)")
+
+
+def _count(v: object) -> bool:
+    """A whole number >= 1 (a bool is no count)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
 
 
 def check_pair(tc, dc) -> tuple[int, ...]:
@@ -220,6 +226,10 @@ class SpecDecoder:
     def _runtime(self, target: Transformer, max_batch: int, max_seq: int) -> Runtime:
         """The decoder's own runtime: its kept positions are its capacity, held to a sliding
         window (each request is checked against it), its margin past them drafts only."""
+        sizes = {"max_batch": max_batch, "max_seq": max_seq}
+        if bad := {k: v for k, v in sizes.items() if not _count(v)}:
+            raise DraftsmithError("max_batch and max_seq must be whole numbers >= 1, got "
+                                  + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
         margin = (0 if self.shape is None else self.n_verify) + 2 * self.steps + 2
         window = target.cfg.sliding_window
         kept = max_seq - margin if not window else min(max_seq - margin, window)
@@ -227,6 +237,8 @@ class SpecDecoder:
 
     def capture(self, batch_sizes: list[int]) -> None:
         """Allocate state and capture graphs for these batch sizes, largest first."""
+        if bad := [b for b in batch_sizes if not _count(b)]:
+            raise DraftsmithError(f"batch sizes must be whole numbers >= 1, got {bad[0]!r}")
         for b in sorted(set(batch_sizes), reverse=True):
             if b > self.rt.max_batch:
                 raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
@@ -238,7 +250,8 @@ class SpecDecoder:
         params: list[SamplingParams] | None = None,
     ) -> SpecResult:
         """params: each prompt's setting (or one for all), of the decoder's kind or one before
-        it (`KINDS`; default: its own)."""
+        it (`KINDS`; default: its own). Sampled rows draw from torch's global generator, as
+        `run_generation`'s do: a seeded run repeats only with the same batch of prompts."""
         eos = eos_list(eos_ids)
         prof = make_profiler(self.device, self.profile)
         self._check_inputs(prompts, max_new_tokens, eos)
@@ -348,6 +361,7 @@ class SpecDecoder:
             raise DraftsmithError(f"at most {MAX_EOS} eos ids, got {len(eos)}")
         if (b := batch or len(prompts)) > self.rt.max_batch:
             raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
+        check_positions(prompts, max_new, self.rt.model.cfg.max_position_embeddings)
         need = max(len(p) for p in prompts) + max_new
         if need > self.capacity():
             raise DraftsmithError(
