@@ -147,6 +147,12 @@ class DrafterInfo:
                 out[k.removeprefix("model.")] = (shape, dtype)
         return out
 
+    def fc_inputs(self) -> int | None:
+        """How many aux states fc.weight reads (None without one): its width, which no id
+        written in a config changes."""
+        fc = self.shapes().get("fc.weight")
+        return None if fc is None else fc[0][1] // max(1, self.target_hidden_size)
+
     def _each_file(self) -> Iterator[Any]:
         """Each weights file as a mapping of its tensors: a safetensors file opened lazily (its
         header alone for shapes), a PyTorch pickle loaded once and kept."""

@@ -115,13 +115,12 @@ def _drafter_sizes(target: Any, info: DrafterInfo, data_ids: list[int] | None) -
         if got != live:
             out.append(Finding("error", "sizes", f"drafter {key} {got} != the target's {live}",
                                where, "this drafter belongs to another target"))
-    fc = info.shapes().get("fc.weight")
-    if fc is not None and data_ids is not None:
-        n = fc[0][1] // max(1, info.target_hidden_size)
-        if n != len(data_ids):
-            out.append(Finding("error", "sizes", f"fc.weight {list(fc[0])} reads {n} aux states,"
-                               f" the data holds {len(data_ids)}", where,
-                               "retrain on this data (the fc input width cannot change)"))
+    n = info.fc_inputs()
+    if n is not None and data_ids is not None and n != len(data_ids):
+        shape = list(info.shapes()["fc.weight"][0])
+        out.append(Finding("error", "sizes", f"fc.weight {shape} reads {n} aux states, the "
+                           f"data holds {len(data_ids)}", where,
+                           "retrain on this data (the fc input width cannot change)"))
     return out
 
 

@@ -80,7 +80,10 @@ def run_doctor(opts: DoctorOptions) -> Report:
     info = read_drafter(opts.drafter) if opts.drafter is not None else None
     target, how = resolve_target(opts, manifest, info)
     rep.context = _context(opts, target, how, ds, info)
-    model = target.build(opts.dtype, opts.device)
+    # only the live match and the run need the model: a config check builds no fp32 copy of
+    # the target's weights (32 GB of an 8B target on the CPU)
+    needed = ds is not None or (info is not None and opts.run)
+    model = target.build(opts.dtype, opts.device) if needed else None
     prompts, scanned = (behaviour.data_prompts(ds, opts.prompts, PROMPT_LEN)
                         if ds is not None and info is not None and opts.run else ([], 0))
     true_ids = _data_checks(rep, opts, target, model, ds, scanned) if ds is not None else None
@@ -190,7 +193,7 @@ def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: Drafter
     rep.add("wiring: drafter vs its training data", checks.training_ids(info))
     engines = verdict.default_engines(info, opts.engine)
     rep.context["checked_engines"] = engines
-    ref, basis = true_ids, "the data holds"
+    ref, basis = true_ids, verdict.DATA
     if ref is None and (recorded := info.exported_ids(layers)):  # the seed's edit, no --data
         ref, basis = recorded, "config.json's draftsmith section records it was trained on"
     rep.add("wiring: drafter", verdict.drafter_findings(ref, info, engines, layers, basis))
@@ -217,6 +220,8 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         min(len(promise["cond_acc"]), 5) if promise else 3)
     source = "data" if prompts else "built-in, target chat template"
     prompts = prompts or behaviour.template_prompts(target, opts.prompts)
+    if len(prompts) < opts.prompts:
+        rep.findings.append(_fewer_prompts(len(prompts), opts, source == "data"))
     runs = _runs(info, opts.engine, target.cfg.num_layers, len(drafter.cfg.aux_layer_ids),
                  true_ids)
     if not runs:
@@ -232,7 +237,29 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     if not out["runs"]:
         return
     rep.behaviour = out
+    if promise is None:  # `export` copies no log: nothing to hold the run against
+        from draftsmith.train.report import LOG
+
+        rep.skipped.append(f"behaviour: the run against training: {info.folder} holds no {LOG} "
+                           "with per-position accuracy (an exported folder carries none); run "
+                           "the doctor on the drafter `draftsmith train` wrote to compare")
+        return
     rep.add("behaviour", behaviour.gap_findings(out["runs"], promise, str(info.folder)))
+
+
+def _fewer_prompts(n: int, opts: DoctorOptions, from_data: bool) -> Finding:
+    """The run's prompts fall short of --prompts: say so, not run fewer silently."""
+    if from_data:
+        why = (f"the data's first samples hold {n} prompts of at most {PROMPT_LEN} tokens "
+               f"(up to {behaviour.PROMPT_SCAN} samples read a prompt)")
+        where, fix = str(opts.data), "pass a dataset with more such prompts"
+    else:
+        why = f"the built-in set holds {len(behaviour.PROMPTS)}"
+        if opts.data is not None:
+            why += f" (the data's first samples hold no prompt of at most {PROMPT_LEN} tokens)"
+        where, fix = "--prompts", "pass --data with the data's own prompts"
+    return Finding("info", "behaviour", f"the speculative run took {n} prompts, not the "
+                   f"{opts.prompts} --prompts asks for: {why}", where, fix)
 
 
 def _load(info: DrafterInfo, target: Any, opts: DoctorOptions) -> tuple[Any, list[Finding]]:

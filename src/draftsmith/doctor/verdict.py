@@ -13,6 +13,8 @@ from draftsmith.doctor.wiring import MARGIN, TOL, MatchMatrix
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, Convention, engine_limits, to_convention
 
+DATA = "the data holds"  # what a drafter's ids are checked against, with --data
+
 
 def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
     where = str(data / "manifest.json")
@@ -105,6 +107,8 @@ def _named(slot: str) -> str:
 def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
     best = mm.rows[s.best_row]
     alike = [mm.row_ids[i] for i in s.tied]
+    if s.status == "normed":
+        return _normed_finding(mm, s, where)
     if s.status == "ambiguous":
         if (near := _nearest_alike(mm, s)) is not None:
             return Finding("error", "wiring", f"{s.slot} matches canonical layers {alike} alike "
@@ -117,6 +121,8 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        f"clearly (manifest: {s.claimed})", where, "check --target; if the data "
                        "is from it, recompare with more --samples or --all-tokens")
     if s.status == "none":
+        if (row := _direction(mm, s)) is not None:  # a norm's output, by another norm's weights
+            return _normed_copy(mm, s, row, where)
         return Finding("error", "wiring", f"{s.slot} matches no live layer clearly (nearest "
                        f"{best}, relative error {s.rel:.3g}, runner-up {s.runner_up_rel:.3g})",
                        where, "the data was not captured from this target, or not from the "
@@ -137,6 +143,33 @@ def _slot_finding(mm: MatchMatrix, s: Any, where: str) -> Finding | None:
                        f"(relative error {s.rel:.3g}, runner-up {s.runner_up_rel:.3g})", where,
                        "expected for bf16 captures of deep targets; else check the target")
     return None
+
+
+COS_NEAR = 0.9  # a slot this aligned with one residual row, clearly more than with any other
+
+
+def _direction(mm: MatchMatrix, s: Any) -> int | None:
+    """The residual row a slot matching none by scale clearly points along (None: none)."""
+    col = mm.cols.index(s.slot)
+    rows = [r for r, k in enumerate(mm.row_kinds) if k == "residual"]
+    cos = sorted(((float(mm.cos[r, col].nan_to_num(-1.0)), r) for r in rows), reverse=True)
+    if len(cos) < 2 or not cos[0][0] >= COS_NEAR:
+        return None
+    (best, row), (second, _) = cos[0], cos[1]
+    # at the stream's own scale a cosine of 0.9 is a relative error of at most 0.45: past 0.5
+    # the scale differs (a norm's output), not the values (another target's, a fine-tune's)
+    scaled = float(mm.rel[row, col]) > 0.5
+    return row if scaled and 1 - second >= MARGIN * (1 - best) else None
+
+
+def _normed_copy(mm: MatchMatrix, s: Any, row: int, where: str) -> Finding:
+    cos = float(mm.cos[row, mm.cols.index(s.slot)])
+    name = mm.rows[row] if mm.row_ids[row] == -1 else f"{mm.rows[row]}'s output"
+    return Finding("error", "wiring", f"{s.slot} matches no live layer's scale (nearest "
+                   f"{mm.rows[s.best_row]}, relative error {s.rel:.3g}) but follows {name} in "
+                   f"direction (mean cosine {cos:.3f}): a normed copy of it, a norm's output "
+                   "rather than the stream", where, f"recapture storing the stream before any "
+                   f"norm, {name} (canonical {mm.row_ids[row]})")
 
 
 def _nearest_alike(mm: MatchMatrix, s: Any) -> int | None:
@@ -161,6 +194,19 @@ def _alike_fix(mm: MatchMatrix, slot: str, near: int) -> str:
         return f"set {slot}'s entry of aux_layer_ids in manifest.json to {near}, the nearest"
     return (f"set aux_layer_ids in manifest.json to {ids} ({slot}: {near}, the nearest of the "
             "layers it matches)")
+
+
+def _normed_finding(mm: MatchMatrix, s: Any, where: str) -> Finding:
+    post, j = divmod(s.normed, len(mm.normed_rows) // 2)
+    state = j if post else j - 1  # the stream the norm read, canonical (post: j's after attention)
+    name = "the embedding output" if state == -1 else f"layer {state}'s output"
+    what = (f"layer {j}'s post-attention norm output (what its MLP reads)" if post else
+            f"layer {j}'s input norm output (what its attention reads: {name}, normed)")
+    return Finding("error", "wiring", f"{s.slot} holds {what}, not a residual stream (relative "
+                   f"error {s.rel:.3g}; manifest: {s.claimed})", where,
+                   f"recapture storing the stream before the norm, e.g. {name} (canonical "
+                   f"{state}); a drafter trained on this data learnt from states no engine "
+                   "feeds it")
 
 
 def _part_finding(mm: MatchMatrix, s: Any, where: str) -> Finding:
@@ -217,7 +263,7 @@ def default_engines(info: DrafterInfo | None, engine: str | None) -> list[str]:
 
 
 def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: list[str],
-                     num_layers: int, basis: str = "the data holds") -> list[Finding]:
+                     num_layers: int, basis: str = DATA) -> list[Finding]:
     """A draftsmith config is checked first; when it is wrong, each engine's reading of the
     wrong ids is moot and the fix names what export will write for the right ones. `basis`
     says where `true_ids` come from."""
@@ -254,7 +300,7 @@ def _export_note(true_ids: list[int] | None, engine: str, num_layers: int) -> st
 
 
 def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo,
-                   num_layers: int, basis: str = "the data holds") -> list[Finding]:
+                   num_layers: int, basis: str = DATA) -> list[Finding]:
     where = f"{info.folder}: {feed.key}"
     out = []
     fix_as = feed.engine
@@ -281,6 +327,9 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
             out.append(Finding("warning", "wiring", f"{feed.engine}: {feed.note}", where,
                                "export ids that start at 1, or pin the SGLang version"))
         return out
+    if (basis == DATA and len(feed.canonical) != len(true_ids)
+            and info.fc_inputs() not in (None, len(true_ids))):
+        return out  # the sizes check names the count: no ids written make fc read the data's
     if feed.canonical != list(true_ids):
         what = (f"{feed.engine} will feed the drafter canonical layers {feed.canonical} but "
                 f"{basis} {list(true_ids)} ({CANONICAL_WORDS})")

@@ -28,6 +28,9 @@ MARGIN = 2.0  # the runner-up must be at least this many times further than the 
 # a layer's parts, as rows after the residual ones: (kind, row name suffix, slot status)
 PARTS = (("after attention", "after attention", "mid-layer"),
          ("MLP output", "MLP output alone", "mlp-output"))
+# a state after one of a layer's norms (what its attention or MLP reads): compared apart from
+# the rows, named only for a slot that matches no row
+NORMS = ("input norm", "post-attention norm")
 
 
 @dataclass
@@ -41,6 +44,7 @@ class SlotMatch:
     status: str  # exact | approximate | tied | ambiguous | none | nonfinite, or PARTS' status
     tied: list[int] = field(default_factory=list)  # rows as close as the best (it included)
     residual_row: int | None = None  # for a part's match: the nearest residual row (runner-up)
+    normed: int | None = None  # for status "normed": the index into MatchMatrix.normed_rows
 
     @property
     def matched(self) -> bool:
@@ -62,6 +66,8 @@ class MatchMatrix:
     sample_tokens: int = 0  # every token of the compared samples (nonfinite counts over these)
     row_kinds: list[str] = field(default_factory=list)  # "residual", "final norm", PARTS' kinds
     row_layers: list[int | None] = field(default_factory=list)  # the layer a part row is of
+    normed_rows: list[str] = field(default_factory=list)  # `normed_names`
+    normed_rel: torch.Tensor | None = None  # [normed rows, cols] median relative error
 
     def true_ids(self) -> list[int | None]:
         """Canonical id each aux slot best matches (None: the final norm or no clear match)."""
@@ -83,11 +89,18 @@ class MatchMatrix:
                  "status": s.status, "tied_ids": [self.row_ids[i] for i in s.tied],
                  "nonfinite_tokens": self.nonfinite[k] if self.nonfinite else 0,
                  "nearest_residual": None if s.residual_row is None
-                 else self.rows[s.residual_row]}
+                 else self.rows[s.residual_row],
+                 "normed": None if s.normed is None else self.normed_rows[s.normed]}
                 for k, s in enumerate(self.slots)
             ],
             "true_ids": self.true_ids(),
         }
+
+
+def normed_names(num_layers: int) -> list[str]:
+    """The normed states compared besides the rows: each layer's input norm's output (its
+    attention's input), then each layer's post-attention norm's output (its MLP's input)."""
+    return [f"layer {j} {norm} output" for norm in NORMS for j in range(num_layers)]
 
 
 def _rounded(t: torch.Tensor) -> list[list[float | None]]:
@@ -125,8 +138,9 @@ def row_names(num_layers: int) -> tuple[list[str], list[int | None], list[str],
 
 @contextmanager
 def _parts_tapped(model: Any, keep: Callable[[str, int, torch.Tensor], None]) -> Iterator[None]:
-    """Hand each layer's stream after attention (the post-attention norm's input) and its MLP's
-    output to `keep` during one eager forward (the doctor's: no fused norms)."""
+    """Hand each layer's stream after attention (the post-attention norm's input), its MLP's
+    output and its two norms' outputs to `keep` during one eager forward (the doctor's: no
+    fused norms)."""
     kind_mid, kind_mlp = PARTS[0][0], PARTS[1][0]
     handles = []
     for j, layer in enumerate(model.layers):
@@ -134,6 +148,9 @@ def _parts_tapped(model: Any, keep: Callable[[str, int, torch.Tensor], None]) ->
             lambda _m, args, j=j: keep(kind_mid, j, args[0])))
         handles.append(layer.mlp.register_forward_hook(
             lambda _m, _args, out, j=j: keep(kind_mlp, j, out)))
+        for norm, module in zip(NORMS, (layer.input_norm, layer.post_norm), strict=True):
+            handles.append(module.register_forward_hook(
+                lambda _m, _args, out, j=j, norm=norm: keep(norm, j, out)))
     try:
         yield
     finally:
@@ -143,9 +160,10 @@ def _parts_tapped(model: Any, keep: Callable[[str, int, torch.Tensor], None]) ->
 
 @torch.no_grad()
 def live_errors(model: Any, input_ids: torch.Tensor, stored: torch.Tensor,
-                num_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+                num_layers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """stored [T, C, H] against every live row (`row_names`' order) -> relative error and
-    cosine [T, R, C]. The parts are compared as the forward makes them: no [T, 3L, H] copy."""
+    cosine [T, R, C], and the relative error against each normed state (`normed_names`' order)
+    [T, N, C]. The parts are compared as the forward makes them: no [T, 3L, H] copy."""
     dev = next(model.parameters()).device
     t = input_ids.numel()
     parts: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -156,14 +174,16 @@ def live_errors(model: Any, input_ids: torch.Tensor, stored: torch.Tensor,
     with _parts_tapped(model, keep):
         fo = model(input_ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t),
                    aux_ids=tuple(range(-1, num_layers)), want_logits=False)
-    if len(parts) != len(PARTS) * num_layers:
+    if len(parts) != (len(PARTS) + len(NORMS)) * num_layers:
         raise DraftsmithError(f"the live target ran {len(parts)} of its "
-                              f"{len(PARTS) * num_layers} layer parts (a fused forward?)")
+                              f"{(len(PARTS) + len(NORMS)) * num_layers} layer parts (a fused "
+                              "forward?)")
     rel, cos = token_errors(stored, torch.cat([fo.aux[0], fo.hidden[0][:, None]], 1).float()
                             .cpu())
     order = [parts[kind, j] for kind, _, _ in PARTS for j in range(num_layers)]
+    normed = [parts[norm, j][0] for norm in NORMS for j in range(num_layers)]
     return (torch.cat([rel, *(r for r, _ in order)], 1),
-            torch.cat([cos, *(c for _, c in order)], 1))
+            torch.cat([cos, *(c for _, c in order)], 1), torch.cat(normed, 1))
 
 
 def token_errors(stored: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,38 +206,39 @@ def match(
     loss_only: bool = True,
 ) -> MatchMatrix:
     idx = pick_samples(len(dataset), n_samples)
-    rels, coss, masked, bad, total = [], [], [], 0, 0
+    rels, coss, norms, masked, bad, total = [], [], [], [], 0, 0
     for i in idx:
         s = dataset[i]
         full = torch.cat([s["aux"], s["hidden"][:, None]], 1)
         ok = full.isfinite().all(-1)  # [T, C]: a stored state with NaN/inf compares with nothing
         bad, total = bad + (~ok).sum(0), total + int(ok.shape[0])
         n = min(max_tokens, int(s["input_ids"].numel()))  # causal: a prefix is exact
-        r, c = live_errors(model, s["input_ids"][:n], full[:n], num_layers)
+        r, c, nr = live_errors(model, s["input_ids"][:n], full[:n], num_layers)
         rels.append(r.masked_fill(~ok[:n, None], math.nan))
         coss.append(c.masked_fill(~ok[:n, None], math.nan))
+        norms.append(nr.masked_fill(~ok[:n, None], math.nan))
         masked.append(s["loss_mask"][:n].bool())
-    rel, cos, mask = torch.cat(rels), torch.cat(coss), torch.cat(masked)
+    rel, cos, normed, mask = torch.cat(rels), torch.cat(coss), torch.cat(norms), torch.cat(masked)
     use_mask = loss_only and bool(mask.any())
     if use_mask:
-        rel, cos = rel[mask], cos[mask]
+        rel, cos, normed = rel[mask], cos[mask], normed[mask]
     claimed = list(dataset.manifest.get("aux_layer_ids") or [])
     n_aux = rel.shape[-1] - 1
     cols = [f"aux[{k}]" for k in range(n_aux)] + ["hidden"]
     rows, row_ids, kinds, layers = row_names(num_layers)
-    med, mean_cos = rel.nanmedian(0).values, cos.nanmean(0)
+    med, mean_cos, normed_med = rel.nanmedian(0).values, cos.nanmean(0), normed.nanmedian(0).values
     said = [claimed[k] if k < len(claimed) and k < n_aux else None for k in range(n_aux + 1)]
     main = num_layers + 2  # the residual rows and the final norm; the parts follow
-    slots = [
-        _part_verdict(_verdict(cols[k], said[k], med[:main, k], mean_cos[:main, k],
-                               row_ids.index(said[k]) if said[k] in row_ids[:main - 1]
-                               else None),
-                      med[:, k], mean_cos[:, k], main, kinds)
-        for k in range(n_aux + 1)
-    ]
+    slots = []
+    for k in range(n_aux + 1):
+        at = row_ids.index(said[k]) if said[k] in row_ids[:main - 1] else None
+        m = _verdict(cols[k], said[k], med[:main, k], mean_cos[:main, k], at)
+        m = _part_verdict(m, med[:, k], mean_cos[:, k], main, kinds)
+        slots.append(_normed_verdict(m, normed_med[:, k], num_layers) if k < n_aux else m)
     return MatchMatrix(rows, row_ids, cols, med, mean_cos, int(rel.shape[0]), idx,
                        "loss-masked" if use_mask else "all", slots,
-                       [int(x) for x in bad], total, kinds, layers)
+                       [int(x) for x in bad], total, kinds, layers, normed_names(num_layers),
+                       normed_med)
 
 
 def _part_verdict(m: SlotMatch, rel: torch.Tensor, cos: torch.Tensor, main: int,
@@ -234,6 +255,25 @@ def _part_verdict(m: SlotMatch, rel: torch.Tensor, cos: torch.Tensor, main: int,
     status = next(st for kind, _, st in PARTS if kind == kinds[best])
     return SlotMatch(m.slot, m.claimed, best, round(b, 6), round(float(cos[best]), 6),
                      m.rel, status, [], m.best_row)
+
+
+def _normed_verdict(m: SlotMatch, rel: torch.Tensor, num_layers: int) -> SlotMatch:
+    """`m`, or for a slot that matches no row, the normed state it clearly holds (a capture
+    hooked on what a layer's attention or MLP reads, after the norm): the rows' scale is the
+    residual stream's, so such a slot was read as data of another target. Its row is the state
+    the norm read: the stream entering that layer, or the layer's stream after attention."""
+    if m.status not in ("none", "ambiguous") or not rel.numel():
+        return m
+    errs = rel.nan_to_num(math.inf)
+    order = torch.argsort(errs)
+    best, b = int(order[0]), float(errs[order[0]])
+    runner = float(errs[order[1]]) if errs.numel() > 1 else math.inf
+    if not (b <= LOOSE and _clear(runner, b) and _clear(m.rel, b)):
+        return m
+    post, j = divmod(best, num_layers)
+    row = num_layers + 2 + j if post else j  # the "after attention" part row, or layer j - 1
+    return SlotMatch(m.slot, m.claimed, row, round(b, 6), math.nan, round(runner, 6), "normed",
+                     [], None, best)
 
 
 def _verdict(col: str, claimed: int | None, rel: torch.Tensor, cos: torch.Tensor,

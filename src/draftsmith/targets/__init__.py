@@ -157,8 +157,24 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     cfg.inv_freq()  # an unsupported RoPE scaling refused before the weights, not at a build
     meta = folder / "draftsmith_target.json"
     fp = json.loads(meta.read_text())["fingerprint"] if meta.is_file() else ""
-    return Target(source, kind, cfg, hf_cfg, tok, hf.read_weights(folder), folder, fp,
-                  hf.generation_eos(folder))
+    weights = hf.read_weights(folder)
+    if cfg.tie_word_embeddings:
+        _tie_head(weights, folder)
+    return Target(source, kind, cfg, hf_cfg, tok, weights, folder, fp, hf.generation_eos(folder))
+
+
+def _tie_head(weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """A tied config's stored lm_head.weight (some fine-tunes save one) is the embedding, as SGLang
+    and vLLM load it and the built model computes its logits: training's targets and the drafter's
+    head come from it too. Where it is kept as the same values, the fingerprint stays."""
+    head, embed = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+    if head is None or embed is None:
+        return
+    if head.shape != embed.shape or not torch.equal(head, embed):
+        print(f"draftsmith: {folder}: config.json ties the embeddings, so its stored "
+              "lm_head.weight, which differs, is not read (as SGLang and vLLM; transformers 5 "
+              "reads it)", file=sys.stderr)
+    weights["lm_head.weight"] = embed
 
 
 def _load_gguf(path: Path) -> Target:

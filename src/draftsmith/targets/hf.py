@@ -3,6 +3,7 @@ PyTorch .bin weights where a folder holds no safetensors."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -31,25 +32,49 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The shards the index names where there is one: Mistral's folders also hold the same
-    weights as consolidated.safetensors, which would double the memory a load takes. Older
-    checkpoints hold only PyTorch pickles (pytorch_model*.bin; not training_args.bin)."""
-    index = folder / "model.safetensors.index.json"
+    """The files HF's from_pretrained reads: model.safetensors, else the shards its index names
+    (Mistral's folders also hold the same weights as consolidated.safetensors, which would double
+    the memory a load takes), else one unindexed file or one whole set of shards; PyTorch pickles
+    (pytorch_model*.bin; not training_args.bin) the same way where there is no safetensors."""
+    return (_pick(folder, "model.safetensors", "*.safetensors")
+            or _pick(folder, "pytorch_model.bin", "pytorch_model*.bin"))
+
+
+_SHARD = re.compile(r"(.+)-\d{5}-of-(\d{5})\.[a-z]+")
+
+
+def _pick(folder: Path, single: str, pattern: str) -> list[Path]:
+    index = folder / f"{single}.index.json"
     if index.is_file():
-        return _indexed(folder, index)
-    if found := sorted(folder.glob("*.safetensors")):
+        files = _indexed(folder, index)
+        if (folder / single).is_file() and folder / single not in files:  # HF reads it, vLLM not
+            raise DraftsmithError(f"{folder}: holds {single} and {index.name} naming other files, "
+                                  "which loaders read differently; remove the one that is stale")
+        return files
+    if (folder / single).is_file():  # as HF, a consolidated copy or an adapter beside it unread
+        return [folder / single]
+    found = sorted(folder.glob(pattern))
+    if _one_model(found):
         return found
-    index = folder / "pytorch_model.bin.index.json"
-    if index.is_file():
-        return _indexed(folder, index)
-    return sorted(folder.glob("pytorch_model*.bin"))
+    raise DraftsmithError(f"{folder}: {[f.name for f in found]} and no {index.name} saying which "
+                          "hold the model; keep its files only, or add its index")
+
+
+def _one_model(files: list[Path]) -> bool:
+    """Whether files are one unsharded file, or one whole set of shards (NAME-0000i-of-0000n)
+    whose index was left behind."""
+    shards = [_SHARD.fullmatch(f.name) for f in files]
+    if len(files) <= 1 and not any(shards):
+        return True
+    return (all(shards) and len({(m.group(1), m.group(2)) for m in shards}) == 1
+            and int(shards[0].group(2)) == len(files))
 
 
 def _indexed(folder: Path, index: Path) -> list[Path]:
     meta = read_json(index, "")
     weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
-    if not isinstance(weight_map, dict):
-        raise DraftsmithError(f"{index}: no weight_map object")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise DraftsmithError(f"{index}: no weight_map object of tensor names to file names")
     files = [folder / name for name in sorted(set(weight_map.values()))]
     if missing := [f.name for f in files if not f.is_file()]:
         raise DraftsmithError(f"{index} names weight files that are missing: {missing}")
