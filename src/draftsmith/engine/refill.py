@@ -139,12 +139,13 @@ def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts:
     return out, lens, tokens, pos, q
 
 
-def prepare(rt: Runtime, rows: int, max_new: int, eos: list[int], params: SamplingParams,
+def prepare(rt: Runtime, rows: int | None, max_new: int, eos: list[int], params: SamplingParams,
             prompts: list[list[int]] = ()):
     """Build (and on GPU capture) the step for these settings now, so that no chunk pays for
     the capture (which leaves the random state alone: `Graphs.capture`). `prompts`: also
     capture the prompt graphs their refills will use (`warm_prompts`)."""
     check_rows(rows, rt.max_batch)
+    rows = rows or rt.max_batch  # None: as generate_refill takes it, every row the runtime has
     state, step = _refiller(rt, rows, max_new, eos_list(eos), params)
     warm_prompts(state.pre, list(prompts), state.start, state.rows)
     state.done.fill_(True)

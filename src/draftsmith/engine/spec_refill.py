@@ -166,6 +166,8 @@ def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
     prefills use."""
     check_rows(rows, dec.rt.max_batch)
     rows = min(rows, len(prompts))
+    if not rows:  # nothing to warm: not a state (and on a GPU its graphs) of no rows
+        return
     warm_prompts(_prefiller(dec).rt, prompts, prompt_pass(dec, rows), rows)
     sync(dec.rt)
 

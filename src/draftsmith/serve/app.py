@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from draftsmith.serve.scheduler import Scheduler
 
 MAX_BODY = 16 << 20
+STOP_WAIT_S = 10.0  # a running batch's time to end once the server stops
 # The GIL's switch interval while a server runs, in microseconds (0: Python's own, 5,000). The
 # batch loop gives up the GIL at every GPU sync and must win it back from the HTTP threads; under
 # load each win can wait a whole interval.
@@ -91,12 +92,19 @@ def create_app(engine: ServeEngine | Any, cfg: P.ServeConfig, sched: Any = None)
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         _TUNING.enter()
+        forced = False
         try:
             sched.start()
-            yield
+            try:
+                yield
+            except asyncio.CancelledError:  # a forced quit (ctrl-C twice): no traceback
+                forced = True
         finally:
             try:
-                await run_in_threadpool(sched.stop)
+                if forced:  # the loop is closing: the worker ends at its next look
+                    sched.stop(0)
+                else:
+                    await run_in_threadpool(sched.stop)
             finally:
                 _TUNING.exit()
 
@@ -227,7 +235,7 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
             return JSONResponse(await _collect(req, q, first, cfg.fingerprint, gone))
         except (asyncio.CancelledError, _Gone):
             sched.cancel(job)
-            if gone.done():
+            if gone.done() and not gone.cancelled():  # the client left (not a forced quit)
                 return Response(status_code=499)
             raise
         finally:
@@ -324,13 +332,72 @@ def run_server(engine: ServeEngine, cfg: P.ServeConfig, host: str, port: int,
 
         Frontends(engine, cfg, frontends, host, port, log_level, sock=sock).serve_forever()
         return
-    import uvicorn
-
-    if sock is None:
-        uvicorn.run(create_app(engine, cfg), host=host, port=port, log_level=log_level)
-        return
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, cfg), log_level=log_level))
+    where = {} if sock is not None else {"host": host, "port": port}
+    server = _server(create_app(engine, cfg), log_level=log_level, **where)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: ctrl-C ends it quietly
-        server.run(sockets=[sock])
+        server.run(sockets=None if sock is None else [sock])
     if not server.started:
         raise DraftsmithError("the server did not start (see uvicorn's log above)")
+
+
+def _server(app: FastAPI, **config: Any) -> Any:
+    """uvicorn's server over `app`, whose first SIGINT or SIGTERM also stops the scheduler:
+    queued requests get a 503 at once and the running batch `Scheduler.stop`'s timeout, so the
+    connections uvicorn waits for end (it once waited for the whole queue, until a second ctrl-C
+    cut everything off with a traceback for each request). A second ctrl-C forces the quit,
+    quietly."""
+    import uvicorn
+
+    sched = app.state.scheduler
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            stopping, forced = self.should_exit, self.force_exit
+            super().handle_exit(sig, frame)
+            if not stopping:
+                threading.Thread(target=_stop_serving, args=(sched,), name="draftsmith-stop",
+                                 daemon=True).start()
+            elif self.force_exit and not forced:
+                print("draftsmith serve: forced quit: requests still running are cut off",
+                      file=sys.stderr)
+
+    async def quiet(scope: Any, receive: Any, send: Any) -> None:
+        """`app`, answering the requests a forced quit cancels (uvicorn printed a traceback
+        for each) with a 503, or a stream with its error event."""
+        head: list[dict] = []
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                head.append(message)
+            await send(message)
+
+        try:
+            await app(scope, receive, sending if scope["type"] == "http" else send)
+        except asyncio.CancelledError:
+            if not server.force_exit or scope["type"] != "http":
+                raise
+            await _cut_off(head, send)
+
+    server = Server(uvicorn.Config(quiet, **config))
+    return server
+
+
+async def _cut_off(head: list[dict], send: Any) -> None:
+    error = P.error_body("the server was stopped (forced quit)", "server_error")
+    if not head:
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(error).encode()})
+        return
+    sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+              for k, v in head[0].get("headers", []))
+    end = (_sse_line(error) + "data: [DONE]\n\n").encode() if sse else b""
+    await send({"type": "http.response.body", "body": end, "more_body": False})
+
+
+def _stop_serving(sched: Any, hint: str = " (ctrl-C again cuts them off)") -> None:
+    """The scheduler stopped as a signal stops the server, saying what that does."""
+    if queued := sched.queued():
+        print(f"draftsmith serve: stopping: {queued} queued request(s) answered 503, running "
+              f"ones given {STOP_WAIT_S:.0f} s{hint}", file=sys.stderr)
+    sched.stop(STOP_WAIT_S)

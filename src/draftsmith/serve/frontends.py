@@ -256,8 +256,13 @@ class Frontends:
         return self
 
     def stop(self) -> None:
-        from draftsmith.serve.app import _TUNING
+        from draftsmith.serve.app import _TUNING, _stop_serving
 
+        # queued jobs answered (503) now and the running ones given their time while the
+        # frontends drain: they wait for their connections, which once waited for the whole queue
+        stopper = threading.Thread(target=_stop_serving, args=(self.sched, ""), daemon=True)
+        if self.sched.alive:
+            stopper.start()
         for p in self.procs:
             p.terminate()  # uvicorn's own graceful shutdown on SIGTERM
         for p in self.procs:
@@ -267,6 +272,8 @@ class Frontends:
                 p.kill()
                 p.wait(5)
         self.procs = []
+        if stopper.is_alive():
+            stopper.join()
         self.link.close()
         if self.sched.alive:
             self.sched.stop()
