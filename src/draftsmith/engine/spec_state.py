@@ -11,6 +11,7 @@ import torch
 from draftsmith.engine import tree as trees
 from draftsmith.engine.profiler import PhaseSummary
 from draftsmith.engine.sampling import RowSampling
+from draftsmith.errors import DraftsmithError
 
 if TYPE_CHECKING:
     from draftsmith.engine.speculative import SpecDecoder
@@ -38,7 +39,13 @@ class SpecResult:
     @classmethod
     def merged(cls, parts: list[SpecResult]) -> SpecResult:
         """One result over several runs of one decoder: tokens and times added up, histogram
-        and position counts summed column by column (phases are left to the caller)."""
+        and position counts summed column by column (phases are left to the caller); results
+        of no run, or of decoders drafting other depths, refused."""
+        if not parts:
+            raise DraftsmithError("no speculative results to merge")
+        if len(depths := {p.steps for p in parts}) > 1:
+            raise DraftsmithError(f"results of decoders drafting {sorted(depths)} steps cannot "
+                                  "merge into one: merge each decoder's own")
 
         def summed(key: str) -> list[int]:
             return [sum(c) for c in zip(*(getattr(p, key) for p in parts), strict=True)]
