@@ -170,6 +170,10 @@ def _record_target(drafter: Eagle3Drafter, info: TargetInfo) -> None:
     drafter.cfg.target_fingerprint = info.fingerprint
     drafter.cfg.target_source = info.name_or_path
     drafter.cfg.target_architectures = list(info.architectures)
+    # Engines size the draft's rope cache by it; a SpecForge config's 2048 beside a 128K
+    # target, written again by a later export without --target, collapses long prompts.
+    drafter.cfg.max_position_embeddings = max(drafter.cfg.max_position_embeddings,
+                                              info.max_position_embeddings)
 
 
 def _read_engine(folder: str | Path, fmt: str, info: TargetInfo | None) -> Eagle3Drafter:

@@ -51,6 +51,7 @@ class TargetInfo:
     fingerprint: str = ""
     embed: torch.Tensor | None = None
     head: torch.Tensor | None = None  # the target's lm_head (SGLang's draft without one takes it)
+    dtype: str = ""  # the dtype the target's config.json names ("" where unknown)
 
     @classmethod
     def of_target(cls, target: Any) -> TargetInfo:
@@ -61,7 +62,7 @@ class TargetInfo:
             target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
             _where(str(target.folder or target.source)),
             list(target.hf_config.get("architectures") or []),
-            target.fingerprint, embed, head,
+            target.fingerprint, embed, head, config_dtype(target.hf_config),
         )
 
     @classmethod
@@ -72,7 +73,40 @@ class TargetInfo:
             )
         return cls(cfg.target_num_layers, cfg.max_position_embeddings, cfg.vocab_size,
                    _where(cfg.target_source), list(cfg.target_architectures),
-                   cfg.target_fingerprint)
+                   cfg.target_fingerprint, dtype=_recorded_dtype(cfg.target_source))
+
+
+HALF = ("bfloat16", "float16")
+
+
+def config_dtype(hf: dict[str, Any]) -> str:
+    """The dtype an HF config names (`torch_dtype`, or transformers 5's `dtype`; a multimodal
+    one's text_config), "" where it names none the engines read."""
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    for c in (hf, text):
+        for key in ("torch_dtype", "dtype"):
+            if c.get(key) in (*HALF, "float32"):
+                return str(c[key])
+    return ""
+
+
+def _recorded_dtype(source: str) -> str:
+    """The dtype of the target folder a drafter records, "" where it is not at hand."""
+    try:
+        return config_dtype(read_config(Path(source))) if source else ""
+    except (DraftsmithError, OSError):
+        return ""
+
+
+def run_dtype(tensors: dict[str, torch.Tensor], info: TargetInfo) -> str:
+    """The dtype an export's config names, which SGLang runs the draft in under its default
+    `--dtype auto`: the target's, since the draft is fed the target's hidden states and shares
+    its embedding (a float32 config runs as float16 there, beside a bfloat16 target: dtype
+    mismatches). Without the target's: the weights' own half dtype, else bfloat16."""
+    if info.dtype:
+        return info.dtype
+    stored = dtype_name(tensors)
+    return stored if stored in HALF else "bfloat16"
 
 
 def _where(source: str) -> str:

@@ -32,7 +32,6 @@ from draftsmith.export.layout import (
     cast,
     draft_vocab_of,
     drafter_config,
-    dtype_name,
     engine_ids,
     hf_layer_config,
     imported_ids,
@@ -41,6 +40,7 @@ from draftsmith.export.layout import (
     read_config,
     read_weights,
     recorded_layers,
+    run_dtype,
     vocab_tensors,
     warn_default_repeat,
     warn_unsorted,
@@ -136,7 +136,7 @@ def write_sglang(
     tensors = cast(hf_state_dict(drafter), dtype)
     if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
         tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
-    config = sglang_config(drafter.cfg, info, dtype_name(tensors))
+    config = sglang_config(drafter.cfg, info, run_dtype(tensors, info))
     return write_folder(out, config, tensors, overwrite)
 
 

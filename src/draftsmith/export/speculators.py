@@ -23,7 +23,6 @@ from draftsmith.export.layout import (
     cast,
     draft_vocab_of,
     drafter_config,
-    dtype_name,
     engine_ids,
     hf_layer_config,
     imported_ids,
@@ -32,6 +31,7 @@ from draftsmith.export.layout import (
     read_config,
     read_weights,
     recorded_layers,
+    run_dtype,
     vocab_tensors,
     warn_default_repeat,
     warn_unsorted,
@@ -112,7 +112,8 @@ def write_speculators(
     overwrite: bool = False,
 ) -> Path:
     tensors = speculators_names(cast(hf_state_dict(drafter), dtype))
-    config = speculators_config(drafter.cfg, info, dtype_name(tensors), speculative_tokens)
+    config = speculators_config(drafter.cfg, info, run_dtype(tensors, info),
+                                speculative_tokens)
     return write_folder(out, config, tensors, overwrite)
 
 
