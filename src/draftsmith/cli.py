@@ -26,9 +26,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    help=__doc__.splitlines()[0],
+    help="Make data for, train, check, benchmark, tune, serve and export EAGLE-3 drafters of "
+         "Llama-family targets.",
 )
-targets_app = typer.Typer(no_args_is_help=True, help="Inspect targets.")
+targets_app = typer.Typer(no_args_is_help=True, help="Inspect a target (HF folder, .gguf or "
+                          "'default'): shapes, hashes, fingerprint, default aux layers.")
 app.add_typer(targets_app, name="targets")
 console = Console()
 

@@ -67,15 +67,20 @@ def demo(
                                       "(default: 2000 on a GPU, 48 on CPU)"),
     epochs: int = typer.Option(None, "--epochs", help="Training epochs (default: 12 on a GPU, "
                                "3 on CPU)"),
-    steps: int = typer.Option(None, "--steps", help="Draft steps for the benchmark (default: 3)"),
+    steps: int = typer.Option(None, "--steps", help="Draft steps for the benchmark and the "
+                                                          "exports' deploy flags (default: 3)"),
     target: str = typer.Option("default", help="Another target (HF folder or .gguf) instead"),
 ) -> None:
     """The whole pipeline on the embedded default target, ending with a short report."""
     from draftsmith.cli import pick_device
+    from draftsmith.errors import DraftsmithError
     from draftsmith.options import at_least_one, check_folder
+    from draftsmith.tune.cost_model import DEEPEST
 
     # before any work: a bad value found by a later stage costs minutes of the earlier ones
     at_least_one({"--conversations": conversations, "--epochs": epochs, "--steps": steps})
+    if steps is not None and steps > DEEPEST:  # the exports' deploy flags take no deeper
+        raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {steps}")
     check_folder(out, "--out")
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target

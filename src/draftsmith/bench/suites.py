@@ -17,12 +17,24 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
 
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
-    source = CHAT_SUITE if name == "chat" else name
+    source = _builtin_chat() if name == "chat" else name
     out = [opening(c.messages) for c in read_prompts(source)  # as generate and regenerate ask
            if any(m["role"] == "user" for m in c.messages)]
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
     return out[:limit] if limit > 0 else out
+
+
+def _builtin_chat() -> Path:
+    """The built-in chat suite, refused where a file or folder named `chat` is here too: which
+    one was meant cannot be told, and the wrong prompts would be timed."""
+    here = Path("chat")
+    if here.exists():
+        kind = "folder" if here.is_dir() else "file"
+        raise DraftsmithError(
+            f"'chat' names both the built-in chat suite and the {kind} chat here: give the "
+            f"{kind} as {here.resolve()}, or for the chat suite run where no chat is")
+    return CHAT_SUITE
 
 
 def prompt_ids(target: Any, conversations: list[list[dict[str, str]]],
