@@ -17,7 +17,7 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
 
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
-    source = _builtin_chat() if name == "chat" else name
+    source = builtin_chat() if name == "chat" else name
     out = [opening(c.messages) for c in read_prompts(source)  # as generate and regenerate ask
            if any(m["role"] == "user" for m in c.messages)]
     if not out:
@@ -25,7 +25,7 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
     return out[:limit] if limit > 0 else out
 
 
-def _builtin_chat() -> Path:
+def builtin_chat() -> Path:
     """The built-in chat suite, refused where a file or folder named `chat` is here too: which
     one was meant cannot be told, and the wrong prompts would be timed."""
     here = Path("chat")

@@ -27,7 +27,8 @@ console = Console()
 def tune(
     drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
     target: str = TARGET,
-    prompts: Path = typer.Option(None, "--prompts", help="JSONL of prompts (default: chat suite)"),
+    prompts: Path = typer.Option(None, "--prompts", help="chat (the built-in suite, the "
+                                 "default), humaneval, or a prompt file"),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", "--batch-size",
                                     help="Batch sizes to tune for, comma-separated"),
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
@@ -399,6 +400,13 @@ def _from_rank0(tp, obj):
 
 
 def suite(path: Path | None) -> list[str]:
+    """The first user turn of each prompt: the built-in chat suite by default or by name (as
+    bench's `--suite chat`), HumanEval by name, else a prompt file."""
+    if path is not None and str(path) == "chat":
+        from draftsmith.bench.suites import builtin_chat
+
+        builtin_chat()  # a file named chat here too is refused, as bench refuses it
+        path = None
     if path is not None:
         from draftsmith.data.prompts import read_prompts
 
