@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.engine.graphs import Graphs, fill, fill_padded, pad_to, run_keyed, static_inputs
-from draftsmith.engine.runtime import engine_compile
+from draftsmith.engine.runtime import check_sizes, engine_compile
 from draftsmith.errors import DraftsmithError
 from draftsmith.models import triton_draft_layer
 from draftsmith.models.eagle3 import Eagle3Drafter
@@ -26,6 +26,7 @@ class DrafterRuntime:
         graphs: Graphs | bool | None = None,
         compile: bool = False,
     ) -> None:
+        max_batch, max_seq = check_sizes(max_batch, max_seq, "DrafterRuntime")
         p = drafter.fc.weight
         self.drafter, self.device, self.dtype = drafter, p.device, p.dtype
         self.fn = drafter  # what graphed forwards call: the drafter, or its compiled wrapper

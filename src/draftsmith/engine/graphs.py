@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.errors import DraftsmithError
+
 _OWNERS = itertools.count(1)
 _HELD: list[Any] = []  # graphs dropped while a capture ran, destroyed once it ends
 _CAPTURES = [0]  # captures in progress, any Graphs
@@ -73,6 +75,9 @@ class Graphs:
         """Capture fn under key. The warm-up calls (and any compile they trigger) leave the
         random state as they found it: a seeded call that captures a graph draws what a later
         call under the same seed draws. The capture itself consumes nothing until replayed."""
+        if torch.device(self.device).type != "cuda":
+            raise DraftsmithError(f"CUDA graphs need a CUDA device, not {self.device}: make the "
+                                  f"runtime with graphs=False (or None: graphs where CUDA is)")
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.random.fork_rng(devices=[self.device]), torch.cuda.stream(stream):

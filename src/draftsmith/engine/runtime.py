@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import typing
 from collections.abc import Callable
 from functools import partial
@@ -32,6 +33,16 @@ def check_window(need: int, window: int | None, what: str | None = None) -> None
             f"({what or f'prompt + max_new_tokens = {need}'} > {window})")
 
 
+def check_sizes(max_batch: object, max_seq: object, what: str = "Runtime") -> tuple[int, int]:
+    """A runtime's rows and slots as ints: whole numbers >= 1 (a bool or 64.0 is no count)."""
+    sizes = {"max_batch": max_batch, "max_seq": max_seq}
+    if bad := {k: v for k, v in sizes.items() if not isinstance(v, numbers.Integral)
+               or isinstance(v, bool) or v < 1}:
+        raise DraftsmithError(f"{what}: max_batch and max_seq must be whole numbers >= 1, got "
+                              + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
+    return int(max_batch), int(max_seq)
+
+
 class Runtime:
     """Owns the KV cache of `max_batch` rows x `max_seq` slots for one model.
 
@@ -54,6 +65,7 @@ class Runtime:
         prefilled by a captured forward; None = whenever graphs are on. kept: the positions whose
         output is kept, prompt + answer (default max_seq); slots past them are a drafting margin
         whose forwards only shape drafts that get cut."""
+        max_batch, max_seq = check_sizes(max_batch, max_seq)
         self.kept = max_seq if kept is None else min(kept, max_seq)
         check_window(self.kept, model.cfg.sliding_window,
                      None if kept is not None else f"max_seq {max_seq}")

@@ -41,7 +41,7 @@ from draftsmith.engine.generate import (
 )
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
-from draftsmith.engine.runtime import Runtime, check_window, engine_compile
+from draftsmith.engine.runtime import Runtime, check_sizes, check_window, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
@@ -226,10 +226,7 @@ class SpecDecoder:
     def _runtime(self, target: Transformer, max_batch: int, max_seq: int) -> Runtime:
         """The decoder's own runtime: its kept positions are its capacity, held to a sliding
         window (each request is checked against it), its margin past them drafts only."""
-        sizes = {"max_batch": max_batch, "max_seq": max_seq}
-        if bad := {k: v for k, v in sizes.items() if not _count(v)}:
-            raise DraftsmithError("max_batch and max_seq must be whole numbers >= 1, got "
-                                  + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
+        max_batch, max_seq = check_sizes(max_batch, max_seq, "SpecDecoder")
         margin = (0 if self.shape is None else self.n_verify) + 2 * self.steps + 2
         window = target.cfg.sliding_window
         kept = max_seq - margin if not window else min(max_seq - margin, window)
