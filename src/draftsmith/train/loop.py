@@ -145,6 +145,9 @@ class TrainConfig:
             self.draft_vocab_size = 32000
         if self.num_layers is None and not self.init_from:
             self.num_layers = 1
+        if self.max_steps is not None and self.epochs != 1:
+            raise DraftsmithError(f"--max-steps {self.max_steps} and --epochs {self.epochs}: "
+                                  "give one of them (--max-steps sets the run's length alone)")
         if self.max_len < self.ttt_steps + 2:
             raise DraftsmithError(f"max_len {self.max_len} is too short for {self.ttt_steps} steps")
 
@@ -236,12 +239,26 @@ class TTTModel(nn.Module):
         losses, correct, valid = [], [], []
         steps = unroll(self.drafter, tokens, fused, positions, doc, self.steps)
         for j, logits in enumerate(steps):
-            loss, c, v = self.loss_fn(logits, tg, j)
+            # a batch no wider than the step scores nothing there: eager, as inductor refused
+            # some such empty slices (ValueRangeError at width 1)
+            fn = self.loss_fn if tokens.shape[1] > j + 1 else step_loss
+            loss, c, v = fn(logits, tg, j)
             total = total + self.decay**j * loss
             losses.append(loss.detach().float())
             correct.append(c)
             valid.append(v)
         return total, torch.stack(losses), torch.stack(correct), torch.stack(valid)
+
+
+def decay_groups(drafter: nn.Module, decay: float, split: bool = True) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: weight decay on the matrices only. Norm gains (and biases) are
+    1-D: decayed, RMSNorm gains that start at 1 would be pulled towards 0 (HF Trainer and
+    Megatron exempt them too). `split` False: one group, as runs before this kept."""
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    if not split or decay == 0:
+        return [{"params": params, "weight_decay": decay}]
+    return [{"params": [p for p in params if p.dim() > 1], "weight_decay": decay},
+            {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -321,6 +338,7 @@ class Trainer:
                          cfg.seed)
         self._check_answers()
         self.total = self._total_steps()
+        self._check_warmup()
         found = self._find_checkpoint()
         self.drafter = self._build_drafter(found).to(ctx.device)
         self.opt, self.sched = self._optimizer()
@@ -579,10 +597,20 @@ class Trainer:
         self.plan.locate(self.cfg.max_steps - 1)
         return self.cfg.max_steps
 
-    def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    def _check_warmup(self) -> None:
+        """Refuse a warm-up longer than the run: the learning rate would never reach --lr."""
         c = self.cfg
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
+        if c.warmup_steps is not None and c.warmup_steps > self.total:
+            raise DraftsmithError(
+                f"--warmup-steps {c.warmup_steps} is more than the run's {self.total} steps: the "
+                f"learning rate would never reach --lr {c.lr:g} nor decay; lower --warmup-steps "
+                "(or use --warmup-ratio)")
+
+    def _optimizer(self, split: bool = True,
+                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        c = self.cfg
+        opt = torch.optim.AdamW(decay_groups(self.drafter, c.weight_decay, split), lr=c.lr,
+                                betas=(0.9, 0.95))
         warm = c.warmup_steps if c.warmup_steps is not None else round(c.warmup_ratio * self.total)
         warm, total, ratio = max(1, warm), self.total, c.min_lr / c.lr
         sched = torch.optim.lr_scheduler.LambdaLR(
@@ -664,6 +692,11 @@ class Trainer:
                 f"--resume from {found}: the run had {state['world']} ranks, now "
                 f"{self.ctx.world}; the data order would change"
             )
+        if len(state["optimizer"]["param_groups"]) != len(self.opt.param_groups):
+            # a run that began decaying every weight (one group) goes on as it began
+            self.opt, self.sched = self._optimizer(split=False)
+            self.say(f"--resume: {found} decays every weight, norm gains too (an older run): "
+                     "it goes on so")
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]

@@ -24,6 +24,7 @@ def shift_left(x: torch.Tensor, n: int, fill: int | float | bool = 0) -> torch.T
     """x[:, t + n] at index t along dim 1, `fill` past the end."""
     if n == 0:
         return x
+    n = min(n, x.shape[1])  # a row narrower than the shift is all fill (a short batch)
     pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
     return torch.cat([x[:, n:], pad], dim=1)
 
