@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from draftsmith.errors import DraftsmithError
 
 SUPPORTED = {"llama", "qwen2", "qwen3", "mistral"}
@@ -37,6 +39,15 @@ class ModelConfig:
             raise DraftsmithError(
                 f"unsupported architecture {self.arch!r}: draftsmith supports {sorted(SUPPORTED)}"
             )
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"model config: {name} {getattr(self, name)} is not a size "
+                                      "(at least 1)")
+        if self.head_dim % 2:  # the rotary embedding turns pairs of a head's dims
+            raise DraftsmithError(f"model config: head_dim {self.head_dim} is odd; RoPE needs an "
+                                  "even head size")
         if self.num_heads % self.num_kv_heads:
             raise DraftsmithError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
@@ -66,8 +77,9 @@ class ModelConfig:
                 f"supports {sorted(SUPPORTED)}"
             )
         _check_mlp(hf, arch)
+        _check_unquantized(hf)
         heads = int(hf["num_attention_heads"])
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope = _rope_fields(hf, arch)
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         eos = hf.get("eos_token_id")
@@ -78,12 +90,12 @@ class ModelConfig:
             intermediate_size=int(hf["intermediate_size"]),
             num_layers=int(hf["num_hidden_layers"]),
             num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            num_kv_heads=int(_kv_heads(hf, arch, heads)),
             head_dim=int(hf.get("head_dim") or _default_head_dim(hf, arch, heads)),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=None if rope_type == "default" else rope,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            max_position_embeddings=_max_positions(hf, arch),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(hf, arch),
             qk_norm=arch == "qwen3",
@@ -92,7 +104,10 @@ class ModelConfig:
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
         )
         if cfg.rope_scaling and rope_type in ("linear", "llama3"):
-            cfg.inv_freq()  # a field these kinds need is named now (KeyError), not at build
+            try:  # a field these kinds need is named now, not at build
+                cfg.inv_freq()
+            except DraftsmithError as e:
+                raise DraftsmithError(f"config.json: {e}") from None
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,20 +118,70 @@ class ModelConfig:
         return cls(**d)
 
     def inv_freq(self) -> list[float]:
-        """RoPE inverse frequencies after the config's scaling (default, linear, llama3)."""
+        """RoPE inverse frequencies after the config's scaling (default, linear, llama3), in
+        float32 as transformers, SGLang and vLLM compute them (double precision differed from
+        them by an ulp in a third of them)."""
         dim = self.head_dim
-        base = [1.0 / self.rope_theta ** (i / dim) for i in range(0, dim, 2)]
+        steps = torch.arange(0, dim, 2, device="cpu").float()  # cpu: models build on meta
+        base = 1.0 / (self.rope_theta ** (steps / dim))
         scaling = self.rope_scaling
         if not scaling:
-            return base
+            return base.tolist()
         kind = scaling.get("rope_type", scaling.get("type"))
-        if kind == "linear":
-            return [f / float(scaling["factor"]) for f in base]
-        if kind == "llama3":
-            return _llama3_freqs(base, scaling)
-        raise DraftsmithError(
-            f"unsupported rope scaling {kind!r}: supported default, linear, llama3"
-        )
+        if kind not in ("linear", "llama3"):
+            raise DraftsmithError(
+                f"unsupported rope scaling {kind!r}: supported default, linear, llama3"
+            )
+        try:  # a drafter's hand-edited rope_scaling reaches here without from_hf's checks
+            if kind == "linear":
+                return (base / float(scaling["factor"])).tolist()
+            return _llama3_freqs(base, scaling).tolist()
+        except KeyError as e:
+            raise DraftsmithError(f"rope scaling {kind!r} lacks the field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise DraftsmithError(f"rope scaling {kind!r}: a malformed field ({e})") from None
+
+
+# What transformers 5's config classes take for a field config.json leaves out, by family.
+_KV_HEADS = {"qwen2": 32, "qwen3": 32, "mistral": 8}  # Llama's: num_attention_heads
+_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "mistral": 4096 * 32}
+_ORIGINAL = "original_max_position_embeddings"
+
+
+def _kv_heads(hf: dict[str, Any], arch: str, heads: int) -> int:
+    """A missing num_key_value_heads is the family's default; an explicit null is MHA."""
+    if "num_key_value_heads" not in hf:
+        return _KV_HEADS.get(arch, heads)
+    return hf["num_key_value_heads"] or heads
+
+
+def _max_positions(hf: dict[str, Any], arch: str) -> int:
+    return int(hf.get("max_position_embeddings") or _MAX_POSITIONS[arch])
+
+
+def _rope_fields(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The RoPE fields as transformers 5 standardizes them: rope_scaling (transformers 4's key)
+    over rope_parameters; llama3's original_max_position_embeddings from the top level over
+    the dict's, else the dict's, else max_position_embeddings. Per-layer-type dicts and a
+    partial_rotary_factor (which the engines apply and transformers ignores) refused."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise DraftsmithError(f"config.json: RoPE parameters {rope!r} are not an object")
+    if any(isinstance(v, dict) for v in rope.values()):
+        raise DraftsmithError("config.json: RoPE parameters per layer type "
+                              f"({sorted(k for k, v in rope.items() if isinstance(v, dict))}) "
+                              "are not supported")
+    rope = dict(rope)
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise DraftsmithError(f"config.json: partial_rotary_factor {partial} (RoPE over part of "
+                              "each head) is not supported: transformers' Llama-family models "
+                              "ignore it, SGLang and vLLM apply it")
+    if rope.get("rope_type", rope.get("type")) == "llama3":
+        if hf.get(_ORIGINAL) is not None:
+            rope[_ORIGINAL] = hf[_ORIGINAL]
+        rope.setdefault(_ORIGINAL, _max_positions(hf, arch))
+    return rope
 
 
 def _check_mlp(hf: dict[str, Any], arch: str) -> None:
@@ -129,6 +194,16 @@ def _check_mlp(hf: dict[str, Any], arch: str) -> None:
     if act not in ("silu", "swish"):
         raise DraftsmithError(f"config.json: hidden_act {act!r} is not supported (draftsmith's "
                               "MLP is SwiGLU: silu)")
+
+
+def _check_unquantized(hf: dict[str, Any]) -> None:
+    """Quantized weights (FP8 with scales, GPTQ/AWQ packed ints) read as plain ones would be
+    unscaled garbage or missing tensors: refused by the config that names them."""
+    q = hf.get("quantization_config") or hf.get("compression_config")
+    if q:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
+        raise DraftsmithError(f"config.json: a quantized checkpoint (quant_method {method!r}) is "
+                              "not supported; use the unquantized (bf16/fp16) model")
 
 
 def _default_head_dim(hf: dict[str, Any], arch: str, heads: int) -> int:
@@ -164,7 +239,8 @@ def _sliding_window(hf: dict[str, Any], arch: str, layers: int) -> int | None:
     return int(window)
 
 
-def _llama3_freqs(base: list[float], s: dict[str, Any]) -> list[float]:
+def _llama3_freqs(base: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+    """Llama 3's smoothed scaling, in float32 step by step as transformers computes it."""
     factor, low, high = (
         float(s["factor"]),
         float(s["low_freq_factor"]),
@@ -172,14 +248,9 @@ def _llama3_freqs(base: list[float], s: dict[str, Any]) -> list[float]:
     )
     old = float(s["original_max_position_embeddings"])
     low_wl, high_wl = old / low, old / high
-    out = []
-    for f in base:
-        wl = 2 * math.pi / f
-        if wl < high_wl:
-            out.append(f)
-        elif wl > low_wl:
-            out.append(f / factor)
-        else:
-            smooth = (old / wl - low) / (high - low)
-            out.append((1 - smooth) * f / factor + smooth * f)
-    return out
+    wl = 2 * math.pi / base
+    scaled = torch.where(wl > low_wl, base / factor, base)
+    smooth = (old / wl - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wl < high_wl) * ~(wl > low_wl)
+    return torch.where(medium, smoothed, scaled)

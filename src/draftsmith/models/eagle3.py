@@ -191,6 +191,12 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", torch.tensor(lc.inv_freq()), persistent=False)
 
+    def _apply(self, fn, recurse: bool = True) -> Eagle3Drafter:
+        """Casts (`.to(bf16)`, `.half()`) keep RoPE's frequencies in float32."""
+        super()._apply(fn, recurse)
+        llama.keep_rope_fp32(self, self.lc)
+        return self
+
     @property
     def layers(self) -> list[Eagle3Layer]:
         return [self.midlayer, *self.extra_layers]
