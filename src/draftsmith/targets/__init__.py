@@ -149,7 +149,16 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     hf_cfg = hf.read_config(folder)
     cfg = ModelConfig.from_hf(hf_cfg)
     try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: its configs are untyped
+        StrictDataclassError = DraftsmithError  # noqa: N806 (never raised by the call below)
+
+    try:
         tok = AutoTokenizer.from_pretrained(folder)
+    except StrictDataclassError as e:  # transformers' typed configs refuse a field's value
+        why = " ".join(str(e).split())
+        raise DraftsmithError(f"{folder / 'config.json'}: transformers refuses it ({why}); fix "
+                              "that field") from None
     except (OSError, ValueError, KeyError, TypeError) as e:  # it validates config.json too
         why = " ".join(str(e).split())  # transformers' message spans lines
         raise DraftsmithError(f"{folder}: cannot load the tokenizer (tokenizer.json and "
