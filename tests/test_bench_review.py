@@ -58,7 +58,7 @@ def test_bench_table_shows_a_dash_where_nothing_was_measured():
     assert cols["p1"] == ["", "50%"] and cols["p3"] == ["", "-"]  # baseline: no positions
     idle = report_of([spec_row([None, None, None], None, [0, 0, 0, 0])])
     cols = {c.header: [str(x) for x in c._cells] for c in results_table(idle).columns}
-    assert cols["accept len"] == ["", "-"] and cols["rate"] == ["", "-"]
+    assert cols["accept len"] == ["", "-"] and cols["len/max"] == ["", "-"]
     assert cols["p1"] == ["", "-"]
 
 

@@ -31,7 +31,7 @@ def results_table(report: dict[str, Any]) -> Table:
     profiled, keys = any(r.get("phases") for r in rows), phase_keys(rows)
     t = Table(title=f"draftsmith bench · {report['meta']['device']} · {report['meta']['dtype']}")
     for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
-                "decode speedup", "accept len", "rate"):
+                "decode speedup", "accept len", "len/max"):  # of steps + 1, a cycle's most
         t.add_column(col, justify="left" if col in ("suite", "setting") else "right")
     for i in range(show):
         t.add_column(f"p{i + 1}", justify="right")

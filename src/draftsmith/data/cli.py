@@ -388,13 +388,15 @@ def make(
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
                                       "prompt (longer ones are dropped)"),
     seed: int = typer.Option(0, help="Seeds the prompts and answers"),
+    temperature: float = typer.Option(0.8, "--temperature", help="The answers' sampling "
+                                      "temperature (top-p 0.95); 0 = greedy answers"),
     compile: bool = COMPILE,
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume; a
-    larger --n adds to the run)."""
+    larger --n adds to the run). The dataset to train on is OUT/dataset."""
     from draftsmith.data.pipeline import make_dataset
 
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
                  parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say,
-                 compile=compile)
+                 compile=compile, temperature=temperature)

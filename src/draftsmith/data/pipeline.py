@@ -42,6 +42,7 @@ def make_dataset(
     log: Callable[[str], None] = print,
     progress: bool = True,
     compile: bool = False,
+    temperature: float = 0.8,
 ) -> dict[str, Any]:
     from draftsmith.data.capture import CaptureConfig, aux_ids, capture
     from draftsmith.data.prompts import read_prompts
@@ -66,7 +67,8 @@ def make_dataset(
     # every setting is checked before the first stage starts
     magpie = MagpieConfig(n, batch_size, prompt_tokens, seed=seed)
     regen = within_positions(RegenConfig(max_new_tokens, max_len, batch_size=batch_size,
-                                         seed=seed), t.cfg.max_position_embeddings, log,
+                                         temperature=temperature, seed=seed),
+                             t.cfg.max_position_embeddings, log,
                              t.cfg.sliding_window)
     # regen.max_len: --max-len within the target's positions, as the answers are
     cap = CaptureConfig(ids, max(1, batch_size // 4), regen.max_len, dtype=dtype, device=device)

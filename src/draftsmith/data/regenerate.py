@@ -348,8 +348,11 @@ def regenerate(
     todo = [c for c in convs if c.id not in done]
     stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
-             "answer_tokens": 0}
+             "answer_tokens": 0, "answers_at_max_new": 0}
     count = _counter(tokenizer)
+    if todo:
+        say(f"regenerate: {len(todo)} conversations to answer, {sampling_words(cfg)}, at most "
+            f"{cfg.max_new_tokens} new tokens each")
     bar = Progress(len(convs), stats["done_before"], "conv", "regenerate", progress, say)
     make_folder(out.parent)
     append_whole(out, b"", f"it keeps the {stats['done_before']} conversations answered "
@@ -374,8 +377,22 @@ def regenerate(
                      f"it keeps {kept}; a rerun resumes after them")
         bar.update(len(chunk))
     bar.close()
-    say("regenerate: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    say("regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()))
     return stats
+
+
+# the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
+WORDS = {"truncated": "prompts truncated", "answers_at_max_new": "answers cut at --max-new-tokens"}
+
+
+def sampling_words(cfg: RegenConfig) -> str:
+    """How the answers are drawn, in words: greedy, or the sampling settings."""
+    if cfg.temperature == 0:
+        return "greedy (--temperature 0)"
+    parts = [f"--temperature {cfg.temperature:g}", f"--top-p {cfg.top_p:g}"]
+    if cfg.top_k:
+        parts.append(f"--top-k {cfg.top_k}")
+    return f"sampled ({', '.join(parts)}, --seed {cfg.seed})"
 
 
 def _pid(rec: dict[str, Any]) -> str | None:
@@ -498,6 +515,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
             tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
             answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish})
             stats["answer_tokens"] += tokens
+            stats["answers_at_max_new"] += ans.finish == "length"
     recs = []
     for conv, msgs, _, answers in live:
         if conv.id in failed or not answers:

@@ -68,6 +68,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise DraftsmithError(f"{folder}: holds the ranks' captures but no {MANIFEST} joining "
                               f"them: once every rank is done, run `draftsmith data merge "
                               f"{folder}`")
+    if not path.exists() and (Path(folder) / "dataset" / MANIFEST).is_file():
+        raise DraftsmithError(f"{folder}: a `data make` folder, not a dataset: its dataset is "
+                              f"{Path(folder) / 'dataset'}; pass that")
     m = read_versioned(path, "not a draftsmith dataset folder", FORMAT, FORMAT_VERSION)
     shards = m.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
