@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ def tune(
     target: str = TARGET,
     prompts: Path = typer.Option(None, "--prompts", help="chat (the built-in suite, the "
                                  "default), humaneval, or a prompt file"),
+    num_prompts: int = typer.Option(0, "--num-prompts", help="The first N prompts only; 0 = all "
+                                    "(fewer: a quicker, noisier tune)"),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", "--batch-size",
                                     help="Batch sizes to tune for, comma-separated"),
     max_steps: int = typer.Option(7, "--max-steps", help="Deepest chain to measure and sweep"),
@@ -71,6 +74,8 @@ def tune(
         raise DraftsmithError(f"--max-draft-tokens must be >= 2, got {max_draft_tokens}")
     if top < 1:
         raise DraftsmithError(f"--top must be >= 1 (settings swept per batch size), got {top}")
+    if num_prompts < 0:
+        raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {num_prompts}")
     if max_new_tokens < 2:  # the first token comes from the prefill: no cycle to measure
         raise DraftsmithError(f"--max-new-tokens must be >= 2 (a speculative cycle needs a "
                               f"token after the prefill's), got {max_new_tokens}")
@@ -93,7 +98,7 @@ def tune(
     check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
-            out, max_topk, params, seed, max_draft_tokens, refill)
+            out, max_topk, params, seed, max_draft_tokens, refill, num_prompts)
     _one_group(tp)
     if tp == 1:
         report = run_tune(*args)
@@ -211,6 +216,7 @@ def run_tune(
     seed: int = 0,
     max_draft: int = 32,
     refill: bool = False,
+    num_prompts: int = 0,
     tp=None,
 ) -> dict:
     import torch
@@ -235,6 +241,7 @@ def run_tune(
 
     check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
+    texts = texts[:num_prompts] if num_prompts else texts
     read_drafter_meta(drafter_dir)  # and a mistyped --drafter
     torch.manual_seed(seed)
     t = load_target(target)
@@ -295,6 +302,7 @@ def run_tune(
         if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
             costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
         preds, meas, done = [], [], partial.kept_measured(was)
+        swept = time.perf_counter()
         limits = (max_steps, max_topk, max_draft)
         grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
         for b in batches:
@@ -302,12 +310,14 @@ def run_tune(
             preds += ranked
             chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
             plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
-            for s in (s for s in plan if within(s, *limits)):
+            todo = [s for s in plan if within(s, *limits)]
+            for i, s in enumerate(todo, 1):
+                where = f"batch {b}, setting {i}/{len(todo)}: {s}"
                 if (m := done.get((b, s))) is not None:
-                    console.print(f"batch {b}: {s} (measured before it stopped)")
+                    console.print(f"{where} (measured before it stopped)")
                     meas.append(m)
                     continue
-                console.print(f"batch {b}: {s}")
+                console.print(f"{where} ({time.perf_counter() - swept:.0f} s into the sweep)")
                 meas.append(measure.run_setting(eng, s, ids, b, new, eos,
                                                 refilled.waves if refilled else 0))
                 kept.save(measured=[partial.measured_row(m) for m in meas])
