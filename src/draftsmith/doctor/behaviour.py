@@ -53,7 +53,20 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
     cond = [sum(r["cond_acc"][i] for r in rows) / len(rows) for i in range(k)]
     accept = [r["accept_length"] for r in rows if "accept_length" in r]
     return {"cond_acc": cond, "accept_length": sum(accept) / len(accept) if accept else None,
-            "steps": [r["step"] for r in rows], "source": str(folder / "train_log.jsonl")}
+            "steps": [r.get("step") for r in rows], "source": str(folder / "train_log.jsonl")}
+
+
+def promise_words(promise: dict[str, Any], steps: int) -> str:
+    """Where the promised figures come from, so they can be traced in train_log.jsonl."""
+    rows = promise.get("steps") or []
+    if not rows:
+        return "the training log's cond_acc (per position)"
+    span = f"step {rows[0]}" if len(rows) == 1 else f"steps {rows[0]}..{rows[-1]}"
+    source = promise.get("source") or "train_log.jsonl"
+    n = len(promise.get("cond_acc") or [])
+    return (f"the mean of cond_acc per position over the last {len(rows)} rows of {source} "
+            f"({span}); its accept length from those means at positions "
+            f"0..{min(steps, n) - 1}, not the log's accept_length (all {n} positions)")
 
 
 def promised_length(promise: dict[str, Any], steps: int) -> float | None:
@@ -132,8 +145,10 @@ def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max
 
 
 def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None,
-                 where: str) -> list[Finding]:
-    """The first run is the drafter as configured; later ones (other layer sets) explain a gap."""
+                 where: str, wired: bool = False, why_steps: str = "") -> list[Finding]:
+    """The first run is the drafter as configured; later ones (other layer sets) explain a gap.
+    `wired`: the live match proved the run fed the drafter the layers its data holds, so a gap
+    is the drafter's, not the wiring's; `why_steps` says where the run's draft steps came from."""
     label, run = next(iter(runs.items()))
     if promise is None or not run["position_rates"] or not promise["cond_acc"]:
         return []
@@ -147,7 +162,9 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
     steps = len(run["position_rates"])
     what = (f"{label}, draft position 0 was accepted {got:.1%} of the time, the training log "
             f"promised {want:.1%} (accept length {figure(run['mean_accept_length'], '.2f')} vs "
-            f"{figure(promised_length(promise, steps), '.2f')} at {steps} draft steps)")
+            f"{figure(promised_length(promise, steps), '.2f')} at {steps} draft steps)"
+            + (f"; {steps} draft steps: {why_steps}" if why_steps else "")
+            + f"; promised: {promise_words(promise, steps)}")
     n, k = (run.get("reached") or [0])[0], (run.get("accepted") or [0])[0]
     chance = below_chance(k, n, want) if "reached" in run else 0.0
     if ratio < ERROR_RATIO and chance >= ERROR_P:
@@ -155,6 +172,8 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
                         "wiring from chance", where, "run more --prompts or --max-new-tokens")]
     if ratio < WARN_RATIO and chance >= WARN_P:
         return []  # within what so few drafts vary by
+    if ratio < ERROR_RATIO and wired:
+        return [_not_wiring(what, where)]
     if ratio < ERROR_RATIO:
         return [Finding("error", "behaviour", what + ": a gap this large is usually wiring "
                         "(wrong hidden states) or a different chat template" + _explained(
@@ -164,6 +183,16 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
         return [Finding("warning", "behaviour", what, where, "compare prompts like the training "
                         "data; a modest gap is normal on new prompts")]
     return []
+
+
+def _not_wiring(what: str, where: str) -> Finding:
+    return Finding("warning", "behaviour", what + ": the live match passed (the run fed the "
+                   "drafter the layers its data holds), so this is not wiring; likely causes: a "
+                   "drafter overfit on little data, the log's rates measured on the training "
+                   "rows' own answers while this run drafts the target's greedy ones (here or on "
+                   "other prompts), or training answers sampled at a temperature > 0", where,
+                   "train on more data (`draftsmith data make` with a larger --n, and "
+                   "--temperature 0 where the engine decodes greedily); nothing to rewire")
 
 
 def _explained(runs: dict[str, dict[str, Any]], want: float) -> str:

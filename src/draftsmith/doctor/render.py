@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from draftsmith.doctor.behaviour import promised_length
+from draftsmith.doctor.behaviour import promise_words, promised_length
 from draftsmith.doctor.report import Report
 from draftsmith.measured import figure
 
@@ -108,7 +108,8 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
 def behaviour_table(b: dict[str, Any]) -> Table:
     runs = b["runs"]
     promise = b.get("promised") or {}
-    tab = Table(title=f"speculative run ({b['prompts']} prompts): per-position acceptance")
+    tab = Table(title=f"speculative run ({b['prompts']} prompts): per-position acceptance",
+                caption=_behaviour_caption(b))
     tab.add_column("draft position")
     tab.add_column("promised (train log)", justify="right")
     for label in runs:
@@ -124,6 +125,15 @@ def behaviour_table(b: dict[str, Any]) -> Table:
                 *[figure(r["mean_accept_length"], ".2f") for r in runs.values()])
     tab.add_row("tokens/s", "", *[f"{r['tokens_per_s']:.1f}" for r in runs.values()])
     return tab
+
+
+def _behaviour_caption(b: dict[str, Any]) -> str | None:
+    words = []
+    if b.get("draft_steps_why"):
+        words.append(f"{b['draft_steps']} draft steps: {b['draft_steps_why']}")
+    if b.get("promised") and b.get("draft_steps"):
+        words.append(f"promised: {promise_words(b['promised'], b['draft_steps'])}")
+    return "; ".join(words) or None
 
 
 def findings_table(rep: Report) -> Table:

@@ -17,6 +17,8 @@ from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.options import at_least_one
 
 PROMPT_LEN = 512  # the longest data prompt the speculative run takes
+MAX_STEPS = 5  # draft steps a run takes by default, however many positions the log records
+NO_LOG_STEPS = 3  # draft steps without a log to take them from
 
 
 @dataclass
@@ -216,8 +218,7 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         return
     rep.add("loads", notes)
     promise = behaviour.promised(info.folder)
-    steps = opts.steps if opts.steps is not None else (
-        min(len(promise["cond_acc"]), 5) if promise else 3)
+    steps, why_steps = draft_steps(opts.steps, promise)
     source = "data" if prompts else "built-in, target chat template"
     prompts = prompts or behaviour.template_prompts(target, opts.prompts)
     if len(prompts) < opts.prompts:
@@ -227,7 +228,8 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     if not runs:
         rep.skipped.append("behaviour: no aux layer set of the drafter's width to feed")
         return
-    out = {"prompts": source, "promised": promise, "runs": {}}
+    out = {"prompts": source, "promised": promise, "runs": {}, "draft_steps": steps,
+           "draft_steps_why": why_steps}
     for label, ids in runs.items():
         try:
             out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps,
@@ -244,7 +246,32 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
                            "with per-position accuracy (an exported folder carries none); run "
                            "the doctor on the drafter `draftsmith train` wrote to compare")
         return
-    rep.add("behaviour", behaviour.gap_findings(out["runs"], promise, str(info.folder)))
+    first = next(iter(out["runs"].values()))
+    rep.add("behaviour", behaviour.gap_findings(
+        out["runs"], promise, str(info.folder), _wired(rep, first, true_ids), why_steps))
+
+
+def draft_steps(given: int | None, promise: dict[str, Any] | None) -> tuple[int, str]:
+    """The run's draft steps, and why that many."""
+    if given is not None:
+        n = len(promise["cond_acc"]) if promise else 0
+        beyond = f" (the log records {n} positions: the promise covers those)" if 0 < n < given \
+            else ""
+        return given, f"--steps {given}{beyond}"
+    if promise is None:
+        return NO_LOG_STEPS, f"{NO_LOG_STEPS} by default, no training log to take them from"
+    n = len(promise["cond_acc"])
+    if n > MAX_STEPS:
+        return MAX_STEPS, (f"the log records {n} positions, a run drafts at most {MAX_STEPS} "
+                           f"unless --steps (--steps {n} drafts them all)")
+    return n, f"the {n} positions the log records"
+
+
+def _wired(rep: Report, run: dict[str, Any], true_ids: list[int] | None) -> bool:
+    """The live match named the data's layers, the run fed the drafter those, and no check
+    before it failed (wiring, sizes, vocab, target): a behaviour gap then is the drafter's own."""
+    return (true_ids is not None and list(run["aux_layer_ids"]) == list(true_ids)
+            and not rep.errors())
 
 
 def _fewer_prompts(n: int, opts: DoctorOptions, from_data: bool) -> Finding:
