@@ -9,6 +9,7 @@ a resumed run only needs the global step.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -234,9 +235,16 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
     fit_open_files(workers)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=None, num_workers=workers, collate_fn=_as_is, pin_memory=pin,
-        prefetch_factor=PREFETCH, multiprocessing_context="fork",
+        prefetch_factor=PREFETCH, multiprocessing_context="fork", worker_init_fn=_ignore_ctrl_c,
     )
     return _unfailed(loader)
+
+
+def _ignore_ctrl_c(worker: int) -> None:
+    """A terminal's ctrl-C reaches the whole process group: a worker that died of it would
+    fail the run's next batch before the trainer stops at its checkpoint. The trainer decides;
+    its workers end with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _unfailed(items: Iterable[Any]) -> Iterator[tuple[int, int, Batch]]:

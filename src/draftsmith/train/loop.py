@@ -16,7 +16,9 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -141,7 +143,10 @@ class TrainConfig:
             raise DraftsmithError(f"init_head must be 'random' or 'target', got {self.init_head!r}")
         if self.init_from and self.init_head != "random":
             raise DraftsmithError("--init-from starts from a drafter's own head: leave --init-head")
-        if self.draft_vocab_size is None and not (self.init_from or self.vocab):
+        # set here, not a field: `replace` (which sees 32000) and checkpoints keep no trace
+        self.vocab_defaulted = self.draft_vocab_size is None and not (self.init_from or
+                                                                      self.vocab)
+        if self.vocab_defaulted:
             self.draft_vocab_size = 32000
         if self.num_layers is None and not self.init_from:
             self.num_layers = 1
@@ -205,6 +210,38 @@ def _close_held() -> None:
 
 
 os.register_at_fork(after_in_child=_close_held)
+
+
+class Interrupt:
+    """A single process's training loop: the first ctrl-C asks it to stop after the step in
+    flight, at a checkpoint (`asked`); a second one aborts at once (the handler before ours is
+    put back). Only in the main thread, and not where SIGINT was ignored (`nohup`, `cmd &`)."""
+
+    NOTE = (b"\ndraftsmith train: ctrl-C: stopping after this step with a checkpoint "
+            b"(ctrl-C again aborts at once)\n")
+
+    def __init__(self, active: bool) -> None:
+        self.asked, self.old = False, None
+        self.active = active and threading.current_thread() is threading.main_thread()
+
+    def __enter__(self) -> Interrupt:
+        if self.active:
+            old = signal.getsignal(signal.SIGINT)
+            self.active = old is not signal.SIG_IGN
+            if self.active:
+                # None: a handler not set from Python; put back Python's own
+                self.old = signal.default_int_handler if old is None else old
+                signal.signal(signal.SIGINT, self._ask)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self.old)
+
+    def _ask(self, signum: int, frame: Any) -> None:
+        self.asked = True
+        signal.signal(signal.SIGINT, self.old)
+        os.write(2, self.NOTE)  # unbuffered: the handler may run inside another write
 
 
 def check_run_folder(out: Path) -> None:
@@ -323,6 +360,7 @@ class Pending:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistCtx) -> None:
+        self.vocab_defaulted = getattr(cfg, "vocab_defaulted", False)  # before `replace`
         gpu = ctx.device.type == "cuda"
         # what runs, not None, is checked on --resume and goes into checkpoints and the config
         cfg = replace(cfg, compile_loss=gpu if cfg.compile_loss is None else cfg.compile_loss,
@@ -346,6 +384,7 @@ class Trainer:
         self.window = Window(cfg.ttt_steps)
         self.watched = False  # the first logged window checked for positions that train
         self.pending: Pending | None = None
+        self.stopped = False  # stopped at a checkpoint after a ctrl-C (`_stop_interrupted`)
         self.held: int | None = None  # the --out lock's descriptor (`_hold_out`)
         self.lines = False  # progress as a line a logged step (run: stderr not a terminal)
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
@@ -571,9 +610,30 @@ class Trainer:
             self._check_vocab_size(d2t.numel())
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
             return d2t, t2d
-        v = build_vocab(self.data.token_counts(vocab), min(self.cfg.draft_vocab_size, vocab), vocab)
+        hint, counts = self._dataset_vocab_hint(), self.data.token_counts(vocab)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            v = build_vocab(counts, min(self.cfg.draft_vocab_size, vocab), vocab)
+        for w in said:  # the counted vocab's warnings, with the dataset's own vocab named
+            warnings.warn(f"{w.message}{'; ' + hint if hint else ''}", w.category, stacklevel=2)
+        if hint and not said:
+            self.say(f"note: {hint}")
         self.vocab_summary = v.summary()
         return v.d2t, v.t2d
+
+    def _dataset_vocab_hint(self) -> str | None:
+        """Where neither --vocab nor --draft-vocab-size was given and the dataset holds the
+        vocab `data make` wrote: that it is not used (the default counts one on the data)."""
+        path = Path(self.cfg.data or "") / "vocab.safetensors"
+        if not (self.cfg.data and self.vocab_defaulted and path.is_file()):
+            return None
+        try:
+            n = read_vocab(str(path), self.target.cfg.vocab_size)[0].numel()
+        except DraftsmithError:
+            return None  # not this target's vocab: nothing to point at
+        return (f"the dataset holds a vocab made by `data make` ({path}, {n} draft tokens), "
+                f"not used: without --vocab a vocab of up to {self.cfg.draft_vocab_size} is "
+                f"counted on the data; pass --vocab {path} to train on it")
 
     def _check_vocab_size(self, n: int) -> None:
         """An explicit --draft-vocab-size against the --vocab file's: fewer is refused; more is
@@ -746,32 +806,59 @@ class Trainer:
         start = self.started = time.perf_counter()
         self.first = self.step  # steps before are a resumed run's: not this process's pace
         try:
-            while self.step < self.total:
-                t0 = time.perf_counter()
-                self.train_step()
-                self.step += 1
-                log = self.step % self.cfg.log_every == 0 or self.step == self.total
-                saved = self.step % self.cfg.save_every == 0 or self.step == self.total
-                if log or saved:
-                    self._flush()  # the host waits here only
-                self.window.seconds += time.perf_counter() - t0
-                bar.update(1)
-                if log:
-                    self._show(bar, self._log())
-                if saved:
-                    self._checkpoint()
-                if log and self.step < self.total and self._out_of_time(start):
-                    if not saved:
-                        self._checkpoint()  # pending stats were flushed at the log step
-                    self.say(f"time limit ({self.cfg.time_limit:g} s): stopped at step "
-                             f"{self.step} of {self.total} with a checkpoint; the same command "
-                             "with --resume continues")
-                    return self.out
+            with Interrupt(self.ctx.world == 1) as ctrl_c:
+                while self.step < self.total:
+                    t0 = time.perf_counter()
+                    self.train_step()
+                    self.step += 1
+                    log = self.step % self.cfg.log_every == 0 or self.step == self.total
+                    saved = self.step % self.cfg.save_every == 0 or self.step == self.total
+                    if log or saved:
+                        self._flush()  # the host waits here only
+                    self.window.seconds += time.perf_counter() - t0
+                    bar.update(1)
+                    if log:
+                        self._show(bar, self._log())
+                    if saved:
+                        self._checkpoint()
+                    if ctrl_c.asked and self.step < self.total:
+                        self._stop_interrupted(saved)
+                    if log and self.step < self.total and self._out_of_time(start):
+                        if not saved:
+                            self._checkpoint()  # pending stats were flushed at the log step
+                        self.say(f"time limit ({self.cfg.time_limit:g} s): stopped at step "
+                                 f"{self.step} of {self.total} with a checkpoint; the same "
+                                 "command with --resume continues")
+                        return self.out
+        except KeyboardInterrupt:
+            if not self.stopped:  # a ctrl-C that could not wait for the step (or under DDP)
+                self._say_aborted()
+            raise
         finally:
             self.loader.close()
             bar.close()
             self.prof.close()
         return self._finish()
+
+    def _stop_interrupted(self, saved: bool) -> None:
+        """After the first ctrl-C: the step in flight done, a checkpoint at this step (its
+        statistics in), then KeyboardInterrupt (the CLI exits 130)."""
+        if not saved:
+            self._flush()
+            self._checkpoint()
+        self.stopped = True
+        self.say(f"interrupted at step {self.step} of {self.total}: checkpoint written to "
+                 f"{ckpt.checkpoint_dir(self.out, self.step)}; the same command with --resume "
+                 "continues")
+        raise KeyboardInterrupt
+
+    def _say_aborted(self) -> None:
+        """A ctrl-C that stopped the run mid-step: where --resume would start."""
+        latest = ckpt.latest_checkpoint(self.out) if self.ctx.main else None
+        where = (f"the last checkpoint is {latest}; the same command with --resume continues "
+                 "from it" if latest is not None else
+                 "no checkpoint written yet; the same command starts over")
+        self.say(f"aborted after {self.step} of {self.total} steps: {where}")
 
     def _hold_out(self) -> None:
         """--out made and locked (flock on the folder, rank 0) while this run writes: a second
