@@ -412,21 +412,16 @@ def _from_rank0(tp, obj):
 def suite(path: Path | None) -> list[str]:
     """The first user turn of each prompt: the built-in chat suite by default or by name (as
     bench's `--suite chat`), HumanEval by name, else a prompt file."""
-    if path is not None and str(path) == "chat":
-        from draftsmith.bench.suites import builtin_chat
+    from draftsmith.bench.suites import CHAT_SUITE, builtin_chat
+    from draftsmith.data.prompts import read_prompts
 
-        builtin_chat()  # a file named chat here too is refused, as bench refuses it
-        path = None
-    if path is not None:
-        from draftsmith.data.prompts import read_prompts
-
-        if not (convs := read_prompts(path)):
-            raise DraftsmithError(f"--prompts {path}: no conversations in it")
-        return [c.first_user() for c in convs]
-    src = Path(__file__).resolve().parents[1] / "bench" / "chat_suite.jsonl"
-    if not src.is_file():
-        raise DraftsmithError(f"{src}: the built-in chat suite is missing; pass --prompts")
-    return [json.loads(line)["prompt"] for line in src.read_text().splitlines() if line.strip()]
+    if path is None:
+        path = CHAT_SUITE
+    elif str(path) == "chat":  # a file named chat here too is refused, as bench refuses it
+        path = builtin_chat()
+    if not (convs := read_prompts(path)):
+        raise DraftsmithError(f"--prompts {path}: no conversations in it")
+    return [c.first_user() for c in convs]
 
 
 # what every figure of a tune run assumes, said in its report
