@@ -11,7 +11,6 @@ measured (the gap between the two candidate logits there, from one full forward)
 from __future__ import annotations
 
 import datetime
-import numbers
 import platform
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import torch
 from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
+from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import PhaseSummary, env_on
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
@@ -73,8 +73,7 @@ class BenchConfig:
                              ("--batch-size", self.batch_sizes)):
             if not values and flag != "--num-draft-tokens":
                 raise DraftsmithError(f"{flag}: give at least one value")
-            if bad := [v for v in values if not isinstance(v, numbers.Integral)
-                       or isinstance(v, bool) or v < 1]:
+            if bad := [v for v in values if not whole(v) or v < 1]:
                 raise DraftsmithError(f"{flag} must be whole numbers >= 1, got {bad[0]!r}")
         check_max_new(self.max_new_tokens)
         if not isinstance(self.num_prompts, int) or self.num_prompts < 0:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import make_clock
 from draftsmith.engine.runtime import Runtime, check_window, engine_compile, pinned_at
 from draftsmith.engine.sampling import RowSampling, SamplingParams, widest
@@ -198,7 +199,7 @@ def check_request(rt: Runtime, prompts: list[list[int]], max_new: int,
 
 def check_max_new(max_new: int) -> None:
     """max_new_tokens a whole number >= 1 (a float one failed deep in a buffer's allocation)."""
-    if not isinstance(max_new, numbers.Integral) or isinstance(max_new, bool):
+    if not whole(max_new):
         raise DraftsmithError(f"max_new_tokens must be a whole number, got {max_new!r}")
     if max_new < 1:
         raise DraftsmithError(f"max_new_tokens must be >= 1, got {max_new}")

@@ -26,7 +26,7 @@ class SamplingParams:
             raise DraftsmithError(f"temperature must be >= 0, got {self.temperature}")
         if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise DraftsmithError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool):
+        if not whole(self.top_k):
             raise DraftsmithError(f"top_k must be a whole number, got {self.top_k!r}")
         if self.top_k < 0:
             raise DraftsmithError(f"top_k must be >= 0, got {self.top_k}")
@@ -48,6 +48,11 @@ class SamplingParams:
 
 def _real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def whole(x: object) -> bool:
+    """A whole number (numpy's too), not a bool: what every count the engine takes must be."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 KINDS = ("greedy", "temperature", "filtered")  # each kind's rows can take the kinds before it

@@ -10,13 +10,13 @@ independent, so a greedy answer is the one a prompt gets alone.
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 from collections.abc import Callable
 
 import torch
 
 from draftsmith.engine.generate import _trim, check_request, eos_list, graphed_step, padded, sync
+from draftsmith.engine.params import whole
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import RowSampling, SamplingParams
 from draftsmith.errors import DraftsmithError
@@ -211,7 +211,7 @@ def generate_refill(
 def check_rows(rows: int | None, most: int) -> None:
     """Rows in flight: None for as many as the engine holds (`most`, its max_batch), else at
     least one and at most that."""
-    if rows is not None and (not isinstance(rows, numbers.Integral) or isinstance(rows, bool)):
+    if rows is not None and not whole(rows):
         raise DraftsmithError(f"rows must be a whole number, got {rows!r}")
     if rows is not None and rows < 1:
         raise DraftsmithError(f"rows must be >= 1, got {rows}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import typing
 from collections.abc import Callable
 from functools import partial
@@ -10,6 +9,7 @@ from functools import partial
 import torch
 
 from draftsmith.engine.graphs import Graphs, fill, fill_padded, pad_to, run_keyed, static_inputs
+from draftsmith.engine.params import whole
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import ForwardOut, KVCache, Transformer
 from draftsmith.switches import env_assignments, env_count, env_flag
@@ -36,8 +36,7 @@ def check_window(need: int, window: int | None, what: str | None = None) -> None
 def check_sizes(max_batch: object, max_seq: object, what: str = "Runtime") -> tuple[int, int]:
     """A runtime's rows and slots as ints: whole numbers >= 1 (a bool or 64.0 is no count)."""
     sizes = {"max_batch": max_batch, "max_seq": max_seq}
-    if bad := {k: v for k, v in sizes.items() if not isinstance(v, numbers.Integral)
-               or isinstance(v, bool) or v < 1}:
+    if bad := {k: v for k, v in sizes.items() if not whole(v) or v < 1}:
         raise DraftsmithError(f"{what}: max_batch and max_seq must be whole numbers >= 1, got "
                               + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
     return int(max_batch), int(max_seq)

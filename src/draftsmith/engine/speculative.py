@@ -16,7 +16,6 @@ the last emitted token x_L is verified at position L; the drafter pair (x_{p+1},
 
 from __future__ import annotations
 
-import numbers
 import os
 import time
 import warnings
@@ -40,6 +39,7 @@ from draftsmith.engine.generate import (
     sync,
 )
 from draftsmith.engine.graphs import LateFlag
+from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, check_sizes, check_window, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs
@@ -95,7 +95,7 @@ def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
     (topk > 1) the num_draft_tokens it is given. Front ends call it before loading a model."""
     given = {"steps": steps, "topk": topk, "num_draft_tokens": num_draft_tokens}
     if bad := {k: v for k, v in given.items() if not (v is None and k == "num_draft_tokens")
-               and (not isinstance(v, numbers.Integral) or isinstance(v, bool))}:
+               and not whole(v)}:
         raise DraftsmithError("steps, topk and num_draft_tokens must be whole numbers, got "
                               + ", ".join(f"{k} {v!r}" for k, v in bad.items()))
     if steps < 1 or topk < 1:
@@ -105,11 +105,6 @@ def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
             f"with topk 1 num_draft_tokens is steps + 1 = {steps + 1}, got {num_draft_tokens}")
     if topk > 1 and num_draft_tokens is None:
         raise DraftsmithError("a tree (topk > 1) needs num_draft_tokens (--num-draft-tokens)")
-
-
-def _count(v: object) -> bool:
-    """A whole number >= 1 (a bool is no count)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
 
 
 def check_pair(tc, dc) -> tuple[int, ...]:
@@ -234,7 +229,7 @@ class SpecDecoder:
 
     def capture(self, batch_sizes: list[int]) -> None:
         """Allocate state and capture graphs for these batch sizes, largest first."""
-        if bad := [b for b in batch_sizes if not _count(b)]:
+        if bad := [b for b in batch_sizes if not whole(b) or b < 1]:
             raise DraftsmithError(f"batch sizes must be whole numbers >= 1, got {bad[0]!r}")
         for b in sorted(set(batch_sizes), reverse=True):
             if b > self.rt.max_batch:
