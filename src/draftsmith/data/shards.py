@@ -62,15 +62,21 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / MANIFEST
-    if not path.exists() and any(Path(folder).glob(f"rank-*/{MANIFEST}")):
+def _not_a_dataset(folder: Path) -> None:
+    """A folder without a manifest that holds a dataset's makings: named with what to do."""
+    if any(folder.glob(f"rank-*/{MANIFEST}")):
         raise DraftsmithError(f"{folder}: holds the ranks' captures but no {MANIFEST} joining "
                               f"them: once every rank is done, run `draftsmith data merge "
                               f"{folder}`")
-    if not path.exists() and (Path(folder) / "dataset" / MANIFEST).is_file():
+    if (folder / "dataset" / MANIFEST).is_file():
         raise DraftsmithError(f"{folder}: a `data make` folder, not a dataset: its dataset is "
-                              f"{Path(folder) / 'dataset'}; pass that")
+                              f"{folder / 'dataset'}; pass that")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.exists():
+        _not_a_dataset(Path(folder))
     m = read_versioned(path, "not a draftsmith dataset folder", FORMAT, FORMAT_VERSION)
     shards = m.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
