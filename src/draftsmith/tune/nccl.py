@@ -41,6 +41,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.parallel import TP
 from draftsmith.options import at_least_one, check_folder
+from draftsmith.tune.partial import differences
 from draftsmith.tune.tp_targets import TargetSpec, check_split, quiet_twin
 
 SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
@@ -247,10 +248,7 @@ def resumed(path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DraftsmithError(f"{path}: not a stopped NCCL sweep's timings ({e}); delete it or "
                               "give another --out") from None
-    mine = json.loads(json.dumps(run, default=str))
-    differ = [f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here"
-              for k in dict.fromkeys([*mine, *theirs]) if theirs.get(k) != mine.get(k)]
-    if differ:
+    if differ := differences(theirs, json.loads(json.dumps(run, default=str))):
         raise DraftsmithError(f"{path} holds what another NCCL sweep timed before it stopped ("
                               + "; ".join(differ) + "): rerun that sweep to resume it, or "
                               "delete the file or give another --out")

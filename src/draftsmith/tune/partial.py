@@ -44,6 +44,15 @@ def ids_digest(ids: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
 
 
+def differences(theirs: dict, mine: dict, skip: tuple[str, ...] = (),
+                words: dict[str, str] | None = None) -> list[str]:
+    """What differs between a stopped run's settings and this run's, a key at a time (`words`:
+    a key said otherwise; `skip`: keys not compared)."""
+    return [(words or {}).get(k) or f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here"
+            for k in dict.fromkeys([*mine, *theirs])
+            if k not in skip and theirs.get(k) != mine.get(k)]
+
+
 class Partial:
     """What a tune run has measured so far, written into out/tune.partial.json as it goes
     (acceptance, costs, each swept setting): a run that fails or is stopped partway leaves
@@ -68,11 +77,7 @@ class Partial:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DraftsmithError(f"{self.path}: not a stopped tune's measurements ({e}); "
                                   "delete it or give another --out") from e
-        mine = self.data["run"]
-        differ = [WHAT.get(k) or f"{k} {theirs.get(k)!r} there, {mine.get(k)!r} here"
-                  for k in dict.fromkeys([*mine, *theirs])
-                  if k not in PATHS + RESHAPED and theirs.get(k) != mine.get(k)]
-        if differ:
+        if differ := differences(theirs, self.data["run"], PATHS + RESHAPED, WHAT):
             raise DraftsmithError(
                 f"{self.path} holds what another tune measured before it stopped ("
                 + "; ".join(differ) + "): rerun that tune to resume it, or delete the file "
