@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from draftsmith.serve.engine import ServeEngine
     from draftsmith.serve.scheduler import Scheduler
 
-MAX_BODY = 16 << 20
+MAX_BODY = 16 << 20  # a request body's limit where the config sets none (--max-body's default)
 STOP_WAIT_S = 10.0  # a running batch's time to end once the server stops
 # The GIL's switch interval while a server runs, in microseconds (0: Python's own, 5,000). The
 # batch loop gives up the GIL at every GPU sync and must win it back from the HTTP threads; under
@@ -189,20 +189,31 @@ def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: S
         return JSONResponse(_model_card(engine, cfg))
 
 
-def _too_large() -> P.ApiError:
-    return P.ApiError(413, f"the request body is over {MAX_BODY >> 20} MiB", None,
-                      "body_too_large")
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n:,} bytes"
 
 
-async def _json(request: Request) -> Any:
+def _too_large(limit: int) -> P.ApiError:
+    return P.ApiError(413, f"the request body is over {_size(limit)} (the server's --max-body); "
+                      "send a smaller one", None, "body_too_large")
+
+
+async def _body(request: Request, cfg: P.ServeConfig) -> bytearray:
+    """The raw body, refused (413) past the limit before it is all read."""
+    limit = cfg.max_body or MAX_BODY
     size = request.headers.get("content-length", "0")
-    if not size.isdigit() or int(size) > MAX_BODY:
-        raise _too_large()
+    if not size.isdigit() or int(size) > limit:
+        raise _too_large(limit)
     raw = bytearray()
     async for part in request.stream():  # a chunked body has no content-length to check
         raw += part
-        if len(raw) > MAX_BODY:
-            raise _too_large()
+        if len(raw) > limit:
+            raise _too_large(limit)
+    return raw
+
+
+def _json(raw: bytes | bytearray) -> Any:
+    """The decoded body; called off the event loop (16 MiB of JSON takes ~0.2 s)."""
     try:
         return json.loads(raw)
     except RecursionError:
@@ -211,6 +222,10 @@ async def _json(request: Request) -> Any:
     except ValueError as e:  # not JSON, not UTF-8, or an integer of over 4,300 digits
         raise P.ApiError(400, f"the request body is not valid JSON: {e}", None,
                          "invalid_json") from None
+
+
+def _parsed(parse: Any, raw: bytearray, cfg: P.ServeConfig, engine: Any) -> P.GenRequest:
+    return parse(_json(raw), cfg, engine)
 
 
 def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
@@ -230,6 +245,7 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
             if first[0] == "error":
                 raise P.ApiError(*first[1:])
             if req.stream:
+                first = _unstarted(q, first)
                 return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched),
                                          media_type="text/event-stream")
             return JSONResponse(await _collect(req, q, first, cfg.fingerprint, gone))
@@ -243,14 +259,25 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await _json(request)
-        return await serve(request, await run_in_threadpool(P.parse_chat, body, cfg, engine))
+        raw = await _body(request, cfg)
+        return await serve(request, await run_in_threadpool(_parsed, P.parse_chat, raw, cfg,
+                                                            engine))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _json(request)
-        return await serve(request, await run_in_threadpool(P.parse_completion, body, cfg,
-                                                            engine))
+        raw = await _body(request, cfg)
+        return await serve(request, await run_in_threadpool(_parsed, P.parse_completion, raw,
+                                                            cfg, engine))
+
+
+def _unstarted(q: asyncio.Queue, first: tuple) -> tuple:
+    """A stream's first event among those already come (before its 200 goes out): one that
+    refuses it (the server stopped while it was queued) is its HTTP status, not an event."""
+    while first[0] == "accepted" and not q.empty():
+        first = q.get_nowait()
+    if first[0] == "error":
+        raise P.ApiError(*first[1:])
+    return first
 
 
 class _Gone(Exception):

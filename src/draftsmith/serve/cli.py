@@ -54,6 +54,8 @@ def serve(
     max_prompt_tokens: int = typer.Option(2048, "--max-prompt-tokens",
                                           help="Longest prompt (after the chat template)"),
     max_queue: int = typer.Option(256, "--max-queue", help="Queued requests before 429"),
+    max_body: int = typer.Option(16, "--max-body", help="Largest request body in MiB (a "
+                                 "larger one is refused with 413 before it is read whole)"),
     served_model_name: str = typer.Option(None, "--served-model-name",
                                           help="Model id clients use (default: the target's)"),
     api_key: str = typer.Option(None, "--api-key", envvar="DRAFTSMITH_API_KEY",
@@ -99,7 +101,7 @@ def serve(
 
     at_least_one({"--max-batch": max_batch, "--max-tokens-limit": max_tokens_limit,
                   "--max-prompt-tokens": max_prompt_tokens, "--max-queue": max_queue,
-                  "--steps": steps, "--topk": topk})
+                  "--max-body": max_body, "--steps": steps, "--topk": topk})
     if (log_level := log_level.lower()) not in LOG_LEVELS:
         raise DraftsmithError(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     if frontends is not None and frontends < 0:
@@ -129,7 +131,7 @@ def serve(
              "and prompt passes" + (", compiling" if ecfg.compile else ""))
         engine.warmup(kinds=kinds)
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
-                        continuous)
+                        continuous, max_body << 20)
     if host not in LOOPBACK and not api_key:
         _say(f"warning: serving on {host} without --api-key: anyone who can reach it can use it")
     mode = speculative_mode(drafter, steps, topk, num_draft_tokens) if drafter else "baseline"
@@ -179,7 +181,8 @@ def check_bindable(host: str, port: int) -> None:
 
 
 def server_config(engine, target: str, name: str | None, api_key: str | None,
-                  max_queue: int, drafter: Path | None = None, continuous: bool = True):
+                  max_queue: int, drafter: Path | None = None, continuous: bool = True,
+                  max_body: int | None = None):
     from draftsmith.serve.protocol import ServeConfig
 
     t, c = engine.target, engine.cfg
@@ -191,9 +194,9 @@ def server_config(engine, target: str, name: str | None, api_key: str | None,
             "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
             "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
             "target_fingerprint": t.fingerprint, "continuous": continuous,
-            "compiled": c.compile, "fixed_rows": c.fixed_rows}
+            "compiled": c.compile, "fixed_rows": c.fixed_rows, "max_body": max_body}
     return ServeConfig(model_name, aliases, c.max_tokens, c.max_prompt_tokens, c.max_batch,
-                       max_queue, api_key, t.fingerprint, info, continuous)
+                       max_queue, api_key, t.fingerprint, info, continuous, max_body)
 
 
 def _default_name(t, target: str) -> str:

@@ -50,11 +50,12 @@ class ServeConfig:
     fingerprint: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     continuous: bool = True  # rows that end take queued jobs (False: batches run to the end)
+    max_body: int | None = None  # bytes a request body may hold (None: `app.MAX_BODY`)
 
     def __post_init__(self) -> None:
         from draftsmith.options import at_least_one  # typer: not in the frontends' start
 
-        names = ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue")
+        names = ("max_tokens", "max_prompt_tokens", "max_batch", "max_queue", "max_body")
         at_least_one({name: getattr(self, name) for name in names})
 
     def knows(self, model: str) -> bool:
@@ -119,6 +120,8 @@ def _get(body: dict, name: str, kind: type, default: Any = None) -> Any:
         except OverflowError:  # JSON integers have no bound; a float does
             raise ApiError(400, f"'{name}' is out of range: an integer of {len(str(abs(v)))} "
                            "digits", name, "invalid_value") from None
+    if kind is int and isinstance(v, float) and v.is_integer():  # 2.0, as vLLM and OpenAI take
+        return int(v)
     if not ok:
         raise ApiError(400, f"'{name}' must be {_NAMES[kind]}, got {type(v).__name__}: {v!r:.60}",
                        name, "invalid_type")
