@@ -117,10 +117,3 @@ def test_sliding_window_matches_hf_and_the_engine_stays_within_it(tmp_path, arch
     assert (cached - short).abs().max() < 1e-4
 
 
-def test_a_sliding_window_on_some_layers_only_is_refused(tmp_path):
-    from draftsmith.errors import DraftsmithError
-
-    folder = write_tiny_folder(tmp_path / "t", "qwen2", use_sliding_window=True,
-                               sliding_window=8, max_window_layers=3)
-    with pytest.raises(DraftsmithError, match="sliding window on some layers only"):
-        load_target(folder)

@@ -42,6 +42,15 @@ def check_sizes(max_batch: object, max_seq: object, what: str = "Runtime") -> tu
     return int(max_batch), int(max_seq)
 
 
+def check_kept(kept: object, max_seq: int) -> int:
+    """A runtime's kept positions: a whole number from 1 to its max_seq (the positions past
+    max_seq have no slot to be kept in)."""
+    if not whole(kept) or not 1 <= kept <= max_seq:
+        raise DraftsmithError(f"Runtime: kept must be a whole number from 1 to max_seq "
+                              f"{max_seq}, got {kept!r}")
+    return int(kept)
+
+
 class Runtime:
     """Owns the KV cache of `max_batch` rows x `max_seq` slots for one model.
 
@@ -62,10 +71,10 @@ class Runtime:
     ) -> None:
         """prompt_buckets: prompts padded to a bucket length (`PROMPT_BUCKETS`) and, with graphs,
         prefilled by a captured forward; None = whenever graphs are on. kept: the positions whose
-        output is kept, prompt + answer (default max_seq); slots past them are a drafting margin
-        whose forwards only shape drafts that get cut."""
+        output is kept, prompt + answer: 1 to max_seq (default max_seq); slots past them are a
+        drafting margin whose forwards only shape drafts that get cut."""
         max_batch, max_seq = check_sizes(max_batch, max_seq)
-        self.kept = max_seq if kept is None else min(kept, max_seq)
+        self.kept = max_seq if kept is None else check_kept(kept, max_seq)
         check_window(self.kept, model.cfg.sliding_window,
                      None if kept is not None else f"max_seq {max_seq}")
         p = next(model.parameters())
@@ -148,6 +157,9 @@ class Runtime:
         of this runtime replays (they may share the pool's memory)."""
         b, n = tokens.shape
         self.check(b)
+        if n > self.max_seq:  # its K/V would be written past the cache: an IndexError there
+            raise DraftsmithError(f"a prompt of {n} tokens exceeds the runtime's max_seq "
+                                  f"{self.max_seq}")
         q = self.bucket(b, n)
         if q is None:
             pos = torch.arange(n, device=tokens.device).repeat(b, 1)

@@ -33,6 +33,9 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # the layers the sliding window applies to where it is some only (Qwen2/3's
+    # max_window_layers or layer_types); None: every layer, where there is a window
+    window_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED:
@@ -48,6 +51,11 @@ class ModelConfig:
         if self.head_dim % 2:  # the rotary embedding turns pairs of a head's dims
             raise DraftsmithError(f"model config: head_dim {self.head_dim} is odd; RoPE needs an "
                                   "even head size")
+        if self.window_layers is not None and (
+                not self.sliding_window or not self.window_layers
+                or not all(0 <= j < self.num_layers for j in self.window_layers)):
+            raise DraftsmithError(f"model config: window_layers {self.window_layers} needs a "
+                                  f"sliding_window and layers from 0 to {self.num_layers - 1}")
         if self.num_heads % self.num_kv_heads:
             raise DraftsmithError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
@@ -83,6 +91,7 @@ class ModelConfig:
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         eos = hf.get("eos_token_id")
+        window, window_layers = _sliding_window(hf, arch, int(hf["num_hidden_layers"]))
         cfg = cls(
             arch=arch,
             vocab_size=int(hf["vocab_size"]),
@@ -99,9 +108,10 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(hf, arch),
             qk_norm=arch == "qwen3",
-            sliding_window=_sliding_window(hf, arch, int(hf["num_hidden_layers"])),
+            sliding_window=window,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            window_layers=window_layers,
         )
         if cfg.rope_scaling and rope_type in ("linear", "llama3"):
             try:  # a field these kinds need is named now, not at build
@@ -111,7 +121,17 @@ class ModelConfig:
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; window_layers only where set (a fingerprint of every other config stays
+        as it was before the field)."""
+        d = asdict(self)
+        if d["window_layers"] is None:
+            del d["window_layers"]
+        return d
+
+    def windowed(self, layer: int) -> bool:
+        """Whether the sliding window applies to decoder layer `layer`."""
+        return bool(self.sliding_window) and (self.window_layers is None
+                                              or layer in self.window_layers)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -219,24 +239,27 @@ def _attention_bias(hf: dict[str, Any], arch: str) -> bool:
     return bool(hf.get("attention_bias", False))
 
 
-def _sliding_window(hf: dict[str, Any], arch: str, layers: int) -> int | None:
-    """Mistral windows every layer; Qwen2/3 only under use_sliding_window, and only the layers
-    from max_window_layers on (HF's layer_types). A config without the key windows 4096 tokens,
-    HF's default in these three families."""
+def _sliding_window(hf: dict[str, Any], arch: str, layers: int,
+                    ) -> tuple[int | None, list[int] | None]:
+    """The window and the layers it applies to (None: all). Mistral windows every layer;
+    Qwen2/3 only under use_sliding_window, and only the layers from max_window_layers on, or
+    those layer_types names sliding_attention (HF's layer_types). A config without the key
+    windows 4096 tokens, HF's default in these three families."""
     window = hf.get("sliding_window", 4096)
     if window is None or arch == "mistral":
-        return None if window is None else int(window)
+        return None if window is None else int(window), None
     if arch not in ("qwen2", "qwen3") or not hf.get("use_sliding_window"):
-        return None
+        return None, None
     first = int(hf.get("max_window_layers", 28))
-    kinds = set(hf.get("layer_types") or ["full_attention"] * min(first, layers)
-                + ["sliding_attention"] * max(0, layers - first))
-    if kinds == {"full_attention"}:
-        return None
-    if kinds != {"sliding_attention"}:
-        raise DraftsmithError("config.json: a sliding window on some layers only "
-                              "(max_window_layers, layer_types) is not supported")
-    return int(window)
+    kinds = hf.get("layer_types") or (["full_attention"] * min(first, layers)
+                                      + ["sliding_attention"] * max(0, layers - first))
+    if len(kinds) != layers or not set(kinds) <= {"full_attention", "sliding_attention"}:
+        raise DraftsmithError(f"config.json: layer_types must name full_attention or "
+                              f"sliding_attention for each of its {layers} layers")
+    windowed = [j for j, kind in enumerate(kinds) if kind == "sliding_attention"]
+    if not windowed:
+        return None, None
+    return int(window), None if len(windowed) == layers else windowed
 
 
 def _llama3_freqs(base: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:

@@ -283,19 +283,27 @@ class Transformer(nn.Module):
         num_slots: int,
         mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
-        """Embedding, RoPE tables and the attention mask (grouped for GQA) for one forward."""
+        """Embedding, RoPE tables and the attention masks (grouped for GQA) for one forward:
+        the mask, and where the sliding window applies to some layers only, the windowed
+        layers' own (None otherwise: every layer attends under the mask)."""
         h = self.embed(tokens)
         cos, sin = self.rope(positions, h.dtype)
         window = self.cfg.sliding_window
+        some = self.cfg.window_layers is not None
+        windowed = None
         if num_slots:
             if mask is None:
-                mask = causal_mask(positions, num_slots, window)
+                mask = causal_mask(positions, num_slots, None if some else window)
+                windowed = causal_mask(positions, num_slots, window) if some else None
             groups = self.cfg.num_heads // self.cfg.num_kv_heads
-            mask = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+            if groups > 1:
+                mask = mask.repeat(1, 1, groups, 1)
+                windowed = None if windowed is None else windowed.repeat(1, 1, groups, 1)
         elif mask is None and window:  # causal over the Q tokens, as is_causal would be
             q = tokens.shape[1]
-            mask = causal_mask(torch.arange(q, device=tokens.device).view(1, q), q, window)
-        return h, cos, sin, mask
+            banded = causal_mask(torch.arange(q, device=tokens.device).view(1, q), q, window)
+            mask, windowed = (None, banded) if some else (banded, None)
+        return h, cos, sin, mask, windowed
 
     def parts(self, compiled: bool, rows: int, step: bool = False) -> dict:
         """The prologue, layer splits and finish a forward of `rows` token rows runs (step: one
@@ -318,6 +326,18 @@ class Transformer(nn.Module):
                 sets[rows] = make()
             return sets[rows]
         return over[1]
+
+    def check_mask(self, tokens: torch.Tensor, caches: list[KVCache] | None,
+                   mask: torch.Tensor | None) -> None:
+        """A caller's mask over the tokens alone serves every layer: where the window applies to
+        some layers only, it cannot serve both kinds once the tokens outrun the window."""
+        window = self.cfg.sliding_window
+        if (caches is None and mask is not None and self.cfg.window_layers is not None
+                and tokens.shape[1] > window):
+            raise DraftsmithError(
+                f"the target windows {len(self.cfg.window_layers)} of its {self.cfg.num_layers} "
+                f"layers over {window} tokens: a masked forward of {tokens.shape[1]} tokens "
+                "would window them all; keep sequences within the window")
 
     def finish(self, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
         """The last layer's residual add and the final norm (one kernel when compiled)."""
@@ -357,7 +377,8 @@ class Transformer(nn.Module):
         """
         parts = self.parts(compiled, tokens.numel(), tokens.shape[1] == 1)
         num_slots = caches[0].k.shape[2] if caches is not None else 0
-        h, cos, sin, mask = parts["prologue"](tokens, positions, num_slots, mask)
+        self.check_mask(tokens, caches, mask)
+        h, cos, sin, mask, windowed = parts["prologue"](tokens, positions, num_slots, mask)
         if caches is not None and slots is None:
             slots = positions
         want = {j: i for i, j in enumerate(aux_ids)}
@@ -368,7 +389,8 @@ class Transformer(nn.Module):
         pairs = parts["aux"] != self.stack_aux  # compiled: the adds in the stack's kernel
         for j, layer in enumerate(parts["layers"]):
             cache = caches[j] if caches is not None else None
-            h, delta = layer(h, delta, cos, sin, cache, slots, mask)
+            m = windowed if windowed is not None and self.cfg.windowed(j) else mask
+            h, delta = layer(h, delta, cos, sin, cache, slots, m)
             if j in want:  # eager: added at once, one tensor kept a layer (doctor asks for all)
                 aux[want[j]] = (h, delta) if pairs else (h + delta, None)
         hidden = parts["finish"](h, delta)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -18,6 +20,9 @@ from draftsmith.models.parallel import (
     VocabEmbedding,
     VocabHead,
 )
+
+# a full tensor, or the call that forms it (a fused one)
+Full = torch.Tensor | Callable[[], torch.Tensor]
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _RENAME = {
@@ -35,8 +40,10 @@ _FUSED = {
 }
 
 
-def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Full-size state dict in our names (QKV and gate/up fused, not yet sharded)."""
+def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Full]:
+    """Full-size state dict in our names (QKV and gate/up fused, not yet sharded); a fused
+    tensor is left as the call that concatenates it (`full_tensor`), so a build holds one at a
+    time, not a second copy of every layer's weights."""
     out: dict[str, torch.Tensor] = {}
     layers: dict[int, dict[str, torch.Tensor]] = {}
     for name, t in hf.items():
@@ -70,28 +77,39 @@ def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]
             out[pre + dst] = w[src]
     for dst, srcs in _FUSED.items():
         try:
-            out[pre + dst + ".weight"] = torch.cat([w[s + ".weight"] for s in srcs])
+            out[pre + dst + ".weight"] = partial(torch.cat, [w[s + ".weight"] for s in srcs])
         except KeyError as e:
             raise DraftsmithError(f"decoder layer {i} lacks weight {e.args[0]}") from None
         if all(s + ".bias" in w for s in srcs):
-            out[pre + dst + ".bias"] = torch.cat([w[s + ".bias"] for s in srcs])
+            out[pre + dst + ".bias"] = partial(torch.cat, [w[s + ".bias"] for s in srcs])
 
 
-def shard_state(model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Cut each full tensor to this rank's slice, as the module owning it is sharded."""
+def full_tensor(t: Full) -> torch.Tensor:
+    """A `fuse_hf_names` entry as a tensor (a fused one concatenated now)."""
+    return t if isinstance(t, torch.Tensor) else t()
+
+
+def shard_state(model: nn.Module, full: dict[str, Full],
+                convert: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                ) -> dict[str, torch.Tensor]:
+    """Cut each full tensor to this rank's slice, as the module owning it is sharded, and
+    `convert` it (to the build's device and dtype) before the next is formed."""
     local: dict[str, torch.Tensor] = {}
     for mname, mod in model.named_modules():
         for pname, param in mod.named_parameters(recurse=False):
             key = f"{mname}.{pname}" if mname else pname
             if full.get(key) is None:
                 raise DraftsmithError(f"weights lack {key!r}")
-            local[key] = _shard_one(mod, pname, full[key], key)
-            if local[key].shape != param.shape:  # config.json and weights disagree
+            whole = full_tensor(full[key])
+            mine = _shard_one(mod, pname, whole, key)
+            if mine.shape != param.shape:  # config.json and weights disagree
                 tp = getattr(mod, "tp", SINGLE)
                 rank = f" (this rank's slice of {tp.size})" if tp.size > 1 else ""
                 raise DraftsmithError(
-                    f"{key}: the checkpoint holds a tensor of shape {tuple(full[key].shape)}, "
+                    f"{key}: the checkpoint holds a tensor of shape {tuple(whole.shape)}, "
                     f"where the model config.json describes takes {tuple(param.shape)}{rank}")
+            local[key] = convert(mine)
+            del whole, mine
     return local
 
 
@@ -122,7 +140,7 @@ def build_model(
     with torch.device("meta"):
         model = Transformer(cfg, tp)
     full = fuse_hf_names(hf_weights, cfg)
-    local = {k: v.to(device=device, dtype=dtype) for k, v in shard_state(model, full).items()}
+    local = shard_state(model, full, lambda t: t.to(device=device, dtype=dtype))
     model.load_state_dict(local, strict=True, assign=True)
     if cfg.tie_word_embeddings:  # under TP both hold the same vocabulary rows, so one shard serves
         model.lm_head.weight = model.embed.weight

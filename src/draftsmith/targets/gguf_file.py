@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,18 @@ def check_whole(rd: Any, path: Path) -> None:
 
 
 def end_of_turn_ids(rd: Any) -> list[int]:
-    """llama.cpp's end-of-turn and end-of-message ids, at which it stops beside the EOS."""
-    keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-    return sorted({int(v) for k in keys if (v := field(rd, k)) is not None})
+    """The ids llama.cpp ends generation at beside the EOS: the end-of-turn, end-of-message and
+    FIM ids the metadata names, and the tokens it recognises by their text (`eog_ids`)."""
+    from draftsmith.targets.tokenizer import eog_ids
+
+    tokens = field(rd, "tokenizer.ggml.tokens") or []
+    named = {k: field(rd, f"tokenizer.ggml.{k}_token_id") for k in NAMED_EOG}
+    vocab = {str(text): i for i, text in enumerate(tokens)}  # a repeated text: its last id
+    ids = eog_ids(vocab, {k: None if v is None else int(v) for k, v in named.items()})
+    return [i for i in ids if not tokens or i < len(tokens)]  # llama.cpp drops one past them
+
+
+NAMED_EOG = ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")
 
 
 def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
@@ -127,29 +137,47 @@ def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def read_tensors(path: Path, arch: str, heads: int, kv_heads: int,
                  rd: Any = None) -> dict[str, torch.Tensor]:
-    """The tensors in HF names, dequantized; `rd`: a reader of `path` already open (a parse of
-    the default target's metadata takes seconds)."""
-    from gguf.quants import dequantize
+    """The tensors in HF names, dequantized (`iter_tensors`); `rd`: a reader of `path` already
+    open (a parse of the default target's metadata takes seconds)."""
+    return dict(iter_tensors(path, arch, heads, kv_heads, rd))
 
-    out: dict[str, torch.Tensor] = {}
+
+def iter_tensors(path: Path, arch: str, heads: int, kv_heads: int, rd: Any = None,
+                 skip: set[str] | frozenset[str] = frozenset(),
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) one at a time, each in the file's own float type (F32, F16, BF16) or,
+    quantized, dequantized to float32; q/k un-permuted for the llama architecture."""
     for t in (rd if rd is not None else reader(path)).tensors:
         name = hf_name(t.name)
-        if name is None:
+        if name is None or name in skip:
             continue
-        try:
-            arr = dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise DraftsmithError(
-                f"{path}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
-                "which the gguf package cannot dequantize"
-            ) from None
-        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        w = _tensor(t, path)
         if arch == "llama" and name.endswith("q_proj.weight"):
             w = unpermute(w, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             w = unpermute(w, kv_heads)
-        out[name] = w
-    return out
+        yield name, w
+
+
+def _tensor(t: Any, path: Path) -> torch.Tensor:
+    """One GGUF tensor as a writable torch tensor of its shape (a copy of the mapped file)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    shape = tuple(reversed([int(d) for d in t.shape]))
+    if t.tensor_type in (Q.F32, Q.F16):
+        return torch.from_numpy(np.array(t.data)).reshape(shape)
+    if t.tensor_type == Q.BF16:
+        raw = np.array(t.data).view(np.int16)
+        return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
+    try:
+        arr = dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise DraftsmithError(
+            f"{path}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
+            "which the gguf package cannot dequantize"
+        ) from None
+    return torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)
 
 
 def hf_config_and_tokenizer(path: Path):

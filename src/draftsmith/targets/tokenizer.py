@@ -31,6 +31,41 @@ def write_byte_tokenizer(path: Path, vocab_size: int = 128) -> None:
     fast.save_pretrained(path)
 
 
+# The tokens llama.cpp ends generation at by their text (llama-vocab.cpp's `special_eog_ids`),
+# whatever the metadata names, as of the families draftsmith reads (o200k_harmony's, Gemma's and
+# Kimi's left out); and the first FIM pad, repo and file-separator token, unless named.
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                       "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
+FIM_TEXTS = {
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+
+
+def eog_ids(vocab: dict[str, int], named: dict[str, int | None] | None = None) -> list[int]:
+    """The end-of-generation ids llama.cpp takes from a vocabulary (text -> id) beside the EOS:
+    those of `EOG_TEXTS`, the ids `named` gives (eot, eom, fim_pad, fim_rep, fim_sep), and for
+    each FIM kind it names none of, the lowest id among its texts."""
+    named = named or {}
+    ids = {i for text, i in vocab.items() if text in EOG_TEXTS}
+    ids |= {i for i in named.values() if i is not None}
+    for kind, texts in FIM_TEXTS.items():
+        found = [vocab[t] for t in texts if t in vocab]
+        if named.get(kind) is None and found:
+            ids.add(min(found))
+    return sorted(ids)
+
+
+def special_eog_ids(tok) -> list[int]:
+    """The `EOG_TEXTS` among an HF tokenizer's special tokens (added ones marked special):
+    Llama 3's <|eot_id|>, ChatML's <|im_end|>, Gemma's <end_of_turn> where no config lists them
+    (the FIM ones, which a config may name otherwise, a converted GGUF's own list holds)."""
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    return sorted(int(i) for i, t in added.items()
+                  if getattr(t, "special", False) and str(t) in EOG_TEXTS)
+
+
 def tokenizer_hash(tok) -> str:
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
