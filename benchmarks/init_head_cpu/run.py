@@ -27,7 +27,8 @@ def main() -> None:
     with open(f"/tmp/initexp/{init}/train_log.jsonl") as f:
         for line in f:
             r = json.loads(line)
-            print(r["step"], round(r["loss"], 3), [round(a, 3) for a in r["acc"]])
+            acc = [None if a is None else round(a, 3) for a in r["acc"]]  # None: unmeasured
+            print(r["step"], round(r["loss"], 3), acc)
 
 
 if __name__ == "__main__":

@@ -54,10 +54,22 @@ def describe(folder: str | Path, label: str, num_layers: int | None = None) -> D
     canonical, note = canonical_ids(info, layers)
     size = sum(f.stat().st_size for f in info.weight_files())
     params = count({k: s for k, (s, _) in shapes.items()}, info.vocab_size, info.hidden_size,
-                   size)
+                   size, head_source(info))
     dtype = shapes["fc.weight"][1]
     return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
                        note, params, training_data(info), training_summary(info))
+
+
+def head_source(info: DrafterInfo) -> str:
+    """Where the lm_head SGLang's LlamaForCausalLMEagle3 serves comes from: tie_word_embeddings
+    makes it the embedding module (a stored lm_head.weight is never read); untied without
+    draft_vocab_size it loads the target's (`load_lm_head_from_target`). Other layouts store
+    their own."""
+    if info.layout != "sglang":
+        return "stored"
+    if info.config.get("tie_word_embeddings"):
+        return "tied"
+    return "target" if info.config.get("draft_vocab_size") is None else "stored"
 
 
 def readable_shapes(info: DrafterInfo) -> dict[str, tuple[tuple[int, ...], str]]:

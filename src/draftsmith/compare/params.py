@@ -1,7 +1,9 @@
 """Parameter counts under each convention people publish, from safetensors headers alone.
 
 The frozen embedding is the target's: some layouts store it (draftsmith, speculators), SGLang's
-drops it. `all` counts it either way, `stored` counts what the files hold.
+drops it. `all` counts it either way, `stored` counts what the files hold. The lm_head is what
+the engine serves: a tied SGLang folder's is its embedding (counted once, and frozen), an
+untied one without draft_vocab_size serves the target's (`HEADS`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ CONVENTIONS = {
     "trainable": "all but the frozen embedding (lm_head counted)",
     "core": "without the embedding and lm_head (fc, decoder layer(s), norms)",
 }
+# where the lm_head an engine serves comes from -> how the tables say it
+HEADS = {"stored": "",
+         "tied": "tied: the embedding serves as lm_head (counted once, frozen)",
+         "target": "the target's lm_head, not stored (SGLang loads it from the target)"}
 
 
 @dataclass
@@ -32,6 +38,7 @@ class ParamCounts:
     buffers: int
     embedding_stored: bool
     bytes_on_disk: int
+    lm_head_source: str = "stored"  # a key of HEADS
 
     def by_convention(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in CONVENTIONS}
@@ -54,17 +61,20 @@ def kind(name: str) -> str:
 
 
 def count(shapes: dict[str, tuple[int, ...]], vocab: int, hidden: int,
-          bytes_on_disk: int) -> ParamCounts:
-    """shapes: tensor name -> shape; vocab, hidden: the drafter's (for an absent embedding)."""
+          bytes_on_disk: int, head: str = "stored") -> ParamCounts:
+    """shapes: tensor name -> shape; vocab, hidden: the drafter's (for an absent embedding or a
+    head the engine takes from the target); head: where its served lm_head comes from (HEADS)."""
     sums = {"buffer": 0, "embedding": 0, "lm_head": 0, "core": 0, "verifier": 0}
     for name, shape in shapes.items():
         sums[kind(name)] += math.prod(shape)
     stored = sum(sums.values())
     has_embed = sums["embedding"] > 0
     embedding = sums["embedding"] if has_embed else vocab * hidden
-    trainable = sums["core"] + sums["lm_head"]
+    lm_head = {"stored": sums["lm_head"], "tied": embedding, "target": vocab * hidden}[head]
+    # tied: the head is the frozen embedding itself, in neither `trainable` nor twice in `all`
+    trainable = sums["core"] + (0 if head == "tied" else lm_head)
     return ParamCounts(stored, trainable + embedding, trainable, sums["core"], embedding,
-                       sums["lm_head"], sums["buffer"], has_embed, bytes_on_disk)
+                       lm_head, sums["buffer"], has_embed, bytes_on_disk, head)
 
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from draftsmith.compare.params import CONVENTIONS, human
+from draftsmith.compare.params import CONVENTIONS, HEADS, human
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.measured import figure, gaps
 
@@ -64,11 +64,16 @@ def _params(ds: list[dict]) -> list[list[str]]:
     rows.append(["embedding (frozen, the target's)",
                  *[f"{d['params']['embedding']:,}" + ("" if d["params"]["embedding_stored"]
                                                      else " (not stored)") for d in ds]])
-    rows.append(["lm_head", *[f"{d['params']['lm_head']:,}" for d in ds]])
+    rows.append(["lm_head (as the engine serves it)", *[_head(d["params"]) for d in ds]])
     rows.append(["bytes on disk", *[f"{d['params']['bytes_on_disk']:,} "
                                     f"({d['params']['bytes_on_disk'] / 2**20:.1f} MiB)"
                                     for d in ds]])
     return rows
+
+
+def _head(p: dict[str, Any]) -> str:
+    words = HEADS.get(p.get("lm_head_source") or "stored", "")
+    return f"{p['lm_head']:,}" + (f" ({words})" if words else "")
 
 
 def _data(ds: list[dict]) -> list[list[str]]:
@@ -83,8 +88,23 @@ def _data(ds: list[dict]) -> list[list[str]]:
     for k in tkeys:
         vals = [(d["training"] or {}).get(k) for d in ds]
         if any(v is not None for v in vals):
-            rows.append([f"training {k}", *[_fmt(_round(v)) for v in vals]])
+            cells = [_fmt(_round(v)) for v in vals]
+            if k == "last_accept_length":
+                cells = [c + _stops(d["training"]) for c, d in zip(cells, ds, strict=True)]
+            rows.append([f"training {k}", *cells])
     return rows or [["(not recorded)", *["unknown" for _ in ds]]]
+
+
+def _stops(training: dict[str, Any] | None) -> str:
+    """Where the log's accept length stops: a position no chain reached (None) was not
+    measured, so the figure counts the positions before it only."""
+    cond = (training or {}).get("last_cond_acc")
+    if not isinstance(cond, list) or (training or {}).get("last_accept_length") is None:
+        return ""
+    from draftsmith.train.objective import measured_words
+
+    words = measured_words(cond)
+    return f" ({words})" if words else ""
 
 
 def _round(v: Any) -> Any:

@@ -42,7 +42,8 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
     """Mean of the last `last` training-log rows: per-position conditional accuracy, accept length.
 
     `cond_acc[k]` is the share of step-k drafts matching the target's argmax given steps < k did,
-    which is what a greedy chain's per-position acceptance measures."""
+    which is what a greedy chain's per-position acceptance measures. A position is averaged over
+    the rows that measured it; None where none of them did (no chain reached it)."""
     from draftsmith.train.report import read_log
 
     rows = [r for r in read_log(folder) if r.get("cond_acc")]
@@ -50,33 +51,50 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
         return None
     rows = rows[-last:]
     k = min(len(r["cond_acc"]) for r in rows)
-    cond = [sum(r["cond_acc"][i] for r in rows) / len(rows) for i in range(k)]
-    accept = [r["accept_length"] for r in rows if "accept_length" in r]
+    cond = [_mean([r["cond_acc"][i] for r in rows]) for i in range(k)]
+    accept = [r["accept_length"] for r in rows if r.get("accept_length") is not None]
     return {"cond_acc": cond, "accept_length": sum(accept) / len(accept) if accept else None,
             "steps": [r.get("step") for r in rows], "source": str(folder / "train_log.jsonl")}
 
 
+def _mean(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
 def promise_words(promise: dict[str, Any], steps: int) -> str:
     """Where the promised figures come from, so they can be traced in train_log.jsonl."""
+    from draftsmith.train.objective import cut_short, measured
+
     rows = promise.get("steps") or []
     if not rows:
         return "the training log's cond_acc (per position)"
     span = f"step {rows[0]}" if len(rows) == 1 else f"steps {rows[0]}..{rows[-1]}"
     source = promise.get("source") or "train_log.jsonl"
-    n = len(promise.get("cond_acc") or [])
-    return (f"the mean of cond_acc per position over the last {len(rows)} rows of {source} "
-            f"({span}); its accept length from those means at positions "
-            f"0..{min(steps, n) - 1}, not the log's accept_length (all {n} positions)")
+    cond = promise.get("cond_acc") or []
+    n, upto = len(cond), min(steps, len(cond))
+    m, short = measured(cond[:upto]), cut_short(cond[:upto])
+    words = (f"the mean of cond_acc per position over the last {len(rows)} rows of {source} "
+             f"({span}); its accept length from those means at positions 0..{upto - 1}, not "
+             f"the log's accept_length (all {n} positions)")
+    if short:  # the promise stops where the log's measurement does
+        words += (f"; no chain in those rows reached position {m}, so the promised accept "
+                  f"length counts positions 0..{m - 1} only" if m else
+                  "; those rows measured no position, so nothing is promised")
+    return words
 
 
 def promised_length(promise: dict[str, Any], steps: int) -> float | None:
     """The accept length the log promises a chain of `steps` drafts: its own `accept_length`
-    counts every training-time-test step (7 by default), more drafts than the run makes."""
-    from draftsmith.train.objective import accept_length
+    counts every training-time-test step (7 by default), more drafts than the run makes. It
+    stops at the first position the log never measured (None); None where it measured none."""
+    from draftsmith.train.objective import accept_length, measured
 
     cond = promise.get("cond_acc") or []
     if not cond:
         return promise.get("accept_length")
+    if not measured(cond[:steps]):
+        return None
     return accept_length(cond[:steps])
 
 
@@ -153,6 +171,10 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
     if promise is None or not run["position_rates"] or not promise["cond_acc"]:
         return []
     got, want = run["position_rates"][0], promise["cond_acc"][0]
+    if want is None:
+        return [Finding("info", "behaviour", f"{label}: the training log's last rows measured "
+                        "no draft position (no chain reached one), so they promise nothing to "
+                        "hold the run against", where, "")]
     if want <= 0.05:
         return []
     if got is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from draftsmith.doctor.behaviour import promise_words, promised_length
@@ -27,7 +28,7 @@ def show(rep: Report, console: Console | None = None) -> None:
     if rep.findings:
         con.print(findings_table(rep))
     for s in rep.skipped:
-        con.print(f"[dim]skipped {s}[/dim]")
+        con.print(f"[dim]skipped {escape(s)}[/dim]")
     n_err, n_warn = len(rep.errors()), sum(f.severity == "warning" for f in rep.findings)
     if rep.ok and not n_warn:
         notes = len(rep.findings)  # info only, listed in the table above
@@ -41,11 +42,14 @@ def show(rep: Report, console: Console | None = None) -> None:
 
 def _context(con: Console, ctx: dict[str, Any]) -> None:
     t = ctx.get("target", {})
+    # paths and names are text, not markup: exp[v2] would lose its "[v2]", a "[/x]" raise
     con.print(f"target: {t.get('source')} ({t.get('layers')} layers, hidden "
-              f"{t.get('hidden_size')}, fingerprint {t.get('fingerprint')}; from {t.get('from')})")
+              f"{t.get('hidden_size')}, fingerprint {t.get('fingerprint')}; from {t.get('from')})",
+              markup=False)
     for key in ("data", "drafter"):
         if key in ctx:
-            con.print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in ctx[key].items()))
+            con.print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in ctx[key].items()),
+                      markup=False)
 
 
 def matrix_table(w: dict[str, Any]) -> Table:
@@ -101,7 +105,7 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
         fed = "" if not feed else f"{feed.get('written')} -> canonical {feed.get('canonical')}"
         note = "; ".join(filter(None, [feed.get("note", ""), r.get("how", "")
                                        if r.get("write") is None else ""]))
-        tab.add_row(r["engine"], r["key"], write, fed, note)
+        tab.add_row(*map(escape, (r["engine"], r["key"], write, fed, note)))
     return tab
 
 
@@ -109,7 +113,7 @@ def behaviour_table(b: dict[str, Any]) -> Table:
     runs = b["runs"]
     promise = b.get("promised") or {}
     tab = Table(title=f"speculative run ({b['prompts']} prompts): per-position acceptance",
-                caption=_behaviour_caption(b))
+                caption=_behaviour_caption(b))  # escaped: it names the log's path
     tab.add_column("draft position")
     tab.add_column("promised (train log)", justify="right")
     for label in runs:
@@ -119,12 +123,22 @@ def behaviour_table(b: dict[str, Any]) -> Table:
     for i in range(n):
         cells = [figure(r["position_rates"][i], ".1%") if i < len(r["position_rates"]) else ""
                  for r in runs.values()]
-        tab.add_row(str(i), f"{cond[i]:.1%}" if i < len(cond) else "-", *cells)
+        tab.add_row(str(i), figure(cond[i] if i < len(cond) else None, ".1%"), *cells)
     acc = promised_length(promise, n) if promise else None
-    tab.add_row(f"accept length ({n} draft steps)", figure(acc, ".2f"),
+    tab.add_row(f"accept length ({n} draft steps)", _promised_cell(acc, cond[:n]),
                 *[figure(r["mean_accept_length"], ".2f") for r in runs.values()])
     tab.add_row("tokens/s", "", *[f"{r['tokens_per_s']:.1f}" for r in runs.values()])
     return tab
+
+
+def _promised_cell(acc: float | None, cond: list[float | None]) -> str:
+    """The promised accept length, naming the positions it counts where the log stopped
+    measuring before the run's draft steps (the caption says why)."""
+    from draftsmith.train.objective import cut_short, measured
+
+    if acc is None or not cut_short(cond):
+        return figure(acc, ".2f")
+    return f"{acc:.2f} (positions 0..{measured(cond) - 1})"
 
 
 def _behaviour_caption(b: dict[str, Any]) -> str | None:
@@ -133,7 +147,7 @@ def _behaviour_caption(b: dict[str, Any]) -> str | None:
         words.append(f"{b['draft_steps']} draft steps: {b['draft_steps_why']}")
     if b.get("promised") and b.get("draft_steps"):
         words.append(f"promised: {promise_words(b['promised'], b['draft_steps'])}")
-    return "; ".join(words) or None
+    return escape("; ".join(words)) or None
 
 
 def findings_table(rep: Report) -> Table:
@@ -143,5 +157,5 @@ def findings_table(rep: Report) -> Table:
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(rep.findings, key=lambda f: order[f.severity]):
         s = STYLE[f.severity]
-        tab.add_row(f"[{s}]{f.severity}[/{s}]", f.check, f.what, f.where, f.fix)
+        tab.add_row(f"[{s}]{f.severity}[/{s}]", *map(escape, (f.check, f.what, f.where, f.fix)))
     return tab

@@ -52,6 +52,7 @@ from draftsmith.train.objective import (
     compiled_step_loss,
     counted_positions,
     make_targets,
+    measured_words,
     step_loss,
     summarize,
 )
@@ -1020,9 +1021,10 @@ class Trainer:
             self._warn_untrained(w)
         self.watched = True
         self.window = Window(self.cfg.ttt_steps)
-        return (f"loss {row['loss']:.3f} acc0 {s['acc'][0]:.3f} "
-                f"accept {s['accept_length']:.2f} cover {figure(row['coverage'], '.3f')} "
-                f"tok/s {row['tokens_per_s']:.0f}")
+        span = measured_words(s["cond_acc"])  # an accept length stops where no chain reached
+        return (f"loss {row['loss']:.3f} acc0 {figure(s['acc'][0], '.3f')} "
+                f"accept {s['accept_length']:.2f}{f' ({span})' if span else ''} "
+                f"cover {figure(row['coverage'], '.3f')} tok/s {row['tokens_per_s']:.0f}")
 
     def _warn_untrained(self, w: Window) -> None:
         """One warning line where the first logged window trained on no position (loss 0, the

@@ -121,18 +121,51 @@ def counted_positions(tg: Targets) -> torch.Tensor:
     return ok.sum().double()
 
 
-def summarize(counts: torch.Tensor) -> dict[str, list[float] | float]:
-    """counts [4, steps] -> per-step accuracy, conditional acceptance and accept length."""
+def summarize(counts: torch.Tensor) -> dict[str, list[float | None] | float]:
+    """counts [4, steps] -> per-step accuracy, conditional acceptance and accept length.
+
+    A step no position reached (acc) or no chain reached (cond_acc) in the window is None,
+    null in the log: unmeasured, not a drafter that is never right there."""
     c = counts.double().cpu()
-    acc = (c[0] / c[1].clamp(min=1)).tolist()
-    cond = (c[2] / c[3].clamp(min=1)).tolist()
+    acc, cond = rates(c[0], c[1]), rates(c[2], c[3])
     return {"acc": acc, "cond_acc": cond, "accept_length": accept_length(cond)}
 
 
-def accept_length(cond: list[float]) -> float:
-    """Tokens per cycle of a chain of len(cond) drafts: 1 + sum_k prod_{i<=k} cond[i]."""
+def rates(hits: torch.Tensor, reached: torch.Tensor) -> list[float | None]:
+    return [h / n if n > 0 else None for h, n in zip(hits.tolist(), reached.tolist(),
+                                                     strict=True)]
+
+
+def measured(cond: list[float | None]) -> int:
+    """How many leading positions of `cond` were measured: an accept length stops there."""
+    n = 0
+    while n < len(cond) and cond[n] is not None:
+        n += 1
+    return n
+
+
+def accept_length(cond: list[float | None]) -> float:
+    """Tokens per cycle of a chain of len(cond) drafts: 1 + sum_k prod_{i<=k} cond[i], over the
+    measured positions only (it stops at the first None: where chains ran out of tokens before
+    a position, what lies past it is unknown, so the figure is the measured part's)."""
     total, run = 1.0, 1.0
-    for a in cond:
+    for a in cond[: measured(cond)]:
         run *= a
         total += run
     return total
+
+
+def cut_short(cond: list[float | None]) -> bool:
+    """Whether an accept length over `cond` may undercount: a position went unmeasured while
+    the chains before it still accepted (after a measured 0 nothing can reach it anyway)."""
+    m = measured(cond)
+    return m < len(cond) and (m == 0 or cond[m - 1] > 0)
+
+
+def measured_words(cond: list[float | None]) -> str:
+    """'' where an accept length over `cond` counts every position that matters, else which
+    ones it covers."""
+    if not cut_short(cond):
+        return ""
+    n, m = len(cond), measured(cond)
+    return f"positions 0..{m - 1} of {n} measured" if m else f"no position of {n} measured"

@@ -59,10 +59,12 @@ def plot(out: Path) -> Path | None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     a.plot(steps, [r["loss"] for r in rows])
     a.set(xlabel="step", ylabel="weighted TTT loss", title="loss")
-    for k in range(len(rows[0]["acc"])):
-        b.plot(steps, [r["acc"][k] for r in rows], label=f"position {k}")
-    b.plot(steps, [r["accept_length"] / (len(rows[0]["acc"]) + 1) for r in rows], "k--",
-           label="accept length / (k+1)")
+    k = max(len(r.get("acc") or []) for r in rows)
+    for i in range(k):  # a position no chain reached in a window (None) is a gap, not a 0
+        b.plot(steps, gaps([_at(r.get("acc"), i) for r in rows]), marker=".", ms=3,
+               label=f"position {i}")
+    b.plot(steps, gaps([_share(r, k) for r in rows]), "k--",
+           label="accept length / (k+1), over the measured positions")
     if any(r.get("coverage") is not None for r in rows):  # logs written before it lack it
         b.plot(steps, gaps([r.get("coverage") for r in rows]), ":", color="grey",
                label="draft vocab coverage")
@@ -78,3 +80,13 @@ def plot(out: Path) -> Path | None:
     atomic_write(path, png.getvalue(), "the checkpoints are kept: make room and rerun the same "
                  "command with --resume")
     return path
+
+
+def _at(values: list[float | None] | None, i: int) -> float | None:
+    return values[i] if values is not None and i < len(values) else None
+
+
+def _share(row: dict[str, Any], k: int) -> float | None:
+    """A row's accept length as a share of the k + 1 tokens a cycle can take."""
+    accept = row.get("accept_length")
+    return None if accept is None else accept / (k + 1)
