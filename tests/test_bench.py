@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,12 @@ def drafter_dir(tiny_llama_dir, tmp_path_factory):
     return save_drafter(d, tmp_path_factory.mktemp("drafter") / "d")
 
 
+def bench_json(res) -> dict:
+    """The whole report: bench.json, named by the headline JSON line that ends stdout."""
+    line = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(Path(line["bench_json"]).read_text())
+
+
 def invoke(*args: str):
     app = typer.Typer()
     app.command()(bench)
@@ -46,7 +53,7 @@ def test_bench_writes_table_json_and_png(tiny_llama_dir, drafter_dir, tmp_path):
         "--device", "cpu", "--profile", "--out", str(tmp_path / "out"),
     )
     assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+    report = bench_json(res)
     rows = report["results"]
     assert len(rows) == 2 * 2 * (1 + 3)  # suites x batches x (baseline + 3 settings)
     assert [(r["suite"], r["batch"]) for r in rows[::4]] == [
@@ -79,7 +86,7 @@ def test_bench_keeps_suites_that_share_a_file_name(tiny_llama_dir, drafter_dir, 
                  "--batch-size", "1,1", "--max-new-tokens", "3", "--device", "cpu",
                  "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
-    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    rows = bench_json(res)["results"]
     assert [(r["suite"], r["setting"]) for r in rows] == [
         (a, "baseline"), (a, "chain 1"), (b, "baseline"), (b, "chain 1"),
         ("chat", "baseline"), ("chat", "chain 1")]
@@ -107,7 +114,7 @@ def test_bench_times_unprofiled_runs_and_profiles_a_second(tiny_llama_dir, draft
     for extra in ((), ("--refill",)):
         res = invoke(*args, *extra, "--out", str(tmp_path / "o"))
         assert res.exit_code == 0, (res.output, res.exception)
-        assert json.loads(res.stdout.strip().splitlines()[-1])["results"][1]["phases"]["cycles"]
+        assert bench_json(res)["results"][1]["phases"]["cycles"]
     timed = [(kind, prof) for kind, new, prof in seen if new == 9]
     assert timed == [("static", False), ("static", False), ("static", True), ("static", True),
                      ("refill", False), ("refill", True)]
@@ -123,7 +130,7 @@ def test_bench_trees_of_any_shape_get_their_frontier_slots(tiny_llama_dir, draft
                  "--topk", "4", "--num-draft-tokens", "1,3", "--num-prompts", "2",
                  "--max-new-tokens", "4", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
-    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    rows = bench_json(res)["results"]
     assert [r["setting"] for r in rows] == ["baseline", "tree 1/4/3"]  # tokens 1: no tree
     model = load_target(tiny_llama_dir).build(torch.float32, "cpu")
     drafter = load_drafter(drafter_dir, "cpu", torch.float32)
@@ -407,7 +414,7 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
     static = invoke(*args, "--out", str(tmp_path / "s"))
     refill = invoke(*args, "--refill", "--profile", "--out", str(tmp_path / "r"))
     assert static.exit_code == 0 and refill.exit_code == 0, refill.output
-    out = {k: json.loads(r.stdout.strip().splitlines()[-1])
+    out = {k: bench_json(r)
            for k, r in (("static", static), ("refill", refill))}
     assert [out[k]["meta"]["refill"] for k in ("static", "refill")] == [False, True]
     rows = {k: v["results"] for k, v in out.items()}
@@ -416,7 +423,7 @@ def test_bench_refill_decodes_every_prompt_as_the_static_batches_do(tiny_llama_d
         assert r["new_tokens"] == s["new_tokens"]  # the same prompts, the same greedy answers
         if r["setting"] != "baseline":
             assert r["refill"] and r["phases"]["ms"]["refill"] > 0  # profiled: refills timed
-            assert r["agreement"]["identical"] == r["agreement"]["prompts"] == 6  # 3 full batches
+            assert r["agreement"]["identical"] == r["agreement"]["prompts"] == 5  # padding left out
     assert (tmp_path / "r" / "bench.png").stat().st_size > 10_000
     assert "refill (harvest, prefill)" in refill.output  # the fastest row's phase table
     bad = invoke(*args, "--refill", "--refill-every", "-1", "--out", str(tmp_path / "b"))
@@ -452,7 +459,7 @@ def test_decode_rate_leaves_out_the_tokens_prefill_made(tiny_llama_dir, drafter_
                  "--num-prompts", "2", "--max-new-tokens", "1", "--device", "cpu",
                  "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
-    rows = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    rows = bench_json(res)["results"]
     assert [r["new_tokens"] for r in rows] == [2, 2]
     assert [r["decode_tokens_per_s"] for r in rows] == [0.0, 0.0]
 

@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from test_bench import invoke
+from test_bench import bench_json, invoke
 from test_refill import PROMPTS
 from test_speculative import Steered, greedy_seq, make_drafter, tiny_target
 from typer.testing import CliRunner
@@ -86,7 +86,7 @@ def test_bench_json_has_null_accept_figures_for_a_run_of_no_cycle(tiny_llama_dir
                  "--num-prompts", "2", "--max-new-tokens", "1", "--device", "cpu",
                  "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
-    base, spec = json.loads(res.stdout.strip().splitlines()[-1])["results"]
+    base, spec = bench_json(res)["results"]
     assert spec["position_rates"] == [None, None] and spec["reached"] == [0, 0]
     assert spec["mean_accept_length"] is None and spec["accept_rate"] is None
     assert spec["decode_speedup"] is None  # nothing decoded by either: it read 0.00x

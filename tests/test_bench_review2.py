@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bench import drafter_dir, invoke  # noqa: F401 (a fixture)
+from test_bench import bench_json, drafter_dir, invoke  # noqa: F401 (a fixture)
 
 from draftsmith.bench.run import BenchConfig
 from draftsmith.errors import DraftsmithError
@@ -42,7 +42,7 @@ def test_bench_warns_of_the_trees_it_skips(tiny_llama_dir, drafter_dir,  # noqa:
                  "--topk", "2", "--num-draft-tokens", "5", "--num-prompts", "1",
                  "--max-new-tokens", "3", "--device", "cpu", "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+    report = bench_json(res)
     assert [r["setting"] for r in report["results"]] == ["baseline", "tree 2/2/5"]
     assert report["meta"]["warnings"] == [
         "skipped tree 1/2/5: --steps 1, --topk 2 verify 2 to 3 tokens, not 5"]

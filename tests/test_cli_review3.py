@@ -128,7 +128,7 @@ def test_bench_results_survive_an_out_folder_it_cannot_write(monkeypatch, capsys
                               "-n", "3", "--steps", "1", "-o", str(tmp_path / "o"))
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
-        f"draftsmith: error: --out {tmp_path / 'o'}: cannot write it (Permission denied); the "
-        "results are the JSON line printed above")
+        f"draftsmith: error: --out {tmp_path / 'o'}: cannot write bench.json (Permission "
+        "denied); the results are the JSON line printed above")
     rows = json.loads(out.strip().splitlines()[-1])["results"]
     assert [r["setting"] for r in rows] == ["baseline", "chain 1"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -58,8 +59,7 @@ def bench(
                                           "32 rows, 8 from 32"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
-    from draftsmith.bench.report import print_report, write_json, write_png
-    from draftsmith.bench.run import BenchConfig, check_topk, run_bench
+    from draftsmith.bench.run import BenchConfig, BenchInterrupted, check_topk, run_bench
     from draftsmith.bench.suites import suite_messages
     from draftsmith.cli import device_dtype, sampling_params
     from draftsmith.models.eagle3 import read_drafter_meta
@@ -92,13 +92,36 @@ def bench(
     if isinstance(dv := meta["config"].get("draft_vocab_size"), int):
         check_topk(cfg.settings(), dv)  # as run_bench does, here before the target loads
     console = Console(stderr=True)
-    report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
-    report["meta"]["command"] = command_line()  # bench.json says how to run it again
-    print_report(report, Console(width=max(Console().width, 150)))  # first: kept if writes fail
     try:
-        write_json(report, out / "bench.json")
+        report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
+    except BenchInterrupted as stop:  # ctrl-C: what was timed is kept, as train keeps a step
+        report = stop.report
+        report["meta"]["command"] = command_line()
+        _write(report, out)
+        console.print(f"interrupted: wrote the runs finished to {out / 'bench.json'} and "
+                      f"{out / 'bench.png'} ({len(report['meta']['not_run'])} not run, listed "
+                      "there)")
+        raise KeyboardInterrupt from None  # exit 130
+    report["meta"]["command"] = command_line()  # bench.json says how to run it again
+    _write(report, out)
+    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+def _write(report: dict[str, Any], out: Path) -> None:
+    """bench.json, then the tables and the headline JSON line, then bench.png; where bench.json
+    cannot be written the JSON line carries the whole report instead, so nothing is lost."""
+    from draftsmith.bench.report import print_report, write_json, write_png
+
+    shown = Console(width=max(Console().width, 150))
+    try:
+        path = write_json(report, out / "bench.json")
+    except OSError as e:
+        print_report(report, shown)
+        raise DraftsmithError(f"--out {out}: cannot write bench.json ({e.strerror or e}); the "
+                              "results are the JSON line printed above") from None
+    print_report(report, shown, path.resolve())
+    try:
         write_png(report, out / "bench.png")
     except OSError as e:
-        raise DraftsmithError(f"--out {out}: cannot write it ({e.strerror or e}); the results "
-                              "are the JSON line printed above") from None
-    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+        raise DraftsmithError(f"--out {out}: cannot write bench.png ({e.strerror or e}); "
+                              f"the results are in {path}") from None

@@ -1,5 +1,6 @@
-"""Bench output: a rich table, the profiler table of each batch's fastest setting, a JSON file
-and a PNG (tokens/s and speedup, accept-length histogram, per-position acceptance, phases)."""
+"""Bench output: a rich table, the profiler table of each batch's fastest setting, one JSON line
+on stdout (the headline figures and where bench.json is), bench.json (the whole report) and a
+PNG (tokens/s and speedup, accept-length histogram, per-position acceptance, phases)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ def results_table(report: dict[str, Any]) -> Table:
     npos = max((len(r.get("position_rates", [])) for r in rows), default=0)
     show = min(npos, 4)
     profiled, keys = any(r.get("phases") for r in rows), phase_keys(rows)
-    t = Table(title=f"draftsmith bench · {report['meta']['device']} · {report['meta']['dtype']}")
+    meta = report["meta"]
+    title = f"draftsmith bench · {meta['device']} · {meta['dtype']}"
+    t = Table(title=title + (" · PARTIAL (interrupted)" if meta.get("partial") else ""))
+    clocked = host_keys(rows)
     for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
                 "decode speedup", "accept len", "len/max"):  # of steps + 1, a cycle's most
         t.add_column(col, justify="left" if col in ("suite", "setting") else "right")
@@ -39,6 +43,8 @@ def results_table(report: dict[str, Any]) -> Table:
         for k in keys:
             t.add_column(f"{SHORT.get(k, k)} %", justify="right")
         t.add_column("cycle ms", justify="right")
+    for k in clocked:  # DRAFTSMITH_HOST_TIMING=1: ms a decode step or cycle
+        t.add_column(f"host {k.removesuffix('_ms')} ms", justify="right")
     if any("agreement" in r for r in rows):
         t.add_column("same", justify="right")
     for r in rows:
@@ -55,6 +61,8 @@ def results_table(report: dict[str, Any]) -> Table:
             ph = r.get("phases")
             cells += [f"{ph['pct'].get(k, 0.0):.1f}" if ph else "" for k in keys]
             cells.append(f"{ph['cycle_ms']:.2f}" if ph else "")
+        host = r.get("host") or {}
+        cells += [figure(host.get(k), ".3f") for k in clocked]
         if any("agreement" in x for x in rows):
             a = r.get("agreement")
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
@@ -62,7 +70,14 @@ def results_table(report: dict[str, Any]) -> Table:
     return t
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
+def host_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The host clock's `<lap>_ms` figures any row has (launch, wait)."""
+    return list(dict.fromkeys(k for r in rows for k in (r.get("host") or {}) if k.endswith("_ms")))
+
+
+def print_report(report: dict[str, Any], console: Console, json_path: Path | None = None) -> None:
+    """The tables and notes, then one JSON line: the headline figures and `json_path` where the
+    whole report was written, else (no file to point at) the whole report."""
     console.print(results_table(report))
     for r in fastest(report):
         if r.get("phases"):
@@ -76,7 +91,48 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 f"{a['prompts'] - a['identical']} completions diverge from the baseline; "
                 f"largest candidate-logit gap at a divergence {figure(a['max_gap'], '.4f')}"
             )
-    print(json.dumps(strict(report), separators=(",", ":"), allow_nan=False))
+    for note in notes(report):
+        console.print(note, markup=False, highlight=False)
+    line = strict(report if json_path is None else headline(report, json_path))
+    print(json.dumps(line, separators=(",", ":"), allow_nan=False), flush=True)
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """What the figures carry besides the suites' prompts, and what an interrupted run left out."""
+    out = []
+    for r in report["results"]:
+        if r["setting"] == "baseline" and (n := r.get("padding_rows")):
+            out.append(f"{r['suite']} batch {r['batch']}: {r['prompts']} prompts, the last "
+                       f"batch topped up with {n} repeated prompt{'s' if n > 1 else ''}; "
+                       "padding rows are timed and count in tok/s, not in 'same'")
+    if host_keys(report["results"]):
+        out.append("host ms (DRAFTSMITH_HOST_TIMING=1): the host's mean time a baseline decode "
+                   "step or speculative cycle, launching its graphs and waiting on the device")
+    if not_run := report["meta"].get("not_run"):
+        out.append("partial (interrupted), not timed: " + "; ".join(not_run))
+    return out
+
+
+HEADLINE = ("suite", "batch", "setting", "steps", "topk", "num_draft_tokens")
+
+
+def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
+    """The JSON line: per speculative setting its baseline's and its own tok/s, speedups and
+    accept length; everything else is in `bench_json`."""
+    rows = report["results"]
+    base = {(r["suite"], r["batch"]): r["tokens_per_s"] for r in rows
+            if r["setting"] == "baseline"}
+    meta = report["meta"]
+    out: dict[str, Any] = {"bench_json": str(json_path), "device": meta["device"],
+                           "partial": bool(meta.get("partial"))}
+    if meta.get("partial"):
+        out["not_run"] = meta["not_run"]
+    out["results"] = [
+        {**{k: r[k] for k in HEADLINE}, "baseline_tokens_per_s": base.get((r["suite"], r["batch"])),
+         "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"],
+         "decode_speedup": r["decode_speedup"], "mean_accept_length": r["mean_accept_length"]}
+        for r in rows if r["setting"] != "baseline"]
+    return out
 
 
 def fastest(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,8 +147,14 @@ def fastest(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_json(report: dict[str, Any], path: Path) -> Path:
+    """Through a temporary name: a write that fails leaves an earlier bench.json whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(strict(report), indent=1, allow_nan=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(strict(report), indent=1, allow_nan=False) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -113,6 +175,7 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = [r for r in report["results"] if r["setting"] != "baseline"]
     fig, ax = plt.subplots(2, 2, figsize=(14, 9))
@@ -128,7 +191,6 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     ax[0, 0].set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=45,
                         ha="right")
     ax[0, 0].set_ylabel("speedup over baseline")
-    ax[0, 0].legend(fontsize=7)
     for r in fastest(report):
         h, label = r["accept_hist"], f"{r['suite']} b{r['batch']} {r['setting']}"
         if sum(h):  # a run of no cycle has no histogram, not one of zeros
@@ -140,6 +202,8 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     ax[1, 0].set(xlabel="draft position", ylabel="P(accepted | reached)", ylim=(0, 1.05),
                  title="per-position acceptance")
     for a in (ax[0, 1], ax[1, 0]):
+        a.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # no 1.5 tokens
+    for a in (ax[0, 0], ax[0, 1], ax[1, 0]):  # an interrupted run may have no setting timed
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
     _phases(ax[1, 1], rows)

@@ -1,11 +1,13 @@
 """`draftsmith bench` as a function: the baseline engine and speculative settings side by side.
 
-Every setting decodes the same full batches of the same prompts; an untimed warm-up of every
-distinct batch captures the CUDA graphs and shows the eager prefill each prompt shape once before
-anything is timed. Tokens/s counts prefill and decode, in unprofiled runs (the phase profiler,
-when on, runs each setting again). In greedy mode each
-speculative completion is compared with the baseline's, and every divergence is located and
-measured (the gap between the two candidate logits there, from one full forward).
+Every setting decodes the same full batches of the same prompts (the last topped up with repeats
+of the first: timed and counted in tok/s, `padding_rows`, but not in agreement); an untimed
+warm-up of every distinct batch captures the CUDA graphs and shows the eager prefill each prompt
+shape once before anything is timed. Tokens/s counts prefill and decode, in unprofiled runs (the
+phase profiler, when on, runs each setting again). In greedy mode each real prompt's speculative
+completion is compared with the baseline's, and every divergence is located and measured (the
+gap between the two candidate logits there, from one full forward). A ctrl-C keeps the rows
+finished (`BenchInterrupted`).
 """
 
 from __future__ import annotations
@@ -111,7 +113,19 @@ def setting_name(s: Setting) -> str:
     return f"chain {s[0]}" if s[1] == 1 else f"tree {s[0]}/{s[1]}/{s[2]}"
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """A ctrl-C after some settings were timed: `report` holds those (its meta `partial`, and
+    `not_run` naming the others); the CLI writes it and exits 130, as train does."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__("bench interrupted")
+        self.report = report
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The report: `meta` and a row per (suite, batch, setting), baseline first. A ctrl-C once
+    a row is timed raises `BenchInterrupted` with the rows finished (before that, a plain
+    KeyboardInterrupt)."""
     from draftsmith.bench.drafters import get_drafter
     from draftsmith.targets import load_target
 
@@ -133,30 +147,61 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     for w in warnings:
         log(f"warning: {w}")
     warnings += skipped
-    rt, drt = _runtimes(model, drafter, suites, cfg, settings)
-    eos = target.eos_ids
     rows: list[dict[str, Any]] = []
+    try:
+        _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log)
+    except KeyboardInterrupt:
+        if not rows:
+            raise
+        raise BenchInterrupted(_report(cfg, target, drafter, warnings, suites, settings,
+                                       rows)) from None
+    return _report(cfg, target, drafter, warnings, suites, settings, rows)
+
+
+def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConfig,
+              settings: list[Setting], eos: list[int], rows: list[dict[str, Any]],
+              log: Callable[[str], None]) -> None:
+    """Time every (suite, batch): the baseline, then each setting; each row appended to
+    `rows` as it is finished."""
+    rt, drt = _runtimes(model, drafter, suites, cfg, settings)
+    run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
+        _baseline, _speculative)
     for name, prompts in suites.items():
         for b in sorted(set(cfg.batch_sizes), reverse=True):
             batches = fill_batches(prompts, b)
+            sizes = {"prompts": len(prompts), "padding_rows": len(batches) * b - len(prompts)}
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
-            run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
-                _baseline, _speculative)
             base, base_tokens = run_base(rt, batches, cfg, eos)
-            rows.append({"suite": name, "batch": b, "setting": "baseline", **base})
+            rows.append({"suite": name, "batch": b, "setting": "baseline", **sizes, **base})
             for s in settings:
                 log(f"{name}: batch {b}, {setting_name(s)}")
                 row, tokens = run_spec(rt, drt, s, batches, cfg, eos)
                 row["speedup"] = _over(row["tokens_per_s"], base["tokens_per_s"])
                 row["decode_speedup"] = _over(row["decode_tokens_per_s"],
                                               base["decode_tokens_per_s"])
-                if cfg.params.greedy:
-                    row["agreement"] = agreement(model, batches, base_tokens, tokens, eos)
+                if cfg.params.greedy:  # each real prompt once, not the rows padding repeats
+                    n = len(prompts)
+                    row["agreement"] = agreement(model, [prompts], base_tokens[:n],
+                                                 tokens[:n], eos)
                 rows.append({"suite": name, "batch": b, "setting": setting_name(s),
-                             "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **row})
+                             "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **sizes,
+                             **row})
+
+
+def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
+            suites: dict[str, list[list[int]]], settings: list[Setting],
+            rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`meta` and the rows, smallest batch first; `partial` and `not_run` say what an
+    interrupted run left out."""
+    done = {(r["suite"], r["batch"], r["setting"]) for r in rows}
+    names = ["baseline", *map(setting_name, settings)]
+    not_run = [f"{suite} batch {b}: {n}" for suite in suites for b in sorted(set(cfg.batch_sizes))
+               for n in names if (suite, b, n) not in done]
     order = list(suites)  # batches ran largest first (graph pools reused); reported smallest first
-    rows.sort(key=lambda r: (order.index(r["suite"]), r["batch"]))
-    return {"meta": _meta(cfg, target, drafter, warnings), "results": rows}
+    rows = sorted(rows, key=lambda r: (order.index(r["suite"]), r["batch"]))
+    meta = {**_meta(cfg, target, drafter, warnings), "partial": bool(not_run),
+            "not_run": not_run}
+    return {"meta": meta, "results": rows}
 
 
 def check_topk(settings: list[Setting], draft_vocab: int) -> None:
@@ -191,7 +236,13 @@ def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos) for batch in batches]
     rows = [t for g in gens for t in g.tokens]
     secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
-    return _speed(rows, secs, decode), rows
+    host = _host(SpecResult.merged_host([g.host for g in gens]))
+    return {**_speed(rows, secs, decode), **host}, rows
+
+
+def _host(clock: dict[str, Any] | None) -> dict[str, Any]:
+    """The host clock's figures (DRAFTSMITH_HOST_TIMING=1) as a row's `host`; none unclocked."""
+    return {"host": clock} if clock else {}
 
 
 def warm_each(fn: Callable[[list[list[int]]], Any], batches: list[list[list[int]]]) -> int:
@@ -233,7 +284,7 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     m = SpecResult.merged(results)
     row: dict[str, Any] = {
         **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
-        "phases": profiled_phases(dec, cfg, m, lambda: [
+        **_host(m.extra.get("host")), "phases": profiled_phases(dec, cfg, m, lambda: [
             dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]),
     }
     return row, m.tokens

@@ -39,8 +39,8 @@ class SpecResult:
     @classmethod
     def merged(cls, parts: list[SpecResult]) -> SpecResult:
         """One result over several runs of one decoder: tokens and times added up, histogram
-        and position counts summed column by column (phases are left to the caller); results
-        of no run, or of decoders drafting other depths, refused."""
+        and position counts summed column by column, `extra` kept (`merged_extra`; phases are
+        left to the caller); results of no run, or of decoders drafting other depths, refused."""
         if not parts:
             raise DraftsmithError("no speculative results to merge")
         if len(depths := {p.steps for p in parts}) > 1:
@@ -52,7 +52,34 @@ class SpecResult:
 
         return cls([t for p in parts for t in p.tokens], sum(p.prefill_s for p in parts),
                    sum(p.decode_s for p in parts), sum(p.cycles for p in parts), parts[0].steps,
-                   summed("accept_hist"), summed("reached"), summed("accepted"))
+                   summed("accept_hist"), summed("reached"), summed("accepted"),
+                   extra=cls.merged_extra(parts))
+
+    @classmethod
+    def merged_extra(cls, parts: list[SpecResult]) -> dict[str, Any]:
+        """The runs' `extra` as one: the host clock's over every run (`merged_host`), a value
+        every run shares kept, one that differs as the list of each run's (in order)."""
+        out: dict[str, Any] = {}
+        for key in dict.fromkeys(k for p in parts for k in p.extra):
+            values = [p.extra.get(key) for p in parts]
+            if key == "host":
+                out[key] = cls.merged_host(values)
+            else:
+                out[key] = values[0] if all(v == values[0] for v in values) else values
+        return out
+
+    @staticmethod
+    def merged_host(clocks: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        """HostClock summaries (DRAFTSMITH_HOST_TIMING=1) of several runs as one: iterations
+        added up, each `<lap>_ms` the mean over all of them (every run's time summed, over the
+        summed count); None where no run was clocked."""
+        clocks = [c for c in clocks if c]
+        if not clocks:
+            return None
+        n = sum(c["iterations"] for c in clocks)
+        keys = dict.fromkeys(k for c in clocks for k in c if k.endswith("_ms"))
+        return {"iterations": n, **{k: sum(c.get(k, 0.0) * c["iterations"] for c in clocks) / n
+                                    for k in keys if n}}
 
     @property
     def new_tokens(self) -> int:
