@@ -7,6 +7,7 @@ anywhere becomes one line on stderr and exit code 2.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -15,17 +16,22 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET, check_sampling
+from draftsmith.options import DEVICE, DTYPE, TARGET, at_least_one, check_sampling, given, unused
 
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
 
+# click's plain help, not rich's panels: rich shrank the option column to fit 80 columns and cut
+# long names (`--intermediate-si…`); click wraps the help text instead and keeps every name whole
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
     help="Make data for, train, check, benchmark, tune, serve and export EAGLE-3 drafters of "
          "Llama-family targets.",
 )
@@ -62,6 +68,26 @@ def _register() -> None:
         except ModuleNotFoundError as e:  # a stage still being built
             if not e.name or not e.name.startswith("draftsmith"):
                 raise
+    whole_short_help(app)
+
+
+def whole_short_help(group: typer.Typer) -> None:
+    """Each command's line in its group's list: its help's first paragraph whole, wrapped
+    (click cut it to fit one line, mid-word: `Compare drafters: architecture, parameters
+    by...`)."""
+    for info in group.registered_commands:
+        if info.short_help is None:
+            info.short_help = first_paragraph(info.help or inspect.getdoc(info.callback))
+    for sub in group.registered_groups:
+        helps = (sub.help, sub.typer_instance.info.help)
+        text = next((h for h in helps if isinstance(h, str)), None)
+        if not isinstance(sub.short_help, str) and text:
+            sub.short_help = first_paragraph(text)
+        whole_short_help(sub.typer_instance)
+
+
+def first_paragraph(text: str | None) -> str | None:
+    return " ".join(inspect.cleandoc(text).split("\n\n")[0].split()) if text else None
 
 
 def dtype_of(name: str):
@@ -158,8 +184,8 @@ def targets_show(
         print(json.dumps(info, indent=1))
         return
     table = Table(title="target", show_header=False)
-    for k, v in info.items():
-        table.add_row(k, str(v))
+    for k, v in info.items():  # Text: a source path's `[v2]` read as markup was dropped
+        table.add_row(k, Text(str(v)))
     console.print(table)
 
 
@@ -181,14 +207,26 @@ def generate(
                                                 "(default 0)"),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
+    drafter: Path = typer.Option(None, "--drafter", help="A draftsmith drafter folder: "
+                                 "speculative decoding (greedy, the same text as without it) "
+                                 "and its accept length"),
+    steps: int = typer.Option(3, "--steps", help="With --drafter: draft steps per cycle"),
+    topk: int = typer.Option(1, "--topk", help="With --drafter: 1 = chain; > 1 = EAGLE-2 tree"),
+    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
+                                         help="With --drafter: tokens verified per cycle (tree; "
+                                              "chain: steps+1)"),
 ) -> None:
-    """Complete prompts with the target's chat template (greedy by default)."""
+    """Complete prompts with the target's chat template (greedy by default; speculative with
+    --drafter)."""
     from draftsmith.dist import launch_tp
     from draftsmith.tune.tp_targets import refuse_split
 
     if max_new_tokens < 1 or batch_size < 1:
         raise DraftsmithError(f"--max-new-tokens and --batch-size must be >= 1, got "
                               f"{max_new_tokens} and {batch_size}")
+    spec = _drafting(drafter, given(generate, steps=steps, topk=topk,
+                                    num_draft_tokens=num_draft_tokens), steps, topk,
+                     num_draft_tokens)
     if any(not x.strip() for x in prompt or []):  # as a prompts file's empty message is
         raise DraftsmithError("--prompt: an empty user message; give the text to complete")
     asks = [[{"role": "user", "content": x}] for x in prompt or []]
@@ -202,19 +240,44 @@ def generate(
     refuse_split(target, tp)
     done = launch_tp(
         _generate_rank, tp, asks, target, max_new_tokens, params, dt, batch_size, seed or 0,
-        device=dev,
+        spec, device=dev,
     )
-    for text, out, n in done or []:  # None: a torchrun rank other than 0, which prints nothing
+    if done is None:  # a torchrun rank other than 0, which prints nothing
+        return
+    for text, out, n in done["completions"]:
         if as_json:
             print(json.dumps({"prompt": text, "completion": out, "tokens": n}))
-        else:
-            console.print(f"[bold]> {text}[/bold]\n{out}\n")
+        else:  # Text, not markup: a completion's `a[i]` was dropped, its `[/INST]` a traceback
+            console.print(Text(f"> {text}", style="bold"), soft_wrap=True)
+            console.print(Text(out), soft_wrap=True)
+            console.print()
+    for line in done["notes"]:
+        print(f"draftsmith generate: {line}", file=sys.stderr)
 
 
-def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
+def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
+              tokens: int | None) -> tuple[str, int, int, int | None] | None:
+    """The speculative setting (drafter folder, steps, topk, tokens) or None, refused by flag
+    before the target loads, as serve refuses it."""
+    from draftsmith.bench.run import check_topk
+    from draftsmith.models.eagle3 import read_drafter_meta
+    from draftsmith.serve.cli import check_drafting
+
+    if drafter is None:
+        unused(flags, "with --drafter", "give --drafter DIR with {it}, or leave {it} out")
+        return None
+    at_least_one({"--steps": steps, "--topk": topk})
+    check_drafting(steps, topk, tokens)
+    meta = read_drafter_meta(drafter)  # a mistyped folder, before the target's minutes
+    if isinstance(dv := meta["config"].get("draft_vocab_size"), int):
+        check_topk([(steps, topk, tokens or steps + 1)], dv)
+    return str(drafter), steps, topk, tokens
+
+
+def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=None):
     """One rank's generation: every rank runs it, rank 0's result is printed (under torchrun
     every process prints what it returns: the others return None). asks: each prompt's
-    messages (its system prompts, then its user message)."""
+    messages (its system prompts, then its user message); spec: `_drafting`'s setting."""
     import os
 
     import torch
@@ -229,14 +292,48 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed):
     check_positions(ids, new, t.cfg.max_position_embeddings, "--max-new-tokens",
                     t.cfg.sliding_window)
     model = t.build(dtype_of(dt), str(tp.device), tp)
-    done = []
-    for i in range(0, len(asks), batch_size):
-        chunk = asks[i : i + batch_size]
-        g = run_generation(model, ids[i : i + batch_size], new, params, t.eos_ids)
-        for ask, toks in zip(chunk, g.tokens, strict=True):
-            done.append((ask[-1]["content"], t.tokenizer.decode(toks, skip_special_tokens=True),
-                         len(toks)))
-    return done if os.environ.get("RANK", "0") == "0" else None
+    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    notes: list[str] = []
+    if spec is None:
+        tokens = [toks for b in batches for toks in run_generation(model, b, new, params,
+                                                                      t.eos_ids).tokens]
+    else:
+        tokens = _speculative(t, model, tp, spec, batches, new, params, notes)
+    done = [(ask[-1]["content"], t.tokenizer.decode(toks, skip_special_tokens=True), len(toks))
+            for ask, toks in zip(asks, tokens, strict=True)]
+    rank0 = os.environ.get("RANK", "0") == "0" and tp.rank == 0
+    return {"completions": done, "notes": notes} if rank0 else None
+
+
+def _speculative(t, model, tp, spec, batches, new, params, notes: list[str]) -> list[list[int]]:
+    """Every batch decoded by one SpecDecoder sized to the longest prompt + `new`; the mean
+    accept length (and a drafter made for another target) said in `notes`."""
+    from draftsmith.engine.spec_state import SpecResult
+    from draftsmith.engine.speculative import SpecDecoder, check_pair
+    from draftsmith.models.eagle3 import load_drafter
+
+    folder, steps, topk, tokens = spec
+    # under TP the target's embedding is sharded: the drafter takes the whole one (as tune's)
+    embed = model.embed.weight if tp.size == 1 else t.weights.get("model.embed_tokens.weight")
+    drafter = load_drafter(folder, model.embed.weight.device, model.embed.weight.dtype,
+                           embed=embed).eval()
+    check_pair(model.cfg, drafter.cfg)
+    if (fp := drafter.cfg.target_fingerprint) and fp != t.fingerprint:
+        notes.append(f"warning: the drafter was trained for target {fp}, this target is "
+                     f"{t.fingerprint}: the text is the target's, acceptance may be low")
+    verify = steps + 1 if topk == 1 else tokens
+    room = max(len(p) for b in batches for p in b) + new + 2 * steps + 2
+    dec = SpecDecoder(model, drafter, steps, topk, None if topk == 1 else tokens, params,
+                      profile=False, max_batch=len(batches[0]),
+                      max_seq=room + (0 if topk == 1 else verify))
+    results = [dec.generate(b, new, t.eos_ids) for b in batches]
+    merged = SpecResult.merged(results)
+    length = merged.measured_accept_length
+    shape = f"chain of {steps}" if topk == 1 else f"tree {steps}/{topk}/{tokens}"
+    notes.append(f"speculative ({shape}): accept length "
+                 + (f"{length:.2f} tokens per target pass" if length is not None
+                    else "- (no cycle ran)"))
+    return merged.tokens
 
 
 def _read_prompts(path: Path) -> list[list[dict[str, str]]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,7 +225,8 @@ def check_prompts(prompts: list[list[int]], vocab: int) -> None:
     if not isinstance(prompts, (list, tuple)):
         raise DraftsmithError(f"prompts must be a list of token-id lists, not a "
                               f"{type(prompts).__name__}")
-    if not prompts or any(isinstance(p, int) or not len(p) for p in prompts):
+    # a float, None or numpy id in place of a prompt has no len(): a TypeError here before
+    if not prompts or any(not isinstance(p, Sized) or not len(p) for p in prompts):
         raise DraftsmithError("empty prompt list or empty prompt (prompts: lists of token ids)")
     for i, p in enumerate(prompts):
         if not whole_numbers(p):

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
+from pathlib import Path
+from typing import Any
 
 import typer
 
 from draftsmith.layers import CANONICAL_WORDS, parse_ids
+from draftsmith.models.eagle3 import CONFIG_FILE
 from draftsmith.options import command_line
+from draftsmith.train.checkpoint import latest_checkpoint
 
 
 def train(
@@ -98,11 +103,26 @@ def train(
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
         compile_loss=compile_loss, pad_multiple=pad_multiple,
-        extra={"command": command_line()},
+        extra=commands(out, resume),
     )
     with warnings.catch_warnings():
         warnings.showwarning = _say_warning
         run(cfg)
+
+
+def commands(out: str, resume: bool) -> dict[str, Any]:
+    """The run's commands for `draftsmith.json`: "command" this one (the latest), "commands"
+    every one since the run began (a --resume's after those of the checkpoint it continues,
+    whose record kept only the last)."""
+    now = command_line()
+    if not resume or (found := latest_checkpoint(Path(out))) is None:
+        return {"command": now, "commands": [now]}
+    try:
+        extra = json.loads((found / CONFIG_FILE).read_text())["training"]["config"]["extra"]
+        before = extra.get("commands") or [extra["command"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        before = []  # an unreadable checkpoint: the resume refuses it by name
+    return {"command": now, "commands": [*(c for c in before if isinstance(c, str)), now]}
 
 
 def _say_warning(message, category, filename, lineno, file=None, line=None) -> None:
