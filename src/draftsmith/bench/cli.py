@@ -93,18 +93,18 @@ def bench(
         check_topk(cfg.settings(), dv)  # as run_bench does, here before the target loads
     console = Console(stderr=True)
     try:
-        report = run_bench(cfg, log=lambda s: console.print(f"[dim]{s}[/dim]"))
+        report = run_bench(cfg, log=lambda s: console.print(s, style="dim", markup=False))
     except BenchInterrupted as stop:  # ctrl-C: what was timed is kept, as train keeps a step
         report = stop.report
         report["meta"]["command"] = command_line()
         _write(report, out)
         console.print(f"interrupted: wrote the runs finished to {out / 'bench.json'} and "
                       f"{out / 'bench.png'} ({len(report['meta']['not_run'])} not run, listed "
-                      "there)")
+                      "there)", markup=False)
         raise KeyboardInterrupt from None  # exit 130
     report["meta"]["command"] = command_line()  # bench.json says how to run it again
     _write(report, out)
-    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}", markup=False)
 
 
 def _write(report: dict[str, Any], out: Path) -> None:
