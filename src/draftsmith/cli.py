@@ -295,7 +295,8 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=Non
     batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
     notes: list[str] = []
     if spec is None:
-        tokens = [toks for b in batches for toks in run_generation(model, b, new, params,
+        rt = _plain_runtime(model, batches, new)
+        tokens = [toks for b in batches for toks in run_generation(rt, b, new, params,
                                                                       t.eos_ids).tokens]
     else:
         tokens = _speculative(t, model, tp, spec, batches, new, params, notes)
@@ -303,6 +304,15 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=Non
             for ask, toks in zip(asks, tokens, strict=True)]
     rank0 = os.environ.get("RANK", "0") == "0" and tp.rank == 0
     return {"completions": done, "notes": notes} if rank0 else None
+
+
+def _plain_runtime(model, batches: list[list[list[int]]], new: int):
+    """One runtime for every batch (a runtime a batch allocated its cache and, on a GPU,
+    captured its decode graph again each time), sized to the widest batch and longest prompt."""
+    from draftsmith.engine.runtime import Runtime
+
+    need = max(len(p) for b in batches for p in b) + new
+    return Runtime(model, max(len(b) for b in batches), need + 1, kept=need)
 
 
 def _speculative(t, model, tp, spec, batches, new, params, notes: list[str]) -> list[list[int]]:
