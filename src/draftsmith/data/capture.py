@@ -8,6 +8,7 @@ them and a kill at any moment loses at most the shard in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -121,6 +122,19 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
         p.kept.append(i)
         p.lengths.append(len(ids))
     return p
+
+
+def within_positions(cfg: CaptureConfig, most: int | None,
+                     say: Callable[[str], None]) -> CaptureConfig:
+    """`cfg` with --max-len held to the target's max_position_embeddings (`most`): the states
+    of positions past them, which the forward computes without a word, are of positions the
+    target never saw, and a drafter would learn from them."""
+    if not most or cfg.max_len <= most:
+        return cfg
+    say(f"capture: warning: --max-len {cfg.max_len} exceeds the target's "
+        f"max_position_embeddings {most}: conversations are held to {most} tokens (longer "
+        f"ones: --too-long {cfg.too_long})")
+    return dataclasses.replace(cfg, max_len=most)
 
 
 def bytes_per_token(n_aux: int, hidden: int) -> int:
@@ -238,6 +252,7 @@ def capture(
     check_folder(out)
     rank, world = dist_env()
     ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
+    cfg = within_positions(cfg, target.cfg.max_position_embeddings, say)
     tok = target.tokenizer
     p = plan(tok, convs, cfg)
     if not p.kept:
@@ -250,6 +265,8 @@ def capture(
     _drop_tmp(folder)
     if world > 1 and _merged_done(out, head):
         return read_manifest(out)
+    if world > 1 and not overwrite:  # before this rank's work, not at the merge after it
+        _same_ranks(out, head, world)
     if grow and world == 1:
         _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
     else:
@@ -288,7 +305,9 @@ def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) ->
     mine_tok = sum(length[i] for _, s in mine for i in s)
     say(f"capture: {len(p.kept)} samples, {total} tokens, aux layers {ids} ({CANONICAL_WORDS})")
     if p.skipped or p.truncated:
-        say(f"capture: skipped {p.skipped or 0}, truncated to max_len {p.truncated}")
+        skipped = ", ".join(f"{n} {why}" for why, n in p.skipped.items()) or "none"
+        say(f"capture: skipped {skipped}; {p.truncated} truncated to --max-len "
+            f"{head['max_len']} tokens")
     if p.refused:
         say(f"capture: warning: the chat template refused {p.skipped['template_refused']} "
             f"conversation(s), skipped; the first: {p.refused}")
@@ -363,6 +382,35 @@ def _sample_ids(path: Path) -> list[str] | None:
         return None
 
 
+def _one_dataset(out: Path, m: dict[str, Any], first: dict[str, Any]) -> None:
+    """Refuse rank manifest `m` where it was captured otherwise than `first`, by each
+    setting's name and values."""
+    bad = [_differ(k, m.get(k), first.get(k)) for k in MERGED
+           if not same_setting(k, m.get(k), first.get(k))]
+    if bad:
+        raise DraftsmithError(
+            f"{out}: rank {m.get('rank')} was captured otherwise than rank {first.get('rank')} "
+            f"({'; '.join(bad)}): its shards are not one dataset with theirs; capture again with "
+            "the same command on every rank (--overwrite)")
+
+
+def _same_ranks(out: Path, head: dict[str, Any], world: int) -> None:
+    """This rank's settings against those of the other ranks already begun in `out`."""
+    for k in range(world):
+        path = out / f"rank-{k}"
+        if k != head["rank"] and (path / MANIFEST).is_file():
+            _one_dataset(out, head, read_manifest(path))
+
+
+def _differ(key: str, there: Any, first: Any) -> str:
+    """A setting two ranks' manifests differ in, by name and values (a target by the fields
+    that differ: its fingerprint, tokenizer or template hash)."""
+    if isinstance(there, dict) and isinstance(first, dict):
+        keys = [k for k in {**first, **there} if k != "source" and there.get(k) != first.get(k)]
+        there, first = ({k: d.get(k) for k in keys} for d in (there, first))
+    return f"{key} {there!r} against {first!r}"
+
+
 def _merged_done(out: Path, head: dict[str, Any]) -> bool:
     if not (out / MANIFEST).is_file():
         return False
@@ -387,12 +435,13 @@ def try_merge(out: str | Path) -> dict[str, Any] | None:
     return merge(out, ms)
 
 
+# what every rank's shards must share to be one dataset: the run's identity and the stored dtype
+MERGED = (*(k for k in IDENTITY if k != "rank"), "dtype", "hidden_size")
+
+
 def merge(out: Path, ms: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k in IDENTITY if k != "rank"]
     for m in ms[1:]:
-        bad = [k for k in keys if not same_setting(k, m.get(k), ms[0].get(k))]
-        if bad:
-            raise DraftsmithError(f"{out}: rank {m['rank']} differs from rank 0 in {bad}")
+        _one_dataset(out, m, ms[0])
     shards = []
     for m in ms:
         shards += [{**s, "file": f"rank-{m['rank']}/{s['file']}"} for s in m["shards"]]

@@ -318,6 +318,8 @@ def describe(ds: Any) -> dict[str, Any]:
         "stored": f"aux [T, {len(ids)}, {m['hidden_size']}] and final hidden (after the final "
                   f"norm) [T, {m['hidden_size']}], {m['dtype']}",
         "skipped inputs": m.get("input", {}).get("skipped", {}),
+        "truncated inputs": (f"{m.get('input', {}).get('truncated', 0)} cut to --max-len "
+                             f"{m.get('max_len', '?')} tokens"),
         "commands": m.get("commands", []),
     }
 
@@ -344,6 +346,10 @@ def vocab(
         unused(given(vocab, target=target), "to a conversations JSONL",
                "a dataset folder's manifest names its target; leave {it} out")
         m = read_manifest(source)
+        if not m.get("complete"):  # a capture killed or still running: part of its data
+            say(f"warning: {source} is a capture not yet complete ({m['totals']['shards']} of "
+                f"{(m.get('expected') or {}).get('shards', '?')} shards): the vocabulary counts "
+                "those alone; rerun the capture's command to finish it, then this one")
         counts, vsize = V.count_dataset(source), int(m["vocab_size"])
         made_from = {"dataset": str(source), "target": m["target"]["fingerprint"]}
     else:

@@ -2,11 +2,13 @@
 to a user message, writes the user's question itself.
 
 Batches are appended to the output JSONL as they finish, so a rerun continues (from the round
-after the last record's `meta.round`, as an uninterrupted run would); questions are
-de-duplicated (case and whitespace folded) and filtered by length; a question the target did not
-finish within `max_new_tokens` is dropped. With `openings`, row i of a batch starts the user's
-message with opening i (round robin) and the target finishes it: a small target left alone asks a
-narrow range of questions, and a drafter trained on its answers generalises only as far as they.
+after the last record's `meta.round`, as an uninterrupted run would; a run whose rounds ran out
+notes the round after its last beside the file, `tried_path`, so a rerun goes on past rounds
+that kept nothing); questions are de-duplicated (case and whitespace folded) and filtered by
+length; a question the target did not finish within `max_new_tokens` is dropped. With
+`openings`, row i of a batch starts the user's message with opening i (round robin) and the
+target finishes it: a small target left alone asks a narrow range of questions, and a drafter
+trained on its answers generalises only as far as they.
 """
 
 from __future__ import annotations
@@ -178,7 +180,10 @@ def self_made_prompts(
     if overwrite:  # unwritable: said before the first batch, the old prompts still there
         atomic_write(out, b"", "the prompts there before are kept")
     append_whole(out, b"", _kept(len(have)))
-    first, which = _next_round(have), openings_id(cfg.openings)
+    which = openings_id(cfg.openings)
+    made_by = {k: meta[k] for k in RESUMED} | {"openings_id": which}
+    first = _next_round(have) if overwrite else max(_next_round(have),
+                                                    _tried(out, have, made_by))
     for round_ in range(first, first + limit):
         if stats["kept"] >= cfg.n:
             break
@@ -193,7 +198,8 @@ def self_made_prompts(
             seen.add(fold(got))
             rec = {**meta, "round": round_} | ({"opening": opens[k], "openings_id": which}
                                                if cfg.openings else {})
-            made.append(Conversation([{"role": "user", "content": got}], meta=rec).to_json())
+            have.append(Conversation([{"role": "user", "content": got}], meta=rec))
+            made.append(have[-1].to_json())
             stats["kept"] += 1
             bar.update(1)
         if made:  # a round's records in one write: a kill or a full disk keeps all or none
@@ -202,8 +208,53 @@ def self_made_prompts(
                          _kept(stats["kept"] - len(made)))
     bar.close()
     if stats["kept"] < cfg.n:
-        say(f"prompts: only {stats['kept']} of {cfg.n} unique prompts after {limit} batches")
+        _note_tried(out, have, first + limit, made_by)
+        say(_short(stats, cfg, limit))
     return stats
+
+
+def tried_path(out: Path) -> Path:
+    """Where a run whose rounds ran out notes the round after its last: the rounds that kept
+    nothing wrote no record, and a rerun that began after the last record made them again,
+    seeded alike, so kept nothing again."""
+    return out.with_name(f".{out.name}.rounds")
+
+
+def _where(have: list[Conversation]) -> dict[str, Any]:
+    """The prompts a note is of: their count and the last one's id."""
+    return {"kept": len(have), "last": have[-1].id if have else None}
+
+
+def _note_tried(out: Path, have: list[Conversation], next_round: int,
+                made_by: dict[str, Any]) -> None:
+    note = {"next_round": next_round, **_where(have), "settings": made_by}
+    atomic_write(tried_path(out), json.dumps(note).encode(), _kept(len(have)))
+
+
+def _tried(out: Path, have: list[Conversation], made_by: dict[str, Any]) -> int:
+    """The round a rerun goes on from, as noted by a run whose rounds ran out (0: none
+    noted, or noted of other prompts or settings than these)."""
+    try:
+        note = json.loads(tried_path(out).read_bytes())
+    except (OSError, ValueError):
+        return 0
+    fits = (isinstance(note, dict) and isinstance(note.get("next_round"), int)
+            and {k: note.get(k) for k in ("kept", "last")} == _where(have)
+            and note.get("settings") == made_by)
+    return note["next_round"] if fits else 0
+
+
+def _short(stats: dict[str, int], cfg: MagpieConfig, limit: int) -> str:
+    """Why a run's rounds ran out before `cfg.n` prompts, by this run's counts, and that a
+    rerun goes on: what was made is kept."""
+    return (f"prompts: warning: only {stats['kept']} of {cfg.n} unique prompts after {limit} "
+            f"rounds of {cfg.batch_size} ({stats['duplicates']} duplicates, "
+            f"{stats['length_filtered']} under {cfg.min_chars} or over {cfg.max_chars} "
+            f"characters, {stats['unfinished']} unfinished within --max-new-tokens "
+            f"{cfg.max_new_tokens} (`data make`: --prompt-tokens), {stats['bare_openings']} bare "
+            f"openings); the {stats['kept']} are kept: rerun the same command to make more "
+            "(it goes on from the round after this run's last), or try another --seed or "
+            "--openings")
 
 
 # what the prompts already written were made with; n and max_batches may grow on a rerun
