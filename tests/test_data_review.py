@@ -10,7 +10,7 @@ from test_data_regenerate import ok_reply, running
 from transformers import AutoTokenizer
 
 from draftsmith.data.prompts import Conversation, encode_conversations
-from draftsmith.data.regenerate import OpenAIBackend, RegenConfig, regenerate
+from draftsmith.data.regenerate import OpenAIBackend, RegenConfig, regenerate, request_seed
 from draftsmith.errors import DraftsmithError
 
 # --- regenerate against a server: every sampling field the run records is sent ---------------
@@ -46,9 +46,30 @@ def test_server_requests_carry_every_sampling_field(target, tmp_path):
     off, on = bodies
     want = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "seed": 5, "max_tokens": 8}
+            "seed": request_seed(5, off["messages"]), "max_tokens": 8}
     assert {k: off.get(k) for k in want} == want
     assert on["top_k"] == 20 and on["min_p"] == 0.0 and on["repetition_penalty"] == 1.0
+
+
+def test_each_server_request_has_its_own_seed(target, tmp_path):
+    """Every request carried --seed itself: vLLM and SGLang seed a generator per request, so
+    every prompt drew the same noise at each step. A request's seed now comes from --seed and
+    its messages: other prompts other seeds, the same prompt (a rerun) the same one."""
+    bodies: list[dict] = []
+    ask = [Conversation([{"role": "user", "content": t}]) for t in ("hi", "hello", "hi")]
+    with running(recording_app(bodies)) as url:
+        cfg = RegenConfig(max_new_tokens=4, max_len=128, batch_size=3, temperature=0.7, seed=5)
+        backend = OpenAIBackend(url, "m", cfg, retries=0)
+        try:
+            regenerate(ask, tmp_path / "a.jsonl", backend, target.tokenizer, cfg, False,
+                       lambda s: None)
+        finally:
+            backend.close()
+    seeds = {b["messages"][-1]["content"]: b["seed"] for b in bodies}
+    assert len(bodies) == 3 and seeds["hi"] != seeds["hello"]
+    assert {b["seed"] for b in bodies if b["messages"][-1]["content"] == "hi"} == {seeds["hi"]}
+    assert request_seed(6, bodies[0]["messages"]) != bodies[0]["seed"]
+    assert all(0 <= s < 2**31 for s in seeds.values())
 
 
 # --- train/dist.py: torchrun's environment, checked --------------------------------------------

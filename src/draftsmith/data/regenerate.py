@@ -11,6 +11,7 @@ template refuses (roles it does not take) is skipped. Each is counted.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -216,7 +217,8 @@ class OpenAIBackend:
                 r = self.client.chat.completions.create(
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                    seed=self.cfg.seed, **PENALTIES, extra_body=server_sampling(self.cfg),
+                    seed=request_seed(self.cfg.seed, messages), **PENALTIES,
+                    extra_body=server_sampling(self.cfg),
                 )
             except retry as e:
                 if attempt == self.retries:
@@ -237,6 +239,14 @@ class OpenAIBackend:
 
 
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def request_seed(seed: int, messages: Messages) -> int:
+    """A request's own seed, from --seed and its messages: vLLM and SGLang seed a generator per
+    request, so one seed for all drew the same noise for every prompt at each step (answers
+    correlated across the data); the same conversation still gets the same seed on a rerun."""
+    key = json.dumps([seed, messages], sort_keys=True, ensure_ascii=False).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") >> 1  # 31 bits: any server
 
 
 def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
