@@ -116,8 +116,9 @@ def detect_format(folder: str | Path) -> str:
     if is_sglang(c):
         return "sglang"
     raise DraftsmithError(
-        f"{folder}/config.json: neither speculators (speculators_model_type eagle3) nor SGLang "
-        f"(architectures {c.get('architectures')}) EAGLE-3 layout"
+        f"{folder}/config.json: neither speculators (speculators_model_type eagle3) nor "
+        f"SGLang/SpecForge/EAGLE (architectures {c.get('architectures')}, no draft_vocab_size) "
+        "EAGLE-3 layout; pass an EAGLE-3 drafter folder, not a target's"
     )
 
 
@@ -197,8 +198,19 @@ def import_drafter(src: str | Path, out: str | Path, target: str | None = None,
                               "outlive the imported drafter); choose another --out")
     check_apart(out, Path(src), "the source folder")
     drafter = read_any(src, target)
-    return save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
-                                                "format": detect_format(src)})
+    saved = save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
+                                                 "format": detect_format(src)})
+    _drop_training_record(saved)
+    return saved
+
+
+def _drop_training_record(out: Path) -> None:
+    """The replaced drafter's training log and curves go with it: the doctor would otherwise
+    hold the imported drafter to the acceptance that log promised for another one."""
+    from draftsmith.train.report import LOG, PLOT
+
+    for name in (LOG, PLOT):
+        (out / name).unlink(missing_ok=True)
 
 
 __all__ = ["FORMATS", "detect_format", "export_drafter", "import_drafter", "read_any"]

@@ -244,21 +244,44 @@ def vocab_tensors(
             raise DraftsmithError(f"{where}: no d2t/t2d but draft vocab {draft_vocab} != {vocab}")
         return {"d2t": torch.zeros(vocab, dtype=torch.long),
                 "t2d": torch.ones(vocab, dtype=torch.bool)}
+    if t2d is not None and t2d.numel() != vocab:
+        raise DraftsmithError(
+            f"{where}: t2d has {t2d.numel()} entries, not one per target token ({vocab}); "
+            "t2d is a boolean mask over the target vocabulary marking the draft's tokens")
     if d2t is None:
         used = torch.nonzero(t2d.bool()).flatten()
         d2t = used - torch.arange(used.numel())
-    if d2t.numel() != draft_vocab or (t2d is not None and t2d.numel() != vocab):
-        raise DraftsmithError(
-            f"{where}: d2t has {d2t.numel()} entries and t2d "
-            f"{'none' if t2d is None else t2d.numel()}; the config says draft vocab "
-            f"{draft_vocab}, vocab {vocab}")
-    used, problem = map_problem(d2t.flatten(), None, vocab)
+    if d2t.numel() != draft_vocab:
+        raise DraftsmithError(f"{where}: d2t has {d2t.numel()} entries but the config says draft "
+                              f"vocab {draft_vocab}: one offset per draft token")
+    d2t = d2t.flatten().long()
+    _refuse_absolute(d2t, t2d, vocab, where)
+    used, problem = map_problem(d2t, None, vocab)
     if problem is not None and problem[0] == "outside":
         raise DraftsmithError(f"{where}: d2t: {problem[1]}")
     if t2d is None:
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[used] = True
-    return {"d2t": d2t.long(), "t2d": t2d.bool()}
+    return {"d2t": d2t, "t2d": t2d.bool()}
+
+
+def _refuse_absolute(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int,
+                     where: str) -> None:
+    """A d2t of absolute target ids (target = d2t[draft]) instead of offsets (target = draft +
+    d2t[draft], as SGLang's hot_token_id and vLLM's compute_logits read it) would draft other
+    tokens without a word: refused where read as offsets it fails (outside the vocabulary, or
+    off the t2d mask) but read as ids it is the map t2d marks (or, without t2d, a valid map)."""
+    from draftsmith.data.vocab import map_problem
+
+    if t2d is None and map_problem(d2t, None, vocab)[1] is None:
+        return
+    if t2d is not None and map_problem(d2t, t2d, vocab)[1] is None:
+        return
+    as_offsets = d2t - torch.arange(d2t.numel())
+    if map_problem(as_offsets, t2d, vocab)[1] is None:
+        raise DraftsmithError(
+            f"{where}: d2t holds absolute target ids, not the offsets SGLang and vLLM read "
+            "(target id = draft id + d2t[draft id]); store d2t - arange(draft vocab) instead")
 
 
 def draft_vocab_of(config: dict[str, Any], vocab: int, where: str) -> int:

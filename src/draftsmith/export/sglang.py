@@ -74,7 +74,8 @@ def check_exportable(cfg: Eagle3Config) -> None:
     if cfg.num_layers != 1:
         raise DraftsmithError(
             f"the drafter has {cfg.num_layers} decoder layers; SGLang's extra layers compute "
-            "differently (they drop the residual stream), so only 1-layer drafters are exported"
+            "differently (they drop the residual stream), so only 1-layer drafters are "
+            "exported; export --format speculators for vLLM"
         )
     if len(cfg.aux_layer_ids) != 3:
         raise DraftsmithError(f"SGLang's fc takes exactly 3 aux states, the drafter has "
@@ -141,7 +142,17 @@ def write_sglang(
 
 
 def is_sglang(config: dict[str, Any]) -> bool:
-    return bool(set(config.get("architectures") or []) & KNOWN_ARCHS)
+    """SGLang's or SpecForge's architecture name, or the EAGLE reference code's folder (its
+    traineagle3/config.json names LlamaForCausalLM; vLLM's eagle3 method serves it)."""
+    return bool(set(config.get("architectures") or []) & KNOWN_ARCHS) or is_eagle_reference(config)
+
+
+def is_eagle_reference(config: dict[str, Any]) -> bool:
+    """A drafter config under a plain model's architecture name: only an EAGLE-3 drafter's
+    names a draft vocabulary or an eagle_config (no target's config does)."""
+    if set(config.get("architectures") or []) & KNOWN_ARCHS or "speculators_model_type" in config:
+        return False
+    return "draft_vocab_size" in config or isinstance(config.get("eagle_config"), dict)
 
 
 def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
@@ -156,6 +167,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
                                                             f"{folder}/config.json")
     _check_specforge_head(c, folder)
     _check_layout(c, folder)
+    _note_reference_arch(c, folder)
     cfg = drafter_config(
         f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -191,6 +203,15 @@ def _check_layout(c: dict[str, Any], folder: Path) -> None:
     if c.get("bias"):
         raise DraftsmithError(f"{folder}/config.json: bias true (SGLang gives fc a bias); "
                               "draftsmith's fc has none")
+
+
+def _note_reference_arch(c: dict[str, Any], folder: Path) -> None:
+    if is_eagle_reference(c):
+        note(f"{folder}/config.json: architectures {c.get('architectures')} (the EAGLE "
+             "reference code's): vLLM's eagle3 method serves it (as Eagle3 + that name), but "
+             "SGLang builds a plain model from that name and cannot load it",
+             f"for SGLang set architectures to [\"{ARCH}\"], or serve the folder `draftsmith "
+             "export --format sglang` writes from the import", stacklevel=3)
 
 
 def _drop_unknown(w: dict[str, torch.Tensor], cfg: Eagle3Config,

@@ -68,7 +68,9 @@ def speculators_config(
     if cfg.target_hidden_size != cfg.hidden_size:
         raise DraftsmithError(
             f"speculators' fc takes num_aux x hidden_size inputs; this drafter's target hidden "
-            f"size {cfg.target_hidden_size} differs from its hidden size {cfg.hidden_size}"
+            f"size {cfg.target_hidden_size} differs from its hidden size {cfg.hidden_size}; "
+            "export --format sglang instead: SGLang and vLLM both load that layout and read its "
+            "target_hidden_size"
         )
     if not info.name_or_path:
         raise DraftsmithError("speculators needs the verifier's name or path; pass --target")
