@@ -15,7 +15,17 @@ import typer
 from draftsmith.doctor.report import Finding, Report
 from draftsmith.doctor.run import DoctorOptions, run_doctor
 
-__all__ = ["DoctorOptions", "Finding", "Report", "doctor", "run_doctor"]
+__all__ = ["DoctorOptions", "Finding", "Report", "doctor", "report_json", "run_doctor"]
+
+
+def report_json(rep: Report, strict_exit: bool = False) -> str:
+    """The report as strict JSON: a NaN or inf anywhere in it is null, as every other
+    draftsmith report writes it (jq and JavaScript refuse the NaN literal); `exit_code` is the
+    command's (under --strict, `ok` alone does not say it: warnings fail it too)."""
+    from draftsmith.bench.report import strict
+
+    out = rep.to_dict() | {"exit_code": rep.exit_code(strict_exit)}
+    return json.dumps(strict(out), indent=1, default=str, allow_nan=False)
 
 
 def doctor(
@@ -48,15 +58,37 @@ def doctor(
     """Check data, drafter and target against each other; exit 1 on any error finding."""
     from draftsmith.cli import device_dtype
     from draftsmith.doctor.render import show
+    from draftsmith.options import given
 
+    _unused_flags(data is not None, drafter is not None, run,
+                  given(doctor, samples=samples, max_tokens=max_tokens, all_tokens=all_tokens,
+                        full_verify=full_verify),
+                  given(doctor, prompts=prompts, max_new=max_new, steps=steps))
     dev, dt = device_dtype(device, dtype)  # `auto` as every other command reads it
     opts = DoctorOptions(data, drafter, target, engine, samples, max_tokens, all_tokens, run,
                          prompts, max_new, steps, dev, dt, full_verify)
     rep = run_doctor(opts)
     if as_json:
-        print(json.dumps(rep.to_dict(), indent=1, default=str))
+        print(report_json(rep, strict))
     else:
         show(rep)
     code = rep.exit_code(strict)
     if code:
         raise typer.Exit(code)
+
+
+def _unused_flags(matches: bool, drafts: bool, run: bool, match_flags: list[str],
+                  run_flags: list[str]) -> None:
+    """Refuse the live match's flags without --data and the run's where no run is made: they
+    did nothing, silently."""
+    from draftsmith.options import unused
+
+    if not matches:
+        unused(match_flags, "with --data (the live match of its stored states)",
+               "give --data DIR with {it}, or leave {it} out")
+    if not drafts:
+        unused(run_flags, "with --drafter (the speculative run)",
+               "give --drafter DIR with {it}, or leave {it} out")
+    elif not run:
+        unused(run_flags, "to the speculative run, which --no-run skips",
+               "drop --no-run, or leave {it} out")

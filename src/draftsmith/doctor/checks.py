@@ -222,7 +222,10 @@ def capturable(ids: list[int], num_layers: int, engine: str | None, where: str) 
         edges = {-1: ("embedding output", 0), num_layers - 1: ("last layer output", num_layers)}
         notes = [f"id {i} ({what}) needs vLLM id {j}, which only newer vLLM model files capture"
                  for i, (what, j) in edges.items() if i in ids]
-    sev = "error" if engine and engine.startswith("sglang") else "warning"
+    # SGLang's limits fail SGLang; for --engine draftsmith, which captures any layer, they
+    # are advice that must not fail --strict
+    sev = ("error" if engine and engine.startswith("sglang") else
+           "info" if engine == "draftsmith" else "warning")
     fix = _capturable_fix(engine == "vllm", num_layers, len(ids)) if notes else ""
     return [Finding(sev, "capturable", n, where, fix) for n in notes]
 

@@ -39,6 +39,8 @@ class DoctorOptions:
     full_verify: bool = False  # hash every shard, not only those samples are read from
 
     def __post_init__(self) -> None:
+        from draftsmith.tune.cost_model import DEEPEST  # serve's and tune's deepest draft
+
         if self.data is None and self.drafter is None:
             raise DraftsmithError("give --data DIR and/or --drafter DIR to examine")
         if self.engine:
@@ -48,6 +50,8 @@ class DoctorOptions:
         if self.steps is not None and self.steps < 1:
             raise DraftsmithError(f"--steps must be >= 1 (not given: from the training log), "
                                   f"got {self.steps}")
+        if self.steps is not None and self.steps > DEEPEST:
+            raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {self.steps}")
 
 
 def resolve_target(opts: DoctorOptions, manifest: dict | None,
@@ -58,11 +62,21 @@ def resolve_target(opts: DoctorOptions, manifest: dict | None,
     if opts.target:
         return load_target(opts.target), "--target"
     if manifest is not None and (manifest.get("target") or {}).get("source"):
-        return load_target(target_of_dataset(manifest)), "the data manifest"
+        return _recorded(target_of_dataset(manifest), "the data manifest"), "the data manifest"
     src = _drafter_target(info) if info is not None else None
     if src:
-        return load_target(src), "the drafter config"
+        return _recorded(src, "the drafter config"), "the drafter config"
     raise DraftsmithError("no target known: pass --target PATH (or 'default')")
+
+
+def _recorded(src: str, how: str) -> Any:
+    """The target `how` records: one moved or deleted since is named as that, with the fix."""
+    from draftsmith.targets import load_target
+
+    if src != "default" and not Path(src).exists():
+        raise DraftsmithError(f"{how} names the target {src}, not a file or folder here (moved, "
+                              "deleted, or a hub id): pass --target PATH")
+    return load_target(src)
 
 
 def _drafter_target(info: DrafterInfo) -> str | None:
@@ -212,12 +226,16 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         rep.skipped.append(f"behaviour: cannot load the drafter ({e})")
         return
     except DraftsmithError as e:  # what an engine loading it would meet too
-        rep.add("behaviour", [Finding("error", "loads", f"the drafter does not load: {e}",
-                                      str(info.folder), "its weights and config.json must "
-                                      "agree: re-export or retrain it")])
+        rep.add("behaviour", [_unloadable(e, info)])
         return
     rep.add("loads", notes)
-    promise = behaviour.promised(info.folder)
+    try:
+        promise, unread = behaviour.promised(info.folder), None
+    except DraftsmithError as e:  # a damaged log loses the comparison, not the whole report
+        promise, unread = None, e
+        rep.add("behaviour", [Finding("warning", "behaviour", f"the run is not compared with "
+                                      f"training: {e}", str(info.folder), "repair or remove "
+                                      "that line of the training log")])
     steps, why_steps = draft_steps(opts.steps, promise)
     source = "data" if prompts else "built-in, target chat template"
     prompts = prompts or behaviour.template_prompts(target, opts.prompts)
@@ -239,6 +257,8 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     if not out["runs"]:
         return
     rep.behaviour = out
+    if unread is not None:  # said above
+        return
     if promise is None:  # `export` copies no log: nothing to hold the run against
         from draftsmith.train.report import LOG
 
@@ -252,19 +272,31 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
 
 
 def draft_steps(given: int | None, promise: dict[str, Any] | None) -> tuple[int, str]:
-    """The run's draft steps, and why that many."""
+    """The run's draft steps, and why that many: from the log, only the positions it measured
+    (a None in `cond_acc` is a position no chain reached, which promises nothing)."""
+    from draftsmith.train.objective import measured
+
+    cond = promise["cond_acc"] if promise else []
+    n, m = len(cond), measured(cond)
+    logged = (f"the log records {n} positions" if m == n else
+              f"the log measured {_span(m)} of {n}, no chain reached position {m}"
+              if m else f"the log measured none of its {n} positions, no chain reached one")
     if given is not None:
-        n = len(promise["cond_acc"]) if promise else 0
-        beyond = f" (the log records {n} positions: the promise covers those)" if 0 < n < given \
-            else ""
+        covers = "the promise covers those" if m else "it promises nothing"
+        beyond = f" ({logged}: {covers})" if n > 0 and m < given else ""
         return given, f"--steps {given}{beyond}"
     if promise is None:
         return NO_LOG_STEPS, f"{NO_LOG_STEPS} by default, no training log to take them from"
-    n = len(promise["cond_acc"])
-    if n > MAX_STEPS:
-        return MAX_STEPS, (f"the log records {n} positions, a run drafts at most {MAX_STEPS} "
-                           f"unless --steps (--steps {n} drafts them all)")
-    return n, f"the {n} positions the log records"
+    if m == 0:
+        return NO_LOG_STEPS, f"{NO_LOG_STEPS} by default: {logged}"
+    if m > MAX_STEPS:
+        return MAX_STEPS, (f"{logged}, a run drafts at most {MAX_STEPS} unless --steps "
+                           f"(--steps {m} drafts them all)")
+    return m, f"the {n} positions the log records" if m == n else logged
+
+
+def _span(m: int) -> str:
+    return "position 0" if m == 1 else f"positions 0..{m - 1}"
 
 
 def _wired(rep: Report, run: dict[str, Any], true_ids: list[int] | None) -> bool:
@@ -272,6 +304,15 @@ def _wired(rep: Report, run: dict[str, Any], true_ids: list[int] | None) -> bool
     before it failed (wiring, sizes, vocab, target): a behaviour gap then is the drafter's own."""
     return (true_ids is not None and list(run["aux_layer_ids"]) == list(true_ids)
             and not rep.errors())
+
+
+def _unloadable(e: DraftsmithError, info: DrafterInfo) -> Finding:
+    """The drafter does not load: ids it cannot be fed (the wiring findings name the right
+    ones) are no weights/config mismatch."""
+    ids = "layer_ids" in str(e)
+    fix = ("write aux layer ids this target has, as the wiring findings above say" if ids else
+           "its weights and config.json must agree: re-export or retrain it")
+    return Finding("error", "loads", f"the drafter does not load: {e}", str(info.folder), fix)
 
 
 def _fewer_prompts(n: int, opts: DoctorOptions, from_data: bool) -> Finding:
