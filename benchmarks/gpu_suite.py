@@ -501,14 +501,13 @@ def agreement(model, groups, base, spec, eos) -> dict:
 
 
 def doctor_stage() -> dict:
-    from draftsmith.doctor import DoctorOptions, run_doctor
+    from draftsmith.doctor import DoctorOptions, report_json, run_doctor
     from draftsmith.doctor.render import show
 
     rep = run_doctor(DoctorOptions(WORK / "dataset", DRAFTER, TARGET, "sglang",
                                    device=DEVICE, dtype=DT))
     show(rep)
-    d = rep.to_dict()
-    (OUT / "doctor.json").write_text(json.dumps(d, indent=1, default=str))
+    (OUT / "doctor.json").write_text(report_json(rep))  # strict: a NaN is null
     return {"exit_code": rep.exit_code(False)}
 
 

@@ -188,15 +188,14 @@ def stale_settings(out: Path, tc) -> list[str]:
 
 
 def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:
-    from draftsmith.doctor import DoctorOptions, run_doctor
+    from draftsmith.doctor import DoctorOptions, report_json, run_doctor
     from draftsmith.doctor.render import show as show_doctor
 
     rep = run_doctor(DoctorOptions(data["dir"], drafter_dir, cfg.target, "sglang", run=False,
                                    device=cfg.device))
     show_doctor(rep)
-    d = rep.to_dict()
-    (cfg.out / "doctor.json").write_text(json.dumps(d, indent=1, default=str))
-    return {"exit_code": rep.exit_code(False), "findings": len(d.get("findings", []))}
+    (cfg.out / "doctor.json").write_text(report_json(rep))  # strict: a NaN is null
+    return {"exit_code": rep.exit_code(False), "findings": len(rep.to_dict().get("findings", []))}
 
 
 def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
