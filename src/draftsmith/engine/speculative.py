@@ -118,6 +118,21 @@ def check_pair(tc, dc) -> tuple[int, ...]:
     return tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
 
 
+def check_draft_vocab(drafter: Eagle3Drafter, vocab: int) -> None:
+    """Every draft id's target id (id + d2t[id]) inside the target's vocabulary: one past it
+    was an IndexError in the verify's embedding (on a GPU a device-side assert)."""
+    d2t = drafter.d2t
+    if d2t.device.type == "meta":  # not loaded yet: nothing to read
+        return
+    hot = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+    bad = ((hot < 0) | (hot >= vocab)).nonzero()[:, 0].tolist()
+    if bad:
+        raise DraftsmithError(
+            f"the drafter's d2t maps {len(bad)} draft id(s) outside the target's vocabulary of "
+            f"{vocab} (draft id {bad[0]} -> {int(hot[bad[0]])}): its vocabulary mapping is not "
+            f"this target's; use a drafter trained for this target")
+
+
 class SpecDecoder:
     """Speculative generation with a target `Runtime` and an EAGLE-3 drafter.
 
@@ -152,10 +167,7 @@ class SpecDecoder:
         self.rt = target if isinstance(target, Runtime) else self._runtime(target, max_batch,
                                                                            max_seq)
         self.tbase = self.rt.max_seq - (0 if self.shape is None else self.n_verify)
-        if (room := self.capacity()) < 2:  # a one-token prompt and one new token
-            raise DraftsmithError(
-                f"runtime max_seq {self.rt.max_seq} is too short for steps {steps} and "
-                f"{self.n_verify} verify tokens: it needs at least {self.rt.max_seq - room + 2}")
+        self._check_room(self.rt.max_seq)
         fs = 0 if self.shape is None else self.shape.frontier_slots
         if isinstance(drafter, DrafterRuntime):
             self.drt = drafter
@@ -211,6 +223,7 @@ class SpecDecoder:
 
     def _check_pair(self) -> None:
         self.aux_ids = check_pair(self.rt.model.cfg, self.drafter.cfg)
+        check_draft_vocab(self.drafter, self.rt.model.cfg.vocab_size)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -218,11 +231,25 @@ class SpecDecoder:
         """The longest prompt + max_new_tokens this decoder can run."""
         return self.tbase - 2 * self.steps - 2
 
+    def margin(self) -> int:
+        """The slots past the capacity that drafting takes (a tree's verify scratch slots, and
+        the drafts and extend past a row's last kept position)."""
+        return (0 if self.shape is None else self.n_verify) + 2 * self.steps + 2
+
+    def _check_room(self, max_seq: int) -> None:
+        """max_seq holds a one-token prompt and one new token past the drafting margin."""
+        if max_seq - self.margin() < 2:
+            raise DraftsmithError(
+                f"max_seq {max_seq} is too short for steps {self.steps} and {self.n_verify} "
+                f"verify tokens: drafting takes {self.margin()} slots past prompt + answer, so "
+                f"it needs at least {self.margin() + 2}")
+
     def _runtime(self, target: Transformer, max_batch: int, max_seq: int) -> Runtime:
         """The decoder's own runtime: its kept positions are its capacity, held to a sliding
         window (each request is checked against it), its margin past them drafts only."""
         max_batch, max_seq = check_sizes(max_batch, max_seq, "SpecDecoder")
-        margin = (0 if self.shape is None else self.n_verify) + 2 * self.steps + 2
+        self._check_room(max_seq)  # before Runtime, whose own refusal names no drafting
+        margin = self.margin()
         window = target.cfg.sliding_window
         kept = max_seq - margin if not window else min(max_seq - margin, window)
         return Runtime(target, max_batch, max_seq, kept=kept)
