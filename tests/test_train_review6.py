@@ -176,8 +176,8 @@ def test_a_second_train_into_an_out_another_is_writing_is_refused(root):
     assert "another `draftsmith train` is writing into it" in str(e.value)
     # the refused run's closed descriptor is not left listed: a later fork closed whatever
     # reused its number (a DDP test's pipe, which hung)
-    from draftsmith.train.loop import HELD
-    assert HELD == []
+    from draftsmith.train.checkpoint import FLOCKS
+    assert FLOCKS == []
     assert [p.name for p in list_checkpoints(root / "held")] == ["step-00000002"]
     assert (root / "held" / "train_log.jsonl").read_text() == log
     quiet_train(config(root, "held", resume=True))

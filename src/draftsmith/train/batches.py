@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -105,18 +105,20 @@ class Batch:
     aux: torch.Tensor | None  # [B, T, n_aux, Ht]
     hidden: torch.Tensor | None  # [B, T, Ht] after the target's final norm
     samples: list[int]
+    # (row, start, length) of each document, in `samples`' order: on the host, read unsynced
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     def to(self, device: torch.device | str) -> Batch:
         move = {k: getattr(self, k) for k in ("tokens", "loss_mask", "positions", "doc", "aux",
                                               "hidden")}
         moved = {k: None if v is None else v.to(device, non_blocking=True) for k, v in move.items()}
-        return Batch(**moved, samples=self.samples)
+        return Batch(**moved, samples=self.samples, spans=self.spans)
 
     def pin_memory(self) -> Batch:
         move = {k: getattr(self, k) for k in ("tokens", "loss_mask", "positions", "doc", "aux",
                                               "hidden")}
         return Batch(**{k: None if v is None else v.pin_memory() for k, v in move.items()},
-                     samples=self.samples)
+                     samples=self.samples, spans=self.spans)
 
     @property
     def tokens_used(self) -> int:
@@ -137,6 +139,7 @@ def collate(source: Source, rows: list[Row], multiple: int = 1, cap: int | None 
     aux: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     samples: list[int] = []
+    spans: list[tuple[int, int, int]] = []
     for r, row in enumerate(rows):
         at = 0
         for i, n in row:
@@ -152,8 +155,9 @@ def collate(source: Source, rows: list[Row], multiple: int = 1, cap: int | None 
                 aux[r, at : at + n] = s["aux"][:n]
                 hidden[r, at : at + n] = s["hidden"][:n]
             samples.append(i)
+            spans.append((r, at, n))
             at += n
-    return Batch(tokens, mask, positions, doc, aux, hidden, samples)
+    return Batch(tokens, mask, positions, doc, aux, hidden, samples, spans)
 
 
 @dataclass
@@ -261,11 +265,66 @@ STATES_DTYPE = torch.bfloat16
 
 @torch.no_grad()
 def run_target(model: Any, batch: Batch, aux_ids: tuple[int, ...]) -> Batch:
-    """Fill aux and hidden of a token-only batch with a forward of the target (online)."""
+    """Fill aux and hidden of a token-only batch with a forward of the target (online). A target
+    windowing some of its layers only runs each document in a row of its own: a packed row's
+    mask would serve every layer alike (windowing them all, or refused past the window)."""
+    if getattr(model.cfg, "window_layers", None) is not None:
+        batch.aux, batch.hidden = _per_document(model, batch, aux_ids)
+        return batch
     mask = doc_causal_mask(batch.doc, model.cfg.sliding_window)
     out = model(batch.tokens, batch.positions, mask=mask, aux_ids=aux_ids, want_logits=False)
     batch.aux, batch.hidden = out.aux.to(STATES_DTYPE), out.hidden.to(STATES_DTYPE)
     return batch
+
+
+def _per_document(model: Any, batch: Batch, aux_ids: tuple[int, ...],
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux, hidden) of the packed batch, each document through the target alone and unmasked,
+    as data capture runs it (the model gives each layer its own mask), in groups of rows no
+    larger than the packed batch."""
+    b, t = batch.doc.shape
+    aux = hidden = None
+    spans = [s for s in batch.spans or _spans(batch.doc) if s[2]]
+    for group in _groups(spans, b * t):
+        width = group[0][2]
+        tokens = batch.tokens.new_zeros(len(group), width)
+        for k, (r, a, n) in enumerate(group):
+            tokens[k, :n] = batch.tokens[r, a : a + n]
+        positions = torch.arange(width, device=tokens.device).expand(len(group), width)
+        out = model(tokens, positions, aux_ids=aux_ids, want_logits=False)
+        if aux is None or hidden is None:
+            aux = out.aux.new_zeros(b, t, *out.aux.shape[2:], dtype=STATES_DTYPE)
+            hidden = out.hidden.new_zeros(b, t, out.hidden.shape[-1], dtype=STATES_DTYPE)
+        for k, (r, a, n) in enumerate(group):
+            aux[r, a : a + n] = out.aux[k, :n]
+            hidden[r, a : a + n] = out.hidden[k, :n]
+    assert aux is not None and hidden is not None
+    return aux, hidden
+
+
+def _groups(spans: list[tuple[int, int, int]], budget: int) -> list[list[tuple[int, int, int]]]:
+    """The documents longest first, in groups whose rows times their longest fit `budget`."""
+    groups: list[list[tuple[int, int, int]]] = []
+    for span in sorted(spans, key=lambda s: -s[2]):
+        if groups and (len(groups[-1]) + 1) * groups[-1][0][2] <= budget:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def _spans(doc: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(row, start, length) of each run of one document id in `doc` (-1: padding)."""
+    spans: list[tuple[int, int, int]] = []
+    for r, ids in enumerate(doc.tolist()):
+        for a, i in enumerate(ids):
+            if i < 0:
+                continue
+            if a and ids[a - 1] == i:
+                spans[-1] = (r, spans[-1][1], spans[-1][2] + 1)
+            else:
+                spans.append((r, a, 1))
+    return spans
 
 
 class TokenSource:

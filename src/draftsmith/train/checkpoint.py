@@ -3,14 +3,24 @@
 Each holds the drafter in the draftsmith layout (fp32 master weights), `trainer_state.pt`
 (optimizer, scheduler, step, metric accumulators) and one `rng-R.pt` per rank. A checkpoint is
 built in a dot-named tmp folder and renamed into place; older ones beyond `keep_last` go after.
+`lock_out` holds --out while a run writes into it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import random
+import re
 import shutil
+import socket
+import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +42,9 @@ def list_checkpoints(out: Path) -> list[Path]:
     root = Path(out) / CHECKPOINTS
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith("step-") and (p / STATE).is_file()]
+    # only our names: a copy beside them (step-00000100.bak) was a ValueError on --resume
+    done = [p for p in root.iterdir()
+            if re.fullmatch(r"step-\d+", p.name) and (p / STATE).is_file()]
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
@@ -58,7 +70,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # a host of more GPUs wrote states for devices this one lacks (an IndexError)
+        for i, cuda in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda, i)
     if "numpy" in state:
         import numpy as np
 
@@ -104,8 +118,25 @@ def _put_in_place(final: Path, tmp: Path, out: Path, keep_last: int) -> None:
             shutil.rmtree(final)
         tmp.rename(final)
         _synced(final.parent, folder=True)  # the rename on disk before older ones go
+    _drop_old(out, keep_last)
+
+
+def _drop_old(out: Path, keep_last: int) -> None:
+    """Checkpoints past the `keep_last` newest removed, each its trainer state first (a folder
+    cut short is then no checkpoint --resume takes). One that cannot go (a permission error)
+    is a warning naming it: rank 0 alone raising left the other ranks waiting."""
+    left: list[str] = []
     for old in list_checkpoints(out)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old)
+        try:
+            (old / STATE).unlink(missing_ok=True)
+            shutil.rmtree(old)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            left.append(f"{old} ({e.strerror or e})")
+    if left:
+        warnings.warn(f"could not remove older checkpoint(s) {', '.join(left)}; training goes "
+                      "on: remove them by hand", stacklevel=2)
 
 
 def _synced(*paths: Path, folder: bool = False) -> None:
@@ -164,3 +195,152 @@ def _load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
         raise DraftsmithError(f"{path}: unreadable checkpoint ({e})") from None
+
+
+# --out held while a run writes into it (`lock_out`)
+LOCK_FILE = ".draftsmith-train.lock"
+# the flocks this process holds: a forked child (a loader worker) closes its copies, as a flock
+# lives while any copy is open (a killed run's orphans would keep --out locked)
+FLOCKS: list[int] = []
+
+
+def _close_flocks() -> None:
+    while FLOCKS:
+        os.close(FLOCKS.pop())
+
+
+os.register_at_fork(after_in_child=_close_flocks)
+
+
+@dataclass
+class OutLock:
+    """A held --out: an flock on the folder (`fd`), or where the file system has none (NFS
+    refuses one on a folder) a lock file made whole by a hard link, naming its holder."""
+
+    fd: int | None = None
+    file: Path | None = None
+    holder: dict[str, Any] | None = None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            if self.fd in FLOCKS:
+                FLOCKS.remove(self.fd)
+                os.close(self.fd)
+            self.fd = None
+        mine = self.holder is not None and self.holder["pid"] == os.getpid()  # not a fork's
+        if self.file is not None and mine and _holder_of(self.file) == self.holder:
+            self.file.unlink(missing_ok=True)
+        self.file = None
+
+
+def lock_out(out: Path) -> OutLock:
+    """Hold the folder `out` while this run writes into it, or refuse: a second `train` into it
+    (a rerun in another shell, on another host) would delete the first's checkpoints."""
+    try:
+        fd = os.open(out, os.O_RDONLY)
+    except OSError as e:
+        raise DraftsmithError(f"--out {out}: cannot open it ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DraftsmithError(f"--out {out}: {BUSY}") from None
+    except OSError:  # no flock on this file system: a lock file instead
+        os.close(fd)
+        return _lock_file(Path(out))
+    FLOCKS.append(fd)
+    return OutLock(fd=fd)
+
+
+BUSY = ("another `draftsmith train` is writing into it; wait for it to end (then --resume "
+        "continues it) or train into another --out")
+
+
+def _lock_file(out: Path) -> OutLock:
+    path, me = out / LOCK_FILE, _me()
+    for _ in range(3):
+        if _link_lock(path, me):
+            return OutLock(file=path, holder=me)
+        held = _holder_of(path)
+        if held is None or not _stale(held):
+            raise DraftsmithError(_busy(path, held))
+        _break(path, held)
+    raise DraftsmithError(_busy(path, _holder_of(path)))
+
+
+def _link_lock(path: Path, me: dict[str, Any]) -> bool:
+    """Whether `path` now names a file holding `me`: written whole under a name of its own,
+    then hard-linked (atomic, and refused where `path` exists, over NFS too)."""
+    tmp = path.with_name(f"{path.name}.{me['host']}.{me['pid']}")
+    try:
+        tmp.write_text(json.dumps(me))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return tmp.stat().st_nlink == 2  # NFS: a link whose reply was lost
+        return True
+    except OSError as e:
+        raise DraftsmithError(f"--out {path.parent}: cannot lock it ({e.strerror or e}); "
+                              "train into another --out") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _busy(path: Path, held: dict[str, Any] | None) -> str:
+    who = ("" if held is None else
+           f" (host {held.get('host')}, pid {held.get('pid')}, since {held.get('since')})")
+    return (f"--out {path.parent}: another `draftsmith train`{who} is writing into it, says "
+            f"{path} (this file system has no flock); wait for it to end (then --resume "
+            "continues it) or train into another --out; if no run is writing there (one killed "
+            "on another host), delete that file")
+
+
+def _me() -> dict[str, Any]:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "started": _start_time(pid),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _holder_of(path: Path) -> dict[str, Any] | None:
+    try:
+        held = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) else None
+
+
+def _stale(held: dict[str, Any]) -> bool:
+    """Whether the lock's holder is gone: only on this host can we tell."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return False
+    try:
+        os.kill(held["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # alive, another user's
+    started = _start_time(held["pid"])
+    return None not in (started, held.get("started")) and started != held["started"]
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start (clock ticks since boot): a pid used again is another process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _break(path: Path, held: dict[str, Any]) -> None:
+    """Remove the stale lock `held`: renamed aside first, so a lock another run took after we
+    read this one is put back, not deleted."""
+    aside = path.with_name(f"{path.name}.stale.{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    if _holder_of(aside) != held:
+        with contextlib.suppress(OSError):
+            os.link(aside, path)
+    aside.unlink(missing_ok=True)

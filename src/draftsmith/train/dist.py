@@ -62,18 +62,27 @@ def shared_failure(world: int) -> Iterator[None]:
     """The block's DraftsmithError (of any of `world` ranks) raised on every rank, or none (a
     collective where world > 1: every rank enters it, a rank's writes inside): a rank that
     raised alone (rank 0 failing to write into --out) left the others waiting at the next
-    collective."""
-    error = None
+    collective. Another exception (a bug, an unforeseen OSError) goes on with its traceback
+    on its rank, the others stopping with a line naming it."""
+    error: Exception | None = None
     try:
         yield
-    except DraftsmithError as e:
+    except Exception as e:
         error = e
     if world == 1:
         if error is not None:
             raise error
         return
     said: list[str | None] = [None] * world
-    dist.all_gather_object(said, None if error is None else str(error))
+    dist.all_gather_object(said, None if error is None else _line(error))
+    if error is not None and not isinstance(error, DraftsmithError):
+        raise error
     first = next((s for s in said if s is not None), None)
     if first is not None:
         raise DraftsmithError(first) from None
+
+
+def _line(error: Exception) -> str:
+    if isinstance(error, DraftsmithError):
+        return str(error)
+    return f"rank {dist.get_rank()} failed ({type(error).__name__}: {error}); its log says more"

@@ -13,7 +13,6 @@ batch's positions) and lets DDP average the ranks.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import signal
@@ -199,20 +198,6 @@ RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINT
              "profile.txt"}
 RUN_MARKERS = {CONFIG_FILE, report.LOG, ckpt.CHECKPOINTS}
 
-# The --out locks this process holds (`Trainer._hold_out`). A forked child (a loader worker)
-# closes its copies: a flock lives while any copy is open, so a killed run's orphaned workers
-# would otherwise keep a --resume after it refused until they noticed.
-HELD: list[int] = []
-
-
-def _close_held() -> None:
-    while HELD:
-        os.close(HELD.pop())
-
-
-os.register_at_fork(after_in_child=_close_held)
-
-
 class Interrupt:
     """A single process's training loop: the first ctrl-C asks it to stop after the step in
     flight, at a checkpoint (`asked`); a second one aborts at once (the handler before ours is
@@ -386,7 +371,7 @@ class Trainer:
         self.watched = False  # the first logged window checked for positions that train
         self.pending: Pending | None = None
         self.stopped = False  # stopped at a checkpoint after a ctrl-C (`_stop_interrupted`)
-        self.held: int | None = None  # the --out lock's descriptor (`_hold_out`)
+        self.held: ckpt.OutLock | None = None  # the --out lock (`_hold_out`)
         self.lines = False  # progress as a line a logged step (run: stderr not a terminal)
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
         if found is not None:
@@ -773,8 +758,7 @@ class Trainer:
             return self._run()
         finally:
             if self.held is not None:
-                HELD.remove(self.held)
-                os.close(self.held)  # the --out lock goes with it
+                self.held.release()  # the --out lock goes with it
                 self.held = None
             if self.ctx.world > 1:
                 # DDP's reducer goes while the process group is still registered: freed last
@@ -873,18 +857,9 @@ class Trainer:
                 report.truncate_log(self.out, self.step)
 
     def _lock_out(self) -> None:
-        fd = os.open(self.out, os.O_RDONLY)  # the folder itself: no file left
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DraftsmithError(f"--out {self.out}: another `draftsmith train` is writing into "
-                                  "it; wait for it to end (then --resume continues it) or train "
-                                  "into another --out") from None
-        except OSError:
-            pass  # a file system without locks: unguarded, as before
-        self.held = fd  # only a held lock is listed: a forked child closes what HELD names
-        HELD.append(fd)
+        """An flock on the folder, or where its file system has none a lock file naming this
+        run (`checkpoint.lock_out`); forked loader workers close their copies of the flock."""
+        self.held = ckpt.lock_out(self.out)
 
     def _show(self, bar: Any, stats: str) -> None:
         if self.lines:  # what the bar shows on a terminal: time spent and time left

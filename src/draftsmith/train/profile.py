@@ -9,6 +9,7 @@ busy) and `profile.txt` (the top operators) into the training folder.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from time import perf_counter as clock
 from typing import Any
@@ -113,9 +114,13 @@ class StepProfiler:
         except Exception as e:  # noqa: BLE001 - the phase timings are still worth writing
             table = f"torch.profiler summary failed: {e!r}"
             report["profiler_error"] = repr(e)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "profile.json").write_text(json.dumps(report, indent=1))
-        (self.out / "profile.txt").write_text(table)
+        try:  # the run goes on without them: a traceback here lost the steps since a checkpoint
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "profile.json").write_text(json.dumps(report, indent=1))
+            (self.out / "profile.txt").write_text(table)
+        except OSError as e:
+            warnings.warn(f"{self.out}: profile.json and profile.txt not written "
+                          f"({e.strerror or e}); training goes on", stacklevel=2)
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:

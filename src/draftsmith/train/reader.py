@@ -74,6 +74,7 @@ class ShardReader:
             finally:
                 os.close(fd)
             check_widths(path, shapes, n_aux, hidden)
+            _check_layout(path, header)
 
     def _fd(self, k: int) -> int:
         if k in self._fds:
@@ -166,6 +167,21 @@ class ShardReader:
         return out
 
 
+def _check_layout(path: Path, header: dict[str, Any]) -> None:
+    """The shard holds every tensor the reader takes, of dtypes it reads, a row a token: a
+    foreign shard is named up front, not by a KeyError or a short read in a loader worker."""
+    missing = [k for k in (*TENSORS, "offsets") if k not in header]
+    odd = [f"{k} ({header[k].get('dtype')})" for k in (*TENSORS, "offsets")
+           if k in header and header[k].get("dtype") not in DTYPES]
+    rows = {header[k]["shape"][0] for k in TENSORS if k in header and header[k].get("shape")}
+    problem = (f"no {', '.join(missing)} tensor" if missing else
+               f"tensors of dtypes it cannot hold: {', '.join(odd)}" if odd else
+               f"tensors of {sorted(rows)} tokens" if len(rows) > 1 else None)
+    if problem:
+        raise DraftsmithError(f"{path}: holds {problem}: not a shard of this dataset's capture; "
+                              "capture the dataset again")
+
+
 def _stamp(fd: int) -> tuple[int, ...]:
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -189,11 +205,25 @@ def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int,
     dtype = DTYPES[info["dtype"]]
     shape = info["shape"]
     row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
-    buf = bytearray(os.pread(fd, (b - a) * row, start + info["data_offsets"][0] + a * row))
-    if len(buf) != (b - a) * row:
-        raise DraftsmithError(f"{path}: shard read came back short ({len(buf)} of "
-                              f"{(b - a) * row} bytes): the file is truncated (`draftsmith data "
-                              "inspect` on its dataset folder checks every shard)")
+    buf = bytearray((b - a) * row)
+    got = _pread_into(fd, buf, start + info["data_offsets"][0] + a * row)
+    if got != len(buf):
+        raise DraftsmithError(f"{path}: shard read came back short ({got} of {len(buf)} "
+                              "bytes): the file is truncated (`draftsmith data inspect` on its "
+                              "dataset folder checks every shard)")
     if not buf:
         return torch.empty(0, *shape[1:], dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).view(b - a, *shape[1:])
+
+
+def _pread_into(fd: int, buf: bytearray, at: int) -> int:
+    """Bytes read into `buf` from offset `at`: a read may return fewer than asked (Linux stops
+    each at 2 GiB, network file systems sooner), so it goes on until `buf` is full or the file
+    ends."""
+    view, got = memoryview(buf), 0
+    while got < len(buf):
+        n = os.preadv(fd, [view[got:]], at + got)
+        if n == 0:
+            break
+        got += n
+    return got

@@ -133,14 +133,27 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
     source: Source = reader
     if max_samples is not None and max_samples < len(ds):
         source, lengths = Head(reader, max_samples), lengths[:max_samples]
-    ids = validate(m["aux_layer_ids"], target.cfg.num_layers)
+    ids = _aux_ids(folder, m, target.cfg.num_layers)
     reader.check_shapes(len(ids), target.cfg.hidden_size)
     summary = {"kind": "offline", "folder": str(Path(folder).resolve()),
                "samples": len(lengths), "tokens": sum(lengths),
-               "target_fingerprint": m["target"].get("fingerprint"),
+               "target_fingerprint": m.get("target", {}).get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
     return Data(source, lengths, ids, False, summary, m if source is reader else None,
                 content=shards_digest(m["shards"], len(lengths)))
+
+
+def _aux_ids(folder: str | Path, m: dict[str, Any], layers: int) -> list[int]:
+    """The manifest's aux layer ids, checked against the target: an external manifest lacking
+    them, or of a deeper target, named with its folder (a KeyError before)."""
+    ids = m.get("aux_layer_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise DraftsmithError(f"{folder}: the manifest's aux_layer_ids is {ids!r}, not a list "
+                              "of layer ids; capture the dataset with `draftsmith data capture`")
+    try:
+        return validate(ids, layers)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{folder}: {e}") from None
 
 
 def shards_digest(shards: list[dict[str, Any]], samples: int) -> str:
