@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 console = Console()
 
 
+def say(text: str) -> None:
+    """A line as it is: paths and flags unread as rich markup (a `[x]` in a path vanished, a
+    `[/x]` raised after the whole tune) and never wrapped (a flags line broke at 80 columns
+    when piped, at the terminal's width otherwise, into lines that paste as separate
+    commands)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 def tune(
     drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
     target: str = TARGET,
@@ -98,7 +106,7 @@ def tune(
     check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
-            out, max_topk, params, seed, max_draft_tokens, refill, num_prompts)
+            out, max_topk, params, seed, max_draft_tokens, refill, num_prompts, nccl_sweep)
     _one_group(tp)
     if tp == 1:
         report = run_tune(*args)
@@ -114,11 +122,12 @@ def tune(
     if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
         return
     for text in report["texts"]:
-        console.print(text)
-    console.print(f"wrote {out}/tune.json, tune.md, tune.png")
+        say(text)
+    say(f"wrote {out}/tune.json, tune.md, tune.png")
     if nccl_sweep:
         attach_nccl(out, _nccl_for(report, tp, target, dev, dt, nccl_grid, out / "nccl",
                                    drafter))
+        (out / PARTIAL).unlink(missing_ok=True)  # kept till now: a stopped sweep's rerun
 
 
 def _one_group(tp: int) -> None:
@@ -157,11 +166,13 @@ def _tune_rank(tp, *args) -> dict:
 NCCL_FILES = ("nccl.json", "nccl.md", "nccl.partial.json")
 
 
-def drop_stale_nccl(out: Path) -> None:
+def drop_stale_nccl(out: Path, sweeps: bool = False) -> None:
     """An earlier `tune --nccl-sweep`'s files in out/nccl timed that run's verify shapes: a new
-    tune's report replaces that run's, so they go with it (the folder too, where left empty)."""
+    tune's report replaces that run's, so they go with it (the folder too, where left empty).
+    `sweeps`: this run sweeps too, so a stopped sweep's timings stay for it to take up where
+    they are its own (`_nccl_for` drops another's)."""
     folder = out / "nccl"
-    for name in NCCL_FILES:
+    for name in NCCL_FILES[:2] if sweeps else NCCL_FILES:
         (folder / name).unlink(missing_ok=True)
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
@@ -193,9 +204,10 @@ def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
     shapes = sorted({(r["batch"], r["verify_tokens"]) for r in report["recommendations"]})
     res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, nccl.dtype_key(dt), 20,
                               nccl.NOISE_PCT, 300.0, out,
-                              log=lambda line: console.print(line, markup=False), aux=aux)
+                              log=say, aux=aux,
+                              replace_other=True)
     nccl.print_report(res)
-    console.print(f"wrote {out}/nccl.json, nccl.md")
+    say(f"wrote {out}/nccl.json, nccl.md")
     return res
 
 
@@ -217,8 +229,12 @@ def run_tune(
     max_draft: int = 32,
     refill: bool = False,
     num_prompts: int = 0,
+    sweeps_nccl: bool = False,
     tp=None,
 ) -> dict:
+    """The whole tune; `sweeps_nccl`: an NCCL sweep follows, so tune.partial.json stays after
+    tune.json until it ends (`tune`): a sweep stopped partway is rerun without measuring the
+    tune again, and its timings are taken up."""
     import torch
 
     from draftsmith.engine.drafter_runtime import DrafterRuntime
@@ -232,10 +248,10 @@ def run_tune(
     from draftsmith.tune import measure, partial
     from draftsmith.tune.cost_model import (
         SpecSetting,
-        candidate_grid,
         rank_settings,
         recommend,
         sweep_plan,
+        tune_grid,
     )
     from draftsmith.tune.flags import export_paths, recommendation_text
 
@@ -266,7 +282,7 @@ def run_tune(
                      "top_k": params.top_k}})
     was = partial.agreed(tp, kept.resume)  # another tune's kept figures: refused before loading
     if was:
-        console.print(f"resuming from {kept.path}: what it measured is not measured again")
+        say(f"resuming from {kept.path}: what it measured is not measured again")
     model = t.build(dt, dev, tp)
     # under TP the target's embedding is sharded: the drafter takes the whole one
     embed = model.embed.weight if tp is None or tp.size == 1 else t.weights.get(
@@ -304,7 +320,7 @@ def run_tune(
         preds, meas, done = [], [], partial.kept_measured(was)
         swept = time.perf_counter()
         limits = (max_steps, max_topk, max_draft)
-        grid = [s for s in candidate_grid(max_steps) if within(s, *limits)]
+        grid = [s for s in tune_grid(*limits) if within(s, *limits)]
         for b in batches:
             ranked = rank_settings(costs, acc, b, grid, mix, refilled, None if refill else new)
             preds += ranked
@@ -335,8 +351,13 @@ def run_tune(
         if not rank0:
             return {"texts": texts}  # launch_tp hands back rank 0's report
         report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
-                              1 if tp is None else tp.size, eng.params, refill, mix, new)
-    kept.drop()  # tune.json holds it all
+                              1 if tp is None else tp.size, eng.params, refill, mix, new,
+                              sweeps_nccl)
+    if sweeps_nccl:
+        kept.save(status="tune.json written; kept until the NCCL sweep (nccl/) ends: the same "
+                         "tune run again takes these figures up")
+    else:
+        kept.drop()  # tune.json holds it all
     report["texts"] = texts
     return report
 
@@ -432,12 +453,12 @@ FIXED_LENGTH = ("Priced and swept with every row decoding --max-new-tokens token
 
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
                  params: SamplingParams, refill: bool = False, mix=None,
-                 new: int | None = None) -> dict:
+                 new: int | None = None, sweeps_nccl: bool = False) -> dict:
     from draftsmith.data.atomic import atomic_write, make_folder
     from draftsmith.tune.cost_model import steps_series
 
     make_folder(out)
-    drop_stale_nccl(out)
+    drop_stale_nccl(out, sweeps_nccl)
     rows = []
     for r in recs:
         for c in r.rows:
@@ -574,22 +595,39 @@ def tune_nccl(
                              help="Folder for nccl.json, nccl.md"),
 ) -> None:
     """Sweep NCCL protocol/algorithm/P2P level under TP, each in fresh processes (NVLS off)."""
-    import torch
-
     from draftsmith.cli import dtype_name, dtype_of
     from draftsmith.tune import nccl
 
-    dev = device if device != "auto" else (
-        "cuda" if torch.cuda.device_count() >= tp else "cpu")
+    dev = sweep_device(device, tp)
     dt = nccl.dtype_key(dtype_of(dtype_name(dev, dtype)))
     target = target or sweep_target(dev)
+    if target == "random-8b" and not dev.startswith("cuda"):
+        raise DraftsmithError("--target random-8b on cpu: 8B random parameters over the ranks "
+                              "take minutes a setting there, past its --timeout, and gloo takes "
+                              "no NCCL setting; give --target tiny (a smoke test) or run on CUDA")
     shapes = [(b, n) for b in int_list(batch_sizes, "--batch-sizes")
               for n in int_list(tokens, "--tokens")]
     report = nccl.run_nccl_sweep(tp, target, nccl.grid(grid), shapes, dev, dt, iters, noise_pct,
                                  timeout, out,
-                                 log=lambda line: console.print(line, markup=False))
+                                 log=say)
     nccl.print_report(report)
-    console.print(f"wrote {out}/nccl.json, nccl.md")
+    say(f"wrote {out}/nccl.json, nccl.md")
+
+
+def sweep_device(device: str, tp: int) -> str:
+    """tune-nccl's --device (checked as parsed, `options.checked_device`): auto is cuda where
+    there is a GPU a rank, else cpu, said where a GPU host lacks enough of them (it went to a
+    gloo smoke test without a word)."""
+    import torch
+
+    if device != "auto":
+        return device
+    if (n := torch.cuda.device_count()) >= tp:
+        return "cuda"
+    if n:
+        console.print(f"tune-nccl: {n} CUDA device(s) here, --tp {tp} needs {tp}: sweeping on "
+                      "cpu (gloo, a smoke test); give --tp at most the GPU count", markup=False)
+    return "cpu"
 
 
 def sweep_target(dev: str) -> str:

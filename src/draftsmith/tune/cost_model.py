@@ -280,6 +280,14 @@ def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
     return tree_tokens_per_cycle(acc, setting.steps, setting.topk, setting.num_draft_tokens)
 
 
+def tree_gain(acc: Acceptance, setting: SpecSetting) -> float:
+    """A tree's tokens per cycle over its chain's in the pooled figures (1 for a chain): what a
+    prompt with chain figures alone is taken to gain from a tree."""
+    if setting.topk == 1 or not acc.chain:
+        return 1.0
+    return tokens_per_cycle(acc, setting) / tokens_per_cycle(Acceptance(chain=acc.chain), setting)
+
+
 def cycle_tail(acc: Acceptance, setting: SpecSetting) -> tuple[float, ...]:
     """tail[j] = P(a cycle makes more than j tokens), j = 0..steps: 1, then the chance that
     draft j was accepted (a tree: that its accepted node reached depth j). Sums to
@@ -404,6 +412,25 @@ class PromptMix:
         groups = batch_groups(len(per), batch)
         return len(groups) / math.fsum(1.0 / min(per[i] for i in g) for g in groups)
 
+    def row_tokens(self, setting: SpecSetting, batch: int, new_tokens: int | None = None,
+                   pooled: Acceptance | None = None) -> float:
+        """Tokens per row-cycle over the sweep's batches (what the engine's mean accept length
+        measures): each row's tokens per cycle weighed by its cycles, `fixed_length`'s with
+        `new_tokens`, else each row's tokens over its pace. Not the pooled figures', which weigh
+        each prompt by its cycles at the measured depth: a shallower setting was priced up to
+        9 % low against the same rows' own cycles, tilting the choice deeper. A prompt without
+        tree figures takes the `pooled` tree's gain over its chain (`tree_gain`)."""
+        if setting.is_baseline:
+            return 1.0
+        gain = 1.0 if pooled is None else tree_gain(pooled, setting)
+        per = [_row_tpc(a, setting) * (1.0 if a.tree else gain) for a in self.prompts]
+        rows = [i for g in batch_groups(len(per), batch) for i in g]
+        if new_tokens is not None and new_tokens > 1:
+            cycles = [_row_cycles(self.prompts[i], setting, new_tokens - 1) for i in rows]
+        else:
+            cycles = [1.0 / per[i] for i in rows]
+        return math.fsum(c * per[i] for c, i in zip(cycles, rows, strict=True)) / math.fsum(cycles)
+
     def busy(self, setting: SpecSetting, batch: int, new_tokens: int | None = None) -> float:
         """The share of row slots that decode over the sweep's batches: `fixed_length`'s with
         `new_tokens`; without, its limit for long answers (a row's cycles its tokens over its
@@ -427,7 +454,7 @@ class PromptMix:
         if setting.is_baseline:
             return 1.0, 1.0
         cycles = [_row_cycles(a, setting, new_tokens - 1) for a in self.prompts]
-        per = [tokens_per_cycle(a, setting) for a in self.prompts]
+        per = [_row_tpc(a, setting) for a in self.prompts]
         groups = batch_groups(len(cycles), batch)
         slots = batch * math.fsum(self._batch_cycles(g, cycles, setting, new_tokens - 1)
                                   for g in groups)
@@ -453,6 +480,11 @@ class PromptMix:
 @functools.lru_cache(maxsize=32768)
 def row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
     return cycle_survival(cycle_tail(acc, setting), tokens)
+
+
+@functools.lru_cache(maxsize=65536)
+def _row_tpc(acc: Acceptance, setting: SpecSetting) -> float:
+    return tokens_per_cycle(acc, setting)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -641,8 +673,9 @@ def predict(
     costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
     mix: PromptMix | None = None, refill: Refill | None = None, new_tokens: int | None = None,
 ) -> Prediction:
-    """Tokens/s of one setting: batch x tokens per cycle x the share of rows busy x the share
-    of accepted tokens kept x cycles per second. Without a prompt mix every row is taken to
+    """Tokens/s of one setting: batch x tokens per cycle (with a mix, its rows' own:
+    `PromptMix.row_tokens`) x the share of rows busy x the share of accepted tokens kept x
+    cycles per second. Without a prompt mix every row is taken to
     decode until the end; with one, rows done before their batch idle (`PromptMix.busy`); with
     `refill` too, ended rows take the next prompt (`refill_model.Refill.predict`). With
     `new_tokens` (each row's, the prefill's first included) a row's cycles are counted whole
@@ -656,7 +689,9 @@ def predict(
     cycle = math.fsum(phases.values())
     if cycle <= 0:
         raise CostModelError(f"{setting}, batch {batch}: predicted cycle time is {cycle} ms")
-    tpc = tokens_per_cycle(acc, setting)
+    # with a mix, the tokens per cycle of the very rows whose busy share and kept tokens these are
+    tpc = tokens_per_cycle(acc, setting) if mix is None else mix.row_tokens(setting, batch,
+                                                                             new_tokens, acc)
     if new_tokens is not None:
         busy, kept = (mix or PromptMix((acc,))).fixed_length(setting, batch, new_tokens)
     else:
@@ -688,6 +723,18 @@ def candidate_grid(
     return list(out)
 
 
+def tune_topks(max_topk: int) -> list[int]:
+    """The tree widths tune prices and times: TOPKS up to --max-topk, and --max-topk itself
+    (a 16 or a 3 was never priced: the grid stopped at the TOPKS below it, without a word)."""
+    return sorted({k for k in TOPKS if k <= max_topk} | {max_topk})
+
+
+def tune_grid(max_steps: int, max_topk: int, max_draft: int) -> list[SpecSetting]:
+    """`candidate_grid` within tune's limits, each limit itself among the widths and budgets."""
+    budgets = sorted({n for n in DRAFT_TOKENS if n <= max_draft} | {max_draft})
+    return candidate_grid(max_steps, tune_topks(max_topk), budgets)
+
+
 def rank_settings(
     costs: CostTable,
     acc: Acceptance,
@@ -706,7 +753,7 @@ def rank_settings(
 def _neighbours(s: SpecSetting) -> list[SpecSetting]:
     out = []
     for steps in (s.steps - 1, s.steps + 1):
-        if 1 <= steps <= MAX_STEPS:
+        if 1 <= steps <= DEEPEST:  # tune's --max-steps bounds the plan (`cli.within`)
             n = steps + 1 if s.topk == 1 else min(s.num_draft_tokens, tree_capacity(steps, s.topk))
             out.append(SpecSetting(steps, s.topk, n))
     i = TOPKS.index(s.topk) if s.topk in TOPKS else -1

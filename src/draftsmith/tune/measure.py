@@ -35,6 +35,7 @@ from draftsmith.tune.cost_model import (
     batch_groups,
     prompt_tree,
     tree_capacity,
+    tune_topks,
 )
 from draftsmith.tune.refill_model import WAVES, refill_order
 
@@ -371,7 +372,7 @@ def cost_table(
     most: int | None = None,
 ) -> CostTable:
     """Every cost the model needs, timed within the target's `most` positions (`cost_room`)."""
-    topks = [k for k in (1, 2, 4, 8) if k <= max_topk]
+    topks = tune_topks(max_topk)
     qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
     widest = cost_width(max_steps, max_topk, max_draft)
     at, new = cost_room(most, prompts, widest)

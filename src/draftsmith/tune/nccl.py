@@ -388,7 +388,7 @@ def print_report(report: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     for line in recommendation_lines(report):
-        console.print(line, markup=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # pasted whole
 
 
 def job_for(target: str, shapes: list[tuple[int, int]], dtype: str, iters: int,
@@ -408,9 +408,11 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
                    noise_pct: float = NOISE_PCT, timeout_s: float = 300.0,
                    out: Path | None = None, log: Callable[[str], None] = print,
                    rank_fn: Callable[..., dict] = nccl_rank, deadline: float | None = None,
-                   aux: list[int] | None = None) -> dict[str, Any]:
+                   aux: list[int] | None = None, replace_other: bool = False) -> dict[str, Any]:
     """The whole sweep; writes nccl.json and nccl.md into out when given. `aux`: the aux
-    layers the verifies capture (`tune --nccl-sweep`: its drafter's)."""
+    layers the verifies capture (`tune --nccl-sweep`: its drafter's). `replace_other`: a
+    stopped sweep's file of other shapes or target in `out` is dropped, not refused (tune's
+    out/nccl, which tune owns: an earlier tune's sweep)."""
     at_least_one({"--tp": tp_size, "--iters": iters})
     if not (timeout_s > 0 and 0 <= noise_pct < math.inf):
         raise DraftsmithError(f"--timeout must be > 0 and --noise-pct >= 0, got {timeout_s} and "
@@ -434,7 +436,14 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
         gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
         run = {"tp": tp_size, "target": target, "device": device, "gpu": gpu, "job": job}
         partial = make_folder(out) / PARTIAL
-        done = resumed(partial, run)
+        try:
+            done = resumed(partial, run)
+        except DraftsmithError:
+            if not replace_other:
+                raise
+            log(f"dropping {partial}: an earlier tune's stopped sweep, of other verify shapes")
+            partial.unlink()
+            done = {}
         if done:
             log(f"resuming from {partial}: the {len(done)} settings it timed are not timed again")
 

@@ -28,6 +28,7 @@ from draftsmith.tune.cost_model import (
     row_survival,
     tokens_per_cycle,
 )
+from draftsmith.tune.cost_model import tree_gain as _tree_gain
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +255,6 @@ def _uniforms(draws: int, count: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     ranks = np.argsort(rng.random((draws, count)), axis=0)
     return (ranks + rng.random((draws, count))) / draws
-
-
-def _tree_gain(acc: Acceptance, setting: SpecSetting) -> float:
-    """A tree's tokens per cycle over its chain's in the pooled figures (1 for a chain)."""
-    if setting.topk == 1 or not acc.chain:
-        return 1.0
-    return tokens_per_cycle(acc, setting) / tokens_per_cycle(Acceptance(chain=acc.chain), setting)
 
 
 def _draw(acc: Acceptance, setting: SpecSetting, tokens: int, u: np.ndarray,
