@@ -50,12 +50,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's convert_hf
         w.shape)
 
 
-def _gguf_from_hf(path, hf, gguf_arch: str, name: str = "tiny", rope_freqs=None,
-                  linear_rope: float | None = None) -> None:
-    """A tiny HF model as llama.cpp would write it (F32), with a byte-pair tokenizer."""
+def gguf_writer(path, c, gguf_arch: str, name: str = "tiny"):
+    """A GGUFWriter with the shape keys of HF config `c` written."""
     import gguf
 
-    c = hf.config
     w = gguf.GGUFWriter(str(path), gguf_arch)
     w.add_name(name)
     w.add_block_count(c.num_hidden_layers)
@@ -64,6 +62,16 @@ def _gguf_from_hf(path, hf, gguf_arch: str, name: str = "tiny", rope_freqs=None,
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
+    return w
+
+
+def _gguf_from_hf(path, hf, gguf_arch: str, name: str = "tiny", rope_freqs=None,
+                  linear_rope: float | None = None) -> None:
+    """A tiny HF model as llama.cpp would write it (F32), with a byte-pair tokenizer."""
+    import gguf
+
+    c = hf.config
+    w = gguf_writer(path, c, gguf_arch, name)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_hf_model, write_tiny_folder
 from test_speculative import tiny_target
+from test_targets import gguf_writer
 
 from draftsmith.engine.runtime import Runtime
 from draftsmith.errors import DraftsmithError
@@ -43,14 +44,7 @@ def _gguf(path, hf, meta: dict | None = None, kinds: dict | None = None) -> dict
     import gguf
 
     c = hf.config
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name("tiny")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    w = gguf_writer(path, c, "qwen2")
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     chars = [chr(x) for x in range(32, 127)]
