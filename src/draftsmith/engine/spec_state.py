@@ -16,7 +16,10 @@ from draftsmith.errors import DraftsmithError
 if TYPE_CHECKING:
     from draftsmith.engine.speculative import SpecDecoder
 
-MAX_EOS = 16
+# eos ids a speculative batch checks: a fixed size, so graphed cycles keep static shapes (a
+# [rows, tokens, MAX_EOS] compare a cycle: nothing measurable at 64, which llama.cpp's
+# end-of-generation ids and a config's own fit in with room)
+MAX_EOS = 64
 
 
 @dataclass

@@ -406,9 +406,23 @@ def load_hf_state_dict(
             raise DraftsmithError(
                 f"{where}: {k} has shape {tuple(v.shape)}, the config implies {shape}"
             )
+    _check_d2t(state["d2t"], drafter.cfg.vocab_size, where)
     drafter.load_state_dict(state, strict=True, assign=True)
     drafter.embed_tokens.weight.requires_grad_(False)
     drafter.inv_freq = torch.tensor(drafter.lc.inv_freq(), device=drafter.fc.weight.device)
+
+
+def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
+    """Every draft id's target id (id + d2t[id]) inside the config's target vocabulary: one
+    outside it drafts ids the target cannot verify (an IndexError, on a GPU a device assert)."""
+    from draftsmith.data.vocab import map_problem
+
+    if d2t.is_meta:
+        return
+    _, problem = map_problem(d2t.cpu(), None, vocab)
+    if problem is not None and problem[0] == "outside":
+        raise DraftsmithError(f"{where}: d2t: {problem[1]}: another target's mapping (or a "
+                              "damaged file); use the drafter made for this target")
 
 
 def build_empty(cfg: Eagle3Config) -> Eagle3Drafter:
@@ -418,11 +432,13 @@ def build_empty(cfg: Eagle3Config) -> Eagle3Drafter:
 
 
 def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> Path:
-    """Write the draftsmith layout: `model.safetensors`, then `draftsmith.json` (each file
-    through a tmp name, fsynced, os.replace and the folder fsynced: a reader never sees a
-    half-written file, nor a host crash leaves one, and a config on disk means whole weights)."""
+    """Write the draftsmith layout: `model.safetensors` and `draftsmith.json`, both staged whole
+    under tmp names in the folder and fsynced before either is moved in (`_move_in`), so a write
+    that fails (a full disk, ctrl-C) leaves the drafter there before as it was and no tmp file;
+    the folder's other files (a training log, checkpoints/) stay."""
     from safetensors.torch import save_file
 
+    from draftsmith.data.atomic import fsync_file
     from draftsmith.options import check_folder
 
     folder = Path(folder)
@@ -431,34 +447,38 @@ def save_drafter(drafter: Eagle3Drafter, folder: str | Path, **summary: Any) -> 
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION,
             "config": drafter.cfg.to_dict(), **summary}
     state = {k: v.detach().cpu() for k, v in hf_state_dict(drafter).items()}
-    tmp = folder / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
-    with _removed_on_failure(tmp):
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        _replace_synced(tmp, folder / WEIGHTS_FILE)
-    tmp = folder / f".{CONFIG_FILE}.{os.getpid()}.tmp"
-    with _removed_on_failure(tmp):
-        tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n")
-        _replace_synced(tmp, folder / CONFIG_FILE)
+    staged = {name: folder / f".{name}.{os.getpid()}.tmp" for name in (WEIGHTS_FILE, CONFIG_FILE)}
+    with _removed_on_failure(*staged.values()):
+        save_file(state, str(staged[WEIGHTS_FILE]), metadata={"format": "pt"})
+        staged[CONFIG_FILE].write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        for tmp in staged.values():
+            fsync_file(tmp)
+        _move_in(staged, folder)
     return folder
 
 
-def _replace_synced(tmp: Path, path: Path) -> None:
-    """`tmp` on disk, renamed to `path`, the rename on disk (a folder's fsync that the file
-    system refuses is skipped; a file's is a failed write)."""
-    from draftsmith.data.atomic import fsync_dir, fsync_file
+def _move_in(staged: dict[str, Path], folder: Path) -> None:
+    """The staged files renamed over their namesakes, the weights first; the old config goes
+    before them, so no moment (a host crash between two renames) shows new weights beside an
+    old config: a folder without one is refused as no drafter, never loaded as a mix. Each
+    change fsynced in the folder (a folder's fsync that the file system refuses is skipped)."""
+    from draftsmith.data.atomic import fsync_dir
 
-    fsync_file(tmp)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    (folder / CONFIG_FILE).unlink(missing_ok=True)
+    fsync_dir(folder)
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        os.replace(staged[name], folder / name)
+        fsync_dir(folder)
 
 
 @contextmanager
-def _removed_on_failure(tmp: Path) -> Iterator[None]:
+def _removed_on_failure(*tmps: Path) -> Iterator[None]:
     """A write that fails (a full disk) leaves no tmp file behind; its error goes on."""
     try:
         yield
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
 
 
