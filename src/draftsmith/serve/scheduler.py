@@ -12,11 +12,12 @@ only if all of them fit, else it drains and the next opens larger); a job the ba
 hold at the head waits for the batch to drain, and so does everything queued behind it. Seeded
 sampled jobs never join a running batch (their draws would depend on it). A job reports through
 `sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
-("done", completion_tokens), ("error", status, message); and ("accepted",) once, from `submit`
-(the job is queued: an error from then on is the engine's, not the request's). An engine
-exception fails only the jobs of that batch still running: those that have sent nothing yet are
-rerun one by one, so only the culprit gets the error. `stop` answers the queued jobs with a 503
-at once, and the running batch's jobs too if it has not ended within the timeout.
+("done", completion_tokens), ("error", status, message[, param, code]) (`ApiError`'s arguments);
+and ("accepted",) once, from `submit` (the job is queued: an error from then on is the engine's,
+not the request's). An engine exception fails only the jobs of that batch still running: those
+that have sent nothing yet are rerun one by one, so only the culprit gets the error. `stop`
+answers the queued jobs with a 503 at once, and the running batch's jobs too if it has not ended
+within the timeout: code "unavailable", as a submit it refuses.
 """
 
 from __future__ import annotations
@@ -44,6 +45,18 @@ BATCH_WAIT_S = 0.005  # how long the worker waits for same-setting requests to f
 # as soon as a row is free (the default; untimed otherwise: serve_h200.md, next lease).
 JOIN_AT = env_count("DRAFTSMITH_SERVE_JOIN_AT", "1")
 JOIN_WAIT_MS = env_count("DRAFTSMITH_SERVE_JOIN_WAIT_MS", "20")
+STOPPING = "the server is shutting down"
+
+
+def unavailable() -> ApiError:
+    """The 503 of a server that is stopping, one body wherever it is sent (OpenAI's format:
+    message, type, param, code): a refused submit and every job `stop` cuts off alike."""
+    return ApiError(503, STOPPING, code="unavailable")
+
+
+def _cut_off(job: Job) -> None:
+    e = unavailable()
+    job.emit(("error", e.status, e.message, e.param, e.code))
 
 
 class Row:
@@ -168,7 +181,7 @@ class Scheduler:
             self._queue.clear()
             self._cv.notify_all()
         for job in left:
-            job.emit(("error", 503, "the server is shutting down"))
+            _cut_off(job)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -200,7 +213,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._stopping or not self.alive:
-                raise ApiError(503, "the server is shutting down", code="unavailable")
+                raise unavailable()
             if len(self._queue) >= self.max_queue:
                 self._drop_cancelled()
             if len(self._queue) >= self.max_queue:
@@ -422,7 +435,7 @@ class Scheduler:
     def _shut(self, slots: list[Row | None]) -> None:
         for job in dict.fromkeys(r.job for r in slots if r is not None):
             job.done = True
-            job.emit(("error", 503, "the server is shutting down"))
+            _cut_off(job)
 
     def _finish(self, job: Job) -> None:
         used = sum(r.used for r in job.rows)
@@ -452,4 +465,4 @@ class Scheduler:
                 self._queue.appendleft(job)
             self._cv.notify_all()
         for job in retry if closed else []:
-            job.emit(("error", 503, "the server is shutting down"))
+            _cut_off(job)
