@@ -152,7 +152,7 @@ def test_a_lost_engine_fails_the_waiting_jobs_and_says_so() -> None:
     wait_for(lambda: sched.jobs)
     cut(link._outs[0].conn)  # the engine process's end of the pipe
     assert job.got.wait(10)
-    assert events == [("error", 503, GONE)] and lost == [True]
+    assert events == [("error", 503, GONE, None, "unavailable")] and lost == [True]
     assert remote.status()["alive"] is False
     with pytest.raises(P.ApiError) as e:
         remote.submit(remote_job([]))

@@ -141,6 +141,7 @@ def test_ctrl_c_twice_cuts_the_running_request_off_with_an_answer(capfd, stream:
         assert '"message": "the server was stopped (forced quit)"' in text
     else:
         assert status == 503 and "forced quit" in json.loads(text)["error"]["message"]
+        assert json.loads(text)["error"]["code"] == "unavailable"  # as every stopping 503
     err = capfd.readouterr().err
     assert "forced quit" in err and "Traceback" not in err, err
 

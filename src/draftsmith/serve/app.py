@@ -410,7 +410,8 @@ def _server(app: FastAPI, **config: Any) -> Any:
 
 
 async def _cut_off(head: list[dict], send: Any) -> None:
-    error = P.error_body("the server was stopped (forced quit)", "server_error")
+    error = P.error_body("the server was stopped (forced quit)", "server_error", None,
+                         "unavailable")
     if not head:
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json")]})

@@ -415,7 +415,7 @@ class RemoteScheduler:
         self.conn.close()
         for jid, job in list(self._jobs.items()):
             self._forget(jid)
-            job.emit(("error", 503, GONE))
+            job.emit(("error", 503, GONE, None, "unavailable"))  # as a refused submit
         for done, _ in list(self._replies.values()):
             done.set()
         if self.on_lost is not None:
