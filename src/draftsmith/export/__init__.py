@@ -81,6 +81,12 @@ def export_drafter(
     drafter = load_drafter(drafter_dir)
     info = target_info(drafter, target)
     ids = list(drafter.cfg.aux_layer_ids)
+    if len(set(ids)) < len(ids):  # an import of the engines' defaults on a short target
+        raise DraftsmithError(
+            f"{drafter_dir}: aux layers {ids} repeat a layer, which SGLang and vLLM capture "
+            f"once: their fc, made for {len(ids)} states, would get {len(set(ids))}; write the "
+            "ids the drafter was trained on into the folder it was imported from (`draftsmith "
+            "doctor --data DIR` finds them) and import it again")
     if ids != sorted(ids):  # SGLang and vLLM append captured states walking the layers
         raise DraftsmithError(
             f"{drafter_dir}: aux layers {ids} are not ascending, and {fmt} feeds them in "

@@ -104,9 +104,36 @@ def run_dtype(tensors: dict[str, torch.Tensor], info: TargetInfo) -> str:
     its embedding (a float32 config runs as float16 there, beside a bfloat16 target: dtype
     mismatches). Without the target's: the weights' own half dtype, else bfloat16."""
     if info.dtype:
-        return info.dtype
-    stored = dtype_name(tensors)
-    return stored if stored in HALF else "bfloat16"
+        run = info.dtype
+    else:
+        stored = dtype_name(tensors)
+        run = stored if stored in HALF else "bfloat16"
+    if run == "float16":
+        _warn_past_half(tensors)
+    return run
+
+
+def overflow(v: torch.Tensor, dtype: torch.dtype, cast: torch.Tensor | None = None) -> float | None:
+    """The largest finite magnitude in `v` where `dtype` turns one of its finite values into
+    inf (`cast`: `v` already in `dtype`), else None."""
+    if not v.is_floating_point():
+        return None
+    cast = v.to(dtype) if cast is None else cast
+    if not bool((torch.isinf(cast) & torch.isfinite(v)).any()):
+        return None
+    return float(v[torch.isfinite(v)].abs().max())
+
+
+def _warn_past_half(tensors: dict[str, torch.Tensor]) -> None:
+    """The engines load the drafter in the float16 its config names: a stored value past
+    float16's range becomes inf there."""
+    for k, v in tensors.items():
+        if (most := overflow(v, torch.float16)) is not None:
+            warnings.warn(f"{k} holds values up to {most:.6g} in magnitude, past float16's "
+                          f"{torch.finfo(torch.float16).max:.6g}: the engines load the drafter "
+                          "in float16 (the target's dtype, which its config names) and would "
+                          "hold inf there; serve it with --dtype bfloat16", stacklevel=3)
+            return
 
 
 def _where(source: str) -> str:
@@ -150,9 +177,21 @@ def model_config_of(layer: dict[str, Any]) -> ModelConfig:
 
 
 def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    if dtype is None:
-        return tensors
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    """The floating tensors in `dtype` (None: as they are). A NaN or inf, stored or made by a
+    `dtype` too narrow for a value (past float16's 65504), is refused by name: the engines
+    would serve it."""
+    out = {}
+    for k, v in tensors.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise DraftsmithError(f"the drafter's {k} holds NaN or inf values, which the engines "
+                                  "would serve; export a drafter whose weights are finite")
+        out[k] = v.to(dtype) if dtype is not None and v.is_floating_point() else v
+        if dtype is not None and (most := overflow(v, dtype, out[k])) is not None:
+            raise DraftsmithError(
+                f"--dtype {str(dtype).removeprefix('torch.')}: the drafter's {k} holds values up "
+                f"to {most:.6g} in magnitude, past its largest ({torch.finfo(dtype).max:.6g}), "
+                "which would be written as inf; export with --dtype bf16 (or keep)")
+    return out
 
 
 def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
@@ -390,7 +429,8 @@ def default_repeat(num_layers: int) -> str:
 
 def warn_default_repeat(num_layers: int, where: str) -> None:
     if words := default_repeat(num_layers):
-        note(f"{where}: names no aux layer ids; {words}",
+        note(f"{where}: names no aux layer ids; {words} (`draftsmith export` refuses the "
+             "imported drafter until then)",
              "write the ids the drafter was trained on at the key the engine reads "
              "(`draftsmith doctor --data DIR` finds them)")
 

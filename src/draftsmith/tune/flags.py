@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from os import PathLike
+from pathlib import Path
 from typing import NamedTuple
 
 from draftsmith.tune.cost_model import Recommendation, SpecSetting
@@ -15,11 +16,24 @@ class VllmConfig(NamedTuple):
     note: str | None  # what differs from the chosen setting, if anything
 
 
-def sglang_flags(setting: SpecSetting, draft_model_path: str | PathLike | None = None) -> str:
-    """SGLang server flags; empty for no speculation (serve without --speculative-*)."""
+def tp_world(tp: int | None = None) -> int:
+    """`tp`, or where None the tensor-parallel world this process runs in: a tune under `--tp
+    N` is one TP group of every process (spawned or torchrun), else 1."""
+    if tp is not None:
+        return tp
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def sglang_flags(setting: SpecSetting, draft_model_path: str | PathLike | None = None,
+                 tp: int = 1) -> str:
+    """SGLang server flags (`--tp-size N` where tp > 1, the target and draft sharded as
+    tuned); no --speculative-* for no speculation (empty at tp 1)."""
+    flags = [f"--tp-size {tp}"] if tp > 1 else []
     if setting.is_baseline:
-        return ""
-    flags = [
+        return " ".join(flags)
+    flags += [
         "--speculative-algorithm EAGLE3",
         f"--speculative-num-steps {setting.steps}",
         f"--speculative-eagle-topk {setting.topk}",
@@ -46,10 +60,14 @@ def vllm_speculative_config(setting: SpecSetting, model_path: str | PathLike) ->
     return VllmConfig(json.dumps(config), note)
 
 
-def vllm_flags(setting: SpecSetting, model_path: str | PathLike) -> str:
-    """`--speculative-config '<json>'`, quoted for a POSIX shell; empty for no speculation."""
+def vllm_flags(setting: SpecSetting, model_path: str | PathLike, tp: int = 1) -> str:
+    """`--speculative-config '<json>'`, quoted for a POSIX shell, after `--tensor-parallel-size
+    N` where tp > 1; no --speculative-config for no speculation (empty at tp 1)."""
     config = vllm_speculative_config(setting, model_path).json
-    return f"--speculative-config {shlex.quote(config)}" if config else ""
+    flags = [f"--tensor-parallel-size {tp}"] if tp > 1 else []
+    if config:
+        flags.append(f"--speculative-config {shlex.quote(config)}")
+    return " ".join(flags)
 
 
 def vllm_choice(rec: Recommendation) -> tuple[SpecSetting, str | None]:
@@ -77,17 +95,24 @@ IDLE_HINT = 0.1  # idle share of row slots from which the text points at refille
 
 def export_paths(drafter: str | PathLike) -> dict[str, str]:
     """Where the flags of a tuned draftsmith folder point: the engine layouts `draftsmith
-    export` writes beside it (neither engine loads the draftsmith layout itself)."""
-    return {fmt: f"{drafter}-{fmt}" for fmt in ("sglang", "speculators")}
+    export` writes beside it (neither engine loads the draftsmith layout itself). A folder
+    named `.` or `..` is named by its absolute path: `.-sglang` would lie inside it, where
+    export refuses to write."""
+    p = Path(drafter)
+    p = p.resolve() if p.name in ("", "..") else p
+    return {fmt: f"{p}-{fmt}" for fmt in ("sglang", "speculators")}
 
 
 def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5,
-                        refilled: bool = False, exports: dict[str, str] | None = None) -> str:
+                        refilled: bool = False, exports: dict[str, str] | None = None,
+                        tp: int | None = None) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
     ones when nothing was measured) with both figures side by side, and the flags; the hint
     at refilled rows only where they were not already the measure (`refilled`). With
     `exports` (`export_paths`), the flags name those folders and a line says how to write
-    them from `model_path`."""
+    them from `model_path`. `tp`: the tensor-parallel size tuned (None: `tp_world`), which
+    the engines' flags name where over 1."""
+    tp = tp_world(tp)
     lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
     if rec.speedup is not None and rec.speculate:
         lines[0] += f", {rec.speedup:.2f}x over no speculation"
@@ -114,8 +139,11 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
         sg, sp = (exports or {}).get("sglang", model_path), (exports or {}).get(
             "speculators", model_path)
         chain, note = vllm_choice(rec)
-        lines.append(f"  SGLang: {sglang_flags(rec.setting, sg)}")
-        lines.append(f"  vLLM:   {vllm_flags(chain, sp) or '(serve without --speculative-config)'}")
+        lines.append(f"  SGLang: {sglang_flags(rec.setting, sg, tp)}")
+        vllm = vllm_flags(chain, sp, tp)
+        if chain.is_baseline:
+            vllm = f"{vllm} (serve without --speculative-config)".lstrip()
+        lines.append(f"  vLLM:   {vllm}")
         if note:
             lines.append(f"  note:   {note}")
         if exports:

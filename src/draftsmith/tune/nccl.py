@@ -375,15 +375,18 @@ def _verdict(p: dict[str, Any]) -> str:
 def print_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     shapes = report["shapes"]
-    table = Table(title=f"NCCL sweep, TP {report['tp']}, {report['target_label']}, "
-                        f"{report['device']} (verify ms, graphed)")
+    # paths, settings and errors as text: rich markup dropped a checkpoint's `[v2]` and raised on
+    # a `[/x]`, after nccl.json was written
+    table = Table(title=Text(f"NCCL sweep, TP {report['tp']}, {report['target_label']}, "
+                             f"{report['device']} (verify ms, graphed)"))
     for c in ("setting", "status", *(_shape_name(b, n) for b, n in shapes)):
         table.add_column(c, justify="right")
     for r in report["results"]:
         t = _times(r) if r["status"] == "ok" else {}
-        table.add_row(r["setting"], r["status"],
+        table.add_row(Text(str(r["setting"])), Text(str(r["status"])),
                       *(f"{t[s][0]:.3f}" if s in t else "-" for s in map(tuple, shapes)))
     console = Console()
     console.print(table)
