@@ -339,7 +339,8 @@ def run_tune(
                 kept.save(measured=[partial.measured_row(m) for m in meas])
         recs = recommend(preds, meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
-                                     exports=export_paths(drafter_dir)) for r in recs]
+                                     exports=export_paths(drafter_dir),
+                                     tp=1 if tp is None else tp.size) for r in recs]
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                             "whole run, prompt passes included, baselines alike")
