@@ -204,8 +204,12 @@ def import_drafter(src: str | Path, out: str | Path, target: str | None = None,
                               "outlive the imported drafter); choose another --out")
     check_apart(out, Path(src), "the source folder")
     drafter = read_any(src, target)
-    saved = save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
-                                                 "format": detect_format(src)})
+    try:
+        saved = save_drafter(drafter, out, imported={"from": str(Path(src).resolve()),
+                                                     "format": detect_format(src)})
+    except OSError as e:  # a full disk, a read-only folder: save_drafter kept what was there
+        raise DraftsmithError(f"--out {out}: cannot write the drafter ({e.strerror or e}); "
+                              "what was there is kept: make room and rerun the import") from None
     _drop_training_record(saved)
     return saved
 
