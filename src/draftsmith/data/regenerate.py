@@ -5,7 +5,8 @@ Each finished conversation is appended to the output JSONL with `meta.prompt_id`
 `meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason);
 a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
 skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
-template refuses (roles it does not take) is skipped. Each is counted.
+template refuses (roles it does not take) is skipped. Each is counted. A ctrl-C stops at once:
+the chunks written are kept, a server's requests in flight abandoned, and a rerun resumes.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import queue
 import sys
-import time
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,7 +199,8 @@ class OpenAIBackend:
                                     max_retries=0, timeout=timeout)
         self.base_url, self.model_name, self.cfg = base_url, model, cfg
         self.retries, self.backoff = retries, backoff
-        self.pool = ThreadPoolExecutor(max(1, concurrency))
+        self.closed = threading.Event()
+        self.pool = Requests(concurrency)
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         futures = [self.pool.submit(self.one, m) for m in batch]
@@ -213,6 +216,8 @@ class OpenAIBackend:
         retry = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                  openai.InternalServerError)
         for attempt in range(self.retries + 1):
+            if self.closed.is_set():  # a ctrl-C: no request, nor retry, after it
+                return Answer("", 0, "error: stopped")
             try:
                 r = self.client.chat.completions.create(
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
@@ -223,7 +228,7 @@ class OpenAIBackend:
             except retry as e:
                 if attempt == self.retries:
                     return Answer("", 0, f"error: {type(e).__name__}: {e}")
-                time.sleep(self.backoff * 2**attempt)
+                self.closed.wait(self.backoff * 2**attempt)
             except openai.APIStatusError as e:
                 if e.status_code in FATAL_STATUS:
                     raise DraftsmithError(
@@ -235,7 +240,51 @@ class OpenAIBackend:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
+        """Ends the workers without waiting for the requests in flight (after a ctrl-C they
+        would hold the exit up to the request timeout): their answers are abandoned."""
+        self.closed.set()
+        self.pool.close()
+
+
+class Requests:
+    """`n` daemon threads running submitted calls. ThreadPoolExecutor's workers are joined
+    by its shutdown and again at Python's exit, so a ctrl-C waited for every request in
+    flight; these are left to end with the process."""
+
+    def __init__(self, n: int) -> None:
+        self.todo: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple] | None] = \
+            queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"regenerate-{k}", daemon=True)
+                        for k in range(max(1, n))]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f: Future = Future()
+        self.todo.put((f, fn, args))
+        return f
+
+    def _work(self) -> None:
+        while (job := self.todo.get()) is not None:
+            f, fn, args = job
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn(*args))
+            except BaseException as e:  # f.result() raises it in the caller
+                f.set_exception(e)
+
+    def close(self) -> None:
+        """Calls not begun are cancelled; those running end when their request does."""
+        while True:
+            try:
+                job = self.todo.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self.threads:
+            self.todo.put(None)
 
 
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
@@ -380,6 +429,10 @@ def regenerate(
         except DraftsmithError as e:
             raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
                                   ) from None
+        except KeyboardInterrupt:  # the answers of this chunk so far are dropped, not waited for
+            bar.close()
+            say(f"regenerate: stopped (ctrl-C): {out} keeps {kept}; a rerun resumes after them")
+            raise
         # one write: a kill or a full disk keeps a chunk whole or not at all (a part would be
         # resumed in a smaller batch, sampled otherwise)
         append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
@@ -584,8 +637,6 @@ def regenerate_file(
         tok = load_tokenizer(target)
         backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
                                      api_key=api_key)
-        if not model:
-            backend.model_name = server_model(backend.client, base_url)
     else:
         from draftsmith.options import check_compile
         from draftsmith.targets import load_target
@@ -596,6 +647,8 @@ def regenerate_file(
                                t.cfg.sliding_window)
         tok, backend = t.tokenizer, EngineBackend(t, t.build(dtype, device), cfg, compile)
     try:
+        if isinstance(backend, OpenAIBackend) and not model:
+            backend.model_name = server_model(backend.client, base_url)
         return regenerate(convs, out, backend, tok, cfg, log=log)
     finally:
         if isinstance(backend, OpenAIBackend):

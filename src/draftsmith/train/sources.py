@@ -128,6 +128,7 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
     ds = Dataset(folder)
     m = ds.manifest
     _check_dataset(folder, m, target)
+    _check_whole(folder, m, max_samples)
     lengths = ds.lengths()
     reader = ShardReader(ds)
     source: Source = reader
@@ -193,8 +194,47 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
             f"{folder}: aux ids are recorded as {conv!r}; draftsmith reads only its canonical "
             f"form ({CANONICAL_WORDS})"
         )
-    if not m.get("shards"):
-        raise DraftsmithError(f"{folder}: the dataset has no finished shards")
+
+
+def _check_whole(folder: str | Path, m: dict[str, Any], max_samples: int | None) -> None:
+    """Refuse part of a capture: one rank's folder of a multi-process capture, or a capture
+    killed or still running (`complete` false; a manifest without the flag, an external
+    tool's, is taken as whole, as the doctor takes it). --max-samples may ask for samples of
+    the first shards only, which the finished capture holds alike."""
+    world, rank = m.get("world_size", 1), m.get("rank")
+    if isinstance(world, int) and world > 1 and rank is not None:
+        top = Path(folder).resolve().parent
+        raise DraftsmithError(
+            f"{folder}: rank {rank}'s part of a {world}-process capture, not the whole of it; "
+            f"train on {top} once every rank is done and `draftsmith data merge {top}` has "
+            "joined them")
+    if m.get("complete", True):
+        if not m["shards"]:
+            raise DraftsmithError(f"{folder}: the dataset has no finished shards")
+        return
+    expected = m.get("expected") if isinstance(m.get("expected"), dict) else {}
+    ready = _first_samples(m["shards"])
+    if ready and max_samples is not None and max_samples <= ready:
+        return
+    commands = m.get("commands") or []
+    rerun = f"rerun its command (`{commands[-1]}`)" if commands else "rerun its command"
+    part = (f", or pass --max-samples {ready} or fewer to train on the samples of its first "
+            "shards" if ready else "")
+    have = sum(int(s["samples"]) for s in m["shards"])
+    raise DraftsmithError(
+        f"{folder}: the capture is not complete ({len(m['shards'])} of "
+        f"{expected.get('shards', '?')} shards, {have} of {expected.get('samples', '?')} "
+        f"samples: killed or still running); {rerun} to finish it, then train{part}")
+
+
+def _first_samples(shards: list[dict[str, Any]]) -> int:
+    """The samples of the shards 0..k written without a gap: the finished capture's first."""
+    count = 0
+    for i, s in enumerate(shards):
+        if s["index"] != i:
+            break
+        count += int(s["samples"])
+    return count
 
 
 def open_online(
@@ -258,7 +298,13 @@ def resolve_target(target: str | None, data: str | None) -> Target:
     if data:
         from draftsmith.data.shards import read_manifest
 
-        return load_target(target_of_dataset(read_manifest(Path(data))))
+        source = target_of_dataset(read_manifest(Path(data)))
+        if source != "default" and not Path(source).exists():
+            raise DraftsmithError(
+                f"{data}: the manifest names the target {source}, not a file or folder here "
+                "(moved, deleted, or a path relative to where the capture ran): pass --target "
+                "PATH")
+        return load_target(source)
     return load_target("default")
 
 
