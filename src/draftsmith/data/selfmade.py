@@ -201,11 +201,12 @@ def self_made_prompts(
             have.append(Conversation([{"role": "user", "content": got}], meta=rec))
             made.append(have[-1].to_json())
             stats["kept"] += 1
-            bar.update(1)
         if made:  # a round's records in one write: a kill or a full disk keeps all or none
             append_whole(out, "".join(json.dumps(r, ensure_ascii=False) + "\n"
                                       for r in mark_write(made)).encode(),
                          _kept(stats["kept"] - len(made)))
+            bar.update(len(made))  # a round's prompts at once: one by one, an off-terminal
+            # line fired on the first of them projected the whole run from one prompt
     bar.close()
     if stats["kept"] < cfg.n:
         _note_tried(out, have, first + limit, made_by)
