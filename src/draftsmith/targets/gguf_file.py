@@ -188,4 +188,15 @@ def hf_config_and_tokenizer(path: Path):
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF reader raises many kinds
         raise DraftsmithError(f"{path}: cannot read config/tokenizer from GGUF ({e})") from None
-    return cfg.to_dict(), tok
+    return with_architecture(cfg.to_dict()), tok
+
+
+def with_architecture(hf_cfg: dict[str, Any]) -> dict[str, Any]:
+    """`architectures` named as transformers names the model type's causal LM (its GGUF reader
+    leaves it null): engines (vLLM, SGLang, a speculators verifier) pick the model class by it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_cfg.get("model_type"))
+    if not hf_cfg.get("architectures") and name:
+        hf_cfg["architectures"] = [name]
+    return hf_cfg
