@@ -91,7 +91,7 @@ def test_bench_json_has_null_accept_figures_for_a_run_of_no_cycle(tiny_llama_dir
     assert spec["mean_accept_length"] is None and spec["accept_rate"] is None
     assert spec["decode_speedup"] is None  # nothing decoded by either: it read 0.00x
     assert spec["speedup"] == pytest.approx(spec["tokens_per_s"] / base["tokens_per_s"])
-    shown = " ".join(res.stdout.split())
+    shown = " ".join(res.output.split())
     assert "0.00x" not in shown and "0%" not in shown
     saved = json.loads((tmp_path / "o" / "bench.json").read_text())["results"][1]
     assert saved["position_rates"] == [None, None]

@@ -51,7 +51,7 @@ def test_bench_shows_the_host_clock(tiny_llama_dir, drafter_dir, tmp_path,  # no
     rows = json.loads((tmp_path / "o" / "bench.json").read_text())["results"]
     for r in rows:  # baseline steps and speculative cycles alike
         assert r["host"]["iterations"] > 0 and r["host"]["launch_ms"] > 0, r
-    assert "host launch ms" in res.stdout and "host wait ms" in res.stdout
+    assert "host launch ms" in res.output and "host wait ms" in res.output
 
 
 def test_padding_rows_are_left_out_of_agreement(tiny_llama_dir, drafter_dir, tmp_path):  # noqa: F811
@@ -60,11 +60,11 @@ def test_padding_rows_are_left_out_of_agreement(tiny_llama_dir, drafter_dir, tmp
                  *ARGS, "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, (res.output, res.exception)
     base, spec = json.loads((tmp_path / "o" / "bench.json").read_text())["results"]
-    assert spec["agreement"]["prompts"] == 3 and "3/3" in res.stdout
+    assert spec["agreement"]["prompts"] == 3 and "3/3" in res.output
     assert (base["prompts"], base["padding_rows"]) == (spec["prompts"], spec["padding_rows"]) == (
         3, 1)
     assert "3 prompts, the last batch topped up with 1 repeated prompt;" in " ".join(
-        res.stdout.split())
+        res.output.split())
 
 
 def test_the_json_line_is_the_headline(tiny_llama_dir, drafter_dir, tmp_path):  # noqa: F811
@@ -130,7 +130,7 @@ def test_a_ctrl_c_keeps_the_runs_timed(tiny_llama_dir, drafter_dir, tmp_path,  #
     assert saved["meta"]["not_run"] == ["chat batch 2: chain 2", "chat batch 2: chain 3"]
     [line] = lines(res.stdout)
     assert line["partial"] is True and line["not_run"] == saved["meta"]["not_run"]
-    assert "PARTIAL" in res.stdout and (tmp_path / "o" / "bench.png").exists()
+    assert "PARTIAL" in res.output and (tmp_path / "o" / "bench.png").exists()
     assert "interrupted: wrote the runs finished" in res.stderr
 
 

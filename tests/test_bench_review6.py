@@ -22,3 +22,5 @@ def test_a_suite_file_named_like_markup_is_printed_as_typed(monkeypatch, capsys,
     assert "Traceback" not in err and f"{suite.stem}: batch 1, chain 1" in err
     assert "wrote o[b]/bench.json" in " ".join(err.split())
     assert json.loads(out.strip().splitlines()[-1])["bench_json"].endswith("o[b]/bench.json")
+    # stdout is the JSON line alone (`bench ... | jq`), the tables on stderr
+    assert len(out.strip().splitlines()) == 1 and "draftsmith bench" in err

@@ -108,11 +108,13 @@ def bench(
 
 
 def _write(report: dict[str, Any], out: Path) -> None:
-    """bench.json, then the tables and the headline JSON line, then bench.png; where bench.json
-    cannot be written the JSON line carries the whole report instead, so nothing is lost."""
+    """bench.json, then the tables (stderr) and the headline JSON line (stdout), then bench.png;
+    where bench.json cannot be written the JSON line carries the whole report instead, so
+    nothing is lost."""
     from draftsmith.bench.report import print_report, write_json, write_png
 
-    shown = Console(width=max(Console().width, 150))
+    # the tables on stderr: stdout is the JSON line alone (`bench ... | jq` reads it)
+    shown = Console(stderr=True, width=max(Console(stderr=True).width, 150))
     try:
         path = write_json(report, out / "bench.json")
     except OSError as e:

@@ -83,7 +83,10 @@ def train(
                                       "draft-vocab logits per step; default: on a GPU)"),
     pad_multiple: int = typer.Option(None, "--pad-multiple", help="Round batch widths up to "
                                      "this (default: 128 on a GPU, 1 on CPU): fewer shapes"),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar"),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="A progress bar on a terminal, a line a logged step "
+                                       "elsewhere (a log file); --no-progress: neither (the "
+                                       "figures stay in train_log.jsonl)"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
     from draftsmith.train import TrainConfig
