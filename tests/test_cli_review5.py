@@ -119,7 +119,8 @@ def test_generate_with_a_drafter_prints_the_plain_greedy_text(monkeypatch, capsy
     (["--steps", "2"], "--steps applies only with --drafter"),
     (["--topk", "2", "--num-draft-tokens", "4"],
      "--topk, --num-draft-tokens apply only with --drafter"),
-    (["--drafter", "{d}", "--topk", "2"], "--topk > 1 (a tree) needs --num-draft-tokens"),
+    (["--drafter", "{d}", "--topk", "2"], "--topk > 1 (a tree) needs --num-draft-tokens: a "
+                                          "tree of --topk 2 and --steps 3 verifies 2 to 11 tokens"),
     (["--drafter", "{d}", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["--drafter", "{d}", "--topk", "600", "--num-draft-tokens", "4"],
      "--topk 600 exceeds the drafter's draft vocabulary"),

@@ -75,7 +75,8 @@ def test_steps_at_the_limit_are_taken():
      "or give --topk > 1"),
     (["--steps", "2", "--topk", "2", "--num-draft-tokens", "50"],
      "--num-draft-tokens 50: a tree of --topk 2 and --steps 2 verifies 2 to 7 tokens"),
-    (["--topk", "2"], "--topk > 1 (a tree) needs --num-draft-tokens"),
+    (["--topk", "2"], "--topk > 1 (a tree) needs --num-draft-tokens: a tree of --topk 2 and "
+                      "--steps 4 verifies 2 to 15 tokens"),
     (["--topk", "0"], "--topk must be >= 1, got 0"),
 ])
 def test_compare_checks_its_drafting_by_flag_before_loading(monkeypatch, capsys, tmp_path,

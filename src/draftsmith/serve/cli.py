@@ -164,9 +164,10 @@ def check_drafting(steps: int, topk: int, tokens: int | None) -> None:
     if topk == 1:
         check_chain_tokens([steps], [] if tokens is None else [tokens])
         return
-    if tokens is None:
-        raise DraftsmithError("--topk > 1 (a tree) needs --num-draft-tokens")
     most = most_tokens(topk, steps)
+    if tokens is None:
+        raise DraftsmithError(f"--topk > 1 (a tree) needs --num-draft-tokens: a tree of --topk "
+                              f"{topk} and --steps {steps} verifies 2 to {most} tokens")
     if not 2 <= tokens <= most:
         raise DraftsmithError(f"--num-draft-tokens {tokens}: a tree of --topk {topk} and --steps "
                               f"{steps} verifies 2 to {most} tokens")
