@@ -61,6 +61,7 @@ def make_dataset(
                   "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
                   "--vocab-size": vocab_size})
     check_folder(out)
+    check_not_a_model(out)
     check_compile(compile, device)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
@@ -112,6 +113,33 @@ def make_dataset(
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
+
+
+def check_not_a_model(out: Path) -> None:
+    """Refuse a folder holding a drafter, a training run or a model's config.json (an export, a
+    target): `data make` would write its files beside them without a word. An earlier `data
+    make` run's folder holds none of these, so it resumes."""
+    from draftsmith.train.loop import RUN_MARKERS
+
+    if not out.is_dir():
+        return
+    held = sorted(RUN_MARKERS & {p.name for p in out.iterdir()})
+    what = f"a drafter or training run ({', '.join(held)})" if held else None
+    if what is None and (out / "config.json").exists():
+        what = _model_kind(out)
+    if what is not None:
+        raise DraftsmithError(f"data make: {out} holds {what}, not a `data make` folder; give "
+                              "it a new or empty folder (or an earlier `data make` run's)")
+
+
+def _model_kind(out: Path) -> str:
+    """What a folder with a config.json holds, as export and import read it."""
+    from draftsmith.export import detect_format
+
+    try:
+        return f"an exported drafter ({detect_format(out)} layout, config.json)"
+    except DraftsmithError:
+        return "a model (config.json)"
 
 
 def _no_prompts(made: dict[str, int], cfg: MagpieConfig) -> str:

@@ -58,6 +58,7 @@ from draftsmith.train.objective import (
 from draftsmith.train.profile import StepProfiler
 from draftsmith.train.sources import (
     Data,
+    check_whole,
     open_offline,
     open_online,
     read_vocab,
@@ -246,6 +247,15 @@ def check_run_folder(out: Path) -> None:
                               "train into a new or empty folder")
 
 
+def check_data_first(cfg: TrainConfig) -> None:
+    """A dataset with no manifest, or a capture not complete for --max-samples, refused before
+    the target loads (seconds to minutes); `open_offline` checks it again with the target."""
+    if cfg.data:
+        from draftsmith.data.shards import read_manifest
+
+        check_whole(cfg.data, read_manifest(Path(cfg.data)), cfg.max_samples)
+
+
 class TTTModel(nn.Module):
     """The drafter plus its unrolled TTT loss: one module, so DDP sees a plain forward."""
 
@@ -354,6 +364,8 @@ class Trainer:
                       pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
         check_run_folder(self.out)
+        check_data_first(cfg)
+        found = self._find_checkpoint()  # an --out holding a run without --resume: refused now
         self.target = resolve_target(cfg.target, cfg.data)
         self.data = self._open_data()
         self.data_id = self.data.identity()
@@ -363,7 +375,6 @@ class Trainer:
         self._check_answers()
         self.total = self._total_steps()
         self._check_warmup()
-        found = self._find_checkpoint()
         self.drafter = self._build_drafter(found).to(ctx.device)
         self.opt, self.sched = self._optimizer()
         self.step, self.tokens = 0, 0

@@ -128,7 +128,7 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None) ->
     ds = Dataset(folder)
     m = ds.manifest
     _check_dataset(folder, m, target)
-    _check_whole(folder, m, max_samples)
+    check_whole(folder, m, max_samples)
     lengths = ds.lengths()
     reader = ShardReader(ds)
     source: Source = reader
@@ -196,7 +196,7 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
         )
 
 
-def _check_whole(folder: str | Path, m: dict[str, Any], max_samples: int | None) -> None:
+def check_whole(folder: str | Path, m: dict[str, Any], max_samples: int | None) -> None:
     """Refuse part of a capture: one rank's folder of a multi-process capture, or a capture
     killed or still running (`complete` false; a manifest without the flag, an external
     tool's, is taken as whole, as the doctor takes it). --max-samples may ask for samples of
