@@ -54,17 +54,21 @@ def describe(folder: str | Path, label: str, num_layers: int | None = None) -> D
     canonical, note = canonical_ids(info, layers)
     size = sum(f.stat().st_size for f in info.weight_files())
     params = count({k: s for k, (s, _) in shapes.items()}, info.vocab_size, info.hidden_size,
-                   size, head_source(info))
+                   size, head_source(info, set(shapes)))
     dtype = shapes["fc.weight"][1]
     return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
                        note, params, training_data(info), training_summary(info))
 
 
-def head_source(info: DrafterInfo) -> str:
-    """Where the lm_head SGLang's LlamaForCausalLMEagle3 serves comes from: tie_word_embeddings
-    makes it the embedding module (a stored lm_head.weight is never read); untied without
-    draft_vocab_size it loads the target's (`load_lm_head_from_target`). Other layouts store
-    their own."""
+def head_source(info: DrafterInfo, names: set[str]) -> str:
+    """Where the lm_head the engine serves comes from. SGLang's LlamaForCausalLMEagle3:
+    tie_word_embeddings makes it the embedding module (a stored lm_head.weight is never read);
+    untied without draft_vocab_size it loads the target's (`load_lm_head_from_target`). vLLM's
+    Eagle3LlamaForCausalLM (speculators): a folder without lm_head weights has the target's
+    shared (`has_own_lm_head` false, `_maybe_share_lm_head`), whose rows are the whole
+    vocabulary, not a smaller draft vocabulary's. The draftsmith layout stores its own."""
+    if info.layout == "speculators" and not any(n.startswith("lm_head.") for n in names):
+        return "shared" if info.draft_vocab_size == info.vocab_size else "shared_misfit"
     if info.layout != "sglang":
         return "stored"
     if info.config.get("tie_word_embeddings"):

@@ -3,7 +3,8 @@
 The frozen embedding is the target's: some layouts store it (draftsmith, speculators), SGLang's
 drops it. `all` counts it either way, `stored` counts what the files hold. The lm_head is what
 the engine serves: a tied SGLang folder's is its embedding (counted once, and frozen), an
-untied one without draft_vocab_size serves the target's (`HEADS`).
+untied one without draft_vocab_size serves the target's, and vLLM shares the target's with a
+speculators folder that stores none (`HEADS`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ CONVENTIONS = {
 # where the lm_head an engine serves comes from -> how the tables say it
 HEADS = {"stored": "",
          "tied": "tied: the embedding serves as lm_head (counted once, frozen)",
-         "target": "the target's lm_head, not stored (SGLang loads it from the target)"}
+         "target": "the target's lm_head, not stored (SGLang loads it from the target)",
+         "shared": "the target's lm_head, not stored (vLLM shares the target's)",
+         "shared_misfit": "none stored: vLLM shares the target's whole-vocabulary lm_head, "
+                          "which does not fit the smaller draft vocabulary"}
+TAKEN = ("target", "shared", "shared_misfit")  # heads served from the target: vocab x hidden
 
 
 @dataclass
@@ -70,7 +75,8 @@ def count(shapes: dict[str, tuple[int, ...]], vocab: int, hidden: int,
     stored = sum(sums.values())
     has_embed = sums["embedding"] > 0
     embedding = sums["embedding"] if has_embed else vocab * hidden
-    lm_head = {"stored": sums["lm_head"], "tied": embedding, "target": vocab * hidden}[head]
+    lm_head = vocab * hidden if head in TAKEN else {"stored": sums["lm_head"],
+                                                     "tied": embedding}[head]
     # tied: the head is the frozen embedding itself, in neither `trainable` nor twice in `all`
     trainable = sums["core"] + (0 if head == "tied" else lm_head)
     return ParamCounts(stored, trainable + embedding, trainable, sums["core"], embedding,

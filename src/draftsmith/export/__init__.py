@@ -6,6 +6,7 @@ back to canonical ids the same way; nothing here adds or subtracts one.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -132,12 +133,72 @@ def read_any(folder: str | Path, target: str | None = None) -> Eagle3Drafter:
     """A drafter from any supported layout; `target` supplies layer count and embedding and
     must fit the drafter (vocab, hidden size, aux layers)."""
     fmt = detect_format(folder)
+    if target is None and fmt == "draftsmith":
+        return load_drafter(folder)
     if target is None:
-        return load_drafter(folder) if fmt == "draftsmith" else _read_engine(folder, fmt, None)
-    from draftsmith.engine.speculative import check_pair
-    from draftsmith.targets import load_target
+        drafter, needs = _read_untold(folder, fmt)
+        if drafter is not None:
+            return drafter
+        t, target = recorded_target(folder, needs)
+    else:
+        from draftsmith.targets import load_target
 
-    t = load_target(target)
+        t = load_target(target)
+    return _read_for(folder, fmt, t, target)
+
+
+def _read_untold(folder: str | Path, fmt: str) -> tuple[Eagle3Drafter | None, DraftsmithError]:
+    """An engine folder read without a target, or the refusal that asks for one. Its notes are
+    passed on only where it reads: a read with the recorded target says them again."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return _read_engine(folder, fmt, None), DraftsmithError("")
+    except DraftsmithError as e:
+        if "pass --target" not in str(e):
+            raise
+        caught = []
+        return None, e
+    finally:
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def recorded_target(folder: str | Path, refusal: DraftsmithError) -> tuple[Any, str]:
+    """The target an exported folder records (`draftsmith.target`, else speculators' verifier),
+    where it loads and its fingerprint is the recorded one: an export's SGLang folder holds no
+    embedding, but says whose it is. Else `refusal`, with why the recorded one was not taken."""
+    from draftsmith.targets import DEFAULT_NAME, load_target
+
+    c = read_config(folder)
+    section = c.get("draftsmith") if isinstance(c.get("draftsmith"), dict) else {}
+    verifier = (c.get("speculators_config") or {}).get("verifier")
+    src = section.get("target") or (verifier or {}).get("name_or_path") or ""
+    src = "default" if src in ("default", DEFAULT_NAME) else str(src)
+    want = section.get("target_fingerprint")
+    if not src or not want:
+        raise refusal
+    if src != "default" and not Path(src).exists():
+        raise DraftsmithError(f"{refusal}; the target config.json records, {src}, is not here "
+                              "(moved or deleted)") from None
+    try:
+        t = load_target(src)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{refusal}; the target config.json records, {src}, does not "
+                              f"load ({e})") from None
+    if t.fingerprint != want:
+        raise DraftsmithError(f"{refusal}; the target config.json records, {src}, now has "
+                              f"fingerprint {t.fingerprint}, not the recorded {want}") from None
+    print(f"draftsmith: {folder}: no --target given; using the target its config.json records, "
+          f"{src} (fingerprint {want} matches)", file=sys.stderr)
+    return t, src
+
+
+def _read_for(folder: str | Path, fmt: str, t: Any, target: str) -> Eagle3Drafter:
+    """The drafter at `folder` read and checked against the loaded target `t`."""
+    from draftsmith.engine.speculative import check_pair
+
     info = None if fmt == "draftsmith" else TargetInfo.of_target(t)
     if info is None:
         drafter = load_drafter(folder)
