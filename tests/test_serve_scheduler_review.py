@@ -89,12 +89,7 @@ def test_a_shutdown_answers_the_jobs_of_a_batch_that_outlasts_it() -> None:
     stopper = stopping(s, 0.3)
     done = threading.Event()
 
-    def slow_ticks() -> None:  # a step every 0.1 s: the batch needs 1 s more
-        while not done.is_set():
-            eng.ticks.release(1)
-            time.sleep(0.1)
-
-    threading.Thread(target=slow_ticks, daemon=True).start()
+    tick_until(eng, done, 0.1)  # a step every 0.1 s: the batch needs 1 s more
     stopper.join(10)
     done.set()
     assert not stopper.is_alive() and not s.alive
@@ -235,3 +230,14 @@ def test_seeded_jobs_repeat_and_do_not_fix_the_draws_of_unseeded_ones(engine) ->
     finally:
         s.stop()
     assert after[0] != after[1]
+
+
+def tick_until(eng, done: threading.Event, every: float) -> None:
+    """A fake engine's decode step every `every` seconds, in a thread, until `done` is set."""
+
+    def ticks() -> None:
+        while not done.is_set():
+            eng.ticks.release(1)
+            time.sleep(every)
+
+    threading.Thread(target=ticks, daemon=True).start()

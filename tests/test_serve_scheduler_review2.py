@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from test_serve_scheduler_review import boom_batch, stopping, ticked, until
+from test_serve_scheduler_review import boom_batch, stopping, tick_until, ticked, until
 from test_serve_units import FakeEngine, job, wait_done
 
 from draftsmith.serve.protocol import ApiError
@@ -38,12 +37,7 @@ def test_a_stop_answers_queued_and_running_jobs_as_it_refuses_a_submit() -> None
     wait_done(ev["b"], 1)
     done = threading.Event()
 
-    def slow_ticks() -> None:
-        while not done.is_set():
-            eng.ticks.release(1)
-            time.sleep(0.05)
-
-    threading.Thread(target=slow_ticks, daemon=True).start()
+    tick_until(eng, done, 0.05)
     stopper.join(10)
     done.set()
     want = refused(s)
