@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -150,4 +151,13 @@ def _fresh_dynamo(request):
     # Every GPU test compiles its own tiny models; dynamo's recompile limit counts across tests.
     if request.node.get_closest_marker("gpu"):
         torch._dynamo.reset()
+    yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_raises():
+    # A suite started in the background of a non-interactive shell (nohup, `make test &`)
+    # inherits SIGINT ignored, as draftsmith then keeps it; the ctrl-C tests model a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
