@@ -95,6 +95,7 @@ def test_compiled_parts_equal_eager_on_cpu(tmp_path, monkeypatch, static):
 
 
 @pytest.mark.parametrize("rows", [1, 4, 25])
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_reduce_linear_compiles_to_one_kernel_for_all_rows(rows):
     """Compiled, the rows' reductions of a small linear fuse into one kernel, which shares each
     weight load among them (the skinny GEMM that DRAFTSMITH_SMALL_LINEAR_ROWS relies on), with

@@ -82,6 +82,7 @@ def test_self_made_prompts_torn_round_is_made_again_whole(target, model, magpie,
     assert part.read_bytes() == magpie
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_self_made_prompts_on_a_full_disk_say_so_and_resume_equal(target, model, magpie,
                                                                   tiny_llama_dir, tmp_path):
     """The disk filled inside a round's write: a traceback (OSError), the file ending inside a
@@ -118,6 +119,7 @@ def test_regenerate_torn_chunk_is_answered_again_whole(target, model, tmp_path):
     assert part.read_bytes() == data
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_regenerate_on_a_full_disk_says_so_and_resumes_equal(target, model, tiny_llama_dir,
                                                             tmp_path):
     prompts = tmp_path / "prompts.jsonl"
@@ -168,6 +170,7 @@ def same_run(a: Path, b: Path) -> None:
     assert rows[0] == rows[1] and len(rows[0]) == TRAIN["max_steps"]
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_train_on_a_full_disk_at_a_checkpoint_says_so_and_resumes_equal(trained):
     """The first checkpoint did not fit: a SafetensorError traceback, its half-written tmp
     folder left behind. Now one error line, no tmp folder, the log rows readable, and

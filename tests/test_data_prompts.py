@@ -102,6 +102,7 @@ def test_bytes_that_are_not_utf8_are_named_and_a_bom_loses_nothing(tmp_path):
             load_prompts(tmp_path / name)
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_cli_strict_exits_2_naming_file_and_line(tmp_path):
     path = write_lines(tmp_path / "p.jsonl", [PLAIN, "{oops"])
     out = tmp_path / "o.jsonl"

@@ -45,7 +45,9 @@ def _rank1_refuses_rank0_ignores_sigterm(tp: TP) -> None:
 def test_a_rank_that_dies_is_named_not_the_peer_whose_collective_it_broke():
     """Rank 0's gloo traceback ("Connection closed by peer") was the error shown, and rank 1's
     death (exit code 3) went unmentioned."""
-    with pytest.raises(RuntimeError, match=r"^rank 1 died \(exit code 3\); rank 0 then failed"):
+    # rank 0's own failure follows when it is reported in time (it raced the launcher once in
+    # ~20 runs on a loaded host): the rank that died comes first either way
+    with pytest.raises(RuntimeError, match=r"^rank 1 died \(exit code 3\)(; rank 0 then failed|$)"):
         dist.spawn(_rank1_crashes_mid_collective, 2, device="cpu", timeout_s=60)
 
 
@@ -78,6 +80,7 @@ def test_a_result_sent_before_a_crashing_teardown_arrives():
     assert dist.spawn(_teardown_crashes, 1, device="cpu", timeout_s=60) == ["finished"]
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_a_rank_that_ignores_sigterm_does_not_hold_the_failed_launch(monkeypatch):
     """The launch terminated rank 0 and joined it without a limit: it waited forever."""
     monkeypatch.setattr(dist, "TERM_S", 0.5, raising=False)

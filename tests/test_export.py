@@ -529,6 +529,7 @@ def check_against_speculators(python: Path, target, tmp: Path) -> None:
             assert torch.allclose(ours[j][:, :n], got[f"{tag}.{j}"][:, :n], atol=1e-5), (tag, j)
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_speculators_package_loads_export_with_identical_logits(target, tmp_path):
     python = speculators_python()
     if python is None:

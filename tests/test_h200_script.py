@@ -230,6 +230,7 @@ def test_gpu_suite_lists_split_at_commas_or_plus(monkeypatch, tmp_path):
     assert suite.env_list("SUITES", "chat") == ["chat", "humaneval"]
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_kernels_needs_no_model_and_brings_back_the_microbenches(dry, tmp_path):
     """A fresh machine's first call, carrying nothing: no GGUF, no /tmp/m/part0; a failing test
     run is logged, not fatal (the timings still come back)."""

@@ -324,6 +324,7 @@ def test_serve_cli_stops_cleanly_on_sigterm_while_its_frontends_start(tiny_dir: 
     wait_for(lambda: not session_left(proc), 20)
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_serve_cli_with_frontends_starts_answers_and_stops_on_sigterm(tiny_dir: Path) -> None:
     proc, url = serve_cli(tiny_dir)
     try:

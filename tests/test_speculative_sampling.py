@@ -254,6 +254,7 @@ def filtered_by_hand(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (3, 3, 8)])
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_greedy_rows_among_sampled_ones_decode_as_greedy(steps, topk, n, monkeypatch):
     """A decoder of temperature sampling, its accept compiled with the draws inside: the rows at
     temperature 0 decode exactly as plain greedy beside rows drawing at T 1.3, and accept what

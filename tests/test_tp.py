@@ -104,6 +104,7 @@ def tp2(cases, spec_args) -> dict:
     return launch_tp(run_tp2, 2, cases, spec_args, device="cpu")
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_tp2_through_launch_tp_matches_single_process(tp2, single):
     for name in CASES:
         check_equal(single[name], tp2["cases"][name], 2)

@@ -257,6 +257,7 @@ def test_tune_refuses_bad_step_and_topk_limits_before_loading(tmp_path):
         assert isinstance(res.exception, DraftsmithError) and flag in str(res.exception)
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_tune_refill_prices_and_sweeps_refilled_rows(tmp_path):
     """--refill: the prompt passes are timed at every padded row count, each setting runs with
     rows refilled (the refills profiled), and where every prompt's cycles are known (the random

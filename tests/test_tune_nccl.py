@@ -116,6 +116,7 @@ def _split_rank(tp: TP) -> dict:
             "differs": not torch.allclose(real.hidden, quiet.hidden)}
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_compute_only_twin_skips_every_collective_with_the_same_shapes():
     for out in spawn(_split_rank, 2, device="cpu", timeout_s=90):
         assert out["real_calls"] == 2 * TINY.num_layers + 1  # 2 row layers a layer + embedding

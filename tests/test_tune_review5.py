@@ -72,6 +72,7 @@ def test_split_dims_are_read_without_the_weights(tmp_path, monkeypatch):
         refuse_split(str(tmp_path / "missing"), 2)
 
 
+@pytest.mark.slow  # > 5 s: the default suite stays under 10 minutes on 2 cores
 def test_the_default_targets_gguf_header_gives_its_split_dims():
     """The default (SmolLM2-135M: 9 heads, 3 kv heads) runs on no --tp 2: refused from its
     GGUF header, not after each rank converted or loaded it."""
