@@ -71,12 +71,9 @@ def resolve_target(opts: DoctorOptions, manifest: dict | None,
 
 def _recorded(src: str, how: str) -> Any:
     """The target `how` records: one moved or deleted since is named as that, with the fix."""
-    from draftsmith.targets import load_target
+    from draftsmith.train.sources import load_recorded
 
-    if src != "default" and not Path(src).exists():
-        raise DraftsmithError(f"{how} names the target {src}, not a file or folder here (moved, "
-                              "deleted, or a hub id): pass --target PATH")
-    return load_target(src)
+    return load_recorded(src, how, "a hub id")
 
 
 def _drafter_target(info: DrafterInfo) -> str | None:

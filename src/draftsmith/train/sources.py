@@ -298,14 +298,18 @@ def resolve_target(target: str | None, data: str | None) -> Target:
     if data:
         from draftsmith.data.shards import read_manifest
 
-        source = target_of_dataset(read_manifest(Path(data)))
-        if source != "default" and not Path(source).exists():
-            raise DraftsmithError(
-                f"{data}: the manifest names the target {source}, not a file or folder here "
-                "(moved, deleted, or a path relative to where the capture ran): pass --target "
-                "PATH")
-        return load_target(source)
+        return load_recorded(target_of_dataset(read_manifest(Path(data))),
+                             f"{data}: the manifest", "a path relative to where the capture ran")
     return load_target("default")
+
+
+def load_recorded(src: str, who: str, hint: str) -> Target:
+    """The target `who` records (a manifest, a drafter config): one moved or deleted since is
+    named as that, with --target as the fix (`hint`: what else the path may be)."""
+    if src != "default" and not Path(src).exists():
+        raise DraftsmithError(f"{who} names the target {src}, not a file or folder here (moved, "
+                              f"deleted, or {hint}): pass --target PATH")
+    return load_target(src)
 
 
 def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
