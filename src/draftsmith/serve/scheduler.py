@@ -17,7 +17,8 @@ and ("accepted",) once, from `submit` (the job is queued: an error from then on 
 not the request's). An engine exception fails only the jobs of that batch still running: those
 that have sent nothing yet are rerun one by one, so only the culprit gets the error. `stop`
 answers the queued jobs with a 503 at once, and the running batch's jobs too if it has not ended
-within the timeout: code "unavailable", as a submit it refuses.
+within the timeout: code "unavailable", as a submit it refuses; /metrics counts each such 503
+as "stopped".
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class Metrics:
         self.started = time.time()
         self.lock = threading.Lock()
         self.counts = dict.fromkeys(
-            ("requests", "completed", "rejected", "failed", "cancelled", "batches", "batch_rows",
-             "joined_rows", "prompt_tokens", "completion_tokens"), 0)
+            ("requests", "completed", "rejected", "failed", "cancelled", "stopped", "batches",
+             "batch_rows", "joined_rows", "prompt_tokens", "completion_tokens"), 0)
         self.engine_s = 0.0
         self.queue_s = 0.0
         self.accept_hist: list[int] = []
@@ -180,8 +181,7 @@ class Scheduler:
             left = list(self._queue)
             self._queue.clear()
             self._cv.notify_all()
-        for job in left:
-            _cut_off(job)
+        self._cut_off(left)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -193,7 +193,9 @@ class Scheduler:
         return self._thread is not None and self._thread.is_alive()
 
     def queued(self) -> int:
-        return len(self._queue)
+        """Queued jobs whose clients still wait (those that left are dropped at the next look)."""
+        with self._cv:
+            return sum(not j.cancelled for j in self._queue)
 
     status_waits = False  # `status` reads this process's counters: the event loop calls it
 
@@ -213,6 +215,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._stopping or not self.alive:
+                self.metrics.add(stopped=1)
                 raise unavailable()
             if len(self._queue) >= self.max_queue:
                 self._drop_cancelled()
@@ -326,18 +329,19 @@ class Scheduler:
                 return
             free = slots.count(None)
             if free and self.continuous and not seeded:
-                self._join_into(live, slots, batch, key, size < self.max_batch)
+                joined = self._join_into(live, slots, batch, key, size < self.max_batch)
+                self._collect(live, slots, joined)  # their first tokens out now, not a step later
             if not any(slots):
                 return
             live.step(self._steps(slots, live.tokens_per_step))
 
     def _join_into(self, live: Any, slots: list[Row | None], batch: list[Job], key: tuple,
-                   small: bool) -> None:
-        """Admit the queued jobs that may join; a failure to admit them fails or reruns them
-        alone and leaves the running rows decoding."""
+                   small: bool) -> list[int]:
+        """Admit the queued jobs that may join, returning the slots they took; a failure to admit
+        them fails or reruns them alone and leaves the running rows decoding."""
         more = self._join(key, slots.count(None), small, len(slots))
         if not more:
-            return
+            return []
         try:
             waited = self._admit(live, slots, more)
         except Exception as e:  # the joiners' fault, not the running rows'
@@ -346,9 +350,10 @@ class Scheduler:
                 slots[i] = None
             live.drop(mine)
             self._fail(more, e)
-            return
+            return []
         batch.extend(more)
         self.metrics.admitted(sum(j.req.rows for j in more), waited, opened=False)
+        return [i for i, r in enumerate(slots) if r is not None and r.job in more]
 
     def _admit(self, live: Any, slots: list[Row | None], jobs: list[Job]) -> float:
         """Put the jobs' rows into free slots and prefill them together; returns their summed
@@ -378,10 +383,13 @@ class Scheduler:
         left = min(r.limit - len(r.tokens) for r in busy)
         return max(1, min(CHECK_EVERY, -(-left // most)))
 
-    def _collect(self, live: Any, slots: list[Row | None]) -> None:
-        """Feed every busy row its tokens; free the slots of rows that finished (ended, hit
-        their own limit or stop string, or were cancelled) and finish their jobs."""
-        busy = [i for i, r in enumerate(slots) if r is not None]
+    def _collect(self, live: Any, slots: list[Row | None], only: list[int] | None = None) -> None:
+        """Feed every busy row (or those in `only`) its tokens; free the slots of rows that
+        finished (ended, hit their own limit or stop string, or were cancelled) and finish their
+        jobs."""
+        busy = [i for i, r in enumerate(slots) if r is not None and (only is None or i in only)]
+        if not busy:
+            return
         tokens, ended = live.read(busy)
         gone = []
         for i, toks, end in zip(busy, tokens, ended, strict=True):
@@ -433,9 +441,18 @@ class Scheduler:
         return rows
 
     def _shut(self, slots: list[Row | None]) -> None:
-        for job in dict.fromkeys(r.job for r in slots if r is not None):
+        jobs = list(dict.fromkeys(r.job for r in slots if r is not None))
+        for job in jobs:
             job.done = True
-            _cut_off(job)
+        self._cut_off(jobs)
+
+    def _cut_off(self, jobs: list[Job]) -> None:
+        """503 the jobs a stop ends, counted: those whose clients left as cancelled."""
+        gone = sum(j.cancelled for j in jobs)
+        self.metrics.add(stopped=len(jobs) - gone, cancelled=gone)
+        for job in jobs:
+            if not job.cancelled:
+                _cut_off(job)
 
     def _finish(self, job: Job) -> None:
         used = sum(r.used for r in job.rows)
@@ -464,5 +481,5 @@ class Scheduler:
                 job.queued_at = time.perf_counter()
                 self._queue.appendleft(job)
             self._cv.notify_all()
-        for job in retry if closed else []:
-            _cut_off(job)
+        if closed:
+            self._cut_off(retry)
