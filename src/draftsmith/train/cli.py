@@ -85,8 +85,8 @@ def train(
                                      "this (default: 128 on a GPU, 1 on CPU): fewer shapes"),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="A progress bar on a terminal, a line a logged step "
-                                       "elsewhere (a log file); --no-progress: neither (the "
-                                       "figures stay in train_log.jsonl)"),
+                                       "elsewhere (a log file); --no-progress: no bar, the "
+                                       "lines on a terminal too"),
 ) -> None:
     """Train an EAGLE-3 drafter with training-time test (offline or online; torchrun for DDP)."""
     from draftsmith.train import TrainConfig

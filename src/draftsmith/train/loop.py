@@ -29,6 +29,7 @@ from torch import nn
 
 from draftsmith.data.atomic import make_folder
 from draftsmith.data.progress import on_terminal
+from draftsmith.data.shards import Dataset
 from draftsmith.errors import DraftsmithError
 from draftsmith.measured import figure
 from draftsmith.models.eagle3 import (
@@ -55,7 +56,7 @@ from draftsmith.train.objective import (
     step_loss,
     summarize,
 )
-from draftsmith.train.profile import StepProfiler
+from draftsmith.train.profile import WARMUP, StepProfiler
 from draftsmith.train.sources import (
     Data,
     check_whole,
@@ -247,13 +248,26 @@ def check_run_folder(out: Path) -> None:
                               "train into a new or empty folder")
 
 
-def check_data_first(cfg: TrainConfig) -> None:
-    """A dataset with no manifest, or a capture not complete for --max-samples, refused before
-    the target loads (seconds to minutes); `open_offline` checks it again with the target."""
-    if cfg.data:
-        from draftsmith.data.shards import read_manifest
+def check_data_first(cfg: TrainConfig) -> Dataset | None:
+    """The dataset (its manifest read once, for the target and `open_offline`), or None
+    online. One with no manifest, a capture not complete for --max-samples, or aux layers other
+    than --aux-layers is refused before the target loads (seconds to minutes)."""
+    if not cfg.data:
+        return None
+    ds = Dataset(cfg.data)
+    check_whole(cfg.data, ds.manifest, cfg.max_samples)
+    held = ds.manifest.get("aux_layer_ids")
+    if cfg.aux_layer_ids is not None and isinstance(held, list) and \
+            list(cfg.aux_layer_ids) != held:  # a malformed list: `open_offline` names it
+        raise aux_clash(cfg, held)
+    return ds
 
-        check_whole(cfg.data, read_manifest(Path(cfg.data)), cfg.max_samples)
+
+def aux_clash(cfg: TrainConfig, held: Any) -> DraftsmithError:
+    return DraftsmithError(
+        f"--aux-layers {list(cfg.aux_layer_ids or [])}: the dataset {cfg.data} holds aux layers "
+        f"{held} (canonical), which offline training uses; leave --aux-layers out or capture a "
+        "dataset with those layers")
 
 
 class TTTModel(nn.Module):
@@ -364,10 +378,13 @@ class Trainer:
                       pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
         check_run_folder(self.out)
-        check_data_first(cfg)
+        dataset = check_data_first(cfg)
         found = self._find_checkpoint()  # an --out holding a run without --resume: refused now
-        self.target = resolve_target(cfg.target, cfg.data)
-        self.data = self._open_data()
+        saved = self._check_resume(found)  # before the target loads, as the checks above
+        self._check_init_from(found)
+        self.target = resolve_target(cfg.target, cfg.data,
+                                     dataset.manifest if dataset is not None else None)
+        self.data = self._open_data(dataset)
         self.data_id = self.data.identity()
         # before the vocab count and the drafter: a --batch-size the data cannot fill is refused
         self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
@@ -383,10 +400,12 @@ class Trainer:
         self.pending: Pending | None = None
         self.stopped = False  # stopped at a checkpoint after a ctrl-C (`_stop_interrupted`)
         self.held: ckpt.OutLock | None = None  # the --out lock (`_hold_out`)
-        self.lines = False  # progress as a line a logged step (run: stderr not a terminal)
+        # progress as a line a logged step (run: --no-progress or stderr not a terminal)
+        self.lines = False
         self.prof = StepProfiler(self.out, ctx.device, cfg.profile_steps if ctx.main else 0)
-        if found is not None:
-            self._restore(found)
+        if saved is not None:
+            self._restore(found, *saved)
+        self._check_profile()
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
                                             cfg.compile_loss))
         head_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
@@ -402,18 +421,43 @@ class Trainer:
         if self.ctx.main:  # through tqdm: a line of its own below a progress bar
             tqdm.write(f"draftsmith train: {msg}", file=sys.stderr)
 
-    def _open_data(self) -> Data:
+    def _open_data(self, dataset: Dataset | None) -> Data:
         c = self.cfg
         if c.data:
-            data = open_offline(c.data, self.target, c.max_samples)
+            data = open_offline(c.data, self.target, c.max_samples, dataset)
             if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
-                raise DraftsmithError(
-                    f"--aux-layers {list(c.aux_layer_ids)}: the dataset {c.data} holds aux layers "
-                    f"{data.aux_layer_ids} (canonical), which offline training uses; leave "
-                    "--aux-layers out or capture a dataset with those layers"
-                )
+                raise aux_clash(c, data.aux_layer_ids)
             return data
         return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples, c.max_len)
+
+    def _check_resume(self, found: Path | None) -> tuple[dict[str, Any], Any] | None:
+        """The checkpoint's (trainer state, RNG state), its options (--prompts, --data, ...) and
+        any --aux-layers given compared with this run's before the target loads; the target and
+        the default aux layers are compared once it has."""
+        if found is None:
+            return None
+        state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
+        self._same_options(found, state["config"])
+        if self.cfg.aux_layer_ids is not None:
+            with ckpt.unreadable(found):
+                old = read_drafter_meta(found)["config"].get("aux_layer_ids")
+            if isinstance(old, list) and old != list(self.cfg.aux_layer_ids):
+                raise DraftsmithError(
+                    f"--resume from {found}: aux layers {old!r} in that run, "
+                    f"{list(self.cfg.aux_layer_ids)!r} now; resume with the same options (or "
+                    "train into another --out)")
+        return state, rng
+
+    def _check_init_from(self, found: Path | None) -> None:
+        """--aux-layers given against the --init-from drafter's, before the target loads (a
+        resumed run starts from its checkpoint instead)."""
+        c = self.cfg
+        if found is not None or c.init_from is None or c.aux_layer_ids is None:
+            return
+        old = read_drafter_meta(c.init_from)["config"].get("aux_layer_ids")
+        if isinstance(old, list) and old != list(c.aux_layer_ids):  # else: load_drafter's
+            raise DraftsmithError(f"--init-from {c.init_from}: aux layers {old!r} there, "
+                                  f"{list(c.aux_layer_ids)!r} here")
 
     def _check_answers(self) -> None:
         """Refuse data of which no position would train: every assistant token cut off by
@@ -663,6 +707,19 @@ class Trainer:
                 f"learning rate would never reach --lr {c.lr:g} nor decay; lower --warmup-steps "
                 "(or use --warmup-ratio)")
 
+    def _check_profile(self) -> None:
+        """Warn, before training, of a --profile-steps window the run ends before: no profile is
+        written, which nothing said (it was found missing after the run)."""
+        n, left = self.cfg.profile_steps, self.total - self.step
+        if not n or WARMUP + n <= left or not self.ctx.main:
+            return
+        fix = (f"pass --profile-steps {left - WARMUP} or fewer" if left > WARMUP else
+               "profile a longer run (--max-steps)")
+        warnings.warn(
+            f"--profile-steps {n}: the profile starts after {WARMUP} warm-up steps, but this run "
+            f"has {left} step(s) {'left ' if self.step else ''}to train, so no profile.json will "
+            f"be written; {fix}", stacklevel=2)
+
     def _optimizer(self, split: bool = True,
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
         c = self.cfg
@@ -740,9 +797,8 @@ class Trainer:
         return (f"the same {new['samples']} samples in the same lengths, but other contents "
                 f"({other})")
 
-    def _restore(self, found: Path) -> None:
-        state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
-        self._same_options(found, state["config"])
+    def _restore(self, found: Path, state: dict[str, Any], rng: Any) -> None:
+        """The checkpoint's state (options compared in `_check_resume`) into this run."""
         self._same_data(found, state.get("data"))
         if state["world"] != self.ctx.world:
             raise DraftsmithError(
@@ -793,12 +849,11 @@ class Trainer:
             self.loader.close()
             raise
         self._describe()
-        shown = self.cfg.progress and self.ctx.main
-        # off a terminal (a log file, a pipe) a bar is one endless line of carriage returns:
-        # each logged step is a line of its own there instead
-        self.lines = shown and not on_terminal()
-        bar = tqdm(total=self.total, initial=self.step, disable=not shown or self.lines,
-                   desc="train", dynamic_ncols=True)
+        # off a terminal (a log file, a pipe) a bar is one endless line of carriage returns,
+        # and --no-progress asks for none: each logged step is a line of its own there instead
+        self.lines = not (self.cfg.progress and on_terminal())
+        bar = tqdm(total=self.total, initial=self.step,
+                   disable=not self.ctx.main or self.lines, desc="train", dynamic_ncols=True)
         start = self.started = time.perf_counter()
         self.first = self.step  # steps before are a resumed run's: not this process's pace
         try:

@@ -17,10 +17,12 @@ from typing import Any
 import torch
 
 PHASES = ("batch", "target", "targets", "forward", "backward", "optimizer", "stats")
+WARMUP = 3  # steps of the run before the profiled ones (compiles, allocator, first reads)
 
 
 class StepProfiler:
-    def __init__(self, out: Path, device: torch.device, steps: int, warmup: int = 3) -> None:
+    def __init__(self, out: Path, device: torch.device, steps: int,
+                 warmup: int = WARMUP) -> None:
         self.out, self.device, self.steps, self.warmup = out, device, steps, warmup
         self.seen = 0
         self.marks: list[list[tuple[str, Any]]] = []

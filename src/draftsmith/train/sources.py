@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.shards import Dataset, read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.targets import DEFAULT_NAME, Target, load_target
@@ -122,10 +123,10 @@ def target_of_dataset(manifest: dict[str, Any]) -> str:
     return "default" if source == DEFAULT_NAME else source
 
 
-def open_offline(folder: str | Path, target: Target, max_samples: int | None) -> Data:
-    from draftsmith.data.shards import Dataset
-
-    ds = Dataset(folder)
+def open_offline(folder: str | Path, target: Target, max_samples: int | None,
+                 dataset: Dataset | None = None) -> Data:
+    """`dataset`: the folder's, opened already (its manifest read once for the whole run)."""
+    ds = dataset if dataset is not None else Dataset(folder)
     m = ds.manifest
     _check_dataset(folder, m, target)
     check_whole(folder, m, max_samples)
@@ -292,14 +293,16 @@ def _encode(tok: Any, convs: list[Any], prompts: str | Path,
     return encoded, refused
 
 
-def resolve_target(target: str | None, data: str | None) -> Target:
+def resolve_target(target: str | None, data: str | None,
+                   manifest: dict[str, Any] | None = None) -> Target:
+    """--target, else the one `data`'s manifest records (`manifest`: read already), else the
+    embedded default."""
     if target:
         return load_target(target)
     if data:
-        from draftsmith.data.shards import read_manifest
-
-        return load_recorded(target_of_dataset(read_manifest(Path(data))),
-                             f"{data}: the manifest", "a path relative to where the capture ran")
+        m = manifest if manifest is not None else read_manifest(Path(data))
+        return load_recorded(target_of_dataset(m), f"{data}: the manifest",
+                             "a path relative to where the capture ran")
     return load_target("default")
 
 
