@@ -65,15 +65,24 @@ def head_source(info: DrafterInfo, names: set[str]) -> str:
     tie_word_embeddings makes it the embedding module (a stored lm_head.weight is never read);
     untied without draft_vocab_size it loads the target's (`load_lm_head_from_target`). vLLM's
     Eagle3LlamaForCausalLM (speculators): a folder without lm_head weights has the target's
-    shared (`has_own_lm_head` false, `_maybe_share_lm_head`), whose rows are the whole
-    vocabulary, not a smaller draft vocabulary's. The draftsmith layout stores its own."""
+    shared (`has_own_lm_head` false, `_maybe_share_lm_head`), whose first draft_vocab_size
+    logits it keeps: they fit only a draft vocabulary of target ids 0..N-1 (every d2t offset 0,
+    as import reads it). The draftsmith layout stores its own."""
     if info.layout == "speculators" and not any(n.startswith("lm_head.") for n in names):
-        return "shared" if info.draft_vocab_size == info.vocab_size else "shared_misfit"
+        fits = info.draft_vocab_size == info.vocab_size or _offsets_zero(info, names)
+        return "shared" if fits else "shared_misfit"
     if info.layout != "sglang":
         return "stored"
     if info.config.get("tie_word_embeddings"):
         return "tied"
     return "target" if info.config.get("draft_vocab_size") is None else "stored"
+
+
+def _offsets_zero(info: DrafterInfo, names: set[str]) -> bool:
+    """Whether the folder's d2t maps draft id i to target id i (no d2t and a smaller draft
+    vocabulary is refused elsewhere)."""
+    d2t = info.tensor("d2t") if "d2t" in names else None
+    return d2t is not None and not bool(d2t.ne(0).any())
 
 
 def readable_shapes(info: DrafterInfo) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -14,9 +14,14 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.layout import TargetInfo, check_apart, check_out, read_config
+from draftsmith.export.layout import TargetInfo, check_apart, check_out, read_config, section
 from draftsmith.export.sglang import is_sglang, read_sglang, write_sglang
-from draftsmith.export.speculators import is_speculators, read_speculators, write_speculators
+from draftsmith.export.speculators import (
+    is_speculators,
+    read_speculators,
+    verifier_of,
+    write_speculators,
+)
 from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, load_drafter, save_drafter
 
 FORMATS = ("sglang", "speculators")
@@ -171,12 +176,11 @@ def recorded_target(folder: str | Path, refusal: DraftsmithError) -> tuple[Any, 
     embedding, but says whose it is. Else `refusal`, with why the recorded one was not taken."""
     from draftsmith.targets import DEFAULT_NAME, load_target
 
-    c = read_config(folder)
-    section = c.get("draftsmith") if isinstance(c.get("draftsmith"), dict) else {}
-    verifier = (c.get("speculators_config") or {}).get("verifier")
-    src = section.get("target") or (verifier or {}).get("name_or_path") or ""
+    c, where = read_config(folder), f"{folder}/config.json"
+    record = section(c, "draftsmith", where)
+    src = record.get("target") or verifier_of(c, where).get("name_or_path") or ""
     src = "default" if src in ("default", DEFAULT_NAME) else str(src)
-    want = section.get("target_fingerprint")
+    want = record.get("target_fingerprint")
     if not src or not want:
         raise refusal
     if src != "default" and not Path(src).exists():

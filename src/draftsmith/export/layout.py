@@ -290,6 +290,7 @@ def vocab_tensors(
     if d2t is None:
         used = torch.nonzero(t2d.bool()).flatten()
         d2t = used - torch.arange(used.numel())
+        _note_unmapped(d2t, draft_vocab, where)
     if d2t.numel() != draft_vocab:
         raise DraftsmithError(f"{where}: d2t has {d2t.numel()} entries but the config says draft "
                               f"vocab {draft_vocab}: one offset per draft token")
@@ -302,6 +303,18 @@ def vocab_tensors(
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[used] = True
     return {"d2t": d2t, "t2d": t2d.bool()}
+
+
+def _note_unmapped(d2t: torch.Tensor, draft_vocab: int, where: str) -> None:
+    """Without d2t, SGLang (no hot_token_id) and vLLM (draft_id_to_target_id left at 0) give
+    draft id i target id i, whatever t2d marks (both skip t2d): the import takes the map t2d
+    marks, which the engines serving the folder as it is never apply; named."""
+    if d2t.numel() == draft_vocab and bool(d2t.ne(0).any()):
+        note(f"{where}: no d2t, so SGLang and vLLM serving this folder draft target ids "
+             f"0..{draft_vocab - 1} (they skip t2d), but t2d marks other tokens; the import "
+             "takes the map t2d marks",
+             "store d2t = nonzero(t2d) - arange(draft vocab), the offsets both engines read "
+             "(`draftsmith export` of the import writes it)", stacklevel=4)
 
 
 def _refuse_absolute(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int,
@@ -335,6 +348,17 @@ def draft_vocab_of(config: dict[str, Any], vocab: int, where: str) -> int:
     return v
 
 
+def target_hidden_of(config: dict[str, Any], hidden: int, where: str) -> int:
+    """The target_hidden_size the engines read (fc's inputs over 3), the drafter's hidden size
+    where absent."""
+    v = config.get("target_hidden_size")
+    if v is None:
+        return hidden
+    if type(v) is not int or v < 1:
+        raise DraftsmithError(f"{where}: target_hidden_size is {v!r}, not a whole number >= 1")
+    return v
+
+
 def drafter_config(where: str, **kw: Any) -> Eagle3Config:
     """An engine folder's Eagle3Config, a value it refuses named with the folder's config."""
     try:
@@ -343,12 +367,28 @@ def drafter_config(where: str, **kw: Any) -> Eagle3Config:
         raise DraftsmithError(f"{where}: {e}") from None
 
 
-def recorded_layers(config: dict[str, Any], info: TargetInfo | None) -> int | None:
+def section(config: dict[str, Any], key: str, where: str, name: str = "") -> dict[str, Any]:
+    """`config[key]` as a JSON object, {} where the key is absent; null or another value is
+    refused naming the file and key (`name`: the key's dotted path where nested)."""
+    if key not in config:
+        return {}
+    value = config[key]
+    if isinstance(value, dict):
+        return value
+    raise DraftsmithError(f"{where}: {name or key} is {json.dumps(value)[:60]}, not a JSON "
+                          "object; remove the key or write the object the layout holds there")
+
+
+def recorded_layers(config: dict[str, Any], info: TargetInfo | None,
+                    where: str = "config.json") -> int | None:
     """The target's layer count: from the live target, else as draftsmith recorded it."""
     if info is not None:
         return info.num_layers
-    n = config.get("draftsmith", {}).get("target_num_layers")
-    return int(n) if n else None
+    n = section(config, "draftsmith", where).get("target_num_layers")
+    if n is not None and (type(n) is not int or n < 1):
+        raise DraftsmithError(f"{where}: draftsmith.target_num_layers is {n!r}, not a whole "
+                              "number >= 1; fix it or pass --target")
+    return n or None
 
 
 def engine_feed(written: list[int], conv: Convention | str, num_layers: int,

@@ -41,6 +41,8 @@ from draftsmith.export.layout import (
     read_weights,
     recorded_layers,
     run_dtype,
+    section,
+    target_hidden_of,
     vocab_tensors,
     warn_default_repeat,
     warn_unsorted,
@@ -168,18 +170,19 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     _check_specforge_head(c, folder)
     _check_layout(c, folder)
     _note_reference_arch(c, folder)
+    record = section(c, "draftsmith", f"{folder}/config.json")
     cfg = drafter_config(
         f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-        target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
+        target_hidden_size=target_hidden_of(c, mc.hidden_size, f"{folder}/config.json"),
         vocab_size=vocab, draft_vocab_size=draft_vocab, aux_layer_ids=ids,
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, target_num_layers=num_layers,
         norm_before_residual=bool(c.get("norm_before_residual")),  # vLLM reads it here
         fc_norm=bool(c.get("fc_norm")),  # SpecForge's Eagle-3.1: same norms, same names
-        target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
-        target_source=info.name_or_path if info else "",
+        target_fingerprint=record.get("target_fingerprint", ""),
+        target_source=info.name_or_path if info else str(record.get("target") or ""),
         target_architectures=list(info.architectures) if info else [],
     )
     w = _drop_unknown(w, cfg, folder)
@@ -237,7 +240,7 @@ def _check_specforge_head(c: dict[str, Any], folder: Path) -> None:
 
 
 def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
-    n = recorded_layers(c, info)
+    n = recorded_layers(c, info, f"{folder}/config.json")
     if n:
         return n
     raise DraftsmithError(f"{folder}: the target's layer count is needed to read the aux layer "

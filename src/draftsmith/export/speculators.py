@@ -7,11 +7,13 @@ Matched against vllm-project/speculators `src/speculators/models/eagle3/config.p
 `vllm/transformers_utils/configs/speculators/algos.py` (`update_eagle3`: it copies the top-level
 `eagle_aux_hidden_state_layer_ids`, vLLM convention, and defaults `norm_before_residual` to
 True when absent, so both are always written). The embedding is kept: a speculators folder
-without `embed_tokens.weight` loads with uninitialised memory there.
+without `embed_tokens.weight` loads with uninitialised memory there. A folder without lm_head
+weights reads as vLLM serves it: with the target's head shared (`_shared_head`).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ from draftsmith.export.layout import (
     read_weights,
     recorded_layers,
     run_dtype,
+    section,
+    target_hidden_of,
     vocab_tensors,
     warn_default_repeat,
     warn_unsorted,
@@ -75,6 +79,7 @@ def speculators_config(
     if not info.name_or_path:
         raise DraftsmithError("speculators needs the verifier's name or path; pass --target")
     vllm_ids = to_convention(cfg.aux_layer_ids, Convention.VLLM, info.num_layers)
+    warn_edge_ids(vllm_ids, info.num_layers)
     return {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
@@ -105,6 +110,21 @@ def speculators_config(
     }
 
 
+def warn_edge_ids(vllm_ids: list[int], num_layers: int) -> None:
+    """vLLM id 0 (the embedding) and id L (the last layer's output) are captured only by newer
+    vLLM model files (0 needs the residual-is-None case, L a capture after the layer loop);
+    older ones fail on them (a None residual, or too few states for fc), never serve them
+    quietly: a warning, as the doctor's, not a refusal of a drafter newer vLLM serves."""
+    edges = {0: "0 (the embedding output)", num_layers: f"{num_layers} (the last layer's output)"}
+    named = [words for i, words in edges.items() if i in vllm_ids]
+    if named:
+        warnings.warn(
+            f"vLLM aux layer id {' and '.join(named)} is captured only by newer vLLM model files; "
+            "an older vLLM fails on this drafter (`draftsmith doctor --engine vllm` says so too): "
+            "serve it with a vLLM that captures it, or retrain on layers between",
+            stacklevel=3)
+
+
 def write_speculators(
     drafter: Eagle3Drafter,
     out: Path,
@@ -119,6 +139,13 @@ def write_speculators(
     return write_folder(out, config, tensors, overwrite)
 
 
+def verifier_of(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """speculators_config.verifier, {} where absent; a null or non-object section is refused
+    naming its key (vLLM's and speculators' readers fail on one)."""
+    spec = section(config, "speculators_config", where)
+    return section(spec, "verifier", where, "speculators_config.verifier")
+
+
 def is_speculators(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == "eagle3"
 
@@ -126,12 +153,15 @@ def is_speculators(config: dict[str, Any]) -> bool:
 def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     folder = Path(folder)
     c = read_config(folder)
-    layer = c.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise DraftsmithError(f"{folder}/config.json: transformer_layer_config is missing")
-    mc = model_config_of(layer)
-    num_layers = _verifier_layers(c, info, folder)
     where = f"{folder}/config.json"
+    layer = section(c, "transformer_layer_config", where)
+    if not layer:
+        raise DraftsmithError(f"{where}: transformer_layer_config is missing; a speculators "
+                              "EAGLE-3 config holds the drafter layer's HF config there")
+    mc = model_config_of(layer)
+    record = section(c, "draftsmith", where)
+    verifier = verifier_of(c, where)
+    num_layers = _verifier_layers(c, info, folder)
     ids = imported_ids(c, "speculators", num_layers, where)
     if (written := engine_ids(c, "speculators", num_layers, where)[0]) is not None:
         warn_unsorted(written, ids, where)
@@ -139,19 +169,18 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         warn_default_repeat(num_layers, where)
     vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
                                                             f"{folder}/config.json")
-    verifier = (c.get("speculators_config") or {}).get("verifier") or {}
     cfg = drafter_config(
         f"{folder}/config.json",
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
         num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-        target_hidden_size=int(c.get("target_hidden_size") or mc.hidden_size),
+        target_hidden_size=target_hidden_of(c, mc.hidden_size, f"{folder}/config.json"),
         vocab_size=vocab, draft_vocab_size=draft_vocab,
         aux_layer_ids=ids,
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, num_layers=mc.num_layers,
         **flags_of(c),
         target_num_layers=num_layers,
-        target_fingerprint=c.get("draftsmith", {}).get("target_fingerprint", ""),
+        target_fingerprint=record.get("target_fingerprint", ""),
         target_source=str(verifier.get("name_or_path") or ""),
         target_architectures=list(verifier.get("architectures") or []),
     )
@@ -164,6 +193,8 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         w["embed_tokens.weight"] = info.embed.to(w["fc.weight"].dtype)
     else:
         _warn_own_embedding(w, info, folder)
+    if not any(k.startswith("lm_head.") for k in w):
+        w["lm_head.weight"] = _shared_head(w, info, cfg, folder)
     kind = layer.get("model_type")
     _check_qk_norms(kind, w, folder)
     drafter = build_empty(cfg)
@@ -199,6 +230,37 @@ def _warn_own_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None,
          stacklevel=3)
 
 
+def _shared_head(w: dict[str, torch.Tensor], info: TargetInfo | None, cfg: Eagle3Config,
+                 folder: Path) -> torch.Tensor:
+    """The head vLLM serves a folder without lm_head weights: the target's, shared
+    (`has_own_lm_head` false, `_maybe_share_lm_head`). Its LogitsProcessor keeps the first
+    draft_vocab_size logits and places logit i at target id i + d2t[i], so the shared head fits
+    only where every d2t offset is 0 (the draft vocabulary is target ids 0..N-1, the whole
+    vocabulary where N is its size); else vLLM would draft other tokens' logits, refused."""
+    if info is None or info.head is None:
+        raise DraftsmithError(f"{folder}: no lm_head.weight (vLLM then shares the target's); "
+                              "pass --target to take it from there")
+    n, hidden = cfg.draft_vocab_size, cfg.hidden_size
+    if info.head.shape[1] != hidden:
+        raise DraftsmithError(
+            f"{folder}: no lm_head.weight, and the target's, which vLLM would share, takes "
+            f"{info.head.shape[1]} inputs, not the drafter's hidden size {hidden}; store the "
+            "drafter's own lm_head.weight")
+    if bool(w["d2t"].ne(0).any()):
+        raise DraftsmithError(
+            f"{folder}: no lm_head.weight, and vLLM's shared target head gives draft id i the "
+            f"logit of target token i (its first {n} rows), but d2t maps draft ids to other "
+            "target tokens, so it would draft wrong tokens; store the drafter's own "
+            f"lm_head.weight ({n} rows)")
+    whole = "the target's lm_head" if n == info.head.shape[0] else \
+        f"the first {n} rows of the target's lm_head (target ids 0..{n - 1}, as d2t maps them)"
+    note(f"{folder}: no lm_head.weight; vLLM shares the target's head with such a folder, so "
+         f"the import takes {whole}",
+         "nothing to do if the drafter was trained on the target's head; `draftsmith export` "
+         "writes it into the folder, which every engine serves alike", stacklevel=3)
+    return info.head[:n].to(w["fc.weight"].dtype)
+
+
 def _check_qk_norms(kind: Any, w: dict[str, torch.Tensor], folder: Path) -> None:
     """A qwen3 layer is refused even without q_norm/k_norm tensors: speculators builds it as
     Qwen3DecoderEagle3FirstLayer and vLLM (Eagle3Qwen3ForCausalLM, in versions that route qwen3
@@ -219,14 +281,15 @@ def _check_qk_norms(kind: Any, w: dict[str, torch.Tensor], folder: Path) -> None
 
 
 def _verifier_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
-    n = recorded_layers(c, info)
+    n = recorded_layers(c, info, f"{folder}/config.json")
     if n:
         return n
-    verifier = ((c.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    verifier = verifier_of(c, f"{folder}/config.json").get("name_or_path")
     vcfg = Path(str(verifier)) / "config.json" if verifier else None
     if vcfg is not None and vcfg.is_file():
         vc = read_config(vcfg.parent)
-        n = vc.get("num_hidden_layers") or (vc.get("text_config") or {}).get("num_hidden_layers")
+        n = vc.get("num_hidden_layers") or section(vc, "text_config", str(vcfg)).get(
+            "num_hidden_layers")
         if not n:
             raise DraftsmithError(f"{vcfg}: no num_hidden_layers (nor text_config's) to read the "
                                   "aux layer ids with; pass --target")
