@@ -299,24 +299,27 @@ def inspect(
 
 
 def describe(ds: Any) -> dict[str, Any]:
-    from draftsmith.layers import WORDS, Convention, to_convention
+    from draftsmith.data.shards import is_complete, totals
+    from draftsmith.layers import CANONICAL_WORDS, WORDS, Convention, to_convention
 
-    m, t = ds.manifest, ds.manifest["totals"]
+    # an external tool's manifest, which train reads, may leave out what draftsmith records
+    m, t = ds.manifest, totals(ds.manifest["shards"])
     lens = ds.lengths()
-    ids, layers = m["aux_layer_ids"], m["target"]["num_layers"]
+    who = m.get("target") if isinstance(m.get("target"), dict) else {}
+    ids, layers = m["aux_layer_ids"], who.get("num_layers")
     return {
-        "complete": m.get("complete", False),
-        "target": f"{m['target']['source']} (fingerprint {m['target']['fingerprint']})",
+        "complete": is_complete(m),
+        "target": f"{who.get('source', '?')} (fingerprint {who.get('fingerprint', '?')})",
         "samples": t["samples"], "shards": t["shards"], "bytes": t["bytes"],
         "tokens": t["tokens"],
         "loss tokens": f"{t['loss_tokens']} ({t['loss_tokens'] / max(t['tokens'], 1):.1%})",
         "sample length": (f"min {min(lens)}, median {statistics.median(lens):g}, "
                           f"mean {statistics.fmean(lens):.1f}, max {max(lens)}") if lens else "-",
-        "aux layer ids": f"{ids}: {m['aux_convention']}",
+        "aux layer ids": f"{ids}: {m.get('aux_convention', CANONICAL_WORDS)}",
         "same layers for vLLM/speculators": (f"{to_convention(ids, 'vllm', layers)} "
-                                             f"({WORDS[Convention.VLLM]})"),
+                                             f"({WORDS[Convention.VLLM]})" if layers else "?"),
         "stored": f"aux [T, {len(ids)}, {m['hidden_size']}] and final hidden (after the final "
-                  f"norm) [T, {m['hidden_size']}], {m['dtype']}",
+                  f"norm) [T, {m['hidden_size']}], {m.get('dtype', 'bfloat16')}",
         "skipped inputs": m.get("input", {}).get("skipped", {}),
         "truncated inputs": (f"{m.get('input', {}).get('truncated', 0)} cut to --max-len "
                              f"{m.get('max_len', '?')} tokens"),
@@ -341,17 +344,19 @@ def vocab(
     if out is not None:
         check_folder(out, "--out")
     if source.is_dir():
-        from draftsmith.data.shards import read_manifest
+        from draftsmith.data.shards import is_complete, read_manifest
 
         unused(given(vocab, target=target), "to a conversations JSONL",
                "a dataset folder's manifest names its target; leave {it} out")
         m = read_manifest(source)
-        if not m.get("complete"):  # a capture killed or still running: part of its data
-            say(f"warning: {source} is a capture not yet complete ({m['totals']['shards']} of "
+        vsize = _dataset_vocab(source, m)
+        if not is_complete(m):  # a capture killed or still running: part of its data
+            say(f"warning: {source} is a capture not yet complete ({len(m['shards'])} of "
                 f"{(m.get('expected') or {}).get('shards', '?')} shards): the vocabulary counts "
                 "those alone; rerun the capture's command to finish it, then this one")
-        counts, vsize = V.count_dataset(source), int(m["vocab_size"])
-        made_from = {"dataset": str(source), "target": m["target"]["fingerprint"]}
+        counts = V.count_dataset(source)
+        target_of = m.get("target") if isinstance(m.get("target"), dict) else {}
+        made_from = {"dataset": str(source), "target": target_of.get("fingerprint")}
     else:
         from draftsmith.data.prompts import encode_conversations
         from draftsmith.targets import load_target
@@ -373,6 +378,24 @@ def vocab(
     for n, c in V.coverage_table(counts, [1024, 4096, 8192, 16384, 32000, 65536]):
         if n < vsize:
             say(f"  top {n}: {c:.2%}")
+
+
+def _dataset_vocab(folder: Path, m: dict[str, Any]) -> int:
+    """The target vocabulary a dataset's draft vocabulary maps into (t2d spans it), from its
+    manifest; one rank's part of a capture refused, as train refuses it: it holds every
+    world-th shard, so the vocabulary counted part of the data without a word."""
+    from draftsmith.data.shards import rank_part
+
+    part = rank_part(m)
+    if part is not None:
+        top = folder.resolve().parent
+        raise DraftsmithError(f"{folder}: {part}, not the whole of it; once every rank is done "
+                              f"run `draftsmith data merge {top}`, then `data vocab {top}`")
+    size = m.get("vocab_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise DraftsmithError(f"{folder}: its manifest.json names no vocab_size (the target's "
+                              "vocabulary, which t2d spans); add \"vocab_size\": N to it")
+    return size
 
 
 @app.command()

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from draftsmith.data.regenerate import RegenConfig
     from draftsmith.data.selfmade import MagpieConfig
 
+# What only a training run writes into its --out (models.eagle3.CONFIG_FILE, train.report.LOG,
+# train.checkpoint.CHECKPOINTS): here, so data make refuses such a folder without importing
+# the trainer, data's downstream stage.
+RUN_MARKERS = frozenset({"draftsmith.json", "train_log.jsonl", "checkpoints"})
+
 
 def make_dataset(
     out: str | Path,
@@ -119,8 +124,6 @@ def check_not_a_model(out: Path) -> None:
     """Refuse a folder holding a drafter, a training run or a model's config.json (an export, a
     target): `data make` would write its files beside them without a word. An earlier `data
     make` run's folder holds none of these, so it resumes."""
-    from draftsmith.train.loop import RUN_MARKERS
-
     if not out.is_dir():
         return
     held = sorted(RUN_MARKERS & {p.name for p in out.iterdir()})

@@ -89,6 +89,22 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return m
 
 
+def is_complete(m: dict[str, Any]) -> bool:
+    """Whether a manifest's capture finished: `complete` false is one killed or still running;
+    a manifest without the flag (an external tool's, an older one) is whole, as train and the
+    doctor read it."""
+    return bool(m.get("complete", True))
+
+
+def rank_part(m: dict[str, Any]) -> str | None:
+    """What a rank's folder of a multi-process capture is ("rank R's part of a W-process
+    capture"), else None: its shards are every W-th of the whole, `complete` once it is done."""
+    world, rank = m.get("world_size", 1), m.get("rank")
+    if isinstance(world, int) and world > 1 and rank is not None:
+        return f"rank {rank}'s part of a {world}-process capture"
+    return None
+
+
 @contextmanager
 def reading(path: Path) -> Iterator[None]:
     """Any failure to read the shard at `path` (SafetensorError, OSError, a tensor missing or

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from draftsmith.data.atomic import make_folder
+from draftsmith.data.pipeline import RUN_MARKERS  # its files' names: data make refuses them
 from draftsmith.data.progress import on_terminal
 from draftsmith.data.shards import Dataset
 from draftsmith.errors import DraftsmithError
@@ -198,7 +199,6 @@ def same_path(a: str | None, b: str | None) -> bool:
 # What a training run writes into --out; a folder holding anything else is not one.
 RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINTS, "profile.json",
              "profile.txt"}
-RUN_MARKERS = {CONFIG_FILE, report.LOG, ckpt.CHECKPOINTS}
 
 class Interrupt:
     """A single process's training loop: the first ctrl-C asks it to stop after the step in
