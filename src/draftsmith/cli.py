@@ -60,9 +60,16 @@ COMMANDS = [
 
 
 def _register() -> None:
+    """Adds every stage command once: a second call (a test, a program calling `main` again)
+    listed each command twice in the help."""
+    groups = {g.name for g in app.registered_groups}
+    commands = {c.name for c in app.registered_commands}
     for mod, attr, name in SUBAPPS:
-        app.add_typer(getattr(importlib.import_module(mod), attr), name=name)
+        if name not in groups:
+            app.add_typer(getattr(importlib.import_module(mod), attr), name=name)
     for mod, attr, name in COMMANDS:
+        if name in commands:
+            continue
         try:
             app.command(name)(getattr(importlib.import_module(mod), attr))
         except ModuleNotFoundError as e:  # a stage still being built
@@ -308,11 +315,12 @@ def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=Non
 
 def _plain_runtime(model, batches: list[list[list[int]]], new: int):
     """One runtime for every batch (a runtime a batch allocated its cache and, on a GPU,
-    captured its decode graph again each time), sized to the widest batch and longest prompt."""
-    from draftsmith.engine.runtime import Runtime
+    captured its decode graph again each time), sized to the widest batch and longest prompt
+    by the engine's own rule: its widest batch of its longest prompt."""
+    from draftsmith.engine.generate import _runtime_for
 
-    need = max(len(p) for b in batches for p in b) + new
-    return Runtime(model, max(len(b) for b in batches), need + 1, kept=need)
+    longest = max((p for b in batches for p in b), key=len)
+    return _runtime_for(model, [longest] * max(len(b) for b in batches), new)
 
 
 def _speculative(t, model, tp, spec, batches, new, params, notes: list[str]) -> list[list[int]]:

@@ -33,7 +33,8 @@ def doctor(
     drafter: Path = typer.Option(None, "--drafter",
                                  help="Drafter folder: draftsmith, SGLang or speculators layout"),
     target: str = typer.Option(None, "--target",
-                               help="HF folder, .gguf or 'default' (else the data's target)"),
+                               help="HF folder, .gguf or 'default' (else the target the data, "
+                                    "else the drafter, records)"),
     engine: str = typer.Option(None, "--engine",
                                help="sglang | sglang-legacy | vllm | draftsmith: check the ids "
                                     "as this engine reads them"),

@@ -25,7 +25,9 @@ def _cfg_path(info: DrafterInfo) -> str:
 
 
 def target_identity(target: Any, manifest: dict | None, data: Path | None,
-                    info: DrafterInfo | None) -> list[Finding]:
+                    info: DrafterInfo | None, recorded: bool = False) -> list[Finding]:
+    """`recorded`: the live target is the one this manifest or drafter records (no --target),
+    so a fingerprint that differs is that path's weights changed since, not another target."""
     from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
     out: list[Finding] = []
@@ -33,13 +35,10 @@ def target_identity(target: Any, manifest: dict | None, data: Path | None,
             "chat_template_hash": template_hash(target.tokenizer)}
     if manifest is not None and data is not None:
         out += _hashes(manifest.get("target") or {}, live, target.source, "data",
-                       _manifest_path(data))
+                       _manifest_path(data), recorded)
     fp = info.recorded("target_fingerprint") if info is not None else None
     if info is not None and fp and fp != live["fingerprint"]:  # exported folders record it too
-        out.append(Finding(
-            "error", "target", f"the drafter was trained for target fingerprint {fp}, the "
-            f"live target {target.source!r} has {live['fingerprint']}", _cfg_path(info),
-            "pass the drafter's own target with --target, or retrain for this one"))
+        out.append(_drafter_fingerprint(fp, target, info, recorded))
     if info is not None and info.layout == "draftsmith":
         trained = (info.meta.get("data") or {}).get("target_fingerprint")
         if manifest is not None and trained and trained != (manifest.get("target") or {}).get(
@@ -53,10 +52,30 @@ def target_identity(target: Any, manifest: dict | None, data: Path | None,
     return out
 
 
-def _hashes(recorded: dict, live: dict, source: str, who: str, where: str) -> list[Finding]:
+def _drafter_fingerprint(fp: str, target: Any, info: DrafterInfo, recorded: bool) -> Finding:
+    if recorded:
+        return Finding(
+            "error", "target", f"the target the drafter config records, {target.source!r}, now "
+            f"has fingerprint {target.fingerprint}, not the {fp} the drafter was trained for: "
+            "the same name, other weights", _cfg_path(info),
+            "pass the target it was trained for with --target PATH, or retrain for this one")
+    return Finding(
+        "error", "target", f"the drafter was trained for target fingerprint {fp}, the "
+        f"live target {target.source!r} has {target.fingerprint}", _cfg_path(info),
+        "pass the drafter's own target with --target, or retrain for this one")
+
+
+def _hashes(recorded: dict, live: dict, source: str, who: str, where: str,
+            taken: bool = False) -> list[Finding]:
+    """`taken`: the live target is the one `recorded` names, loaded from there."""
+    from draftsmith.targets import DEFAULT_NAME
+
+    named = "default" if recorded.get("source") == DEFAULT_NAME else recorded.get("source")
     fixes = {
-        "fingerprint": f"pass the {who}'s target with --target ({recorded.get('source')!r}), "
-                       "or recapture with this one",
+        "fingerprint": (f"pass the target the {who} was captured with as --target PATH, or "
+                        "recapture with this one") if taken else
+                       f"pass the {who}'s target with --target ({named!r}), or recapture with "
+                       "this one",
         "tokenizer_hash": "the token ids mean different text for this target: recapture the data "
                           "with this target's tokenizer",
         "chat_template_hash": "the drafter learns the template's tokens too: recapture with the "
@@ -67,9 +86,12 @@ def _hashes(recorded: dict, live: dict, source: str, who: str, where: str) -> li
         got = recorded.get(key)
         if got and got != live[key]:
             words = key.replace("_hash", "").replace("_", " ")
-            out.append(Finding(
-                "error", "target", f"{who} {words} {got} differs from the live target's "
-                f"{live[key]} ({source!r})", where, fix))
+            what = (f"the target the {who} manifest records, {source!r}, now has {words} "
+                    f"{live[key]}, not the {got} the {who} was captured with: the same name, "
+                    "other weights" if taken and key == "fingerprint" else
+                    f"{who} {words} {got} differs from the live target's {live[key]} "
+                    f"({source!r})")
+            out.append(Finding("error", "target", what, where, fix))
     return out
 
 

@@ -19,6 +19,7 @@ from draftsmith.options import at_least_one
 PROMPT_LEN = 512  # the longest data prompt the speculative run takes
 MAX_STEPS = 5  # draft steps a run takes by default, however many positions the log records
 NO_LOG_STEPS = 3  # draft steps without a log to take them from
+MANIFEST, DRAFTER_CONFIG = "the data manifest", "the drafter config"  # where a target is recorded
 
 
 @dataclass
@@ -62,28 +63,42 @@ def resolve_target(opts: DoctorOptions, manifest: dict | None,
     if opts.target:
         return load_target(opts.target), "--target"
     if manifest is not None and (manifest.get("target") or {}).get("source"):
-        return _recorded(target_of_dataset(manifest), "the data manifest"), "the data manifest"
+        return _recorded(target_of_dataset(manifest), MANIFEST), MANIFEST
     src = _drafter_target(info) if info is not None else None
     if src:
-        return _recorded(src, "the drafter config"), "the drafter config"
+        return _recorded(src, DRAFTER_CONFIG), DRAFTER_CONFIG
     raise DraftsmithError("no target known: pass --target PATH (or 'default')")
 
 
 def _recorded(src: str, how: str) -> Any:
-    """The target `how` records: one moved or deleted since is named as that, with the fix."""
+    """The target `how` records: one moved or deleted since is named as that, with the fix. A
+    relative path is relative to where the capture or training ran (a manifest never records a
+    hub id: capture loads local targets only)."""
     from draftsmith.train.sources import load_recorded
 
-    return load_recorded(src, how, "a hub id")
+    relative = not Path(src).is_absolute()
+    if how == MANIFEST:
+        hint = "a path relative to where the capture ran" if relative else "another machine's"
+    else:
+        hint = "a path relative to where the drafter was made, or a hub id" if relative else \
+            "a hub id"
+    return load_recorded(src, how, hint)
 
 
 def _drafter_target(info: DrafterInfo) -> str | None:
+    """The target the drafter's config records: the embedded default by either of its names
+    (a path that is not here was skipped as one); a foreign verifier name only where it is a
+    path here (often a hub id), what draftsmith recorded even where gone (load_recorded says so)."""
+    from draftsmith.targets import DEFAULT_NAME
+
     c = info.config
-    if info.layout == "draftsmith":
-        return c.get("target_source") or None
     verifier = (c.get("speculators_config") or {}).get("verifier")
     verifier = verifier.get("name_or_path") if isinstance(verifier, dict) else None
-    src = info.recorded("target") or verifier
-    return src if src and Path(str(src)).exists() else None
+    own = c.get("target_source") if info.layout == "draftsmith" else info.recorded("target")
+    src = str(own or verifier or "") or None
+    if src in ("default", DEFAULT_NAME):
+        return "default"
+    return src if own or (src and Path(src).exists()) else None
 
 
 def run_doctor(opts: DoctorOptions) -> Report:
@@ -174,7 +189,8 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
     hashed = None if opts.full_verify else read_shards(ds, opts.samples, scanned)
     rep.context["data"]["checked"] = _checked(ds, hashed)
     rep.add("shards", checks.data_files(opts.data, ds.manifest, hashed))
-    rep.add("target", checks.target_identity(target, ds.manifest, opts.data, None))
+    rep.add("target", checks.target_identity(target, ds.manifest, opts.data, None,
+                                             rep.context["target"]["from"] == MANIFEST))
     if len(ds) == 0:
         rep.skipped.append("wiring: the dataset has no samples")
         return None
@@ -197,10 +213,9 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
 def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: DrafterInfo,
                     true_ids: list[int] | None) -> None:
     layers = target.cfg.num_layers
-    if opts.data is None:
-        rep.add("target", checks.target_identity(target, None, None, info))
-    else:
-        rep.add("target: drafter", checks.target_identity(target, None, None, info))
+    taken = rep.context["target"]["from"] == DRAFTER_CONFIG
+    rep.add("target" if opts.data is None else "target: drafter",
+            checks.target_identity(target, None, None, info, taken))
     rep.add("vocab", checks.draft_vocab(info, target.cfg.vocab_size, opts.data))
     rep.add("positions", checks.positions(target, info))
     rep.add("wiring: drafter vs its training data", checks.training_ids(info))
@@ -223,7 +238,8 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         rep.skipped.append(f"behaviour: cannot load the drafter ({e})")
         return
     except DraftsmithError as e:  # what an engine loading it would meet too
-        rep.add("behaviour", [_unloadable(e, info)])
+        other = any(f.check == "sizes" for f in rep.errors())  # another target's shapes
+        rep.add("behaviour", [_unloadable(e, info, other)])
         return
     rep.add("loads", notes)
     try:
@@ -303,12 +319,15 @@ def _wired(rep: Report, run: dict[str, Any], true_ids: list[int] | None) -> bool
             and not rep.errors())
 
 
-def _unloadable(e: DraftsmithError, info: DrafterInfo) -> Finding:
+def _unloadable(e: DraftsmithError, info: DrafterInfo, other_target: bool = False) -> Finding:
     """The drafter does not load: ids it cannot be fed (the wiring findings name the right
-    ones) are no weights/config mismatch."""
+    ones) are no weights/config mismatch, nor is the embedding of a target the sizes findings
+    say is not the drafter's (`other_target`)."""
     ids = "layer_ids" in str(e)
-    fix = ("write aux layer ids this target has, as the wiring findings above say" if ids else
-           "its weights and config.json must agree: re-export or retrain it")
+    fix = ("pass the drafter's own target with --target, as the sizes findings above say"
+           if other_target else "write aux layer ids this target has, as the wiring findings "
+           "above say" if ids else "its weights and config.json must agree: re-export or "
+           "retrain it")
     return Finding("error", "loads", f"the drafter does not load: {e}", str(info.folder), fix)
 
 
