@@ -625,9 +625,10 @@ def copy_path(st: SpecState, path: torch.Tensor, tbase: int, ar: torch.Tensor) -
 def commit(st: SpecState, commit_fn: Callable, n: torch.Tensor, bonus: torch.Tensor,
            path: torch.Tensor, aux: torch.Tensor, ar: torch.Tensor) -> None:
     """Write one cycle's `commit_values` into the state's buffers."""
+    kids = None if st.tree is None else trees.has_child(st.tree.node_parent, path, n)
     idx, emit, count, done, hist, accepted, reached, ext_aux, new_l, last, base = (
         commit_fn(st.vtok, path, n, bonus, st.done, st.count, st.max_new, st.eos, st.L, st.last,
-                  aux, ar, st.out.shape[1]))
+                  aux, ar, st.out.shape[1], kids))
     st.out.scatter_(1, idx, emit)
     st.count.copy_(count)
     st.done.copy_(done)
@@ -695,10 +696,13 @@ def tree_pick(logits: torch.Tensor, node_tok: torch.Tensor, node_parent: torch.T
 def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus: torch.Tensor,
                   done: torch.Tensor, count: torch.Tensor, max_new: torch.Tensor,
                   eos: torch.Tensor, length: torch.Tensor, last: torch.Tensor, aux: torch.Tensor,
-                  ar: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
+                  ar: torch.Tensor, width: int,
+                  kids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """What one cycle's accept writes, as values (pure): output slots and tokens, new counts and
     done flags, the histogram's and per-position statistics' increments, the extend's inputs,
-    new lengths, last tokens, and the extend's base (the old lengths). The histogram's is a sum
+    new lengths, last tokens, and the extend's base (the old lengths). kids: a tree's rows whose
+    accepted node has a child (`trees.has_child`); the position past it counts as reached only
+    there (None: a chain, whose every accepted draft but the last has one). The histogram's is a sum
     of one-hot rows: an `index_add_` of int64 is no inductor kernel, and aten's took 11 kernels
     (a sort, bounds checks, asserts: ~20 us of the H200's 42 us accept, run 25's probe)."""
     nxt = torch.cat([vtok.gather(1, path[:, 1:]), bonus[:, None]], 1)
@@ -713,7 +717,10 @@ def commit_values(vtok: torch.Tensor, path: torch.Tensor, n: torch.Tensor, bonus
     bins = torch.arange(ar.shape[0] + 1, device=ar.device)  # accept lengths 0..S+1
     hist = ((bins == (n + 1)[:, None]) & act[:, None]).sum(0)
     accepted = ((n[:, None] >= ar[1:]) & act[:, None]).sum(0)
-    reached = ((n[:, None] >= ar[:-1]) & act[:, None]).sum(0)
+    tried = n[:, None] >= ar[:-1]
+    if kids is not None:  # a leaf left the next position untried: not reached, not rejected
+        tried = (n[:, None] >= ar[1:]) | (tried & kids[:, None])
+    reached = (tried & act[:, None]).sum(0)
     ext_aux = aux.gather(1, path[:, :, None, None].expand(*path.shape, *aux.shape[2:]))
     new_l = length + adv
     # the extend's base is the old length, computed rather than the `length` input itself: the

@@ -209,6 +209,14 @@ def path_from(anc_row: torch.Tensor, depth: torch.Tensor, steps: int) -> torch.T
     return (hit.long() * ids).sum(1)
 
 
+def has_child(parent: torch.Tensor, path: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """[B]: whether each row's accepted node (path[:, n], depth n) has a child in its verified
+    tree, so that the position past it was tried. parent [B, N] as `ancestors`'."""
+    node = path.gather(1, n[:, None])
+    real = torch.arange(parent.shape[1], device=parent.device) >= 1  # the root is its own parent
+    return ((parent == node) & real).any(1)
+
+
 def committed_mask(lengths: torch.Tensor, rows: int, total: int) -> torch.Tensor:
     """[B, 1, rows, total]: slots below each row's committed length."""
     m = torch.arange(total, device=lengths.device) < lengths[:, None]
