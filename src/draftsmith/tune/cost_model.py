@@ -9,13 +9,25 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from draftsmith.errors import DraftsmithError
+
+# np.convolve's own kernel (its correlate over the reversed pmf), called without the wrapper's
+# checks: tune's hottest call, a cycle of every prompt at every setting. Same arithmetic, bit
+# for bit (tests/test_tune_review10.py).
+try:
+    from numpy._core.multiarray import correlate as _correlate
+except ImportError:  # numpy 1.x, or a numpy that moved it: np.convolve itself below
+    try:
+        from numpy.core.multiarray import correlate as _correlate
+    except ImportError:
+        _correlate = None
 
 if TYPE_CHECKING:
     from draftsmith.tune.refill_model import Refill
@@ -260,16 +272,18 @@ def tree_tokens_per_cycle(acc: Acceptance, steps: int, topk: int, num_draft_toke
     return 1.0 + math.fsum(w for w, _ in _tree_kept(acc, steps, topk, num_draft_tokens))
 
 
+@functools.lru_cache(maxsize=65536)  # tune prices each prompt's tree at every batch size
 def _tree_kept(acc: Acceptance, steps: int, topk: int, num_draft_tokens: int
-               ) -> list[tuple[float, int]]:
+               ) -> tuple[tuple[float, int], ...]:
     """The verified nodes of `tree_tokens_per_cycle`: (path probability, depth) each."""
     candidates: list[tuple[float, int]] = []
     frontier = [1.0]
     for d in range(1, steps + 1):
-        children = [w * acc.q(d, r) for w in frontier for r in range(topk)]
+        qs = [acc.q(d, r) for r in range(topk)]
+        children = [w * q for w in frontier for q in qs]
         candidates.extend((w, d) for w in children)
         frontier = heapq.nlargest(topk, children)
-    return heapq.nlargest(num_draft_tokens - 1, candidates, key=lambda c: c[0])
+    return tuple(heapq.nlargest(num_draft_tokens - 1, candidates, key=lambda c: c[0]))
 
 
 def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
@@ -288,6 +302,7 @@ def tree_gain(acc: Acceptance, setting: SpecSetting) -> float:
     return tokens_per_cycle(acc, setting) / tokens_per_cycle(Acceptance(chain=acc.chain), setting)
 
 
+@functools.lru_cache(maxsize=65536)
 def cycle_tail(acc: Acceptance, setting: SpecSetting) -> tuple[float, ...]:
     """tail[j] = P(a cycle makes more than j tokens), j = 0..steps: 1, then the chance that
     draft j was accepted (a tree: that its accepted node reached depth j). Sums to
@@ -313,8 +328,9 @@ def expected_cycles(tail: Sequence[float], tokens: int) -> float:
     pmf = [a - b for a, b in zip(tail, [*tail[1:], 0.0], strict=True)]  # pmf[x-1]: x tokens
     upto = min(tokens, 16 * len(tail))
     f = [0.0] * (upto + 1)
-    for m in range(1, upto + 1):
-        f[m] = 1.0 + math.fsum(pmf[x - 1] * f[m - x] for x in range(1, min(m, len(pmf) + 1)))
+    for m in range(1, upto + 1):  # fsum is exact: the products' order leaves it as it was
+        k = min(m - 1, len(pmf))
+        f[m] = 1.0 + math.fsum(map(operator.mul, pmf[:k], reversed(f[m - k : m])))
     return f[upto] + (tokens - upto) / math.fsum(tail)
 
 
@@ -333,12 +349,32 @@ def cycle_survival(tail: Sequence[float], tokens: int) -> tuple[int, np.ndarray]
     pmf = np.append(0.0, -np.diff(np.append(np.asarray(tail, dtype=np.float64), 0.0)))
     if tokens > EXACT_TOKENS:
         return _normal_survival(pmf, tail, tokens)
-    made = np.zeros(tokens)  # made[t]: chance of having made t < tokens tokens so far
-    made[0], sv = 1.0, []
-    while (left := made.sum()) > 1e-12:
-        sv.append(left)
-        made = np.convolve(made, pmf)[:tokens]
-    return 0, np.minimum(np.asarray(sv), 1.0)
+    if tokens < len(pmf) or _correlate is None:  # np.convolve swaps its inputs at the first:
+        # its own arithmetic kept (and where the kernel is not at hand)
+        return 0, _survival(tokens, lambda m: np.convolve(m, pmf)[:tokens])
+    rev = pmf[::-1]
+    return 0, _survival(tokens, lambda m: _correlate(m, rev, 2)[:tokens])  # 2: "full"
+
+
+SURVIVAL_BLOCK = 32  # cycles summed in one call
+
+
+def _survival(tokens: int, cycle: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """P(more than c cycles), c = 0, 1, ... while above 1e-12: each the chance of having made
+    fewer than `tokens` tokens (a row's sum of `made`, as `made.sum()` gives it), a block of
+    cycles at a time."""
+    buf, sv = np.zeros((SURVIVAL_BLOCK, tokens)), []
+    buf[0, 0] = 1.0  # made[t]: chance of having made t < tokens tokens so far
+    while True:
+        for j in range(1, SURVIVAL_BLOCK):
+            buf[j] = cycle(buf[j - 1])
+        left = buf.sum(1)
+        ends = np.flatnonzero(left <= 1e-12)
+        if len(ends):
+            sv.extend(left[: ends[0]].tolist())
+            return np.minimum(np.asarray(sv, dtype=np.float64), 1.0)
+        sv.extend(left.tolist())
+        buf[0] = cycle(buf[-1])
 
 
 def _normal_survival(pmf: np.ndarray, tail: Sequence[float], tokens: int
@@ -477,7 +513,7 @@ class PromptMix:
         return max(longest, expected_max_cycles(dists))
 
 
-@functools.lru_cache(maxsize=32768)
+@functools.lru_cache(maxsize=65536)  # as many (prompt, setting) pairs as the others keep
 def row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
     return cycle_survival(cycle_tail(acc, setting), tokens)
 

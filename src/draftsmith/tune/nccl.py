@@ -341,10 +341,19 @@ def markdown(report: dict[str, Any]) -> str:
         cells = [f"{t[(b, n)][0]:.3f}" if (b, n) in t else "-" for b, n in shapes]
         ar = ", ".join(f"{a['batch']}x{a['q']}: {a['graph_us'] or a['eager_us']}"
                        for a in r.get("allreduce", []))
-        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:80]}"
+        status = status_text(r, 80)
         lines.append(f"| {r['setting']} | {status} | " + " | ".join(cells) + f" | {ar} |")
     lines += ["", *recommendation_lines(report)]
     return "\n".join(lines) + "\n"
+
+
+def status_text(r: dict[str, Any], width: int = 60) -> str:
+    """A setting's status with the reason it failed or was skipped, on one line of at most
+    about `width` characters (nccl.json keeps the whole error)."""
+    why = " ".join(str(r.get("error") or "").split())
+    if r["status"] == "ok" or not why:
+        return str(r["status"])
+    return f"{r['status']}: {why if len(why) <= width else why[: width - 3] + '...'}"
 
 
 def recommendation_lines(report: dict[str, Any]) -> list[str]:
@@ -383,10 +392,10 @@ def print_report(report: dict[str, Any]) -> None:
     table = Table(title=Text(f"NCCL sweep, TP {report['tp']}, {report['target_label']}, "
                              f"{report['device']} (verify ms, graphed)"))
     for c in ("setting", "status", *(_shape_name(b, n) for b, n in shapes)):
-        table.add_column(c, justify="right")
+        table.add_column(c, justify="left" if c == "status" else "right")
     for r in report["results"]:
         t = _times(r) if r["status"] == "ok" else {}
-        table.add_row(Text(str(r["setting"])), Text(str(r["status"])),
+        table.add_row(Text(str(r["setting"])), Text(status_text(r)),
                       *(f"{t[s][0]:.3f}" if s in t else "-" for s in map(tuple, shapes)))
     console = Console()
     console.print(table)
