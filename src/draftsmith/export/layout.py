@@ -340,22 +340,22 @@ def draft_vocab_of(config: dict[str, Any], vocab: int, where: str) -> int:
     """The draft vocabulary the engines read from `config`: its draft_vocab_size, else the
     target's vocab (SGLang's LlamaForCausalLMEagle3 and vLLM's Eagle3LlamaForCausalLM both fall
     back so; speculators' own 32000 default is not what vLLM serves)."""
-    v = config.get("draft_vocab_size")
-    if v is None:
-        return vocab
-    if type(v) is not int or v < 1:
-        raise DraftsmithError(f"{where}: draft_vocab_size is {v!r}, not a whole number >= 1")
-    return v
+    return _size(config, "draft_vocab_size", vocab, where)
 
 
 def target_hidden_of(config: dict[str, Any], hidden: int, where: str) -> int:
     """The target_hidden_size the engines read (fc's inputs over 3), the drafter's hidden size
     where absent."""
-    v = config.get("target_hidden_size")
+    return _size(config, "target_hidden_size", hidden, where)
+
+
+def _size(config: dict[str, Any], key: str, default: int, where: str) -> int:
+    """config[key] as a whole number >= 1 (a string or a float named), `default` where absent."""
+    v = config.get(key)
     if v is None:
-        return hidden
+        return default
     if type(v) is not int or v < 1:
-        raise DraftsmithError(f"{where}: target_hidden_size is {v!r}, not a whole number >= 1")
+        raise DraftsmithError(f"{where}: {key} is {v!r}, not a whole number >= 1")
     return v
 
 
