@@ -164,7 +164,8 @@ class EngineBackend:
         ids = [self.target.chat_ids(m, True) for m in batch]
         new, eos = self.cfg.max_new_tokens, self.target.eos_ids
         if self.cfg.refill:
-            tokens = generate_refill(self.rt, ids, new, self.params, eos, self.cfg.batch_size)
+            rows = decode_rows(len(ids), self.cfg.batch_size, self.rt.device)
+            tokens = generate_refill(self.rt, ids, new, self.params, eos, rows)
         else:
             tokens = [t for c in range(0, len(ids), self.cfg.batch_size) for t in
                       run_generation(self.rt, ids[c : c + self.cfg.batch_size], new,
@@ -173,6 +174,15 @@ class EngineBackend:
         return [Answer(dec(t, skip_special_tokens=True).strip(), len(t),
                        "length" if len(t) >= new else "stop")
                 for t in tokens]
+
+
+def decode_rows(prompts: int, batch_size: int, device: torch.device) -> int:
+    """The rows a refilled call decodes in: no more than its prompts (a chunk or later turn of
+    fewer, `data make --n 16`, idled the rest at full cost). The rows are a function of the
+    chunk, so its seeded draws repeat on a rerun; a greedy answer is the one a prompt gets alone
+    on the CPU's eager steps. On CUDA always --batch-size: another row count is another graph,
+    captured and compiled mid-run, and its kernels' sums part greedy answers at near-ties."""
+    return batch_size if torch.device(device).type == "cuda" else max(1, min(prompts, batch_size))
 
 
 def check_server_options(concurrency: int, retries: int) -> None:
@@ -306,6 +316,12 @@ def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
     return {"top_k": cfg.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
+# finish reasons of an answer the server cut off for its own reasons, not the target's end nor
+# max_tokens (vLLM's "abort" for a request it dropped, "error"; a proxy's "content_filter"):
+# kept, its partial text would train the end of turn that capture closes it with
+UNFINISHED = ("abort", "error", "content_filter", "cancelled")
+
+
 def reply(r: Any, asked: str = "") -> Answer:
     """The Answer in a chat completion; a failed one for a reply with none (a proxy's HTML page,
     an error object sent with status 200), which is counted and retried by a rerun. A reply
@@ -328,6 +344,9 @@ def reply(r: Any, asked: str = "") -> Answer:
             "parser): the drafter must learn all the target writes; serve it without one")
     used = getattr(getattr(r, "usage", None), "completion_tokens", None)
     finish = choices[0].finish_reason or "stop"
+    if finish in UNFINISHED:
+        return Answer("", 0, f"error: the server cut the answer off (finish_reason {finish!r}): "
+                             "not kept as an answer, a rerun asks again")
     calls = getattr(message, "tool_calls", None)
     if not isinstance(message.content, str) or (calls and not message.content.strip()):
         # a tool call, or a parser that took the text: no answer of the target's to learn; an
