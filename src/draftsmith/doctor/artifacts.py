@@ -47,22 +47,37 @@ class DrafterInfo:
         value = self.layer_config().get(aliases.get(key, key))
         return default if value is None else value
 
+    def size(self, key: str) -> int | None:
+        """A size the config holds, None where it holds none; one error naming the file and
+        key where it is no positive whole number (the engines would fail on it)."""
+        v = self.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+            raise DraftsmithError(f"{self.config_path}: {key} is {v!r}, not a positive whole "
+                                  "number; set it to the drafter's size")
+        return int(v)
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / ("draftsmith.json" if self.layout == "draftsmith" else "config.json")
+
     @property
     def hidden_size(self) -> int:
-        return int(self.get("hidden_size"))
+        return int(self.size("hidden_size") or 0)
 
     @property
     def target_hidden_size(self) -> int:
-        return int(self.get("target_hidden_size") or self.hidden_size)
+        return self.size("target_hidden_size") or self.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return int(self.get("vocab_size"))
+        return int(self.size("vocab_size") or 0)
 
     @property
     def draft_vocab_size(self) -> int:
         if self.layout == "draftsmith":
-            return int(self.get("draft_vocab_size") or self.vocab_size)
+            return self.size("draft_vocab_size") or self.vocab_size
         from draftsmith.export.layout import draft_vocab_of
 
         return draft_vocab_of(self.config, self.vocab_size,
@@ -70,8 +85,7 @@ class DrafterInfo:
 
     @property
     def max_position_embeddings(self) -> int | None:
-        v = self.get("max_position_embeddings")
-        return None if v is None else int(v)
+        return self.size("max_position_embeddings")
 
     # ---- ids as written -----------------------------------------------------------------------
 
@@ -232,6 +246,10 @@ def _require(info: DrafterInfo) -> None:
     missing = [k for k in ("hidden_size", "vocab_size") if info.get(k) is None]
     if missing:
         raise DraftsmithError(f"{where}: missing {missing}")
+    sized = ("hidden_size", "vocab_size", "target_hidden_size", "max_position_embeddings",
+             *(("draft_vocab_size",) if info.layout == "draftsmith" else ()))
+    for key in sized:
+        info.size(key)  # each named here, before a check reads it
     nested = (info.config.get("eagle_config") or {}).get(IDS)
     for key, ids in (("aux_layer_ids", info.config.get("aux_layer_ids")), (IDS, info.config.get(
             IDS)), (f"eagle_config.{IDS}", nested)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,13 @@ def _drafter_sizes(target: Any, info: DrafterInfo, data_ids: list[int] | None) -
     c, out, where = target.cfg, [], _cfg_path(info)
     pairs = [("target_hidden_size", info.target_hidden_size, c.hidden_size),
              ("vocab_size", info.vocab_size, c.vocab_size)]
-    if info.recorded("target_num_layers"):
-        pairs.append(("target_num_layers", int(info.recorded("target_num_layers")), c.num_layers))
+    layers = info.recorded("target_num_layers")
+    if layers and not (type(layers) is int and layers > 0):
+        out.append(Finding("error", "sizes", f"drafter target_num_layers {layers!r} is not a "
+                           "layer count", where, f"set it to the target's {c.num_layers} where "
+                           "the drafter was trained for this target"))
+    elif layers:
+        pairs.append(("target_num_layers", layers, c.num_layers))
     for key, got, live in pairs:
         if got != live:
             out.append(Finding("error", "sizes", f"drafter {key} {got} != the target's {live}",
@@ -231,11 +237,20 @@ def positions(target: Any, info: DrafterInfo) -> list[Finding]:
             f"{theirs}: acceptance collapses on longer prompts (SpecForge issues 249/271)",
             _cfg_path(info), f"set max_position_embeddings to {theirs} (no retraining)"))
     theta = info.get("rope_theta")
-    if theta is not None and float(theta) != float(target.cfg.rope_theta):
+    if theta is not None and not _number(theta):
+        out.append(Finding("error", "positions", f"drafter rope_theta {theta!r} is not a "
+                           "number: the engines cannot build its rotary embedding",
+                           _cfg_path(info), f"set rope_theta to {target.cfg.rope_theta}, the "
+                           "target's, unless it was trained with another"))
+    elif theta is not None and float(theta) != float(target.cfg.rope_theta):
         out.append(Finding("warning", "positions", f"drafter rope_theta {theta} != the target's "
                            f"{target.cfg.rope_theta}", _cfg_path(info),
                            "fine only if it was trained that way; engines use the config's"))
     return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def capturable(ids: list[int], num_layers: int, engine: str | None, where: str) -> list[Finding]:

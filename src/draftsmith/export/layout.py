@@ -71,9 +71,27 @@ class TargetInfo:
             raise DraftsmithError(
                 "the drafter does not record its target's layer count; pass --target"
             )
+        where, dtype = _recorded_where(cfg.target_source)
         return cls(cfg.target_num_layers, cfg.max_position_embeddings, cfg.vocab_size,
-                   _where(cfg.target_source), list(cfg.target_architectures),
-                   cfg.target_fingerprint, dtype=_recorded_dtype(cfg.target_source))
+                   where, list(cfg.target_architectures), cfg.target_fingerprint, dtype=dtype)
+
+
+def _recorded_where(source: str) -> tuple[str, str]:
+    """(the name an export gives the target a drafter records, that target's dtype). The
+    embedded default ("default", or its long name) and a GGUF file are named by the HF folder
+    they load from, as an export given --target names them, so an engine can load it; where
+    that fails, the default by its long name (draftsmith reads it back as the default) and a
+    GGUF by its file."""
+    from draftsmith.targets import DEFAULT_NAME, load_target
+
+    default = source in ("default", DEFAULT_NAME)
+    if not default and not (source.endswith(".gguf") and Path(source).is_file()):
+        return _where(source), _recorded_dtype(source)
+    try:
+        t = load_target("default" if default else source)
+    except DraftsmithError:
+        return (DEFAULT_NAME if default else _where(source)), ""
+    return _where(str(t.folder)), config_dtype(t.hf_config)
 
 
 HALF = ("bfloat16", "float16")

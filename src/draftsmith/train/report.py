@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +18,47 @@ PLOT = "train_curves.png"
 
 
 def read_log(out: Path) -> list[dict[str, Any]]:
-    """The rows; a last line cut short (a run killed while appending it) is left out."""
+    """The rows; a last line cut short (a run killed while appending it) is left out, and so
+    is a row that names no step (edited by hand), which no curve or resume can place."""
+    return _parse(out)[0]
+
+
+def _parse(out: Path) -> tuple[list[dict[str, Any]], int]:
+    """(the rows with a step, how many other rows were left out)."""
     path = Path(out) / LOG
     if not path.is_file():
-        return []
+        return [], 0
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = []
+    rows, stepless = [], 0
     for i, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i < len(lines):
                 raise DraftsmithError(f"{path}: line {i} is not a JSON row") from None
-    return rows
+            continue
+        if _step(row) is None:
+            stepless += 1
+        else:
+            rows.append(row)
+    return rows, stepless
+
+
+def _step(row: Any) -> float | None:
+    """A row's step, None where it is no JSON object with a numeric "step"."""
+    step = row.get("step") if isinstance(row, dict) else None
+    ok = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+    return step if ok else None
 
 
 def truncate_log(out: Path, step: int) -> None:
     """Keep the rows of steps <= `step` (a resumed run rewrites what came after); through a
-    tmp file, so a crash here loses no row."""
-    rows = [r for r in read_log(out) if r["step"] <= step]
+    tmp file, so a crash here loses no row. Rows without a step are dropped, said once."""
+    rows, stepless = _parse(out)
+    if stepless:
+        warnings.warn(f"{Path(out) / LOG}: dropped {stepless} row(s) without a numeric "
+                      "\"step\" (edited by hand?); the rows of steps are kept", stacklevel=2)
+    rows = [r for r in rows if r["step"] <= step]
     atomic_write(Path(out) / LOG, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
@@ -57,7 +81,7 @@ def plot(out: Path) -> Path | None:
 
     steps = [r["step"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    a.plot(steps, [r["loss"] for r in rows])
+    a.plot(steps, gaps([_number(r.get("loss")) for r in rows]))
     a.set(xlabel="step", ylabel="weighted TTT loss", title="loss")
     k = max(len(r.get("acc") or []) for r in rows)
     for i in range(k):  # a position no chain reached in a window (None) is a gap, not a 0
@@ -80,6 +104,11 @@ def plot(out: Path) -> Path | None:
     atomic_write(path, png.getvalue(), "the checkpoints are kept: make room and rerun the same "
                  "command with --resume")
     return path
+
+
+def _number(v: Any) -> float | None:
+    """A figure to plot; None (a gap) where an edited row holds none."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _at(values: list[float | None] | None, i: int) -> float | None:
