@@ -22,9 +22,9 @@ def deltas(events: list) -> list[str]:
     return [e[2] for e in events if e[0] == "delta"]
 
 
-def test_a_joining_stream_gets_its_first_token_before_the_next_step() -> None:
-    """b joins the slot a2 frees; its prefill's token goes out while the batch waits for its
-    next step (it once waited for that step)."""
+def two_row_batch() -> tuple[FakeEngine, Scheduler, dict[str, list]]:
+    """A batch of two rows decoding, a1 of 12 tokens and a2 of 2 (its slot frees after one
+    step), each step waiting for a tick; "b" is the events' list for a joiner."""
     eng = FakeEngine(max_batch=2, max_tokens=12)
     eng.gate.clear()
     s = ticked(eng, batch_wait=0.3, join_wait=0.0)
@@ -33,6 +33,13 @@ def test_a_joining_stream_gets_its_first_token_before_the_next_step() -> None:
     s.submit(job("c", ev["a2"], max_tokens=2))
     eng.gate.set()
     until(lambda: eng.batches == [2])
+    return eng, s, ev
+
+
+def test_a_joining_stream_gets_its_first_token_before_the_next_step() -> None:
+    """b joins the slot a2 frees; its prefill's token goes out while the batch waits for its
+    next step (it once waited for that step)."""
+    eng, s, ev = two_row_batch()
     s.submit(job("b", ev["b"], max_tokens=3, stream=True))
     eng.ticks.release(1)  # a2 ends at this step; b joins its slot
     until(lambda: len(eng.adds) == 2)
@@ -47,14 +54,7 @@ def test_a_joining_stream_gets_its_first_token_before_the_next_step() -> None:
 
 
 def test_a_joiner_that_ends_at_its_prefill_frees_its_slot_without_a_step() -> None:
-    eng = FakeEngine(max_batch=2, max_tokens=12)
-    eng.gate.clear()
-    s = ticked(eng, batch_wait=0.3, join_wait=0.0)
-    ev: dict[str, list] = {t: [] for t in ("a1", "a2", "b")}
-    s.submit(job("a", ev["a1"], max_tokens=12))
-    s.submit(job("c", ev["a2"], max_tokens=2))
-    eng.gate.set()
-    until(lambda: eng.batches == [2])
+    eng, s, ev = two_row_batch()
     s.submit(job("b", ev["b"], max_tokens=1))
     eng.ticks.release(1)
     try:

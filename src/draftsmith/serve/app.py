@@ -168,6 +168,9 @@ def _info_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig, sched: S
     @app.get("/health")
     async def health() -> JSONResponse:
         st = await status()
+        if st.get("stopping"):  # as SGLang's while it shuts down: a balancer routes elsewhere
+            return _error(503, {"status": "stopping", "reason": P.STOPPING, "model": cfg.model_name,
+                                "queued": st["queued"]})
         if not st["alive"]:
             return _error(503, {"status": "error", "reason": "the engine worker is not running"})
         return JSONResponse({"status": "ok", "model": cfg.model_name, "queued": st["queued"]})
@@ -246,12 +249,14 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
                 raise P.ApiError(*first[1:])
             if req.stream:
                 first = _unstarted(q, first)
-                return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched),
+                return StreamingResponse(_sse(req, job, q, first, cfg.fingerprint, sched,
+                                              request.scope),
                                          media_type="text/event-stream")
             return JSONResponse(await _collect(req, q, first, cfg.fingerprint, gone))
         except (asyncio.CancelledError, _Gone):
-            sched.cancel(job)
-            if gone.done() and not gone.cancelled():  # the client left (not a forced quit)
+            left = gone.done() and not gone.cancelled()  # the client left (not a forced quit)
+            _drop(sched, job, request.scope, left)
+            if left:
                 return Response(status_code=499)
             raise
         finally:
@@ -319,7 +324,7 @@ def _sse_line(obj: dict[str, Any]) -> str:
 
 
 async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
-               fingerprint: str, sched: Any) -> AsyncIterator[str]:
+               fingerprint: str, sched: Any, scope: dict) -> AsyncIterator[str]:
     """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle)."""
     done = False
     try:
@@ -347,7 +352,19 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
         yield "data: [DONE]\n\n"
     finally:
         if not done:
-            sched.cancel(job)
+            _drop(sched, job, scope, False)
+
+
+_CUT = "draftsmith.cut_off"  # a request's scope key: the forced quit's hook (`_server`'s wrapper)
+
+
+def _drop(sched: Any, job: Job, scope: dict, left: bool) -> None:
+    """Stop `job`, whose request ends unanswered: its client left (counted cancelled), or the
+    task was cancelled, which under a forced quit `_server`'s wrapper answers 503 and counts as
+    stopped (its hook takes the job)."""
+    cut = scope.get(_CUT)
+    if left or cut is None or not cut(job):
+        sched.cancel(job)
 
 
 def run_server(engine: ServeEngine, cfg: P.ServeConfig, host: str, port: int,
@@ -392,6 +409,18 @@ def _server(app: FastAPI, **config: Any) -> Any:
         """`app`, answering the requests a forced quit cancels (uvicorn printed a traceback
         for each) with a 503, or a stream with its error event."""
         head: list[dict] = []
+        taken: list[Job] = []
+
+        def cut(job: Job) -> bool:
+            """A job whose request a forced quit cancels: stopped, counted (`Scheduler.cut_off`)."""
+            if not server.force_exit:
+                return False
+            taken.append(job)
+            sched.cut_off(job)
+            return True
+
+        if scope["type"] == "http":
+            scope[_CUT] = cut
 
         async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -403,6 +432,8 @@ def _server(app: FastAPI, **config: Any) -> Any:
         except asyncio.CancelledError:
             if not server.force_exit or scope["type"] != "http":
                 raise
+            if not taken:  # cut off before its job was queued: a stop's 503 all the same
+                sched.count(stopped=1)
             await _cut_off(head, send)
 
     server = Server(uvicorn.Config(quiet, **config))
@@ -410,6 +441,9 @@ def _server(app: FastAPI, **config: Any) -> Any:
 
 
 async def _cut_off(head: list[dict], send: Any) -> None:
+    """A forced quit's answer to a cancelled request: a 503, or a started stream's error event
+    and [DONE]. `quiet` counts it in /metrics' `stopped` (its job's `Scheduler.cut_off`, so the
+    worker does not count it cancelled too); only a one-process server sends it."""
     error = P.error_body("the server was stopped (forced quit)", "server_error", None,
                          "unavailable")
     if not head:

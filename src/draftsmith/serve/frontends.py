@@ -341,7 +341,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 class RemoteScheduler:
     """A frontend's stand-in for the engine's `Scheduler`: the app's calls go over the pipe and
-    the jobs' events come back through it."""
+    the jobs' events come back through it. The 503s it answers itself once the engine process is
+    gone (`GONE`: a refused submit, the jobs the lost link ends) are counted nowhere: /metrics'
+    counters lived in that process. A frontend never sends a forced quit's 503 (`app._cut_off`):
+    the engine process ends it (SIGTERM, then SIGKILL after 15 s), so nothing is counted then.
+    Its /health reads the engine's `stopping`, a 503 while a stop drains the engine's batch."""
 
     def __init__(self, conn: Connection, on_lost: Any = None) -> None:
         self.conn, self.on_lost = conn, on_lost

@@ -18,7 +18,8 @@ not the request's). An engine exception fails only the jobs of that batch still 
 that have sent nothing yet are rerun one by one, so only the culprit gets the error. `stop`
 answers the queued jobs with a 503 at once, and the running batch's jobs too if it has not ended
 within the timeout: code "unavailable", as a submit it refuses; /metrics counts each such 503
-as "stopped".
+as "stopped", and so does `cut_off`, a forced quit's 503 that the app sends itself. Each job's end
+is counted once (`Job.end`), by whichever of them comes first.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 
 from draftsmith.serve.engine import CHECK_EVERY, ServeEngine, batch_rows, trim
 from draftsmith.serve.jobs import Job
-from draftsmith.serve.protocol import ApiError, Choice
+from draftsmith.serve.protocol import STOPPING, ApiError, Choice
 from draftsmith.serve.text import ChoiceText
 from draftsmith.switches import env_count
 
@@ -46,7 +47,6 @@ BATCH_WAIT_S = 0.005  # how long the worker waits for same-setting requests to f
 # as soon as a row is free (the default; untimed otherwise: serve_h200.md, next lease).
 JOIN_AT = env_count("DRAFTSMITH_SERVE_JOIN_AT", "1")
 JOIN_WAIT_MS = env_count("DRAFTSMITH_SERVE_JOIN_WAIT_MS", "20")
-STOPPING = "the server is shutting down"
 
 
 def unavailable() -> ApiError:
@@ -200,9 +200,10 @@ class Scheduler:
     status_waits = False  # `status` reads this process's counters: the event loop calls it
 
     def status(self) -> dict[str, Any]:
-        """What /health and /metrics show."""
+        """What /health and /metrics show; `stopping` once `stop` began (submits get a 503)."""
         n = self.queued()
-        return {"alive": self.alive, "queued": n, "metrics": self.metrics.snapshot(n)}
+        return {"alive": self.alive, "stopping": self._stopping, "queued": n,
+                "metrics": self.metrics.snapshot(n)}
 
     def count(self, **kv: int) -> None:
         self.metrics.add(**kv)
@@ -211,6 +212,16 @@ class Scheduler:
     def cancel(job: Job) -> None:
         """The client is gone: the job's rows stop at the next look."""
         job.cancelled = True
+
+    def cut_off(self, job: Job) -> None:
+        """The server answers `job` with a 503 itself (a forced quit): its rows stop at the next
+        look and it counts as stopped, not cancelled (unless the worker counted its end first)."""
+        job.cancelled = True
+        self._ended(job, "stopped")
+
+    def _ended(self, job: Job, how: str) -> None:
+        if job.end():
+            self.metrics.add(**{how: 1})
 
     def submit(self, job: Job) -> None:
         with self._cv:
@@ -231,9 +242,10 @@ class Scheduler:
 
     def _drop_cancelled(self) -> None:
         """Forget the queued jobs whose clients left (they hold no rows; nobody waits)."""
-        live = deque(j for j in self._queue if not j.cancelled)
-        self.metrics.add(cancelled=len(self._queue) - len(live))
-        self._queue = live
+        for j in self._queue:
+            if j.cancelled:
+                self._ended(j, "cancelled")
+        self._queue = deque(j for j in self._queue if not j.cancelled)
 
     # ---- worker --------------------------------------------------------------------------------
 
@@ -419,8 +431,7 @@ class Scheduler:
             while self._queue:
                 job = self._queue[0]
                 if job.cancelled:
-                    self._queue.popleft()
-                    self.metrics.add(cancelled=1)
+                    self._ended(self._queue.popleft(), "cancelled")
                     continue
                 if self._merged(key, job) != key or rows + job.req.rows > free:
                     break
@@ -448,17 +459,16 @@ class Scheduler:
 
     def _cut_off(self, jobs: list[Job]) -> None:
         """503 the jobs a stop ends, counted: those whose clients left as cancelled."""
-        gone = sum(j.cancelled for j in jobs)
-        self.metrics.add(stopped=len(jobs) - gone, cancelled=gone)
         for job in jobs:
+            self._ended(job, "cancelled" if job.cancelled else "stopped")
             if not job.cancelled:
                 _cut_off(job)
 
     def _finish(self, job: Job) -> None:
         used = sum(r.used for r in job.rows)
         if job.cancelled:  # its client is gone: no answer went out whole
-            self.metrics.add(cancelled=1)
-        else:
+            self._ended(job, "cancelled")
+        elif job.end():
             self.metrics.add(completed=1, completion_tokens=used,
                              prompt_tokens=sum(len(p) for p in job.req.prompts))
         job.done = True
@@ -472,7 +482,7 @@ class Scheduler:
         retry = [j for j in batch if len(batch) > 1 and not j.sent and not j.cancelled]
         for job in batch:
             if job not in retry:
-                self.metrics.add(**{"cancelled" if job.cancelled else "failed": 1})
+                self._ended(job, "cancelled" if job.cancelled else "failed")
                 job.emit(("error", 500, f"engine error: {type(e).__name__}: {e}"))
         with self._cv:
             closed = self._stopping  # the queue is cleared for good: a rerun would never come
