@@ -165,6 +165,8 @@ def test_a_t2d_without_d2t_that_marks_other_tokens_is_named(target, tmp_path):
     (lambda c: c.update(target_hidden_size="wide"), "target_hidden_size is 'wide', not a whole")])
 def test_a_malformed_size_is_named_not_a_traceback(target, tmp_path, edit, words):
     out = export_drafter(make(target, tmp_path / "d"), "speculators", tmp_path / "sp")
-    _edit(out, config=lambda c: (c.pop("speculators_config"), edit(c)))
+    # no target recorded anywhere: the size read from the config alone
+    _edit(out, config=lambda c: (c.pop("speculators_config"), c["draftsmith"].pop("target"),
+                                 edit(c)))
     with pytest.raises(DraftsmithError, match=words):
         read_any(out)

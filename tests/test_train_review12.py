@@ -14,9 +14,9 @@ from test_doctor import errors, make_drafter
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import default_aux_layers
-from draftsmith.targets import DEFAULT_NAME, load_target
+from draftsmith.targets import DEFAULT_NAME, load_target, portable_source
 from draftsmith.train import report
-from draftsmith.train.loop import TrainConfig, recorded_source, train
+from draftsmith.train.loop import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_the_default_target_is_recorded_as_default_not_its_cache(tmp_path):
     cache = tmp_path / "cache" / "targets" / "abc"
     cache.mkdir(parents=True)
     t = SimpleNamespace(kind="default", folder=cache, source=DEFAULT_NAME)
-    assert recorded_source(t) == "default"
+    assert portable_source(t) == "default"
 
 
 def test_a_gguf_target_is_recorded_by_its_file_absolute(tmp_path, monkeypatch):
@@ -53,7 +53,7 @@ def test_a_gguf_target_is_recorded_by_its_file_absolute(tmp_path, monkeypatch):
     cache.mkdir()
     monkeypatch.chdir(tmp_path)
     t = SimpleNamespace(kind="gguf", folder=cache, source="m.gguf")
-    assert recorded_source(t) == str(tmp_path / "m.gguf")
+    assert portable_source(t) == str(tmp_path / "m.gguf")
 
 
 @pytest.fixture(scope="module")

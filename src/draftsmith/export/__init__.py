@@ -23,14 +23,26 @@ from draftsmith.export.speculators import (
     write_speculators,
 )
 from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, load_drafter, save_drafter
+from draftsmith.targets import portable_source
 
 FORMATS = ("sglang", "speculators")
 
 
-def target_info(drafter: Eagle3Drafter, target: str | None) -> TargetInfo:
-    """Facts about the drafter's target: from the target itself if given, else as recorded."""
+def portable_name(source: str) -> str:
+    """How draftsmith's own record names a target a drafter records: the embedded default as
+    "default" (by either of its names), a path that is here absolute, anything else as it is."""
+    from draftsmith.targets import DEFAULT_NAME
+
+    if source in ("default", DEFAULT_NAME):
+        return "default"
+    return str(Path(source).resolve()) if source and Path(source).exists() else source
+
+
+def target_info(drafter: Eagle3Drafter, target: str | None) -> tuple[TargetInfo, str]:
+    """Facts about the drafter's target (from the target itself if given, else as recorded),
+    and the target's portable name for draftsmith's own record in the export."""
     if target is None:
-        return TargetInfo.of_drafter(drafter.cfg)
+        return TargetInfo.of_drafter(drafter.cfg), portable_name(drafter.cfg.target_source)
     from draftsmith.targets import load_target
 
     t = load_target(target)
@@ -44,7 +56,7 @@ def target_info(drafter: Eagle3Drafter, target: str | None) -> TargetInfo:
         raise DraftsmithError(f"--target {target}: vocabulary {t.cfg.vocab_size} != the "
                               f"drafter's {drafter.cfg.vocab_size}")
     _check_fits(t, drafter, target)
-    return TargetInfo.of_target(t)
+    return TargetInfo.of_target(t), portable_source(t)
 
 
 def _check_fits(t: Any, drafter: Eagle3Drafter, target: str) -> None:
@@ -85,7 +97,7 @@ def export_drafter(
         check_apart(out, Path(target), "the --target")
     check_replaceable(out)
     drafter = load_drafter(drafter_dir)
-    info = target_info(drafter, target)
+    info, source = target_info(drafter, target)
     ids = list(drafter.cfg.aux_layer_ids)
     if len(set(ids)) < len(ids):  # an import of the engines' defaults on a short target
         raise DraftsmithError(
@@ -99,8 +111,8 @@ def export_drafter(
             "ascending order to an fc trained on this order; capture and train on ascending "
             "--aux-layers (`draftsmith doctor --engine` names the fix)")
     if fmt == "sglang":
-        return write_sglang(drafter, out, info, dtype, overwrite)
-    return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite)
+        return write_sglang(drafter, out, info, dtype, overwrite, source)
+    return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite, source)
 
 
 def check_replaceable(out: Path) -> None:
@@ -184,8 +196,11 @@ def recorded_target(folder: str | Path, refusal: DraftsmithError) -> tuple[Any, 
     if not src or not want:
         raise refusal
     if src != "default" and not Path(src).exists():
+        why = "moved or deleted" if Path(src).is_absolute() else \
+            "a hub id, or a path relative to where the folder was made; draftsmith loads local " \
+            "folders and GGUF files"
         raise DraftsmithError(f"{refusal}; the target config.json records, {src}, is not here "
-                              "(moved or deleted)") from None
+                              f"({why})") from None
     try:
         t = load_target(src)
     except DraftsmithError as e:
@@ -218,8 +233,10 @@ def _read_for(folder: str | Path, fmt: str, t: Any, target: str) -> Eagle3Drafte
         raise DraftsmithError(f"--target {target} does not fit the drafter {folder}: {e}") from None
     want = drafter.cfg.target_fingerprint
     _check_fingerprint(t, target, folder, {"target_fingerprint": want})
-    if not want and info is not None:
-        _record_target(drafter, info)
+    if info is not None:  # the engine's verifier name is a loadable folder, not a portable one
+        drafter.cfg.target_source = portable_source(t)
+        if not want:
+            _record_target(drafter, info)
     return drafter
 
 
@@ -240,7 +257,6 @@ def _record_target(drafter: Eagle3Drafter, info: TargetInfo) -> None:
     """A foreign folder (no draftsmith record) that fits --target is recorded as that target's
     drafter, so doctor, serve, compare and export check the pairing as for a trained one."""
     drafter.cfg.target_fingerprint = info.fingerprint
-    drafter.cfg.target_source = info.name_or_path
     drafter.cfg.target_architectures = list(info.architectures)
     # Engines size the draft's rope cache by it; a SpecForge config's 2048 beside a 128K
     # target, written again by a later export without --target, collapses long prompts.

@@ -84,7 +84,10 @@ def check_exportable(cfg: Eagle3Config) -> None:
                               f"{len(cfg.aux_layer_ids)}")
 
 
-def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str) -> dict[str, Any]:
+def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
+                  source: str = "") -> dict[str, Any]:
+    """`source`: the target's portable name for draftsmith's record (`info.name_or_path`, a
+    loadable folder, where not given)."""
     ids = cfg.aux_layer_ids
     if limits := engine_limits(ids, info.num_layers):
         raise DraftsmithError(f"SGLang cannot feed canonical aux layers {ids}: "
@@ -111,11 +114,12 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str) -> dict[str, 
             "use_aux_hidden_state": True,
         },
         "eagle_aux_hidden_state_layer_ids": to_convention(ids, Convention.VLLM, info.num_layers),
-        "draftsmith": _provenance(cfg, info, sglang_ids),
+        "draftsmith": _provenance(cfg, info, sglang_ids, source),
     }
 
 
-def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int]) -> dict[str, Any]:
+def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int],
+                source: str) -> dict[str, Any]:
     return {
         "aux_layer_ids_canonical": cfg.aux_layer_ids,
         "canonical_convention": WORDS[Convention.CANONICAL],
@@ -124,7 +128,7 @@ def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int]) -> dict
         "eagle_config_ids": written,
         "target_num_layers": info.num_layers,
         "target_fingerprint": info.fingerprint or cfg.target_fingerprint,
-        "target": info.name_or_path,
+        "target": source or info.name_or_path,
     }
 
 
@@ -134,12 +138,13 @@ def write_sglang(
     info: TargetInfo,
     dtype: torch.dtype | None = None,
     overwrite: bool = False,
+    source: str = "",
 ) -> Path:
     check_exportable(drafter.cfg)
     tensors = cast(hf_state_dict(drafter), dtype)
     if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
         tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
-    config = sglang_config(drafter.cfg, info, run_dtype(tensors, info))
+    config = sglang_config(drafter.cfg, info, run_dtype(tensors, info), source)
     return write_folder(out, config, tensors, overwrite)
 
 

@@ -67,8 +67,10 @@ def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def speculators_config(
-    cfg: Eagle3Config, info: TargetInfo, dtype: str, speculative_tokens: int
+    cfg: Eagle3Config, info: TargetInfo, dtype: str, speculative_tokens: int, source: str = ""
 ) -> dict[str, Any]:
+    """The verifier is named as vLLM loads it (an HF folder); draftsmith's record names the
+    target portably (`source`: "default", a GGUF's file; `info.name_or_path` where not given)."""
     if cfg.target_hidden_size != cfg.hidden_size:
         raise DraftsmithError(
             f"speculators' fc takes num_aux x hidden_size inputs; this drafter's target hidden "
@@ -106,6 +108,7 @@ def speculators_config(
             "written_convention": WORDS[Convention.SPECULATORS],
             "target_num_layers": info.num_layers,
             "target_fingerprint": info.fingerprint or cfg.target_fingerprint,
+            "target": source or info.name_or_path,
         },
     }
 
@@ -132,10 +135,11 @@ def write_speculators(
     dtype: torch.dtype | None = None,
     speculative_tokens: int = 3,
     overwrite: bool = False,
+    source: str = "",
 ) -> Path:
     tensors = speculators_names(cast(hf_state_dict(drafter), dtype))
     config = speculators_config(drafter.cfg, info, run_dtype(tensors, info),
-                                speculative_tokens)
+                                speculative_tokens, source)
     return write_folder(out, config, tensors, overwrite)
 
 
@@ -181,7 +185,7 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         **flags_of(c),
         target_num_layers=num_layers,
         target_fingerprint=record.get("target_fingerprint", ""),
-        target_source=str(verifier.get("name_or_path") or ""),
+        target_source=str(record.get("target") or verifier.get("name_or_path") or ""),
         target_architectures=list(verifier.get("architectures") or []),
     )
     w = read_weights(folder)

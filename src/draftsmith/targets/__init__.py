@@ -144,6 +144,16 @@ def default_gguf() -> Path:
     return Path(dist.locate_file(files[0]))
 
 
+def portable_source(t: Target) -> str:
+    """How a drafter or an export names its target, to load it again anywhere: the embedded
+    default as "default" and a GGUF by its file (not their conversion's cache folder, which a
+    cleared cache, another DRAFTSMITH_CACHE or another machine loses), a folder absolute."""
+    if t.kind == "default":
+        return "default"
+    where = t.source if t.kind == "gguf" else str(t.folder or t.source)
+    return str(Path(where).resolve()) if where and Path(where).exists() else where
+
+
 def load_target(source: str | Path | None = None) -> Target:
     if source in (None, "", "default"):
         t = _load_gguf(default_gguf())

@@ -43,6 +43,7 @@ from draftsmith.models.eagle3 import (
     save_drafter,
 )
 from draftsmith.options import check_folder
+from draftsmith.targets import portable_source
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
@@ -194,16 +195,6 @@ def same_path(a: str | None, b: str | None) -> bool:
     if a is None or b is None:
         return a is b
     return Path(a).resolve() == Path(b).resolve()
-
-
-def recorded_source(t: Any) -> str:
-    """How a drafter names its target, for doctor and export to load it again anywhere: the
-    embedded default as "default" and a GGUF by its file (not their conversion's cache folder,
-    which a cleared cache or another DRAFTSMITH_CACHE loses), a folder absolute."""
-    if t.kind == "default":
-        return "default"
-    where = t.source if t.kind == "gguf" else str(t.folder or t.source)
-    return str(Path(where).resolve()) if where and Path(where).exists() else where
 
 
 # What a training run writes into --out; a folder holding anything else is not one.
@@ -518,7 +509,7 @@ class Trainer:
             intermediate_size=c.intermediate_size or t.cfg.intermediate_size,
             norm_before_residual=c.norm_before_residual, norm_before_fc=c.norm_before_fc,
             fc_norm=c.fc_norm, norm_output=c.norm_output, target_fingerprint=t.fingerprint,
-            target_source=recorded_source(t),
+            target_source=portable_source(t),
             target_architectures=list(t.hf_config.get("architectures") or []),
         )
         torch.manual_seed(c.seed)
@@ -582,7 +573,7 @@ class Trainer:
         self.vocab_summary["init_from"] = str(folder)
         # trained on this target from here: named as a fresh run names it (not a cache path or
         # a folder relative to where the earlier run was started)
-        drafter.cfg.target_source = recorded_source(self.target)
+        drafter.cfg.target_source = portable_source(self.target)
         drafter.cfg.target_fingerprint = self.target.fingerprint
         self.say(f"weights from {folder} (fresh optimizer and schedule)")
         return drafter
