@@ -215,7 +215,7 @@ def test_acceptance_on_the_prompts_bench_decodes(drafters, tiny_llama_dir, tmp_p
     assert seen[0] == [target.chat_ids(m) for m in suite_messages(str(f), 5)]
     assert seen[0][0] != target.chat_ids([{"role": "user", "content": "Name a prime."}])
     assert (res["speed"]["suite"], res["speed"]["prompts"]) == ("mine", 2)
-    assert "has 2 prompts with a user turn, fewer than --num-prompts 5" in capsys.readouterr().out
+    assert "has 2 prompts with a user turn, fewer than --num-prompts 5" in capsys.readouterr().err
 
 
 def test_cli(drafters):

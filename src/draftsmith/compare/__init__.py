@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from dataclasses import dataclass, field, fields
 from datetime import date
 from pathlib import Path
@@ -206,8 +207,20 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     res["drafters"] = [d.to_dict() for d in descs]
     res = strict(res)  # a NaN read from a drafter's files is null in compare.json
     if opts.out is not None:
-        write(res, Path(opts.out))
+        try:
+            write(res, Path(opts.out))
+        except OSError as e:  # after a run of minutes: the caller prints what was measured
+            raise Unwritten(res, f"--out {opts.out}: cannot write the report "
+                            f"({e.strerror or e}); the results are printed above") from None
     return res
+
+
+class Unwritten(DraftsmithError):
+    """The comparison finished but --out could not be written; `result` holds it."""
+
+    def __init__(self, result: dict[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def _measured_ids(descs: list[Description]) -> list[str]:
@@ -238,15 +251,17 @@ def _other_target(descs: list[Description], target: Any) -> list[str]:
 
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
-    from draftsmith.bench.suites import suite_label, suite_messages
+    from draftsmith.bench.suites import prompt_ids, suite_label, suite_messages
     from draftsmith.compare.speed import measure
     from draftsmith.engine.generate import check_positions
 
-    # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance
-    prompts = [target.chat_ids(m) for m in suite_messages(opts.prompts, opts.num_prompts)]
-    if len(prompts) < opts.num_prompts:
+    # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance;
+    # a prompt the chat template refuses named, as bench names it
+    prompts = prompt_ids(target, suite_messages(opts.prompts, opts.num_prompts),
+                         f"--prompts {opts.prompts}")
+    if len(prompts) < opts.num_prompts:  # stderr: stdout is --json's
         print(f"compare: --prompts {opts.prompts} has {len(prompts)} prompts with a user turn, "
-              f"fewer than --num-prompts {opts.num_prompts}")
+              f"fewer than --num-prompts {opts.num_prompts}", file=sys.stderr)
     check_positions(prompts, opts.max_new, target.cfg.max_position_embeddings,
                     "--max-new-tokens", target.cfg.sliding_window)  # before the weights
     model = target.build(opts.dtype, opts.device)
@@ -330,9 +345,17 @@ def compare(
         raise DraftsmithError(f"{', '.join(given)} set where acceptance is measured, which "
                               "needs --target: give one, or leave them out")
     dev, dt = device_dtype(device, dtype)
-    res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
-                                     steps, out, parse_claims(claimed), dev, dt, topk,
-                                     num_draft_tokens))
+    try:
+        res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
+                                         steps, out, parse_claims(claimed), dev, dt, topk,
+                                         num_draft_tokens))
+    except Unwritten as e:  # nothing measured is lost: printed, then the error
+        _print(e.result, as_json)
+        raise
+    _print(res, as_json)
+
+
+def _print(res: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(res, indent=1, default=str, allow_nan=False))
     else:

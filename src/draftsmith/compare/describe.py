@@ -154,9 +154,14 @@ def written_ids(info: DrafterInfo) -> dict[str, list[int]]:
 
 def target_layers(info: DrafterInfo) -> int | None:
     prov = info.config.get("draftsmith") or {}
+    key = "draftsmith.target_num_layers" if prov.get("target_num_layers") else \
+        "target_num_layers"
     n = prov.get("target_num_layers") or info.config.get("target_num_layers")
-    if n:
-        return int(n)
+    if n:  # 0 or none: not recorded
+        if type(n) is not int or n < 1:  # the ids' range check reads it
+            raise DraftsmithError(f"{info.config_path}: {key} is {n!r}, not a whole number "
+                                  ">= 1; correct it, or pass --target")
+        return n
     verifier = ((info.config.get("speculators_config") or {}).get("verifier") or {})
     path = Path(str(verifier.get("name_or_path") or "")) / "config.json"
     if verifier.get("name_or_path") and path.is_file():
@@ -181,14 +186,14 @@ def canonical_ids(info: DrafterInfo, layers: int | None) -> tuple[list[int] | No
     feed = feed_from_written(written, engine, layers, key, note)
     notes.append(feed.note)
     prov = (info.config.get("draftsmith") or {}).get("aux_layer_ids_canonical")
-    if prov is not None and feed.canonical is not None and list(prov) != feed.canonical:
-        notes.append(f"the file's draftsmith record says canonical {list(prov)}")
+    if prov is not None and feed.canonical is not None and prov != feed.canonical:
+        notes.append(f"the file's draftsmith record says canonical {prov}")
     return feed.canonical, "; ".join(dict.fromkeys(n for n in notes if n))
 
 
 def training_summary(info: DrafterInfo) -> dict[str, Any] | None:
     t = info.meta.get("training")
-    if not t:
+    if not t or not isinstance(t, dict):  # a hand-edited record: nothing to summarise
         return None
     keep = ("steps", "tokens", "world_size", "last_loss", "last_accept_length", "last_cond_acc")
     return {k: t[k] for k in keep if k in t}
@@ -196,9 +201,11 @@ def training_summary(info: DrafterInfo) -> dict[str, Any] | None:
 
 def training_data(info: DrafterInfo) -> dict[str, Any] | None:
     d = info.meta.get("data")
-    if not d:
+    if not d or not isinstance(d, dict):
         imported = info.meta.get("imported")
-        return {"known": False, "note": f"imported from {imported['from']}"} if imported else None
+        if not isinstance(imported, dict) or not imported.get("from"):
+            return None
+        return {"known": False, "note": f"imported from {imported['from']}"}
     out = {"known": True, "kind": d.get("kind"), "samples": d.get("samples"),
            "tokens": d.get("tokens"), "folder": d.get("folder") or d.get("prompts")}
     folder = Path(str(out["folder"] or ""))
@@ -215,22 +222,37 @@ def manifest_summary(folder: Path) -> dict[str, Any]:
     except DraftsmithError as e:
         return {"manifest_error": str(e)}
     totals = m.get("totals") or {}
+    given = m.get("input")
     return {
         "dataset samples": totals.get("samples"), "dataset tokens": totals.get("tokens"),
-        "loss tokens": totals.get("loss_tokens"), "sources": list(m.get("commands") or []),
-        "input conversations": (m.get("input") or {}).get("conversations"),
+        "loss tokens": totals.get("loss_tokens"), "sources": commands(m),
+        "input conversations": given.get("conversations") if isinstance(given, dict) else None,
         "regenerated": regenerated(folder, m),
     }
+
+
+def commands(m: dict[str, Any]) -> list[str]:
+    """The manifest's command lines (a lone string is one command, not its letters)."""
+    cmds = m.get("commands") or []
+    return [str(c) for c in ([cmds] if isinstance(cmds, str) else cmds)] \
+        if isinstance(cmds, (str, list)) else []
 
 
 def regenerated(folder: Path, m: dict[str, Any]) -> bool | None:
     """True/False where recorded; None when nothing says (captured answers as given)."""
     if isinstance(m.get("regenerated"), bool):
         return m["regenerated"]
-    make = folder.parent / "make.json"
-    if make.is_file():
-        stages = json.loads(make.read_text()).get("stages") or {}
-        if "regenerate" in stages:
-            return True
-    cmds = " ".join(m.get("commands") or [])
+    if "regenerate" in _make_stages(folder.parent / "make.json"):
+        return True
+    cmds = " ".join(commands(m))
     return True if "regenerate" in cmds or "data make" in cmds else None
+
+
+def _make_stages(path: Path) -> dict[str, Any]:
+    """The stages a `data make` record lists; none where it is missing or unreadable (the
+    summary goes on without it)."""
+    try:
+        stages = json.loads(path.read_text()).get("stages") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return stages if isinstance(stages, dict) else {}

@@ -78,7 +78,8 @@ def _head(p: dict[str, Any]) -> str:
 
 def _data(ds: list[dict]) -> list[list[str]]:
     keys = ["kind", "samples", "tokens", "dataset samples", "dataset tokens", "loss tokens",
-            "input conversations", "regenerated", "sources", "folder", "note"]
+            "input conversations", "regenerated", "sources", "folder", "note",
+            "manifest_error"]
     rows = []
     for k in keys:
         vals = [(d["data"] or {}).get(k) for d in ds]

@@ -30,6 +30,7 @@ MANIFEST = "manifest.json"
 TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "hidden")
 SHARD_KEYS = {"index": int, "file": str, "samples": int, "tokens": int, "loss_tokens": int,
               "bytes": int, "sha256": str}
+TOTALS = ("samples", "tokens", "loss_tokens", "bytes", "shards")  # a manifest's totals
 OPEN_SHARDS = 64  # memory-mapped shard files a Dataset keeps open at once
 TOKEN_DTYPES = {"input_ids": "int32", "loss_mask": "uint8", "offsets": "int64"}
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -86,7 +87,58 @@ def read_manifest(folder: Path) -> dict[str, Any]:
                if not isinstance(s.get(key), kind)]
         if bad:
             raise DraftsmithError(f"{path}: shard entry {k} lacks {', '.join(bad)}")
+    _check_fields(path, m)
     return m
+
+
+def _whole_number(v: Any) -> bool:
+    return type(v) is int and v >= 1
+
+
+def _ids(v: Any) -> bool:
+    return isinstance(v, list) and all(type(i) is int for i in v)
+
+
+def _counts(v: Any) -> bool:
+    return isinstance(v, dict) and all(type(v[k]) is int for k in TOTALS if k in v)
+
+
+# a manifest key -> (the test its value passes where the manifest holds it, what it must be)
+FIELDS: dict[str, tuple[Any, str]] = {
+    "hidden_size": (_whole_number, "a whole number >= 1"),
+    "vocab_size": (_whole_number, "a whole number >= 1"),
+    "aux_layer_ids": (_ids, "a list of integer layer ids"),
+    "dtype": (lambda v: isinstance(v, str), "a dtype name such as bfloat16"),
+    "complete": (lambda v: isinstance(v, bool), "true or false"),
+    "target": (lambda v: isinstance(v, dict), "a JSON object"),
+    "totals": (_counts, "an object of whole-number counts"),
+}
+NULLABLE = ("dtype", "complete", "totals")  # null: bfloat16, not complete, none recorded
+
+
+def _check_fields(path: Path, m: dict[str, Any]) -> None:
+    """Each key the readers do arithmetic on is of its kind where the manifest holds it: an
+    edited or external manifest named by key, not a ValueError inside training or the doctor
+    (a key left out is named where it is needed, `required`)."""
+    held = dict(m)
+    if isinstance(m.get("target"), dict) and m["target"].get("num_layers") is not None:
+        held["target.num_layers"] = m["target"]["num_layers"]
+    tests = {**FIELDS, "target.num_layers": FIELDS["hidden_size"]}
+    for key, (fits, kind) in tests.items():
+        if key not in held or (held[key] is None and key in NULLABLE):
+            continue
+        v = held[key]
+        if not fits(v):
+            raise DraftsmithError(f"{path}: {key} is {v!r}, not {kind}; capture the dataset "
+                                  "again or correct the manifest")
+
+
+def required(m: dict[str, Any], key: str, path: Path) -> Any:
+    """A manifest key a reader cannot do without (checked by `read_manifest` where present)."""
+    if m.get(key) is None:
+        raise DraftsmithError(f"{path}: no {key} in the manifest; capture the dataset with "
+                              "`draftsmith data capture`")
+    return m[key]
 
 
 def is_complete(m: dict[str, Any]) -> bool:
@@ -229,8 +281,7 @@ def _whole(path: Path, size: int) -> bool:
 
 
 def totals(shards: list[dict[str, Any]]) -> dict[str, int]:
-    keys = ("samples", "tokens", "loss_tokens", "bytes")
-    return {k: sum(int(s[k]) for s in shards) for k in keys} | {"shards": len(shards)}
+    return {k: sum(int(s[k]) for s in shards) for k in TOTALS[:-1]} | {"shards": len(shards)}
 
 
 class Dataset:
@@ -248,11 +299,11 @@ class Dataset:
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        return list(self.manifest["aux_layer_ids"])
+        return list(required(self.manifest, "aux_layer_ids", self.folder / MANIFEST))
 
     @property
     def hidden_size(self) -> int:
-        return int(self.manifest["hidden_size"])
+        return int(required(self.manifest, "hidden_size", self.folder / MANIFEST))
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -331,7 +382,7 @@ def verify(folder: str | Path, hashed: Collection[int] | None = None) -> dict[st
     for k, s in enumerate(m["shards"]):
         _verify_shard(folder, m, s, hashed is None or k in hashed)
     got = totals(m["shards"])
-    want = m.get("totals", got)
+    want = m.get("totals") or got
     for key, value in got.items():
         if int(want.get(key, value)) != value:
             raise DraftsmithError(
@@ -379,7 +430,8 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bo
                   for k, v in slices.items()}
         offsets = f.get_tensor("offsets")
     n, samples = int(s["tokens"]), int(s["samples"])
-    n_aux, h = len(m["aux_layer_ids"]), int(m["hidden_size"])
+    where = folder / MANIFEST
+    n_aux, h = len(required(m, "aux_layer_ids", where)), int(required(m, "hidden_size", where))
     check_widths(path, shapes, n_aux, h)
     want = {"input_ids": (n,), "loss_mask": (n,), "offsets": (samples + 1,),
             "aux": (n, n_aux, h), "hidden": (n, h)}
