@@ -137,6 +137,17 @@ def prompt_groups(prompts: list[list[int]], batch: int) -> list[list[list[int]]]
     return [[prompts[i] for i in g] for g in batch_groups(len(prompts), batch)]
 
 
+WARM_TOKENS = 8  # a sweep run's warm-up (graph capture)
+
+
+def warm_tokens(eng: Engine, rows: list[list[int]], new: int) -> int:
+    """A sweep run's warm-up: WARM_TOKENS new tokens past its longest row where the target has
+    the positions (and sliding window) for them, else its own `new`, which it has room for."""
+    cfg = eng.rt.model.cfg
+    room = min(filter(None, (cfg.max_position_embeddings, cfg.sliding_window)), default=None)
+    return WARM_TOKENS if not room or max(map(len, rows)) + WARM_TOKENS <= room else new
+
+
 def run_setting(
     eng: Engine,
     setting: SpecSetting,
@@ -153,14 +164,14 @@ def run_setting(
     if refill:
         return run_refilled(eng, setting, prompts, batch, new, eos, refill)
     groups = prompt_groups(prompts, batch)
-    rows = batch * len(groups)
+    rows, warm = batch * len(groups), warm_tokens(eng, groups[0], new)
     if setting.is_baseline:
-        run_generation(eng.rt, groups[0], 8, eng.params, eos)
+        run_generation(eng.rt, groups[0], warm, eng.params, eos)
         gs = [run_generation(eng.rt, g, new, eng.params, eos) for g in groups]
         return Measurement(setting, batch, decode_rate(sum(g.new_tokens for g in gs), rows,
                                                        sum(g.decode_s for g in gs)))
     dec = decoder(eng, setting)
-    dec.generate(groups[0], 8, eos)  # warm-up and capture
+    dec.generate(groups[0], warm, eos)  # warm-up and capture
     dec.profile = False
     res = SpecResult.merged([dec.generate(g, new, eos) for g in groups])
     dec.profile = True

@@ -305,7 +305,7 @@ def recommend(results: list[dict[str, Any]], noise_pct: float = NOISE_PCT) -> di
     than max(noise_pct, the two settings' run-to-run spreads)."""
     ok = [r for r in results if r["status"] == "ok"]
     if not ok:
-        return {"per_shape": [], "overall": None, "note": "every setting failed"}
+        return {"per_shape": [], "overall": None, "note": _none_timed(results)}
     base = next((r for r in ok if r["setting"] == DEFAULTS.name), None)
     shapes = list(dict.fromkeys(s for r in ok for s in _times(r)))  # any setting's, in order
     per_shape = []
@@ -317,9 +317,38 @@ def recommend(results: list[dict[str, Any]], noise_pct: float = NOISE_PCT) -> di
     out: dict[str, Any] = {"per_shape": per_shape,
                            "overall": _pick(ok, base, _overall(ref, base), noise_pct)
                            if ref else None}
-    if base is None:
-        out["note"] = "the defaults failed: the fastest setting is shown without a comparison"
+    notes = [] if base is not None else [
+        f"the defaults {_unmet(results)}: the fastest setting is shown without a comparison"]
+    if skipped := _skipped(results):
+        notes.append(f"{skipped}, not compared")
+    if notes:
+        out["note"] = "; ".join(notes)
     return out
+
+
+def _unmet(results: list[dict[str, Any]]) -> str:
+    """What became of the defaults, which have no timings."""
+    status = next((r["status"] for r in results if r["setting"] == DEFAULTS.name), None)
+    return {None: "were not swept", "skipped": "were skipped"}.get(status, "failed")
+
+
+def _skipped(results: list[dict[str, Any]]) -> str:
+    """How many settings were skipped and why ("" for none)."""
+    skipped = [r for r in results if r["status"] == "skipped"]
+    why = "; ".join(dict.fromkeys(str(r.get("error") or "no reason recorded") for r in skipped))
+    return f"{len(skipped)} of {len(results)} settings skipped ({why})" if skipped else ""
+
+
+def _none_timed(results: list[dict[str, Any]]) -> str:
+    """Why no setting has timings: failed, skipped (and why), or none swept."""
+    failed = sum(r["status"] not in ("ok", "skipped") for r in results)
+    if not results:
+        return "no setting was swept"
+    if not failed:
+        return f"no setting was timed: {_skipped(results)}"
+    if failed == len(results):
+        return "every setting failed"
+    return f"no setting was timed: {failed} failed, {_skipped(results)}"
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -467,7 +496,8 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
 
     results = sweep(settings, tp_size, job, device, rank_fn, timeout_s, log, deadline, done, keep)
     backends = {r.get("backend") for r in results if r["status"] == "ok"}
-    backend = backends.pop() if len(backends) == 1 else ",".join(sorted(map(str, backends)))
+    backend = (backends.pop() if len(backends) == 1 else ",".join(sorted(map(str, backends)))
+               ) or "none (no setting ran)"
     notes = [GLOO_NOTE] if backend == "gloo" else []
     if tp_size == 1:
         notes.append("TP 1 runs no collective: NCCL settings cannot matter here")

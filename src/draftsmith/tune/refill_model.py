@@ -72,54 +72,78 @@ def spec_schedule(need: Sequence[int], rows: int, every: int) -> Schedule:
 
 @dataclass(frozen=True, slots=True)
 class Runs:
-    """`spec_schedule` of many draws at once, one entry a draw: `cycles`, `busy`, and `fills`,
-    per host read that refilled in some draw, the rows each draw refilled then (0: none);
-    the first fill included."""
+    """`spec_schedule` of many draws at once, one entry a draw: `cycles`, `busy`, and `fills`
+    (reads x draws), per host read that refilled in some draw, the rows each draw refilled
+    then (0: none); the first fill included."""
 
     cycles: np.ndarray
     busy: np.ndarray
-    fills: list[np.ndarray]
+    fills: np.ndarray
 
 
-def _next_read(t: int, end: np.ndarray, held: np.ndarray, since: np.ndarray, every: int,
-               queued: np.ndarray, active: np.ndarray) -> int:
-    """The next cycle after `t` whose read may refill or stop some draw: a held row is seen
-    done the cycle after its end's, and rows seen done wait for the refill spacing."""
-    ahead = np.where(held & (end >= t), end + 1, np.iinfo(np.int64).max).min(axis=1)
-    pending = queued & (held & (end <= t)).any(axis=1)
-    spaced = np.where(pending, t + np.maximum(every - since, 1), ahead)
-    return int(np.minimum(ahead, spaced)[active].min())
+_FAR = np.iinfo(np.int64).max
 
 
 def spec_runs(need: np.ndarray, rows: int, every: int) -> Runs:
     """`spec_schedule` for each row of `need` (draws x prompts, cycles each), replayed side by
-    side; reads at which no draw can refill or stop are skipped."""
+    side, each draw from its own refill to its next: a draw's next read that refills is at
+    its first held row's end + 1 (seen one cycle late) once `every` cycles have passed since
+    its last refill; with no prompt left it stops at its last held row's end + 1. The other
+    reads change nothing: a step per refill, not per cycle any draw reads (review 11: 12 s
+    of `tune --refill`'s batch-1 ranking, 60 prompts, went to stepping through them)."""
     draws, count = need.shape
     rows = min(rows, count)
+    if rows == 1:
+        return _one_row(need, every)
     end, held = need[:, :rows].copy(), np.ones((draws, rows), dtype=bool)
-    ptr, since = np.full(draws, rows), np.zeros(draws, dtype=np.int64)
-    cycles, active = np.zeros(draws, dtype=np.int64), np.ones(draws, dtype=bool)
-    fills, t = [np.full(draws, rows)], 0
-    who = np.broadcast_to(np.arange(draws)[:, None], end.shape)
-    while active.any():
-        nxt = _next_read(t, end, held, since, every, ptr < count, active)
-        t, since = nxt, since + (nxt - t)
-        ended = held & (end <= t - 1)
-        all_done = ended.sum(axis=1) == held.sum(axis=1)
-        refill = active & (ptr < count) & (since >= every) & ended.any(axis=1)
-        if refill.any():
-            freed = ended & refill[:, None]
-            idx = ptr[:, None] + np.cumsum(freed, axis=1) - 1
-            take = freed & (idx < count)
-            held &= ~freed | take
-            end[take] = t + need[who[take], idx[take]]
-            took = take.sum(axis=1)
-            fills.append(took)
-            ptr, since = ptr + took, np.where(refill, 0, since)
-            all_done &= ~refill
-        stop = active & all_done & (ptr >= count)
-        cycles[stop], active = t, active & ~stop
+    ptr, last = np.full(draws, rows), np.zeros(draws, dtype=np.int64)
+    cycles, live = np.zeros(draws, dtype=np.int64), np.arange(draws)
+    when, who, took = [], [], []
+    while live.size:
+        e, h, p = end[live], held[live], ptr[live]
+        queued = p < count
+        first = np.where(h, e, _FAR).min(axis=1) + 1
+        t = np.where(queued, np.maximum(first, last[live] + every),
+                     np.where(h, e, -1).max(axis=1) + 1)
+        cycles[live[~queued]] = t[~queued]
+        live, t, e, h, p = live[queued], t[queued], e[queued], h[queued], p[queued]
+        freed = h & (e <= t[:, None] - 1)
+        idx = p[:, None] + np.cumsum(freed, axis=1) - 1
+        take = freed & (idx < count)
+        h &= ~freed | take
+        rr, cc = np.nonzero(take)
+        e[rr, cc] = t[rr] + need[live[rr], idx[rr, cc]]
+        n = take.sum(axis=1)
+        end[live], held[live], ptr[live], last[live] = e, h, p + n, t
+        when.append(t)
+        who.append(live)
+        took.append(n)
+    return Runs(cycles, need.sum(axis=1), _by_read(when, who, took, np.full(draws, rows)))
+
+
+def _one_row(need: np.ndarray, every: int) -> Runs:
+    """`spec_runs` of one row: each prompt refills `every` cycles after the last or the cycle
+    after the one seeing its predecessor end, whichever is later; the last read is one cycle
+    after the last prompt's end."""
+    draws, count = need.shape
+    at = np.cumsum(np.maximum(need[:, :-1] + 1, every), axis=1)
+    cycles = (at[:, -1] if count > 1 else 0) + need[:, -1] + 1
+    who = np.repeat(np.arange(draws), count - 1)
+    fills = _by_read([at.ravel()], [who], [np.ones(who.size, dtype=np.int64)],
+                     np.ones(draws, dtype=np.int64))
     return Runs(cycles, need.sum(axis=1), fills)
+
+
+def _by_read(when: list[np.ndarray], who: list[np.ndarray], took: list[np.ndarray],
+             first: np.ndarray) -> np.ndarray:
+    """The first fill, then each read at which some draw refilled, in order: the rows each
+    draw refilled (0: none)."""
+    if not when:
+        return first[None, :]
+    reads, at = np.unique(np.concatenate(when), return_inverse=True)
+    out = np.zeros((reads.size + 1, first.size), dtype=np.int64)
+    out[0], out[at + 1, np.concatenate(who)] = first, np.concatenate(took)
+    return out
 
 
 def baseline_schedule(need: Sequence[int], rows: int, every: int) -> Schedule:
@@ -202,7 +226,7 @@ class Refill:
         if not setting.is_baseline:
             return spec_runs(need, batch, self.every[batch])
         s = baseline_schedule(need[0].tolist(), batch, self.steps_every[batch])
-        return Runs(np.array([s.cycles]), np.array([s.busy]), [np.array([k]) for k in s.fills])
+        return Runs(np.array([s.cycles]), np.array([s.busy]), np.array(s.fills)[:, None])
 
     def predict(self, costs: CostTable, acc: Acceptance, setting: SpecSetting, batch: int,
                 mix: PromptMix) -> Prediction:
@@ -228,7 +252,7 @@ class Refill:
         ms = np.array([0.0, *(costs.refill_ms(k, spec) for k in range(1, batch + 1))])
         cycles = float(runs.cycles.mean())
         phases = predict_phases(costs, setting, batch)
-        later = math.fsum(float(ms[f].mean()) for f in runs.fills[1:])
+        later = math.fsum(_read_means(ms, runs.fills[1:]))
         phases["refill"] = later / cycles
         phases["unprofiled"] = float(ms[runs.fills[0]].mean()) / cycles
         cycle = math.fsum(phases.values())
@@ -242,6 +266,12 @@ class Refill:
 
 
 DRAWS = 64  # draws of every prompt's cycles a refilled run is priced over
+
+
+def _read_means(ms: np.ndarray, fills: np.ndarray) -> list[float]:
+    """Each read's refill passes in ms, the mean over its draws: all reads in one call, each
+    row's mean the same float as its own `.mean()` (numpy sums a contiguous row alike)."""
+    return ms[fills].mean(axis=1).tolist()
 
 
 def _busy(runs: Runs, batch: int, count: int) -> float:
