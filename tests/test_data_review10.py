@@ -190,3 +190,16 @@ def test_inspect_reads_a_manifest_train_reads(data):
     assert info["complete"] is True and info["samples"] == 4 and info["shards"] == 2
     assert info["target"] == "? (fingerprint ?)"
     assert info["same layers for vLLM/speculators"] == "?"
+
+
+def test_vocab_never_replaces_a_datasets_vocab_unasked(data, monkeypatch):
+    """`data vocab DATASET --size N` wrote over data make's vocab.safetensors, which a drafter
+    may have been trained on (the README: an existing output is never written over unasked)."""
+    assert vocab_said(data, monkeypatch)[0] == 0
+    kept = (data / "vocab.safetensors").read_bytes()
+    monkeypatch.setattr("draftsmith.data.cli.say", lambda s: None)
+    r = CliRunner().invoke(app, ["vocab", str(data), "--size", "4"])
+    assert isinstance(r.exception, DraftsmithError) and "--overwrite" in str(r.exception)
+    assert (data / "vocab.safetensors").read_bytes() == kept
+    r = CliRunner().invoke(app, ["vocab", str(data), "--size", "4", "--overwrite"])
+    assert r.exit_code == 0 and (data / "vocab.safetensors").read_bytes() != kept

@@ -335,12 +335,19 @@ def vocab(
                              "the JSONL's folder)"),
     target: str = typer.Option("default", "--target", help="With a conversations JSONL: the "
                                "target that tokenizes it (a dataset folder names its own)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a vocab.safetensors "
+                                   "already in the output folder"),
 ) -> None:
     """Top-N loss-masked tokens -> draft vocabulary (d2t/t2d) and the coverage it reaches."""
     from draftsmith.data import vocab as V
 
     if size < 1:
         raise DraftsmithError(f"--size must be >= 1, got {size}")
+    dest = out or (source if source.is_dir() else source.parent)
+    if (dest / "vocab.safetensors").exists() and not overwrite:  # a drafter may train on it
+        raise DraftsmithError(f"{dest / 'vocab.safetensors'} exists (data make's, which a "
+                              "drafter may have been trained on); pass --overwrite to replace "
+                              "it, or --out another folder")
     if out is not None:
         check_folder(out, "--out")
     if source.is_dir():
@@ -371,8 +378,7 @@ def vocab(
         v = V.build_vocab(counts, size, vsize)
     for w in caught:
         say(f"warning: {w.message}")
-    path = V.save_vocab(v, out or (source if source.is_dir() else source.parent),
-                        {"made_from": made_from, "command": command_line()})
+    path = V.save_vocab(v, dest, {"made_from": made_from, "command": command_line()})
     say(f"{path}: draft vocab {v.used.numel()} of {vsize}, coverage {v.coverage:.2%} of "
         f"{v.counted} assistant tokens ({v.distinct} distinct)")
     for n, c in V.coverage_table(counts, [1024, 4096, 8192, 16384, 32000, 65536]):
