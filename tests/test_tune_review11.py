@@ -207,3 +207,18 @@ def test_a_sweep_run_warms_up_within_the_targets_positions(tmp_path, tiny_llama_
     for s in (SpecSetting.baseline(), SpecSetting(2, 2, 4)):
         assert measure.run_setting(eng, s, prompts, 2, 4, []).tokens_per_s > 0
     assert measure.probe_phases(eng, SpecSetting(4), prompts, 2, 2)
+
+
+def test_a_win_of_no_speculation_still_says_how_to_serve():
+    """tune printed no SGLang or vLLM line at all where no speculation was fastest."""
+    from draftsmith.tune.cost_model import Measurement, recommend
+    from draftsmith.tune.flags import recommendation_text
+
+    measured = [Measurement(SpecSetting.baseline(), 1, 900.0),
+                Measurement(SpecSetting(2), 1, 500.0, accept_length=1.1)]
+    (rec,) = recommend([], measured)
+    assert rec.setting.is_baseline
+    text = recommendation_text(rec, "/models/drafter")
+    assert "SGLang: no --speculative-* flags" in text
+    assert "vLLM:   serve without --speculative-config" in text
+    assert "--tp-size 2" in recommendation_text(rec, "/m", tp=2)

@@ -154,4 +154,10 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
                 line += (f"; draftsmith export {q(str(model_path))} --format speculators "
                          f"--speculative-tokens {chain.steps} --out {q(str(sp))}")
             lines.append(line)
+    else:  # the engines' plain serving won: say so rather than print no deploy line at all
+        tp_flag = f" {sglang_flags(rec.setting, None, tp)}" if tp > 1 else ""
+        lines.append(f"  SGLang: no --speculative-* flags{tp_flag} (no speculation was fastest "
+                     "at this batch)")
+        lines.append("  vLLM:   serve without --speculative-config"
+                     + (f" ({vllm_flags(rec.setting, model_path, tp)})" if tp > 1 else ""))
     return "\n".join(lines)
