@@ -157,7 +157,11 @@ def test_the_timed_runs_are_not_profiled_under_the_environment_switch(tmp_path, 
     monkeypatch.setenv("DRAFTSMITH_PROFILE", "1")
     cfg = replace(demo_mod.DemoConfig.for_device(tmp_path / "demo", "cpu"), target=str(target),
                   eval_tokens=4, steps=2)
+    said: list[str] = []
+    monkeypatch.setattr(demo_mod.console, "print", lambda *a, **k: said.append(str(a[0])))
     demo_mod.benchmark(cfg, folder, torch.float32)
+    n = 2 * len(demo_mod.EVAL_PROMPTS)  # its progress said (it printed nothing for minutes)
+    assert any(line.startswith(f"bench: {n}/{n} runs") for line in said), said
     assert all(r.phases is None for r in seen["runs"])
     assert all(r.phases is not None for r in seen["prof"])
     out = summarize(cfg, 1.0, seen["runs"], seen["prof"])

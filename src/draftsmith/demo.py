@@ -199,6 +199,7 @@ def run_doctor(cfg: DemoConfig, data: dict, drafter_dir: Path) -> dict:
 
 
 def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
+    from draftsmith.data.progress import Progress
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -214,15 +215,21 @@ def benchmark(cfg: DemoConfig, drafter_dir: Path, dtype) -> dict:
     dec = SpecDecoder(rt, drafter, cfg.steps, profile=False)  # not DRAFTSMITH_PROFILE's
     run_generation(rt, prompts[:b], 4)
     dec.generate(prompts[:b], 4, t.eos_ids)
-    base_tok, base_s, spec = 0, 0.0, []
+    base_tok, base_s, spec, profiled = 0, 0.0, [], []
+    # a run of minutes on a CPU: shown, between the runs (each times itself)
+    bar = Progress(2 * len(prompts), 0, "run", "bench", True, console.print)
     for p in prompts:
         g = run_generation(rt, [p], cfg.eval_tokens, eos_ids=t.eos_ids)
         base_tok += g.new_tokens
         base_s += g.prefill_s + g.decode_s
         spec.append(dec.generate([p], cfg.eval_tokens, t.eos_ids))
+        bar.update(1)
     # phases from separate profiled runs: the profiler's syncs stay out of the timed ones
     dec.profile = True
-    profiled = [dec.generate([p], cfg.eval_tokens, t.eos_ids) for p in prompts]
+    for p in prompts:
+        profiled.append(dec.generate([p], cfg.eval_tokens, t.eos_ids))
+        bar.update(1)
+    bar.close()
     return summarize(cfg, base_tok / base_s, spec, profiled)
 
 
