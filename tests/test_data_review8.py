@@ -24,7 +24,7 @@ def test_regenerate_says_how_it_samples_and_counts_answers_cut_at_the_limit(targ
     assert cut > 0 and stats["answers_at_max_new"] == cut
     assert lines[0] == ("regenerate: 3 conversations to answer, sampled (--temperature 0.8, "
                         "--top-p 0.95, --seed 3), at most 6 new tokens each")
-    assert f"answers cut at --max-new-tokens {cut}" in lines[-1]
+    assert f"answered ones cut at --max-new-tokens {cut}" in lines[-1]
     assert "prompts truncated 0" in lines[-1]
     assert sampling_words(RegenConfig(temperature=0)) == "greedy (--temperature 0)"
 

@@ -73,6 +73,8 @@ def test_no_progress_keeps_a_line_a_logged_step(root, capfd, monkeypatch, termin
     steps = step_lines(capfd.readouterr().err)
     assert [x.split(":")[1] for x in steps] == [" step 2/4", " step 4/4"], steps
     assert all(" loss " in x and " accept " in x and " eta " in x for x in steps), steps
+    # the draft vocab's share of the target's next tokens: data vocab's figure counts the data's
+    assert all(" cover(target) " in x for x in steps), steps
 
 
 def test_progress_on_a_terminal_is_the_bar_alone(root, capfd, monkeypatch):

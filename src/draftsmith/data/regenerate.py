@@ -464,7 +464,8 @@ def regenerate(
 
 
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
-WORDS = {"truncated": "prompts truncated", "answers_at_max_new": "answers cut at --max-new-tokens"}
+WORDS = {"truncated": "prompts truncated", "answers_at_max_new":
+         "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
 
 
 def sampling_words(cfg: RegenConfig) -> str:

@@ -1070,7 +1070,9 @@ class Trainer:
         span = measured_words(s["cond_acc"])  # an accept length stops where no chain reached
         return (f"loss {row['loss']:.3f} acc0 {figure(s['acc'][0], '.3f')} "
                 f"accept {s['accept_length']:.2f}{f' ({span})' if span else ''} "
-                f"cover {figure(row['coverage'], '.3f')} tok/s {row['tokens_per_s']:.0f}")
+                # of the target's own next tokens, not the data's (data vocab's figure)
+                f"cover(target) {figure(row['coverage'], '.3f')} "
+                f"tok/s {row['tokens_per_s']:.0f}")
 
     def _warn_untrained(self, w: Window) -> None:
         """One warning line where the first logged window trained on no position (loss 0, the
