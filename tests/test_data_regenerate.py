@@ -361,7 +361,9 @@ def test_a_bad_key_or_model_stops_the_run_keeping_what_was_written(target, tmp_p
             try:
                 regenerate(asks, out, backend, target.tokenizer, cfg, False, lambda s: None)
             finally:
-                backend.close()  # waits for a request in flight
+                backend.close()  # its workers end after a request in flight: wait for that,
+                for t in backend.pool.threads:  # or it lands in the next code's count
+                    t.join(10)
 
         run(convs()[:2])
         before = out.read_text()
