@@ -14,7 +14,14 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.layout import TargetInfo, check_apart, check_out, read_config, section
+from draftsmith.export.layout import (
+    TargetInfo,
+    _where,
+    check_apart,
+    check_out,
+    read_config,
+    section,
+)
 from draftsmith.export.sglang import is_sglang, read_sglang, write_sglang
 from draftsmith.export.speculators import (
     is_speculators,
@@ -33,9 +40,7 @@ def portable_name(source: str) -> str:
     "default" (by either of its names), a path that is here absolute, anything else as it is."""
     from draftsmith.targets import DEFAULT_NAME
 
-    if source in ("default", DEFAULT_NAME):
-        return "default"
-    return str(Path(source).resolve()) if source and Path(source).exists() else source
+    return "default" if source in ("default", DEFAULT_NAME) else _where(source)
 
 
 def target_info(drafter: Eagle3Drafter, target: str | None) -> tuple[TargetInfo, str]:
