@@ -27,8 +27,10 @@ HEADS = {"stored": "",
          "tied": "tied: the embedding serves as lm_head (counted once, frozen)",
          "target": "the target's lm_head, not stored (SGLang loads it from the target)",
          "shared": "the target's lm_head, not stored (vLLM shares the target's)",
-         "shared_misfit": "none stored: vLLM shares the target's whole-vocabulary lm_head, "
-                          "which does not fit the smaller draft vocabulary"}
+         "shared_misfit": "none stored: vLLM shares the target's lm_head and keeps its first "
+                          "N logits, target ids 0..N-1, but d2t maps the draft ids away from "
+                          "0..N-1, so it does not fit the smaller draft vocabulary (it would "
+                          "draft wrong tokens; store the drafter's own lm_head)"}
 TAKEN = ("target", "shared", "shared_misfit")  # heads served from the target: vocab x hidden
 
 

@@ -12,7 +12,7 @@ import torch
 from draftsmith.doctor.artifacts import DrafterInfo
 from draftsmith.doctor.report import Finding
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers import CANONICAL_WORDS, default_aux_layers, engine_limits
+from draftsmith.layers import CANONICAL_WORDS, engine_limits
 
 COVERAGE_WARN = 0.9
 
@@ -254,47 +254,30 @@ def _number(v: Any) -> bool:
 
 
 def capturable(ids: list[int], num_layers: int, engine: str | None, where: str) -> list[Finding]:
-    notes = engine_limits(ids, num_layers)
-    if engine == "vllm":  # older model files add a residual that is still None at layer 0
-        edges = {-1: ("embedding output", 0), num_layers - 1: ("last layer output", num_layers)}
-        notes = [f"id {i} ({what}) needs vLLM id {j}, which only newer vLLM model files capture"
-                 for i, (what, j) in edges.items() if i in ids]
+    from draftsmith.export.speculators import vllm_edge_fix, vllm_edge_notes
+
+    vllm = engine == "vllm"
+    notes = vllm_edge_notes(ids, num_layers) if vllm else engine_limits(ids, num_layers)
     # SGLang's limits fail SGLang; for --engine draftsmith, which captures any layer, they
     # are advice that must not fail --strict
     sev = ("error" if engine and engine.startswith("sglang") else
            "info" if engine == "draftsmith" else "warning")
-    fix = _capturable_fix(engine == "vllm", num_layers, len(ids)) if notes else ""
+    fix = "" if not notes else (vllm_edge_fix(num_layers, len(ids)) if vllm else
+                                _capturable_fix(num_layers, len(ids)))
     return [Finding(sev, "capturable", n, where, fix) for n in notes]
 
 
-def _capturable_fix(vllm: bool, num_layers: int, n: int) -> str:
-    """Layers to retrain on that the engine captures: on a short target the default ids hold
-    the embedding or the last layer's output, what it cannot capture."""
+def _capturable_fix(num_layers: int, n: int) -> str:
+    """Layers to retrain on that SGLang captures: on a short target the default ids hold the
+    embedding or the last layer's output, what it cannot capture."""
     from draftsmith.doctor.engines import capturable_ids
 
-    ids = _inner_ids(num_layers, n) if vllm else capturable_ids("sglang", num_layers, n)
+    ids = capturable_ids("sglang", num_layers, n)
     if ids is None:
-        if vllm:
-            return (f"serve it with newer vLLM model files: this {num_layers}-layer target has "
-                    f"fewer than {n} layers besides the embedding and the last one")
         return (f"SGLang cannot be given {n} distinct layers of this {num_layers}-layer target:"
                 " serve the drafter with vLLM (`draftsmith export --format speculators`)")
-    ask = f"`draftsmith data capture --aux-layers {','.join(map(str, ids))}`"
-    if vllm:
-        return f"serve it with newer vLLM model files, or retrain on layers all capture: {ask}"
-    return f"retrain on layers every engine can capture, e.g. {ask}"
-
-
-def _inner_ids(num_layers: int, n: int) -> list[int] | None:
-    """`n` distinct ids, neither the embedding (-1) nor the last layer's output: the default
-    where it is such, else spread over the layers between."""
-    first = default_aux_layers(num_layers)
-    if len(first) == n and -1 not in first and num_layers - 1 not in first:
-        return first
-    inner = num_layers - 1  # layers 0 .. L-2
-    if inner < n:
-        return None
-    return [k * (inner - 1) // max(n - 1, 1) for k in range(n)]
+    return ("retrain on layers every engine can capture, e.g. `draftsmith data capture "
+            f"--aux-layers {','.join(map(str, ids))}`")
 
 
 def training_ids(info: DrafterInfo) -> list[Finding]:

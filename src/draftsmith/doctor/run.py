@@ -123,13 +123,32 @@ def run_doctor(opts: DoctorOptions) -> Report:
     ids = true_ids or (info.canonical_ids() or info.exported_ids(layers) if info else None)
     if ids:
         where = str(opts.data or opts.drafter)
-        rep.add("capturable", checks.capturable(ids, layers, opts.engine, where))
+        rep.add("capturable", checks.capturable(ids, layers, _capture_engine(opts, info),
+                                                where))
         rep.context["true_aux_layer_ids"] = true_ids
         rep.context["in_each_convention"] = verdict.conventions(ids, layers)
+    elif (fed := _vllm_fed(opts, info, layers)) is not None:
+        rep.add("capturable", checks.capturable(fed, layers, "vllm", str(opts.drafter)))
     rep.engines = verdict.engine_rows(true_ids, info, layers)
     if info is not None:
         _behaviour(rep, opts, target, model, info, prompts, true_ids)
     return rep
+
+
+def _capture_engine(opts: DoctorOptions, info: DrafterInfo | None) -> str | None:
+    """The engine whose capture limits apply: --engine, else vLLM for a speculators folder,
+    which only vLLM serves (SGLang's hook limits would be beside the point there)."""
+    if opts.engine is None and info is not None and info.layout == "speculators":
+        return "vllm"
+    return opts.engine
+
+
+def _vllm_fed(opts: DoctorOptions, info: DrafterInfo | None, layers: int) -> list[int] | None:
+    """The layers vLLM feeds a foreign folder (no ids recorded by an export) that vLLM serves:
+    its written ids, which may name the embedding (0) or the last layer's output (L)."""
+    if info is None or info.layout == "draftsmith" or _capture_engine(opts, info) != "vllm":
+        return None
+    return verdict.drafter_feed(info, "vllm", layers).canonical
 
 
 def read_shards(ds: Any, samples: int, scanned: int) -> list[int]:

@@ -93,7 +93,7 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
         raise DraftsmithError(f"SGLang cannot feed canonical aux layers {ids}: "
                               f"{'; '.join(limits)}; export --format speculators for vLLM, or "
                               "train on layers SGLang captures")
-    sglang_ids = to_convention(ids, Convention.SGLANG, info.num_layers)
+    sglang_ids = _sglang_ids(ids, info.num_layers)
     if sglang_version_dependent(sglang_ids):
         warnings.warn(
             f"canonical aux ids {ids} are written for SGLang as {sglang_ids}; SGLang before PR "
@@ -116,6 +116,21 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
         "eagle_aux_hidden_state_layer_ids": to_convention(ids, Convention.VLLM, info.num_layers),
         "draftsmith": _provenance(cfg, info, sglang_ids, source),
     }
+
+
+def _sglang_ids(ids: list[int], num_layers: int) -> list[int]:
+    """The ids written for current SGLang; ids no list serves it (outputs of layer 0 first)
+    refused with what to do instead."""
+    try:
+        return to_convention(ids, Convention.SGLANG, num_layers)
+    except DraftsmithError as e:
+        from draftsmith.doctor.engines import capturable_ids
+
+        other = capturable_ids("sglang", num_layers, len(ids))
+        retrain = (f", or retrain on layers SGLang reads, e.g. `draftsmith data capture "
+                   f"--aux-layers {','.join(map(str, other))}`" if other else "")
+        raise DraftsmithError(f"{e}; export --format speculators for vLLM, which reads "
+                              f"them{retrain}") from None
 
 
 def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int],

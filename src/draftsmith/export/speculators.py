@@ -41,7 +41,7 @@ from draftsmith.export.layout import (
     warn_unsorted,
     write_folder,
 )
-from draftsmith.layers import WORDS, Convention, to_convention
+from draftsmith.layers import WORDS, Convention, default_aux_layers, to_convention
 from draftsmith.models.eagle3 import (
     Eagle3Config,
     Eagle3Drafter,
@@ -81,7 +81,7 @@ def speculators_config(
     if not info.name_or_path:
         raise DraftsmithError("speculators needs the verifier's name or path; pass --target")
     vllm_ids = to_convention(cfg.aux_layer_ids, Convention.VLLM, info.num_layers)
-    warn_edge_ids(vllm_ids, info.num_layers)
+    warn_edge_ids(cfg.aux_layer_ids, info.num_layers)
     return {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
@@ -113,19 +113,47 @@ def speculators_config(
     }
 
 
-def warn_edge_ids(vllm_ids: list[int], num_layers: int) -> None:
-    """vLLM id 0 (the embedding) and id L (the last layer's output) are captured only by newer
-    vLLM model files (0 needs the residual-is-None case, L a capture after the layer loop);
-    older ones fail on them (a None residual, or too few states for fc), never serve them
-    quietly: a warning, as the doctor's, not a refusal of a drafter newer vLLM serves."""
-    edges = {0: "0 (the embedding output)", num_layers: f"{num_layers} (the last layer's output)"}
-    named = [words for i, words in edges.items() if i in vllm_ids]
-    if named:
-        warnings.warn(
-            f"vLLM aux layer id {' and '.join(named)} is captured only by newer vLLM model files; "
-            "an older vLLM fails on this drafter (`draftsmith doctor --engine vllm` says so too): "
-            "serve it with a vLLM that captures it, or retrain on layers between",
-            stacklevel=3)
+def vllm_edge_notes(ids: list[int], num_layers: int) -> list[str]:
+    """One line per canonical id that only newer vLLM model files capture: -1 (vLLM id 0, the
+    embedding: older files add a residual still None at layer 0) and L-1 (vLLM id L, the last
+    layer's output: older files capture inside the layer loop only, so fc gets too few
+    states). The one wording of this advice, for export's warning and the doctor's finding."""
+    edges = {-1: (0, "the embedding output"),
+             num_layers - 1: (num_layers, "the last layer's output")}
+    return [f"id {i} needs vLLM id {j}; vLLM aux layer id {j} ({what}) is captured only by "
+            "newer vLLM model files, an older vLLM fails on this drafter"
+            for i, (j, what) in edges.items() if i in ids]
+
+
+def vllm_edge_fix(num_layers: int, n: int) -> str:
+    """What to do about `vllm_edge_notes`: newer vLLM, or `n` layers every vLLM captures."""
+    ids = _inner_ids(num_layers, n)
+    if ids is None:
+        return (f"serve it with newer vLLM model files: this {num_layers}-layer target has "
+                f"fewer than {n} layers besides the embedding and the last one")
+    return ("serve it with newer vLLM model files, or retrain on layers all capture: "
+            f"`draftsmith data capture --aux-layers {','.join(map(str, ids))}`")
+
+
+def _inner_ids(num_layers: int, n: int) -> list[int] | None:
+    """`n` distinct canonical ids, neither the embedding (-1) nor the last layer's output: the
+    default where it is such, else spread over the layers between."""
+    first = default_aux_layers(num_layers)
+    if len(first) == n and -1 not in first and num_layers - 1 not in first:
+        return first
+    inner = num_layers - 1  # layers 0 .. L-2
+    if inner < n:
+        return None
+    return [k * (inner - 1) // max(n - 1, 1) for k in range(n)]
+
+
+def warn_edge_ids(ids: list[int], num_layers: int) -> None:
+    """Canonical `ids` that only newer vLLM captures: a warning, as the doctor's finding, not a
+    refusal of a drafter newer vLLM serves."""
+    notes = vllm_edge_notes(ids, num_layers)
+    if notes:
+        warnings.warn(f"{'; '.join(notes)}: {vllm_edge_fix(num_layers, len(ids))}",
+                      stacklevel=3)
 
 
 def write_speculators(

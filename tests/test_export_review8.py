@@ -1,0 +1,52 @@
+"""Export, eighth review: vLLM's edge aux ids (0 and L) advised from one place, so export's
+warning and the doctor's finding say the same."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from test_export import make
+
+from draftsmith.doctor.checks import capturable
+from draftsmith.export import export_drafter
+
+
+@pytest.mark.parametrize("aux", [[-1, 2, 5], [0, 2, 5], [-1, 2, 4]])
+def test_export_and_doctor_give_the_same_vllm_edge_advice(target, tmp_path, aux):
+    """The two wordings had drifted: the export told to retrain "on layers between", the
+    doctor named them; each now says what the other does, the layers to capture included."""
+    layers = target.cfg.num_layers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_drafter(make(target, tmp_path / "d", aux=aux), "speculators", tmp_path / "sp")
+    (said,) = [str(w.message) for w in caught if "vLLM aux layer id" in str(w.message)]
+    found = capturable(aux, layers, "vllm", "x")
+    assert found and all(f.severity == "warning" for f in found)
+    assert said == f"{'; '.join(f.what for f in found)}: {found[0].fix}"
+    assert said.endswith("`draftsmith data capture --aux-layers 0,2,4`")  # not "layers between"
+    for i, j in ((-1, 0), (layers - 1, layers)):
+        assert (f"id {i} needs vLLM id {j}" in said) == (i in aux)
+
+
+def test_no_edge_no_advice(target, tmp_path):
+    assert capturable([0, 2, 4], target.cfg.num_layers, "vllm", "x") == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_drafter(make(target, tmp_path / "d", aux=[0, 2, 4]), "speculators",
+                       tmp_path / "sp")
+
+
+def test_ids_no_sglang_list_serves_are_refused_with_what_to_do(target, tmp_path):
+    """Data capture's default on a 4-7 layer target starts at layer 0's output, which no id
+    list gives current SGLang: the refusal said why but not what to do."""
+    from draftsmith.errors import DraftsmithError
+
+    src = make(target, tmp_path / "d", aux=[0, 2, 4])
+    with pytest.raises(DraftsmithError) as e:
+        export_drafter(src, "sglang", tmp_path / "sg")
+    msg = str(e.value)
+    assert msg.startswith("canonical aux ids [0, 2, 4] cannot be written for current SGLang")
+    assert "export --format speculators for vLLM" in msg
+    assert msg.endswith("`draftsmith data capture --aux-layers 1,2,4`")
+    assert not (tmp_path / "sg").exists()
