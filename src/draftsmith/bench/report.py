@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from draftsmith.bench.load import busy_note
 from draftsmith.engine.profiler import PHASES, PhaseSummary, table
 from draftsmith.measured import figure, gaps
 
@@ -32,7 +34,9 @@ def results_table(report: dict[str, Any]) -> Table:
     profiled, keys = any(r.get("phases") for r in rows), phase_keys(rows)
     meta = report["meta"]
     title = f"draftsmith bench · {meta['device']} · {meta['dtype']}"
-    t = Table(title=title + (" · PARTIAL (interrupted)" if meta.get("partial") else ""))
+    title += " · PARTIAL (interrupted)" if meta.get("partial") else ""
+    title += " · BUSY MACHINE (see the note)" if busy(meta) else ""
+    t = Table(title=escape(title))
     clocked = host_keys(rows)
     for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
                 "decode speedup", "accept len", "len/max"):  # of steps + 1, a cycle's most
@@ -49,7 +53,8 @@ def results_table(report: dict[str, Any]) -> Table:
         t.add_column("same", justify="right")
     for r in rows:
         base = r["setting"] == "baseline"
-        cells = [r["suite"], str(r["batch"]), r["setting"], f"{r['tokens_per_s']:.1f}",
+        cells = [escape(r["suite"]), str(r["batch"]),  # a file's name, not rich markup
+                 r["setting"], f"{r['tokens_per_s']:.1f}",
                  "1.00x" if base else figure(r["speedup"], ".2f", "x"),
                  f"{r['decode_tokens_per_s']:.1f}",
                  "1.00x" if base else figure(r["decode_speedup"], ".2f", "x"),
@@ -89,8 +94,8 @@ def print_report(report: dict[str, Any], console: Console, json_path: Path | Non
             console.print(
                 f"{r['suite']} batch {r['batch']} {r['setting']}: "
                 f"{a['prompts'] - a['identical']} completions diverge from the baseline; "
-                f"largest candidate-logit gap at a divergence {figure(a['max_gap'], '.4f')}"
-            )
+                f"largest candidate-logit gap at a divergence {figure(a['max_gap'], '.4f')}",
+                markup=False, highlight=False)
     for note in notes(report):
         console.print(note, markup=False, highlight=False)
     line = strict(report if json_path is None else headline(report, json_path))
@@ -110,7 +115,14 @@ def notes(report: dict[str, Any]) -> list[str]:
                    "step or speculative cycle, launching its graphs and waiting on the device")
     if not_run := report["meta"].get("not_run"):
         out.append("partial (interrupted), not timed: " + "; ".join(not_run))
+    if note := busy_note(report["meta"].get("machine_load")):
+        out.append(note)
     return out
+
+
+def busy(meta: dict[str, Any]) -> bool:
+    """Whether the timings were taken while other work loaded the machine."""
+    return bool((meta.get("machine_load") or {}).get("busy"))
 
 
 HEADLINE = ("suite", "batch", "setting", "steps", "topk", "num_draft_tokens")
@@ -127,6 +139,9 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
                            "partial": bool(meta.get("partial"))}
     if meta.get("partial"):
         out["not_run"] = meta["not_run"]
+    out["machine_busy"] = busy(meta)
+    if note := busy_note(meta.get("machine_load")):
+        out["note"] = note
     out["results"] = [
         {**{k: r[k] for k in HEADLINE}, "baseline_tokens_per_s": base.get((r["suite"], r["batch"])),
          "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"],
@@ -207,6 +222,8 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
     _phases(ax[1, 1], rows)
+    if note := busy_note(report["meta"].get("machine_load")):  # a plot shared alone says it too
+        fig.suptitle(note, color="tab:red")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.bench import load
 from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
@@ -148,14 +149,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"warning: {w}")
     warnings += skipped
     rows: list[dict[str, Any]] = []
-    try:
-        _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log)
-    except KeyboardInterrupt:
-        if not rows:
-            raise
-        raise BenchInterrupted(_report(cfg, target, drafter, warnings, suites, settings,
-                                       rows)) from None
-    return _report(cfg, target, drafter, warnings, suites, settings, rows)
+    with load.watching() as machine:  # other work on the cores skews the rows unevenly
+        try:
+            _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log)
+        except KeyboardInterrupt:
+            if not rows:
+                raise
+            raise BenchInterrupted(_report(cfg, target, drafter, warnings, suites, settings,
+                                           rows, machine.result())) from None
+    return _report(cfg, target, drafter, warnings, suites, settings, rows, machine.result())
 
 
 def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConfig,
@@ -190,9 +192,9 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
 
 def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
             suites: dict[str, list[list[int]]], settings: list[Setting],
-            rows: list[dict[str, Any]]) -> dict[str, Any]:
+            rows: list[dict[str, Any]], machine: dict[str, Any] | None) -> dict[str, Any]:
     """`meta` and the rows, smallest batch first; `partial` and `not_run` say what an
-    interrupted run left out."""
+    interrupted run left out, `machine_load` how busy the machine was while timing."""
     done = {(r["suite"], r["batch"], r["setting"]) for r in rows}
     names = ["baseline", *map(setting_name, settings)]
     not_run = [f"{suite} batch {b}: {n}" for suite in suites for b in sorted(set(cfg.batch_sizes))
@@ -200,7 +202,7 @@ def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
     order = list(suites)  # batches ran largest first (graph pools reused); reported smallest first
     rows = sorted(rows, key=lambda r: (order.index(r["suite"]), r["batch"]))
     meta = {**_meta(cfg, target, drafter, warnings), "partial": bool(not_run),
-            "not_run": not_run}
+            "not_run": not_run, "machine_load": machine}
     return {"meta": meta, "results": rows}
 
 
@@ -233,7 +235,9 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
 def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     warm_each(lambda b: run_generation(rt, b, min(8, cfg.max_new_tokens), cfg.params, eos),
               batches)
-    gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos) for batch in batches]
+    with load.timed():
+        gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos)
+                for batch in batches]
     rows = [t for g in gens for t in g.tokens]
     secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
     host = _host(SpecResult.merged_host([g.host for g in gens]))
@@ -280,7 +284,8 @@ def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
     dec.capture([len(batches[0])])
     warm_each(lambda b: dec.generate(b, min(8, cfg.max_new_tokens), eos), batches)
-    results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
+    with load.timed():
+        results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
     m = SpecResult.merged(results)
     row: dict[str, Any] = {
         **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
@@ -302,7 +307,8 @@ def profiled_phases(dec: SpecDecoder, cfg: BenchConfig, timed: SpecResult,
         return None
     dec.profile = True
     try:
-        parts = run()
+        with load.timed():
+            parts = run()
     finally:
         dec.profile = False
     return merge_phases(parts, timed.mean_accept_length, dec.steps)
@@ -315,11 +321,12 @@ def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
     flat, rows = [p for b in batches for p in b], len(batches[0])
     prepare(rt, rows, cfg.max_new_tokens, eos, cfg.params, flat)
     sync(rt)
-    t0 = time.perf_counter()
-    tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
-                             cfg.refill_every or refill_every_for(rows))
-    sync(rt)
-    secs = time.perf_counter() - t0
+    with load.timed():
+        t0 = time.perf_counter()
+        tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
+                                 cfg.refill_every or refill_every_for(rows))
+        sync(rt)
+        secs = time.perf_counter() - t0
     return _refilled_speed(tokens, secs), tokens
 
 
@@ -334,7 +341,8 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     def run() -> SpecResult:
         return generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
 
-    m = run()
+    with load.timed():
+        m = run()
     row: dict[str, Any] = {
         **_refilled_speed(m.tokens, m.decode_s), **m.accept_stats(), "refill": True,
         "phases": profiled_phases(dec, cfg, m, lambda: [run().phases]),
