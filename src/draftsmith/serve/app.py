@@ -238,6 +238,7 @@ def _generation_routes(app: FastAPI, engine: ServeEngine, cfg: P.ServeConfig,
         q: asyncio.Queue = asyncio.Queue()
         job = Job(req, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
         sched.submit(job)
+        request.scope[_JOB] = job  # queued: a forced quit counts it through its end (`quiet`)
         # a client that leaves while queued or waiting for a whole answer frees its rows
         # (a stream's own disconnect watch takes over once it starts)
         gone = asyncio.ensure_future(_until_gone(request))
@@ -356,6 +357,7 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
 
 
 _CUT = "draftsmith.cut_off"  # a request's scope key: the forced quit's hook (`_server`'s wrapper)
+_JOB = "draftsmith.job"  # a request's scope key: its job, once queued
 
 
 def _drop(sched: Any, job: Job, scope: dict, left: bool) -> None:
@@ -409,13 +411,11 @@ def _server(app: FastAPI, **config: Any) -> Any:
         """`app`, answering the requests a forced quit cancels (uvicorn printed a traceback
         for each) with a 503, or a stream with its error event."""
         head: list[dict] = []
-        taken: list[Job] = []
 
         def cut(job: Job) -> bool:
             """A job whose request a forced quit cancels: stopped, counted (`Scheduler.cut_off`)."""
             if not server.force_exit:
                 return False
-            taken.append(job)
             sched.cut_off(job)
             return True
 
@@ -432,7 +432,11 @@ def _server(app: FastAPI, **config: Any) -> Any:
         except asyncio.CancelledError:
             if not server.force_exit or scope["type"] != "http":
                 raise
-            if not taken:  # cut off before its job was queued: a stop's 503 all the same
+            if (job := scope.get(_JOB)) is not None:
+                # counted once (`Job.end`): a job that completed before its reply went out
+                # stays completed
+                sched.cut_off(job)
+            elif not head:  # cut off before its job was queued: a stop's 503 all the same
                 sched.count(stopped=1)
             await _cut_off(head, send)
 

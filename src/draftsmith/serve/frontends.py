@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import os
 import signal
 import socket
 import subprocess
@@ -342,9 +343,11 @@ def listen(host: str, port: int) -> socket.socket:
 class RemoteScheduler:
     """A frontend's stand-in for the engine's `Scheduler`: the app's calls go over the pipe and
     the jobs' events come back through it. The 503s it answers itself once the engine process is
-    gone (`GONE`: a refused submit, the jobs the lost link ends) are counted nowhere: /metrics'
-    counters lived in that process. A frontend never sends a forced quit's 503 (`app._cut_off`):
-    the engine process ends it (SIGTERM, then SIGKILL after 15 s), so nothing is counted then.
+    gone (`GONE`: a refused submit, the jobs the lost link ends) are this frontend's own count,
+    /metrics' `engine_gone` (the engine's counters lived in that process; each frontend shows
+    its own, 0 in the engine's), also said on stderr as the frontend stops. A frontend never
+    sends a forced quit's 503 (`app._cut_off`): the engine process ends it (SIGTERM, then
+    SIGKILL after 15 s), so nothing is counted then.
     Its /health reads the engine's `stopping`, a 503 while a stop drains the engine's batch."""
 
     def __init__(self, conn: Connection, on_lost: Any = None) -> None:
@@ -355,6 +358,8 @@ class RemoteScheduler:
         self._jid: dict[int, int] = {}  # id(job) -> its jid, while it runs
         self._replies: dict[int, list] = {}
         self.lost = False
+        self._gone_lock = threading.Lock()
+        self.gone = 0  # requests answered 503 GONE here: /metrics' `engine_gone`
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="draftsmith-link", daemon=True).start()
@@ -367,7 +372,8 @@ class RemoteScheduler:
         jid = next(self._ids)
         self._jobs[jid], self._jid[id(job)] = job, jid
         if not self._try_send(("submit", jid, job.req)):
-            self._forget(jid)
+            if self._forget(jid):  # else the lost link's sweep took (and counted) it
+                self._count_gone(1)
             raise ApiError(503, GONE, code="unavailable")
 
     def cancel(self, job: Job) -> None:
@@ -386,8 +392,15 @@ class RemoteScheduler:
         self._replies[qid] = [done, None]
         if not self.lost and self._try_send(("status", qid)):
             done.wait(STATUS_WAIT_S)
-        got = self._replies.pop(qid)[1]
-        return got or {"alive": False, "queued": 0, "metrics": {}}
+        got = self._replies.pop(qid)[1] or {"alive": False, "queued": 0, "metrics": {}}
+        m = got["metrics"]
+        if self.gone or "engine_gone" in m:
+            got = {**got, "metrics": {**m, "engine_gone": m.get("engine_gone", 0) + self.gone}}
+        return got
+
+    def _count_gone(self, n: int) -> None:
+        with self._gone_lock:
+            self.gone += n
 
     def _forget(self, jid: int) -> bool:
         job = self._jobs.pop(jid, None)
@@ -417,13 +430,17 @@ class RemoteScheduler:
             traceback.print_exc()
         self.lost = True
         self.conn.close()
-        for jid, job in list(self._jobs.items()):
-            self._forget(jid)
+        failed = [job for jid, job in list(self._jobs.items()) if self._forget(jid)]
+        self._count_gone(len(failed))  # each once: a submit failing now forgets its own
+        for job in failed:
             job.emit(("error", 503, GONE, None, "unavailable"))  # as a refused submit
         for done, _ in list(self._replies.values()):
             done.set()
         if self.on_lost is not None:
             self.on_lost()
+        if failed:
+            print(f"draftsmith serve: frontend {os.getpid()}: {GONE}: {len(failed)} waiting "
+                  "request(s) answered 503", file=sys.stderr)
 
     def _deliver(self, jid: int | None, event: tuple) -> None:
         if jid is None:  # ("status", qid, status)

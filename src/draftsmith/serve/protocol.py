@@ -136,8 +136,10 @@ def _bounded(body: dict, name: str, kind: type, default: Any, lo: float, hi: flo
     return v
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict, kind: str) -> None:
     """Reject features this server does not implement instead of silently ignoring them."""
+    # vLLM's default: the chat template writes a chat's special tokens; a text gets the BOS
+    special = kind != "chat"
     checks = {
         # /v1/completions' logprobs 0 asks for the chosen tokens' logprobs (only chat's is a bool)
         "logprobs": lambda v: v is not None and v is not False,
@@ -172,6 +174,17 @@ def _unsupported(body: dict) -> None:
         "continue_final_message": lambda v: v not in (None, False),
         "chat_template": lambda v: v is not None,
         "chat_template_kwargs": lambda v: bool(v),
+        "truncate_prompt_tokens": lambda v: v is not None,
+        "allowed_token_ids": lambda v: bool(v),
+        "bad_words": lambda v: bool(v),
+        "logits_processors": lambda v: bool(v),
+        "structured_outputs": lambda v: v is not None,
+        "documents": lambda v: bool(v),
+        "add_special_tokens": lambda v: v not in (None, special),
+        # SGLang's
+        "regex": lambda v: v is not None,
+        "ebnf": lambda v: v is not None,
+        "no_stop_trim": lambda v: v not in (None, False),
     }
     for name, bad in checks.items():
         if name in body and bad(body[name]):
@@ -330,7 +343,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
 
 def parse_chat(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
     body = _object(body)
-    _unsupported(body)
+    _unsupported(body, "chat")
     messages = _messages(body)
     opts = _options(body, cfg, "chat", 1, "max_completion_tokens")
     try:
@@ -390,7 +403,7 @@ def _prompts(items: list[str | list[int]], cfg: ServeConfig,
 
 def parse_completion(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
     body = _object(body)
-    _unsupported(body)
+    _unsupported(body, "completion")
     items = _items(body, cfg)
     opts = _options(body, cfg, "completion", len(items), "max_tokens")
     prompts = _prompts(items, cfg, prompter)

@@ -19,7 +19,10 @@ that have sent nothing yet are rerun one by one, so only the culprit gets the er
 answers the queued jobs with a 503 at once, and the running batch's jobs too if it has not ended
 within the timeout: code "unavailable", as a submit it refuses; /metrics counts each such 503
 as "stopped", and so does `cut_off`, a forced quit's 503 that the app sends itself. Each job's end
-is counted once (`Job.end`), by whichever of them comes first.
+is counted once (`Job.end`), by whichever of them comes first: a job that completed before a
+forced quit cut its reply off stays "completed". "engine_gone" is always 0 here: the 503s a
+`--frontends` process answers itself once the engine process is gone, which that frontend
+counts (`frontends.RemoteScheduler`).
 """
 
 from __future__ import annotations
@@ -101,8 +104,8 @@ class Metrics:
         self.started = time.time()
         self.lock = threading.Lock()
         self.counts = dict.fromkeys(
-            ("requests", "completed", "rejected", "failed", "cancelled", "stopped", "batches",
-             "batch_rows", "joined_rows", "prompt_tokens", "completion_tokens"), 0)
+            ("requests", "completed", "rejected", "failed", "cancelled", "stopped", "engine_gone",
+             "batches", "batch_rows", "joined_rows", "prompt_tokens", "completion_tokens"), 0)
         self.engine_s = 0.0
         self.queue_s = 0.0
         self.accept_hist: list[int] = []
