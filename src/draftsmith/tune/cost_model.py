@@ -10,24 +10,14 @@ import functools
 import heapq
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from draftsmith.errors import DraftsmithError
-
-# np.convolve's own kernel (its correlate over the reversed pmf), called without the wrapper's
-# checks: tune's hottest call, a cycle of every prompt at every setting. Same arithmetic, bit
-# for bit (tests/test_tune_review10.py).
-try:
-    from numpy._core.multiarray import correlate as _correlate
-except ImportError:  # numpy 1.x, or a numpy that moved it: np.convolve itself below
-    try:
-        from numpy.core.multiarray import correlate as _correlate
-    except ImportError:
-        _correlate = None
 
 if TYPE_CHECKING:
     from draftsmith.tune.refill_model import Refill
@@ -276,6 +266,13 @@ def tree_tokens_per_cycle(acc: Acceptance, steps: int, topk: int, num_draft_toke
 def _tree_kept(acc: Acceptance, steps: int, topk: int, num_draft_tokens: int
                ) -> tuple[tuple[float, int], ...]:
     """The verified nodes of `tree_tokens_per_cycle`: (path probability, depth) each."""
+    return _tree_ranked(acc, steps, topk)[: max(num_draft_tokens - 1, 0)]
+
+
+@functools.lru_cache(maxsize=16384)  # one a (prompt, steps, topk), for every draft budget
+def _tree_ranked(acc: Acceptance, steps: int, topk: int) -> tuple[tuple[float, int], ...]:
+    """Every candidate node of the tree, most probable first (ties: the earlier drafted), so a
+    budget's verified nodes are its first ones: heapq.nlargest's order, worked out once."""
     candidates: list[tuple[float, int]] = []
     frontier = [1.0]
     for d in range(1, steps + 1):
@@ -283,7 +280,7 @@ def _tree_kept(acc: Acceptance, steps: int, topk: int, num_draft_tokens: int
         children = [w * q for w in frontier for q in qs]
         candidates.extend((w, d) for w in children)
         frontier = heapq.nlargest(topk, children)
-    return tuple(heapq.nlargest(num_draft_tokens - 1, candidates, key=lambda c: c[0]))
+    return tuple(sorted(candidates, key=operator.itemgetter(0), reverse=True))
 
 
 def tokens_per_cycle(acc: Acceptance, setting: SpecSetting) -> float:
@@ -344,37 +341,70 @@ def cycle_survival(tail: Sequence[float], tokens: int) -> tuple[int, np.ndarray]
     `expected_cycles`): (start, sv), P(more than c cycles) = 1 for c < start, sv[c - start]
     from there, 0 past its end. Exact up to EXACT_TOKENS, then normal with the renewal
     variance tokens * var / mean^3 about `expected_cycles`."""
+    return cycle_survivals([tail], tokens)[0]
+
+
+def cycle_survivals(tails: Sequence[Sequence[float]], tokens: int
+                    ) -> list[tuple[int, np.ndarray]]:
+    """`cycle_survival` of each tail, the exact ones of one length worked out side by side (a
+    cold `tune --refill` ranking spent seconds on thousands of curves one cycle at a time)."""
     if tokens <= 0:
-        return 0, np.zeros(0)
-    pmf = np.append(0.0, -np.diff(np.append(np.asarray(tail, dtype=np.float64), 0.0)))
+        return [(0, np.zeros(0)) for _ in tails]
+    unique = list(dict.fromkeys(tuple(t) for t in tails))
     if tokens > EXACT_TOKENS:
-        return _normal_survival(pmf, tail, tokens)
-    if tokens < len(pmf) or _correlate is None:  # np.convolve swaps its inputs at the first:
-        # its own arithmetic kept (and where the kernel is not at hand)
-        return 0, _survival(tokens, lambda m: np.convolve(m, pmf)[:tokens])
-    rev = pmf[::-1]
-    return 0, _survival(tokens, lambda m: _correlate(m, rev, 2)[:tokens])  # 2: "full"
+        done = {t: _normal_survival(_cycle_pmf(t), t, tokens) for t in unique}
+    else:
+        done = {}
+        for width in dict.fromkeys(len(t) for t in unique):
+            group = [t for t in unique if len(t) == width]
+            svs = _exact_survivals(_cycle_pmf(group), tokens)
+            done.update((t, (0, sv)) for t, sv in zip(group, svs, strict=True))
+    return [done[tuple(t)] for t in tails]
 
 
-SURVIVAL_BLOCK = 32  # cycles summed in one call
+def _cycle_pmf(tail: Sequence) -> np.ndarray:
+    """pmf[x]: the chance that a cycle makes x tokens (pmf[0] = 0); of each tail of a list of
+    equal-length tails, one a row."""
+    tail = np.asarray(tail, dtype=np.float64)
+    pmf = np.zeros((*tail.shape[:-1], tail.shape[-1] + 1))
+    pmf[..., 1:-1] = tail[..., :-1] - tail[..., 1:]
+    pmf[..., -1] = tail[..., -1]
+    return pmf
 
 
-def _survival(tokens: int, cycle: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """P(more than c cycles), c = 0, 1, ... while above 1e-12: each the chance of having made
-    fewer than `tokens` tokens (a row's sum of `made`, as `made.sum()` gives it), a block of
-    cycles at a time."""
-    buf, sv = np.zeros((SURVIVAL_BLOCK, tokens)), []
-    buf[0, 0] = 1.0  # made[t]: chance of having made t < tokens tokens so far
-    while True:
-        for j in range(1, SURVIVAL_BLOCK):
-            buf[j] = cycle(buf[j - 1])
-        left = buf.sum(1)
-        ends = np.flatnonzero(left <= 1e-12)
-        if len(ends):
-            sv.extend(left[: ends[0]].tolist())
-            return np.minimum(np.asarray(sv, dtype=np.float64), 1.0)
-        sv.extend(left.tolist())
-        buf[0] = cycle(buf[-1])
+def _exact_survivals(pmfs: np.ndarray, tokens: int) -> list[np.ndarray]:
+    """P(more than c cycles), c = 0, 1, ... while above 1e-12, of each row of `pmfs` (rows x
+    most tokens a cycle + 1): each the chance of having made fewer than `tokens` tokens after c
+    cycles. made[t] (t < tokens) after cycle c, a column a row, is the last one's convolved
+    with the pmf, held from `pad`'s row `most` on; it is 0 below t = c and above c * most, so
+    only the t between are worked, every row at once; spent rows are dropped now and then."""
+    rows_n, most = pmfs.shape[0], pmfs.shape[1] - 1
+    rev = np.ascontiguousarray(pmfs[:, :0:-1].T)  # rev[m] = pmf[most - m], a column a row
+    pad = np.zeros((most + tokens, rows_n))
+    pad[most] = 1.0  # made[0]: no token yet
+    sv = np.zeros((tokens, rows_n))
+    sv[0] = 1.0
+    end, rows, live = np.full(rows_n, tokens), np.arange(rows_n), np.ones(rows_n, dtype=bool)
+    for c in range(1, tokens):
+        hi = min(tokens, c * most + 1)
+        step, across = pad.strides  # windows[t - c, row, m] = pad[t + m, row], read only
+        windows = as_strided(pad[c:], (hi - c, pad.shape[1], most), (step, across, step),
+                             writeable=False)
+        made = np.einsum("tkm,mk->tk", windows, rev)  # made[t], t = c .. hi - 1
+        pad[most + c - 1] = 0.0
+        pad[most + c : most + hi] = made
+        left = made.sum(0)
+        sv[c, rows] = left
+        spent = live & (left <= 1e-12)
+        if spent.any():
+            end[rows[spent]] = c
+            live &= ~spent
+            if not live.any():
+                break
+            if 4 * live.sum() < 3 * live.size:  # a quarter spent: drop them
+                rows, pad, rev, live = rows[live], pad[:, live], rev[:, live], live[live]
+    np.minimum(sv, 1.0, out=sv)
+    return [sv[: end[r], r].copy() for r in range(rows_n)]
 
 
 def _normal_survival(pmf: np.ndarray, tail: Sequence[float], tokens: int
@@ -492,6 +522,8 @@ class PromptMix:
         cycles = [_row_cycles(a, setting, new_tokens - 1) for a in self.prompts]
         per = [_row_tpc(a, setting) for a in self.prompts]
         groups = batch_groups(len(cycles), batch)
+        if batch > 1:
+            fill_survival(((a, setting) for a in self.prompts), new_tokens - 1)
         slots = batch * math.fsum(self._batch_cycles(g, cycles, setting, new_tokens - 1)
                                   for g in groups)
         decoded = math.fsum(cycles[i] for g in groups for i in g)
@@ -513,9 +545,37 @@ class PromptMix:
         return max(longest, expected_max_cycles(dists))
 
 
-@functools.lru_cache(maxsize=65536)  # as many (prompt, setting) pairs as the others keep
-def row_survival(acc: Acceptance, setting: SpecSetting, tokens: int) -> tuple[int, np.ndarray]:
-    return cycle_survival(cycle_tail(acc, setting), tokens)
+class _RowSurvival:
+    """`cycle_survival` of a prompt at a setting, kept per (prompt, setting, tokens) across
+    batch sizes; `fill` works out many pairs side by side (`cycle_survivals`)."""
+
+    MAXSIZE = 65536  # as many (prompt, setting) pairs as the other caches keep
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, tuple[int, np.ndarray]] = {}
+
+    def __call__(self, acc: Acceptance, setting: SpecSetting, tokens: int
+                 ) -> tuple[int, np.ndarray]:
+        key = (acc, setting, tokens)
+        if key not in self._kept:
+            self.fill([(acc, setting)], tokens)
+        return self._kept[key]
+
+    def fill(self, pairs: Iterable[tuple[Acceptance, SpecSetting]], tokens: int) -> None:
+        keys = [k for k in dict.fromkeys((a, s, tokens) for a, s in pairs) if k not in self._kept]
+        if not keys:
+            return
+        if len(self._kept) + len(keys) > self.MAXSIZE:
+            self._kept.clear()
+        found = cycle_survivals([cycle_tail(a, s) for a, s, _ in keys], tokens)
+        self._kept.update(zip(keys, found, strict=True))
+
+    def cache_clear(self) -> None:
+        self._kept.clear()
+
+
+row_survival = _RowSurvival()
+fill_survival = row_survival.fill  # kept apart: a test may stand a plain function in for it
 
 
 @functools.lru_cache(maxsize=65536)
@@ -782,6 +842,11 @@ def rank_settings(
 ) -> list[Prediction]:
     """Predictions for the candidates and the baseline, fastest first (ties: simplest)."""
     settings = dict.fromkeys([SpecSetting.baseline(), *(candidates or candidate_grid())])
+    tokens = (refill.new_tokens if refill is not None else new_tokens or 0) - 1
+    if mix is not None and tokens > 0 and (refill is not None or batch > 1):
+        # every row's cycle distribution at every setting in one go, not a curve at a time
+        fill_survival(((a, s) for s in settings if not s.is_baseline for a in mix.prompts),
+                      tokens)
     preds = [predict(costs, acc, s, batch, mix, refill, new_tokens) for s in settings]
     return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
 

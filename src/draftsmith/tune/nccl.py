@@ -244,6 +244,8 @@ def resumed(path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     try:
         old = json.loads(path.read_text())
         theirs, results = old["run"], old["results"]
+        if not isinstance(theirs, dict):
+            raise TypeError(f"its run is {type(theirs).__name__}, not an object")
         ok = {r["setting"]: r for r in results if r["status"] == "ok"}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DraftsmithError(f"{path}: not a stopped NCCL sweep's timings ({e}); delete it or "

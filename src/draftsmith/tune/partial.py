@@ -74,6 +74,8 @@ class Partial:
         try:
             old = json.loads(self.path.read_text())
             theirs = old["run"]
+            if not isinstance(theirs, dict):
+                raise TypeError(f"its run is {type(theirs).__name__}, not an object")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DraftsmithError(f"{self.path}: not a stopped tune's measurements ({e}); "
                                   "delete it or give another --out") from e
@@ -82,6 +84,7 @@ class Partial:
                 f"{self.path} holds what another tune measured before it stopped ("
                 + "; ".join(differ) + "): rerun that tune to resume it, or delete the file "
                 "or give another --out")
+        _readable(self.path, old)
         self.data.update({k: v for k, v in old.items() if k not in ("status", "run")})
         self.written = True  # a failure from here on names it
         return old
@@ -125,6 +128,19 @@ class Partial:
     def drop(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def _readable(path: Path, old: dict) -> None:
+    """The kept figures read as the run will read them, now: a damaged or hand-edited file
+    raised a KeyError or TypeError minutes later, after the target and drafter loaded."""
+    try:
+        kept_acceptance(old, False)
+        kept_costs(old)
+        kept_measured(old)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        what = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e)
+        raise DraftsmithError(f"{path}: its kept measurements cannot be read ({what}); delete "
+                              "it to measure them again, or give another --out") from e
 
 
 def agreed(tp, resume: Callable[[], dict]) -> dict:

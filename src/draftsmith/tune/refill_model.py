@@ -24,6 +24,7 @@ from draftsmith.tune.cost_model import (
     Prediction,
     PromptMix,
     SpecSetting,
+    fill_survival,
     predict_phases,
     row_survival,
     tokens_per_cycle,
@@ -213,6 +214,7 @@ class Refill:
         if setting.is_baseline:
             return np.full((1, len(order)), tokens, dtype=np.int64)
         gain = _tree_gain(acc, setting)
+        fill_survival(((mix.prompts[i], setting) for i in dict.fromkeys(order)), tokens)
         cols = list(range(len(order))) if mix.sampled else order
         u = _uniforms(DRAWS, max(cols) + 1)
         out = np.empty((DRAWS, len(order)), dtype=np.int64)
