@@ -97,8 +97,8 @@ def test_aliases_reach_the_same_option(monkeypatch, capsys, tmp_path):
                                       "out")
     code, _, err = run_main(monkeypatch, capsys, "bench", "--drafter", "random", "--device",
                             "cpu", "--batch-sizes", "0", "-o", str(tmp_path / "b"))
-    assert (code, err.strip()) == (2, "draftsmith: error: --batch-size: expected positive "
-                                      "integers, got '0'")
+    assert (code, err.strip()) == (2, "draftsmith: error: --batch-size must be whole numbers "
+                                      ">= 1, got 0")
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])

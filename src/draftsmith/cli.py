@@ -19,7 +19,16 @@ from rich.table import Table
 from rich.text import Text
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import DEVICE, DTYPE, TARGET, at_least_one, check_sampling, given, unused
+from draftsmith.options import (
+    DEVICE,
+    DTYPE,
+    TARGET,
+    at_least_one,
+    check_sampling,
+    check_seed,
+    given,
+    unused,
+)
 
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
@@ -215,8 +224,8 @@ def generate(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel processes (torchrun or spawned)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per completion"),
     drafter: Path = typer.Option(None, "--drafter", help="A draftsmith drafter folder: "
-                                 "speculative decoding (greedy, the same text as without it) "
-                                 "and its accept length"),
+                                 "speculative decoding (greedy: the same text as without it; "
+                                 "sampled with --temperature too) and its accept length"),
     steps: int = typer.Option(3, "--steps", help="With --drafter: draft steps per cycle"),
     topk: int = typer.Option(1, "--topk", help="With --drafter: 1 = chain; > 1 = EAGLE-2 tree"),
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens",
@@ -242,6 +251,7 @@ def generate(
         raise DraftsmithError(f"--prompts {prompts_file}: no prompt with a user turn in it"
                               if prompts_file else "give --prompt TEXT or --prompts FILE.jsonl")
     params = sampling_params(temperature, top_p, top_k, seed is not None)
+    check_seed(seed)
     dev = pick_device(device)
     dt = dtype_name(dev, dtype)
     refuse_split(target, tp)

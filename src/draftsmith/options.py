@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from draftsmith.engine.params import whole  # the engine's rule: not a bool, nor a float
 from draftsmith.errors import DraftsmithError
 
 
@@ -36,22 +37,43 @@ COMPILE = typer.Option(False, "--compile", help="torch.compile the target's laye
                        "decode after a one-off compile)")
 
 
+def count(value: Any, flag: str) -> int:
+    """One count option's value: a whole number >= 1, or the error every count option gives
+    (the same value the same answer in every command and in the Python API)."""
+    if not whole(value):
+        raise DraftsmithError(f"{flag} must be a whole number >= 1, got {value!r}")
+    if value < 1:
+        raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+    return int(value)
+
+
 def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
-    """A comma-separated list of positive integers from option `what`, or a clear error."""
-    try:
-        out = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise DraftsmithError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if (not out and not empty_ok) or any(x < 1 for x in out):
-        raise DraftsmithError(f"{what}: expected positive integers, got {text!r}")
+    """A comma-separated list of counts (whole numbers >= 1) from option `what`, each item read
+    as one count option reads its text (space around it ignored); an empty item skipped."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            value: Any = int(item)
+        except ValueError:
+            value = item
+        try:
+            out.append(count(value, what))
+        except DraftsmithError:
+            within = f" in {text!r}" if item != text.strip() else ""
+            raise DraftsmithError(f"{what} must be whole numbers >= 1, got {value!r}{within}"
+                                  ) from None
+    if not out and not empty_ok:
+        raise DraftsmithError(f"{what}: give at least one value, got {text!r}")
     return out
 
 
-def at_least_one(flags: dict[str, int | None]) -> None:
-    """Each of these options (by flag) is at least 1 where given, or a clear error."""
+def at_least_one(flags: dict[str, Any]) -> None:
+    """Each of these count options (by flag) a whole number >= 1 where given (`count`)."""
     for flag, value in flags.items():
-        if value is not None and value < 1:
-            raise DraftsmithError(f"{flag} must be >= 1, got {value}")
+        if value is not None:
+            count(value, flag)
 
 
 def given(command: Callable[..., Any], **values: Any) -> list[str]:
@@ -93,6 +115,16 @@ def check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
         raise DraftsmithError(f"--top-p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise DraftsmithError(f"--top-k must be >= 0 (0: off), got {top_k}")
+
+
+SEEDS = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
+
+
+def check_seed(seed: int | None) -> None:
+    """--seed within what torch takes: past it, torch.manual_seed's overflow was a traceback
+    after the target had loaded."""
+    if seed is not None and not SEEDS[0] <= seed <= SEEDS[1]:
+        raise DraftsmithError(f"--seed must be from -2**63 to 2**64 - 1, got {seed}")
 
 
 def check_chain_tokens(steps: list[int], tokens: list[int]) -> None:

@@ -16,7 +16,6 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     TargetInfo,
-    _where,
     check_apart,
     check_out,
     read_config,
@@ -37,10 +36,12 @@ FORMATS = ("sglang", "speculators")
 
 def portable_name(source: str) -> str:
     """How draftsmith's own record names a target a drafter records: the embedded default as
-    "default" (by either of its names), a path that is here absolute, anything else as it is."""
-    from draftsmith.targets import DEFAULT_NAME
+    "default" (by either of its names, or a conversion cache folder of it, which drafters
+    trained before targets were recorded portably name), a path that is here absolute,
+    anything else as it is."""
+    from draftsmith.targets import is_default, local_path
 
-    return "default" if source in ("default", DEFAULT_NAME) else _where(source)
+    return "default" if source and is_default(source) else local_path(source)
 
 
 def target_info(drafter: Eagle3Drafter, target: str | None) -> tuple[TargetInfo, str]:

