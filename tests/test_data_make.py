@@ -90,7 +90,8 @@ def test_make_with_a_larger_n_grows_the_run(target, tmp_path):
               vocab_size=16, log=lambda s: None, progress=False)
     make_dataset(tmp_path, 3, **kw)
     rec = make_dataset(tmp_path, 5, **kw)
-    assert rec["stages"]["regenerate"]["result"]["done_before"] == 3
+    said = rec["stages"]["regenerate"]["result"]  # chunk 0, sampled with 3 rows, asked whole
+    assert said["done_before"] == 0 and said["redone"] == 3 and said["answered"] == 5
     assert len(Dataset(tmp_path / "dataset")) == 5
     with pytest.raises(DraftsmithError, match="aux_layer_ids.*delete .*dataset to capture") as e:
         make_dataset(tmp_path, 5, aux_layers=[0, 2], **kw)
@@ -232,9 +233,9 @@ def test_self_made_prompts_bad_settings_and_output(target, model, tiny_llama_dir
     out.write_text(json.dumps({"messages": [{"role": "user", "content": "old"}]}))
     args = ["prompts", "--self-made", "2", "-o", str(out), "--target", str(tiny_llama_dir),
             "--device", "cpu", "--batch-size", "4", "--max-new-tokens", "32", "--min-chars", "1"]
-    assert CliRunner().invoke(app, args).exit_code == 0
-    assert [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)][:1] == ["old"]
-    assert len(read_jsonl_tail_safe(out)) == 2
+    said = CliRunner().invoke(app, args)  # a prompt not self-made is not counted as one
+    assert isinstance(said.exception, DraftsmithError) and "not self-made" in str(said.exception)
+    assert [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)] == ["old"]
     assert CliRunner().invoke(app, args + ["--overwrite"]).exit_code == 0
     assert "old" not in [r["messages"][0]["content"] for r in read_jsonl_tail_safe(out)]
 

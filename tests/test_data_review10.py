@@ -1,6 +1,6 @@
-"""Data-path review 10: self-made rounds of only the rows still wanted, `data vocab` reading a
-manifest's `complete` as train and the doctor read it, and `data make` refusing a training run's
-folder without importing the trainer."""
+"""Data-path review 10: self-made rounds of --batch-size rows (review 11: whatever --n),
+`data vocab` reading a manifest's `complete` as train and the doctor read it, and `data make`
+refusing a training run's folder without importing the trainer."""
 
 from __future__ import annotations
 
@@ -33,30 +33,28 @@ def spy_rows(monkeypatch) -> list[tuple[int, int]]:
     return seen
 
 
-def test_a_small_n_decodes_only_the_prompts_still_wanted(target, model, tmp_path, monkeypatch):
-    """5 prompts wanted at --batch-size 16 decoded 16 rows a round, most of them thrown away;
-    now the 5 and a quarter more for those the filters drop."""
+def test_a_round_decodes_batch_size_rows_whatever_n(target, model, tmp_path, monkeypatch):
+    """Rounds of the rows still wanted (5 wanted: 7 rows) drew other questions under each --n,
+    so `data make` grown from --n 5 was not a fresh run of the larger --n (review 11)."""
     seen = spy_rows(monkeypatch)
     cfg = MagpieConfig(n=5, batch_size=16, max_new_tokens=12, min_chars=1, seed=2)
     stats = self_made_prompts(target, tmp_path / "p.jsonl", cfg, model, progress=False)
     assert stats["kept"] == 5
-    assert seen[0] == (7, 7), seen
-    assert all(rows <= 7 for rows, _ in seen), seen
+    assert seen and all(x == (16, 16) for x in seen), seen
 
 
 def test_a_compiled_run_keeps_whole_batches():
     """Each row count compiles a decode step of its own: a compiled run's rounds stay whole."""
     from draftsmith.data.selfmade import _rows
 
-    cfg = MagpieConfig(n=100, batch_size=32)
-    assert [_rows(cfg, k, False) for k in (0, 80, 90, 99)] == [32, 26, 13, 2]
-    assert {_rows(cfg, k, True) for k in (0, 80, 90, 99)} == {32}
+    assert _rows(MagpieConfig(n=100, batch_size=32)) == _rows(MagpieConfig(n=5, batch_size=32))
+    assert _rows(MagpieConfig(n=5, batch_size=32)) == 32
 
 
-def test_rounds_shrink_to_what_is_left_and_a_resumed_run_equals_an_uninterrupted_one(
+def test_whole_rounds_and_a_resumed_run_equals_an_uninterrupted_one(
         target, model, tmp_path, monkeypatch):
-    """A round's rows follow the prompts kept before it (as its seed does), so a run killed
-    in a shrunken round and rerun writes what an uninterrupted run writes."""
+    """A round's seed follows the prompts kept before it, so a run killed in its last round
+    and rerun writes what an uninterrupted run writes."""
     import draftsmith.engine.generate as G
 
     plain, seen = G.run_generation, []
@@ -74,9 +72,7 @@ def test_rounds_shrink_to_what_is_left_and_a_resumed_run_equals_an_uninterrupted
     whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
     self_made_prompts(target, whole, cfg, model, progress=False)
     rounds = [json.loads(x)["meta"]["round"] for x in whole.read_text().splitlines()]
-    left = [9 - sum(r < i for r in rounds) for i in range(len(seen))]
-    wanted = [min(4, k + k // 4 + 1) for k in left]
-    assert seen == wanted and wanted[-1] < 4, (seen, rounds)
+    assert seen == [4] * len(seen) and len(seen) > 2, (seen, rounds)
     kill_at = 2 * len(seen) - 1  # the second run's last round, once
 
     def killed_in_the_last_round(*a, **kw):

@@ -162,6 +162,8 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
             raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        except OSError as e:  # unreadable: one line, as a JSONL's
+            raise DraftsmithError(f"{path}: cannot read ({e.strerror or e})") from None
         yield from enumerate(data, start=1) if isinstance(data, list) else [(0, data)]
     else:
         yield from _jsonl(path, gzip.open if name.endswith(".gz") else open)
@@ -191,14 +193,22 @@ def _line(line: bytes) -> Any:
 
 
 def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:
         raise DraftsmithError(f"{path}: cannot read Parquet ({e})") from None
-    for batch in pf.iter_batches(batch_size=1024):
-        yield from batch.to_pylist()
+    rows = 0
+    try:
+        for batch in pf.iter_batches(batch_size=1024):
+            got = batch.to_pylist()
+            rows += len(got)
+            yield from got
+    except (OSError, ValueError, pyarrow.ArrowException) as e:  # a damaged page
+        raise DraftsmithError(f"{path}: cannot read Parquet past row {rows} ({e}); the file is "
+                              "damaged: write it again") from None
 
 
 def _dataset_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -432,6 +442,29 @@ def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
         k = len(records)
         while last is not None and k and group(records[k - 1][1]) == last:
             k -= 1
+    return cut_records(path, records, k)
+
+
+def last_write(records: list[tuple[int, dict[str, Any]]],
+               group: Callable[[dict[str, Any]], Any]) -> int:
+    """The index in `records` where their last (whole) write begins: by its marks
+    (`mark_write`), else (older files) where the last `group` begins."""
+    place = _write_place(records[-1][1]) if records else None
+    if place is not None and place[0] == place[1] - 1 and place[1] <= len(records):
+        start = len(records) - place[1]
+        if [_write_place(r) for _, r in records[start:]] == [(j, place[1])
+                                                             for j in range(place[1])]:
+            return start
+    last = group(records[-1][1]) if records else None
+    k = len(records)
+    while last is not None and k and group(records[k - 1][1]) == last:
+        k -= 1
+    return k
+
+
+def cut_records(path: Path, records: list[tuple[int, dict[str, Any]]],
+                k: int) -> list[tuple[int, dict[str, Any]]]:
+    """`records[:k]`, the file `path` cut back to them (records from `numbered_records`)."""
     if k < len(records):
         data = path.read_bytes()
         at = 0

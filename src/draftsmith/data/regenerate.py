@@ -29,7 +29,9 @@ from draftsmith.data.atomic import append_whole, make_folder
 from draftsmith.data.prompts import (
     Conversation,
     appended_records,
+    cut_records,
     drop_last_write,
+    last_write,
     lead,
     mark_write,
     opening,
@@ -423,8 +425,15 @@ def regenerate(
         chunk_of = {c.id: i // step for i, c in enumerate(convs)}
         records = drop_last_write(out, records, lambda r: chunk_of.get(_pid(r)))
         done = {_prompt_id(out, line, r) for line, r in records}
+    cut = _grown_chunk(records, convs, step, info) if _redoes(backend, cfg) else None
+    if cut is not None:  # kept on disk until the chunk's whole answers are written
+        done = {_prompt_id(out, line, r) for line, r in records[:cut]}
+        say(f"regenerate: the last chunk {out} holds was sampled with {len(records) - cut} "
+            "answered prompts of the more it now has: they are answered again with the rest, "
+            "as a run of this whole input samples them")
     todo = [c for c in convs if c.id not in done]
-    stats = {"done_before": len(convs) - len(todo), "answered": 0, "skipped_too_long": 0,
+    stats = {"done_before": len(convs) - len(todo), "answered": 0,
+             "redone": len(records) - cut if cut is not None else 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
              "answer_tokens": 0, "answers_at_max_new": 0}
     count = _counter(tokenizer)
@@ -442,7 +451,8 @@ def regenerate(
         if not chunk:
             continue
         torch.manual_seed(cfg.seed * 1_000_003 + c)
-        kept = f"the {stats['done_before'] + stats['answered']} conversations answered before"
+        there = stats["done_before"] + stats["answered"] + (0 if cut is None else stats["redone"])
+        kept = f"the {there} conversations answered before"
         try:
             recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
         except DraftsmithError as e:
@@ -452,6 +462,11 @@ def regenerate(
             bar.close()
             say(f"regenerate: stopped (ctrl-C): {out} keeps {kept}; a rerun resumes after them")
             raise
+        if isinstance(backend, EngineBackend):
+            for rec in recs:  # the prompts the chunk was asked with: a larger input redoes it
+                rec["meta"]["chunk"] = [c, len(convs[c : c + step])]
+        if cut is not None:
+            records, cut = cut_records(out, records, cut), None
         # one write: a kill or a full disk keeps a chunk whole or not at all (a part would be
         # resumed in a smaller batch, sampled otherwise)
         append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
@@ -464,7 +479,8 @@ def regenerate(
 
 
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
-WORDS = {"truncated": "prompts truncated", "answers_at_max_new":
+WORDS = {"truncated": "prompts truncated", "redone": "answered again in their grown chunk",
+         "answers_at_max_new":
          "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
 
 
@@ -476,6 +492,35 @@ def sampling_words(cfg: RegenConfig) -> str:
     if cfg.top_k:
         parts.append(f"--top-k {cfg.top_k}")
     return f"sampled ({', '.join(parts)}, --seed {cfg.seed})"
+
+
+def _redoes(backend: Any, cfg: RegenConfig) -> bool:
+    """Whether a chunk asked with fewer prompts than it now holds is answered again whole:
+    the engine's sampled draws are the chunk's (a server seeds each request by its messages,
+    and a greedy answer is its prompt's alone)."""
+    return isinstance(backend, EngineBackend) and cfg.temperature > 0
+
+
+def _grown_chunk(records: list[tuple[int, dict[str, Any]]], convs: list[Conversation],
+                 step: int, info: dict[str, Any]) -> int | None:
+    """Where the last write of `records` begins when it is the engine's chunk of an earlier,
+    smaller input (`data make` with a smaller --n, a prompt file grown since): a fresh run
+    of `convs` samples that chunk with all its prompts together, so it is asked again whole
+    (None: the last chunk is whole, or written before chunks or its batching were recorded)."""
+    meta = (records[-1][1].get("meta") or {}) if records else {}
+    place, answers = meta.get("chunk"), meta.get("answers") or [{}]
+    if not (isinstance(place, list) and len(place) == 2 and all(type(x) is int for x in place)
+            and isinstance(answers[0], dict)
+            and all(answers[0].get(k) == info[k] for k in BATCHING)):
+        return None
+    start, size = place
+    asked = convs[start : start + step]
+    k = last_write(records, lambda r: None)
+    ids = {c.id for c in asked}
+    if len(asked) <= size or k == len(records) or not all(_pid(r) in ids
+                                                          for _, r in records[k:]):
+        return None
+    return k
 
 
 def _pid(rec: dict[str, Any]) -> str | None:

@@ -29,6 +29,7 @@ from draftsmith.data.prompts import (
     Conversation,
     Malformed,
     appended_records,
+    cut_records,
     drop_last_write,
     mark_write,
     parse_record,
@@ -154,16 +155,21 @@ def self_made_prompts(
     records, torn = appended_records(out) if not overwrite else ([], False)
     torn = torn or write_cut(records)
     have = [_conversation(out, line, r) for line, r in records]
+    _self_made_only(out, records, have)
     if torn:  # the last round's write, torn by a kill, is made again whole
         _same_settings(out, have, meta, cfg.openings)
-        have = [_conversation(out, line, r) for line, r in drop_last_write(out, records, _round)]
-    seen = {fold(c.first_user()) for c in have}
-    stats = {"kept": len(have), "duplicates": 0, "length_filtered": 0, "unfinished": 0,
-             "bare_openings": 0}
+        records = drop_last_write(out, records, _round)
+        have = [_conversation(out, line, r) for line, r in records]
     full = len(have) >= cfg.n
     _same_settings(out, have, meta, cfg.openings, full)
     if full:
-        return stats
+        return _full(out, len(have), cfg.n, say)
+    # a last round an earlier, smaller --n cut short is made again whole, as this --n makes it
+    cut = _round_start(records) if have and have[-1].meta.get("cut") else None
+    have = have[:cut]
+    seen = {fold(c.first_user()) for c in have}
+    stats = {"kept": len(have), "in_file": len(records), "duplicates": 0, "length_filtered": 0,
+             "unfinished": 0, "bare_openings": 0}
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
@@ -173,7 +179,7 @@ def self_made_prompts(
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
     need = max(map(len, starts)) + cfg.max_new_tokens
-    rt = Runtime(model, _rows(cfg, len(have), compile), need + 1, compile=compile, kept=need)
+    rt = Runtime(model, _rows(cfg), need + 1, compile=compile, kept=need)
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = Progress(cfg.n, len(have), "prompt", "prompts", progress, say)
     make_folder(out.parent)
@@ -189,11 +195,12 @@ def self_made_prompts(
             break
         torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
         pick = [(round_ * cfg.batch_size + i) % len(opens)
-                for i in range(_rows(cfg, stats["kept"], compile))]
+                for i in range(_rows(cfg))]
         gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
-        made = []
+        made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
             got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
+            more = more or (got is not None and stats["kept"] >= cfg.n)
             if got is None or stats["kept"] >= cfg.n:
                 continue
             seen.add(fold(got))
@@ -202,27 +209,63 @@ def self_made_prompts(
             have.append(Conversation([{"role": "user", "content": got}], meta=rec))
             made.append(have[-1].to_json())
             stats["kept"] += 1
-        if made:  # a round's records in one write: a kill or a full disk keeps all or none
+        for r in made if more else ():  # a larger --n makes this round again whole
+            r["meta"]["cut"] = True
+        new = made
+        if made and cut is not None:  # the cut round, made again whole
+            new, cut = _join_cut(out, records, cut, made), None
+        if new:  # a round's records in one write: a kill or a full disk keeps all or none
             append_whole(out, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                      for r in mark_write(made)).encode(),
-                         _kept(stats["kept"] - len(made)))
+                                      for r in mark_write(new)).encode(),
+                         _kept(stats["kept"] - len(new)))
+        if made:
             bar.update(len(made))  # a round's prompts at once: one by one, an off-terminal
             # line fired on the first of them projected the whole run from one prompt
     bar.close()
+    stats["in_file"] = len(have) if cut is None else len(records)
     if stats["kept"] < cfg.n:
         _note_tried(out, have, first + limit, made_by)
         say(_short(stats, cfg, limit))
     return stats
 
 
-def _rows(cfg: MagpieConfig, kept: int, compile: bool) -> int:
-    """A round's rows: the prompts still wanted and a quarter more for those the filters drop
-    (~15 % on the default target), at most --batch-size (16 wanted at 32 decoded all 32).
-    Compiled, whole batches: each row count compiles a decode step of its own. A function of the
-    prompts kept, as the round's seed is, so a resumed run decodes the rounds an uninterrupted
-    one does (--compile is among the settings a rerun must share)."""
-    left = cfg.n - kept
-    return cfg.batch_size if compile else min(cfg.batch_size, left + left // 4 + 1)
+def _round_start(records: list[tuple[int, dict[str, Any]]]) -> int:
+    """The index in `records` where the records of their last round begin."""
+    k = len(records)
+    while k and _round(records[k - 1][1]) == _round(records[-1][1]):
+        k -= 1
+    return k
+
+
+def _join_cut(out: Path, records: list[tuple[int, dict[str, Any]]], cut: int,
+              made: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a round an earlier, smaller --n cut short (`records[cut:]`), made again
+    whole (`made`), that `out` lacks: those past the part written, where the round starts with
+    it (decoding repeats: the prompts written stay as they are), else all of them, the part
+    written cut from the file first."""
+    there = [r.get("id") for _, r in records[cut:]]
+    if [r["id"] for r in made[: len(there)]] == there:
+        return made[len(there):]
+    cut_records(out, records, cut)
+    return made
+
+
+def _rows(cfg: MagpieConfig) -> int:
+    """A round's rows: --batch-size, whatever --n is. Rows sized to the prompts still wanted
+    drew a round otherwise under each --n, so a run grown from a smaller --n asked other
+    questions than a fresh run of the larger one."""
+    return cfg.batch_size
+
+
+def _full(out: Path, there: int, n: int, say: Callable[[str], None]) -> dict[str, int]:
+    """The counts of a run whose file already holds `n` prompts or more: it keeps the first
+    `n` (`data make` answers those); a file of more says so."""
+    if there > n:
+        say(f"prompts: {out} holds {there} prompts from a run of a larger --n; this run keeps "
+            f"its first {n} (`data make` answers those; a later stage given the file reads all "
+            f"{there})")
+    return {"kept": n, "in_file": there, "duplicates": 0, "length_filtered": 0,
+            "unfinished": 0, "bare_openings": 0}
 
 
 def tried_path(out: Path) -> Path:
@@ -301,6 +344,19 @@ def _same_settings(out: Path, have: list[Conversation], meta: dict[str, Any],
                                   f"({'; '.join(diff)}): rerun with those settings, or write to "
                                   "another file")
         return
+
+
+def _self_made_only(out: Path, records: list[tuple[int, dict[str, Any]]],
+                    have: list[Conversation]) -> None:
+    """Refuse a file of other prompts (from files, HumanEval, answers): they were counted as
+    self-made ones, and a run wanting no more than they are made none (every self-made prompt
+    has recorded its source since the first)."""
+    for (line, _), c in zip(records, have, strict=True):
+        if c.meta.get("source") != "magpie":
+            raise DraftsmithError(
+                f"{out}:{line}: holds a prompt that is not self-made (source "
+                f"{c.meta.get('source')!r}): write them to another file (`data make`: another "
+                "folder), or replace this one (`data prompts --overwrite`)")
 
 
 def _setting(key: str, there: Any, now: Any) -> str:
