@@ -10,6 +10,7 @@ import importlib
 import inspect
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +119,8 @@ def dtype_of(name: str):
         "fp16": torch.float16,
     }
     if name not in table:
-        raise DraftsmithError(f"unknown dtype {name!r}: use one of {sorted(table)}")
+        raise DraftsmithError(f"--dtype {name}: use auto, float32, bfloat16 or float16 (fp32, "
+                              "bf16, fp16 for short)")
     return table[name]
 
 
@@ -371,13 +373,25 @@ def _read_prompts(path: Path) -> list[list[dict[str, str]]]:
     return [opening(c.messages) for c in read_prompts(path)]
 
 
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                     lineno: int, line: str | None = None) -> str:
+    """A warning as the CLI shows it: one line like its errors, not Python's file:line and
+    source line (which pointed users at draftsmith's code)."""
+    return f"draftsmith: warning: {message}\n"
+
+
 def main() -> None:
+    # formatwarning, not showwarning: recorded warnings (pytest's, a caller's catch_warnings)
+    # stay recorded, and a command's own showwarning (train's) still wins
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
         _register()  # imports the engine, whose switches are read (and refused) at import
         app()
     except DraftsmithError as e:
         print(f"draftsmith: error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        warnings.formatwarning = previous
 
 
 if __name__ == "__main__":

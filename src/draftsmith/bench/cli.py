@@ -15,6 +15,7 @@ from draftsmith.options import (
     DTYPE,
     TARGET,
     check_folder,
+    check_seed,
     command_line,
     given,
     int_list,
@@ -65,6 +66,7 @@ def bench(
     from draftsmith.models.eagle3 import read_drafter_meta
 
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
+    check_seed(seed)
     if not drafter:
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
     # a mistyped folder, before the target's minutes of loading

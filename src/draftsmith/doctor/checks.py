@@ -69,9 +69,10 @@ def _drafter_fingerprint(fp: str, target: Any, info: DrafterInfo, recorded: bool
 def _hashes(recorded: dict, live: dict, source: str, who: str, where: str,
             taken: bool = False) -> list[Finding]:
     """`taken`: the live target is the one `recorded` names, loaded from there."""
-    from draftsmith.targets import DEFAULT_NAME
+    from draftsmith.targets import is_default
 
-    named = "default" if recorded.get("source") == DEFAULT_NAME else recorded.get("source")
+    src = recorded.get("source")
+    named = "default" if src and is_default(str(src)) else src
     fixes = {
         "fingerprint": (f"pass the target the {who} was captured with as --target PATH, or "
                         "recapture with this one") if taken else

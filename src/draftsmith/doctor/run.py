@@ -86,17 +86,18 @@ def _recorded(src: str, how: str) -> Any:
 
 
 def _drafter_target(info: DrafterInfo) -> str | None:
-    """The target the drafter's config records: the embedded default by either of its names
-    (a path that is not here was skipped as one); a foreign verifier name only where it is a
-    path here (often a hub id), what draftsmith recorded even where gone (load_recorded says so)."""
-    from draftsmith.targets import DEFAULT_NAME
+    """The target the drafter's config records: the embedded default by any of its names
+    (`targets.is_default`: a conversion cache folder of it too, here or not); a foreign
+    verifier name only where it is a path here (often a hub id), what draftsmith recorded even
+    where gone (load_recorded says so)."""
+    from draftsmith.targets import is_default
 
     c = info.config
     verifier = (c.get("speculators_config") or {}).get("verifier")
     verifier = verifier.get("name_or_path") if isinstance(verifier, dict) else None
     own = c.get("target_source") if info.layout == "draftsmith" else info.recorded("target")
     src = str(own or verifier or "") or None
-    if src in ("default", DEFAULT_NAME):
+    if src and is_default(src):  # a default's conversion cache folder too, even cleared
         return "default"
     return src if own or (src and Path(src).exists()) else None
 

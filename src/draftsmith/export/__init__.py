@@ -192,12 +192,12 @@ def recorded_target(folder: str | Path, refusal: DraftsmithError) -> tuple[Any, 
     """The target an exported folder records (`draftsmith.target`, else speculators' verifier),
     where it loads and its fingerprint is the recorded one: an export's SGLang folder holds no
     embedding, but says whose it is. Else `refusal`, with why the recorded one was not taken."""
-    from draftsmith.targets import DEFAULT_NAME, load_target
+    from draftsmith.targets import is_default, load_target
 
     c, where = read_config(folder), f"{folder}/config.json"
     record = section(c, "draftsmith", where)
-    src = record.get("target") or verifier_of(c, where).get("name_or_path") or ""
-    src = "default" if src in ("default", DEFAULT_NAME) else str(src)
+    src = str(record.get("target") or verifier_of(c, where).get("name_or_path") or "")
+    src = "default" if src and is_default(src) else src  # a default's cache folder, even cleared
     want = record.get("target_fingerprint")
     if not src or not want:
         raise refusal

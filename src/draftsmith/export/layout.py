@@ -83,9 +83,9 @@ def _recorded_where(source: str) -> tuple[str, str]:
     they load from, as an export given --target names them, so an engine can load it; where
     that fails, the default by its long name (draftsmith reads it back as the default) and a
     GGUF by its file."""
-    from draftsmith.targets import DEFAULT_NAME, load_target
+    from draftsmith.targets import DEFAULT_NAME, is_default, load_target
 
-    default = source in ("default", DEFAULT_NAME)
+    default = bool(source) and is_default(source)  # a default's conversion cache folder too
     if not default and not (source.endswith(".gguf") and Path(source).is_file()):
         return _where(source), _recorded_dtype(source)
     try:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftsmith.engine.params import SamplingParams
+from draftsmith.options import SEEDS  # one range for --seed and a request's seed
 from draftsmith.serve.text import TooLong
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
-SEEDS = (-(1 << 63), (1 << 64) - 1)  # what torch.manual_seed takes
 STOPPING = "the server is shutting down"  # a stopping server's 503s and /health
 
 

@@ -60,7 +60,8 @@ class Plan:
         self._rows: tuple[int, list[Row]] | None = None
 
     def _pack_epoch(self, e: int) -> None:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + e)
+        g = torch.Generator().manual_seed((self.seed * 100_003 + e) % (1 << 64))  # same order,
+        # and no overflow for a large --seed (torch takes 0 .. 2**64 - 1, a negative as its wrap)
         perm = torch.randperm(len(self.lengths), generator=g).tolist()
         packed = [pack(perm[r :: self.world], self.lengths, self.max_len)
                   for r in range(self.world)]

@@ -13,7 +13,7 @@ import typer
 
 from draftsmith.layers import CANONICAL_WORDS, parse_ids
 from draftsmith.models.eagle3 import CONFIG_FILE
-from draftsmith.options import command_line
+from draftsmith.options import check_seed, command_line
 from draftsmith.train.checkpoint import latest_checkpoint
 
 
@@ -92,6 +92,7 @@ def train(
     from draftsmith.train import TrainConfig
     from draftsmith.train import train as run
 
+    check_seed(seed)  # torch's overflow was a traceback after the target and data loaded
     cfg = TrainConfig(
         out=out, data=data, prompts=prompts, target=target, ttt_steps=ttt_steps,
         step_decay=step_decay, lr=lr, min_lr=min_lr, warmup_ratio=warmup_ratio,

@@ -19,7 +19,7 @@ import torch
 from draftsmith.data.shards import Dataset, read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
-from draftsmith.targets import DEFAULT_NAME, Target, load_target
+from draftsmith.targets import Target, is_default, load_target
 from draftsmith.train.batches import Source, TokenSource
 from draftsmith.train.reader import ShardReader
 
@@ -120,7 +120,7 @@ def target_of_dataset(manifest: dict[str, Any]) -> str:
     source = str(manifest.get("target", {}).get("source", ""))
     if not source:
         raise DraftsmithError("the dataset manifest names no target; pass --target")
-    return "default" if source == DEFAULT_NAME else source
+    return "default" if is_default(source) else source
 
 
 def open_offline(folder: str | Path, target: Target, max_samples: int | None,
@@ -309,7 +309,7 @@ def resolve_target(target: str | None, data: str | None,
 def load_recorded(src: str, who: str, hint: str) -> Target:
     """The target `who` records (a manifest, a drafter config): one moved or deleted since is
     named as that, with --target as the fix (`hint`: what else the path may be)."""
-    if src != "default" and not Path(src).exists():
+    if not is_default(src) and not Path(src).exists():  # a default's cleared cache folder too
         raise DraftsmithError(f"{who} names the target {src}, not a file or folder here (moved, "
                               f"deleted, or {hint}): pass --target PATH")
     return load_target(src)

@@ -99,9 +99,10 @@ def tune(
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
     from draftsmith.cli import sampling_params
-    from draftsmith.options import check_compile
+    from draftsmith.options import check_compile, check_seed
 
     params = sampling_params(temperature, top_p, top_k, bool(given(tune, seed=seed)))
+    check_seed(seed)
     dev, dt = device_dtype(device, dtype)
     check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
