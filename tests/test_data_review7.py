@@ -66,8 +66,8 @@ def test_a_grown_input_is_refused_saying_what_changed_and_that_grow_keeps_shards
     """The refusal named two bare digests; it now says the input changed, by how much, and that
     --grow keeps the shards whose samples stay."""
     capture(target, convs(6), tmp_path, CFG, progress=False, model=model, log=lambda s: None)
-    with pytest.raises(DraftsmithError, match=r"other conversations \(6 there, 9 in this input: "
-                                              r"it grew or changed since\); pass --grow to keep"):
+    with pytest.raises(DraftsmithError, match=r"other conversations \(its 6 conversations and "
+                                              r"3 more: the input grew since\); pass --grow"):
         capture(target, convs(9), tmp_path, CFG, progress=False, model=model, log=lambda s: None)
 
 

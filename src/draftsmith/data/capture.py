@@ -124,6 +124,11 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
     return p
 
 
+def skipped_words(skipped: dict[str, int]) -> str:
+    """Conversations skipped by reason, as words: "3 too_long, 1 template_refused" or "none"."""
+    return ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
+
+
 def within_positions(cfg: CaptureConfig, most: int | None,
                      say: Callable[[str], None]) -> CaptureConfig:
     """`cfg` with --max-len held to the target's max_position_embeddings (`most`): the states
@@ -143,7 +148,7 @@ def bytes_per_token(n_aux: int, hidden: int) -> int:
 
 def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list[int],
            p: Plan, rank: int, world: int) -> dict[str, Any]:
-    digest = hashlib.sha256("\n".join(c.id for c in convs).encode()).hexdigest()[:16]
+    digest = source_digest([c.id for c in convs])
     n_shards = len(p.shards(cfg.samples_per_shard))
     return {
         "target": {"fingerprint": target.fingerprint, "source": target.source,
@@ -256,7 +261,8 @@ def capture(
     tok = target.tokenizer
     p = plan(tok, convs, cfg)
     if not p.kept:
-        raise DraftsmithError(f"no conversation has assistant tokens to capture ({p.skipped})"
+        raise DraftsmithError(f"no conversation has assistant tokens to capture (skipped: "
+                              f"{skipped_words(p.skipped)})"
                               + (f"; the first refused: {p.refused}" if p.refused else ""))
     head = header(target, convs, cfg, ids, p, rank, world)
     if overwrite:
@@ -270,8 +276,7 @@ def capture(
     if grow and world == 1:
         _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
     else:
-        _same_input(folder, head, redo if world > 1 else f"pass --grow to keep its shards whose "
-                    f"samples stay and capture the rest, or {redo}")
+        _same_input(folder, head, [c.id for c in convs], world == 1, redo)
     writer = ShardWriter(folder, head, IDENTITY, redo)
     _note_command(writer, command or "draftsmith.data.capture.capture()")
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
@@ -290,12 +295,26 @@ def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard, say)
     from draftsmith.data.progress import Progress
 
     bar = Progress(sum(len(s) for _, s in todo), 0, "sample", "capture", progress, say)
-    for k, idx in todo:
-        writer.write(k, forward_shard(model, tok, convs, idx, cfg, aux_ids))
-        bar.update(len(idx))
-        if on_shard:
-            on_shard(k)
+    try:
+        for k, idx in todo:
+            writer.write(k, forward_shard(model, tok, convs, idx, cfg, aux_ids))
+            bar.update(len(idx))
+            if on_shard:
+                on_shard(k)
+    except KeyboardInterrupt:  # each shard is written whole: those finished stay listed
+        bar.close()
+        say(f"capture: stopped (ctrl-C): {_kept_shards(writer)}")
+        raise
     bar.close()
+
+
+def _kept_shards(writer: ShardWriter) -> str:
+    """What a stopped capture keeps (its finished shards), and that a rerun goes on."""
+    t = totals(writer.manifest["shards"])
+    if not t["shards"]:
+        return f"no shard was finished in {writer.folder}; a rerun of the same command starts it"
+    return (f"{writer.folder} keeps the {t['shards']} shard(s) finished ({t['samples']} "
+            "samples); a rerun of the same command captures the rest")
 
 
 def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) -> None:
@@ -305,8 +324,7 @@ def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) ->
     mine_tok = sum(length[i] for _, s in mine for i in s)
     say(f"capture: {len(p.kept)} samples, {total} tokens, aux layers {ids} ({CANONICAL_WORDS})")
     if p.skipped or p.truncated:
-        skipped = ", ".join(f"{n} {why}" for why, n in p.skipped.items()) or "none"
-        say(f"capture: skipped {skipped}; {p.truncated} truncated to --max-len "
+        say(f"capture: skipped {skipped_words(p.skipped)}; {p.truncated} truncated to --max-len "
             f"{head['max_len']} tokens")
     if p.refused:
         say(f"capture: warning: the chat template refused {p.skipped['template_refused']} "
@@ -339,20 +357,35 @@ def _drop_tmp(folder: Path) -> None:
                                       f"({e.strerror or e}); make {folder} writable") from None
 
 
-def _same_input(folder: Path, head: dict[str, Any], fix: str) -> None:
+def source_digest(ids: list[str]) -> str:
+    """The conversations a capture is of, by their ids in order."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def _same_input(folder: Path, head: dict[str, Any], ids: list[str], growable: bool,
+                redo: str) -> None:
     """Refuse a folder captured from other conversations with these settings by what changed
-    (ShardWriter would name two digests): an answers file grown or edited since."""
+    (ShardWriter would name two digests): --grow pointed at only where this input extends the
+    one captured there (an answers file grown since), else the input named as another one."""
     if not (folder / MANIFEST).is_file():
         return
     m = read_manifest(folder)
     if m.get("source_digest") == head["source_digest"] or not all(
             same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k != "source_digest"):
         return  # the same input, or other settings, which ShardWriter names
-    there = (m.get("input") or {}).get("conversations", "?")
-    raise DraftsmithError(
-        f"{folder}: holds a dataset made with a different source_digest, of other "
-        f"conversations ({there} there, {head['input']['conversations']} in this input: it "
-        f"grew or changed since); {fix}")
+    there, here = (m.get("input") or {}).get("conversations"), len(ids)
+    grew = (isinstance(there, int) and not isinstance(there, bool) and there < here
+            and source_digest(ids[:there]) == m.get("source_digest"))
+    if grew:
+        fix = (f"pass --grow to keep its shards and capture the rest, or {redo}" if growable
+               else redo)
+        what = f"its {there} conversations and {here - there} more: the input grew since"
+    else:
+        fix = redo
+        what = (f"{there if there is not None else '?'} there, {here} in this input, not an "
+                "extension of those: another input, or one edited since")
+    raise DraftsmithError(f"{folder}: holds a dataset made with a different source_digest, "
+                          f"of other conversations ({what}); {fix}")
 
 
 def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:

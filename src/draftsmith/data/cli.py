@@ -107,9 +107,12 @@ def prompts(
     target: str = TARGET,
     device: str = DEVICE_UNCHECKED,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(32, "--batch-size", help="Self-made prompts written at once"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Self-made prompts: rows decoded a "
+                                   "round, whatever N (progress moves a round at a time)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
-                                       help="Most tokens a self-made prompt may take"),
+                                       help="Most tokens a self-made prompt may take (longer "
+                                       "ones are dropped); each round decodes --batch-size "
+                                       "rows of up to this many"),
     min_chars: int = typer.Option(12, "--min-chars", help="Shorter self-made prompts dropped"),
     max_chars: int = typer.Option(2000, "--max-chars", help="Longer self-made prompts dropped"),
     temperature: float = typer.Option(1.0, help="Sampling the self-made prompts"),
@@ -122,7 +125,8 @@ def prompts(
 ) -> None:
     """Collect prompts from files, HumanEval, or the target itself (--self-made N).
     An --out already there is refused unless it holds the same conversations (a rerun) or
-    --overwrite is given; self-made prompts resume in it."""
+    --overwrite is given; self-made prompts resume in it. Self-made prompts are decoded in
+    rounds of --batch-size rows of up to --max-new-tokens tokens, whatever N."""
     from draftsmith.data.atomic import check_file_path
     from draftsmith.data.prompts import write_jsonl
 
@@ -320,11 +324,18 @@ def describe(ds: Any) -> dict[str, Any]:
                                              f"({WORDS[Convention.VLLM]})" if layers else "?"),
         "stored": f"aux [T, {len(ids)}, {m['hidden_size']}] and final hidden (after the final "
                   f"norm) [T, {m['hidden_size']}], {m.get('dtype', 'bfloat16')}",
-        "skipped inputs": m.get("input", {}).get("skipped", {}),
+        "skipped inputs": _skipped(m.get("input", {}).get("skipped")),
         "truncated inputs": (f"{m.get('input', {}).get('truncated', 0)} cut to --max-len "
                              f"{m.get('max_len', '?')} tokens"),
         "commands": m.get("commands", []),
     }
+
+
+def _skipped(skipped: Any) -> str:
+    """A manifest's skipped inputs by reason, in words ("none" where it skipped none)."""
+    from draftsmith.data.capture import skipped_words
+
+    return skipped_words(skipped) if isinstance(skipped, dict) else "not recorded"
 
 
 @app.command()
@@ -345,9 +356,10 @@ def vocab(
         raise DraftsmithError(f"--size must be >= 1, got {size}")
     dest = out or (source if source.is_dir() else source.parent)
     if (dest / "vocab.safetensors").exists() and not overwrite:  # a drafter may train on it
-        raise DraftsmithError(f"{dest / 'vocab.safetensors'} exists (data make's, which a "
-                              "drafter may have been trained on); pass --overwrite to replace "
-                              "it, or --out another folder")
+        who = V.made_by(dest)
+        raise DraftsmithError(f"{dest / 'vocab.safetensors'} exists ({who + '; ' if who else ''}"
+                              "a drafter may have been trained on it with --vocab); pass "
+                              "--overwrite to replace it, or --out another folder")
     if out is not None:
         check_folder(out, "--out")
     if source.is_dir():
@@ -411,24 +423,29 @@ def make(
     target: str = TARGET,
     device: str = DEVICE,
     dtype: str = DTYPE,
-    batch_size: int = typer.Option(32, "--batch-size", help="Rows decoded together (capture: "
-                                   "a quarter of them)"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Rows decoded together: a prompts "
+                                   "round, whatever --n; the answers (capture: a quarter of "
+                                   "them)"),
     max_len: int = typer.Option(2048, "--max-len", help="Prompt + answer tokens"),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Most tokens an answer may "
-                                       "take"),
+                                       "take (the answers' limit; prompts: --prompt-tokens)"),
     aux_layers: str = typer.Option(None, "--aux-layers", help="Canonical ids (output of layer "
                                    "j, 0-based, -1 = embeddings), e.g. 1,14,26 (default: "
                                    "the target's)"),
     vocab_size: int = typer.Option(32000, "--vocab-size", help="Draft vocabulary size"),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Max tokens per self-made "
-                                      "prompt (longer ones are dropped)"),
+                                      "prompt (longer ones are dropped); each prompts round "
+                                      "decodes --batch-size rows of up to this many"),
     seed: int = typer.Option(0, help="Seeds the prompts and answers"),
     temperature: float = typer.Option(0.8, "--temperature", help="The answers' sampling "
                                       "temperature (top-p 0.95); 0 = greedy answers"),
     compile: bool = COMPILE,
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume; a
-    larger --n adds to the run). The dataset to train on is OUT/dataset."""
+    larger --n adds to the run). The dataset to train on is OUT/dataset.
+
+    Prompts: each round decodes --batch-size rows of up to --prompt-tokens tokens, whatever
+    --n (a small --n still takes a whole round). Answers: --max-new-tokens tokens at most."""
     from draftsmith.data.pipeline import make_dataset
 
     dev, dt = device_dtype(device, dtype)

@@ -115,7 +115,7 @@ def make_dataset(
     m = stage("capture", lambda: capture(t, _answers(prompts, answers, n), data, cap, command,
                                          log, progress, model=model, grow=True,
                                          redo=redo)["totals"])
-    stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log))
+    stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log, command))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
 
@@ -184,14 +184,21 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None]) -> dict:
-    from draftsmith.data.vocab import build_vocab, count_dataset, save_vocab
+def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
+           command: str = "data make") -> dict:
+    from draftsmith.data.vocab import build_vocab, changed, count_dataset, old_size, save_vocab
 
     with warnings.catch_warnings(record=True) as caught:  # one line as `data vocab` says it,
         warnings.simplefilter("always")                  # not Python's warning with its source
         v = build_vocab(count_dataset(data, target_vocab), min(size, target_vocab), target_vocab)
     for w in caught:
         log(f"warning: {w.message}")
-    save_vocab(v, data, {"made_from": {"dataset": str(data)}})
+    path = data / "vocab.safetensors"
+    if changed(path, v):  # a drafter may have been trained on the old one (train --vocab)
+        was = old_size(path)
+        log(f"vocab: {path} replaced: {was if was is not None else 'an unreadable one'} -> "
+            f"{v.used.numel()} draft tokens, counted on this run's data (a drafter trained with "
+            "--vocab on the old one used another vocabulary)")
+    save_vocab(v, data, {"made_from": {"dataset": str(data)}, "command": command})
     log(f"vocab: {v.used.numel()} tokens cover {v.coverage:.2%} of assistant tokens")
     return v.summary()

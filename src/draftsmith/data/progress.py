@@ -28,6 +28,7 @@ class Progress:
         self.unit, self.desc, self.say, self.every = unit, desc, say, every
         self.start = self.said = time.perf_counter()
         self.unsaid = False
+        self.told: float | None = None  # when a status line was last said
 
     def update(self, n: int) -> None:
         self.bar.update(n)
@@ -35,6 +36,15 @@ class Progress:
         self.unsaid = True
         if self.lines and time.perf_counter() - self.said >= self.every:
             self._line()
+
+    def status(self, text: str) -> None:
+        """What the stage is doing before its next update (a long round): on a terminal beside
+        the bar; off one a line, the first always, then at most every `every` seconds."""
+        self.bar.set_postfix_str(text)
+        now = time.perf_counter()
+        if self.lines and (self.told is None or now - self.told >= self.every):
+            self.say(f"{self.desc}: {text}")
+            self.told = now
 
     def close(self) -> None:
         self.bar.close()

@@ -494,6 +494,38 @@ def sampling_words(cfg: RegenConfig) -> str:
     return f"sampled ({', '.join(parts)}, --seed {cfg.seed})"
 
 
+# a recorded sampling's fields as flags; top_p, top_k and seed do nothing at temperature 0
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+                  "max_new_tokens": "--max-new-tokens", "seed": "--seed"}
+GREEDY_IGNORES = ("top_p", "top_k", "seed")
+
+
+def sampling_diff(there: Any, now: dict[str, Any]) -> tuple[str, str]:
+    """Two recorded samplings as the flags they differ in (greedy as such), not dicts."""
+    if not isinstance(there, dict):
+        return ("no recorded sampling" if there is None else f"an unknown sampling ({there})",
+                _flags(now, list(SAMPLING_FLAGS)))
+    keys = [k for k in SAMPLING_FLAGS if there.get(k) != now.get(k)]
+    return _flags(there, keys), _flags(now, keys)
+
+
+def _flags(s: dict[str, Any], keys: list[str]) -> str:
+    greedy = s.get("temperature") == 0
+    words = [_flag(k, s.get(k)) for k in keys if not (greedy and k in GREEDY_IGNORES)]
+    if greedy and "temperature" not in keys:
+        words.insert(0, _flag("temperature", 0))
+    return " ".join(words) or "the same flags"
+
+
+def _flag(key: str, value: Any) -> str:
+    if key == "temperature" and value == 0:
+        return "--temperature 0 (greedy)"
+    if key == "top_k" and value == 0:
+        return "--top-k 0 (off)"
+    shown = "none" if value is None else f"{value:g}" if isinstance(value, float) else value
+    return f"{SAMPLING_FLAGS[key]} {shown}"
+
+
 def _redoes(backend: Any, cfg: RegenConfig) -> bool:
     """Whether a chunk asked with fewer prompts than it now holds is answered again whole:
     the engine's sampled draws are the chunk's (a server seeds each request by its messages,
@@ -575,7 +607,8 @@ def _differs(a: dict[str, Any], info: dict[str, Any]) -> list[str]:
         out.append(f"by {a.get('model')!r} (target {a.get('target')}), this run answers by "
                    f"{info['model']!r} (target {info.get('target')})")
     if a.get("sampling") != info["sampling"]:
-        out.append(f"with sampling {a.get('sampling')}, this run with {info['sampling']}")
+        there, now = sampling_diff(a.get("sampling"), info["sampling"])
+        out.append(f"sampled with {there}, this run with {now}")
     # answers written before `sent` was recorded carry none: the draftsmith of 64217c7 on sent
     # what this one sends, an older one less, which their records cannot tell apart
     if "sent" in a and a["sent"] != info.get("sent"):

@@ -142,7 +142,6 @@ def self_made_prompts(
     prompts in `out` are emptied (atomically) only after the model is built, just before the
     first round, so a folder that cannot be written keeps them."""
     from draftsmith.data.progress import Progress
-    from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
 
@@ -183,6 +182,7 @@ def self_made_prompts(
     limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
     bar = Progress(cfg.n, len(have), "prompt", "prompts", progress, say)
     make_folder(out.parent)
+    new_file = overwrite or not out.exists()
     if overwrite:  # unwritable: said before the first batch, the old prompts still there
         atomic_write(out, b"", "the prompts there before are kept")
     append_whole(out, b"", _kept(len(have)))
@@ -190,12 +190,56 @@ def self_made_prompts(
     made_by = {k: meta[k] for k in RESUMED} | {"openings_id": which}
     first = _next_round(have) if overwrite else max(_next_round(have),
                                                     _tried(out, have, made_by))
-    for round_ in range(first, first + limit):
+    try:
+        cut = _rounds(target, out, cfg, rt, (starts, opens, stops, params), meta, records,
+                      have, seen, stats, cut, bar, range(first, first + limit))
+    except KeyboardInterrupt:  # a round's prompts are written whole: those before it stay
+        bar.close()
+        _drop_empty(out, new_file)
+        say(f"prompts: stopped (ctrl-C): {_stopped(out, bar.done)}")
+        raise
+    bar.close()
+    stats["in_file"] = len(have) if cut is None else len(records)
+    if stats["kept"] < cfg.n:
+        _note_tried(out, have, first + limit, made_by)
+        say(_short(stats, cfg, limit))
+    return stats
+
+
+def _stopped(out: Path, kept: int) -> str:
+    """What a ctrl-C leaves: the prompts of the rounds written, and that a rerun resumes."""
+    if not kept:
+        return f"no prompt was made yet, {out} is not kept; a rerun of the same command starts it"
+    return f"{out} keeps the {kept} prompts made before; a rerun of the same command resumes " \
+        "after them"
+
+
+def _drop_empty(out: Path, new_file: bool) -> None:
+    """Remove the empty file this run began (or emptied with --overwrite): no prompts."""
+    try:
+        if new_file and out.stat().st_size == 0:
+            out.unlink()
+    except OSError:
+        pass
+
+
+def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta: dict,
+            records: list, have: list[Conversation], seen: set[str], stats: dict[str, int],
+            cut: int | None, bar: Any, rounds: range) -> int | None:
+    """Decode and append rounds until `cfg.n` prompts are kept or `rounds` run out; returns
+    the cut round's start still to replace (None: none)."""
+    from draftsmith.engine.generate import run_generation
+
+    starts, opens, stops, params = how
+    which = openings_id(cfg.openings)
+    for round_ in rounds:
         if stats["kept"] >= cfg.n:
             break
         torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
         pick = [(round_ * cfg.batch_size + i) % len(opens)
                 for i in range(_rows(cfg))]
+        bar.status(f"round {round_ + 1}: decoding {len(pick)} rows x up to "
+                   f"{cfg.max_new_tokens} tokens")
         gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
         made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
@@ -221,12 +265,7 @@ def self_made_prompts(
         if made:
             bar.update(len(made))  # a round's prompts at once: one by one, an off-terminal
             # line fired on the first of them projected the whole run from one prompt
-    bar.close()
-    stats["in_file"] = len(have) if cut is None else len(records)
-    if stats["kept"] < cfg.n:
-        _note_tried(out, have, first + limit, made_by)
-        say(_short(stats, cfg, limit))
-    return stats
+    return cut
 
 
 def _round_start(records: list[tuple[int, dict[str, Any]]]) -> int:

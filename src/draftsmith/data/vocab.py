@@ -106,6 +106,38 @@ def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None =
     return folder / "vocab.safetensors"
 
 
+def made_by(folder: str | Path) -> str:
+    """Who made the vocab.safetensors in `folder`, as its vocab.json records it ("" where it
+    records nothing)."""
+    try:
+        rec = vocab_json(folder)
+    except (OSError, ValueError):
+        return ""
+    command = rec.get("command") if isinstance(rec, dict) else None
+    return f"made by `{command}`" if isinstance(command, str) and command else ""
+
+
+def old_size(path: Path) -> int | None:
+    """The draft tokens of the vocabulary at `path` (None: none there, or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        return int(load_vocab(path)[0].numel())
+    except DraftsmithError:
+        return None
+
+
+def changed(path: Path, v: DraftVocab) -> bool:
+    """Whether `v` differs from the vocabulary already at `path` (one there to replace)."""
+    if not path.is_file():
+        return False
+    try:
+        d2t, t2d = load_vocab(path)
+    except DraftsmithError:
+        return True
+    return not (torch.equal(d2t, v.d2t) and torch.equal(t2d, v.t2d))
+
+
 def load_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     from safetensors.torch import load_file
 
