@@ -188,6 +188,24 @@ RESOLVED = ("bf16",)
 SPEED = ("compile_loss", "pad_multiple")
 
 PATHS = ("data", "prompts", "vocab", "init_from")  # of IDENTITY: compared as the files they name
+# of IDENTITY: set from these where not given (the vocab's size, the drafter's depth), so a
+# clash of theirs follows from one of these and is told as that
+DERIVED = {"draft_vocab_size": ("vocab", "init_from"), "num_layers": ("init_from",)}
+
+
+def option_clash(key: str, old: Any, new: Any) -> tuple[str, str]:
+    """(what differs, the option as that run had it) in the words of the command line: a
+    missing option is "not given", never None."""
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(old, bool) or isinstance(new, bool):  # an on/off flag
+        return (f"{flag} was {'on' if old else 'off'} in that run, {'on' if new else 'off'} "
+                "now", flag if old else f"leave {flag} out")
+    if old is None:
+        return f"{flag} was not given in that run, {new!r} now", f"leave {flag} out"
+    shown = f"{flag} {old}"
+    if new is None:
+        return f"{flag} was {old!r} in that run, not given now", shown
+    return f"{key} was {old!r} in that run, now {new!r}", shown
 
 
 def same_path(a: str | None, b: str | None) -> bool:
@@ -749,18 +767,11 @@ class Trainer:
     def _same_options(self, found: Path, saved: dict[str, Any]) -> None:
         """Refuse an option that shapes the result other than the checkpoint's run had it;
         say once which speed-only options changed and which were not recorded."""
-        for key in IDENTITY:
-            default = TrainConfig.__dataclass_fields__[key].default  # runs saved before the key
-            old, new = saved.get(key, default), getattr(self.cfg, key)
-            if key == "draft_vocab_size" and self.cfg.vocab:
-                continue  # the --vocab file (compared itself) sets it; older runs saved 32000
-            if key in PATHS and same_path(old, new):
-                continue  # `data/` for `data`, or an absolute path for a relative one
-            if old != new:
-                raise DraftsmithError(
-                    f"--resume from {found}: {key} was {old!r} in that run, now {new!r}; resume "
-                    "with the same options (or train into another --out)"
-                )
+        if clashes := self._option_clashes(saved):
+            said, fixes = zip(*clashes, strict=True)
+            raise DraftsmithError(
+                f"--resume from {found}: {'; '.join(said)}; resume with the same options: "
+                f"{', '.join(fixes)} (or train into another --out)")
         unknown = [k for k in (*RESOLVED, *SPEED) if saved.get(k) is None]
         for key in (k for k in RESOLVED if k not in unknown):
             if saved[key] != getattr(self.cfg, key):
@@ -777,6 +788,22 @@ class Trainer:
         if unknown:
             self.say(f"--resume: {found} does not record {', '.join(unknown)} (an older run): "
                      "taken as given now")
+
+    def _option_clashes(self, saved: dict[str, Any]) -> list[tuple[str, str]]:
+        """(what differs, the option as that run had it) for each IDENTITY option the checkpoint
+        recorded otherwise, those set by a differing one (`DERIVED`) left to it."""
+        differ = {}
+        for key in sorted(IDENTITY, key=lambda k: k not in PATHS):  # the options others follow
+            default = TrainConfig.__dataclass_fields__[key].default  # runs saved before the key
+            old, new = saved.get(key, default), getattr(self.cfg, key)
+            if key == "draft_vocab_size" and self.cfg.vocab:
+                continue  # the --vocab file (compared itself) sets it; older runs saved 32000
+            if key in PATHS and same_path(old, new):
+                continue  # `data/` for `data`, or an absolute path for a relative one
+            if old != new:
+                differ[key] = (old, new)
+        return [option_clash(k, *v) for k, v in differ.items()
+                if not any(d in differ for d in DERIVED.get(k, ()))]
 
     def _same_data(self, found: Path, old: dict[str, Any] | None) -> None:
         """Refuse data other than the checkpoint's run trained on; a checkpoint that recorded
@@ -1105,6 +1132,8 @@ class Trainer:
 
     def _small_vocab_cause(self) -> str:
         c, size = self.cfg, self.drafter.cfg.draft_vocab_size
+        if self._holds_every_data_token():
+            return self._data_too_small()
         if c.vocab:
             return (f"--vocab {c.vocab} is too small or was counted on other data; make a larger "
                     "one on this data (`draftsmith data vocab --size N`), or leave --vocab out "
@@ -1118,6 +1147,10 @@ class Trainer:
 
     def _vocab_cause(self) -> str:
         c = self.cfg
+        if self._holds_every_data_token():
+            return ("the draft vocab holds every token of the data's answers, yet the target "
+                    "predicted none of them: the answers were not written by this target; "
+                    "regenerate them with it (`draftsmith data regenerate`)")
         if c.vocab:
             return (f"--vocab {c.vocab} was likely counted on other data; leave --vocab out (it "
                     "is then counted on this data) or make one with `draftsmith data vocab`")
@@ -1128,6 +1161,28 @@ class Trainer:
         return ("the answers were likely not made by this target (counted on them, the vocab "
                 "misses its predictions); regenerate them with the target, or raise "
                 "--draft-vocab-size")
+
+    def _holds_every_data_token(self) -> bool:
+        """Whether the draft vocab holds every distinct assistant token of the data, so that no
+        larger vocab counted on it could cover more (ids only, read once, for a warning)."""
+        if not hasattr(self, "_holds_all"):
+            counts = self.data.token_counts(self.target.cfg.vocab_size)
+            t2d = self.drafter.t2d.detach().cpu().bool()
+            ids = counts.nonzero().flatten()
+            inside = bool(ids.numel()) and bool((ids < t2d.numel()).all())
+            self._holds_all = inside and bool(t2d[ids].all())
+        return self._holds_all
+
+    def _data_too_small(self) -> str:
+        c, size = self.cfg, self.drafter.cfg.draft_vocab_size
+        who = (f"--vocab {c.vocab}" if c.vocab else f"the vocab of --init-from {c.init_from}"
+               if c.init_from and c.draft_vocab_size is None else "the draft vocab")
+        return (f"{who} ({size} tokens) already holds every token of the data's answers, so no "
+                "larger vocab counted on this data covers more: the rest are the target's own "
+                "next tokens (its greedy choice at each position, which cover(target) counts) "
+                "that those answers never hold (too little data, or answers sampled or "
+                "retokenized); train on more data (a larger `draftsmith data make --n`), or on "
+                "answers the target wrote greedily (`data make --temperature 0`)")
 
     def _summary(self) -> dict[str, Any]:
         rows = report.read_log(self.out) if self.ctx.main else []

@@ -255,13 +255,14 @@ def open_online(
     samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
             f"{refused[0]}" if refused else "")
+    unanswered = _unanswered(encoded, max_len, len(convs))
     if not samples:
-        raise DraftsmithError(
-            f"{prompts}: no conversation has an assistant turn; online training needs answers "
-            "(regenerate them with the target first)" + (f"; {said}" if said else "")
-        )
+        raise DraftsmithError(f"{prompts}: no conversation left to train on: "
+                              + ("; ".join(x for x in (unanswered, said) if x) or "it holds none"))
     if said:
         warnings.warn(f"{prompts}: {said}: skipped, as data capture skips them", stacklevel=2)
+    if unanswered:
+        warnings.warn(f"{prompts}: {unanswered}", stacklevel=2)
     layers = target.cfg.num_layers
     ids = ascending(validate(aux_ids or default_aux_layers(layers), layers))
     src = TokenSource(samples)
@@ -271,6 +272,24 @@ def open_online(
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
                 content=tokens_digest(kept))
+
+
+def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None,
+                total: int) -> str:
+    """One line on the conversations skipped for want of an answer (none, or every answer token
+    past --max-len), with the fix for each; "" where none was."""
+    none = sum(not any(mask) for _, mask in encoded)
+    late = sum(any(mask) and not any(mask[:max_len]) for _, mask in encoded)
+    parts = []
+    if none:
+        parts.append(f"{none} of {total} conversation(s) have no assistant answer, so nothing of "
+                     "them trains: skipped, as data capture skips them; answer them first "
+                     "(`draftsmith data regenerate FILE -o ANSWERS.jsonl`, then --prompts "
+                     "ANSWERS.jsonl)")
+    if late:
+        parts.append(f"{late} of {total} conversation(s) have every answer token past --max-len "
+                     f"{max_len}: skipped; raise --max-len to train on them")
+    return "; ".join(parts)
 
 
 def _encode(tok: Any, convs: list[Any], prompts: str | Path,
