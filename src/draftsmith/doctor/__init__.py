@@ -14,6 +14,7 @@ import typer
 
 from draftsmith.doctor.report import Finding, Report
 from draftsmith.doctor.run import DoctorOptions, run_doctor
+from draftsmith.errors import DraftsmithError
 
 __all__ = ["DoctorOptions", "Finding", "Report", "doctor", "report_json", "run_doctor"]
 
@@ -26,6 +27,20 @@ def report_json(rep: Report, strict_exit: bool = False) -> str:
 
     out = rep.to_dict() | {"exit_code": rep.exit_code(strict_exit)}
     return json.dumps(strict(out), indent=1, default=str, allow_nan=False)
+
+
+def prompt_count(value: int | str) -> int:
+    """--prompts as a count: a suite name or file (what compare, tune, train and generate take)
+    refused in one line, not click's "Input should be a valid integer"."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise DraftsmithError(
+            f"--prompts takes a number of prompts for the short run, got {value!r}; doctor "
+            "takes them from --data, else built-in ones (a suite or file is what compare, tune, "
+            "train and generate take there): give a whole number, e.g. --prompts 8") from None
 
 
 def doctor(
@@ -44,8 +59,9 @@ def doctor(
     all_tokens: bool = typer.Option(False, "--all-tokens",
                                     help="Compare every token, not only loss-masked ones"),
     run: bool = typer.Option(True, "--run/--no-run", help="Short speculative run"),
-    prompts: int = typer.Option(4, "--prompts", "--num-prompts",
-                                help="Prompts in the speculative run"),
+    prompts: int = typer.Option(4, "--prompts", "--num-prompts", parser=prompt_count,
+                                metavar="<int>", help="How many prompts the speculative "
+                                "run takes (a count: the data's, else built-in ones)"),
     max_new: int = typer.Option(32, "--max-new-tokens", "-n", help="New tokens per prompt"),
     steps: int = typer.Option(None, "--steps", help="Draft steps (default: from the log)"),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto"),

@@ -196,10 +196,36 @@ def _coverage(used: torch.Tensor, vocab: int, data: Path) -> list[Finding]:
     total = int(counts.sum())
     cov = float(counts[used].sum()) / total if total else 1.0
     if cov < COVERAGE_WARN:
-        return [Finding("warning", "vocab", f"the draft vocab covers {cov:.1%} of the data's "
-                        "assistant tokens; the rest can never be drafted", _manifest_path(data),
+        what = (f"the drafter's draft vocab ({used.numel()} tokens) holds {cov:.1%} of the "
+                f"{total} loss-masked (assistant) tokens in {data}'s shards; the rest can never "
+                "be drafted (train's cover(target) counts the target's own next tokens instead)")
+        own = _data_vocab(used, counts, vocab, data)
+        return [Finding("warning", "vocab", what + (own[0] if own else ""),
+                        _manifest_path(data), own[1] if own else
                         "train with a larger --draft-vocab-size")]
     return []
+
+
+def _data_vocab(used: torch.Tensor, counts: torch.Tensor, vocab: int,
+                data: Path) -> tuple[str, str] | None:
+    """Where the dataset holds a vocab of its own (`data make`'s) other than the drafter's:
+    its coverage of the same tokens, which `data make` printed, and --vocab as the fix."""
+    from draftsmith.data.vocab import load_vocab, map_problem
+
+    path = data / "vocab.safetensors"
+    if not path.is_file():
+        return None
+    try:
+        d2t, t2d = load_vocab(path)
+    except DraftsmithError:
+        return None
+    own, problem = map_problem(d2t, t2d, vocab)
+    if problem or torch.equal(own.sort().values, used.sort().values):
+        return None
+    cov = float(counts[own].sum()) / max(1, int(counts.sum()))
+    return (f"; the drafter does not use the dataset's own {path.name} ({own.numel()} tokens, "
+            f"{cov:.1%} of them, the figure `data make` printed)",
+            f"train with --vocab {path}, or a larger --draft-vocab-size")
 
 
 def data_files(data: Path, manifest: dict, hashed: Collection[int] | None) -> list[Finding]:

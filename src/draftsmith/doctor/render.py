@@ -7,9 +7,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from draftsmith.doctor.behaviour import promise_words, promised_length
-from draftsmith.doctor.report import Report
+from draftsmith.doctor.report import Finding, Report
 from draftsmith.measured import figure
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -151,11 +152,25 @@ def _behaviour_caption(b: dict[str, Any]) -> str | None:
 
 
 def findings_table(rep: Report) -> Table:
+    """One row a finding: its severity and check in narrow columns, and what it found, where
+    and the fix, each on its own line of one wide cell (five columns at 80 columns wrapped each
+    finding over ~40 lines)."""
     tab = Table(title="findings", show_lines=True)
-    for c in ("severity", "check", "what", "where", "fix"):
-        tab.add_column(c, overflow="fold")
+    tab.add_column("severity", no_wrap=True)
+    tab.add_column("check", max_width=14, overflow="fold")
+    tab.add_column("what / where / fix", overflow="fold", ratio=1)
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(rep.findings, key=lambda f: order[f.severity]):
         s = STYLE[f.severity]
-        tab.add_row(f"[{s}]{f.severity}[/{s}]", *map(escape, (f.check, f.what, f.where, f.fix)))
+        tab.add_row(f"[{s}]{f.severity}[/{s}]", escape(f.check), _finding_text(f))
     return tab
+
+
+def _finding_text(f: Finding) -> Text:
+    """What, where and fix as plain text (paths are no markup), labelled lines."""
+    text = Text(f.what)
+    for label, value in (("where", f.where), ("fix", f.fix)):
+        if value:
+            text.append(f"\n{label}: ", style="bold")
+            text.append(value)
+    return text

@@ -202,10 +202,55 @@ def load_target(source: str | Path | None = None) -> Target:
     if not path.exists():
         raise DraftsmithError(f"{path}: no such file or folder")
     if path.is_dir():
+        _refuse_drafter(path)
         return _load_folder(path, "hf", str(path))
     if path.suffix == ".gguf":
         return _load_gguf(path)
     raise DraftsmithError(f"{path}: expected a checkpoint folder or a .gguf file")
+
+
+def _refuse_drafter(folder: Path) -> None:
+    """A drafter folder given where a target goes (`targets show d2`, `--target d2`): said as
+    a drafter of which target, not as a folder lacking config.json (or a config that fails)."""
+    from draftsmith.models.eagle3 import CONFIG_FILE
+
+    if (folder / CONFIG_FILE).is_file():
+        config = _json_object(folder / CONFIG_FILE).get("config")
+        src = config.get("target_source") if isinstance(config, dict) else None
+        _drafter_error(folder, f"a draftsmith drafter folder ({CONFIG_FILE})", src)
+    if not (folder / "config.json").is_file():
+        return
+    from draftsmith.export.sglang import is_sglang
+    from draftsmith.export.speculators import is_speculators
+
+    cfg = _json_object(folder / "config.json")
+    layout = "speculators" if is_speculators(cfg) else "SGLang" if is_sglang(cfg) else None
+    if layout is None:
+        return
+    record, verifier = cfg.get("draftsmith"), cfg.get("speculators_config")
+    verifier = verifier.get("verifier") if isinstance(verifier, dict) else None
+    src = (record.get("target") if isinstance(record, dict) else None) or \
+        (verifier.get("name_or_path") if isinstance(verifier, dict) else None)
+    _drafter_error(folder, f"an EAGLE-3 drafter folder in the {layout} layout", src)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object, {} where it is unreadable (the caller only looks for records)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _drafter_error(folder: Path, what: str, target: Any) -> None:
+    if isinstance(target, str) and target.strip():
+        name = "default" if is_default(target) else target
+        whose = f"it was made for target {name}: pass that instead"
+    else:
+        whose = "it records no target: pass its target's instead"
+    raise DraftsmithError(f"{folder}: {what}, not a target; {whose} (a target is an HF "
+                          "checkpoint folder, a .gguf file or 'default')")
 
 
 def _load_folder(folder: Path, kind: str, source: str) -> Target:
