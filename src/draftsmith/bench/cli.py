@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,7 @@ def _write(report: dict[str, Any], out: Path) -> None:
 
     # the tables on stderr: stdout is the JSON line alone (`bench ... | jq` reads it)
     shown = Console(stderr=True, width=max(Console(stderr=True).width, 150))
+    say_replaced(out / "bench.json", lambda s: shown.print(s, markup=False, highlight=False))
     try:
         path = write_json(report, out / "bench.json")
     except OSError as e:
@@ -129,3 +132,21 @@ def _write(report: dict[str, Any], out: Path) -> None:
     except OSError as e:
         raise DraftsmithError(f"--out {out}: cannot write bench.png ({e.strerror or e}); "
                               f"the results are in {path}") from None
+
+
+def replaced(report: Path) -> str | None:
+    """The line saying an earlier run's report is about to be replaced (benchmarks are rerun
+    into one folder on purpose, so it is no refusal, but nothing goes without a word): its file
+    and when it was written; None where there is none."""
+    try:
+        written = datetime.fromtimestamp(report.stat().st_mtime)
+    except OSError:
+        return None
+    return (f"replacing the earlier report {report} (written "
+            f"{written:%Y-%m-%d %H:%M:%S}) and the files beside it")
+
+
+def say_replaced(report: Path, say: Callable[[str], object]) -> None:
+    """`replaced`'s line, through `say`, where there is an earlier report."""
+    if line := replaced(report):
+        say(line)

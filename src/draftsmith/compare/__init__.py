@@ -41,6 +41,7 @@ class CompareOptions:
     dtype: torch.dtype = torch.float32
     topk: int = 1  # > 1: an EAGLE-2 tree of num_draft_tokens, as the engines draft
     num_draft_tokens: int | None = None
+    recorded: bool = False  # the target is the one every drafter records, not --target's
 
     def __post_init__(self) -> None:
         if len(self.drafters) < 2:
@@ -58,13 +59,51 @@ class CompareOptions:
             check_folder(self.out, "--out")
 
     def _check_no_acceptance_flags(self) -> None:
-        """Without --target nothing is measured: refuse acceptance settings it would ignore."""
-        defaults = {f.name: f.default for f in fields(self)}
-        given = [flag for name, flag in ACCEPTANCE_FLAGS.items()
-                 if getattr(self, name) != defaults[name]]
-        if given:
+        """Without --target an acceptance flag measures on the target every drafter records
+        (as export and doctor take it); where they record none or differ, it is refused, not
+        ignored."""
+        given = acceptance_asked(**{name: getattr(self, name) for name in ACCEPTANCE_FLAGS})
+        if not given:
+            return
+        src, why = recorded_target(self.drafters)
+        if src is None:  # a folder it cannot read: `describe` names it, once this is put right
+            fix = f"{why}; give --target" if why else "give one"
             raise DraftsmithError(f"{', '.join(given)} set how acceptance is measured, which "
-                                  "needs --target: give one, or leave them out")
+                                  f"needs --target: {fix}, or leave them out")
+        self.target, self.recorded = src, True
+
+
+def acceptance_asked(**values: Any) -> list[str]:
+    """The acceptance flags given (off their defaults), by flag."""
+    defaults = {f.name: f.default for f in fields(CompareOptions)}
+    return [ACCEPTANCE_FLAGS[name] for name, v in values.items() if v != defaults[name]]
+
+
+def recorded_target(folders: list[str]) -> tuple[str | None, str]:
+    """(the target every drafter records, None where they record none or differ; why not, ""
+    where a folder cannot be read): "default" for the embedded default by any of its names
+    (`targets.is_default`)."""
+    from draftsmith.doctor.artifacts import read_drafter
+    from draftsmith.doctor.run import _drafter_target
+
+    names, seen = labels(folders), {}
+    for folder, name in zip(folders, names, strict=True):
+        try:
+            src = _drafter_target(read_drafter(folder))
+        except DraftsmithError:
+            return None, ""
+        if src is None:
+            return None, f"drafter {name} records no target"
+        seen.setdefault(_same_key(src), (name, src))
+    if len(seen) > 1:
+        return None, "the drafters record different targets (" + ", ".join(
+            f"{n}: {s}" for n, s in seen.values()) + ")"
+    return next(iter(seen.values()))[1], ""
+
+
+def _same_key(src: str) -> str:
+    """One key for one target: a folder or file by where it resolves."""
+    return src if src == "default" or not Path(src).exists() else str(Path(src).resolve())
 
 
 def labels(folders: list[str]) -> list[str]:
@@ -186,16 +225,18 @@ def _data_ratio(a: Description, b: Description) -> list[str]:
 
 
 def run_compare(opts: CompareOptions) -> dict[str, Any]:
+    from draftsmith.bench.load import busy_note
     from draftsmith.bench.report import strict
-    from draftsmith.targets import load_target
 
-    target = load_target(opts.target) if opts.target else None
+    target = _target(opts) if opts.target else None
     layers = target.cfg.num_layers if target is not None else None
     descs = [describe(f, n, layers) for f, n in zip(opts.drafters, labels(opts.drafters),
                                                     strict=True)]
     res: dict[str, Any] = {
         "context": {"date": date.today().isoformat(), "target": target.source if target
-                    else None, "drafters": [str(Path(f)) for f in opts.drafters]},
+                    else None, "target_from": ("the drafters' records" if opts.recorded else
+                                               "--target") if target else None,
+                    "drafters": [str(Path(f)) for f in opts.drafters]},
         "drafters": [],  # after the run: it adds the ids it measured on
         "claims": claims(descs, opts.claimed),
         "notes": differences(descs),
@@ -204,6 +245,8 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
         res["notes"] += _other_target(descs, target)
         res["speed"] = _speed(opts, target, descs)
         res["notes"] += _measured_ids(descs) + _load_notes(descs)
+        if note := busy_note(res["speed"].get("machine_load")):
+            res["notes"].append(f"{note}: tokens/s and speedups are skewed, acceptance is not")
     res["drafters"] = [d.to_dict() for d in descs]
     res = strict(res)  # a NaN read from a drafter's files is null in compare.json
     if opts.out is not None:
@@ -213,6 +256,20 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
             raise Unwritten(res, f"--out {opts.out}: cannot write the report "
                             f"({e.strerror or e}); the results are printed above") from None
     return res
+
+
+def _target(opts: CompareOptions) -> Any:
+    """--target, or the target the drafters record (said on stderr, stdout being --json's; one
+    moved or deleted since named, with --target as the fix)."""
+    from draftsmith.targets import load_target
+
+    if not opts.recorded:
+        return load_target(opts.target)
+    from draftsmith.doctor.run import DRAFTER_CONFIG, _recorded
+
+    print(f"compare: no --target given; measuring acceptance on the target every drafter "
+          f"records, {opts.target}", file=sys.stderr)
+    return _recorded(opts.target, f"{DRAFTER_CONFIG} of every drafter")
 
 
 class Unwritten(DraftsmithError):
@@ -284,9 +341,11 @@ def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
 
 
 def write(res: dict[str, Any], out: Path) -> None:
+    from draftsmith.bench.cli import say_replaced
     from draftsmith.compare.report import markdown, plot
 
     out.mkdir(parents=True, exist_ok=True)
+    say_replaced(out / "compare.json", lambda line: print(f"compare: {line}", file=sys.stderr))
     png = None
     if res.get("speed"):
         png = plot(res, out / "acceptance.png").name
@@ -320,7 +379,9 @@ def show(res: dict[str, Any]) -> None:
 def compare(
     drafters: list[str] = typer.Argument(..., help="Two or more drafter folders (draftsmith, "
                                          "SGLang/SpecForge or speculators layout)"),
-    target: str = typer.Option(None, "--target", help="Run acceptance with this target"),
+    target: str = typer.Option(None, "--target", help="Run acceptance with this target "
+                               "(without it, an acceptance flag such as --num-prompts measures "
+                               "on the target every drafter records)"),
     prompts: str = typer.Option("chat", "--prompts", "--suite", help="A bench suite: chat (its "
                                 "built-in prompts), humaneval, or a prompts file (JSONL, ...)"),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts from the suite"),
@@ -335,15 +396,21 @@ def compare(
                                       help="NAME=COUNT, a published parameter count (A=1e9)"),
     device: str = DEVICE,
     dtype: str = DTYPE,
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (with "
+                                 "--target: speed.definitions says what each figure means; "
+                                 "accept_rate is accept length / (steps + 1))"),
 ) -> None:
     """Compare drafters: architecture, parameters by convention, data, acceptance."""
     from draftsmith.cli import device_dtype
 
     given = [flag for flag, v in (("--device", device), ("--dtype", dtype)) if v != "auto"]
-    if target is None and given:
+    asked = acceptance_asked(prompts=prompts, num_prompts=num_prompts, max_new=max_new,
+                             steps=steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    if target is None and given and not asked:
         raise DraftsmithError(f"{', '.join(given)} set where acceptance is measured, which "
-                              "needs --target: give one, or leave them out")
+                              "needs --target (or an acceptance flag such as --num-prompts, "
+                              "measuring on the target the drafters record): give one, or "
+                              "leave them out")
     dev, dt = device_dtype(device, dtype)
     try:
         res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,

@@ -33,8 +33,9 @@ def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]
            ("Training data", ["", *names], _data(ds))]
     if res.get("speed"):
         sp = res["speed"]
+        busy = " · BUSY MACHINE (see the notes)" if machine_busy(sp) else ""
         out.append((f"Acceptance on the same prompts ({sp['prompts']} {sp['suite']} prompts, "
-                    f"{setting(sp)})", ["", *names],
+                    f"{setting(sp)}){busy}", ["", *names],
                     _speed(sp, names)))
     return out
 
@@ -122,10 +123,17 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
         for k in names]] for i in range(n)]
     rows.append(["mean accept length (tokens/cycle)",
                  *[figure(runs[k]["mean_accept_length"], ".2f") for k in names]])
+    rows.append([f"accept rate (accept length / {s['steps'] + 1}, steps + 1; not per draft "
+                 "token)", *[figure(runs[k].get("accept_rate"), ".3f") for k in names]])
     rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
     rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
                  *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
     return rows
+
+
+def machine_busy(s: dict[str, Any]) -> bool:
+    """Whether the timed runs shared the machine with other work (`bench.load`)."""
+    return bool((s.get("machine_load") or {}).get("busy"))
 
 
 def setting(s: dict[str, Any]) -> str:
@@ -177,7 +185,9 @@ def plot(res: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     sp = res["speed"]
-    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, greedy")
+    busy = "\nBUSY MACHINE while timing: tokens/s skewed (see compare.md)" \
+        if machine_busy(sp) else ""
+    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, greedy{busy}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

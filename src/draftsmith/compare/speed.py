@@ -26,6 +26,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     """Each prompt runs through the target alone and every drafter in turn (after a warm-up),
     so all see the same prompts under the same conditions; a chain of `steps`, or (topk > 1)
     a tree of `num_draft` tokens."""
+    from draftsmith.bench import load
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -46,11 +47,14 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
         dec.generate(prompts[:1], warm, eos)
     runs: dict[str, list[Any]] = {k: [] for k in decs}
     base_tokens, base_s = 0, 0.0
-    for p in prompts:
-        g = run_generation(base_rt, [p], max_new, eos_ids=eos)
-        base_tokens, base_s = base_tokens + g.new_tokens, base_s + g.prefill_s + g.decode_s
-        for k, dec in decs.items():
-            runs[k].append(dec.generate([p], max_new, eos))
+    with load.watching() as machine:  # other work on the cores skews each drafter's tok/s
+        for p in prompts:
+            with load.timed():
+                g = run_generation(base_rt, [p], max_new, eos_ids=eos)
+            base_tokens, base_s = base_tokens + g.new_tokens, base_s + g.prefill_s + g.decode_s
+            for k, dec in decs.items():
+                with load.timed():
+                    runs[k].append(dec.generate([p], max_new, eos))
     base = base_tokens / base_s if base_s else 0.0
     out = {k: _finish(v) for k, v in runs.items()}
     for v in out.values():
@@ -58,4 +62,18 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),
             "steps": steps, "topk": topk, "num_draft_tokens": num_draft or steps + 1,
             "max_new_tokens": max_new, "device": str(base_rt.device),
-            "dtype": str(base_rt.dtype).removeprefix("torch.")}
+            "dtype": str(base_rt.dtype).removeprefix("torch."), "definitions": DEFINITIONS,
+            "machine_load": machine.result()}
+
+
+# what the per-drafter figures mean, in compare.json itself (`accept_rate` is easily read as
+# the share of draft tokens accepted, vLLM's "draft acceptance rate", which it is not)
+DEFINITIONS = {
+    "mean_accept_length": "tokens a cycle makes on average, the target's own token included "
+                          "(1 to steps + 1)",
+    "accept_rate": "mean_accept_length / (steps + 1): the share of the most tokens a cycle can "
+                   "make, as the profiler's accept rate; not accepted draft tokens / drafted ones",
+    "position_rates": "P(draft position i accepted | position i reached); null where no cycle "
+                      "reached it",
+    "tokens_per_s": "new tokens over prefill and decode time, one prompt at a time",
+}

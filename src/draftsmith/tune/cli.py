@@ -88,8 +88,11 @@ def tune(
         raise DraftsmithError(f"--max-new-tokens must be >= 2 (a speculative cycle needs a "
                               f"token after the prefill's), got {max_new_tokens}")
     check_folder(out, "--out")
-    if tp < 1 or (nccl_sweep and tp < 2):
-        raise DraftsmithError(f"--tp {tp}: need >= 1 ranks, and >= 2 for --nccl-sweep")
+    if tp < 1:
+        raise DraftsmithError(f"--tp must be >= 1 (tensor-parallel ranks), got {tp}")
+    if nccl_sweep and tp < 2:
+        raise DraftsmithError(f"--nccl-sweep needs --tp 2 or more (NCCL settings matter only "
+                              f"across ranks), got --tp {tp}")
     if nccl_grid is not None and not nccl_sweep:
         raise DraftsmithError("--nccl-grid picks the settings --nccl-sweep times: give "
                               "--nccl-sweep with it")
@@ -238,6 +241,7 @@ def run_tune(
     tune again, and its timings are taken up."""
     import torch
 
+    from draftsmith.bench import load
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.generate import check_positions
     from draftsmith.engine.refill import PREFILL_ROWS
@@ -300,7 +304,8 @@ def run_tune(
                          compile=compile)
     eng = measure.Engine(rt, drt, drafter, params)
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
-    with kept.on_failure():
+    # other work on the cores skews costs and sweep unevenly: the report says so, as bench's
+    with kept.on_failure(), load.watching() as machine:
         acc, mix = _acceptance(eng, kept, was, ids, (max_steps, max_topk, max_draft), new,
                                t.eos_ids)
         rows = min(max(batches), PREFILL_ROWS)  # the refills' prompt passes' widest
@@ -350,11 +355,14 @@ def run_tune(
             texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p "
                             f"{p.top_p:g}, top-k {p.top_k or 'off'}: acceptance, baselines and "
                             "sweep all sampled")
+        machine_load = machine.result()
+        if note := load.busy_note(machine_load):
+            texts.append(f"{note} (predicted and measured tok/s both)")
         if not rank0:
             return {"texts": texts}  # launch_tp hands back rank 0's report
         report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
                               1 if tp is None else tp.size, eng.params, refill, mix, new,
-                              sweeps_nccl)
+                              sweeps_nccl, machine_load)
     if sweeps_nccl:
         kept.save(status="tune.json written; kept until the NCCL sweep (nccl/) ends: the same "
                          "tune run again takes these figures up")
@@ -455,11 +463,16 @@ FIXED_LENGTH = ("Priced and swept with every row decoding --max-new-tokens token
 
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
                  params: SamplingParams, refill: bool = False, mix=None,
-                 new: int | None = None, sweeps_nccl: bool = False) -> dict:
+                 new: int | None = None, sweeps_nccl: bool = False,
+                 machine_load: dict | None = None) -> dict:
+    """tune.json, tune.md and tune.png; `machine_load` (`bench.load`) how busy the machine was
+    over the timed runs, flagged in the PNG's title where busy (the texts carry the note)."""
+    from draftsmith.bench.cli import say_replaced
     from draftsmith.data.atomic import atomic_write, make_folder
     from draftsmith.tune.cost_model import steps_series
 
     make_folder(out)
+    say_replaced(out / "tune.json", say)
     drop_stale_nccl(out, sweeps_nccl)
     rows = []
     for r in recs:
@@ -506,6 +519,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
         "rows": rows,
         "phases": _phase_rows(preds, meas),
         "nccl": None,  # this run's NCCL sweep, where it ran one (`attach_nccl`)
+        "machine_load": machine_load,
     }
     md = f"{FIXED_LENGTH}.\n\n" + "\n\n".join(f"```\n{t}\n```" for t in texts) + "\n"
     atomic_write(out / "tune.json", json.dumps(report, indent=1, default=str).encode(),
@@ -513,7 +527,7 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     atomic_write(out / "tune.md", md.encode(), "the report there before is unchanged")
     plot(out / "tune.png", {b: {"chains": steps_series(preds, meas, b),
                                 "trees": steps_series(preds, meas, b, topk=None)}
-                            for b in batches})
+                            for b in batches}, bool((machine_load or {}).get("busy")))
     return report
 
 
@@ -549,7 +563,7 @@ def device_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
 
 
-def plot(path: Path, series: dict) -> None:
+def plot(path: Path, series: dict, busy: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -571,6 +585,8 @@ def plot(path: Path, series: dict) -> None:
         ax.set_xlabel("draft steps (tree depth)")
         ax.set_ylabel("tokens/s")
         ax.legend()
+    if busy:  # a plot shared alone says it too
+        fig.suptitle("BUSY MACHINE while timing: tokens/s skewed (see tune.md)", color="C3")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

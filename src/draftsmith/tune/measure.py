@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from draftsmith.bench import load
 from draftsmith.engine import refill as plain_refill
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import run_generation, sync
@@ -48,16 +49,18 @@ def time_ms(fn: Callable[[], object], device: torch.device, iters: int | None = 
     for _ in range(2 if device.type == "cuda" else 1):
         fn()
     if device.type != "cuda":
-        t = time.perf_counter()
+        with load.timed():
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            return (time.perf_counter() - t) / iters * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with load.timed():
+        start.record()
         for _ in range(iters):
             fn()
-        return (time.perf_counter() - t) / iters * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
+        end.record()
+        end.synchronize()
     return start.elapsed_time(end) / iters
 
 
@@ -119,7 +122,8 @@ def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]], step
     for b in batches:
         rows = [prompts[i % len(prompts)] for i in range(b)]
         run_generation(eng.rt, rows, min(16, steps), eng.params)
-        g = run_generation(eng.rt, rows, steps, eng.params)
+        with load.timed():
+            g = run_generation(eng.rt, rows, steps, eng.params)
         out[b] = g.decode_s / (steps - 1) * 1e3
     return out
 
@@ -167,15 +171,18 @@ def run_setting(
     rows, warm = batch * len(groups), warm_tokens(eng, groups[0], new)
     if setting.is_baseline:
         run_generation(eng.rt, groups[0], warm, eng.params, eos)
-        gs = [run_generation(eng.rt, g, new, eng.params, eos) for g in groups]
+        with load.timed():  # other work on the cores skews the sweep: the report says so
+            gs = [run_generation(eng.rt, g, new, eng.params, eos) for g in groups]
         return Measurement(setting, batch, decode_rate(sum(g.new_tokens for g in gs), rows,
                                                        sum(g.decode_s for g in gs)))
     dec = decoder(eng, setting)
     dec.generate(groups[0], warm, eos)  # warm-up and capture
     dec.profile = False
-    res = SpecResult.merged([dec.generate(g, new, eos) for g in groups])
+    with load.timed():
+        res = SpecResult.merged([dec.generate(g, new, eos) for g in groups])
     dec.profile = True
-    prof = dec.generate(groups[0], new, eos)
+    with load.timed():
+        prof = dec.generate(groups[0], new, eos)
     phases = dict(prof.phases.ms) if prof.phases else None
     slots = max(res.cycles, 1) * batch
     return Measurement(setting, batch, decode_rate(res.new_tokens, rows, res.decode_s),
@@ -194,10 +201,11 @@ def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], ba
         every = refill_every_for(batch)
         plain_refill.prepare(eng.rt, batch, new, eos, eng.params, flat)
         sync(eng.rt)
-        t0, ran = time.perf_counter(), {}
-        tokens = plain_refill.generate_refill(eng.rt, flat, new, eng.params, eos, batch, every,
-                                              ran)
-        wall = time.perf_counter() - t0
+        with load.timed():
+            t0, ran = time.perf_counter(), {}
+            tokens = plain_refill.generate_refill(eng.rt, flat, new, eng.params, eos, batch,
+                                                  every, ran)
+            wall = time.perf_counter() - t0
         # a step decodes one token a busy row; each prompt's first came from its prompt pass
         decoded = sum(map(len, tokens)) - sum(1 for t in tokens if t)
         steps = max(ran["steps"], 1)
@@ -205,9 +213,11 @@ def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], ba
                            1e3 * wall / steps, decoded / (steps * min(batch, len(flat))))
     dec = decoder(eng, setting)
     warm_refill(dec, flat, batch)
-    res = spec_generate_refill(dec, flat, new, eos, batch)
+    with load.timed():
+        res = spec_generate_refill(dec, flat, new, eos, batch)
     dec.profile = True
-    prof = spec_generate_refill(dec, flat, new, eos, batch)
+    with load.timed():
+        prof = spec_generate_refill(dec, flat, new, eos, batch)
     rows = res.extra["refill_rows"]
     return Measurement(setting, batch, res.tokens_per_s, res.mean_accept_length,
                        dict(prof.phases.ms) if prof.phases else None,
@@ -244,10 +254,11 @@ def pass_ms(start: Callable[[list[int], list[list[int]]], object], k: int,
         start(rows, g)
         for _ in range(3 if eng.device.type == "cuda" else 1):
             sync(eng.rt)
-            t0 = time.perf_counter()
-            start(rows, g)
-            sync(eng.rt)
-            times.append(time.perf_counter() - t0)
+            with load.timed():
+                t0 = time.perf_counter()
+                start(rows, g)
+                sync(eng.rt)
+                times.append(time.perf_counter() - t0)
     return 1e3 * sum(times) / len(times)
 
 

@@ -508,9 +508,11 @@ def run_nccl_sweep(tp_size: int, target: str, settings: list[NcclSetting],
               "noise_pct": noise_pct, "notes": notes, "job": job, "results": results,
               "recommendation": recommend(results, noise_pct)}
     if out is not None:
+        from draftsmith.bench.cli import say_replaced
         from draftsmith.data.atomic import atomic_write, make_folder
 
         make_folder(out)
+        say_replaced(out / "nccl.json", log)  # a sweep rerun into its folder: said, not refused
         kept = "the sweep there before is unchanged"
         atomic_write(out / "nccl.json", json.dumps(report, indent=1, default=str).encode(), kept)
         atomic_write(out / "nccl.md", markdown(report).encode(), kept)
