@@ -95,10 +95,13 @@ def _verdict(con: Console, rep: Report) -> None:
 
 
 def engines_table(rows: list[dict[str, Any]]) -> Table:
-    tab = Table(title="what each engine reads")
-    for c in ("engine", "key", "write (for the data's layers)", "the drafter's config feeds",
-              "note"):
-        tab.add_column(c, overflow="fold")
+    """One row an engine: its name, then its key, what it writes for the data's layers, what
+    the drafter's config feeds it and the note on labelled lines of one wide cell (five folded
+    columns ran a row over ~14 lines at 80 columns)."""
+    tab = Table(title="what each engine reads", show_lines=True)
+    tab.add_column("engine", no_wrap=True)
+    tab.add_column("key / write (for the data's layers) / the drafter's config feeds / note",
+                   overflow="fold", ratio=1)
     for r in rows:
         feed = r.get("feed") or {}
         write = "" if "how" not in r else (str(r["write"]) if r["write"] is not None
@@ -106,8 +109,19 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
         fed = "" if not feed else f"{feed.get('written')} -> canonical {feed.get('canonical')}"
         note = "; ".join(filter(None, [feed.get("note", ""), r.get("how", "")
                                        if r.get("write") is None else ""]))
-        tab.add_row(*map(escape, (r["engine"], r["key"], write, fed, note)))
+        tab.add_row(escape(r["engine"]), _labelled((("key", r["key"]), ("write", write),
+                                                   ("feeds", fed), ("note", note))))
     return tab
+
+
+def _labelled(parts: tuple[tuple[str, str], ...]) -> Text:
+    """Labelled lines of plain text (paths and ids are no markup), the empty ones left out."""
+    text = Text()
+    for label, value in parts:
+        if value:
+            text.append(("\n" if text.plain else "") + f"{label}: ", style="bold")
+            text.append(value)
+    return text
 
 
 def behaviour_table(b: dict[str, Any]) -> Table:
