@@ -70,20 +70,20 @@ def test_the_doctor_takes_a_drafter_recording_a_cleared_default_cache_folder(tmp
     """draftsmith's own record was passed on as a path (then refused as moved); a speculators
     verifier naming it was dropped (no target known)."""
     from draftsmith.doctor.artifacts import DrafterInfo
-    from draftsmith.doctor.run import _drafter_target
+    from draftsmith.doctor.run import drafter_target
 
     config = ({"target_source": gone_cache} if layout == "draftsmith" else
               {"speculators_config": {"verifier": {"name_or_path": gone_cache}}})
-    assert _drafter_target(DrafterInfo(tmp_path, layout, config)) == "default"
+    assert drafter_target(DrafterInfo(tmp_path, layout, config)) == "default"
 
 
 def test_a_foreign_missing_path_is_still_not_the_default(tmp_path):
     from draftsmith.doctor.artifacts import DrafterInfo
-    from draftsmith.doctor.run import _drafter_target
+    from draftsmith.doctor.run import drafter_target
 
     gone = str(tmp_path / "targets" / ("0" * 16))
     config = {"speculators_config": {"verifier": {"name_or_path": gone}}}
-    assert _drafter_target(DrafterInfo(tmp_path, "speculators", config)) is None
+    assert drafter_target(DrafterInfo(tmp_path, "speculators", config)) is None
 
 
 SEED_OUT = str(1 << 64)

@@ -100,12 +100,12 @@ def test_an_old_default_drafter_reads_its_target_as_default(default_gguf, target
     """Loaded (train --init-from, export) and read by the doctor, its target was the cache
     path: gone with the cache, the doctor said the target was moved or deleted."""
     from draftsmith.doctor.artifacts import read_drafter
-    from draftsmith.doctor.run import _drafter_target
+    from draftsmith.doctor.run import drafter_target
     from draftsmith.models.eagle3 import load_drafter
 
     src = make(target, tmp_path / "d", target_source=str(_old_cache_folder(default_gguf, ":4")))
     assert load_drafter(src).cfg.target_source == "default"
-    assert _drafter_target(read_drafter(src)) == "default"
+    assert drafter_target(read_drafter(src)) == "default"
     kept = make(target, tmp_path / "k", target_source=str(target.folder))
     assert load_drafter(kept).cfg.target_source == str(target.folder)
 

@@ -84,12 +84,12 @@ def recorded_target(folders: list[str]) -> tuple[str | None, str]:
     where a folder cannot be read): "default" for the embedded default by any of its names
     (`targets.is_default`)."""
     from draftsmith.doctor.artifacts import read_drafter
-    from draftsmith.doctor.run import _drafter_target
+    from draftsmith.doctor.run import drafter_target
 
     names, seen = labels(folders), {}
     for folder, name in zip(folders, names, strict=True):
         try:
-            src = _drafter_target(read_drafter(folder))
+            src = drafter_target(read_drafter(folder))
         except DraftsmithError:
             return None, ""
         if src is None:
@@ -265,11 +265,11 @@ def _target(opts: CompareOptions) -> Any:
 
     if not opts.recorded:
         return load_target(opts.target)
-    from draftsmith.doctor.run import DRAFTER_CONFIG, _recorded
+    from draftsmith.doctor.run import DRAFTER_CONFIG, load_recorded_target
 
     print(f"compare: no --target given; measuring acceptance on the target every drafter "
           f"records, {opts.target}", file=sys.stderr)
-    return _recorded(opts.target, f"{DRAFTER_CONFIG} of every drafter")
+    return load_recorded_target(opts.target, f"{DRAFTER_CONFIG} of every drafter")
 
 
 class Unwritten(DraftsmithError):

@@ -63,14 +63,14 @@ def resolve_target(opts: DoctorOptions, manifest: dict | None,
     if opts.target:
         return load_target(opts.target), "--target"
     if manifest is not None and (manifest.get("target") or {}).get("source"):
-        return _recorded(target_of_dataset(manifest), MANIFEST), MANIFEST
-    src = _drafter_target(info) if info is not None else None
+        return load_recorded_target(target_of_dataset(manifest), MANIFEST), MANIFEST
+    src = drafter_target(info) if info is not None else None
     if src:
-        return _recorded(src, DRAFTER_CONFIG), DRAFTER_CONFIG
+        return load_recorded_target(src, DRAFTER_CONFIG), DRAFTER_CONFIG
     raise DraftsmithError("no target known: pass --target PATH (or 'default')")
 
 
-def _recorded(src: str, how: str) -> Any:
+def load_recorded_target(src: str, how: str) -> Any:
     """The target `how` records: one moved or deleted since is named as that, with the fix. A
     relative path is relative to where the capture or training ran (a manifest never records a
     hub id: capture loads local targets only)."""
@@ -85,7 +85,7 @@ def _recorded(src: str, how: str) -> Any:
     return load_recorded(src, how, hint)
 
 
-def _drafter_target(info: DrafterInfo) -> str | None:
+def drafter_target(info: DrafterInfo) -> str | None:
     """The target the drafter's config records: the embedded default by any of its names
     (`targets.is_default`: a conversion cache folder of it too, here or not); a foreign
     verifier name only where it is a path here (often a hub id), what draftsmith recorded even
