@@ -144,3 +144,15 @@ def test_only_the_timed_runs_count(monkeypatch):
     assert got["other_cores"] == pytest.approx(0.05) and got["busy"] is False
     assert got["load_before"] == 1.0 and got["load_after"] == 5.0 and tally.spans == 2
     assert load.Tally().result() is None and load.busy_note(None) is None
+
+
+def test_a_tensor_parallel_runs_peer_ranks_are_its_own_work(monkeypatch):
+    """Under `--tp 2` on a 2-core machine the peer rank's CPU time read as other work, so every
+    smoke run was flagged busy."""
+    start = Mark(0.0, 0.0, 2.0, 100.0)
+    quiet_or_busy(monkeypatch, 0.8)  # the peer: one more rank's 0.8 cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    got = load.Tally().add(start, load.mark()).result()
+    assert got["own_cores"] == pytest.approx(1.6) and got["busy"] is False
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert load.Tally().add(start, load.mark()).result()["busy"] is True

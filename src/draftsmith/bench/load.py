@@ -98,7 +98,7 @@ class Tally:
         if not self.spans:
             return None
         n, wall = cores(), max(self.wall, 1e-9)
-        own = self.cpu / wall
+        own = self.cpu / wall * local_ranks()  # the run's peer ranks here work as this one
         if self.busy_s is not None:
             others: float | None = self.busy_s / wall - own
         else:  # the load average counts this process's running threads too
@@ -107,6 +107,16 @@ class Tally:
         return {"cores": n, "load_before": _round(self.load_before),
                 "load_after": _round(self.load_after), "own_cores": round(own, 2),
                 "other_cores": others, "busy": others is not None and others > BUSY_SHARE * n}
+
+
+def local_ranks() -> int:
+    """The processes of this run on this machine (torchrun's and draftsmith's own spawned
+    tensor-parallel ranks set LOCAL_WORLD_SIZE): each rank times the same steps, so its peers'
+    CPU time is the run's own work, not other work."""
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
 
 
 _watching: list[Tally] = []
