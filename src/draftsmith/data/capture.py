@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.chat import encode
-from draftsmith.data.prompts import Conversation
+from draftsmith.data.chat import AnswerTally
+from draftsmith.data.prompts import Conversation, encode_conversation
 from draftsmith.data.shards import (
     MANIFEST,
     Sample,
@@ -66,6 +66,7 @@ class Plan:
     skipped: dict[str, int] = field(default_factory=dict)
     truncated: int = 0
     refused: str = ""  # the first conversation the chat template refused, and why
+    answers: AnswerTally = field(default_factory=AnswerTally)  # the kept samples' turns
 
     def shards(self, size: int) -> list[list[int]]:
         return [self.kept[i : i + size] for i in range(0, len(self.kept), size)]
@@ -88,10 +89,10 @@ def rank_device(device: str) -> str:
 
 
 def encode_sample(
-    tok: Any, conv: Conversation, cfg: CaptureConfig
+    tok: Any, conv: Conversation, cfg: CaptureConfig, tally: AnswerTally | None = None,
 ) -> tuple[list[int], list[bool], bool]:
     """(ids, loss mask, truncated); raises _Skip for a sample that is not stored."""
-    ids, mask = encode(tok, conv.messages, conv.cut_turns())
+    ids, mask = encode_conversation(tok, conv, tally)
     cut = len(ids) > cfg.max_len
     if cut:
         if cfg.too_long == "skip":
@@ -109,8 +110,9 @@ class _Skip(Exception):
 def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
     p = Plan([], [])
     for i, conv in enumerate(convs):
+        tally = AnswerTally()
         try:
-            ids, _, cut = encode_sample(tok, conv, cfg)
+            ids, _, cut = encode_sample(tok, conv, cfg, tally)
         except _Skip as e:
             p.skipped[str(e)] = p.skipped.get(str(e), 0) + 1
             continue
@@ -119,6 +121,7 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
             p.refused = p.refused or f"conversation {i} (id {conv.id}): {e}"
             continue
         p.truncated += cut
+        p.answers.add(tally)
         p.kept.append(i)
         p.lengths.append(len(ids))
     return p
@@ -127,6 +130,16 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
 def skipped_words(skipped: dict[str, int]) -> str:
     """Conversations skipped by reason, as words: "3 too_long, 1 template_refused" or "none"."""
     return ", ".join(f"{n} {why}" for why, n in skipped.items()) or "none"
+
+
+def answer_words(answers: dict[str, int]) -> str:
+    """How the answer turns were tokenized, in words (a manifest's `input.answers`)."""
+    words = (f"{answers.get('target_ids', 0)} as the target's decoded ids, "
+             f"{answers.get('text', 0)} tokenized from their text (no ids recorded)")
+    fell = answers.get("fallback", 0)
+    return words + (f", {fell} from their text although ids were recorded (a token straddles "
+                    "the answer's edge in the template, or the ids do not decode to its text)"
+                    if fell else "")
 
 
 def within_positions(cfg: CaptureConfig, most: int | None,
@@ -167,7 +180,8 @@ def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list
         "world_size": world,
         "rank": rank,
         "expected": {"shards": n_shards, "samples": len(p.kept), "tokens": sum(p.lengths)},
-        "input": {"conversations": len(convs), "skipped": p.skipped, "truncated": p.truncated},
+        "input": {"conversations": len(convs), "skipped": p.skipped, "truncated": p.truncated,
+                  "answers": p.answers.as_dict()},
         "compute_dtype": str(cfg.dtype).removeprefix("torch."),
     }
 
@@ -323,6 +337,7 @@ def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) ->
     length = dict(zip(p.kept, p.lengths, strict=True))
     mine_tok = sum(length[i] for _, s in mine for i in s)
     say(f"capture: {len(p.kept)} samples, {total} tokens, aux layers {ids} ({CANONICAL_WORDS})")
+    say(f"capture: answers {answer_words(p.answers.as_dict())}")
     if p.skipped or p.truncated:
         say(f"capture: skipped {skipped_words(p.skipped)}; {p.truncated} truncated to --max-len "
             f"{head['max_len']} tokens")

@@ -7,7 +7,9 @@ after its end-of-turn marker is not part of the span (the target never generates
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+import bisect
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from draftsmith.errors import DraftsmithError
@@ -39,8 +41,15 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]], cut: Collection[in
     """The full conversation text and the [start, end) character spans of assistant turns.
     `cut`: indices of assistant messages cut at max tokens, whose span stops before the
     end-of-turn marker the template closes them with (the target never wrote it)."""
+    full, turns = assistant_turns(tok, messages, cut)
+    return full, [(start, end) for _, start, end in turns if end > start]
+
+
+def assistant_turns(tok: Any, messages: list[dict[str, str]], cut: Collection[int] = (),
+                    ) -> tuple[str, list[tuple[int, int, int]]]:
+    """`assistant_spans` with each assistant message's index: (i, start, end), empty ones too."""
     full = render(tok, messages, False)
-    spans: list[tuple[int, int]] = []
+    turns: list[tuple[int, int, int]] = []
     cursor = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
@@ -49,9 +58,8 @@ def assistant_spans(tok: Any, messages: list[dict[str, str]], cut: Collection[in
         cursor = max(cursor, end)
         if i in cut:
             end = _before_close(tok, full, start, end)
-        if end > start:
-            spans.append((start, end))
-    return full, spans
+        turns.append((i, start, end))
+    return full, turns
 
 
 def _before_close(tok: Any, full: str, start: int, end: int) -> int:
@@ -184,38 +192,125 @@ def _find_content(tok: Any, full: str, content: str, cursor: int, i: int) -> tup
     return start, end
 
 
+# assistant message index -> the ids the target decoded for it (None: recorded, but unusable)
+AnswerIds = Mapping[int, "list[int] | None"]
+
+
+@dataclass
+class AnswerTally:
+    """How the assistant turns encoded were tokenized: as the target's own recorded ids, from
+    their text (no ids recorded), or from their text although ids were recorded (`fallback`:
+    a token straddles the answer's edge in the template, or the ids do not decode to it)."""
+
+    target_ids: int = 0
+    text: int = 0
+    fallback: int = 0
+
+    def add(self, other: AnswerTally) -> None:
+        self.target_ids += other.target_ids
+        self.text += other.text
+        self.fallback += other.fallback
+
+    def as_dict(self) -> dict[str, int]:
+        return {"target_ids": self.target_ids, "text": self.text, "fallback": self.fallback}
+
+
 def encode(tok: Any, messages: list[dict[str, str]], cut: Collection[int] = (),
+           answers: AnswerIds | None = None, tally: AnswerTally | None = None,
            ) -> tuple[list[int], list[bool]]:
     """Token ids of the whole conversation and a mask that is True on assistant tokens (`cut`:
-    as in `assistant_spans`)."""
-    text, spans = assistant_spans(tok, messages, cut)
+    as in `assistant_spans`). `answers`: the target's recorded ids of some assistant turns,
+    which stand in for their text's tokens (`splice_answers`); `tally` counts how each turn
+    was taken."""
+    text, turns = assistant_turns(tok, messages, cut)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(enc["input_ids"]), span_mask(enc["offset_mapping"], spans)
+    return splice_answers(tok, text, turns, list(enc["input_ids"]), enc["offset_mapping"],
+                          messages, answers, tally)
 
 
 def encode_many(tok: Any, conversations: list[list[dict[str, str]]],
                 names: list[str] | None = None, chunk: int = 256,
                 cut: list[Collection[int]] | None = None,
+                answers: list[AnswerIds] | None = None, tally: AnswerTally | None = None,
                 ) -> Iterator[tuple[list[int], list[bool]]]:
     """`encode` of each conversation, in order, tokenized `chunk` texts at a time: a fast
     tokenizer spreads a batch over the cores (48,000 conversations one by one took ~20 s on
     2 cores), and a chunk of 256 long conversations stays in the hundreds of MB. A template
     error names the conversation (names[i], else its index). `cut[i]`: conversation i's
-    assistant turns cut at max tokens (`Conversation.cut_turns`)."""
+    assistant turns cut at max tokens (`Conversation.cut_turns`); `answers[i]`: its turns'
+    recorded ids (`Conversation.answer_ids`)."""
     for start in range(0, len(conversations), chunk):
         rendered = []
         for i, messages in enumerate(conversations[start : start + chunk], start):
             try:
-                rendered.append(assistant_spans(tok, messages, cut[i] if cut else ()))
+                rendered.append((i, *assistant_turns(tok, messages, cut[i] if cut else ())))
             except DraftsmithError as e:
                 raise DraftsmithError(f"{names[i] if names else f'conversation {i}'}: {e}",
                                       ) from None
-        enc = tok([text for text, _ in rendered], add_special_tokens=False,
+        enc = tok([text for _, text, _ in rendered], add_special_tokens=False,
                   return_offsets_mapping=True)
-        for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered,
-                                            strict=True):
-            yield list(ids), span_mask(offsets, spans)
+        for ids, offsets, (i, text, turns) in zip(enc["input_ids"], enc["offset_mapping"],
+                                                  rendered, strict=True):
+            yield splice_answers(tok, text, turns, list(ids), offsets, conversations[i],
+                                 answers[i] if answers else None, tally)
         del enc, rendered  # ~240 bytes a token: one chunk held at a time, not two
+
+
+def splice_answers(tok: Any, text: str, turns: list[tuple[int, int, int]], ids: list[int],
+                   offsets: list[tuple[int, int]], messages: list[dict[str, str]],
+                   answers: AnswerIds | None, tally: AnswerTally | None = None,
+                   ) -> tuple[list[int], list[bool]]:
+    """The conversation's ids and loss mask with each assistant turn that has recorded ids
+    holding those ids in place of its content's tokens: the template's tokens before the
+    content, the ids the target decoded (masked), the template's tokens after it (the closing
+    marker masked as the text path masks it). A turn whose content's token range has no clean
+    edges (a token straddling its start or end), or whose ids do not decode to its text, keeps
+    its text's tokens (`fallback`). Without recorded ids: exactly the text's tokens and mask."""
+    mask = span_mask(offsets, [(a, b) for _, a, b in turns if b > a])
+    tally = tally if tally is not None else AnswerTally()
+    starts = [a for a, _ in offsets]
+    pieces: list[tuple[int, int, list[int]]] = []
+    for i, start, _ in turns:
+        if not answers or i not in answers:
+            tally.text += 1
+            continue
+        span = _content_tokens(tok, text, start, messages[i]["content"], answers[i], offsets,
+                               starts)
+        if span is None:
+            tally.fallback += 1
+            continue
+        tally.target_ids += 1
+        pieces.append((*span, list(answers[i] or ())))
+    if not pieces:
+        return ids, mask
+    out_ids: list[int] = []
+    out_mask: list[bool] = []
+    at = 0
+    for a, b, recorded in pieces:
+        out_ids += ids[at:a] + recorded
+        out_mask += mask[at:a] + [True] * len(recorded)
+        at = b
+    return out_ids + ids[at:], out_mask + mask[at:]
+
+
+def _content_tokens(tok: Any, text: str, start: int, content: str, recorded: list[int] | None,
+                    offsets: list[tuple[int, int]], starts: list[int]) -> tuple[int, int] | None:
+    """[a, b): the tokens of `content` rendered at `start`, where the recorded ids decode to it
+    (as regenerate decoded them) and no token straddles its edges; else None."""
+    if recorded is None or not text.startswith(content, start):
+        return None
+    try:
+        said = tok.decode(recorded, skip_special_tokens=True).strip()
+    except Exception:  # ids past the tokenizer's vocabulary (an edited file)
+        return None
+    if said != content.strip():
+        return None
+    end = start + len(content)
+    a = bisect.bisect_left(starts, start)
+    b = bisect.bisect_left(starts, end, lo=a)
+    clean_start = a == 0 or offsets[a - 1][1] <= start
+    clean_end = b == 0 or offsets[b - 1][1] <= end
+    return (a, b) if clean_start and clean_end else None
 
 
 def span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:

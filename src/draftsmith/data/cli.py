@@ -327,8 +327,17 @@ def describe(ds: Any) -> dict[str, Any]:
         "skipped inputs": _skipped(m.get("input", {}).get("skipped")),
         "truncated inputs": (f"{m.get('input', {}).get('truncated', 0)} cut to --max-len "
                              f"{m.get('max_len', '?')} tokens"),
+        "answer turns": _answers(m.get("input", {}).get("answers")),
         "commands": m.get("commands", []),
     }
+
+
+def _answers(answers: Any) -> str:
+    """How a manifest's answer turns were tokenized, in words ("not recorded" before it was)."""
+    from draftsmith.data.capture import answer_words
+
+    ok = isinstance(answers, dict) and all(type(v) is int for v in answers.values())
+    return answer_words(answers) if ok else "not recorded"
 
 
 def _skipped(skipped: Any) -> str:

@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftsmith.errors import DraftsmithError
+
+if TYPE_CHECKING:
+    from draftsmith.data.chat import AnswerTally
 
 ROLES = {
     "user": "user", "human": "user", "system": "system", "assistant": "assistant",
@@ -57,6 +60,21 @@ class Conversation:
         cut = {a.get("turn") for a in answers if isinstance(a, dict)
                and a.get("finish") == "length"} if isinstance(answers, list) else set()
         return {turns[k] for k in cut if isinstance(k, int) and 0 <= k < len(turns)}
+
+    def answer_ids(self) -> dict[int, list[int] | None]:
+        """Assistant message index -> the ids the target decoded for it (`meta.answers[k].ids`,
+        which the built-in engine records; None where they are not a list of token ids)."""
+        answers = self.meta.get("answers")
+        turns = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        out: dict[int, list[int] | None] = {}
+        for a in answers if isinstance(answers, list) else []:
+            k = a.get("turn") if isinstance(a, dict) else None
+            if type(k) is not int or not 0 <= k < len(turns) or "ids" not in a:
+                continue
+            ids = a["ids"]
+            good = isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids)
+            out[turns[k]] = ids if good else None
+        return out
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "messages": self.messages}
@@ -137,14 +155,26 @@ def _user(text: Any, key: str) -> dict[str, str]:
 
 
 def encode_conversations(tok: Any, convs: list[Conversation], source: str | Path,
+                         tally: AnswerTally | None = None,
                          ) -> Iterator[tuple[list[int], list[bool]]]:
     """`chat.encode_many` of conversations read from `source`, each named by its place and id,
-    the turns regenerate cut at max tokens (`Conversation.cut_turns`) without their closing."""
+    the turns regenerate cut at max tokens (`Conversation.cut_turns`) without their closing,
+    those it recorded the target's ids of as those ids (`Conversation.answer_ids`)."""
     from draftsmith.data.chat import encode_many
 
     names = [f"{source}: conversation {i} (id {c.id})" for i, c in enumerate(convs)]
     return encode_many(tok, [c.messages for c in convs], names,
-                       cut=[c.cut_turns() for c in convs])
+                       cut=[c.cut_turns() for c in convs],
+                       answers=[c.answer_ids() for c in convs], tally=tally)
+
+
+def encode_conversation(tok: Any, conv: Conversation, tally: AnswerTally | None = None,
+                        ) -> tuple[list[int], list[bool]]:
+    """One conversation's ids and loss mask, as `encode_conversations` gives them (capture,
+    online training and vocabulary counting all encode through these two)."""
+    from draftsmith.data.chat import encode
+
+    return encode(tok, conv.messages, conv.cut_turns(), conv.answer_ids(), tally)
 
 
 def _records(path: Path) -> Iterator[tuple[int, Any]]:

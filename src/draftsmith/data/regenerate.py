@@ -2,7 +2,8 @@
 own distribution. Backends: the built-in engine (batched) or any OpenAI-compatible server.
 
 Each finished conversation is appended to the output JSONL with `meta.prompt_id` and one
-`meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason);
+`meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason; the
+engine's also the `ids` it decoded, which capture trains on in place of the text's tokens);
 a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
 skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
 template refuses (roles it does not take) is skipped. Each is counted. A ctrl-C stops at once:
@@ -136,6 +137,7 @@ class Answer:
     text: str
     tokens: int | None  # None: the reply did not say (no `usage`)
     finish: str  # "stop" | "length" | "error: ..."
+    ids: list[int] | None = None  # the ids the engine decoded (stop id excluded); a server's: None
 
 
 class EngineBackend:
@@ -174,7 +176,7 @@ class EngineBackend:
                                      self.params, eos).tokens]
         dec = self.target.tokenizer.decode
         return [Answer(dec(t, skip_special_tokens=True).strip(), len(t),
-                       "length" if len(t) >= new else "stop")
+                       "length" if len(t) >= new else "stop", [int(x) for x in t])
                 for t in tokens]
 
 
@@ -674,7 +676,8 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
                 continue
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
             tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
-            answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish})
+            answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish}
+                           | ({"ids": ans.ids} if ans.ids is not None else {}))
             stats["answer_tokens"] += tokens
             stats["answers_at_max_new"] += ans.finish == "length"
     recs = []

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.chat import AnswerTally
 from draftsmith.data.shards import Dataset, read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
@@ -250,7 +251,8 @@ def open_online(
     convs = load_prompts(prompts).conversations
     if max_samples is not None:
         convs = convs[:max_samples]
-    encoded, refused = _encode(target.tokenizer, convs, prompts)
+    tally = AnswerTally()
+    encoded, refused = _encode(target.tokenizer, convs, prompts, tally)
     kept = [(ids, mask) for ids, mask in encoded if any(mask[:max_len])]
     samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
@@ -268,7 +270,7 @@ def open_online(
     src = TokenSource(samples)
     summary = {"kind": "online", "prompts": str(prompts), "samples": len(samples),
                "skipped_without_assistant": len(encoded) - len(samples),
-               "skipped_template_refused": len(refused),
+               "skipped_template_refused": len(refused), "answers": tally.as_dict(),
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
                 content=tokens_digest(kept))
@@ -292,21 +294,24 @@ def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None
     return "; ".join(parts)
 
 
-def _encode(tok: Any, convs: list[Any], prompts: str | Path,
+def _encode(tok: Any, convs: list[Any], prompts: str | Path, tally: AnswerTally,
             ) -> tuple[list[tuple[list[int], list[bool]]], list[str]]:
     """(ids and loss mask of each conversation the chat template takes, one line per refused
-    conversation): capture skips those, so online training does too."""
-    from draftsmith.data.chat import encode
-    from draftsmith.data.prompts import encode_conversations
+    conversation): capture skips those, so online training does too. `tally`: how the answer
+    turns were tokenized (the target's recorded ids or their text), as capture counts them."""
+    from draftsmith.data.prompts import encode_conversation, encode_conversations
 
     try:
-        return list(encode_conversations(tok, convs, prompts)), []
+        whole = AnswerTally()
+        encoded = list(encode_conversations(tok, convs, prompts, whole))
+        tally.add(whole)
+        return encoded, []
     except DraftsmithError:
         pass  # one at a time now, in order to skip just the refused ones
     encoded, refused = [], []
     for i, c in enumerate(convs):
         try:
-            encoded.append(encode(tok, c.messages, c.cut_turns()))
+            encoded.append(encode_conversation(tok, c, tally))
         except DraftsmithError as e:
             refused.append(f"conversation {i} (id {c.id}): {e}")
     return encoded, refused
