@@ -138,4 +138,4 @@ def test_the_datasets_own_vocab_is_named_where_a_vocab_is_counted(root, tmp_path
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         train(config(root, "sized", data=str(data), max_steps=1))  # --draft-vocab-size 64
-    assert not [w for w in said if "data make" in str(w.message)]
+    assert not [w for w in said if "the dataset holds a vocab" in str(w.message)]
