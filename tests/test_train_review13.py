@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from test_train_loop import setup  # noqa: F401 - the tiny target and dataset fixture
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.train.sources import open_online
@@ -134,3 +135,24 @@ def test_resume_clashes_are_told_as_flags_and_follow_the_option_that_set_them():
         ("--draft-vocab-size was not given in that run, 512 now", "leave --draft-vocab-size out")]
     assert clashes({"fc_norm": True}) == [("--fc-norm was on in that run, off now", "--fc-norm")]
     assert clashes({"lr": 0.001}) == [("lr was 0.001 in that run, now 0.0001", "--lr 0.001")]
+
+
+def test_a_drafter_of_another_target_names_the_target_to_pass(setup):  # noqa: F811
+    """--init-from (and --resume) of a drafter trained for another target printed two raw
+    fingerprints; the refusal now names the target the drafter records, as --target takes it."""
+    from test_train_loop import config
+
+    from draftsmith.train import train
+
+    root, _, _ = setup
+    with pytest.warns(UserWarning):
+        train(config(root, "other_base", max_steps=1))
+    meta_path = root / "other_base" / "draftsmith.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["target_fingerprint"] = "0" * 16
+    meta["config"]["target_source"] = "/models/the-other-target"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DraftsmithError) as e:
+        train(config(root, "other_next", max_steps=1, init_from=str(root / "other_base"),
+                     draft_vocab_size=None))
+    assert "pass --target /models/the-other-target" in str(e.value), e.value

@@ -208,6 +208,17 @@ def option_clash(key: str, old: Any, new: Any) -> tuple[str, str]:
     return f"{key} was {old!r} in that run, now {new!r}", shown
 
 
+def target_fix(d: Eagle3Config, clashes: list[tuple]) -> str:
+    """Where the target's fingerprint clashes, the target the drafter records, as --target
+    takes it (a fingerprint alone named no file to pass)."""
+    if not any(what == "target" for what, _, _ in clashes):
+        return ""
+    src = d.target_source
+    if not src:
+        return ": pass the target that drafter was trained for as --target"
+    return f": pass --target {src} (the target that drafter records)"
+
+
 def same_path(a: str | None, b: str | None) -> bool:
     """Both None, or names of one file (a relative one read from the working folder)."""
     if a is None or b is None:
@@ -547,7 +558,8 @@ class Trainer:
         if clashes := self._input_clashes(drafter.cfg):
             raise DraftsmithError(f"--resume from {found}: " + "; ".join(
                 f"{what} {old!r} in that run, {new!r} now" for what, old, new in clashes)
-                + "; resume with the same options (or train into another --out)")
+                + "; resume with the same options" + target_fix(drafter.cfg, clashes)
+                + " (or train into another --out)")
         return drafter
 
     def _input_clashes(self, d: Eagle3Config, *more: tuple) -> list[tuple]:
@@ -578,7 +590,8 @@ class Trainer:
             *norms)
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
-                f"{what} {old!r} there, {new!r} here" for what, old, new in clashes))
+                f"{what} {old!r} there, {new!r} here" for what, old, new in clashes)
+                + target_fix(d, clashes))
         if width > d.intermediate_size:
             drafter = self._widen(drafter, width)
         if layers > d.num_layers:
