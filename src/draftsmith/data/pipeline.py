@@ -186,7 +186,7 @@ def _read_record(path: Path) -> dict[str, Any]:
 
 def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
            command: str = "data make") -> dict:
-    from draftsmith.data.vocab import build_vocab, changed, count_dataset, old_size, save_vocab
+    from draftsmith.data.vocab import build_vocab, count_dataset, replacing, save_vocab
 
     with warnings.catch_warnings(record=True) as caught:  # one line as `data vocab` says it,
         warnings.simplefilter("always")                  # not Python's warning with its source
@@ -194,9 +194,8 @@ def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
     for w in caught:
         log(f"warning: {w.message}")
     path = data / "vocab.safetensors"
-    if changed(path, v):  # a drafter may have been trained on the old one (train --vocab)
-        was = old_size(path)
-        log(f"vocab: {path} replaced: {was if was is not None else 'an unreadable one'} -> "
+    if (was := replacing(path, v)) is not None:  # a drafter may have trained on the old one
+        log(f"vocab: {path} replaced: {was} -> "
             f"{v.used.numel()} draft tokens, counted on this run's data (a drafter trained with "
             "--vocab on the old one used another vocabulary)")
     save_vocab(v, data, {"made_from": {"dataset": str(data)}, "command": command})

@@ -117,25 +117,28 @@ def made_by(folder: str | Path) -> str:
     return f"made by `{command}`" if isinstance(command, str) and command else ""
 
 
-def old_size(path: Path) -> int | None:
-    """The draft tokens of the vocabulary at `path` (None: none there, or unreadable)."""
+def existing_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (d2t, t2d) of a vocabulary already at `path`; None where none is there or it cannot
+    be read."""
     if not path.is_file():
         return None
     try:
-        return int(load_vocab(path)[0].numel())
+        return load_vocab(path)
     except DraftsmithError:
         return None
 
 
-def changed(path: Path, v: DraftVocab) -> bool:
-    """Whether `v` differs from the vocabulary already at `path` (one there to replace)."""
+def replacing(path: Path, v: DraftVocab) -> str | None:
+    """What writing `v` at `path` replaces: the old vocabulary's draft tokens (in words where it
+    cannot be read); None where there is none or it is `v`'s own."""
     if not path.is_file():
-        return False
-    try:
-        d2t, t2d = load_vocab(path)
-    except DraftsmithError:
-        return True
-    return not (torch.equal(d2t, v.d2t) and torch.equal(t2d, v.t2d))
+        return None
+    old = existing_vocab(path)
+    if old is None:
+        return "an unreadable one"
+    if torch.equal(old[0], v.d2t) and torch.equal(old[1], v.t2d):
+        return None
+    return str(old[0].numel())
 
 
 def load_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -210,16 +210,12 @@ def _data_vocab(used: torch.Tensor, counts: torch.Tensor, vocab: int,
                 data: Path) -> tuple[str, str] | None:
     """Where the dataset holds a vocab of its own (`data make`'s) other than the drafter's:
     its coverage of the same tokens, which `data make` printed, and --vocab as the fix."""
-    from draftsmith.data.vocab import load_vocab, map_problem
+    from draftsmith.data.vocab import existing_vocab, map_problem
 
     path = data / "vocab.safetensors"
-    if not path.is_file():
+    if (found := existing_vocab(path)) is None:
         return None
-    try:
-        d2t, t2d = load_vocab(path)
-    except DraftsmithError:
-        return None
-    own, problem = map_problem(d2t, t2d, vocab)
+    own, problem = map_problem(*found, vocab)
     if problem or torch.equal(own.sort().values, used.sort().values):
         return None
     cov = float(counts[own].sum()) / max(1, int(counts.sum()))
