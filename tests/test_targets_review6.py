@@ -13,8 +13,7 @@ import pytest
 from test_export import make
 
 import draftsmith.targets as targets
-from draftsmith.export import export_drafter, portable_name
-from draftsmith.export.layout import _where
+from draftsmith.export import export_drafter
 from draftsmith.targets import DEFAULT_NAME, cache_dir, load_target, portable_source
 
 
@@ -47,24 +46,24 @@ def test_the_converters_are_all_known():
 def test_the_defaults_cache_folder_is_named_default(default_gguf, converter):
     """Its cache folder (of this or an earlier converter) was kept as the target's name."""
     folder = _old_cache_folder(default_gguf, converter)
-    assert portable_name(str(folder)) == "default"
+    assert targets.portable(str(folder)) == "default"
     elsewhere = Path("/another/cache/targets") / folder.name  # another DRAFTSMITH_CACHE's
-    assert portable_name(str(elsewhere)) == "default"
+    assert targets.portable(str(elsewhere)) == "default"
 
 
 def test_another_ggufs_cache_folder_and_plain_paths_stay_paths(default_gguf, tmp_path):
     other = tmp_path / "other.gguf"
     other.write_bytes(b"another model")
     folder = str(_old_cache_folder(other))
-    assert portable_name(folder) == folder
-    assert portable_name("") == "" and portable_name("org/model") == "org/model"
-    assert portable_name(DEFAULT_NAME) == "default"
+    assert targets.portable(folder) == folder
+    assert targets.portable("") == "" and targets.portable("org/model") == "org/model"
+    assert targets.portable(DEFAULT_NAME) == "default"
 
 
 def test_no_default_installed_reads_no_folder_as_default(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTSMITH_DEFAULT_GGUF", str(tmp_path / "absent.gguf"))
     folder = str(tmp_path / "targets" / "0123456789abcdef")
-    assert portable_name(folder) == folder
+    assert targets.portable(folder) == folder
 
 
 @pytest.fixture
@@ -125,10 +124,10 @@ def test_export_of_an_old_default_drafter_records_default(default_gguf, converte
 
 
 def test_one_local_path_rule(tmp_path, monkeypatch):
-    """The export's resolution and the targets' are one function: a path here absolute,
+    """One local-path rule (export resolves through it too): a path here absolute,
     anything else as it is."""
     (tmp_path / "t").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert targets.local_path("t") == _where("t") == str(tmp_path / "t")
-    assert targets.local_path("gone") == _where("gone") == "gone"
-    assert os.path.isabs(portable_name("t"))
+    assert targets.local_path("t") == str(tmp_path / "t")
+    assert targets.local_path("gone") == "gone"
+    assert os.path.isabs(targets.portable("t"))

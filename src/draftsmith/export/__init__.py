@@ -29,26 +29,16 @@ from draftsmith.export.speculators import (
     write_speculators,
 )
 from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, load_drafter, save_drafter
-from draftsmith.targets import portable_source
+from draftsmith.targets import portable, portable_source
 
 FORMATS = ("sglang", "speculators")
-
-
-def portable_name(source: str) -> str:
-    """How draftsmith's own record names a target a drafter records: the embedded default as
-    "default" (by either of its names, or a conversion cache folder of it, which drafters
-    trained before targets were recorded portably name), a path that is here absolute,
-    anything else as it is."""
-    from draftsmith.targets import is_default, local_path
-
-    return "default" if source and is_default(source) else local_path(source)
 
 
 def target_info(drafter: Eagle3Drafter, target: str | None) -> tuple[TargetInfo, str]:
     """Facts about the drafter's target (from the target itself if given, else as recorded),
     and the target's portable name for draftsmith's own record in the export."""
     if target is None:
-        return TargetInfo.of_drafter(drafter.cfg), portable_name(drafter.cfg.target_source)
+        return TargetInfo.of_drafter(drafter.cfg), portable(drafter.cfg.target_source)
     from draftsmith.targets import load_target
 
     t = load_target(target)

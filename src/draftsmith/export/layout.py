@@ -61,7 +61,7 @@ class TargetInfo:
         embed, head = target_head(target)
         return cls(
             target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
-            _where(str(target.folder or target.source)),
+            local_path(str(target.folder or target.source)),
             list(target.hf_config.get("architectures") or []),
             target.fingerprint, embed, head, config_dtype(target.hf_config),
         )
@@ -87,12 +87,12 @@ def _recorded_where(source: str) -> tuple[str, str]:
 
     default = bool(source) and is_default(source)  # a default's conversion cache folder too
     if not default and not (source.endswith(".gguf") and Path(source).is_file()):
-        return _where(source), _recorded_dtype(source)
+        return local_path(source), _recorded_dtype(source)
     try:
         t = load_target("default" if default else source)
     except DraftsmithError:
-        return (DEFAULT_NAME if default else _where(source)), ""
-    return _where(str(t.folder)), config_dtype(t.hf_config)
+        return (DEFAULT_NAME if default else local_path(source)), ""
+    return local_path(str(t.folder)), config_dtype(t.hf_config)
 
 
 HALF = ("bfloat16", "float16")
@@ -153,12 +153,6 @@ def _warn_past_half(tensors: dict[str, torch.Tensor]) -> None:
                           "in float16 (the target's dtype, which its config names) and would "
                           "hold inf there; serve it with --dtype bfloat16", stacklevel=3)
             return
-
-
-def _where(source: str) -> str:
-    """A local target as an absolute path: an engine reading the export resolves a relative
-    one from its own working directory."""
-    return local_path(source)
 
 
 def hf_layer_config(cfg: Eagle3Config, info: TargetInfo, num_layers: int) -> dict[str, Any]:

@@ -153,8 +153,14 @@ def portable_source(t: Target) -> str:
     cleared cache, another DRAFTSMITH_CACHE or another machine loses), a folder absolute."""
     if t.kind == "default":
         return "default"
-    where = t.source if t.kind == "gguf" else str(t.folder or t.source)
-    return "default" if is_default(where) else local_path(where)
+    return portable(t.source if t.kind == "gguf" else str(t.folder or t.source))
+
+
+def portable(source: str) -> str:
+    """A recorded target as draftsmith records it portably: the embedded default by any of its
+    names (`is_default`) as "default", a path that is here absolute (`local_path`), anything
+    else (a hub id, nothing recorded) as it is."""
+    return "default" if source and is_default(source) else local_path(source)
 
 
 def local_path(source: str) -> str:
