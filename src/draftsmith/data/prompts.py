@@ -438,17 +438,38 @@ def _write_place(rec: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def _last_write_kept(records: list[tuple[int, dict[str, Any]]]) -> int | None:
-    """How many records of the last write `records` hold, where their marks (`mark_write`)
-    say it lacks some (0: it is whole); None where the records carry none."""
+def _marked_tail(records: list[tuple[int, dict[str, Any]]]) -> tuple[int, int] | None:
+    """(where the records of the last write begin, how many that write holds) by their marks
+    (`mark_write`); None where the records carry none or the marks do not agree."""
     place = _write_place(records[-1][1]) if records else None
     if place is None or place[0] + 1 > len(records):
         return None
     i, n = place
-    tail = [_write_place(r) for _, r in records[len(records) - i - 1:]]
-    if tail != [(j, n) for j in range(i + 1)]:
+    start = len(records) - i - 1
+    if [_write_place(r) for _, r in records[start:]] != [(j, n) for j in range(i + 1)]:
         return None
-    return 0 if i == n - 1 else i + 1
+    return start, n
+
+
+def _last_write_kept(records: list[tuple[int, dict[str, Any]]]) -> int | None:
+    """How many records of the last write `records` hold, where their marks (`mark_write`)
+    say it lacks some (0: it is whole); None where the records carry none."""
+    tail = _marked_tail(records)
+    if tail is None:
+        return None
+    kept = len(records) - tail[0]
+    return 0 if kept == tail[1] else kept
+
+
+def last_group_start(records: list[tuple[int, dict[str, Any]]],
+                 group: Callable[[dict[str, Any]], Any]) -> int:
+    """Where the records of the last `group` begin (older, unmarked files); all of them where
+    the last record has none."""
+    last = group(records[-1][1]) if records else None
+    k = len(records)
+    while last is not None and k and group(records[k - 1][1]) == last:
+        k -= 1
+    return k
 
 
 def write_cut(records: list[tuple[int, dict[str, Any]]]) -> bool:
@@ -465,13 +486,7 @@ def drop_last_write(path: Path, records: list[tuple[int, dict[str, Any]]],
     marked by `mark_write` say where that write starts, and that a kill inside a write's first
     record left the writes before whole; unmarked ones (older files) drop the last `group`."""
     kept = _last_write_kept(records)
-    if kept is not None:
-        k = len(records) - kept
-    else:
-        last = group(records[-1][1]) if records else None
-        k = len(records)
-        while last is not None and k and group(records[k - 1][1]) == last:
-            k -= 1
+    k = len(records) - kept if kept is not None else last_group_start(records, group)
     return cut_records(path, records, k)
 
 
@@ -479,17 +494,10 @@ def last_write(records: list[tuple[int, dict[str, Any]]],
                group: Callable[[dict[str, Any]], Any]) -> int:
     """The index in `records` where their last (whole) write begins: by its marks
     (`mark_write`), else (older files) where the last `group` begins."""
-    place = _write_place(records[-1][1]) if records else None
-    if place is not None and place[0] == place[1] - 1 and place[1] <= len(records):
-        start = len(records) - place[1]
-        if [_write_place(r) for _, r in records[start:]] == [(j, place[1])
-                                                             for j in range(place[1])]:
-            return start
-    last = group(records[-1][1]) if records else None
-    k = len(records)
-    while last is not None and k and group(records[k - 1][1]) == last:
-        k -= 1
-    return k
+    tail = _marked_tail(records)
+    if tail is not None and len(records) - tail[0] == tail[1]:
+        return tail[0]
+    return last_group_start(records, group)
 
 
 def cut_records(path: Path, records: list[tuple[int, dict[str, Any]]],

@@ -31,6 +31,7 @@ from draftsmith.data.prompts import (
     appended_records,
     cut_records,
     drop_last_write,
+    last_group_start,
     mark_write,
     parse_record,
     write_cut,
@@ -164,7 +165,7 @@ def self_made_prompts(
     if full:
         return _full(out, len(have), cfg.n, say)
     # a last round an earlier, smaller --n cut short is made again whole, as this --n makes it
-    cut = _round_start(records) if have and have[-1].meta.get("cut") else None
+    cut = last_group_start(records, _round) if have and have[-1].meta.get("cut") else None
     have = have[:cut]
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "in_file": len(records), "duplicates": 0, "length_filtered": 0,
@@ -266,14 +267,6 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
             bar.update(len(made))  # a round's prompts at once: one by one, an off-terminal
             # line fired on the first of them projected the whole run from one prompt
     return cut
-
-
-def _round_start(records: list[tuple[int, dict[str, Any]]]) -> int:
-    """The index in `records` where the records of their last round begin."""
-    k = len(records)
-    while k and _round(records[k - 1][1]) == _round(records[-1][1]):
-        k -= 1
-    return k
 
 
 def _join_cut(out: Path, records: list[tuple[int, dict[str, Any]]], cut: int,
