@@ -13,7 +13,7 @@ from draftsmith.data.chat import AnswerTally, assistant_spans, span_mask
 from draftsmith.data.prompts import Conversation, encode_conversation, encode_conversations
 from draftsmith.data.shards import Dataset
 from draftsmith.targets import load_target
-from draftsmith.targets.tokenizer import CHATML, SPECIALS
+from draftsmith.targets.tokenizer import CHARS, SPECIALS, save_chatml
 
 CFG = CaptureConfig(batch_size=2, max_len=256, samples_per_shard=4)
 QUIET = {"progress": False, "log": lambda s: None}
@@ -22,20 +22,11 @@ QUIET = {"progress": False, "log": lambda s: None}
 def write_bpe_tokenizer(path: Path, merges: list[tuple[str, str]]) -> None:
     """The byte tokenizer's characters plus the `merges` (so "ab" is one token and "a", "b"
     a split of it that BPE never makes), with the ChatML template."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
 
-    chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    pieces = SPECIALS + chars + [a + b for a, b in merges]
+    pieces = SPECIALS + CHARS + [a + b for a, b in merges]
     vocab = {t: i for i, t in enumerate(pieces)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
-        unk_token="<unk>", additional_special_tokens=["<|im_start|>", "</s>"],
-    )
-    fast.chat_template = CHATML
-    fast.save_pretrained(path)
+    save_chatml(Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>")), path)
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,25 @@ CHATML = (
 SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<unk>"]
 
 
+CHARS = ["\n"] + [chr(c) for c in range(32, 127)]  # printable ASCII and newline
+
+
 def write_byte_tokenizer(path: Path, vocab_size: int = 128) -> None:
     """A character-level HF tokenizer (printable ASCII + newline) with a ChatML template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {t: i for i, t in enumerate(SPECIALS + chars[: vocab_size - len(SPECIALS)])}
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS[: vocab_size - len(SPECIALS)])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    save_chatml(tok, path)
+
+
+def save_chatml(tok, path: Path) -> None:
+    """`tok` (a `tokenizers.Tokenizer` whose vocabulary starts with SPECIALS) saved as an HF
+    tokenizer with those special tokens and the ChatML template."""
+    from tokenizers import decoders
+    from transformers import PreTrainedTokenizerFast
+
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
