@@ -13,6 +13,7 @@ batch's positions) and lets DDP average the ranks.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -1145,7 +1146,7 @@ class Trainer:
 
     def _small_vocab_cause(self) -> str:
         c, size = self.cfg, self.drafter.cfg.draft_vocab_size
-        if self._holds_every_data_token():
+        if self._holds_every_data_token:
             return self._data_too_small()
         if c.vocab:
             return (f"--vocab {c.vocab} is too small or was counted on other data; make a larger "
@@ -1160,7 +1161,7 @@ class Trainer:
 
     def _vocab_cause(self) -> str:
         c = self.cfg
-        if self._holds_every_data_token():
+        if self._holds_every_data_token:
             return ("the draft vocab holds every token of the data's answers, yet the target "
                     "predicted none of them: the answers were not written by this target; "
                     "regenerate them with it (`draftsmith data regenerate`)")
@@ -1175,16 +1176,15 @@ class Trainer:
                 "misses its predictions); regenerate them with the target, or raise "
                 "--draft-vocab-size")
 
+    @functools.cached_property
     def _holds_every_data_token(self) -> bool:
         """Whether the draft vocab holds every distinct assistant token of the data, so that no
         larger vocab counted on it could cover more (ids only, read once, for a warning)."""
-        if not hasattr(self, "_holds_all"):
-            counts = self.data.token_counts(self.target.cfg.vocab_size)
-            t2d = self.drafter.t2d.detach().cpu().bool()
-            ids = counts.nonzero().flatten()
-            inside = bool(ids.numel()) and bool((ids < t2d.numel()).all())
-            self._holds_all = inside and bool(t2d[ids].all())
-        return self._holds_all
+        counts = self.data.token_counts(self.target.cfg.vocab_size)
+        t2d = self.drafter.t2d.detach().cpu().bool()
+        ids = counts.nonzero().flatten()
+        inside = bool(ids.numel()) and bool((ids < t2d.numel()).all())
+        return inside and bool(t2d[ids].all())
 
     def _data_too_small(self) -> str:
         c, size = self.cfg, self.drafter.cfg.draft_vocab_size
