@@ -21,6 +21,8 @@ httpx = pytest.importorskip("httpx")
 
 from conftest import write_tiny_folder  # noqa: E402
 
+from draftsmith.data.chat import AnswerTally  # noqa: E402
+from draftsmith.data.prompts import encode_conversation, parse_record  # noqa: E402
 from draftsmith.engine.generate import generate  # noqa: E402
 from draftsmith.engine.runtime import Runtime  # noqa: E402
 from draftsmith.errors import DraftsmithError  # noqa: E402
@@ -86,6 +88,12 @@ def reference(engine: ServeEngine, ids: list[int], n: int) -> str:
     eager = Runtime(engine.rt.model, 1, len(ids) + n + 1, graphs=False)
     toks = generate(eager, [ids], n, eos_ids=t.eos_ids)[0]
     return t.tokenizer.decode(toks, skip_special_tokens=True)
+
+
+def reference_ids(engine: ServeEngine, ids: list[int], n: int) -> list[int]:
+    """The ids `reference` decodes: up to, not with, the eos."""
+    eager = Runtime(engine.rt.model, 1, len(ids) + n + 1, graphs=False)
+    return [int(t) for t in generate(eager, [ids], n, eos_ids=engine.target.eos_ids)[0]]
 
 
 def ask(srv: dict, text: str, n: int = 24, **kw):
@@ -367,6 +375,34 @@ def test_speculative_server(engine: ServeEngine, tiny_dir: Path, drafter_dir: Pa
         assert m["steps"] == 3 and m["topk"] == topk
 
 
+def test_return_token_ids_as_vllm_gives_them(srv: dict, engine: ServeEngine) -> None:
+    """vLLM's `return_token_ids`: a chat's prompt ids at the root, each choice's ids with the
+    eos that ended them; a text completion's prompt ids per choice; refused with a stream."""
+    eos = engine.target.eos_ids
+    for p in PROMPTS[:4]:
+        r = ask(srv, p, 30, extra_body={"return_token_ids": True})
+        want = reference_ids(engine, chat_ids(engine, p), 30)
+        got = r.choices[0].token_ids
+        assert r.prompt_token_ids == chat_ids(engine, p)
+        if r.choices[0].finish_reason == "stop":
+            assert got[:-1] == want and got[-1] in eos
+        else:
+            assert got == want and len(got) == 30
+        assert r.usage.completion_tokens == len(got)
+    plain = ask(srv, PROMPTS[0], 8)
+    assert getattr(plain.choices[0], "token_ids", None) is None
+    assert getattr(plain, "prompt_token_ids", None) is None
+    text = srv["client"].completions.create(model=srv["model"], prompt=["ab", "xyz"], n=2,
+                                            max_tokens=5, temperature=0,
+                                            extra_body={"return_token_ids": True})
+    prompts = [engine.target.tokenizer(t)["input_ids"] for t in ("ab", "xyz")]
+    assert [c.prompt_token_ids for c in text.choices] == [prompts[0]] * 2 + [prompts[1]] * 2
+    dec = engine.target.tokenizer.decode
+    assert all(dec(c.token_ids, skip_special_tokens=True) == c.text for c in text.choices)
+    with pytest.raises(openai.BadRequestError, match="return_token_ids"):
+        ask(srv, PROMPTS[0], 8, stream=True, extra_body={"return_token_ids": True})
+
+
 # ---- the data pipeline against the server --------------------------------------------------
 
 
@@ -392,6 +428,14 @@ def test_data_regenerate_against_server(srv: dict, engine: ServeEngine, tiny_dir
         assert answer == reference(engine, chat_ids(engine, user), 16).strip()
         meta = rec["meta"]["answers"][0]
         assert meta["backend"] == "openai" and meta["model"] == srv["model"]
+        assert meta["ids"] == reference_ids(engine, chat_ids(engine, user), 16)
+    tally = AnswerTally()
+    convs = [parse_record(r) for r in recs]
+    for conv in convs:  # what capture trains on: the server's ids, in place of the text's
+        ids, mask = encode_conversation(engine.target.tokenizer, conv, tally)
+        said = conv.meta["answers"][0]["ids"]
+        assert [t for t, m in zip(ids, mask, strict=True) if m][: len(said)] == said
+    assert tally.as_dict() == {"target_ids": 4, "text": 0, "fallback": 0}
     sampled = CliRunner().invoke(app, [*args[:3], str(tmp_path / "sampled.jsonl"),
                                        *args[4:-4], "--concurrency", "4"])
     assert sampled.exit_code == 0, sampled.output

@@ -137,7 +137,7 @@ class Answer:
     text: str
     tokens: int | None  # None: the reply did not say (no `usage`)
     finish: str  # "stop" | "length" | "error: ..."
-    ids: list[int] | None = None  # the ids the engine decoded (stop id excluded); a server's: None
+    ids: list[int] | None = None  # the ids the target decoded (stop id excluded), where known
 
 
 class EngineBackend:
@@ -205,14 +205,14 @@ class OpenAIBackend:
 
     def __init__(self, base_url: str, model: str, cfg: RegenConfig, concurrency: int = 8,
                  retries: int = 5, backoff: float = 1.0, api_key: str | None = None,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, tokenizer: Any = None) -> None:
         import openai
 
         check_server_options(concurrency, retries)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
                                     max_retries=0, timeout=timeout)
         self.base_url, self.model_name, self.cfg = base_url, model, cfg
-        self.retries, self.backoff = retries, backoff
+        self.retries, self.backoff, self.tokenizer = retries, backoff, tokenizer
         self.closed = threading.Event()
         self.pool = Requests(concurrency)
 
@@ -237,7 +237,7 @@ class OpenAIBackend:
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                     seed=request_seed(self.cfg.seed, messages), **PENALTIES,
-                    extra_body=server_sampling(self.cfg),
+                    extra_body=server_sampling(self.cfg) | {"return_token_ids": True},
                 )
             except retry as e:
                 if attempt == self.retries:
@@ -250,7 +250,7 @@ class OpenAIBackend:
                         f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
             else:
-                return reply(r, self.model_name)
+                return reply(r, self.model_name, self.tokenizer)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -326,7 +326,7 @@ def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
 UNFINISHED = ("abort", "error", "content_filter", "cancelled")
 
 
-def reply(r: Any, asked: str = "") -> Answer:
+def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
     """The Answer in a chat completion; a failed one for a reply with none (a proxy's HTML page,
     an error object sent with status 200), which is counted and retried by a rerun. A reply
     that names another model than `asked` stops the run: a router's fallback or an alias
@@ -358,7 +358,26 @@ def reply(r: Any, asked: str = "") -> Answer:
         what = " but a tool call" if calls else ""
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
                              f"{finish}): not kept as an answer, a rerun asks again")
-    return Answer(message.content.strip(), used if isinstance(used, int) else None, finish)
+    return Answer(message.content.strip(), used if isinstance(used, int) else None, finish,
+                  served_ids(getattr(choices[0], "token_ids", None), finish, tok))
+
+
+def served_ids(ids: Any, finish: str, tok: Any) -> list[int] | None:
+    """The ids a server decoded for an answer (vLLM's `return_token_ids`), as the engine records
+    them: without the special token that stopped it (vLLM's end with it, the engine's do not).
+    None for a server that sends none, or no tokenizer to read them with; capture checks that
+    they decode to the answer's text."""
+    if tok is None or not isinstance(ids, list) or not all(type(t) is int and t >= 0
+                                                           for t in ids):
+        return None
+    if finish == "stop" and ids and _special(tok, ids[-1]):
+        ids = ids[:-1]
+    return ids
+
+
+def _special(tok: Any, i: int) -> bool:
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    return i in tok.all_special_ids or (i in added and bool(getattr(added[i], "special", False)))
 
 
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,
@@ -737,7 +756,7 @@ def regenerate_file(
                 "GGUF for its own")
         tok = load_tokenizer(target)
         backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
-                                     api_key=api_key)
+                                     api_key=api_key, tokenizer=tok)
     else:
         from draftsmith.options import check_compile
         from draftsmith.targets import load_target

@@ -86,6 +86,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each answer's ids
     id: str = ""
     created: int = 0
 
@@ -243,9 +244,14 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
     if opts and not stream:  # as OpenAI and vLLM: not silently dropped
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
                        "stream_options", "invalid_value")
+    token_ids = _get(body, "return_token_ids", bool, False)
+    if token_ids and stream:
+        raise ApiError(400, "'return_token_ids' is supported without 'stream' only",
+                       "return_token_ids", "unsupported")
     return {"model": _model(body, cfg), "max_tokens": max_tokens, "params": params, "n": n,
             "seed": seed, "stop": _stop(body), "stream": stream,
-            "include_usage": stream and _get(opts, "include_usage", bool, False)}
+            "include_usage": stream and _get(opts, "include_usage", bool, False),
+            "token_ids": token_ids}
 
 
 def _too_long(tokens: int | str, cfg: ServeConfig, param: str, where: str) -> ApiError:
@@ -418,6 +424,7 @@ class Choice:
     text: str = ""
     finish_reason: str | None = None
     tokens: int = 0
+    ids: list[int] = field(default_factory=list)  # as vLLM's: with the eos that ended them
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -439,6 +446,13 @@ def response(req: GenRequest, choices: list[Choice], fingerprint: str = "") -> d
         {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
         for i, c in enumerate(choices)
     ]
+    if req.token_ids:  # where vLLM puts them: a chat's prompt at the root, a text's per choice
+        for i, (c, choice) in enumerate(zip(choices, out["choices"], strict=True)):
+            choice["token_ids"] = c.ids
+            if not chat:
+                choice["prompt_token_ids"] = req.prompts[i // req.n]
+        if chat:
+            out["prompt_token_ids"] = req.prompts[0]
     out["usage"] = usage(sum(len(p) for p in req.prompts), sum(c.tokens for c in choices))
     return out
 

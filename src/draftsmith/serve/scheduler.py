@@ -94,8 +94,9 @@ class Row:
             self.finished = True
             stop = eos_hit or self.text.stopped or len(self.tokens) < self.limit
             text = "" if self.job.req.stream else self.text.text
+            ended = raw[len(self.tokens): self.used]  # the eos that ended them, as vLLM's
             self.job.emit(("finish", self.index, Choice(text, "stop" if stop else "length",
-                                                        self.used)))
+                                                        self.used, self.tokens + ended)))
 
 
 class Metrics:
