@@ -215,6 +215,8 @@ class OpenAIBackend:
         self.retries, self.backoff, self.tokenizer = retries, backoff, tokenizer
         self.closed = threading.Event()
         self.pool = Requests(concurrency)
+        self.ask_ids = True  # vLLM's return_token_ids, until the server refuses the field
+        self.ids_lock = threading.Lock()
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         futures = [self.pool.submit(self.one, m) for m in batch]
@@ -233,12 +235,7 @@ class OpenAIBackend:
             if self.closed.is_set():  # a ctrl-C: no request, nor retry, after it
                 return Answer("", 0, "error: stopped")
             try:
-                r = self.client.chat.completions.create(
-                    model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
-                    temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                    seed=request_seed(self.cfg.seed, messages), **PENALTIES,
-                    extra_body=server_sampling(self.cfg) | {"return_token_ids": True},
-                )
+                r = self.create(messages)
             except retry as e:
                 if attempt == self.retries:
                     return Answer("", 0, f"error: {type(e).__name__}: {e}")
@@ -252,6 +249,34 @@ class OpenAIBackend:
             else:
                 return reply(r, self.model_name, self.tokenizer)
         raise AssertionError("unreachable")
+
+    def create(self, messages: Messages) -> Any:
+        """One chat completion, asking for the answer's ids (`IDS_FIELD`) until a server
+        refuses that field by name (vLLM before 0.6.5 and other servers that forbid fields
+        they do not know: a 400 or 422 on every request); then asked again without it, as is
+        every later request (answers recorded as text, which capture tokenizes)."""
+        import openai
+
+        while True:
+            ask = self.ask_ids
+            try:
+                return self.client.chat.completions.create(
+                    model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
+                    temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                    seed=request_seed(self.cfg.seed, messages), **PENALTIES,
+                    extra_body=server_sampling(self.cfg) | ({IDS_FIELD: True} if ask else {}),
+                )
+            except openai.APIStatusError as e:
+                if not (ask and refuses_ids(e)) or self.closed.is_set():
+                    raise
+                self._stop_asking_ids(e.status_code)
+
+    def _stop_asking_ids(self, status: int) -> None:
+        with self.ids_lock:
+            if self.ask_ids:
+                self.ask_ids = False
+                print(f"regenerate: note: {self.base_url} refuses {IDS_FIELD} (HTTP {status}): "
+                      "answers are recorded as text, which capture tokenizes", file=sys.stderr)
 
     def close(self) -> None:
         """Ends the workers without waiting for the requests in flight (after a ctrl-C they
@@ -302,6 +327,13 @@ class Requests:
 
 
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+IDS_FIELD = "return_token_ids"  # vLLM's, SGLang's and draftsmith serve's: the answer's ids
+
+
+def refuses_ids(e: Any) -> bool:
+    """A 400 or 422 that names `IDS_FIELD`: a server that forbids fields it does not know
+    (pydantic's extra_forbidden, serde's unknown field)."""
+    return e.status_code in (400, 422) and IDS_FIELD in f"{e.message} {e.body}"
 
 
 def request_seed(seed: int, messages: Messages) -> int:

@@ -1,0 +1,81 @@
+"""A server that forbids fields it does not know (vLLM before 0.6.5: pydantic's extra_forbidden
+400; NIM-like servers: a 422) refused every request once regenerate asked `return_token_ids`:
+the run kept nothing. Regenerate drops the field on such a refusal and asks again."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from test_data_regenerate import ok_reply, running
+
+from draftsmith.data.regenerate import OpenAIBackend, RegenConfig
+
+KNOWN = {"model", "messages", "max_tokens", "temperature", "top_p", "seed", "presence_penalty",
+         "frequency_penalty", "top_k", "min_p", "repetition_penalty"}
+
+
+def strict_app(bodies: list[dict], status: int) -> FastAPI:
+    """A server refusing unknown fields by name, as vLLM 0.6.4's protocol did."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        bodies.append(body)
+        extra = sorted(set(body) - KNOWN)
+        if extra:
+            detail = [{"type": "extra_forbidden", "loc": ["body", k],
+                       "msg": "Extra inputs are not permitted"} for k in extra]
+            if status == 400:
+                return JSONResponse({"object": "error", "message": str(detail),
+                                     "type": "BadRequestError", "code": 400}, status_code=400)
+            return JSONResponse({"detail": detail}, status_code=status)
+        return ok_reply()
+
+    return app
+
+
+def answers(url: str, n: int, concurrency: int = 1) -> list:
+    cfg = RegenConfig(max_new_tokens=8, max_len=64, batch_size=2, temperature=0.0)
+    backend = OpenAIBackend(url, "m", cfg, concurrency=concurrency, retries=0)
+    try:
+        return backend.answer([[{"role": "user", "content": f"q{i}"}] for i in range(n)])
+    finally:
+        backend.close()
+
+
+def test_a_server_refusing_return_token_ids_still_answers(capsys) -> None:
+    for status in (400, 422):
+        bodies: list[dict] = []
+        with running(strict_app(bodies, status)) as url:
+            got = answers(url, 3)
+        assert [(a.text, a.finish, a.ids) for a in got] == [("ok", "stop", None)] * 3
+        # asked once with the field, then never again: one request more than answers
+        assert ["return_token_ids" in b for b in bodies] == [True, False, False, False]
+        err = capsys.readouterr().err
+        assert err.count("refuses return_token_ids") == 1, err
+
+
+def test_requests_in_flight_together_all_ask_again(capsys) -> None:
+    bodies: list[dict] = []
+    with running(strict_app(bodies, 400)) as url:
+        got = answers(url, 6, concurrency=3)
+    assert [a.text for a in got] == ["ok"] * 6
+    assert sum("return_token_ids" not in b for b in bodies) == 6
+    assert capsys.readouterr().err.count("refuses return_token_ids") == 1
+
+
+def test_another_refusal_is_still_a_failed_answer() -> None:
+    bodies: list[dict] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        bodies.append(await request.json())
+        return JSONResponse({"object": "error", "message": "prompt too long", "code": 400},
+                            status_code=400)
+
+    with running(app) as url:
+        got = answers(url, 1)
+    assert got[0].finish.startswith("error: HTTP 400") and len(bodies) == 1
+    assert bodies[0]["return_token_ids"] is True
