@@ -33,6 +33,10 @@ from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mas
 from draftsmith.models.parallel import SINGLE, TP, linear
 from draftsmith.weightsfile import read_weights_file
 
+SIZES = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+         "target_hidden_size", "vocab_size", "draft_vocab_size", "max_position_embeddings",
+         "num_layers")
+
 
 @dataclass(slots=True)
 class Eagle3Config:
@@ -62,6 +66,7 @@ class Eagle3Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._check_kinds()
         if len(self.aux_layer_ids) < 1:
             raise DraftsmithError("an EAGLE-3 drafter needs at least one aux layer id")
         if self.draft_vocab_size > self.vocab_size:
@@ -70,8 +75,21 @@ class Eagle3Config:
             )
         if self.norm_before_fc and self.fc_norm:
             raise DraftsmithError("norm_before_fc and fc_norm are mutually exclusive")
-        if self.num_layers < 1:
-            raise DraftsmithError(f"num_layers must be >= 1, got {self.num_layers}")
+
+    def _check_kinds(self) -> None:
+        """Sizes whole numbers >= 1 and ids a list of whole numbers: a hand-edited 2.0 or "576"
+        was a TypeError traceback from torch when the drafter was built."""
+        for name in SIZES:
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise DraftsmithError(f"{name} {v!r} is not a size (a whole number >= 1)")
+        ids = self.aux_layer_ids
+        if not isinstance(ids, list) or any(type(i) is not int for i in ids):
+            raise DraftsmithError(f"aux_layer_ids {ids!r} is not a list of whole numbers")
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if type(v) not in (int, float) or not v > 0:
+                raise DraftsmithError(f"{name} {v!r} is not a number > 0")
 
     def layer_config(self) -> ModelConfig:
         return ModelConfig(
@@ -92,7 +110,9 @@ class Eagle3Config:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
-            raise DraftsmithError(f"drafter config has unknown keys {unknown}")
+            raise DraftsmithError(f"drafter config has unknown keys {unknown} (a newer "
+                                  "draftsmith's drafter, or a hand edit): upgrade draftsmith, "
+                                  "or remove them")
         required = [f.name for f in fields(cls) if f.default is MISSING
                     and f.default_factory is MISSING]
         if missing := [k for k in required if k not in d]:
@@ -509,6 +529,20 @@ def _portable_target(cfg: dict[str, Any]) -> None:
         cfg["target_source"] = "default"
 
 
+def read_drafter_config(folder: str | Path) -> Eagle3Config:
+    """The folder's drafter config, checked as far as building the drafter needs (its RoPE
+    too); a value refused is named with the file, as compare or --init-from read two. A
+    command that checks its --drafter before the target's minutes can call it."""
+    folder = Path(folder)
+    meta = read_drafter_meta(folder)
+    try:
+        cfg = Eagle3Config.from_dict(meta["config"])
+        cfg.layer_config().inv_freq()
+    except DraftsmithError as e:
+        raise DraftsmithError(f"{folder / CONFIG_FILE}: {e}") from None
+    return cfg
+
+
 def load_drafter(
     folder: str | Path,
     device: str | torch.device = "cpu",
@@ -517,7 +551,7 @@ def load_drafter(
 ) -> Eagle3Drafter:
     """Read a draftsmith drafter folder; `embed` supplies the target's embedding if not stored."""
     folder = Path(folder)
-    cfg = Eagle3Config.from_dict(read_drafter_meta(folder)["config"])
+    cfg = read_drafter_config(folder)
     path = folder / WEIGHTS_FILE
     if not path.is_file():
         raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
