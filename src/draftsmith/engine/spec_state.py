@@ -157,6 +157,10 @@ class SpecState:
         self.qbank = (torch.zeros(b, s, cfg.draft_vocab_size, device=dev)
                       if sampling and dec.shape is None else None)
         self.tree = None
+        # a drawn tree's accepted nodes by depth, last cycle (`RankCounts`: siblings drawn from
+        # one q may share a token, so the tokens alone do not name the accepted one)
+        self.path = (torch.zeros(b, s + 1, **z) if sampling and dec.shape is not None
+                     else None)
         self.unfused: set[str] = set()  # fused phases that failed to compile at this batch size
         if dec.shape is not None:
             self.tree = trees.TreeDraft(dec.shape, b, cfg.hidden_size, cfg.draft_vocab_size, ddt,

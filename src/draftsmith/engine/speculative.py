@@ -118,9 +118,11 @@ def check_pair(tc, dc) -> tuple[int, ...]:
     return tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
 
 
-def check_draft_vocab(drafter: Eagle3Drafter, vocab: int) -> None:
+def check_draft_vocab(drafter: Eagle3Drafter, vocab: int, sampled: bool = False) -> None:
     """Every draft id's target id (id + d2t[id]) inside the target's vocabulary: one past it
-    was an IndexError in the verify's embedding (on a GPU a device-side assert)."""
+    was an IndexError in the verify's embedding (on a GPU a device-side assert). sampled: a
+    decoder whose sampling reads sibling drafts (a tree) or the drafter's q (drawn drafts), which
+    two draft ids of one target token would bias, so such a d2t is refused there too."""
     d2t = drafter.d2t
     if d2t.device.type == "meta":  # not loaded yet: nothing to read
         return
@@ -131,6 +133,19 @@ def check_draft_vocab(drafter: Eagle3Drafter, vocab: int) -> None:
             f"the drafter's d2t maps {len(bad)} draft id(s) outside the target's vocabulary of "
             f"{vocab} (draft id {bad[0]} -> {int(hot[bad[0]])}): its vocabulary mapping is not "
             f"this target's; use a drafter trained for this target")
+    if not sampled:
+        return
+    ids, seen = hot.sort()
+    if (twice := (ids[1:] == ids[:-1]).nonzero()[:, 0]).numel():
+        i = int(twice[0])
+        a, b = sorted((int(seen[i]), int(seen[i + 1])))
+        # sibling drafts of one token: the accept walks the deeper copy, and rejection sampling
+        # weighs one copy's q; greedy decoding (and a chain matched against the target's
+        # draws) emits the target's tokens whatever the drafts are
+        raise DraftsmithError(
+            f"the drafter's d2t maps draft ids {a} and {b} to one target id {int(ids[i])}: "
+            f"sampled speculative decoding with it would not keep the target's distribution; "
+            f"decode greedily or use a drafter whose draft ids map to distinct target tokens")
 
 
 class SpecDecoder:
@@ -223,7 +238,8 @@ class SpecDecoder:
 
     def _check_pair(self) -> None:
         self.aux_ids = check_pair(self.rt.model.cfg, self.drafter.cfg)
-        check_draft_vocab(self.drafter, self.rt.model.cfg.vocab_size)
+        sampled = not self.params.greedy and (self.shape is not None or self.drawn)
+        check_draft_vocab(self.drafter, self.rt.model.cfg.vocab_size, sampled)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -344,7 +360,7 @@ class SpecDecoder:
             if prof is not None:
                 prof.mark(phase)
         if counts is not None:
-            counts.add(st.tree, st.n, st.ext_tok, active)
+            counts.add(st.tree, st.n, st.ext_tok, active, st.path)
 
     def row_settings(self, params: SamplingParams | list[SamplingParams] | None,
                      n: int) -> list[SamplingParams]:
@@ -517,6 +533,7 @@ class SpecDecoder:
                 t.qbank, self.hot, self.params)
             path = trees.path_from(t.anc[st.rows, best], t.node_depth, self.steps)
             copy_path(st, path, self.tbase, self.ar)
+            st.path.copy_(path)
         commit(st, self.commit_values, n, bonus, path, aux, self.ar)
 
     def _extend(self, st: SpecState) -> None:

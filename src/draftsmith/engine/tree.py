@@ -318,9 +318,11 @@ class RankCounts:
         self.accepted = torch.zeros_like(self.reached)
 
     def add(self, t: TreeDraft, n: torch.Tensor, emitted: torch.Tensor,
-            active: torch.Tensor) -> None:
+            active: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """One cycle: n accepted drafts a row, emitted[:, d-1] the token accepted at depth d
-        (d <= n), active the rows that decoded in it."""
+        (d <= n), active the rows that decoded in it. path: the accepted nodes by depth (root
+        past the end, `path_from`), where siblings may share a token (drafts drawn from the
+        drafter): the tokens alone would count each such sibling as accepted."""
         parent, depth, tok = t.node_parent, t.node_depth, t.node_tok
         rows, width = parent.shape[0], self.steps * self.topk
         if not self.reached.shape[0]:
@@ -332,9 +334,12 @@ class RankCounts:
         before = (idx[None, :] < idx[:, None]) & (idx[None, :] >= 1)  # [j, i]: i before j
         rank = ((parent[:, :, None] == parent[:, None, :]) & before).sum(-1)
         on = (idx == 0).expand_as(parent)  # on the accepted path: the root, then by depth
-        for d in range(1, self.steps + 1):
-            at = (depth == d) & (tok == emitted[:, d - 1 : d]) & (n[:, None] >= d)
-            on = on | (at & on.gather(1, parent))
+        if path is not None:
+            on = on.scatter(1, path, True)
+        else:
+            for d in range(1, self.steps + 1):
+                at = (depth == d) & (tok == emitted[:, d - 1 : d]) & (n[:, None] >= d)
+                on = on | (at & on.gather(1, parent))
         real = (idx[None, :] >= 1) & active[:, None]
         slot = ((depth - 1).clamp(min=0) * self.topk + rank.clamp(max=self.topk - 1))
         slot = slot + width * torch.arange(rows, device=parent.device)[:, None]
