@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -434,15 +435,30 @@ def load_hf_state_dict(
 
 def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
     """Every draft id's target id (id + d2t[id]) inside the config's target vocabulary: one
-    outside it drafts ids the target cannot verify (an IndexError, on a GPU a device assert)."""
+    outside it drafts ids the target cannot verify (an IndexError, on a GPU a device assert).
+    Two draft ids of one target token: a warning (greedy decoding stays exact with them)."""
     from draftsmith.data.vocab import map_problem
 
     if d2t.is_meta:
         return
-    _, problem = map_problem(d2t.cpu(), None, vocab)
+    used, problem = map_problem(d2t.cpu(), None, vocab)
     if problem is not None and problem[0] == "outside":
         raise DraftsmithError(f"{where}: d2t: {problem[1]}: another target's mapping (or a "
                               "damaged file); use the drafter made for this target")
+    if problem is not None and problem[0] == "twice":
+        a, b = _shared_target(used)
+        warnings.warn(f"{where}: d2t maps draft ids {a} and {b} to one target id {int(used[a])}: "
+                      "greedy decoding with it is exact, but sampled tree or drawn-draft "
+                      "decoding and export refuse it; rebuild the draft vocabulary",
+                      stacklevel=3)
+
+
+def _shared_target(used: torch.Tensor) -> tuple[int, int]:
+    """The first two draft ids (lowest target id first) that `used` maps to one target id."""
+    ids, order = used.sort(stable=True)
+    i = int((ids[1:] == ids[:-1]).nonzero()[0, 0])
+    a, b = int(order[i]), int(order[i + 1])
+    return min(a, b), max(a, b)
 
 
 def build_empty(cfg: Eagle3Config) -> Eagle3Drafter:

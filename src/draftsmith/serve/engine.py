@@ -30,6 +30,7 @@ from draftsmith.engine.sampling import KINDS, SamplingParams, widest
 from draftsmith.engine.spec_state import MAX_EOS
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one
+from draftsmith.serve.protocol import ApiError
 from draftsmith.serve.text import TextSide
 
 CHECK_EVERY = 16  # read the done flags (and the stream's stop watch) every 16 steps
@@ -102,8 +103,12 @@ class ServeEngine:
         self._text_tools(target)
         self._spec: OrderedDict[Any, Any] = OrderedDict()
         self._drt = None
+        # why sampled requests are refused (400), checked here: their decoders are built on a
+        # kind's first request, too late to refuse it as the request's fault
+        self.greedy_only: str | None = None
         if drafter is not None:
             self._spec_for(SamplingParams())
+            self.greedy_only = self._sampled_refusal()
 
     @property
     def speculative(self) -> bool:
@@ -139,7 +144,11 @@ class ServeEngine:
     def batch_key(self, params: SamplingParams) -> Any:
         """The key of a request's setting (`merged` says which keys share a batch): its kind of
         sampling (`SamplingParams.kind`), or the setting itself where the speculative decoder
-        draws its drafts from the drafter under it."""
+        draws its drafts from the drafter under it. A sampled setting on a server that decodes
+        greedily only (`greedy_only`) is refused here, as the scheduler queues it: a 400."""
+        if self.greedy_only is not None and not params.greedy:
+            raise ApiError(400, f"this server decodes greedily only, send temperature 0: "
+                                f"{self.greedy_only}", "temperature", "greedy_only")
         return params if self._drawn(params) else params.kind
 
     @staticmethod
@@ -155,6 +164,19 @@ class ServeEngine:
     def template(key: Any) -> SamplingParams:
         """The setting a batch of `key` opens with."""
         return KIND_SETTINGS[key] if isinstance(key, str) else key
+
+    def _sampled_refusal(self) -> str | None:
+        """Why this drafter cannot decode sampled requests (`check_draft_vocab`: a d2t sending
+        two draft ids to one target token, under trees or drawn drafts), or None."""
+        from draftsmith.engine.speculative import SAMPLED_DRAFTS, check_draft_vocab
+
+        if self.cfg.topk == 1 and SAMPLED_DRAFTS != "drawn":
+            return None
+        try:
+            check_draft_vocab(self._drt.drafter, self.vocab_size, sampled=True)
+        except DraftsmithError as e:
+            return str(e)
+        return None
 
     def _drawn(self, params: SamplingParams) -> bool:
         from draftsmith.engine.speculative import SAMPLED_DRAFTS
@@ -200,7 +222,7 @@ class ServeEngine:
         prefill rows at every row count and prompt bucket: on CUDA this captures (and compiles)
         their graphs up front, where the first request of a kind would otherwise wait for it.
         Sampled kinds are skipped where drafts are drawn from the drafter (`batch_key`: one
-        decoder a setting there)."""
+        decoder a setting there) and where the server decodes greedily only (`greedy_only`)."""
         tok = [self.eos[0] if self.eos else 0]
         c = self.cfg
         sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
@@ -211,6 +233,8 @@ class ServeEngine:
         for kind in dict.fromkeys(("greedy", *kinds)):
             params = KIND_SETTINGS[kind]
             if self._drawn(params):  # a decoder a setting: one warmed would serve no other
+                continue
+            if self.greedy_only is not None and not params.greedy:  # never served
                 continue
             for b in sorted(sizes, reverse=True):
                 live = self.open(b, params)
@@ -421,4 +445,8 @@ def load_engine(target: str, drafter: str | Path | None, device: str, dtype: tor
         fp = d.cfg.target_fingerprint
         if fp and fp != t.fingerprint:
             log(f"warning: {drafter} was trained for target {fp}, this target is {t.fingerprint}")
-    return ServeEngine(t, model, d, cfg)
+    eng = ServeEngine(t, model, d, cfg)
+    if eng.greedy_only is not None:
+        log(f"warning: sampled requests will be refused (400), greedy ones served: "
+            f"{eng.greedy_only}")
+    return eng
