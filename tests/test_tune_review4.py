@@ -194,7 +194,9 @@ def test_another_tunes_kept_figures_are_refused_and_kept(tmp_path, monkeypatch):
     with pytest.raises(DraftsmithError, match="new_tokens 4 there, 5 here") as err:
         _tune(tmp_path, folder, prompts, out, new=5)
     assert str(out / cli.PARTIAL) in str(err.value) and "delete the file" in str(err.value)
-    (tmp_path / "d" / "model.safetensors").write_bytes(b"retrained")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "d" / "model.safetensors"))  # retrained
     with pytest.raises(DraftsmithError, match="the drafter's files"):
         _tune(tmp_path, folder, prompts, out)
     assert (out / cli.PARTIAL).read_text() == kept

@@ -33,6 +33,7 @@ from draftsmith.options import (
 
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
+    from draftsmith.models.eagle3 import Eagle3Config
 
 # click's plain help, not rich's panels: rich shrank the option column to fit 80 columns and cut
 # long names (`--intermediate-si…`); click wraps the help text instead and keeps every name whole
@@ -279,7 +280,6 @@ def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
     """The speculative setting (drafter folder, steps, topk, tokens) or None, refused by flag
     before the target loads, as serve refuses it."""
     from draftsmith.bench.run import check_topk
-    from draftsmith.models.eagle3 import read_drafter_meta
     from draftsmith.serve.cli import check_drafting
 
     if drafter is None:
@@ -287,10 +287,31 @@ def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
         return None
     at_least_one({"--steps": steps, "--topk": topk})
     check_drafting(steps, topk, tokens)
-    meta = read_drafter_meta(drafter)  # a mistyped folder, before the target's minutes
-    if isinstance(dv := meta["config"].get("draft_vocab_size"), int):
-        check_topk([(steps, topk, tokens or steps + 1)], dv)
+    cfg = check_drafter(drafter)  # a mistyped or damaged folder, before the target's minutes
+    check_topk([(steps, topk, tokens or steps + 1)], cfg.draft_vocab_size)
     return str(drafter), steps, topk, tokens
+
+
+def check_drafter(folder: str | Path) -> Eagle3Config:
+    """A --drafter folder checked as far as loading it needs, before the target's minutes: its
+    config (`read_drafter_config`) and its weights file, present and whole (its header read,
+    not its tensors); each refusal one line naming the file (generate, bench, serve, tune)."""
+    from safetensors import SafetensorError, safe_open
+
+    from draftsmith.models.eagle3 import WEIGHTS_FILE, read_drafter_config
+
+    cfg = read_drafter_config(folder)
+    path = Path(folder) / WEIGHTS_FILE
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE} beside its draftsmith.json (a "
+                              "drafter folder copied without its weights?)")
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise DraftsmithError(f"{path}: cannot read its weights (safetensors file: {e}); a "
+                              "file cut short, or a Git LFS pointer?") from None
+    return cfg
 
 
 def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=None):

@@ -64,15 +64,14 @@ def bench(
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.run import BenchConfig, BenchInterrupted, check_topk, run_bench
     from draftsmith.bench.suites import suite_messages
-    from draftsmith.cli import device_dtype, sampling_params
-    from draftsmith.models.eagle3 import read_drafter_meta
+    from draftsmith.cli import check_drafter, device_dtype, sampling_params
 
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     check_seed(seed)
     if not drafter:
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
-    # a mistyped folder, before the target's minutes of loading
-    meta = read_drafter_meta(drafter) if drafter != "random" else {"config": {}}
+    # a mistyped or damaged folder, before the target's minutes of loading
+    dcfg = check_drafter(drafter) if drafter != "random" else None
     for name in suite:  # before the target loads, not after
         suite_messages(name, num_prompts)
     if refill_every and not refill:
@@ -93,8 +92,8 @@ def bench(
         dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile, refill=refill, refill_every=refill_every,
     )
-    if isinstance(dv := meta["config"].get("draft_vocab_size"), int):
-        check_topk(cfg.settings(), dv)  # as run_bench does, here before the target loads
+    if dcfg is not None:  # as run_bench does, here before the target loads
+        check_topk(cfg.settings(), dcfg.draft_vocab_size)
     console = Console(stderr=True)
     try:
         report = run_bench(cfg, log=lambda s: console.print(s, style="dim", markup=False))

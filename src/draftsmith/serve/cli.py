@@ -94,8 +94,8 @@ def serve(
         raise DraftsmithError(
             f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
             "(fastapi, uvicorn)") from None
-    from draftsmith.cli import device_dtype
-    from draftsmith.models.eagle3 import read_drafter_meta
+    from draftsmith.bench.run import check_topk
+    from draftsmith.cli import check_drafter, device_dtype
     from draftsmith.options import check_compile
     from draftsmith.serve.engine import EngineConfig, load_engine
 
@@ -120,8 +120,8 @@ def serve(
                "give --warmup with it, or leave it out" if warmup is None else "leave it out")
     check_compile(compile, dev)
     check_bindable(host, port)  # before the model loads, not after
-    if drafter is not None:  # a mistyped folder, before the target's minutes of loading
-        read_drafter_meta(drafter)
+    if drafter is not None:  # a mistyped or damaged folder, before the target's minutes
+        check_topk([(steps, topk, num_draft_tokens)], check_drafter(drafter).draft_vocab_size)
     ecfg = EngineConfig(max_batch, max_prompt_tokens, max_tokens_limit, steps, topk,
                         num_draft_tokens, compile, fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)

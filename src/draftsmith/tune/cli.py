@@ -101,7 +101,7 @@ def tune(
         if nccl_grid not in ("quick", "full"):
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
-    from draftsmith.cli import sampling_params
+    from draftsmith.cli import check_drafter, sampling_params
     from draftsmith.options import check_compile, check_seed
 
     params = sampling_params(temperature, top_p, top_k, bool(given(tune, seed=seed)))
@@ -122,6 +122,7 @@ def tune(
             raise DraftsmithError("--nccl-sweep spawns fresh processes per setting: run "
                                   "`draftsmith tune --tp N --nccl-sweep` without torchrun")
         refuse_split(target, tp)
+        check_drafter(drafter)  # once, before ranks spawn (run_tune checks it at --tp 1)
         report = launch_tp(_tune_rank, tp, *args, device=dev)
     if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
         return
@@ -201,10 +202,10 @@ def _nccl_for(report: dict, tp: int, target: str, dev: str, dt, kind: str,
               out: Path, drafter: Path) -> dict:
     """The NCCL settings sweep on the verify shapes the recommendations use, capturing the
     drafter's aux layers as its verifies do."""
-    from draftsmith.models.eagle3 import read_drafter_meta
+    from draftsmith.models.eagle3 import read_drafter_config
     from draftsmith.tune import nccl
 
-    aux = read_drafter_meta(drafter)["config"]["aux_layer_ids"]
+    aux = read_drafter_config(drafter).aux_layer_ids  # a config changed since: one line
     shapes = sorted({(r["batch"], r["verify_tokens"]) for r in report["recommendations"]})
     res = nccl.run_nccl_sweep(tp, target, nccl.grid(kind), shapes, dev, nccl.dtype_key(dt), 20,
                               nccl.NOISE_PCT, 300.0, out,
@@ -242,12 +243,13 @@ def run_tune(
     import torch
 
     from draftsmith.bench import load
+    from draftsmith.cli import check_drafter
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.generate import check_positions
     from draftsmith.engine.refill import PREFILL_ROWS
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
-    from draftsmith.models.eagle3 import load_drafter, read_drafter_meta
+    from draftsmith.models.eagle3 import load_drafter
     from draftsmith.options import check_compile
     from draftsmith.targets import load_target
     from draftsmith.tune import measure, partial
@@ -263,7 +265,7 @@ def run_tune(
     check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     texts = texts[:num_prompts] if num_prompts else texts
-    read_drafter_meta(drafter_dir)  # and a mistyped --drafter
+    check_drafter(drafter_dir)  # and a mistyped or damaged --drafter
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
