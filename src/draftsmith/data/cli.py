@@ -223,8 +223,21 @@ def regenerate(
     dev, dt = device_dtype(device, dtype) if not base_url else ("cpu", None)
     check_compile(compile, dev)  # before the prompts are read and counted
     convs = read_sources([source], strict, limit)
-    regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency, retries,
-                    api_key, log=say, compile=compile)
+    stats = regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency,
+                            retries, api_key, log=say, compile=compile)
+    if stats.get("failed"):  # exit 0 here let a script capture an answers file with holes
+        raise DraftsmithError(_failed_words(stats, out, base_url))
+
+
+def _failed_words(stats: dict[str, int], out: Path, base_url: str | None) -> str:
+    """One line for a run that left conversations unanswered: how many, what the file keeps,
+    and that a rerun asks them again."""
+    kept = stats["done_before"] + stats["answered"]
+    asked = stats["failed"] + stats["answered"]
+    where = f" (is the server at {base_url} up?)" if base_url else ""
+    return (f"regenerate: {stats['failed']} of the {asked} conversations asked failed{where}, "
+            f"see the warnings above; {out} keeps the {kept} answered: rerun the same command "
+            "to ask the failed ones again")
 
 
 @app.command()
