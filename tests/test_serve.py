@@ -442,6 +442,39 @@ def test_data_regenerate_against_server(srv: dict, engine: ServeEngine, tiny_dir
     assert len((tmp_path / "sampled.jsonl").read_text().splitlines()) == 4
 
 
+def test_data_make_with_answers_from_the_server_equals_the_engines(srv: dict, tiny_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """`data make --base-url`: prompts and capture here, the answers from the server; greedy,
+    the dataset is the one the built-in engine makes, the server's ids trained on."""
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app
+    from draftsmith.data.shards import Dataset
+
+    common = ["--n", "4", "--target", str(tiny_dir), "--batch-size", "4", "--max-len", "96",
+              "--max-new-tokens", "16", "--prompt-tokens", "32", "--vocab-size", "40",
+              "--temperature", "0"]
+    here = CliRunner().invoke(app, ["make", str(tmp_path / "engine"), *common])
+    assert here.exit_code == 0, here.output
+    there = CliRunner().invoke(app, ["make", str(tmp_path / "server"), *common, "--base-url",
+                                     srv["url"] + "/v1", "--concurrency", "3"])
+    assert there.exit_code == 0, there.output
+    assert "answers 4 as the target's decoded ids" in there.output
+    engine, server = (Dataset(tmp_path / k / "dataset") for k in ("engine", "server"))
+    assert len(engine) == len(server) == 4
+    for i in range(4):
+        assert [t.tolist() for t in engine.tokens(i)] == [t.tolist() for t in server.tokens(i)]
+    recs = [json.loads(x) for x in
+            (tmp_path / "server" / "answers.jsonl").read_text().splitlines()]
+    assert {r["meta"]["answers"][0]["backend"] for r in recs} == {"openai"}
+    made = json.loads((tmp_path / "server" / "make.json").read_text())
+    assert made["server"]["base_url"] == srv["url"] + "/v1"
+    refused = CliRunner().invoke(app, ["make", str(tmp_path / "x"), *common,
+                                       "--concurrency", "3"])
+    assert refused.exit_code != 0 and "--concurrency applies only to a server" in str(
+        refused.exception)
+
+
 @pytest.mark.parametrize("drafts", ["topk", "drawn"])
 def test_speculative_server_keeps_one_decoder_a_kind_of_sampling(tiny_dir: Path,
                                                                  drafter_dir: Path, drafts: str,

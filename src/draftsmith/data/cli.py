@@ -440,6 +440,7 @@ def _dataset_vocab(folder: Path, m: dict[str, Any]) -> int:
 
 @app.command()
 def make(
+    ctx: typer.Context,
     out: Path = typer.Argument(..., help="Folder for prompts.jsonl, answers.jsonl, dataset/"),
     n: int = typer.Option(2000, "--n", help="Self-made conversations"),
     target: str = TARGET,
@@ -462,15 +463,33 @@ def make(
     temperature: float = typer.Option(0.8, "--temperature", help="The answers' sampling "
                                       "temperature (top-p 0.95); 0 = greedy answers"),
     compile: bool = COMPILE,
+    base_url: str = typer.Option(None, "--base-url", help="Answers from this OpenAI-compatible "
+                                 "server of the target, e.g. http://host:30000/v1 (prompts and "
+                                 "capture stay on --device)"),
+    model: str = typer.Option(None, "--model", help="Model name on the server"),
+    concurrency: int = typer.Option(16, help="Requests in flight (--base-url)"),
+    retries: int = typer.Option(5, help="Retries per request with exponential backoff "
+                                "(--base-url)"),
+    api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
+                                help="The server's key (--base-url)"),
 ) -> None:
     """Self-made prompts -> regenerate -> capture -> vocab in one command (reruns resume; a
     larger --n adds to the run). The dataset to train on is OUT/dataset.
 
     Prompts: each round decodes --batch-size rows of up to --prompt-tokens tokens, whatever
-    --n (a small --n still takes a whole round). Answers: --max-new-tokens tokens at most."""
-    from draftsmith.data.pipeline import make_dataset
+    --n (a small --n still takes a whole round). Answers: --max-new-tokens tokens at most, from
+    the built-in engine or, with --base-url, a server of the target (SGLang, vLLM, `draftsmith
+    serve`), --concurrency requests at a time."""
+    from draftsmith.data.pipeline import Server, make_dataset
 
+    server = None
+    if base_url:
+        server = Server(base_url, model, concurrency, retries, api_key)
+    else:
+        unused(given(make, model=model, concurrency=concurrency, retries=retries,
+                     api_key=typed(ctx, "api_key", api_key)), "to a server",
+               "give {it} with --base-url")
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
                  parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say,
-                 compile=compile, temperature=temperature)
+                 compile=compile, temperature=temperature, server=server)

@@ -7,9 +7,11 @@ same command skips what is finished, and a larger --n adds to what is there. Sta
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,18 @@ if TYPE_CHECKING:
 RUN_MARKERS = frozenset({"draftsmith.json", "train_log.jsonl", "checkpoints"})
 
 
+@dataclass(frozen=True, slots=True)
+class Server:
+    """An OpenAI-compatible server of the target that answers the prompts (`--base-url`):
+    the answers, the long decode, scale out there; the prompts and the capture stay here."""
+
+    base_url: str
+    model: str | None = None
+    concurrency: int = 16
+    retries: int = 5
+    api_key: str | None = None
+
+
 def make_dataset(
     out: str | Path,
     n: int,
@@ -48,12 +62,13 @@ def make_dataset(
     progress: bool = True,
     compile: bool = False,
     temperature: float = 0.8,
+    server: Server | None = None,
 ) -> dict[str, Any]:
     from draftsmith.data.capture import CaptureConfig, aux_ids, capture
     from draftsmith.data.prompts import read_prompts
     from draftsmith.data.regenerate import (
-        EngineBackend,
         RegenConfig,
+        check_server_options,
         regenerate,
         within_positions,
     )
@@ -68,6 +83,8 @@ def make_dataset(
     check_folder(out)
     check_not_a_model(out)
     check_compile(compile, device)
+    if server is not None:
+        check_server_options(server.concurrency, server.retries)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
     # every setting is checked before the first stage starts
@@ -86,6 +103,8 @@ def make_dataset(
     model = t.build(dtype, device)
     record.update(target=t.source, fingerprint=t.fingerprint, device=device,
                   dtype=str(dtype).removeprefix("torch."), n=n)
+    if server is not None:
+        record["server"] = {"base_url": server.base_url, "model": server.model}
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         log(f"== {name}")
@@ -102,10 +121,16 @@ def make_dataset(
                                                       compile=compile))
     if not made["kept"]:
         raise DraftsmithError(_no_prompts(made, magpie))
-    engine = EngineBackend(t, model, regen, compile)
-    # the first n prompts: files an earlier, larger --n left hold more
-    said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers, engine,
-                                                  t.tokenizer, regen, progress, log))
+    backend, asked = _answerer(t, model, regen, compile, server)
+    try:  # the first n prompts: files an earlier, larger --n left hold more
+        said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers,
+                                                      backend, t.tokenizer, asked, progress,
+                                                      log))
+    finally:
+        if server is not None:
+            backend.close()
+    if said.get("failed"):  # capturing now would train on a set with holes
+        raise DraftsmithError(_failed(said, answers, server))
     if not said["done_before"] + said["answered"]:
         raise DraftsmithError(_no_answers(said, regen, regen.max_len < max_len))
     # grow: a rerun with another --n changes the answers captured; the shards they leave as they
@@ -118,6 +143,34 @@ def make_dataset(
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log, command))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
+
+
+def _answerer(t: Any, model: Any, regen: RegenConfig, compile: bool,
+              server: Server | None) -> tuple[Any, RegenConfig]:
+    """The built-in engine, or the server's client (a chunk: --concurrency requests in flight,
+    as `data regenerate --base-url` asks them), and the config the answers are asked with."""
+    from draftsmith.data.regenerate import EngineBackend, OpenAIBackend, server_model
+
+    if server is None:
+        return EngineBackend(t, model, regen, compile), regen
+    asked = dataclasses.replace(regen, batch_size=server.concurrency)
+    client = OpenAIBackend(server.base_url, server.model or "", asked, server.concurrency,
+                           server.retries, api_key=server.api_key, tokenizer=t.tokenizer)
+    if not server.model:
+        try:
+            client.model_name = server_model(client.client, server.base_url)
+        except BaseException:
+            client.close()
+            raise
+    return client, asked
+
+
+def _failed(said: dict[str, int], answers: Path, server: Server | None) -> str:
+    where = f" (is the server at {server.base_url} up?)" if server is not None else ""
+    kept = said["done_before"] + said["answered"]
+    return (f"regenerate: {said['failed']} conversations failed{where}, see the warnings "
+            f"above; {answers} keeps the {kept} answered and nothing was captured: rerun the "
+            "same command to ask the failed ones again")
 
 
 def check_not_a_model(out: Path) -> None:
