@@ -6,21 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from pathlib import Path
 
-from draftsmith.cli import main
-
-
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """`draftsmith ARGS` through the real entry point: exit code and stderr."""
-    monkeypatch.setattr(sys, "argv", ["draftsmith", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    return code, capsys.readouterr().err
+from test_cli_review import run_main
 
 
 def prompts(tmp_path: Path, n: int) -> Path:
@@ -40,7 +28,7 @@ def test_regenerate_against_a_server_that_is_down_exits_with_one_error(
         monkeypatch, capsys, tmp_path: Path, tiny_llama_dir: Path) -> None:
     url = f"http://127.0.0.1:{dead_port()}/v1"
     out = tmp_path / "a.jsonl"
-    code, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 3)),
+    code, _, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 3)),
                          "-o", str(out), "--base-url", url, "--model", "m", "--retries", "0",
                          "--max-new-tokens", "4", "--max-len", "64",
                          "--target", str(tiny_llama_dir))
@@ -59,12 +47,12 @@ def test_regenerate_with_some_failed_names_what_the_file_keeps(monkeypatch, caps
     said = {"done_before": 2, "answered": 3, "redone": 0, "failed": 4}
     monkeypatch.setattr(R, "regenerate_file", lambda *a, **k: said)
     out = tmp_path / "a.jsonl"
-    code, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 9)),
+    code, _, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 9)),
                          "-o", str(out), "--base-url", "http://127.0.0.1:9/v1")
     assert code == 2, err
     assert (f"4 of the 7 conversations asked failed (is the server at http://127.0.0.1:9/v1 "
             f"up?), see the warnings above; {out} keeps the 5 answered") in err
     said.update(failed=0)
-    code, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 9)),
+    code, _, err = run_main(monkeypatch, capsys, "data", "regenerate", str(prompts(tmp_path, 9)),
                          "-o", str(out), "--base-url", "http://127.0.0.1:9/v1")
     assert code == 0, err
