@@ -126,9 +126,7 @@ def serve(
                         num_draft_tokens, compile, fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warm:
-        sizes = f"{max_batch}" if fixed_rows else f"up to {max_batch} (powers of two)"
-        _say(f"warming up batches of {sizes} rows ({', '.join(('greedy', *kinds))} sampling) "
-             "and prompt passes" + (", compiling" if ecfg.compile else ""))
+        _say(warm_line(max_batch, fixed_rows, kinds, ecfg.compile))
         engine.warmup(kinds=kinds)
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
                         continuous, max_body << 20)
@@ -137,14 +135,33 @@ def serve(
     mode = speculative_mode(drafter, steps, topk, num_draft_tokens) if drafter else "baseline"
     if frontends is None:
         frontends = auto_frontends(dev)
-    http = f", {frontends} HTTP processes" if frontends else ""
+    http = f", {counted(frontends, 'HTTP process', 'HTTP processes')}" if frontends else ""
     from draftsmith.serve.frontends import listen
 
     sock = listen(host, port)  # still free after the load; bound once, so port 0's is announced
     port = sock.getsockname()[1]
     where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-    _say(f"serving '{cfg.model_name}' on http://{where}:{port}/v1 ({mode}, {dev}, {dt}{http})")
+    dtype = str(dt).removeprefix("torch.")  # as --dtype and data make's record name it
+    _say(f"serving '{cfg.model_name}' on http://{where}:{port}/v1 ({mode}, {dev}, {dtype}{http})")
     run_server(engine, cfg, host, port, log_level, frontends, sock=sock)
+
+
+def counted(n: int, one: str, many: str) -> str:
+    """`n` and its noun, singular for exactly one."""
+    return f"{n} {one if n == 1 else many}"
+
+
+def warm_line(max_batch: int, fixed_rows: bool, kinds: tuple[str, ...], compile: bool) -> str:
+    """The warm-up's startup line: the batch sizes `ServeEngine.warmup` opens, listed."""
+    from draftsmith.serve.engine import batch_rows
+
+    sizes = sorted({batch_rows(k, max_batch, fixed_rows) for k in range(1, max_batch + 1)})
+    sampling = tuple(dict.fromkeys(("greedy", *kinds)))
+    listed = ", ".join(map(str, sizes[:-1])) + (" and " if len(sizes) > 1 else "")
+    rows = counted(sizes[-1], "row", "rows")
+    batches = "a batch" if len(sizes) * len(sampling) == 1 else "batches"
+    return (f"warming up {batches} of {listed}{rows} ({', '.join(sampling)} sampling) and "
+            "prompt passes" + (", compiling" if compile else ""))
 
 
 def speculative_mode(drafter: Path, steps: int, topk: int, tokens: int | None) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -1194,8 +1195,7 @@ class Trainer:
                 "larger vocab counted on this data covers more: the rest are the target's own "
                 "next tokens (its greedy choice at each position, which cover(target) counts) "
                 "that those answers never hold (too little data, or answers sampled or "
-                "retokenized); train on more data (a larger `draftsmith data make --n`), or on "
-                "answers the target wrote greedily (`data make --temperature 0`)")
+                f"retokenized); {more_data_advice(self.data, c.data)}")
 
     def _summary(self) -> dict[str, Any]:
         rows = report.read_log(self.out) if self.ctx.main else []
@@ -1235,3 +1235,51 @@ def train(cfg: TrainConfig) -> Path:
         return Trainer(cfg, ctx).run()
     finally:
         ctx.close()
+
+
+# how to get more answers, and greedy ones, by the command that made the data
+MORE_DATA = {
+    "data make": ("a larger `draftsmith data make --n`", "`data make --temperature 0`"),
+    "demo": ("a larger `draftsmith demo --conversations`",
+             "`draftsmith data make --temperature 0`"),
+    "data capture": ("more conversations captured: `draftsmith data regenerate` on more "
+                     "prompts, then `data capture`", "`data regenerate --temperature 0`"),
+    "online": ("more answered conversations in --prompts, e.g. from `draftsmith data "
+               "regenerate`", "`data regenerate --temperature 0`"),
+    None: ("a larger `draftsmith data make --n`, or more conversations through `data "
+           "regenerate` and `data capture`", "`--temperature 0` in `data make` or `data "
+           "regenerate`"),
+}
+
+
+def more_data_advice(data: Any, folder: str | None) -> str:
+    """Train on more (or greedy) answers, naming the command that made this data where its
+    manifest's commands (or a make.json beside the dataset) record it."""
+    if data.online:
+        maker = "online"
+    else:
+        commands = (data.manifest or {}).get("commands")
+        maker = data_maker(commands if isinstance(commands, list) else [], folder)
+    more, greedy = MORE_DATA[maker]
+    return f"train on more data ({more}), or on answers the target wrote greedily ({greedy})"
+
+
+def data_maker(commands: list[Any], folder: str | None) -> str | None:
+    """The last of `commands` that made data (`MORE_DATA`'s keys), else "data make" where its
+    make.json lies beside the dataset, else None."""
+    found = [m for c in commands if isinstance(c, str) and (m := _maker_of(c))]
+    if found:
+        return found[-1]
+    return "data make" if folder and (Path(folder).parent / "make.json").is_file() else None
+
+
+def _maker_of(line: str) -> str | None:
+    if line.startswith("draftsmith.data.pipeline.make_dataset"):  # make_dataset's own default
+        return "data make"
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = line.split()
+    names = [w for w in words[1:] if not w.startswith("-")]
+    return next((m for m in ("data make", "data capture", "demo")
+                 if names[:len(m.split())] == m.split()), None)
