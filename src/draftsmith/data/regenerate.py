@@ -8,6 +8,8 @@ a rerun skips prompt ids already there. A first prompt longer than the limit is 
 skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
 template refuses (roles it does not take) is skipped. Each is counted. A ctrl-C stops at once:
 the chunks written are kept, a server's requests in flight abandoned, and a rerun resumes.
+A chunk none of whose requests reached the server (connection errors, timeouts) stops the run
+with one error where later chunks remain, rather than asking each of them in vain.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ class Answer:
     tokens: int | None  # None: the reply did not say (no `usage`)
     finish: str  # "stop" | "length" | "error: ..."
     ids: list[int] | None = None  # the ids the target decoded (stop id excluded), where known
+    unreached: bool = False  # no server answered it: connection errors or timeouts, each retry
 
 
 class EngineBackend:
@@ -199,7 +202,8 @@ def check_server_options(concurrency: int, retries: int) -> None:
 class OpenAIBackend:
     """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
     requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff; a
-    401, 403 or 404 (`FATAL_STATUS`) stops the run."""
+    401, 403 or 404 (`FATAL_STATUS`) stops the run, and so does a chunk none of whose
+    requests reached the server while later chunks remain (`regenerate`, `gone`)."""
 
     name = "openai"
 
@@ -217,6 +221,7 @@ class OpenAIBackend:
         self.pool = Requests(concurrency)
         self.ask_ids = True  # vLLM's return_token_ids, until the server refuses the field
         self.ids_lock = threading.Lock()
+        self.reached = False  # whether the server has answered any request of this run
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
         futures = [self.pool.submit(self.one, m) for m in batch]
@@ -238,15 +243,18 @@ class OpenAIBackend:
                 r = self.create(messages)
             except retry as e:
                 if attempt == self.retries:
-                    return Answer("", 0, f"error: {type(e).__name__}: {e}")
+                    return Answer("", 0, f"error: {type(e).__name__}: {e}",
+                                  unreached=isinstance(e, openai.APIConnectionError))
                 self.closed.wait(self.backoff * 2**attempt)
             except openai.APIStatusError as e:
+                self.reached = True
                 if e.status_code in FATAL_STATUS:
                     raise DraftsmithError(
                         f"{self.base_url}: HTTP {e.status_code} for model {self.model_name!r} "
                         f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
             else:
+                self.reached = True
                 return reply(r, self.model_name, self.tokenizer)
         raise AssertionError("unreachable")
 
@@ -507,7 +515,10 @@ def regenerate(
         there = stats["done_before"] + stats["answered"] + (0 if cut is None else stats["redone"])
         kept = f"the {there} conversations answered before"
         try:
-            recs = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            recs, unreached = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            left = sum(x.id not in done for x in convs[c + step :])
+            if unreached and left:  # the server is gone: each later chunk would fail alike
+                raise DraftsmithError(gone(backend, unreached, left))
         except DraftsmithError as e:
             raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
                                   ) from None
@@ -694,7 +705,9 @@ def text_tokens(tok: Any, text: str) -> int:
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> list[dict]:
+def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
+                  stats) -> tuple[list[dict], int]:
+    """The chunk's records, and its requests' count where none reached the server (else 0)."""
     live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
     for conv in chunk:
         try:
@@ -708,6 +721,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
         stats["truncated"] += fitted is not conv
         live.append((conv, lead(fitted.messages), fitted.user_turns(), []))
     failed: set[str] = set()
+    asked = unreached = 0
     for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
         active = []
         for conv, msgs, users, answers in live:
@@ -719,6 +733,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
                 continue
             active.append((conv, msgs, ask, answers))
         got = backend.answer([a[2] for a in active]) if active else []
+        asked, unreached = asked + len(got), unreached + sum(a.unreached for a in got)
         for (conv, msgs, ask, answers), ans in zip(active, got, strict=True):
             if ans.finish.startswith("error"):
                 failed.add(conv.id)
@@ -738,7 +753,19 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info, stats) -> 
         meta = {"prompt_id": conv.id, "answers": answers}
         recs.append(Conversation(msgs, meta=meta).to_json())
         stats["answered"] += 1
-    return recs
+    return recs, asked if unreached == asked else 0
+
+
+def gone(backend: Any, asked: int, left: int) -> str:
+    """Why a run stops at a chunk none of whose `asked` requests reached the server (connection
+    errors and timeouts after every retry), `left` conversations unasked: asking each later
+    chunk, with retries and backoff each time, took many minutes to fail alike."""
+    why = (f"none of the {asked} requests of a chunk reached it, each a connection error or "
+           f"timeout after --retries {backend.retries}; {left} conversations left unasked")
+    if backend.reached:
+        return f"regenerate: the server at {backend.base_url} stopped answering: {why}"
+    return (f"regenerate: no server answered at {backend.base_url}: {why}; is it running, and "
+            "is the URL right (with its /v1)?")
 
 
 def _refused(conv: Conversation, e: DraftsmithError, stats: dict[str, int]) -> None:
@@ -812,6 +839,9 @@ def server_model(client: Any, base_url: str) -> str:
 
     try:
         names = [m.id for m in client.models.list()]
+    except openai.APIConnectionError as e:  # timeouts too: no server, --model would not help
+        raise DraftsmithError(f"{base_url}: no server answered ({e}): is it running, and is the "
+                              "URL right (with its /v1)?") from None
     except openai.OpenAIError as e:
         status = getattr(e, "status_code", None)
         fix = FATAL_STATUS[status] if status in (401, 403) else "pass --model"
