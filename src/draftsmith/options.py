@@ -151,7 +151,18 @@ def check_folder(folder, flag: str = "") -> None:
             return
 
 
+SECRETS = ("--api-key",)  # flags whose values a record never keeps
+
+
 def command_line(prog: str = "draftsmith") -> str:
     """This process's command as a user would type it again (`python -m draftsmith` and the
-    `draftsmith` script alike), for the records runs keep."""
-    return shlex.join([*prog.split(), *sys.argv[1:]])
+    `draftsmith` script alike), for the records runs keep: a secret's value (`SECRETS`) written
+    as *** (the records are shared with the data; OPENAI_API_KEY passes the key unrecorded)."""
+    args = list(sys.argv[1:])
+    for i, a in enumerate(args):
+        flag, eq, _ = a.partition("=")
+        if flag in SECRETS and eq:
+            args[i] = f"{flag}=***"
+        elif a in SECRETS and i + 1 < len(args):
+            args[i + 1] = "***"
+    return shlex.join([*prog.split(), *args])
