@@ -8,6 +8,7 @@ same command skips what is finished, and a larger --n adds to what is there. Sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -67,6 +68,7 @@ def make_dataset(
     from draftsmith.data.capture import CaptureConfig, aux_ids, capture
     from draftsmith.data.prompts import read_prompts
     from draftsmith.data.regenerate import (
+        EngineBackend,
         RegenConfig,
         check_server_options,
         regenerate,
@@ -100,11 +102,19 @@ def make_dataset(
     record.setdefault("commands", [])
     if command not in record["commands"]:
         record["commands"].append(command)
-    model = t.build(dtype, device)
+    _same_backend(out / "answers.jsonl", server)
+    # a server down, a wrong key or no model to name is told before the prompts stage runs
+    client = _server_client(t, regen, server, log) if server is not None else None
+    try:
+        model = t.build(dtype, device)
+    except BaseException:
+        _close(client)
+        raise
     record.update(target=t.source, fingerprint=t.fingerprint, device=device,
                   dtype=str(dtype).removeprefix("torch."), n=n)
-    if server is not None:
-        record["server"] = {"base_url": server.base_url, "model": server.model}
+    record.pop("server", None)
+    if client is not None:  # the model asked, also where the server named it
+        record["server"] = {"base_url": client[0].base_url, "model": client[0].model_name}
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         log(f"== {name}")
@@ -116,19 +126,19 @@ def make_dataset(
         return result
 
     prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
-    made = stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model,
-                                                      progress=progress, log=log,
-                                                      compile=compile))
-    if not made["kept"]:
-        raise DraftsmithError(_no_prompts(made, magpie))
-    backend, asked = _answerer(t, model, regen, compile, server)
-    try:  # the first n prompts: files an earlier, larger --n left hold more
+    try:
+        made = stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model,
+                                                          progress=progress, log=log,
+                                                          compile=compile))
+        if not made["kept"]:
+            raise DraftsmithError(_no_prompts(made, magpie))
+        backend, asked = client or (EngineBackend(t, model, regen, compile), regen)
+        # the first n prompts: files an earlier, larger --n left hold more
         said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers,
                                                       backend, t.tokenizer, asked, progress,
                                                       log))
     finally:
-        if server is not None:
-            backend.close()
+        _close(client)
     if said.get("failed"):  # capturing now would train on a set with holes
         raise DraftsmithError(_failed(said, answers, server))
     if not said["done_before"] + said["answered"]:
@@ -145,24 +155,71 @@ def make_dataset(
     return record
 
 
-def _answerer(t: Any, model: Any, regen: RegenConfig, compile: bool,
-              server: Server | None) -> tuple[Any, RegenConfig]:
-    """The built-in engine, or the server's client (a chunk: --concurrency requests in flight,
-    as `data regenerate --base-url` asks them), and the config the answers are asked with."""
-    from draftsmith.data.regenerate import EngineBackend, OpenAIBackend, server_model
+def _server_client(t: Any, regen: RegenConfig, server: Server,
+                   log: Callable[[str], None]) -> tuple[Any, RegenConfig]:
+    """The server's client (a chunk: --concurrency requests in flight, as `data regenerate
+    --base-url` asks them) and the config the answers are asked with; the server asked for its
+    models first: one it cannot be reached at, or that refuses the key, stops the run here."""
+    from draftsmith.data.regenerate import OpenAIBackend, server_model
 
-    if server is None:
-        return EngineBackend(t, model, regen, compile), regen
     asked = dataclasses.replace(regen, batch_size=server.concurrency)
     client = OpenAIBackend(server.base_url, server.model or "", asked, server.concurrency,
                            server.retries, api_key=server.api_key, tokenizer=t.tokenizer)
-    if not server.model:
-        try:
+    try:
+        if not server.model:
             client.model_name = server_model(client.client, server.base_url)
-        except BaseException:
-            client.close()
-            raise
+        else:
+            _check_model(client.client, server.base_url, server.model, log)
+    except BaseException:
+        client.close()
+        raise
     return client, asked
+
+
+def _check_model(client: Any, base_url: str, model: str, log: Callable[[str], None]) -> None:
+    """The server reached and the key taken before any stage; --model checked against the
+    models it lists (a warning only: a server may take aliases it does not list)."""
+    import openai
+
+    from draftsmith.data.regenerate import FATAL_STATUS
+
+    try:
+        names = [m.id for m in client.models.list()]
+    except openai.APIConnectionError as e:  # timeouts too
+        raise DraftsmithError(f"{base_url}: no server answered ({e}): is it running, and is the "
+                              "URL right (with its /v1)?") from None
+    except openai.APIStatusError as e:
+        if e.status_code in (401, 403):
+            raise DraftsmithError(f"{base_url}: HTTP {e.status_code} ({e.message}): "
+                                  f"{FATAL_STATUS[e.status_code]}") from None
+        return  # a server without /models: its answers tell
+    if names and model not in names:
+        log(f"warning: {base_url} lists {names}, not --model {model!r}: its answers fail "
+            "unless it serves that name too")
+
+
+def _same_backend(answers: Path, server: Server | None) -> None:
+    """A folder's answers all come from the engine or all from a server: a rerun switching
+    between them would mix two answerers' sampling in one dataset, which make.json records
+    as one of them."""
+    try:
+        with answers.open("rb") as f:
+            first = json.loads(f.readline())
+        was = first["meta"]["answers"][0]["backend"]
+    except (OSError, ValueError, LookupError, TypeError):  # none yet; regenerate judges the rest
+        return
+    now = "openai" if server is not None else "engine"
+    if was in ("openai", "engine") and was != now:
+        there = "a server's (--base-url)" if was == "openai" else "the built-in engine's"
+        fix = "give --base-url as before" if was == "openai" else "leave --base-url out"
+        raise DraftsmithError(f"data make: {answers} holds {there} answers, this run asks "
+                              f"{'a server' if server else 'the built-in engine'}: {fix}, or "
+                              "give `data make` another folder")
+
+
+def _close(client: tuple[Any, RegenConfig] | None) -> None:
+    if client is not None:
+        client[0].close()
 
 
 def _failed(said: dict[str, int], answers: Path, server: Server | None) -> str:
