@@ -293,25 +293,11 @@ def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
 
 
 def check_drafter(folder: str | Path) -> Eagle3Config:
-    """A --drafter folder checked as far as loading it needs, before the target's minutes: its
-    config (`read_drafter_config`) and its weights file, present and whole (its header read,
-    not its tensors); each refusal one line naming the file (generate, bench, serve, tune)."""
-    from safetensors import SafetensorError, safe_open
+    """`models.eagle3.check_drafter`, here for the commands that import it from the CLI (and
+    tests that patch it here); imported when called, so the CLI starts without torch."""
+    from draftsmith.models.eagle3 import check_drafter as check
 
-    from draftsmith.models.eagle3 import WEIGHTS_FILE, read_drafter_config
-
-    cfg = read_drafter_config(folder)
-    path = Path(folder) / WEIGHTS_FILE
-    if not path.is_file():
-        raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE} beside its draftsmith.json (a "
-                              "drafter folder copied without its weights?)")
-    try:
-        with safe_open(str(path), framework="pt"):
-            pass
-    except (SafetensorError, OSError) as e:
-        raise DraftsmithError(f"{path}: cannot read its weights (safetensors file: {e}); a "
-                              "file cut short, or a Git LFS pointer?") from None
-    return cfg
+    return check(folder)
 
 
 def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=None):

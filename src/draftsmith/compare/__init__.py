@@ -16,6 +16,7 @@ import typer
 
 from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
+from draftsmith.doctor.artifacts import read_checked
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import DEVICE, DTYPE, at_least_one, check_folder
 
@@ -228,10 +229,11 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     from draftsmith.bench.load import busy_note
     from draftsmith.bench.report import strict
 
+    # each folder read (a draftsmith one checked whole) before the target's minutes of loading
+    infos = [read_checked(f) for f in opts.drafters]
     target = _target(opts) if opts.target else None
     layers = target.cfg.num_layers if target is not None else None
-    descs = [describe(f, n, layers) for f, n in zip(opts.drafters, labels(opts.drafters),
-                                                    strict=True)]
+    descs = [describe(i, n, layers) for i, n in zip(infos, labels(opts.drafters), strict=True)]
     res: dict[str, Any] = {
         "context": {"date": date.today().isoformat(), "target": target.source if target
                     else None, "target_from": ("the drafters' records" if opts.recorded else

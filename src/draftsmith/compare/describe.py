@@ -44,8 +44,10 @@ class Description:
                 "params": self.params.to_dict(), "data": self.data, "training": self.training}
 
 
-def describe(folder: str | Path, label: str, num_layers: int | None = None) -> Description:
-    info = read_drafter(folder)
+def describe(folder: str | Path | DrafterInfo, label: str,
+             num_layers: int | None = None) -> Description:
+    """The folder described; given as a `DrafterInfo`, one `read_drafter` read already."""
+    info = folder if isinstance(folder, DrafterInfo) else read_drafter(folder)
     check_sizes(info)
     shapes = readable_shapes(info)
     if "fc.weight" not in shapes:

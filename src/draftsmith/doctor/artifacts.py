@@ -238,6 +238,22 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
     return info
 
 
+def read_checked(folder: str | Path) -> DrafterInfo:
+    """`read_drafter`, a draftsmith folder then checked whole as generate and bench check their
+    --drafter (`eagle3.check_drafter`: every config value, the weights' header), so the doctor
+    and compare refuse it in one line before a target's minutes of loading, not after. An
+    engine's folder is read as `read_drafter` reads it, its safetensors headers read too."""
+    from draftsmith.models.eagle3 import check_drafter, check_weights_header
+
+    info = read_drafter(folder)
+    if info.layout == "draftsmith":
+        check_drafter(info.folder)
+    for path in info.weight_files():  # an engine's too: a cut one was a traceback after
+        if path.suffix == ".safetensors":
+            check_weights_header(path)
+    return info
+
+
 def _require(info: DrafterInfo) -> None:
     where = info.folder / ("draftsmith.json" if info.layout == "draftsmith" else "config.json")
     for key in SECTIONS:

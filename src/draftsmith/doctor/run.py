@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from draftsmith.doctor import behaviour, checks, verdict, wiring
-from draftsmith.doctor.artifacts import DrafterInfo, load_noted, read_drafter
+from draftsmith.doctor.artifacts import DrafterInfo, load_noted, read_checked
 from draftsmith.doctor.engines import engine_name
 from draftsmith.doctor.report import Finding, Report
 from draftsmith.errors import DraftsmithError
@@ -106,7 +106,7 @@ def run_doctor(opts: DoctorOptions) -> Report:
     rep = Report()
     ds = _dataset(opts.data) if opts.data is not None else None
     manifest = ds.manifest if ds is not None else None
-    info = read_drafter(opts.drafter) if opts.drafter is not None else None
+    info = read_checked(opts.drafter) if opts.drafter is not None else None
     target, how = resolve_target(opts, manifest, info)
     rep.context = _context(opts, target, how, ds, info)
     # only the live match and the run need the model: a config check builds no fp32 copy of

@@ -559,6 +559,32 @@ def read_drafter_config(folder: str | Path) -> Eagle3Config:
     return cfg
 
 
+def check_drafter(folder: str | Path) -> Eagle3Config:
+    """A drafter folder checked as far as loading it needs, before a target's minutes: its
+    config (`read_drafter_config`) and its weights file, present and whole (its header read,
+    not its tensors); each refusal one line naming the file (generate, bench, serve, tune,
+    compare and doctor)."""
+    cfg = read_drafter_config(folder)
+    path = Path(folder) / WEIGHTS_FILE
+    if not path.is_file():
+        raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE} beside its {CONFIG_FILE} (a "
+                              "drafter folder copied without its weights?)")
+    check_weights_header(path)
+    return cfg
+
+
+def check_weights_header(path: Path) -> None:
+    """A safetensors file whose header reads (its tensors are not read), else one line."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise DraftsmithError(f"{path}: cannot read its weights (safetensors file: {e}); a "
+                              "file cut short, or a Git LFS pointer?") from None
+
+
 def load_drafter(
     folder: str | Path,
     device: str | torch.device = "cpu",
