@@ -125,6 +125,7 @@ def test_a_chain_server_refuses_sampling_only_under_drawn_drafts(tiny_dir: Path,
             assert r.status_code == 400 and SAID in r.json()["error"]["message"]
 
 
+@pytest.mark.slow  # ~5 s: the default suite stays under 10 minutes on 2 cores
 def test_the_frontends_pass_the_400_on(tree) -> None:
     """`serve --frontends N`: the engine process's scheduler refuses the job at submit, and the
     refusal crosses the pipe with its status."""
