@@ -225,7 +225,8 @@ def _close(client: tuple[Any, RegenConfig] | None) -> None:
 def _failed(said: dict[str, int], answers: Path, server: Server | None) -> str:
     where = f" (is the server at {server.base_url} up?)" if server is not None else ""
     kept = said["done_before"] + said["answered"]
-    return (f"regenerate: {said['failed']} conversations failed{where}, see the warnings "
+    k = said["failed"]
+    return (f"regenerate: {k} conversation{'s' * (k != 1)} failed{where}, see the warnings "
             f"above; {answers} keeps the {kept} answered and nothing was captured: rerun the "
             "same command to ask the failed ones again")
 
