@@ -449,7 +449,8 @@ def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
         a, b = _shared_target(used)
         warnings.warn(f"{where}: d2t maps draft ids {a} and {b} to one target id {int(used[a])}: "
                       "greedy decoding with it is exact, but sampled tree or drawn-draft "
-                      "decoding and export refuse it; rebuild the draft vocabulary",
+                      "decoding refuse it (an engine serving its export samples with the "
+                      "same bias); rebuild the draft vocabulary",
                       stacklevel=3)
 
 
