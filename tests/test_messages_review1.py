@@ -22,7 +22,8 @@ def startup(monkeypatch, *args: str) -> str:
     from draftsmith.cli import _register, app
 
     _register()  # adds each command once
-    fake = SimpleNamespace(warmup=lambda kinds: None)
+    fake = SimpleNamespace(warmup=lambda kinds: None,
+                           warmed_kinds=lambda kinds: tuple(dict.fromkeys(("greedy", *kinds))))
     sock = SimpleNamespace(getsockname=lambda: ("127.0.0.1", 8123), close=lambda: None)
     monkeypatch.setattr(engine_mod, "load_engine", lambda *a, **k: fake)
     monkeypatch.setattr(frontends_mod, "listen", lambda host, port: sock)

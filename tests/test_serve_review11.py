@@ -90,6 +90,7 @@ def test_a_tree_server_answers_sampled_requests_400_and_greedy_ones(tiny_dir: Pa
     assert any("sampled requests will be refused (400)" in x and SAID in x for x in logs)
     eng.warmup(kinds=("temperature", "filtered"))  # sampled kinds never served: not warmed
     assert list(eng._spec) == ["greedy"]
+    assert eng.warmed_kinds(("temperature", "filtered")) == ("greedy",)  # serve's line says so
     with live(eng, str(tiny_dir)) as s:
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as e:

@@ -126,7 +126,7 @@ def serve(
                         num_draft_tokens, compile, fixed_rows)
     engine = load_engine(target, drafter, dev, dt, ecfg, log=_say)
     if warm:
-        _say(warm_line(max_batch, fixed_rows, kinds, ecfg.compile))
+        _say(warm_line(max_batch, fixed_rows, engine.warmed_kinds(kinds), ecfg.compile))
         engine.warmup(kinds=kinds)
     cfg = server_config(engine, target, served_model_name, api_key, max_queue, drafter,
                         continuous, max_body << 20)

@@ -215,6 +215,17 @@ class ServeEngine:
                 raise DraftsmithError(f"one batch cannot hold settings {params[0]} and {p} "
                                       "(drafts drawn from the drafter: one setting a batch)")
 
+    def warmed_kinds(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        """The kinds of sampling `warmup` warms of `kinds`: greedy, and the sampled ones whose
+        warmed decoder would serve requests (none where drafts are drawn from the drafter, one
+        decoder a setting; none where the server decodes greedily only)."""
+        if bad := [k for k in kinds if k not in KIND_SETTINGS]:
+            raise DraftsmithError(f"unknown kind(s) of sampling {bad}; use "
+                                  f"{', '.join(KIND_SETTINGS)}")
+        return tuple(k for k in dict.fromkeys(("greedy", *kinds))
+                     if not self._drawn(p := KIND_SETTINGS[k])
+                     and (self.greedy_only is None or p.greedy))
+
     def warmup(self, batch_sizes: list[int] | None = None,
                kinds: tuple[str, ...] = ("greedy",)) -> None:
         """Open, fill and step rows of each kind of sampling (`KIND_SETTINGS`) at every size a
@@ -227,15 +238,8 @@ class ServeEngine:
         c = self.cfg
         sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
                                        for k in range(1, c.max_batch + 1)})
-        if bad := [k for k in kinds if k not in KIND_SETTINGS]:
-            raise DraftsmithError(f"unknown kind(s) of sampling {bad}; use "
-                                  f"{', '.join(KIND_SETTINGS)}")
-        for kind in dict.fromkeys(("greedy", *kinds)):
+        for kind in self.warmed_kinds(kinds):
             params = KIND_SETTINGS[kind]
-            if self._drawn(params):  # a decoder a setting: one warmed would serve no other
-                continue
-            if self.greedy_only is not None and not params.greedy:  # never served
-                continue
             for b in sorted(sizes, reverse=True):
                 live = self.open(b, params)
                 live.add(list(range(b)), [tok] * b, [params] * b)
