@@ -143,7 +143,7 @@ def test_a_server_down_is_told_before_the_prompts_stage(tiny_dir: Path, tmp_path
                  "--retries", "0", *model)
         assert r.exit_code != 0
         assert "no server answered" in str(r.exception), r.output
-        assert "== prompts" not in r.output and not (tmp_path / "d" / "prompts.jsonl").exists()
+        assert "== prompts" not in r.output and not (tmp_path / "d").exists()  # nor OUT made
 
 
 def test_a_wrong_key_is_told_before_the_prompts_stage(srv: dict, tiny_dir: Path,

@@ -97,19 +97,20 @@ def make_dataset(
                              t.cfg.sliding_window)
     # regen.max_len: --max-len within the target's positions, as the answers are
     cap = CaptureConfig(ids, max(1, batch_size // 4), regen.max_len, dtype=dtype, device=device)
-    record_path = make_folder(out) / "make.json"
-    record = _read_record(record_path)
-    record.setdefault("commands", [])
-    if command not in record["commands"]:
-        record["commands"].append(command)
     _same_backend(out / "answers.jsonl", server)
     # a server down, a wrong key or no model to name is told before the prompts stage runs
+    # (and before OUT is made)
     client = _server_client(t, regen, server, log) if server is not None else None
     try:
+        record_path = make_folder(out) / "make.json"
+        record = _read_record(record_path)
         model = t.build(dtype, device)
     except BaseException:
         _close(client)
         raise
+    record.setdefault("commands", [])
+    if command not in record["commands"]:
+        record["commands"].append(command)
     record.update(target=t.source, fingerprint=t.fingerprint, device=device,
                   dtype=str(dtype).removeprefix("torch."), n=n)
     record.pop("server", None)
