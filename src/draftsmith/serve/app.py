@@ -328,17 +328,23 @@ async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
                fingerprint: str, sched: Any, scope: dict) -> AsyncIterator[str]:
     """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle)."""
     done = False
+    fresh = [True] * req.rows  # each choice's first chunk (return_token_ids: its prompt's ids)
     try:
         if req.kind == "chat":
             for i in range(req.rows):
-                yield _sse_line(P.chunk(req, i, None, role=True, fingerprint=fingerprint))
+                yield _sse_line(P.chunk(req, i, None, role=True, fingerprint=fingerprint,
+                                        first=True))
+            fresh = [False] * req.rows
         while True:
             kind = ev[0]
-            if kind == "delta":
-                yield _sse_line(P.chunk(req, ev[1], ev[2], fingerprint=fingerprint))
+            if kind in ("delta", "finish"):
+                first, fresh[ev[1]] = fresh[ev[1]], False
+            if kind == "delta":  # with return_token_ids: (.., text, ids)
+                yield _sse_line(P.chunk(req, ev[1], ev[2], fingerprint=fingerprint,
+                                        ids=ev[3] if len(ev) > 3 else None, first=first))
             elif kind == "finish":
                 yield _sse_line(P.chunk(req, ev[1], None, ev[2].finish_reason,
-                                        fingerprint=fingerprint))
+                                        fingerprint=fingerprint, ids=ev[2].ids, first=first))
             elif kind == "done":
                 if req.include_usage:
                     yield _sse_line(P.usage_chunk(req, ev[1], fingerprint))

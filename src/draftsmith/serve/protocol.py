@@ -245,9 +245,6 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
                        "stream_options", "invalid_value")
     token_ids = _get(body, "return_token_ids", bool, False)
-    if token_ids and stream:
-        raise ApiError(400, "'return_token_ids' is supported without 'stream' only",
-                       "return_token_ids", "unsupported")
     return {"model": _model(body, cfg), "max_tokens": max_tokens, "params": params, "n": n,
             "seed": seed, "stop": _stop(body), "stream": stream,
             "include_usage": stream and _get(opts, "include_usage", bool, False),
@@ -458,8 +455,12 @@ def response(req: GenRequest, choices: list[Choice], fingerprint: str = "") -> d
 
 
 def chunk(req: GenRequest, index: int, text: str | None, finish: str | None = None,
-          role: bool = False, fingerprint: str = "") -> dict[str, Any]:
-    """One streamed chunk: a text delta (or the role, or the finish reason) of one choice."""
+          role: bool = False, fingerprint: str = "", ids: list[int] | None = None,
+          first: bool = False) -> dict[str, Any]:
+    """One streamed chunk: a text delta (or the role, or the finish reason) of one choice. With
+    return_token_ids, as vLLM's: `ids` (the delta's, or at the finish those the deltas did not
+    carry: an eos, a held-back text's) as the choice's token_ids (a chat's role chunk has none),
+    and a choice's `first` chunk carries its prompt's ids (a chat's at the root)."""
     chat = req.kind == "chat"
     out = _head(req, "chat.completion.chunk" if chat else "text_completion", fingerprint)
     if chat:
@@ -469,6 +470,13 @@ def chunk(req: GenRequest, index: int, text: str | None, finish: str | None = No
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
     else:
         choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+    if req.token_ids:
+        if not role:
+            choice["token_ids"] = ids or []
+        if first and chat:
+            out["prompt_token_ids"] = req.prompts[0]
+        elif first:
+            choice["prompt_token_ids"] = req.prompts[index // req.n]
     out["choices"] = [choice]
     if req.include_usage:
         out["usage"] = None

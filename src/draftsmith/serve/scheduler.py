@@ -11,7 +11,8 @@ of a wider kind would need other graphs) and they fit (a batch under max_batch r
 only if all of them fit, else it drains and the next opens larger); a job the batch does not
 hold at the head waits for the batch to drain, and so does everything queued behind it. Seeded
 sampled jobs never join a running batch (their draws would depend on it). A job reports through
-`sink(event)`, called on the worker thread: ("delta", index, text), ("finish", index, Choice),
+`sink(event)`, called on the worker thread: ("delta", index, text[, ids]) (ids: a stream's with
+return_token_ids; its finish's Choice holds the ids they did not carry), ("finish", index, Choice),
 ("done", completion_tokens), ("error", status, message[, param, code]) (`ApiError`'s arguments);
 and ("accepted",) once, from `submit` (the job is queued: an error from then on is the engine's,
 not the request's). An engine exception fails only the jobs of that batch still running: those
@@ -74,6 +75,10 @@ class Row:
         self.tokens: list[int] = []
         self.used = 0  # completion_tokens: the tokens, and an eos that ended them (as vLLM)
         self.finished = False
+        # a stream's return_token_ids: (tokens, characters) each time the text grew, and how
+        # many ids the deltas carried (those of the text they sent; the rest come at the finish)
+        self.marks: deque[tuple[int, int]] = deque()
+        self.ids_sent = 0
 
     def feed(self, raw: list[int], final: bool) -> None:
         if self.finished:
@@ -84,19 +89,39 @@ class Row:
         toks, eos_hit = trim(raw[: self.limit], self.eos)  # an eos past the limit is not ours
         self.tokens = toks[: self.limit]
         done = final or eos_hit or len(toks) >= self.limit
+        grown = len(self.text.text)
         delta = self.text.feed(self.tokens, done)
         if self.text.stopped:  # tokens decoded past the stop string are not the answer's
             self.tokens = self.tokens[: self.text.tokens_used(self.tokens)]
         self.used = len(self.tokens) + (eos_hit and not self.text.stopped)
-        if delta and self.job.req.stream:
-            self.job.emit(("delta", self.index, delta))
+        req = self.job.req
+        ids = req.stream and req.token_ids
+        if ids and not self.text.stopped and len(self.text.text) > grown:
+            self.marks.append((len(self.tokens), len(self.text.text)))
+        if delta and req.stream:  # with return_token_ids, the ids of the text it sends
+            self.job.emit(("delta", self.index, delta, *([self._ids_of_sent()] if ids else [])))
         if done or self.text.stopped:
             self.finished = True
             stop = eos_hit or self.text.stopped or len(self.tokens) < self.limit
-            text = "" if self.job.req.stream else self.text.text
+            text = "" if req.stream else self.text.text
             ended = raw[len(self.tokens): self.used]  # the eos that ended them, as vLLM's
+            # a stream's finish carries the ids its deltas did not (as its text: none left)
+            left = (self.tokens + ended)[self.ids_sent:]
             self.job.emit(("finish", self.index, Choice(text, "stop" if stop else "length",
-                                                        self.used, self.tokens + ended)))
+                                                        self.used, left)))
+
+    def _ids_of_sent(self) -> list[int]:
+        """The ids whose text the deltas have now sent in full, not sent before: the text of
+        the first `tokens` ids is the first `characters` of the answer's (incremental
+        detokenization grows it only by whole tokens), so held-back text keeps its ids back
+        until a delta releases it, and ids past a stop string wait for the finish, which
+        sends only the answer's."""
+        upto = self.ids_sent
+        while self.marks and self.marks[0][1] <= self.text.sent:
+            upto = max(upto, self.marks.popleft()[0])
+        upto = min(upto, len(self.tokens))
+        out, self.ids_sent = self.tokens[self.ids_sent: upto], max(self.ids_sent, upto)
+        return out
 
 
 class Metrics:
