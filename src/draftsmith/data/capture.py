@@ -39,6 +39,10 @@ from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
 
 IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
             "source_digest", "world_size", "rank", "compute_dtype")
+# how the answer turns were taken (`answer_tokens`): a setting a rerun must match too, checked
+# apart (`_same_answers`) since manifests written before it was recorded lack it
+ANSWER_TOKENS = {"target_ids": "the target's decoded ids (meta.answers[].ids)",
+                 "text": "tokenized from their text (an older draftsmith's, or no ids recorded)"}
 
 
 @dataclass(slots=True)
@@ -142,6 +146,33 @@ def answer_words(answers: dict[str, int]) -> str:
                     if fell else "")
 
 
+def answer_tokens(m: dict[str, Any]) -> str:
+    """How a manifest's answer turns were taken: "target_ids" (some turns spliced as the
+    target's decoded ids) or "text" (every turn tokenized from its text): its `answer_tokens`,
+    else (written before that was recorded) its `input.answers` tally, else "text" (a
+    draftsmith from before recorded ids were spliced)."""
+    held = m.get("answer_tokens")
+    if isinstance(held, str):
+        return held
+    tally = (m.get("input") if isinstance(m.get("input"), dict) else {}).get("answers")
+    took = tally.get("target_ids") if isinstance(tally, dict) else None
+    return "target_ids" if type(took) is int and took > 0 else "text"
+
+
+def _same_answers(folder: Path, head: dict[str, Any], redo: str) -> None:
+    """Refuse a dataset folder whose answers were taken otherwise than this run takes them
+    (`answer_tokens`): a resume or grow would add shards of the other tokenization."""
+    if not (folder / MANIFEST).is_file():
+        return
+    there = answer_tokens(read_manifest(folder))
+    if there != head["answer_tokens"]:
+        now = head["answer_tokens"]
+        raise DraftsmithError(
+            f"{folder}: holds a dataset whose answers are {ANSWER_TOKENS.get(there, repr(there))}"
+            f", but this input's are {ANSWER_TOKENS.get(now, repr(now))} (answer_tokens {there!r}"
+            f" there, {now!r} now): its shards and new ones would mix the two; {redo}")
+
+
 def within_positions(cfg: CaptureConfig, most: int | None,
                      say: Callable[[str], None]) -> CaptureConfig:
     """`cfg` with --max-len held to the target's max_position_embeddings (`most`): the states
@@ -183,6 +214,7 @@ def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list
         "input": {"conversations": len(convs), "skipped": p.skipped, "truncated": p.truncated,
                   "answers": p.answers.as_dict()},
         "compute_dtype": str(cfg.dtype).removeprefix("torch."),
+        "answer_tokens": "target_ids" if p.answers.target_ids else "text",
     }
 
 
@@ -283,6 +315,8 @@ def capture(
         clean(out, rank, world)
     folder = out / f"rank-{rank}" if world > 1 else out
     _drop_tmp(folder)
+    for there in dict.fromkeys((out, folder)):  # the dataset (merged), this rank's part
+        _same_answers(there, head, redo)
     if world > 1 and _merged_done(out, head):
         return read_manifest(out)
     if world > 1 and not overwrite:  # before this rank's work, not at the merge after it
@@ -292,6 +326,8 @@ def capture(
     else:
         _same_input(folder, head, [c.id for c in convs], world == 1, redo)
     writer = ShardWriter(folder, head, IDENTITY, redo)
+    if "answer_tokens" not in writer.manifest:  # an older manifest resumed: now recorded
+        writer.update(answer_tokens=head["answer_tokens"])
     _note_command(writer, command or "draftsmith.data.capture.capture()")
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     todo = [(k, s) for k, s in mine if k not in writer.done()]
@@ -413,8 +449,8 @@ def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:
     keep = [s for s in m["shards"] if s["index"] < len(shards)
             and _sample_ids(folder / s["file"]) == shards[s["index"]]]
     drop = [s for s in m["shards"] if s not in keep]
-    m.update({k: head[k] for k in ("source_digest", "expected", "input")}, shards=keep,
-             totals=totals(keep), complete=False)
+    m.update({k: head[k] for k in ("source_digest", "expected", "input", "answer_tokens")},
+             shards=keep, totals=totals(keep), complete=False)
     write_json(folder / MANIFEST, m)  # first: a kill now leaves a manifest of kept shards
     for s in drop:
         (folder / s["file"]).unlink(missing_ok=True)
@@ -433,8 +469,8 @@ def _sample_ids(path: Path) -> list[str] | None:
 def _one_dataset(out: Path, m: dict[str, Any], first: dict[str, Any]) -> None:
     """Refuse rank manifest `m` where it was captured otherwise than `first`, by each
     setting's name and values."""
-    bad = [_differ(k, m.get(k), first.get(k)) for k in MERGED
-           if not same_setting(k, m.get(k), first.get(k))]
+    bad = [_differ(k, _setting(m, k), _setting(first, k)) for k in MERGED
+           if not same_setting(k, _setting(m, k), _setting(first, k))]
     if bad:
         raise DraftsmithError(
             f"{out}: rank {m.get('rank')} was captured otherwise than rank {first.get('rank')} "
@@ -448,6 +484,11 @@ def _same_ranks(out: Path, head: dict[str, Any], world: int) -> None:
         path = out / f"rank-{k}"
         if k != head["rank"] and (path / MANIFEST).is_file():
             _one_dataset(out, head, read_manifest(path))
+
+
+def _setting(m: dict[str, Any], key: str) -> Any:
+    """A manifest's `key`; `answer_tokens` as `answer_tokens` reads it where not recorded."""
+    return answer_tokens(m) if key == "answer_tokens" else m.get(key)
 
 
 def _differ(key: str, there: Any, first: Any) -> str:
@@ -483,8 +524,9 @@ def try_merge(out: str | Path) -> dict[str, Any] | None:
     return merge(out, ms)
 
 
-# what every rank's shards must share to be one dataset: the run's identity and the stored dtype
-MERGED = (*(k for k in IDENTITY if k != "rank"), "dtype", "hidden_size")
+# what every rank's shards must share to be one dataset: the run's identity, the stored dtype
+# and how the answers were taken
+MERGED = (*(k for k in IDENTITY if k != "rank"), "dtype", "hidden_size", "answer_tokens")
 
 
 def merge(out: Path, ms: list[dict[str, Any]]) -> dict[str, Any]:
