@@ -79,3 +79,26 @@ def test_another_refusal_is_still_a_failed_answer() -> None:
         got = answers(url, 1)
     assert got[0].finish.startswith("error: HTTP 400") and len(bodies) == 1
     assert bodies[0]["return_token_ids"] is True
+
+
+def test_an_error_echoing_the_request_keeps_the_ids_asked(capsys) -> None:
+    """vLLM's validation errors echo the request body, return_token_ids included: such a 400
+    turned the ids off for the whole run, with a false note."""
+    bodies: list[dict] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        bodies.append(body)
+        if len(bodies) == 1:
+            return JSONResponse({"object": "error", "code": 400, "message": (
+                "1 validation error: max_tokens too large [type=value_error, input_value="
+                f"{body!r}]")}, status_code=400)
+        return ok_reply()
+
+    with running(app) as url:
+        got = answers(url, 2)
+    assert got[0].finish.startswith("error: HTTP 400") and got[1].text == "ok"
+    assert all("return_token_ids" in b for b in bodies)
+    assert "refuses return_token_ids" not in capsys.readouterr().err

@@ -338,10 +338,18 @@ PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 IDS_FIELD = "return_token_ids"  # vLLM's, SGLang's and draftsmith serve's: the answer's ids
 
 
+# how servers word a field they do not know (pydantic, serde, OpenAI's API, draftsmith serve)
+UNKNOWN_FIELD = ("extra_forbidden", "extra inputs are not permitted", "unknown field",
+                 "unrecognized request argument", "is not supported")
+
+
 def refuses_ids(e: Any) -> bool:
-    """A 400 or 422 that names `IDS_FIELD`: a server that forbids fields it does not know
-    (pydantic's extra_forbidden, serde's unknown field)."""
-    return e.status_code in (400, 422) and IDS_FIELD in f"{e.message} {e.body}"
+    """A 400 or 422 that names `IDS_FIELD` as a field it does not know (pydantic's
+    extra_forbidden, serde's unknown field); not any error whose body echoes the request,
+    as vLLM's validation errors do, which would turn the ids off for the run."""
+    said = f"{e.message} {e.body}"
+    return (e.status_code in (400, 422) and IDS_FIELD in said
+            and any(w in said.lower() for w in UNKNOWN_FIELD))
 
 
 def request_seed(seed: int, messages: Messages) -> int:
