@@ -4,6 +4,8 @@ the run kept nothing. Regenerate drops the field on such a refusal and asks agai
 
 from __future__ import annotations
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from test_data_regenerate import ok_reply, running
@@ -102,3 +104,33 @@ def test_an_error_echoing_the_request_keeps_the_ids_asked(capsys) -> None:
     assert got[0].finish.startswith("error: HTTP 400") and got[1].text == "ok"
     assert all("return_token_ids" in b for b in bodies)
     assert "refuses return_token_ids" not in capsys.readouterr().err
+
+
+def test_a_prompt_the_server_refuses_every_time_does_not_fail_the_run(tmp_path,
+                                                                      capsys) -> None:
+    """A 400 a rerun gets again (vLLM's prompt + max_tokens past --max-model-len) made
+    `data regenerate` exit 2 on every rerun and `data make --base-url` never reach capture."""
+    from typer.testing import CliRunner
+
+    from draftsmith.data.cli import app as data_app
+
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        if "too long" in body["messages"][-1]["content"]:
+            return JSONResponse({"object": "error", "code": 400, "message": "context length "
+                                 "exceeded"}, status_code=400)
+        return ok_reply()
+
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "messages": [
+        {"role": "user", "content": "too long" if i == 1 else f"q{i}"}]}) + "\n"
+        for i in range(3)))
+    with running(app) as url:
+        res = CliRunner().invoke(data_app, ["regenerate", str(src), "-o", str(tmp_path / "a"),
+                                            "--base-url", url, "--model", "m", "--retries", "0"])
+    assert res.exit_code == 0, res.output
+    assert "failed 1, of them refused (a rerun gets the same) 1" in " ".join(res.output.split())
+    assert len((tmp_path / "a").read_text().splitlines()) == 2

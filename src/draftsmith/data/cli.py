@@ -225,7 +225,9 @@ def regenerate(
     convs = read_sources([source], strict, limit)
     stats = regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency,
                             retries, api_key, log=say, compile=compile)
-    if stats.get("failed"):  # exit 0 here let a script capture an answers file with holes
+    from draftsmith.data.regenerate import retryable
+
+    if retryable(stats):  # exit 0 here let a script capture an answers file with holes
         raise DraftsmithError(_failed_words(stats, out, base_url))
 
 
@@ -234,8 +236,10 @@ def _failed_words(stats: dict[str, int], out: Path, base_url: str | None) -> str
     and that a rerun asks them again."""
     kept = stats["done_before"] + stats["answered"]
     asked = stats["failed"] + stats["answered"]
+    from draftsmith.data.regenerate import retryable
+
     where = f" (is the server at {base_url} up?)" if base_url else ""
-    return (f"regenerate: {stats['failed']} of the {asked} conversations asked failed{where}, "
+    return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
             f"see the warnings above; {out} keeps the {kept} answered: rerun the same command "
             "to ask the failed ones again")
 

@@ -72,6 +72,7 @@ def make_dataset(
         RegenConfig,
         check_server_options,
         regenerate,
+        retryable,
         within_positions,
     )
     from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
@@ -140,7 +141,7 @@ def make_dataset(
                                                       log))
     finally:
         _close(client)
-    if said.get("failed"):  # capturing now would train on a set with holes
+    if retryable(said):  # capturing now would train on a set with holes a rerun may fill
         raise DraftsmithError(_failed(said, answers, server))
     if not said["done_before"] + said["answered"]:
         raise DraftsmithError(_no_answers(said, regen, regen.max_len < max_len))
@@ -224,9 +225,11 @@ def _close(client: tuple[Any, RegenConfig] | None) -> None:
 
 
 def _failed(said: dict[str, int], answers: Path, server: Server | None) -> str:
+    from draftsmith.data.regenerate import retryable
+
     where = f" (is the server at {server.base_url} up?)" if server is not None else ""
     kept = said["done_before"] + said["answered"]
-    k = said["failed"]
+    k = retryable(said)
     return (f"regenerate: {k} conversation{'s' * (k != 1)} failed{where}, see the warnings "
             f"above; {answers} keeps the {kept} answered and nothing was captured: rerun the "
             "same command to ask the failed ones again")

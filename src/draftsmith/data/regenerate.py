@@ -141,6 +141,7 @@ class Answer:
     finish: str  # "stop" | "length" | "error: ..."
     ids: list[int] | None = None  # the ids the target decoded (stop id excluded), where known
     unreached: bool = False  # no server answered it: connection errors or timeouts, each retry
+    lasting: bool = False  # a refusal a rerun gets again (an HTTP 4xx, a reply with no text)
 
 
 class EngineBackend:
@@ -252,7 +253,8 @@ class OpenAIBackend:
                     raise DraftsmithError(
                         f"{self.base_url}: HTTP {e.status_code} for model {self.model_name!r} "
                         f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
-                return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}")
+                return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}",
+                              lasting=e.status_code < 500 and e.status_code not in (408, 409))
             else:
                 self.reached = True
                 return reply(r, self.model_name, self.tokenizer)
@@ -405,7 +407,7 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
         # empty string is one (an end of turn at once), kept as the built-in engine keeps it
         what = " but a tool call" if calls else ""
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
-                             f"{finish}): not kept as an answer, a rerun asks again")
+                             f"{finish}): not kept as an answer", lasting=True)
     return Answer(message.content.strip(), used if isinstance(used, int) else None, finish,
                   served_ids(getattr(choices[0], "token_ids", None), finish, tok))
 
@@ -504,7 +506,7 @@ def regenerate(
     stats = {"done_before": len(convs) - len(todo), "answered": 0,
              "redone": len(records) - cut if cut is not None else 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
-             "answer_tokens": 0, "answers_at_max_new": 0}
+             "refused_by_server": 0, "answer_tokens": 0, "answers_at_max_new": 0}
     count = _counter(tokenizer)
     if todo:
         say(f"regenerate: {len(todo)} conversations to answer, {sampling_words(cfg)}, at most "
@@ -550,8 +552,15 @@ def regenerate(
     return stats
 
 
+def retryable(stats: dict[str, int]) -> int:
+    """Failed conversations a rerun may answer: not those the server refused (an HTTP 4xx, a
+    reply with no text), which a rerun gets again and the closing line counts."""
+    return stats.get("failed", 0) - stats.get("refused_by_server", 0)
+
+
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
 WORDS = {"truncated": "prompts truncated", "redone": "answered again in their grown chunk",
+         "refused_by_server": "of them refused (a rerun gets the same)",
          "answers_at_max_new":
          "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
 
@@ -746,6 +755,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
             if ans.finish.startswith("error"):
                 failed.add(conv.id)
                 stats["failed"] += 1
+                stats["refused_by_server"] += ans.lasting
                 print(f"draftsmith: warning: prompt {conv.id}: {ans.finish}", file=sys.stderr)
                 continue
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
