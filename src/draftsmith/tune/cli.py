@@ -122,7 +122,7 @@ def tune(
             raise DraftsmithError("--nccl-sweep spawns fresh processes per setting: run "
                                   "`draftsmith tune --tp N --nccl-sweep` without torchrun")
         refuse_split(target, tp)
-        check_drafter(drafter)  # once, before ranks spawn (run_tune checks it at --tp 1)
+        check_drafter(drafter)  # before ranks spawn: each rank's run_tune checks it again
         report = launch_tp(_tune_rank, tp, *args, device=dev)
     if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
         return
