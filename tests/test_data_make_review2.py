@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +18,10 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 
 from conftest import write_tiny_folder  # noqa: E402
+from test_serve import live as serve_live  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from draftsmith.data.cli import app  # noqa: E402
-from draftsmith.serve.cli import server_config  # noqa: E402
 from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
 
 KEY = "sk-secret-1234"
@@ -42,28 +40,9 @@ def engine(tiny_dir: Path) -> ServeEngine:
 
 @contextmanager
 def live(engine: ServeEngine, target: str, api_key: str | None = None) -> Iterator[dict]:
-    import uvicorn
-
-    from draftsmith.serve.app import create_app
-
-    cfg = server_config(engine, target, None, api_key, 64)
-    app_ = create_app(engine, cfg)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app_, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield {"url": f"http://127.0.0.1:{port}/v1", "model": cfg.model_name}
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """test_serve's real server, its URL with /v1 as --base-url takes it."""
+    with serve_live(engine, target, api_key=api_key) as s:
+        yield {"url": s["url"] + "/v1", "model": s["model"]}
 
 
 @pytest.fixture(scope="module")
