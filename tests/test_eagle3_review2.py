@@ -32,7 +32,7 @@ def _edited(tmp_path, **edit):
     ({"hidden_size": "32"}, r"hidden_size '32' is not a size"),
     ({"draft_vocab_size": 0}, r"draft_vocab_size 0 is not a size"),
     ({"aux_layer_ids": [1, "2", 4]}, r"aux_layer_ids \[1, '2', 4\] is not a list"),
-    ({"rope_theta": "1e4"}, r"rope_theta '1e4' is not a number > 0"),
+    ({"rope_theta": "1e4"}, r"rope_theta '1e4' is not a finite number > 0"),
 ])
 def test_a_malformed_size_is_one_error_naming_the_config(tmp_path, edit, said):
     """num_layers 2.0 and hidden_size "32" were TypeErrors from torch's module constructors;
@@ -59,3 +59,19 @@ def test_a_wellformed_config_still_builds_and_loads(tmp_path):
     folder = _edited(tmp_path)
     assert load_drafter(folder).cfg == tiny_cfg() == read_drafter_config(str(folder))
     assert Eagle3Config(**{**tiny_cfg().to_dict(), "target_num_layers": 0}).target_num_layers == 0
+
+
+def test_numpy_values_and_a_tuple_of_ids_are_taken_as_plain_numbers() -> None:
+    """A config built in Python from numpy values (np.int64 sizes, np.float64 eps) or a tuple
+    of aux ids was refused as "not a size"; an infinite rope_theta was taken."""
+    import numpy as np
+
+    cfg = tiny_cfg(hidden_size=np.int64(32), rms_norm_eps=np.float64(1e-6),
+                   aux_layer_ids=(np.int64(1), 2, 4))
+    assert type(cfg.hidden_size) is int and type(cfg.rms_norm_eps) is float
+    assert cfg.aux_layer_ids == [1, 2, 4] and all(type(i) is int for i in cfg.aux_layer_ids)
+    assert json.loads(json.dumps(cfg.to_dict()))["hidden_size"] == 32
+    with pytest.raises(DraftsmithError, match="rope_theta inf is not a finite number > 0"):
+        tiny_cfg(rope_theta=float("inf"))
+    with pytest.raises(DraftsmithError, match="num_heads True is not a size"):
+        tiny_cfg(num_heads=True)

@@ -14,6 +14,8 @@ reads, and `save_drafter` / `load_drafter` are the draftsmith checkpoint layout.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import warnings
 from collections.abc import Iterator
@@ -33,6 +35,11 @@ from draftsmith.models.config import ModelConfig
 from draftsmith.models.llama import MLP, Attention, KVCache, RMSNorm, causal_mask
 from draftsmith.models.parallel import SINGLE, TP, linear
 from draftsmith.weightsfile import read_weights_file
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
 
 SIZES = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
          "target_hidden_size", "vocab_size", "draft_vocab_size", "max_position_embeddings",
@@ -82,15 +89,19 @@ class Eagle3Config:
         was a TypeError traceback from torch when the drafter was built."""
         for name in SIZES:
             v = getattr(self, name)
-            if type(v) is not int or v < 1:
+            if not _whole(v) or v < 1:
                 raise DraftsmithError(f"{name} {v!r} is not a size (a whole number >= 1)")
+            setattr(self, name, int(v))  # numpy's too, as the JSON it is saved to writes them
         ids = self.aux_layer_ids
-        if not isinstance(ids, list) or any(type(i) is not int for i in ids):
+        if not isinstance(ids, (list, tuple)) or not all(_whole(i) for i in ids):
             raise DraftsmithError(f"aux_layer_ids {ids!r} is not a list of whole numbers")
+        self.aux_layer_ids = [int(i) for i in ids]
         for name in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, name)
-            if type(v) not in (int, float) or not v > 0:
-                raise DraftsmithError(f"{name} {v!r} is not a number > 0")
+            real = isinstance(v, numbers.Real) and not isinstance(v, bool)
+            if not real or not math.isfinite(v) or not v > 0:
+                raise DraftsmithError(f"{name} {v!r} is not a finite number > 0")
+            setattr(self, name, int(v) if _whole(v) else float(v))
 
     def layer_config(self) -> ModelConfig:
         return ModelConfig(
