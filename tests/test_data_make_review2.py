@@ -227,7 +227,7 @@ def test_a_failed_request_stops_before_capture_and_a_rerun_completes(
     r = make(out, *args)
     assert r.exit_code != 0
     said = str(r.exception)
-    assert "regenerate: 1 conversation failed (is the server at" in said
+    assert "regenerate: 1 of the 4 conversations asked failed (is the server at" in said
     assert "nothing was captured: rerun the same command" in said
     assert len(answers(out)) == 3 and not (out / "dataset").exists()
     monkeypatch.setattr(OpenAIBackend, "one", one)

@@ -198,7 +198,13 @@ def regenerate(
 ) -> None:
     """Answer every prompt with the target, turn by turn (engine or OpenAI-compatible server)."""
     from draftsmith.data.atomic import check_file_path
-    from draftsmith.data.regenerate import RegenConfig, check_server_options, regenerate_file
+    from draftsmith.data.regenerate import (
+        RegenConfig,
+        check_server_options,
+        failed_words,
+        regenerate_file,
+        retryable,
+    )
 
     if base_url:
         unused(given(regenerate, device=device, dtype=dtype, batch_size=batch_size,
@@ -225,23 +231,8 @@ def regenerate(
     convs = read_sources([source], strict, limit)
     stats = regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency,
                             retries, api_key, log=say, compile=compile)
-    from draftsmith.data.regenerate import retryable
-
     if retryable(stats):  # exit 0 here let a script capture an answers file with holes
-        raise DraftsmithError(_failed_words(stats, out, base_url))
-
-
-def _failed_words(stats: dict[str, int], out: Path, base_url: str | None) -> str:
-    """One line for a run that left conversations unanswered: how many, what the file keeps,
-    and that a rerun asks them again."""
-    kept = stats["done_before"] + stats["answered"]
-    asked = stats["failed"] + stats["answered"]
-    from draftsmith.data.regenerate import retryable
-
-    where = f" (is the server at {base_url} up?)" if base_url else ""
-    return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
-            f"see the warnings above; {out} keeps the {kept} answered: rerun the same command "
-            "to ask the failed ones again")
+        raise DraftsmithError(failed_words(stats, out, base_url))
 
 
 @app.command()

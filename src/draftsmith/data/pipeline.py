@@ -71,6 +71,7 @@ def make_dataset(
         EngineBackend,
         RegenConfig,
         check_server_options,
+        failed_words,
         regenerate,
         retryable,
         within_positions,
@@ -142,7 +143,8 @@ def make_dataset(
     finally:
         _close(client)
     if retryable(said):  # capturing now would train on a set with holes a rerun may fill
-        raise DraftsmithError(_failed(said, answers, server))
+        raise DraftsmithError(failed_words(said, answers, server and server.base_url,
+                                           " and nothing was captured"))
     if not said["done_before"] + said["answered"]:
         raise DraftsmithError(_no_answers(said, regen, regen.max_len < max_len))
     # grow: a rerun with another --n changes the answers captured; the shards they leave as they
@@ -181,20 +183,9 @@ def _server_client(t: Any, regen: RegenConfig, server: Server,
 def _check_model(client: Any, base_url: str, model: str, log: Callable[[str], None]) -> None:
     """The server reached and the key taken before any stage; --model checked against the
     models it lists (a warning only: a server may take aliases it does not list)."""
-    import openai
+    from draftsmith.data.regenerate import list_models
 
-    from draftsmith.data.regenerate import FATAL_STATUS
-
-    try:
-        names = [m.id for m in client.models.list()]
-    except openai.APIConnectionError as e:  # timeouts too
-        raise DraftsmithError(f"{base_url}: no server answered ({e}): is it running, and is the "
-                              "URL right (with its /v1)?") from None
-    except openai.APIStatusError as e:
-        if e.status_code in (401, 403):
-            raise DraftsmithError(f"{base_url}: HTTP {e.status_code} ({e.message}): "
-                                  f"{FATAL_STATUS[e.status_code]}") from None
-        return  # a server without /models: its answers tell
+    names = list_models(client, base_url, needed=False)
     if names and model not in names:
         log(f"warning: {base_url} lists {names}, not --model {model!r}: its answers fail "
             "unless it serves that name too")
@@ -222,17 +213,6 @@ def _same_backend(answers: Path, server: Server | None) -> None:
 def _close(client: tuple[Any, RegenConfig] | None) -> None:
     if client is not None:
         client[0].close()
-
-
-def _failed(said: dict[str, int], answers: Path, server: Server | None) -> str:
-    from draftsmith.data.regenerate import retryable
-
-    where = f" (is the server at {server.base_url} up?)" if server is not None else ""
-    kept = said["done_before"] + said["answered"]
-    k = retryable(said)
-    return (f"regenerate: {k} conversation{'s' * (k != 1)} failed{where}, see the warnings "
-            f"above; {answers} keeps the {kept} answered and nothing was captured: rerun the "
-            "same command to ask the failed ones again")
 
 
 def check_not_a_model(out: Path) -> None:

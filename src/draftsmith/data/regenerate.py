@@ -558,6 +558,18 @@ def retryable(stats: dict[str, int]) -> int:
     return stats.get("failed", 0) - stats.get("refused_by_server", 0)
 
 
+def failed_words(stats: dict[str, int], out: Path, base_url: str | None, after: str = "") -> str:
+    """One line for a run that left conversations a rerun may answer (`retryable`): how many,
+    what the file keeps (`after`: what else the run left undone), and that a rerun asks them
+    again (`data regenerate`'s exit, `data make`'s stop before capture)."""
+    kept = stats["done_before"] + stats["answered"]
+    asked = stats["failed"] + stats["answered"]
+    where = f" (is the server at {base_url} up?)" if base_url else ""
+    return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
+            f"see the warnings above; {out} keeps the {kept} answered{after}: rerun the same "
+            "command to ask the failed ones again")
+
+
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
 WORDS = {"truncated": "prompts truncated", "redone": "answered again in their grown chunk",
          "refused_by_server": "of them refused (a rerun gets the same)",
@@ -853,17 +865,27 @@ def regenerate_file(
 
 
 def server_model(client: Any, base_url: str) -> str:
+    names = list_models(client, base_url, needed=True) or []
+    if len(names) != 1:
+        raise DraftsmithError(f"{base_url} serves {names}: pass --model NAME")
+    return names[0]
+
+
+def list_models(client: Any, base_url: str, needed: bool) -> list[str] | None:
+    """The models the server lists; None where it lists none (no /models route) and they are
+    not `needed` (its answers tell). No server reached, or a key refused, is one line."""
     import openai
 
     try:
-        names = [m.id for m in client.models.list()]
+        return [m.id for m in client.models.list()]
     except openai.APIConnectionError as e:  # timeouts too: no server, --model would not help
         raise DraftsmithError(f"{base_url}: no server answered ({e}): is it running, and is the "
                               "URL right (with its /v1)?") from None
     except openai.OpenAIError as e:
         status = getattr(e, "status_code", None)
-        fix = FATAL_STATUS[status] if status in (401, 403) else "pass --model"
-        raise DraftsmithError(f"{base_url}: cannot list models ({e}); {fix}") from None
-    if len(names) != 1:
-        raise DraftsmithError(f"{base_url} serves {names}: pass --model NAME")
-    return names[0]
+        if status in (401, 403):
+            raise DraftsmithError(f"{base_url}: HTTP {status}, cannot list models ({e}); "
+                                  f"{FATAL_STATUS[status]}") from None
+        if needed:
+            raise DraftsmithError(f"{base_url}: cannot list models ({e}); pass --model") from None
+        return None
