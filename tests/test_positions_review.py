@@ -127,7 +127,7 @@ def test_serve_startup_line_names_the_port_bound_and_the_trees_size(monkeypatch,
     import draftsmith.serve.app as app
     import draftsmith.serve.engine as engine
 
-    monkeypatch.setattr("draftsmith.cli.check_drafter",
+    monkeypatch.setattr("draftsmith.models.eagle3.check_drafter",
                         lambda d: SimpleNamespace(draft_vocab_size=64))
     monkeypatch.setattr(engine, "load_engine", lambda *a, **k: fake_engine(3, 4, 12))
     served = {}

@@ -154,7 +154,7 @@ def test_tune_nccl_sweep_names_its_sweep_in_tune_json(tmp_path, monkeypatch):
     monkeypatch.setattr(draftsmith.dist, "launch_tp", lambda *a, **k: cli.run_tune())
     monkeypatch.setattr(cli, "_nccl_for", lambda *a: sweep)
     monkeypatch.setattr("draftsmith.tune.tp_targets.refuse_split", lambda *a: None)
-    monkeypatch.setattr("draftsmith.cli.check_drafter", lambda d: None)  # no drafter here
+    monkeypatch.setattr("draftsmith.models.eagle3.check_drafter", lambda d: None)  # no drafter here
     res = invoke_tune("--drafter", str(tmp_path), "--device", "cpu", "--tp", "2",
                       "--nccl-sweep", "--out", str(out))
     assert res.exit_code == 0, (res.output, res.exception)

@@ -33,7 +33,6 @@ from draftsmith.options import (
 
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
-    from draftsmith.models.eagle3 import Eagle3Config
 
 # click's plain help, not rich's panels: rich shrank the option column to fit 80 columns and cut
 # long names (`--intermediate-si…`); click wraps the help text instead and keeps every name whole
@@ -280,6 +279,7 @@ def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
     """The speculative setting (drafter folder, steps, topk, tokens) or None, refused by flag
     before the target loads, as serve refuses it."""
     from draftsmith.bench.run import check_topk
+    from draftsmith.models.eagle3 import check_drafter
     from draftsmith.serve.cli import check_drafting
 
     if drafter is None:
@@ -290,14 +290,6 @@ def _drafting(drafter: Path | None, flags: list[str], steps: int, topk: int,
     cfg = check_drafter(drafter)  # a mistyped or damaged folder, before the target's minutes
     check_topk([(steps, topk, tokens or steps + 1)], cfg.draft_vocab_size)
     return str(drafter), steps, topk, tokens
-
-
-def check_drafter(folder: str | Path) -> Eagle3Config:
-    """`models.eagle3.check_drafter`, here for the commands that import it from the CLI (and
-    tests that patch it here); imported when called, so the CLI starts without torch."""
-    from draftsmith.models.eagle3 import check_drafter as check
-
-    return check(folder)
 
 
 def _generate_rank(tp, asks, target, new, params, dt, batch_size, seed, spec=None):

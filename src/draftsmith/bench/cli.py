@@ -64,7 +64,8 @@ def bench(
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.run import BenchConfig, BenchInterrupted, check_topk, run_bench
     from draftsmith.bench.suites import suite_messages
-    from draftsmith.cli import check_drafter, device_dtype, sampling_params
+    from draftsmith.cli import device_dtype, sampling_params
+    from draftsmith.models.eagle3 import check_drafter
 
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     check_seed(seed)

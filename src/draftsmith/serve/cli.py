@@ -95,7 +95,8 @@ def serve(
             f"draftsmith serve needs {e.name}: pip install 'draftsmith[serve]' "
             "(fastapi, uvicorn)") from None
     from draftsmith.bench.run import check_topk
-    from draftsmith.cli import check_drafter, device_dtype
+    from draftsmith.cli import device_dtype
+    from draftsmith.models.eagle3 import check_drafter
     from draftsmith.options import check_compile
     from draftsmith.serve.engine import EngineConfig, load_engine
 

@@ -101,7 +101,8 @@ def tune(
         if nccl_grid not in ("quick", "full"):
             raise DraftsmithError(f"--nccl-grid {nccl_grid!r}: use quick or full")
         check_folder(out / "nccl", "--out")
-    from draftsmith.cli import check_drafter, sampling_params
+    from draftsmith.cli import sampling_params
+    from draftsmith.models.eagle3 import check_drafter
     from draftsmith.options import check_compile, check_seed
 
     params = sampling_params(temperature, top_p, top_k, bool(given(tune, seed=seed)))
@@ -243,13 +244,12 @@ def run_tune(
     import torch
 
     from draftsmith.bench import load
-    from draftsmith.cli import check_drafter
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.generate import check_positions
     from draftsmith.engine.refill import PREFILL_ROWS
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.sampling import SamplingParams
-    from draftsmith.models.eagle3 import load_drafter
+    from draftsmith.models.eagle3 import check_drafter, load_drafter
     from draftsmith.options import check_compile
     from draftsmith.targets import load_target
     from draftsmith.tune import measure, partial
