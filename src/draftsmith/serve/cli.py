@@ -153,15 +153,15 @@ def counted(n: int, one: str, many: str) -> str:
 
 
 def warm_line(max_batch: int, fixed_rows: bool, kinds: tuple[str, ...], compile: bool) -> str:
-    """The warm-up's startup line: the batch sizes `ServeEngine.warmup` opens, listed."""
-    from draftsmith.serve.engine import batch_rows
+    """The warm-up's startup line: the batch sizes `ServeEngine.warmup` opens, listed, and the
+    kinds of sampling it warms (`ServeEngine.warmed_kinds`)."""
+    from draftsmith.serve.engine import opened_rows
 
-    sizes = sorted({batch_rows(k, max_batch, fixed_rows) for k in range(1, max_batch + 1)})
-    sampling = tuple(dict.fromkeys(("greedy", *kinds)))
+    sizes = opened_rows(max_batch, fixed_rows)
     listed = ", ".join(map(str, sizes[:-1])) + (" and " if len(sizes) > 1 else "")
     rows = counted(sizes[-1], "row", "rows")
-    batches = "a batch" if len(sizes) * len(sampling) == 1 else "batches"
-    return (f"warming up {batches} of {listed}{rows} ({', '.join(sampling)} sampling) and "
+    batches = "a batch" if len(sizes) * len(kinds) == 1 else "batches"
+    return (f"warming up {batches} of {listed}{rows} ({', '.join(kinds)} sampling) and "
             "prompt passes" + (", compiling" if compile else ""))
 
 

@@ -236,8 +236,7 @@ class ServeEngine:
         decoder a setting there) and where the server decodes greedily only (`greedy_only`)."""
         tok = [self.eos[0] if self.eos else 0]
         c = self.cfg
-        sizes = batch_sizes or sorted({batch_rows(k, c.max_batch, c.fixed_rows)
-                                       for k in range(1, c.max_batch + 1)})
+        sizes = batch_sizes or opened_rows(c.max_batch, c.fixed_rows)
         for kind in self.warmed_kinds(kinds):
             params = KIND_SETTINGS[kind]
             for b in sorted(sizes, reverse=True):
@@ -414,6 +413,11 @@ def batch_rows(need: int, max_batch: int, fixed: bool = False) -> int:
     (a few sizes, each captured and compiled once; the spare rows take joiners or idle), or
     max_batch itself when `fixed`."""
     return max_batch if fixed else padded_rows(need, max_batch)
+
+
+def opened_rows(max_batch: int, fixed: bool = False) -> list[int]:
+    """Every row count a batch opens with (`batch_rows`), ascending: what the warm-up warms."""
+    return sorted({batch_rows(k, max_batch, fixed) for k in range(1, max_batch + 1)})
 
 
 def trim(row: list[int], eos: list[int]) -> tuple[list[int], bool]:
