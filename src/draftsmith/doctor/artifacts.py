@@ -247,8 +247,9 @@ def read_checked(folder: str | Path) -> DrafterInfo:
 
     info = read_drafter(folder)
     if info.layout == "draftsmith":
-        check_drafter(info.folder)
-    for path in info.weight_files():  # an engine's too: a cut one was a traceback after
+        check_drafter(info.folder)  # its weights' header too
+        return info
+    for path in info.weight_files():  # a cut one was a traceback after the target loaded
         if path.suffix == ".safetensors":
             check_weights_header(path)
     return info
