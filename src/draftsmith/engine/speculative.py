@@ -46,7 +46,7 @@ from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
-from draftsmith.models.eagle3 import Eagle3Drafter
+from draftsmith.models.eagle3 import Eagle3Drafter, shared_target
 from draftsmith.models.llama import Transformer
 from draftsmith.switches import env_choice, env_flag
 
@@ -133,17 +133,13 @@ def check_draft_vocab(drafter: Eagle3Drafter, vocab: int, sampled: bool = False)
             f"the drafter's d2t maps {len(bad)} draft id(s) outside the target's vocabulary of "
             f"{vocab} (draft id {bad[0]} -> {int(hot[bad[0]])}): its vocabulary mapping is not "
             f"this target's; use a drafter trained for this target")
-    if not sampled:
-        return
-    ids, seen = hot.sort()
-    if (twice := (ids[1:] == ids[:-1]).nonzero()[:, 0]).numel():
-        i = int(twice[0])
-        a, b = sorted((int(seen[i]), int(seen[i + 1])))
+    if sampled and (pair := shared_target(hot)) is not None:
+        a, b = pair
         # sibling drafts of one token: the accept walks the deeper copy, and rejection sampling
         # weighs one copy's q; greedy decoding (and a chain matched against the target's
         # draws) emits the target's tokens whatever the drafts are
         raise DraftsmithError(
-            f"the drafter's d2t maps draft ids {a} and {b} to one target id {int(ids[i])}: "
+            f"the drafter's d2t maps draft ids {a} and {b} to one target id {int(hot[a])}: "
             f"sampled speculative decoding with it would not keep the target's distribution; "
             f"decode greedily or use a drafter whose draft ids map to distinct target tokens")
 

@@ -456,8 +456,8 @@ def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
     if problem is not None and problem[0] == "outside":
         raise DraftsmithError(f"{where}: d2t: {problem[1]}: another target's mapping (or a "
                               "damaged file); use the drafter made for this target")
-    if problem is not None and problem[0] == "twice":
-        a, b = _shared_target(used)
+    if (pair := shared_target(used)) is not None:
+        a, b = pair
         warnings.warn(f"{where}: d2t maps draft ids {a} and {b} to one target id {int(used[a])}: "
                       "greedy decoding with it is exact, but sampled tree or drawn-draft "
                       "decoding refuse it (an engine serving its export samples with the "
@@ -465,10 +465,14 @@ def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
                       stacklevel=3)
 
 
-def _shared_target(used: torch.Tensor) -> tuple[int, int]:
-    """The first two draft ids (lowest target id first) that `used` maps to one target id."""
+def shared_target(used: torch.Tensor) -> tuple[int, int] | None:
+    """The first two draft ids (lowest target id first) that `used` (each draft id's target
+    id) maps to one target id, the lower draft id first; None where every target id is one."""
     ids, order = used.sort(stable=True)
-    i = int((ids[1:] == ids[:-1]).nonzero()[0, 0])
+    twice = (ids[1:] == ids[:-1]).nonzero()
+    if not twice.numel():
+        return None
+    i = int(twice[0, 0])
     a, b = int(order[i]), int(order[i + 1])
     return min(a, b), max(a, b)
 
