@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,15 @@ def typed(ctx: typer.Context, name: str, value: Any) -> Any:
     environment variable set (OPENAI_API_KEY) is no mistake where it does nothing."""
     source = ctx.get_parameter_source(name)  # typer's own click (vendored since 0.2x) or click's
     return value if getattr(source, "name", None) == "COMMANDLINE" else None
+
+
+def no_server_flags(ctx: typer.Context, command: Callable[..., Any], model: str | None,
+                    concurrency: int, retries: int, api_key: str | None) -> None:
+    """Refuse the server's flags given without --base-url (regenerate's and make's); a key
+    OPENAI_API_KEY set is no mistake."""
+    unused(given(command, model=model, concurrency=concurrency, retries=retries,
+                 api_key=typed(ctx, "api_key", api_key)), "to a server",
+           "give {it} with --base-url")
 
 
 def not_an_input(out: Path, sources: list[str]) -> None:
@@ -212,9 +222,7 @@ def regenerate(
                "leave {it} out with --base-url")
         check_server_options(concurrency, retries)
     else:
-        unused(given(regenerate, model=model, concurrency=concurrency, retries=retries,
-                     api_key=typed(ctx, "api_key", api_key)), "to a server",
-               "give {it} with --base-url")
+        no_server_flags(ctx, regenerate, model, concurrency, retries, api_key)
     check_sampling(temperature, top_p, top_k)
     if temperature == 0:  # greedy: they would be recorded as the answers' sampling
         unused(given(regenerate, top_p=top_p, top_k=top_k, seed=seed),
@@ -481,9 +489,7 @@ def make(
     if base_url:
         server = Server(base_url, model, concurrency, retries, api_key)
     else:
-        unused(given(make, model=model, concurrency=concurrency, retries=retries,
-                     api_key=typed(ctx, "api_key", api_key)), "to a server",
-               "give {it} with --base-url")
+        no_server_flags(ctx, make, model, concurrency, retries, api_key)
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
                  parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say,
