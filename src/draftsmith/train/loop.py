@@ -1255,11 +1255,9 @@ MORE_DATA = {
 def more_data_advice(data: Any, folder: str | None) -> str:
     """Train on more (or greedy) answers, naming the command that made this data where its
     manifest's commands (or a make.json beside the dataset) record it."""
-    if data.online:
-        maker = "online"
-    else:
-        commands = (data.manifest or {}).get("commands")
-        maker = data_maker(commands if isinstance(commands, list) else [], folder)
+    from draftsmith.compare.describe import commands
+
+    maker = "online" if data.online else data_maker(commands(data.manifest or {}), folder)
     more, greedy = MORE_DATA[maker]
     return f"train on more data ({more}), or on answers the target wrote greedily ({greedy})"
 
