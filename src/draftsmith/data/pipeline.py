@@ -103,45 +103,43 @@ def make_dataset(
     # a server down, a wrong key or no model to name is told before the prompts stage runs
     # (and before OUT is made)
     client = _server_client(t, regen, server, log) if server is not None else None
-    try:
+    try:  # the client closed however the stages before capture end
         record_path = make_folder(out) / "make.json"
         record = _read_record(record_path)
         model = t.build(dtype, device)
-    except BaseException:
-        _close(client)
-        raise
-    record.setdefault("commands", [])
-    if command not in record["commands"]:
-        record["commands"].append(command)
-    record.update(target=t.source, fingerprint=t.fingerprint, device=device,
-                  dtype=str(dtype).removeprefix("torch."), n=n)
-    record.pop("server", None)
-    if client is not None:  # the model asked, also where the server named it
-        record["server"] = {"base_url": client[0].base_url, "model": client[0].model_name}
+        record.setdefault("commands", [])
+        if command not in record["commands"]:
+            record["commands"].append(command)
+        record.update(target=t.source, fingerprint=t.fingerprint, device=device,
+                      dtype=str(dtype).removeprefix("torch."), n=n)
+        record.pop("server", None)
+        if client is not None:  # the model asked, also where the server named it
+            record["server"] = {"base_url": client.base_url, "model": client.model_name}
 
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
-        log(f"== {name}")
-        t0 = time.perf_counter()
-        result = fn()
-        record.setdefault("stages", {})[name] = {"seconds": round(time.perf_counter() - t0, 2),
-                                                 "result": result}
-        write_json(record_path, record)
-        return result
+        def stage(name: str, fn: Callable[[], Any]) -> Any:
+            log(f"== {name}")
+            t0 = time.perf_counter()
+            result = fn()
+            record.setdefault("stages", {})[name] = {
+                "seconds": round(time.perf_counter() - t0, 2), "result": result}
+            write_json(record_path, record)
+            return result
 
-    prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
-    try:
+        prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
         made = stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model,
                                                           progress=progress, log=log,
                                                           compile=compile))
         if not made["kept"]:
             raise DraftsmithError(_no_prompts(made, magpie))
-        backend, asked = client or (EngineBackend(t, model, regen, compile), regen)
+        backend = client or EngineBackend(t, model, regen, compile)
         # the first n prompts: files an earlier, larger --n left hold more
         said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers,
-                                                      backend, t.tokenizer, asked, progress,
+                                                      backend, t.tokenizer,
+                                                      client.cfg if client else regen, progress,
                                                       log))
     finally:
-        _close(client)
+        if client is not None:
+            client.close()
     if retryable(said):  # capturing now would train on a set with holes a rerun may fill
         raise DraftsmithError(failed_words(said, answers, server and server.base_url,
                                            " and nothing was captured"))
@@ -160,10 +158,11 @@ def make_dataset(
 
 
 def _server_client(t: Any, regen: RegenConfig, server: Server,
-                   log: Callable[[str], None]) -> tuple[Any, RegenConfig]:
-    """The server's client (a chunk: --concurrency requests in flight, as `data regenerate
-    --base-url` asks them) and the config the answers are asked with; the server asked for its
-    models first: one it cannot be reached at, or that refuses the key, stops the run here."""
+                   log: Callable[[str], None]) -> Any:
+    """The server's client, its `cfg` the config the answers are asked with (a chunk:
+    --concurrency requests in flight, as `data regenerate --base-url` asks them); the server
+    asked for its models first: one it cannot be reached at, or that refuses the key, stops
+    the run here."""
     from draftsmith.data.regenerate import OpenAIBackend, server_model
 
     asked = dataclasses.replace(regen, batch_size=server.concurrency)
@@ -177,7 +176,7 @@ def _server_client(t: Any, regen: RegenConfig, server: Server,
     except BaseException:
         client.close()
         raise
-    return client, asked
+    return client
 
 
 def _check_model(client: Any, base_url: str, model: str, log: Callable[[str], None]) -> None:
@@ -208,11 +207,6 @@ def _same_backend(answers: Path, server: Server | None) -> None:
         raise DraftsmithError(f"data make: {answers} holds {there} answers, this run asks "
                               f"{'a server' if server else 'the built-in engine'}: {fix}, or "
                               "give `data make` another folder")
-
-
-def _close(client: tuple[Any, RegenConfig] | None) -> None:
-    if client is not None:
-        client[0].close()
 
 
 def check_not_a_model(out: Path) -> None:
