@@ -526,8 +526,9 @@ def regenerate(
         kept = f"the {there} conversations answered before"
         try:
             recs, unreached = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
-            left = sum(x.id not in done for x in convs[c + step :])
-            if unreached and left:  # the server is gone: each later chunk would fail alike
+            # the server is gone: each later chunk would fail alike (counted only then: a scan
+            # of the rest every chunk was quadratic in the prompts)
+            if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
                 raise DraftsmithError(gone(backend, unreached, left))
         except DraftsmithError as e:
             raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
