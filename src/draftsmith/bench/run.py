@@ -23,7 +23,6 @@ import torch
 
 from draftsmith.bench import load
 from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
-from draftsmith.engine import speculative
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
 from draftsmith.engine.params import whole
@@ -31,7 +30,7 @@ from draftsmith.engine.profiler import PhaseSummary, env_on
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult
-from draftsmith.engine.speculative import SpecDecoder, check_draft_vocab, check_pair
+from draftsmith.engine.speculative import SpecDecoder, check_draft_vocab, check_pair, reads_drafts
 from draftsmith.engine.tree import TreeShape, most_tokens
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import check_chain_tokens, check_compile
@@ -147,8 +146,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     settings = cfg.settings()
     check_topk(settings, drafter.cfg.draft_vocab_size)
     check_draft_vocab(drafter, model.cfg.vocab_size,  # as SpecDecoder would, after the baseline
-                      not cfg.params.greedy and (speculative.SAMPLED_DRAFTS == "drawn"
-                                                 or any(k > 1 for _, k, _ in settings)))
+                      not cfg.params.greedy and any(reads_drafts(k) for _, k, _ in settings))
     for w in warnings:
         log(f"warning: {w}")
     warnings += skipped

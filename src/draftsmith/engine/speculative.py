@@ -118,6 +118,13 @@ def check_pair(tc, dc) -> tuple[int, ...]:
     return tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
 
 
+def reads_drafts(topk: int) -> bool:
+    """Whether sampled decoding at `topk` reads the drafts themselves (a tree's siblings, or
+    drafts drawn from the drafter's q: `SAMPLED_DRAFTS`), which a d2t of shared target ids
+    biases (`check_draft_vocab`'s `sampled`)."""
+    return topk > 1 or SAMPLED_DRAFTS == "drawn"
+
+
 def check_draft_vocab(drafter: Eagle3Drafter, vocab: int, sampled: bool = False) -> None:
     """Every draft id's target id (id + d2t[id]) inside the target's vocabulary: one past it
     was an IndexError in the verify's embedding (on a GPU a device-side assert). sampled: a

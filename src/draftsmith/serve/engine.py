@@ -168,9 +168,9 @@ class ServeEngine:
     def _sampled_refusal(self) -> str | None:
         """Why this drafter cannot decode sampled requests (`check_draft_vocab`: a d2t sending
         two draft ids to one target token, under trees or drawn drafts), or None."""
-        from draftsmith.engine.speculative import SAMPLED_DRAFTS, check_draft_vocab
+        from draftsmith.engine.speculative import check_draft_vocab, reads_drafts
 
-        if self.cfg.topk == 1 and SAMPLED_DRAFTS != "drawn":
+        if not reads_drafts(self.cfg.topk):
             return None
         try:
             check_draft_vocab(self._drt.drafter, self.vocab_size, sampled=True)
