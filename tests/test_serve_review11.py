@@ -121,7 +121,7 @@ def test_a_chain_server_refuses_sampling_only_under_drawn_drafts(tiny_dir: Path,
             "seed": 1})
         if drafts == "topk":
             assert r.status_code == 200, r.text
-            assert eng.greedy_only is None and logs == []
+            assert eng.greedy_only is None and not any("refused" in x for x in logs), logs
         else:
             assert r.status_code == 400 and SAID in r.json()["error"]["message"]
 
@@ -147,3 +147,20 @@ def test_the_frontends_pass_the_400_on(tree) -> None:
         remote.stop()
         link.close()
         sched.stop()
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_a_server_over_shared_target_ids_says_so_once_in_its_own_log(
+        tiny_dir: Path, shared_dir: Path, topk: int) -> None:
+    """serve printed the load's Python warning and then its own 'refused (400)' line naming the
+    same pair: the pair twice at start. Now its log says it once, a chain server (which samples
+    with it) as the load's warning, a tree server as its refusal."""
+    cfg = EngineConfig(max_batch=2, max_prompt_tokens=64, max_tokens=16, steps=2, topk=topk,
+                       num_draft_tokens=4 if topk > 1 else None)
+    logs: list[str] = []
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        load_engine(str(tiny_dir), shared_dir, "cpu", torch.float32, cfg, log=logs.append)
+    said = [x for x in logs + [str(w.message) for w in got] if SAID in x]
+    assert len(said) == 1 and said[0] in logs, said
+    assert ("refused (400)" in said[0]) == (topk > 1)

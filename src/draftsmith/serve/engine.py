@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -445,15 +446,20 @@ def load_engine(target: str, drafter: str | Path | None, device: str, dtype: tor
     t = load_target(target)
     check_limits(cfg, t.cfg.max_position_embeddings, t.cfg.sliding_window)
     model = t.build(dtype, device)
-    d = None
+    d, said = None, []
     if drafter is not None:
         from draftsmith.models.eagle3 import load_drafter
 
-        d = load_drafter(drafter, device, dtype, embed=model.embed.weight)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            d = load_drafter(drafter, device, dtype, embed=model.embed.weight)
         fp = d.cfg.target_fingerprint
         if fp and fp != t.fingerprint:
             log(f"warning: {drafter} was trained for target {fp}, this target is {t.fingerprint}")
     eng = ServeEngine(t, model, d, cfg)
+    for w in said:  # the refusal below names a shared d2t pair itself
+        if eng.greedy_only is None or "d2t" not in str(w.message):
+            log(f"warning: {w.message}")
     if eng.greedy_only is not None:
         log(f"warning: sampled requests will be refused (400), greedy ones served: "
             f"{eng.greedy_only}")
