@@ -156,3 +156,22 @@ def test_a_drafter_of_another_target_names_the_target_to_pass(setup):  # noqa: F
         train(config(root, "other_next", max_steps=1, init_from=str(root / "other_base"),
                      draft_vocab_size=None))
     assert "pass --target /models/the-other-target" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_rank_0_says_the_online_skips(target, tmp_path, rank):
+    """Under torchrun every rank opened the prompts and warned: N copies of each skip line."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from draftsmith.train.dist import DistCtx
+    from draftsmith.train.loop import Trainer
+
+    path = write_convs(tmp_path / "p.jsonl", answered=1, bare=2)
+    cfg = SimpleNamespace(data=None, prompts=path, aux_layer_ids=None, max_samples=None,
+                          max_len=None)
+    me = SimpleNamespace(cfg=cfg, target=target, ctx=DistCtx(rank, 2, torch.device("cpu")))
+    data, lines = said(lambda: Trainer._open_data(me, None))
+    assert len(data.lengths) == 1
+    assert len([x for x in lines if "no assistant answer" in x]) == (rank == 0), lines

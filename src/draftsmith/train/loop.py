@@ -455,12 +455,16 @@ class Trainer:
 
     def _open_data(self, dataset: Dataset | None) -> Data:
         c = self.cfg
-        if c.data:
+        with warnings.catch_warnings():
+            if not self.ctx.main:  # every rank opens the data; one says what it skipped
+                warnings.simplefilter("ignore")
+            if not c.data:
+                return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples,
+                                   c.max_len)
             data = open_offline(c.data, self.target, c.max_samples, dataset)
-            if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
-                raise aux_clash(c, data.aux_layer_ids)
-            return data
-        return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples, c.max_len)
+        if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
+            raise aux_clash(c, data.aux_layer_ids)
+        return data
 
     def _check_resume(self, found: Path | None) -> tuple[dict[str, Any], Any] | None:
         """The checkpoint's (trainer state, RNG state), its options (--prompts, --data, ...) and
