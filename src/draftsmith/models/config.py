@@ -147,7 +147,9 @@ class ModelConfig:
         scaling = self.rope_scaling
         if not scaling:
             return base.tolist()
-        kind = scaling.get("rope_type", scaling.get("type"))
+        kind = scaling.get("rope_type", scaling.get("type", "default"))  # HF's reading
+        if kind == "default":
+            return base.tolist()
         if kind not in ("linear", "llama3"):
             raise DraftsmithError(
                 f"unsupported rope scaling {kind!r}: supported default, linear, llama3"

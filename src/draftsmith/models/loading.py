@@ -84,6 +84,19 @@ def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]
             out[pre + dst + ".bias"] = partial(torch.cat, [w[s + ".bias"] for s in srcs])
 
 
+def hf_names(key: str) -> list[str]:
+    """The checkpoint (HF) names one of our parameters is formed from, for messages."""
+    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    m = re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", key)
+    if not m:
+        return [top.get(key, key)]
+    pre, module, kind = f"model.layers.{m.group(1)}.", m.group(2), m.group(3)
+    if module in _FUSED:
+        return [f"{pre}{src}.{kind}" for src in _FUSED[module]]
+    ours = {dst: src for src, dst in _RENAME.items()}
+    return [pre + ours.get(f"{module}.{kind}", f"{module}.{kind}")]
+
+
 def full_tensor(t: Full) -> torch.Tensor:
     """A `fuse_hf_names` entry as a tensor (a fused one concatenated now)."""
     return t if isinstance(t, torch.Tensor) else t()
@@ -99,7 +112,9 @@ def shard_state(model: nn.Module, full: dict[str, Full],
         for pname, param in mod.named_parameters(recurse=False):
             key = f"{mname}.{pname}" if mname else pname
             if full.get(key) is None:
-                raise DraftsmithError(f"weights lack {key!r}")
+                raise DraftsmithError(
+                    f"the checkpoint lacks {', '.join(hf_names(key))}, which its config.json "
+                    "asks for: the weights and config.json belong to different models")
             whole = full_tensor(full[key])
             mine = _shard_one(mod, pname, whole, key)
             if mine.shape != param.shape:  # config.json and weights disagree
