@@ -152,17 +152,52 @@ def check_folder(folder, flag: str = "") -> None:
 
 
 SECRETS = ("--api-key",)  # flags whose values a record never keeps
+URLS = ("--base-url",)  # flags whose URL a record keeps without its credentials (`redacted_url`)
+# query fields that carry a credential (`?api_key=`, `?token=`, a signed URL's `sig`)
+SECRET_FIELDS = ("key", "token", "secret", "password", "passwd", "auth", "sig", "signature",
+                 "credential")
+
+
+def redacted_url(url: str) -> str:
+    """`url` as records and messages show it: a password in it (or a user name standing alone,
+    a token) and the values of query fields named like credentials written as ***."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL: the client refuses it, and it is shown as given
+        return url
+    user, at, host = parts.netloc.rpartition("@")
+    if at:
+        name, colon, _ = user.partition(":")
+        host = f"{name}:***@{host}" if colon else f"***@{host}"
+    fields = parse_qsl(parts.query, keep_blank_values=True)
+    if any(_secret(k) for k, _ in fields):
+        query = urlencode([(k, "***" if _secret(k) else v) for k, v in fields], safe="*")
+    else:
+        query = parts.query
+    return urlunsplit(parts._replace(netloc=host, query=query))
+
+
+def _secret(field: str) -> bool:
+    low = field.lower()
+    return any(w in low for w in SECRET_FIELDS)
 
 
 def command_line(prog: str = "draftsmith") -> str:
     """This process's command as a user would type it again (`python -m draftsmith` and the
     `draftsmith` script alike), for the records runs keep: a secret's value (`SECRETS`) written
-    as *** (the records are shared with the data; OPENAI_API_KEY passes the key unrecorded)."""
+    as *** (the records are shared with the data; OPENAI_API_KEY passes the key unrecorded),
+    a server's URL (`URLS`) without its credentials (`redacted_url`)."""
     args = list(sys.argv[1:])
     for i, a in enumerate(args):
-        flag, eq, _ = a.partition("=")
+        flag, eq, value = a.partition("=")
         if flag in SECRETS and eq:
             args[i] = f"{flag}=***"
         elif a in SECRETS and i + 1 < len(args):
             args[i + 1] = "***"
+        elif flag in URLS and eq:
+            args[i] = f"{flag}={redacted_url(value)}"
+        elif a in URLS and i + 1 < len(args):
+            args[i + 1] = redacted_url(args[i + 1])
     return shlex.join([*prog.split(), *args])

@@ -70,6 +70,7 @@ def make_dataset(
     from draftsmith.data.regenerate import (
         EngineBackend,
         RegenConfig,
+        check_base_url,
         check_server_options,
         failed_words,
         regenerate,
@@ -87,8 +88,9 @@ def make_dataset(
     check_folder(out)
     check_not_a_model(out)
     check_compile(compile, device)
-    if server is not None:
+    if server is not None:  # before the target loads
         check_server_options(server.concurrency, server.retries)
+        check_base_url(server.base_url)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
     # every setting is checked before the first stage starts
@@ -183,11 +185,12 @@ def _check_model(client: Any, base_url: str, model: str, log: Callable[[str], No
     """The server reached and the key taken before any stage; --model checked against the
     models it lists (a warning only: a server may take aliases it does not list)."""
     from draftsmith.data.regenerate import list_models
+    from draftsmith.options import redacted_url
 
     names = list_models(client, base_url, needed=False)
     if names and model not in names:
-        log(f"warning: {base_url} lists {names}, not --model {model!r}: its answers fail "
-            "unless it serves that name too")
+        log(f"warning: {redacted_url(base_url)} lists {names}, not --model {model!r}: its "
+            "answers fail unless it serves that name too")
 
 
 def _same_backend(answers: Path, server: Server | None) -> None:

@@ -41,7 +41,7 @@ from draftsmith.data.prompts import (
     write_cut,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import at_least_one
+from draftsmith.options import at_least_one, redacted_url
 
 Messages = list[dict[str, str]]
 # With refill the engine takes this many batches' prompts at once (the records of a chunk are
@@ -142,6 +142,8 @@ class Answer:
     ids: list[int] | None = None  # the ids the target decoded (stop id excluded), where known
     unreached: bool = False  # no server answered it: connection errors or timeouts, each retry
     lasting: bool = False  # a refusal a rerun gets again (an HTTP 4xx, a reply with no text)
+    timed_out: bool = False  # the last try connected but had no answer within the timeout
+    foreign_ids: bool = False  # the server's ids do not decode to its text: recorded as text
 
 
 class EngineBackend:
@@ -193,6 +195,50 @@ def decode_rows(prompts: int, batch_size: int, device: torch.device) -> int:
     return batch_size if torch.device(device).type == "cuda" else max(1, min(prompts, batch_size))
 
 
+MOST_WAIT = 60.0  # seconds: the longest Retry-After a request waits out
+
+
+def retry_after(e: BaseException) -> float:
+    """The seconds a 429 or 503 asks to wait (`Retry-After`, or `retry-after-ms` as OpenAI's
+    own client reads it), at most `MOST_WAIT`; 0 where it names none: a rate-limited endpoint
+    refused each retry of a backoff shorter than its window, and the answer failed."""
+    headers = getattr(getattr(e, "response", None), "headers", None) or {}
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            wait = float(headers.get(name, "")) * scale
+        except (TypeError, ValueError):  # absent, or an HTTP date: the backoff's own wait
+            continue
+        if wait >= 0:  # NaN and negatives: none
+            return min(wait, MOST_WAIT)
+    return 0.0
+
+
+def slow(e: BaseException) -> bool:
+    """A timeout of a request the server took (no answer in time), not of the connection to it
+    (a ConnectTimeout of httpx or httpx2, by name as the client may use either: no server
+    reached, as a refused connection)."""
+    import openai
+
+    return (isinstance(e, openai.APITimeoutError)
+            and type(e.__cause__).__name__ != "ConnectTimeout")
+
+
+def check_base_url(url: str) -> None:
+    """--base-url an http(s) URL with a host: one without its scheme (`host:8000/v1`) failed
+    every request as if no server were there, and one the client cannot parse (a bracket left
+    open) was a traceback."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - read for its ValueError on a bad port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DraftsmithError(f"--base-url {redacted_url(url)!r} is not an http:// or https:// "
+                              "URL with a host: give it as http://HOST:PORT/v1")
+
+
 def check_server_options(concurrency: int, retries: int) -> None:
     if concurrency < 1:
         raise DraftsmithError(f"--concurrency must be >= 1, got {concurrency}")
@@ -202,7 +248,8 @@ def check_server_options(concurrency: int, retries: int) -> None:
 
 class OpenAIBackend:
     """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
-    requests at a time, retrying connection errors, timeouts, 429 and 5xx with backoff; a
+    requests at a time, retrying connection errors, timeouts, 429 and 5xx (waiting at least
+    their Retry-After, `retry_after`) and replies that are not JSON with backoff; a
     401, 403 or 404 (`FATAL_STATUS`) stops the run, and so does a chunk none of whose
     requests reached the server while later chunks remain (`regenerate`, `gone`)."""
 
@@ -214,14 +261,18 @@ class OpenAIBackend:
         import openai
 
         check_server_options(concurrency, retries)
+        check_base_url(base_url)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
                                     max_retries=0, timeout=timeout)
-        self.base_url, self.model_name, self.cfg = base_url, model, cfg
+        # as records and messages show it: credentials in the URL stay with the client alone
+        self.base_url, self.model_name, self.cfg = redacted_url(base_url), model, cfg
+        self.timeout, self.concurrency = timeout, concurrency
         self.retries, self.backoff, self.tokenizer = retries, backoff, tokenizer
         self.closed = threading.Event()
         self.pool = Requests(concurrency)
         self.ask_ids = True  # vLLM's return_token_ids, until the server refuses the field
         self.ids_lock = threading.Lock()
+        self.told_foreign = False  # the warning on ids of another vocabulary, said once
         self.reached = False  # whether the server has answered any request of this run
 
     def answer(self, batch: list[Messages]) -> list[Answer]:
@@ -235,8 +286,10 @@ class OpenAIBackend:
     def one(self, messages: Messages) -> Answer:
         import openai
 
+        # a reply cut short or garbled (a proxy, a server crashing mid-write): its JSON unread,
+        # which escaped the worker as a traceback that ended the run and its chunk's answers
         retry = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-                 openai.InternalServerError)
+                 openai.InternalServerError, json.JSONDecodeError)
         for attempt in range(self.retries + 1):
             if self.closed.is_set():  # a ctrl-C: no request, nor retry, after it
                 return Answer("", 0, "error: stopped")
@@ -244,9 +297,12 @@ class OpenAIBackend:
                 r = self.create(messages)
             except retry as e:
                 if attempt == self.retries:
-                    return Answer("", 0, f"error: {type(e).__name__}: {e}",
-                                  unreached=isinstance(e, openai.APIConnectionError))
-                self.closed.wait(self.backoff * 2**attempt)
+                    what = ("the server's reply is not valid JSON" if
+                            isinstance(e, json.JSONDecodeError) else type(e).__name__)
+                    return Answer("", 0, f"error: {what}: {e}",
+                                  unreached=isinstance(e, openai.APIConnectionError),
+                                  timed_out=slow(e))
+                self.closed.wait(max(self.backoff * 2**attempt, retry_after(e)))
             except openai.APIStatusError as e:
                 self.reached = True
                 if e.status_code in FATAL_STATUS:
@@ -257,8 +313,21 @@ class OpenAIBackend:
                               lasting=e.status_code < 500 and e.status_code not in (408, 409))
             else:
                 self.reached = True
-                return reply(r, self.model_name, self.tokenizer)
+                answer = reply(r, self.model_name, self.tokenizer)
+                if answer.foreign_ids:
+                    self._say_foreign_ids()
+                return answer
         raise AssertionError("unreachable")
+
+    def _say_foreign_ids(self) -> None:
+        with self.ids_lock:
+            if not self.told_foreign:
+                self.told_foreign = True
+                print(f"regenerate: warning: {self.base_url}'s token ids for an answer do not "
+                      "decode to its text with this run's target tokenizer (--target): such "
+                      "answers are recorded as text; if --model "
+                      f"{self.model_name!r} is not that target, its answers are another "
+                      "model's", file=sys.stderr)
 
     def create(self, messages: Messages) -> Any:
         """One chat completion, asking for the answer's ids (`IDS_FIELD`) until a server
@@ -408,21 +477,36 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
         what = " but a tool call" if calls else ""
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
                              f"{finish}): not kept as an answer", lasting=True)
-    return Answer(message.content.strip(), used if isinstance(used, int) else None, finish,
-                  served_ids(getattr(choices[0], "token_ids", None), finish, tok))
+    text, sent = message.content.strip(), getattr(choices[0], "token_ids", None)
+    ids = served_ids(sent, finish, tok, text)
+    return Answer(text, used if isinstance(used, int) else None, finish, ids,
+                  foreign_ids=ids is None and tok is not None and served_ids(sent, finish, tok)
+                  is not None)
 
 
-def served_ids(ids: Any, finish: str, tok: Any) -> list[int] | None:
+def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list[int] | None:
     """The ids a server decoded for an answer (vLLM's `return_token_ids`), as the engine records
     them: without the special token that stopped it (vLLM's end with it, the engine's do not).
-    None for a server that sends none, or no tokenizer to read them with; capture checks that
-    they decode to the answer's text."""
+    None for a server that sends none, no tokenizer to read them with, or (`text` given) ids
+    that do not decode to the answer's text with it: another model's vocabulary (the default
+    tokenizer, a --model other than the target), whose stop token `_special` cannot tell and
+    capture, skipping special tokens as it decodes, would have trained as the answer's."""
     if tok is None or not isinstance(ids, list) or not all(type(t) is int and t >= 0
                                                            for t in ids):
         return None
     if finish == "stop" and ids and _special(tok, ids[-1]):
         ids = ids[:-1]
+    if text is not None and _decoded(tok, ids) != text.strip():
+        return None
     return ids
+
+
+def _decoded(tok: Any, ids: list[int]) -> str | None:
+    """`ids` as capture decodes a recorded answer's; None past the tokenizer's vocabulary."""
+    try:
+        return tok.decode(ids, skip_special_tokens=True).strip()
+    except Exception:  # noqa: BLE001 - a tokenizer's own error for ids it does not hold
+        return None
 
 
 def _special(tok: Any, i: int) -> bool:
@@ -506,7 +590,8 @@ def regenerate(
     stats = {"done_before": len(convs) - len(todo), "answered": 0,
              "redone": len(records) - cut if cut is not None else 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
-             "refused_by_server": 0, "answer_tokens": 0, "answers_at_max_new": 0}
+             "refused_by_server": 0, "timed_out": 0, "answer_tokens": 0,
+             "answers_at_max_new": 0}
     count = _counter(tokenizer)
     if todo:
         say(f"regenerate: {len(todo)} conversations to answer, {sampling_words(cfg)}, at most "
@@ -525,11 +610,12 @@ def regenerate(
         there = stats["done_before"] + stats["answered"] + (0 if cut is None else stats["redone"])
         kept = f"the {there} conversations answered before"
         try:
-            recs, unreached = _answer_chunk(chunk, backend, tokenizer, cfg, count, info, stats)
+            recs, unreached, slowed = _answer_chunk(chunk, backend, tokenizer, cfg, count, info,
+                                                    stats)
             # the server is gone: each later chunk would fail alike (counted only then: a scan
             # of the rest every chunk was quadratic in the prompts)
             if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
-                raise DraftsmithError(gone(backend, unreached, left))
+                raise DraftsmithError(gone(backend, unreached, left, slowed))
         except DraftsmithError as e:
             raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
                                   ) from None
@@ -565,7 +651,10 @@ def failed_words(stats: dict[str, int], out: Path, base_url: str | None, after: 
     again (`data regenerate`'s exit, `data make`'s stop before capture)."""
     kept = stats["done_before"] + stats["answered"]
     asked = stats["failed"] + stats["answered"]
-    where = f" (is the server at {base_url} up?)" if base_url else ""
+    where = f" (is the server at {redacted_url(base_url)} up?)" if base_url else ""
+    if base_url and stats.get("timed_out"):  # it answered others: up, but slow under the load
+        where = (f" ({stats['timed_out']} timed out: the server at {redacted_url(base_url)} "
+                 "is slow under this load; lower --concurrency)")
     return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
             f"see the warnings above; {out} keeps the {kept} answered{after}: rerun the same "
             "command to ask the failed ones again")
@@ -574,6 +663,7 @@ def failed_words(stats: dict[str, int], out: Path, base_url: str | None, after: 
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
 WORDS = {"truncated": "prompts truncated", "redone": "answered again in their grown chunk",
          "refused_by_server": "of them refused (a rerun gets the same)",
+         "timed_out": "of them timed out",
          "answers_at_max_new":
          "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
 
@@ -736,8 +826,9 @@ def text_tokens(tok: Any, text: str) -> int:
 
 
 def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
-                  stats) -> tuple[list[dict], int]:
-    """The chunk's records, and its requests' count where none reached the server (else 0)."""
+                  stats) -> tuple[list[dict], int, int]:
+    """The chunk's records, its requests' count where none reached the server (else 0), and
+    how many of those timed out with the server connected (`slow`)."""
     live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
     for conv in chunk:
         try:
@@ -751,7 +842,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
         stats["truncated"] += fitted is not conv
         live.append((conv, lead(fitted.messages), fitted.user_turns(), []))
     failed: set[str] = set()
-    asked = unreached = 0
+    asked = unreached = timed_out = 0
     for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
         active = []
         for conv, msgs, users, answers in live:
@@ -764,11 +855,13 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
             active.append((conv, msgs, ask, answers))
         got = backend.answer([a[2] for a in active]) if active else []
         asked, unreached = asked + len(got), unreached + sum(a.unreached for a in got)
+        timed_out += sum(a.timed_out for a in got)
         for (conv, msgs, ask, answers), ans in zip(active, got, strict=True):
             if ans.finish.startswith("error"):
                 failed.add(conv.id)
                 stats["failed"] += 1
                 stats["refused_by_server"] += ans.lasting
+                stats["timed_out"] += ans.timed_out
                 print(f"draftsmith: warning: prompt {conv.id}: {ans.finish}", file=sys.stderr)
                 continue
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
@@ -784,13 +877,20 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
         meta = {"prompt_id": conv.id, "answers": answers}
         recs.append(Conversation(msgs, meta=meta).to_json())
         stats["answered"] += 1
-    return recs, asked if unreached == asked else 0
+    return recs, (asked if unreached == asked else 0), timed_out
 
 
-def gone(backend: Any, asked: int, left: int) -> str:
+def gone(backend: Any, asked: int, left: int, timed_out: int = 0) -> str:
     """Why a run stops at a chunk none of whose `asked` requests reached the server (connection
     errors and timeouts after every retry), `left` conversations unasked: asking each later
-    chunk, with retries and backoff each time, took many minutes to fail alike."""
+    chunk, with retries and backoff each time, took many minutes to fail alike. Where they all
+    timed out with the server connected (`slow`), it is up but slower than the timeout."""
+    if timed_out == asked:
+        return (f"regenerate: the server at {backend.base_url} takes requests but answered none "
+                f"in time: each of the {asked} requests of a chunk timed out after "
+                f"{backend.timeout:g} s, --retries {backend.retries}; {left} conversations left "
+                f"unasked: lower --concurrency (now {backend.concurrency}) or --max-new-tokens, "
+                "or give the server more capacity")
     why = (f"none of the {asked} requests of a chunk reached it, each a connection error or "
            f"timeout after --retries {backend.retries}; {left} conversations left unasked")
     if backend.reached:
@@ -839,6 +939,7 @@ def regenerate_file(
     """`regenerate` with the backend built from names: a server when base_url, else the engine."""
     if base_url:
         check_server_options(concurrency, retries)
+        check_base_url(base_url)  # before the tokenizer loads
         if target == "default":  # the served model is another one, most likely
             (log or (lambda m: print(m, file=sys.stderr)))(
                 "regenerate: warning: prompts are measured and cut to --max-len with the default "
@@ -868,18 +969,30 @@ def regenerate_file(
 def server_model(client: Any, base_url: str) -> str:
     names = list_models(client, base_url, needed=True) or []
     if len(names) != 1:
-        raise DraftsmithError(f"{base_url} serves {names}: pass --model NAME")
+        raise DraftsmithError(f"{redacted_url(base_url)} serves {names}: pass --model NAME")
     return names[0]
 
 
+LIST_TIMEOUT = 30.0  # seconds for the model listing: a quick route, unlike an answer
+
+
 def list_models(client: Any, base_url: str, needed: bool) -> list[str] | None:
-    """The models the server lists; None where it lists none (no /models route) and they are
-    not `needed` (its answers tell). No server reached, or a key refused, is one line."""
+    """The models the server lists, asked within `LIST_TIMEOUT` (or the client's own timeout
+    where shorter; an answer's 600 s held a run before its first stage); None where it lists
+    none (no /models route) and they are not `needed` (its answers tell). No server reached,
+    none answering in time, or a key refused, is one line."""
     import openai
 
+    base_url = redacted_url(base_url)
+    limit = client.timeout if isinstance(client.timeout, (int, float)) else LIST_TIMEOUT
+    limit = min(limit, LIST_TIMEOUT)
     try:
-        return [m.id for m in client.models.list()]
-    except openai.APIConnectionError as e:  # timeouts too: no server, --model would not help
+        return [m.id for m in client.with_options(timeout=limit).models.list()]
+    except openai.APITimeoutError as e:
+        raise DraftsmithError(f"{base_url}: no server answered ({e}) its model listing within "
+                              f"{limit:g} s: is it running and ready (still loading?), and is "
+                              "the URL right (with its /v1)?") from None
+    except openai.APIConnectionError as e:  # no server: --model would not help
         raise DraftsmithError(f"{base_url}: no server answered ({e}): is it running, and is the "
                               "URL right (with its /v1)?") from None
     except openai.OpenAIError as e:
