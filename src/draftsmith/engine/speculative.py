@@ -401,13 +401,15 @@ class SpecDecoder:
             raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
         check_positions(prompts, max_new, self.rt.model.cfg.max_position_embeddings)
         need = max(len(p) for p in prompts) + max_new
+        # the window first: past it no longer max_seq would do
+        check_window(need, self.rt.model.cfg.sliding_window)
         if need > self.capacity():
             raise DraftsmithError(
                 f"prompt + max_new_tokens = {need} exceeds this decoder's capacity "
                 f"{self.capacity()} (runtime max_seq {self.rt.max_seq}, steps {self.steps}, "
-                f"{self.n_verify} verify tokens)"
+                f"{self.n_verify} verify tokens); shorten the prompt or max_new_tokens, or "
+                f"decode with a max_seq of at least {need + self.margin()}"
             )
-        check_window(need, self.rt.model.cfg.sliding_window)
 
     def _state(self, b: int) -> SpecState:
         if b in self.states:
