@@ -68,7 +68,8 @@ def test_a_chunk_that_timed_out_says_so_not_no_server(target, tmp_path: Path) ->
     msg = str(e.value)
     assert msg.startswith(f"regenerate: the server at {url} takes requests but answered none "
                           "in time: each of the 2 requests of a chunk timed out after 0.2 s"), msg
-    assert "lower --concurrency (now 2)" in msg and "no server answered" not in msg
+    assert "raise --timeout (now 0.2 s), lower --concurrency (now 2)" in msg
+    assert "no server answered" not in msg
 
 
 def test_a_dead_server_is_still_no_server() -> None:
@@ -85,8 +86,8 @@ def test_failed_words_name_timeouts_and_concurrency(target, tmp_path: Path) -> N
         stats = run(convs, tmp_path / "a.jsonl", backend, target.tokenizer)
     assert stats["failed"] == 2 and stats["timed_out"] == 2 and stats["answered"] == 2
     words = failed_words(stats, tmp_path / "a.jsonl", url)
-    assert f"(2 timed out: the server at {url} is slow under this load; lower --concurrency)" \
-        in words, words
+    assert (f"(2 timed out: the server at {url} is slow under this load; lower --concurrency "
+            "or raise --timeout)") in words, words
 
 
 def test_a_model_listing_that_hangs_is_told_in_short(monkeypatch, tiny_llama_dir) -> None:

@@ -66,12 +66,17 @@ def typed(ctx: typer.Context, name: str, value: Any) -> Any:
 
 
 def no_server_flags(ctx: typer.Context, command: Callable[..., Any], model: str | None,
-                    concurrency: int, retries: int, api_key: str | None) -> None:
+                    concurrency: int, retries: int, api_key: str | None,
+                    timeout: float) -> None:
     """Refuse the server's flags given without --base-url (regenerate's and make's); a key
     OPENAI_API_KEY set is no mistake."""
     unused(given(command, model=model, concurrency=concurrency, retries=retries,
-                 api_key=typed(ctx, "api_key", api_key)), "to a server",
+                 timeout=timeout, api_key=typed(ctx, "api_key", api_key)), "to a server",
            "give {it} with --base-url")
+
+
+TIMEOUT_OPTION = typer.Option(600.0, "--timeout", help="Seconds a server's answer may take "
+                              "before it is retried (server backend)")
 
 
 def not_an_input(out: Path, sources: list[str]) -> None:
@@ -186,6 +191,7 @@ def regenerate(
     model: str = typer.Option(None, "--model", help="Model name on the server"),
     concurrency: int = typer.Option(16, help="Requests in flight (server backend)"),
     retries: int = typer.Option(5, help="Retries per request with exponential backoff"),
+    timeout: float = TIMEOUT_OPTION,
     api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                 help="The server's key (server backend)"),
     target: str = TARGET,
@@ -220,9 +226,9 @@ def regenerate(
         unused(given(regenerate, device=device, dtype=dtype, batch_size=batch_size,
                      compile=compile, refill=refill), "to the built-in engine",
                "leave {it} out with --base-url")
-        check_server_options(concurrency, retries)
+        check_server_options(concurrency, retries, timeout)
     else:
-        no_server_flags(ctx, regenerate, model, concurrency, retries, api_key)
+        no_server_flags(ctx, regenerate, model, concurrency, retries, api_key, timeout)
     check_sampling(temperature, top_p, top_k)
     if temperature == 0:  # greedy: they would be recorded as the answers' sampling
         unused(given(regenerate, top_p=top_p, top_k=top_k, seed=seed),
@@ -238,7 +244,7 @@ def regenerate(
     check_compile(compile, dev)  # before the prompts are read and counted
     convs = read_sources([source], strict, limit)
     stats = regenerate_file(convs, out, cfg, target, dev, dt, base_url, model, concurrency,
-                            retries, api_key, log=say, compile=compile)
+                            retries, api_key, log=say, compile=compile, timeout=timeout)
     if retryable(stats):  # exit 0 here let a script capture an answers file with holes
         raise DraftsmithError(failed_words(stats, out, base_url))
 
@@ -473,6 +479,8 @@ def make(
     concurrency: int = typer.Option(16, help="Requests in flight (--base-url)"),
     retries: int = typer.Option(5, help="Retries per request with exponential backoff "
                                 "(--base-url)"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a server's answer may "
+                                  "take before it is retried (--base-url)"),
     api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                 help="The server's key (--base-url)"),
 ) -> None:
@@ -487,9 +495,9 @@ def make(
 
     server = None
     if base_url:
-        server = Server(base_url, model, concurrency, retries, api_key)
+        server = Server(base_url, model, concurrency, retries, api_key, timeout)
     else:
-        no_server_flags(ctx, make, model, concurrency, retries, api_key)
+        no_server_flags(ctx, make, model, concurrency, retries, api_key, timeout)
     dev, dt = device_dtype(device, dtype)
     make_dataset(out, n, target, dev, dt, batch_size, max_len, max_new_tokens,
                  parse_ids(aux_layers), vocab_size, seed, prompt_tokens, command_line(), say,

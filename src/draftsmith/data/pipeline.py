@@ -43,6 +43,7 @@ class Server:
     concurrency: int = 16
     retries: int = 5
     api_key: str | None = None
+    timeout: float = 600.0  # seconds an answer may take (`regenerate.TIMEOUT`)
 
 
 def make_dataset(
@@ -89,7 +90,7 @@ def make_dataset(
     check_not_a_model(out)
     check_compile(compile, device)
     if server is not None:  # before the target loads
-        check_server_options(server.concurrency, server.retries)
+        check_server_options(server.concurrency, server.retries, server.timeout)
         check_base_url(server.base_url)
     t = target if hasattr(target, "build") else load_target(target)
     ids = aux_ids(aux_layers, t.cfg.num_layers)
@@ -169,7 +170,8 @@ def _server_client(t: Any, regen: RegenConfig, server: Server,
 
     asked = dataclasses.replace(regen, batch_size=server.concurrency)
     client = OpenAIBackend(server.base_url, server.model or "", asked, server.concurrency,
-                           server.retries, api_key=server.api_key, tokenizer=t.tokenizer)
+                           server.retries, api_key=server.api_key, timeout=server.timeout,
+                           tokenizer=t.tokenizer)
     try:
         if not server.model:
             client.model_name = server_model(client.client, server.base_url)

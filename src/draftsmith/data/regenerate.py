@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import queue
 import sys
 import threading
@@ -239,11 +240,16 @@ def check_base_url(url: str) -> None:
                               "URL with a host: give it as http://HOST:PORT/v1")
 
 
-def check_server_options(concurrency: int, retries: int) -> None:
+TIMEOUT = 600.0  # seconds an answer may take (`--timeout`; the openai client's own default)
+
+
+def check_server_options(concurrency: int, retries: int, timeout: float = TIMEOUT) -> None:
     if concurrency < 1:
         raise DraftsmithError(f"--concurrency must be >= 1, got {concurrency}")
     if retries < 0:
         raise DraftsmithError(f"--retries must be >= 0, got {retries}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise DraftsmithError(f"--timeout must be a number of seconds > 0, got {timeout:g}")
 
 
 class OpenAIBackend:
@@ -257,10 +263,10 @@ class OpenAIBackend:
 
     def __init__(self, base_url: str, model: str, cfg: RegenConfig, concurrency: int = 8,
                  retries: int = 5, backoff: float = 1.0, api_key: str | None = None,
-                 timeout: float = 600.0, tokenizer: Any = None) -> None:
+                 timeout: float = TIMEOUT, tokenizer: Any = None) -> None:
         import openai
 
-        check_server_options(concurrency, retries)
+        check_server_options(concurrency, retries, timeout)
         check_base_url(base_url)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
                                     max_retries=0, timeout=timeout)
@@ -654,7 +660,7 @@ def failed_words(stats: dict[str, int], out: Path, base_url: str | None, after: 
     where = f" (is the server at {redacted_url(base_url)} up?)" if base_url else ""
     if base_url and stats.get("timed_out"):  # it answered others: up, but slow under the load
         where = (f" ({stats['timed_out']} timed out: the server at {redacted_url(base_url)} "
-                 "is slow under this load; lower --concurrency)")
+                 "is slow under this load; lower --concurrency or raise --timeout)")
     return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
             f"see the warnings above; {out} keeps the {kept} answered{after}: rerun the same "
             "command to ask the failed ones again")
@@ -889,8 +895,8 @@ def gone(backend: Any, asked: int, left: int, timed_out: int = 0) -> str:
         return (f"regenerate: the server at {backend.base_url} takes requests but answered none "
                 f"in time: each of the {asked} requests of a chunk timed out after "
                 f"{backend.timeout:g} s, --retries {backend.retries}; {left} conversations left "
-                f"unasked: lower --concurrency (now {backend.concurrency}) or --max-new-tokens, "
-                "or give the server more capacity")
+                f"unasked: raise --timeout (now {backend.timeout:g} s), lower --concurrency (now "
+                f"{backend.concurrency}) or --max-new-tokens, or give the server more capacity")
     why = (f"none of the {asked} requests of a chunk reached it, each a connection error or "
            f"timeout after --retries {backend.retries}; {left} conversations left unasked")
     if backend.reached:
@@ -935,10 +941,11 @@ def regenerate_file(
     api_key: str | None = None,
     log: Callable[[str], None] | None = None,
     compile: bool = False,
+    timeout: float = TIMEOUT,
 ) -> dict[str, int]:
     """`regenerate` with the backend built from names: a server when base_url, else the engine."""
     if base_url:
-        check_server_options(concurrency, retries)
+        check_server_options(concurrency, retries, timeout)
         check_base_url(base_url)  # before the tokenizer loads
         if target == "default":  # the served model is another one, most likely
             (log or (lambda m: print(m, file=sys.stderr)))(
@@ -947,7 +954,7 @@ def regenerate_file(
                 "GGUF for its own")
         tok = load_tokenizer(target)
         backend: Any = OpenAIBackend(base_url, model or "", cfg, concurrency, retries,
-                                     api_key=api_key, tokenizer=tok)
+                                     api_key=api_key, timeout=timeout, tokenizer=tok)
     else:
         from draftsmith.options import check_compile
         from draftsmith.targets import load_target
