@@ -87,5 +87,5 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
+def write_json(path: Path, obj: Any, kept: str = "the file there before is unchanged") -> None:
+    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode(), kept)

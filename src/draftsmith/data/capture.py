@@ -30,6 +30,7 @@ from draftsmith.data.shards import (
     read_manifest,
     same_setting,
     totals,
+    whole_file,
     write_json,
 )
 from draftsmith.errors import DraftsmithError
@@ -102,8 +103,8 @@ def encode_sample(
         if cfg.too_long == "skip":
             raise _Skip("too_long")
         ids, mask = ids[: cfg.max_len], mask[: cfg.max_len]
-    if not any(mask):
-        raise _Skip("no_assistant_tokens")
+    if not any(mask):  # cut before its first answer: --max-len's doing, not the input's
+        raise _Skip("answer_past_max_len" if cut else "no_assistant_tokens")
     return ids, mask, cut
 
 
@@ -355,6 +356,12 @@ def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard, say)
         bar.close()
         say(f"capture: stopped (ctrl-C): {_kept_shards(writer)}")
         raise
+    except torch.OutOfMemoryError:  # batch_size is no part of the identity: a rerun resumes
+        bar.close()
+        raise DraftsmithError(
+            f"capture: out of memory forwarding {cfg.batch_size} conversation(s) of up to "
+            f"{cfg.max_len} tokens at once: {_kept_shards(writer)}, and may pass a smaller "
+            "--batch-size") from None
     bar.close()
 
 
@@ -505,7 +512,10 @@ def _merged_done(out: Path, head: dict[str, Any]) -> bool:
         return False
     m = read_manifest(out)
     keys = [k for k in IDENTITY if k != "rank"]
-    return bool(m.get("complete")) and all(same_setting(k, m.get(k), head.get(k)) for k in keys)
+    return (bool(m.get("complete"))
+            and all(same_setting(k, m.get(k), head.get(k)) for k in keys)
+            # a shard gone or cut short: its rank redoes it
+            and all(whole_file(out / s["file"], int(s["bytes"])) for s in m.get("shards", [])))
 
 
 def try_merge(out: str | Path) -> dict[str, Any] | None:

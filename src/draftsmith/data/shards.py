@@ -226,7 +226,7 @@ class ShardWriter:
         """Shards listed but gone or of another size (deleted to be redone, cut short) are
         written again, not counted done."""
         shards = self.manifest["shards"]
-        kept = [s for s in shards if _whole(self.folder / s["file"], int(s["bytes"]))]
+        kept = [s for s in shards if whole_file(self.folder / s["file"], int(s["bytes"]))]
         if len(kept) < len(shards):
             self.manifest.update(shards=kept, totals=totals(kept), complete=False)
             write_json(self.folder / MANIFEST, self.manifest)
@@ -241,8 +241,8 @@ class ShardWriter:
             raise DraftsmithError(f"shard {index}: no samples")
         tensors, meta = pack(samples)
         data = save(tensors, metadata=meta)
-        name = shard_name(index)
-        atomic_write(self.folder / name, data)
+        name, kept = shard_name(index), self._kept()
+        atomic_write(self.folder / name, data, kept)
         entry = {
             "index": index,
             "file": name,
@@ -255,8 +255,14 @@ class ShardWriter:
         shards = [s for s in self.manifest["shards"] if s["index"] != index] + [entry]
         self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
         self.manifest["totals"] = totals(self.manifest["shards"])
-        write_json(self.folder / MANIFEST, self.manifest)
+        write_json(self.folder / MANIFEST, self.manifest, kept)
         return entry
+
+    def _kept(self) -> str:
+        """What a failed shard write (a full disk, a permission) leaves, and how to go on."""
+        done = len(self.manifest["shards"])
+        return (f"nothing is left half-written, and the {done} shard(s) finished before this one "
+                "are kept: free space (or fix the permission) and rerun the same command to go on")
 
     def finish(self, **extra: Any) -> None:
         self.manifest.update(extra)
@@ -276,7 +282,8 @@ def same_setting(key: str, there: Any, now: Any) -> bool:
     return there == now
 
 
-def _whole(path: Path, size: int) -> bool:
+def whole_file(path: Path, size: int) -> bool:
+    """Whether `path` is a file of `size` bytes (a shard as its manifest lists it)."""
     return path.is_file() and path.stat().st_size == size
 
 
@@ -343,23 +350,33 @@ class Dataset:
         k, j = self.locate(i)
         f = self._handle(k)
         a, b = self._offsets[k][j], self._offsets[k][j + 1]
-        return {
-            "input_ids": f.get_slice("input_ids")[a:b].long(),
-            "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
-            "aux": f.get_slice("aux")[a:b],
-            "hidden": f.get_slice("hidden")[a:b],
-        }
+        with reading(self._path(k)):  # a tensor missing: another tool's shard, named
+            return {
+                "input_ids": f.get_slice("input_ids")[a:b].long(),
+                "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
+                "aux": f.get_slice("aux")[a:b],
+                "hidden": f.get_slice("hidden")[a:b],
+            }
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample `i`'s input_ids and loss_mask, without reading its hidden states."""
         k, j = self.locate(i)
         f = self._handle(k)
         a, b = self._offsets[k][j], self._offsets[k][j + 1]
-        return f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].bool()
+        with reading(self._path(k)):
+            return f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].bool()
 
     def sample_id(self, i: int) -> str:
         k, j = self.locate(i)
-        return json.loads(self._handle(k).metadata()["sample_ids"])[j]
+        path, meta = self._path(k), self._handle(k).metadata() or {}
+        if "sample_ids" not in meta:
+            raise DraftsmithError(f"{path}: no sample_ids in its metadata, so not a shard "
+                                  "`draftsmith data capture` wrote; capture the dataset again")
+        with reading(path):
+            return str(json.loads(meta["sample_ids"])[j])
+
+    def _path(self, k: int) -> Path:
+        return self.folder / self.shards[k]["file"]
 
     def lengths(self) -> list[int]:
         out: list[int] = []
