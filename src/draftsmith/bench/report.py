@@ -53,11 +53,11 @@ def results_table(report: dict[str, Any]) -> Table:
         t.add_column("same", justify="right")
     for r in rows:
         base = r["setting"] == "baseline"
+        up, dup = (_own(r, "tokens_per_s"), _own(r, "decode_tokens_per_s")) if base else (
+            figure(r["speedup"], ".2f", "x"), figure(r["decode_speedup"], ".2f", "x"))
         cells = [escape(r["suite"]), str(r["batch"]),  # a file's name, not rich markup
-                 r["setting"], f"{r['tokens_per_s']:.1f}",
-                 "1.00x" if base else figure(r["speedup"], ".2f", "x"),
-                 f"{r['decode_tokens_per_s']:.1f}",
-                 "1.00x" if base else figure(r["decode_speedup"], ".2f", "x"),
+                 r["setting"], f"{r['tokens_per_s']:.1f}", up,
+                 f"{r['decode_tokens_per_s']:.1f}", dup,
                  "" if base else figure(r["mean_accept_length"], ".2f"),
                  "" if base else figure(r["accept_rate"], ".2f")]
         rates = r.get("position_rates", [])
@@ -73,6 +73,12 @@ def results_table(report: dict[str, Any]) -> Table:
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
         t.add_row(*cells, style="dim" if base else None)
     return t
+
+
+def _own(base: dict[str, Any], rate: str) -> str:
+    """A baseline's speedup over itself: 1.00x, or "-" where it decoded nothing (0 over 0, as
+    the settings timed against it show)."""
+    return "1.00x" if base[rate] else "-"
 
 
 def host_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -109,7 +115,8 @@ def notes(report: dict[str, Any]) -> list[str]:
         if r["setting"] == "baseline" and (n := r.get("padding_rows")):
             out.append(f"{r['suite']} batch {r['batch']}: {r['prompts']} prompts, the last "
                        f"batch topped up with {n} repeated prompt{'s' if n > 1 else ''}; "
-                       "padding rows are timed and count in tok/s, not in 'same'")
+                       "padding rows are timed and count in tok/s and in the acceptance "
+                       "figures (accept len, per position, histogram), not in 'same'")
     if host_keys(report["results"]):
         out.append("host ms (DRAFTSMITH_HOST_TIMING=1): the host's mean time a baseline decode "
                    "step or speculative cycle, launching its graphs and waiting on the device")

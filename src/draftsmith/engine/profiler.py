@@ -40,7 +40,13 @@ class PhaseSummary:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The summary as JSON writes it: null where no cycle was timed (as the table's "-"),
+        never a 0 ms cycle or a 0.0 accept length that was not measured."""
+        out = asdict(self)
+        if not self.cycles:
+            out.update(ms=dict.fromkeys(self.ms), pct=dict.fromkeys(self.pct), cycle_ms=None,
+                       accept_length=None, accept_rate=None)
+        return out
 
 
 class NullProfiler:
@@ -170,14 +176,22 @@ def table(s: PhaseSummary, title: str = "speculative cycle"):
     for k, v in s.ms.items():
         t.add_row(LABELS.get(k, k), *((f"{v:.3f}", f"{s.pct[k]:.1f}%") if timed else NONE))
     t.add_row("total cycle", *((f"{s.cycle_ms:.3f}", "100.0%") if timed else NONE), style="bold")
-    t.add_row("accept length", f"{s.accept_length:.2f}" if timed else "-", "")
-    t.add_row("accept rate", f"{s.accept_rate:.3f}" if timed else "-", "")
+    # per row: at batch > 1 a cycle makes this many tokens in every row still running
+    t.add_row("accept length (tokens a row-cycle)", f"{s.accept_length:.2f}" if timed else "-",
+              "")
+    t.add_row("accept rate (length / (steps + 1))", f"{s.accept_rate:.3f}" if timed else "-",
+              "")
     t.add_row("cycles", str(s.cycles), "")
     return t
 
 
 def write_json(s: PhaseSummary, path: str | Path) -> Path:
+    """The summary at `path`, whole or not at all (an earlier file stays on a failed write);
+    strict JSON: no NaN or Infinity literal."""
+    from draftsmith.data.atomic import atomic_write, make_folder
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(s.to_dict(), indent=1) + "\n")
+    make_folder(path.parent)
+    text = json.dumps(s.to_dict(), indent=1, allow_nan=False) + "\n"
+    atomic_write(path, text.encode())
     return path

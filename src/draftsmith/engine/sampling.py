@@ -42,6 +42,7 @@ def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch
     # a token goes once the tokens above it reach top_p (ties at exactly top_p too, as HF's and
     # vLLM's top-p do); a row at top_p 1 drops nothing: its sum may round past 1 before the tail
     drop = (sp.cumsum(-1) - sp >= top_p) & (top_p < 1)
+    drop[..., 0] = False  # the top token stays where top_p rounds to 0 in float32 (1e-50)
     return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
 
 
