@@ -32,9 +32,9 @@ def env_pow2(name: str, default: str, least: int = 1) -> int:
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """One of `choices` (case and surrounding space ignored)."""
-    value = os.environ.get(name, default).strip().lower()
-    if value not in choices:
-        raise DraftsmithError(f"{name}={value!r}: use {', '.join(choices[:-1])} or {choices[-1]}")
+    given = os.environ.get(name, default).strip()
+    if (value := given.lower()) not in choices:
+        raise DraftsmithError(f"{name}={given!r}: use {', '.join(choices[:-1])} or {choices[-1]}")
     return value
 
 

@@ -133,6 +133,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     skipped = [f"skipped {why}" for why in cfg.unfit()]
     for w in skipped:  # said before the minutes of loading
         log(f"warning: {w}")
+    profiling(cfg)  # a DRAFTSMITH_PROFILE it refuses: now, not after the first rows' minutes
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target)
     suites = {label: prompt_ids(target, suite_messages(s, cfg.num_prompts), f"--suite {s}")
