@@ -222,7 +222,7 @@ def test_rank_counts_are_kept_per_row(setup):
         _, *alone = _rank_counted(dec, [prompt])
         assert tuple(alone) == row
     partial.row0 = 0
-    with pytest.raises(ValueError, match="sized for 1 rows"):
+    with pytest.raises(DraftsmithError, match="sized for 1 rows"):
         dec.generate(PROMPTS, NEW, eos_ids=[])
 
 

@@ -19,6 +19,7 @@ from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import make_clock
 from draftsmith.engine.runtime import Runtime, check_window, engine_compile, pinned_at
 from draftsmith.engine.sampling import RowSampling, SamplingParams, widest
+from draftsmith.engine.spec_state import MAX_EOS
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
 
@@ -111,6 +112,7 @@ def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | li
     rows': `sampling.KINDS`)."""
     rows = row_params(params, b)
     like = widest(rows)
+    eos_ids = distinct_eos(eos_ids)  # repeats share the graph of the set they name
     state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
                                lambda: DecodeState(rt, b, eos_ids, like))
     state.sampling.set(torch.arange(b, device=rt.device), rows)
@@ -263,13 +265,27 @@ def eos_list(eos_ids: Iterable[int] | None) -> list[int]:
         raise DraftsmithError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
     eos = eos_ids.tolist() if tensor else list(eos_ids)
     check_eos(eos)
-    return eos
+    return distinct_eos(eos)
 
 
 def check_eos(eos: Sequence[int]) -> None:
     """EOS ids are whole numbers within int64 (they may lie past the vocabulary)."""
     if len(eos) and not (whole_numbers(eos) and min(eos) >= -INT64 and max(eos) < INT64):
         raise DraftsmithError(f"eos ids must be whole numbers within int64, got {list(eos)}")
+
+
+def check_spec_eos(eos: Sequence[int]) -> None:
+    """At most MAX_EOS distinct eos ids: the speculative decoders' buffer (the baseline's
+    takes any number); a repeat is one stop id."""
+    if (n := len(distinct_eos(eos))) > MAX_EOS:
+        raise DraftsmithError(f"{n} distinct eos ids given, speculative decoding takes at most "
+                              f"{MAX_EOS}; pass only the ids that end an answer")
+
+
+def distinct_eos(eos: Iterable[int]) -> list[int]:
+    """The eos ids once each, in order: a set of stop ids, so a repeat never counts twice
+    (toward MAX_EOS, or in a graph's key)."""
+    return list(dict.fromkeys(int(t) for t in eos))
 
 
 def whole_numbers(values: Any) -> bool:

@@ -32,7 +32,7 @@ from draftsmith.engine.refill import check_rows, prefill_runtime, prompt_into_ro
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult, SpecState
-from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens
+from draftsmith.engine.speculative import SpecDecoder, drafter_prompt, drafter_tokens, set_eos
 
 
 class Prefiller:
@@ -205,9 +205,7 @@ def _prefiller(dec: SpecDecoder) -> Prefiller:
 
 def _reset(st: SpecState, max_new: int, eos: list[int]) -> None:
     st.max_new.fill_(max_new)
-    st.eos.fill_(-1)
-    if eos:
-        st.eos[: len(eos)] = torch.tensor(eos, device=st.eos.device)
+    set_eos(st, eos)
     st.done.fill_(True)  # a row without a prompt is inert: it emits nothing and counts nothing
     st.all_done.fill_(True)
     for t in (st.hist, st.reached, st.accepted):

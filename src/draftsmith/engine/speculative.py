@@ -33,6 +33,8 @@ from draftsmith.engine.generate import (
     check_max_new,
     check_positions,
     check_prompts,
+    check_spec_eos,
+    distinct_eos,
     eos_list,
     padded,
     row_params,
@@ -43,7 +45,7 @@ from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, check_sizes, check_window, engine_compile
 from draftsmith.engine.sampling import SamplingParams, draw, probs
-from draftsmith.engine.spec_state import MAX_EOS, SpecResult, SpecState
+from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
 from draftsmith.models.eagle3 import Eagle3Drafter, shared_target
@@ -394,9 +396,8 @@ class SpecDecoder:
         """batch: the rows the prompts run in (default: one row each)."""
         check_prompts(prompts, self.rt.model.cfg.vocab_size)
         check_eos(eos)
+        check_spec_eos(eos)
         check_max_new(max_new)
-        if len(eos) > MAX_EOS:
-            raise DraftsmithError(f"at most {MAX_EOS} eos ids, got {len(eos)}")
         if (b := batch or len(prompts)) > self.rt.max_batch:
             raise DraftsmithError(f"batch {b} exceeds max_batch {self.rt.max_batch}")
         check_positions(prompts, max_new, self.rt.model.cfg.max_position_embeddings)
@@ -454,9 +455,7 @@ class SpecDecoder:
         st.out[:, 0] = first
         st.count.fill_(1)
         st.max_new.fill_(max_new)
-        st.eos.fill_(-1)
-        if eos:
-            st.eos[: len(eos)] = torch.tensor(eos, device=dev)
+        set_eos(st, eos)
         st.done.copy_((first[:, None] == st.eos).any(-1) | (st.count >= st.max_new))
         st.all_done.copy_(st.done.all())
         for t in (st.hist, st.reached, st.accepted):
@@ -578,6 +577,15 @@ class SpecDecoder:
             if st.tree is not None:
                 st.tree.compile()
         self.bookkeeping_compiled = True
+
+
+def set_eos(st: SpecState, eos: list[int]) -> None:
+    """Write the eos ids, once each (a repeat would overrun the MAX_EOS buffer), into the
+    state's buffer, -1 past them."""
+    eos = distinct_eos(eos)
+    st.eos.fill_(-1)
+    if eos:
+        st.eos[: len(eos)] = torch.tensor(eos, device=st.eos.device)
 
 
 def drafter_tokens(tokens: torch.Tensor, lens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:

@@ -328,8 +328,10 @@ class RankCounts:
         if not self.reached.shape[0]:
             self.reached = torch.zeros(rows, width, dtype=torch.long, device=parent.device)
             self.accepted = torch.zeros_like(self.reached)
-        if self.reached.shape[0] != rows:
-            raise ValueError(f"rank counts: sized for {self.reached.shape[0]} rows, got {rows}")
+        if self.reached.shape[0] != rows:  # its rows are one batch's prompts: none to mix
+            raise DraftsmithError(f"rank counts sized for {self.reached.shape[0]} rows (their "
+                                  f"first cycle's batch) got a cycle of {rows}; count each "
+                                  f"batch with a RankCounts of its own")
         idx = torch.arange(parent.shape[1], device=parent.device)
         before = (idx[None, :] < idx[:, None]) & (idx[None, :] >= 1)  # [j, i]: i before j
         rank = ((parent[:, :, None] == parent[:, None, :]) & before).sum(-1)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.engine.generate import check_request, decoder, prefill
+from draftsmith.engine.generate import check_request, decoder, distinct_eos, prefill
 from draftsmith.engine.refill import padded_rows, prefill_runtime, warm_prompts
 from draftsmith.engine.runtime import PROMPT_BUCKETS, Runtime
 from draftsmith.engine.sampling import KINDS, SamplingParams, widest
@@ -87,7 +87,7 @@ class ServeEngine:
                  cfg: EngineConfig | None = None) -> None:
         self.target, self.cfg, self.drafter = target, cfg or EngineConfig(), drafter
         c = self.cfg
-        self.eos = list(target.eos_ids)
+        self.eos = distinct_eos(target.eos_ids)
         if drafter is not None and len(self.eos) > MAX_EOS:  # else every batch failed to open
             raise DraftsmithError(f"the target has {len(self.eos)} eos ids; speculative decoding "
                                   f"takes at most {MAX_EOS}")

@@ -183,11 +183,27 @@ def run_setting(
     dec.profile = True
     with load.timed():
         prof = dec.generate(groups[0], new, eos)
-    phases = dict(prof.phases.ms) if prof.phases else None
-    slots = max(res.cycles, 1) * batch
+    check_cycled(res, setting, batch, new)
     return Measurement(setting, batch, decode_rate(res.new_tokens, rows, res.decode_s),
-                       res.mean_accept_length, phases, 1e3 * res.decode_s / max(res.cycles, 1),
-                       sum(res.accept_hist) / slots)
+                       res.mean_accept_length, measured_phases(prof), 1e3 * res.decode_s /
+                       res.cycles, sum(res.accept_hist) / (res.cycles * batch))
+
+
+def check_cycled(res: SpecResult, setting: SpecSetting, batch: int, new: int) -> None:
+    """Refuse a sweep run of no cycle: every row ended at its first token, so its cycle time,
+    busy share and tokens/s would be figures of nothing (0 ms, 0 %), not measurements."""
+    if not res.cycles:
+        raise DraftsmithError(f"{setting} at batch {batch} ran no speculative cycle in {new} "
+                              f"new tokens: every answer ended at its first token (EOS), so "
+                              f"nothing was measured; use --prompts whose answers run longer")
+
+
+def measured_phases(prof: SpecResult) -> dict[str, float] | None:
+    """A profiled run's ms per cycle by phase, or None (unprofiled, as reports show it) where
+    it ran no cycle: its phases are no 0 ms measurements."""
+    if prof.phases is None or not prof.phases.cycles:
+        return None
+    return dict(prof.phases.ms)
 
 
 def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], batch: int,
@@ -218,11 +234,11 @@ def run_refilled(eng: Engine, setting: SpecSetting, prompts: list[list[int]], ba
     dec.profile = True
     with load.timed():
         prof = spec_generate_refill(dec, flat, new, eos, batch)
+    check_cycled(res, setting, batch, new)
     rows = res.extra["refill_rows"]
     return Measurement(setting, batch, res.tokens_per_s, res.mean_accept_length,
-                       dict(prof.phases.ms) if prof.phases else None,
-                       1e3 * res.decode_s / max(res.cycles, 1),
-                       sum(res.accept_hist) / (max(res.cycles, 1) * rows))
+                       measured_phases(prof), 1e3 * res.decode_s / res.cycles,
+                       sum(res.accept_hist) / (res.cycles * rows))
 
 
 def refill_costs(eng: Engine, batches: list[int], prompts: list[list[int]]
@@ -351,7 +367,11 @@ def probe_phases(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int,
                  new: int = 32) -> dict:
     """The profiled phases (ms per cycle) of one batch of the prompts, `new` new tokens, rows
     of fixed length."""
-    return dict(run_setting(eng, s, prompts[:b], b, new, []).phases or {})
+    phases = run_setting(eng, s, prompts[:b], b, new, []).phases
+    if not phases:  # a missing phase would read as 0 ms in the draft's line
+        raise DraftsmithError(f"the phase probe of {s} at batch {b} ran no profiled cycle in "
+                              f"{new} new tokens; use --prompts whose answers run longer")
+    return dict(phases)
 
 
 def cost_width(max_steps: int, max_topk: int, max_draft: int) -> int:
