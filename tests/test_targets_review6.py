@@ -28,7 +28,7 @@ def default_gguf(tmp_path, monkeypatch) -> Path:
 
 
 # the converter suffixes draftsmith keyed its conversions by, oldest first
-CONVERTERS = ("", ":2", ":3", ":4", ":5")
+CONVERTERS = ("", ":2", ":3", ":4", ":5", ":6")
 
 
 def _old_cache_folder(gguf: Path, converter: str = ":5") -> Path:

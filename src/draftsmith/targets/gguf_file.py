@@ -35,7 +35,34 @@ def reader(path: Path):
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001 - the reader raises many kinds on a bad file
-        raise DraftsmithError(f"{path}: not a readable GGUF file ({e})") from None
+        why = " ".join(str(e).split())[:200]
+        raise DraftsmithError(f"{path}: not a readable GGUF file ({why}); {_damage(path)}"
+                              ) from None
+
+
+def _damage(path: Path) -> str:
+    """What a GGUF the reader refuses most likely is: not GGUF at all, or one cut short."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        return f"it cannot be opened: {e.strerror}"
+    if magic != b"GGUF":
+        return "it does not begin with GGUF's magic bytes: is it a GGUF file?"
+    return "cut short or damaged (an interrupted download or copy?): fetch it again"
+
+
+# llama.cpp's names of the architectures draftsmith reads (a Mistral's GGUF is "llama")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+def check_architecture(rd: Any, path: Path) -> None:
+    """A GGUF of another family refused by its name before transformers reads it (whose errors
+    name a missing tokenizer field or say "not supported yet")."""
+    arch = architecture(rd)
+    if arch not in ARCHITECTURES:
+        raise DraftsmithError(f"{path}: a GGUF of architecture {arch or 'unnamed'!r}; draftsmith "
+                              f"reads Llama-family GGUFs ({', '.join(ARCHITECTURES)})")
 
 
 def hf_name(name: str) -> str | None:
@@ -180,7 +207,7 @@ def _tensor(t: Any, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)
 
 
-def hf_config_and_tokenizer(path: Path):
+def hf_config_and_tokenizer(path: Path, rd: Any = None):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -188,7 +215,29 @@ def hf_config_and_tokenizer(path: Path):
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF reader raises many kinds
         raise DraftsmithError(f"{path}: cannot read config/tokenizer from GGUF ({e})") from None
+    split_digits(tok, rd if rd is not None else reader(path))
     return with_architecture(cfg.to_dict()), tok
+
+
+# llama.cpp's pre-tokenizers that isolate every digit before GPT-2's split (llama-vocab.cpp);
+# their HF tokenizers (SmolLM2's, StarCoder's) run Digits(individual) before ByteLevel
+DIGIT_PRES = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                        "minerva-7b"})
+
+
+def split_digits(tok: Any, rd: Any) -> None:
+    """transformers' GGUF reader gives these vocabularies GPT-2's split alone, which reads
+    "x  1" as "x", " ", " 1" (Ġ Ġ 1) where the model's own tokenizer and llama.cpp read
+    "x", "  ", "1" (ĠĠ 1): whitespace before digits, as in indented lists, tokenized unlike
+    training."""
+    if field(rd, "tokenizer.ggml.model") != "gpt2" or \
+            field(rd, "tokenizer.ggml.pre") not in DIGIT_PRES:
+        return
+    from tokenizers import pre_tokenizers
+
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
 
 
 def with_architecture(hf_cfg: dict[str, Any]) -> dict[str, Any]:
