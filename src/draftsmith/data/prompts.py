@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 ROLES = {
     "user": "user", "human": "user", "system": "system", "assistant": "assistant",
     "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant", "model": "assistant",
-    "bing": "assistant",
+    "bing": "assistant", "developer": "system",
 }
+TOOL_ROLES = {"tool", "function", "ipython", "observation", "function_call", "tool_call"}
 HUMANEVAL = "humaneval"
 
 
@@ -121,9 +122,7 @@ def parse_record(rec: Any) -> Conversation:
     elif "prompt" in rec:
         msgs = [_user(rec["prompt"], "prompt")]
     elif "instruction" in rec:
-        text = rec["instruction"]
-        extra = rec.get("input")
-        msgs = [_user(f"{text}\n\n{extra}" if extra else text, "instruction")]
+        msgs = [_alpaca(rec)]
     else:
         keys = ", ".join(sorted(rec)) or "none"
         raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")
@@ -135,23 +134,62 @@ def parse_record(rec: Any) -> Conversation:
 def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
     if not isinstance(m, dict):
         raise Malformed(f"message {i} is not an object")
-    role = ROLES.get(str(m.get(role_key, "")).lower())
+    named = str(m.get(role_key, "")).lower()
+    if named in TOOL_ROLES or m.get("tool_calls") or m.get("function_call"):
+        raise Malformed(f"message {i}: tool messages and tool calls are not supported (a "
+                        "text-only conversation is)")
+    role = ROLES.get(named)
     if role is None:
         raise Malformed(f"message {i}: unknown {role_key} {m.get(role_key)!r}")
     text = m.get(text_key)
-    if isinstance(text, list):  # OpenAI content parts
-        text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+    if isinstance(text, list):
+        text = _parts(text, i)
     if not isinstance(text, str):
         raise Malformed(f"message {i}: {text_key} is not a string")
     if role == "user" and not text.strip():
         raise Malformed(f"message {i}: empty user message")
-    return {"role": role, "content": text}
+    return {"role": role, "content": _unicode(text, f"message {i}")}
+
+
+def _parts(parts: list[Any], i: int) -> str:
+    """OpenAI content parts as the server reads them (`serve.protocol`): text parts only,
+    joined by newlines, so data and requests render alike; an image part is refused, not
+    dropped (its question would be asked without it)."""
+    texts = []
+    for p in parts:
+        kind = p.get("type", "text") if isinstance(p, dict) else type(p).__name__
+        if kind != "text":
+            raise Malformed(f"message {i}: a content part of type {kind!r}; only text parts "
+                            "are read")
+        if not isinstance(p.get("text"), str):
+            raise Malformed(f"message {i}: a text part whose 'text' is not a string")
+        texts.append(p["text"])
+    return "\n".join(texts)
+
+
+def _unicode(text: str, where: str) -> str:
+    """`text`, refused where it holds a lone surrogate (JSON's "\\ud800"): no UTF-8 encodes it,
+    so hashing, tokenizing and writing it would fail."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise Malformed(f"{where} holds an unpaired surrogate {text[e.start]!r} at character "
+                        f"{e.start}: not valid Unicode") from None
+    return text
+
+
+def _alpaca(rec: dict[str, Any]) -> dict[str, str]:
+    """Alpaca's user message: the instruction, then its input where there is one."""
+    text, extra = _user(rec["instruction"], "instruction")["content"], rec.get("input")
+    if extra is not None and not isinstance(extra, str):
+        raise Malformed(f"'input' is not a string, got {type(extra).__name__}")
+    return _user(f"{text}\n\n{extra}" if extra and extra.strip() else text, "instruction")
 
 
 def _user(text: Any, key: str) -> dict[str, str]:
     if not isinstance(text, str) or not text.strip():
         raise Malformed(f"{key!r} is not a non-empty string")
-    return {"role": "user", "content": text}
+    return {"role": "user", "content": _unicode(text, repr(key))}
 
 
 def encode_conversations(tok: Any, convs: list[Conversation], source: str | Path,
@@ -177,29 +215,50 @@ def encode_conversation(tok: Any, conv: Conversation, tally: AnswerTally | None 
     return encode(tok, conv.messages, conv.cut_turns(), conv.answer_ids(), tally)
 
 
-def _records(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line, row or item number from 1, 0 for a .json file's one object; parsed JSON or row
-    dict); JSON errors yield a Malformed."""
+def _records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where the record is, parsed JSON or row dict): a JSONL's `file:line`, a JSON array's
+    `file item [i]` (from 0, as jq and Python index it), a table's `file row n`; JSON errors
+    yield a Malformed."""
     name = path.name.lower()
-    if path.is_dir():
-        yield from enumerate(_dataset_rows(path), start=1)
-    elif name.endswith(".parquet"):
-        yield from enumerate(_parquet_rows(path), start=1)
-    elif name.endswith(".json"):
-        try:
-            data = json.loads(path.read_bytes().decode("utf-8-sig"))
-        except UnicodeDecodeError as e:
-            raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-        except OSError as e:  # unreadable: one line, as a JSONL's
-            raise DraftsmithError(f"{path}: cannot read ({e.strerror or e})") from None
-        yield from enumerate(data, start=1) if isinstance(data, list) else [(0, data)]
+    opener = gzip.open if name.endswith(".gz") else open
+    if path.is_dir() or name.endswith(".parquet"):
+        rows = _dataset_rows(path) if path.is_dir() else _parquet_rows(path)
+        yield from ((f"{path} row {n}", r) for n, r in enumerate(rows, start=1))
+    elif name.endswith((".json", ".json.gz")):
+        data = _json_file(path)
+        if data is _LINES:
+            yield from _jsonl(path, opener)
+        elif isinstance(data, list):
+            yield from ((f"{path} item [{i}]", r) for i, r in enumerate(data))
+        else:
+            yield str(path), data
     else:
-        yield from _jsonl(path, gzip.open if name.endswith(".gz") else open)
+        yield from _jsonl(path, opener)
 
 
-def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[int, Any]]:
+_LINES = object()  # a .json file that holds JSON Lines
+
+
+def _json_file(path: Path) -> Any:
+    """A .json (or .json.gz) file's one value; `_LINES` where it holds one object a line
+    (JSONL under a .json name, as many datasets ship)."""
+    try:
+        data = path.read_bytes()
+        text = (gzip.decompress(data) if path.name.lower().endswith(".gz") else data).decode(
+            "utf-8-sig")
+        return json.loads(text)
+    except UnicodeDecodeError as e:
+        raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data" and text.lstrip().startswith("{"):
+            return _LINES
+        raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (OSError, EOFError) as e:  # unreadable, not gzip: one line, as a JSONL's
+        raise DraftsmithError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})",
+                              ) from None
+
+
+def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
     # Bytes, decoded line by line: one line that is not UTF-8 is a malformed record, not a
     # traceback; a UTF-8 BOM (Windows editors) is no reason to lose the first record.
     try:
@@ -208,7 +267,7 @@ def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[int, Any]]:
                 if i == 1:
                     line = line.removeprefix(codecs.BOM_UTF8)
                 if line.strip():
-                    yield i, _line(line)
+                    yield f"{path}:{i}", _line(line)
     except (OSError, EOFError) as e:  # not gzip, a gzip stream cut short, unreadable
         raise DraftsmithError(f"{path}: cannot read ({e})") from None
 
@@ -309,13 +368,12 @@ def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
     if not path.exists():
         raise DraftsmithError(f"{path}: no such file or folder")
     out, seen = PromptSet([]), set()
-    for line, rec in _records(path):
+    for where, rec in _records(path):
         try:
             if isinstance(rec, Malformed):
                 raise rec
             conv = parse_record(rec)
         except Malformed as e:
-            where = _place(path, line)
             if strict:
                 raise DraftsmithError(f"{where}: {e}") from None
             out.problems.append(f"{where}: {e}")
@@ -326,17 +384,6 @@ def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
         seen.add(conv.id)
         out.conversations.append(conv)
     return out
-
-
-def _place(path: Path, n: int) -> str:
-    """Where record `n` (from 1) of `path` is, as its kind counts: a JSONL's line, a JSON
-    array's item (from 0, as jq and Python index it), a Parquet or `datasets` row."""
-    name = path.name.lower()
-    if path.is_dir() or name.endswith(".parquet"):
-        return f"{path} row {n}"
-    if name.endswith(".json"):  # 0: the file's one object
-        return f"{path} item [{n - 1}]" if n else str(path)
-    return f"{path}:{n}"
 
 
 def read_prompts(

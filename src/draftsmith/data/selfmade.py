@@ -110,11 +110,19 @@ def fold(text: str) -> str:
     return " ".join(text.lower().split())
 
 
+def closing_text(suffix: str) -> str:
+    """The text that closes a user turn ("<|im_end|>", Llama 2's "[/INST]")."""
+    return suffix.strip() or suffix
+
+
 def stop_ids(target: Any, suffix: str) -> list[int]:
-    """The target's eos ids plus the first token of the text that closes a user turn."""
+    """The target's eos ids plus the token that closes a user turn, where one token does
+    ("<|im_end|>", "<|eot_id|>"). The first token of a longer closing (Llama 2's "[/INST]":
+    "▁[") is no stop: a question holding it ("sort [3, 1]") was cut there and kept cut;
+    `_one` cuts such a question at the closing's text instead."""
     ids = set(target.eos_ids)
-    closing = target.tokenizer(suffix.strip() or suffix, add_special_tokens=False)["input_ids"]
-    if closing:
+    closing = target.tokenizer(closing_text(suffix), add_special_tokens=False)["input_ids"]
+    if len(closing) == 1:
         ids.add(int(closing[0]))
     return sorted(ids)
 
@@ -192,8 +200,9 @@ def self_made_prompts(
     first = _next_round(have) if overwrite else max(_next_round(have),
                                                     _tried(out, have, made_by))
     try:
-        cut = _rounds(target, out, cfg, rt, (starts, opens, stops, params), meta, records,
-                      have, seen, stats, cut, bar, range(first, first + limit))
+        how = (starts, opens, stops, params, closing_text(suffix))
+        cut = _rounds(target, out, cfg, rt, how, meta, records, have, seen, stats, cut, bar,
+                      range(first, first + limit))
     except KeyboardInterrupt:  # a round's prompts are written whole: those before it stay
         bar.close()
         _drop_empty(out, new_file)
@@ -231,7 +240,7 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
     the cut round's start still to replace (None: none)."""
     from draftsmith.engine.generate import run_generation
 
-    starts, opens, stops, params = how
+    starts, opens, stops, params, closing = how
     which = openings_id(cfg.openings)
     for round_ in rounds:
         if stats["kept"] >= cfg.n:
@@ -244,7 +253,7 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
         gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
         made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
-            got = _one(target, toks, cfg, seen, stats, opens[k], starts[k])
+            got = _one(target, toks, cfg, seen, stats, opens[k], starts[k], closing)
             more = more or (got is not None and stats["kept"] >= cfg.n)
             if got is None or stats["kept"] >= cfg.n:
                 continue
@@ -443,11 +452,15 @@ def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:
 
 
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
-         stats: dict[str, int], opening: str, start: list[int]) -> str | None:
-    if len(toks) >= cfg.max_new_tokens:
+         stats: dict[str, int], opening: str, start: list[int], closing: str = "",
+         ) -> str | None:
+    more = _continuation(target.tokenizer, start, toks)
+    at = more.find(closing) if closing else -1
+    if at >= 0:  # a closing of several tokens, not a stop: the question ends where it begins
+        more = more[:at]
+    elif len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
         return None
-    more = _continuation(target.tokenizer, start, toks)
     if opening and not any(ch.isalnum() for ch in more):
         stats["bare_openings"] += 1  # the target closed the turn at once: no question asked
         return None
