@@ -30,6 +30,9 @@ class Source(Protocol):
 
 
 def pack(order: list[int], lengths: list[int], max_len: int) -> list[Row]:
+    """`order` packed next fit into rows of at most `max_len` tokens. A sample longer than that
+    fills a row of its own with its first `max_len` tokens: the rest never trains, and its last
+    kept token scores nothing (the token after it is cut off)."""
     rows: list[Row] = []
     cur: Row = []
     used = 0
@@ -241,6 +244,9 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
     loader = torch.utils.data.DataLoader(
         ds, batch_size=None, num_workers=workers, collate_fn=_as_is, pin_memory=pin,
         prefetch_factor=PREFETCH, multiprocessing_context="fork", worker_init_fn=_ignore_ctrl_c,
+        # the workers' seeds from a generator of its own: drawn from the global one, each loader
+        # (one a run, a resumed run's too) moved the RNG state that checkpoints restore exactly
+        generator=torch.Generator(),
     )
     return _unfailed(loader)
 

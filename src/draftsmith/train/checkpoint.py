@@ -137,6 +137,22 @@ def _drop_old(out: Path, keep_last: int) -> None:
     if left:
         warnings.warn(f"could not remove older checkpoint(s) {', '.join(left)}; training goes "
                       "on: remove them by hand", stacklevel=2)
+    _drop_remains(out)
+
+
+def _drop_remains(out: Path) -> None:
+    """`step-N` folders older than the newest checkpoint that hold no trainer state: a removal
+    cut short (a kill, a host crash) left one, weights and all, which no --resume takes and no
+    later rotation saw. Best effort: one that cannot go was warned about when it was dropped."""
+    done = list_checkpoints(out)
+    if not done:
+        return
+    newest = int(done[-1].name.split("-")[1])
+    for old in (Path(out) / CHECKPOINTS).iterdir():
+        if (re.fullmatch(r"step-\d+", old.name) and int(old.name.split("-")[1]) < newest
+                and old.is_dir() and not (old / STATE).is_file()):
+            with contextlib.suppress(OSError):
+                shutil.rmtree(old)
 
 
 def _synced(*paths: Path, folder: bool = False) -> None:
@@ -169,9 +185,18 @@ def writing(what: Path, *tmps: Path) -> Iterator[None]:
 
 
 def load_trainer_state(folder: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(trainer state, this rank's RNG state or None when the run had fewer ranks)."""
+    """(trainer state, this rank's RNG state or None when the run had fewer ranks). A rank of
+    the run whose RNG file is gone (a damaged copy) is an unreadable checkpoint, not a resume
+    that silently skips restoring its RNG."""
     with unreadable(folder):
         trainer = _load(folder / STATE)
+        if not isinstance(trainer, dict) or "step" not in trainer:
+            raise DraftsmithError(f"{folder / STATE}: holds no trainer state")
+        # every rank's file looked for on every rank: all refuse alike, none waits for another
+        gone = [f"rng-{r}.pt" for r in range(trainer.get("world", 1))
+                if not (folder / f"rng-{r}.pt").is_file()]
+        if gone:
+            raise DraftsmithError(f"{folder}: no {', '.join(gone)} (a rank's RNG state)")
         rng_path = folder / f"rng-{rank}.pt"
         return trainer, _load(rng_path) if rng_path.is_file() else None
 
