@@ -8,9 +8,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_data_chat import masked_text
 from transformers import AutoTokenizer
 
-from draftsmith.data.chat import encode, template_ids
+from draftsmith.data.chat import template_ids
 from draftsmith.data.prompts import Conversation, encode_conversation, load_prompts
 from draftsmith.data.selfmade import MagpieConfig, _one, stop_ids
 from draftsmith.data.vocab import build_vocab, count_ids, map_problem
@@ -153,17 +154,6 @@ def llama3_tok(tiny_llama_dir):
     return tok
 
 
-def masked(tok, messages, cut=()):
-    ids, mask = encode(tok, messages, cut)
-    pieces, cur = [], []
-    for i, m in zip(ids, mask, strict=True):
-        if m:
-            cur.append(i)
-        elif cur:
-            pieces, cur = [*pieces, tok.decode(cur)], []
-    return pieces + ([tok.decode(cur)] if cur else [])
-
-
 CONV = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What date?"},
         {"role": "assistant", "content": "  Today \n"}, {"role": "user", "content": "Say yes"},
         {"role": "assistant", "content": "yes"}]
@@ -174,8 +164,8 @@ CONV = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "
 def test_llama3_masks_each_answer_and_its_eot_not_the_next_header(llama3_tok, template, eos):
     tok = llama3_tok
     tok.chat_template, tok.eos_token = template, eos
-    assert masked(tok, CONV) == ["Today<|eot_id|>", "yes<|eot_id|>"]
-    assert masked(tok, CONV, cut={4}) == ["Today<|eot_id|>", "yes"]
+    assert masked_text(tok, CONV) == ["Today<|eot_id|>", "yes<|eot_id|>"]
+    assert masked_text(tok, CONV, cut={4}) == ["Today<|eot_id|>", "yes"]
     prompt = tok.decode(template_ids(tok, CONV[:2]))
     assert prompt.endswith("What date?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
     assert not tok.decode(template_ids(tok, CONV[:3], False)).endswith("<|end_header_id|>\n\n")
