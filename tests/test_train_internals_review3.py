@@ -260,3 +260,24 @@ def test_a_checkpoint_whose_removal_was_cut_short_goes_at_the_next_rotation(tmp_
     assert not checkpoint_dir(tmp_path, 1).exists() and checkpoint_dir(tmp_path, 9).is_dir()
     save_checkpoint(tmp_path, 4, drafter, {"step": 4}, {}, keep_last=1)
     assert list_checkpoints(tmp_path) == [checkpoint_dir(tmp_path, 4)]
+
+
+def test_resume_names_a_torn_checkpoint_it_passes_over(tmp_path):
+    """A step-N folder newer than the last whole checkpoint but without its trainer state (a
+    write cut short) was passed over without a word: --resume went back further, silently."""
+    from types import SimpleNamespace
+
+    from draftsmith.train import checkpoint as ckpt
+    from draftsmith.train.loop import Trainer
+
+    root = tmp_path / "run" / ckpt.CHECKPOINTS
+    for step, whole in ((2, True), (4, False), (1, False)):
+        folder = root / f"step-{step:08d}"
+        folder.mkdir(parents=True)
+        if whole:
+            (folder / ckpt.STATE).write_bytes(b"x")
+    said: list[str] = []
+    me = SimpleNamespace(out=tmp_path / "run", cfg=SimpleNamespace(resume=True), say=said.append)
+    assert Trainer._find_checkpoint(me) == root / "step-00000002"
+    assert said == [f"--resume: {root / 'step-00000004'} holds no trainer state (a write or "
+                    "removal cut short): passed over"]

@@ -48,6 +48,18 @@ def list_checkpoints(out: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
+def torn_checkpoints(out: Path) -> list[Path]:
+    """`step-N` folders past the newest whole checkpoint that hold no trainer state (a write or
+    a removal cut short): --resume passes over them, and says so."""
+    root, done = Path(out) / CHECKPOINTS, list_checkpoints(out)
+    newest = int(done[-1].name.split("-")[1]) if done else -1
+    if not root.is_dir():
+        return []
+    torn = [p for p in root.iterdir() if re.fullmatch(r"step-\d+", p.name) and p.is_dir()
+            and not (p / STATE).is_file() and int(p.name.split("-")[1]) > newest]
+    return sorted(torn, key=lambda p: int(p.name.split("-")[1]))
+
+
 def latest_checkpoint(out: Path) -> Path | None:
     found = list_checkpoints(out)
     return found[-1] if found else None

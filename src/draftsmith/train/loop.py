@@ -514,6 +514,9 @@ class Trainer:
     def _find_checkpoint(self) -> Path | None:
         latest = ckpt.latest_checkpoint(self.out)
         if self.cfg.resume:
+            for torn in ckpt.torn_checkpoints(self.out):
+                self.say(f"--resume: {torn} holds no trainer state (a write or removal cut "
+                         "short): passed over")
             if latest is None and (self.out / CONFIG_FILE).exists():
                 raise DraftsmithError(f"--resume: {self.out} holds a drafter but no checkpoint to "
                                       "resume from; choose another --out")
