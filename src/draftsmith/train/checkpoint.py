@@ -38,26 +38,35 @@ def checkpoint_dir(out: Path, step: int) -> Path:
     return Path(out) / CHECKPOINTS / f"step-{step:08d}"
 
 
-def list_checkpoints(out: Path) -> list[Path]:
+def _step_folders(out: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step-N` entry, by step; only our names: a copy beside them
+    (step-00000100.bak) was a ValueError on --resume."""
     root = Path(out) / CHECKPOINTS
     if not root.is_dir():
         return []
-    # only our names: a copy beside them (step-00000100.bak) was a ValueError on --resume
-    done = [p for p in root.iterdir()
-            if re.fullmatch(r"step-\d+", p.name) and (p / STATE).is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+    steps = [(int(p.name.split("-")[1]), p) for p in root.iterdir()
+             if re.fullmatch(r"step-\d+", p.name)]
+    return sorted(steps, key=lambda sp: sp[0])
+
+
+def list_checkpoints(out: Path) -> list[Path]:
+    return [p for _, p in _step_folders(out) if (p / STATE).is_file()]
+
+
+def _stateless(out: Path) -> tuple[int, list[tuple[int, Path]]]:
+    """(the newest whole checkpoint's step, -1 for none; the `step-N` folders that hold no
+    trainer state: a write or a removal cut short)."""
+    steps = _step_folders(out)
+    whole = [n for n, p in steps if (p / STATE).is_file()]
+    return (whole[-1] if whole else -1,
+            [(n, p) for n, p in steps if p.is_dir() and not (p / STATE).is_file()])
 
 
 def torn_checkpoints(out: Path) -> list[Path]:
     """`step-N` folders past the newest whole checkpoint that hold no trainer state (a write or
     a removal cut short): --resume passes over them, and says so."""
-    root, done = Path(out) / CHECKPOINTS, list_checkpoints(out)
-    newest = int(done[-1].name.split("-")[1]) if done else -1
-    if not root.is_dir():
-        return []
-    torn = [p for p in root.iterdir() if re.fullmatch(r"step-\d+", p.name) and p.is_dir()
-            and not (p / STATE).is_file() and int(p.name.split("-")[1]) > newest]
-    return sorted(torn, key=lambda p: int(p.name.split("-")[1]))
+    newest, stateless = _stateless(out)
+    return [p for n, p in stateless if n > newest]
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -156,13 +165,9 @@ def _drop_remains(out: Path) -> None:
     """`step-N` folders older than the newest checkpoint that hold no trainer state: a removal
     cut short (a kill, a host crash) left one, weights and all, which no --resume takes and no
     later rotation saw. Best effort: one that cannot go was warned about when it was dropped."""
-    done = list_checkpoints(out)
-    if not done:
-        return
-    newest = int(done[-1].name.split("-")[1])
-    for old in (Path(out) / CHECKPOINTS).iterdir():
-        if (re.fullmatch(r"step-\d+", old.name) and int(old.name.split("-")[1]) < newest
-                and old.is_dir() and not (old / STATE).is_file()):
+    newest, stateless = _stateless(out)
+    for n, old in stateless:
+        if n < newest:
             with contextlib.suppress(OSError):
                 shutil.rmtree(old)
 
