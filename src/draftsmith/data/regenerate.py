@@ -483,11 +483,11 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
         what = " but a tool call" if calls else ""
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
                              f"{finish}): not kept as an answer", lasting=True)
-    text, sent = message.content.strip(), getattr(choices[0], "token_ids", None)
-    ids = served_ids(sent, finish, tok, text)
-    return Answer(text, used if isinstance(used, int) else None, finish, ids,
-                  foreign_ids=ids is None and tok is not None and served_ids(sent, finish, tok)
-                  is not None)
+    text = message.content.strip()
+    ids = served_ids(getattr(choices[0], "token_ids", None), finish, tok)
+    foreign = ids is not None and _decoded(tok, ids) != text
+    return Answer(text, used if isinstance(used, int) else None, finish,
+                  None if foreign else ids, foreign_ids=foreign)
 
 
 def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list[int] | None:
