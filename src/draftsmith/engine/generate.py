@@ -112,7 +112,6 @@ def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | li
     rows': `sampling.KINDS`)."""
     rows = row_params(params, b)
     like = widest(rows)
-    eos_ids = distinct_eos(eos_ids)  # repeats share the graph of the set they name
     state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
                                lambda: DecodeState(rt, b, eos_ids, like))
     state.sampling.set(torch.arange(b, device=rt.device), rows)

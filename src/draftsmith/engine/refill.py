@@ -18,7 +18,6 @@ import torch
 from draftsmith.engine.generate import (
     _trim,
     check_request,
-    distinct_eos,
     eos_list,
     graphed_step,
     padded,
@@ -164,7 +163,6 @@ def _refiller(rt: Runtime, rows: int, max_new: int, eos: list[int], params: Samp
     """The refilling state of these rows and limits for params' kind of sampling (one state and
     graph serves every setting of the kind and of the kinds before it: `start` gives each row
     its own)."""
-    eos = distinct_eos(eos)  # repeats share the state of the set they name
     state, step = graphed_step(rt, ("refill", rows, max_new, tuple(eos), params.kind),
                                lambda: RefillState(rt, rows, max_new, eos, params))
     state.params = params  # the setting `start` gives rows by default, until the next call
