@@ -10,28 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from conftest import write_tiny_folder  # noqa: E402
-from test_serve import LIMITS, PROMPTS, ask, live  # noqa: E402
+from test_serve import PROMPTS, ask, engine, live, tiny_dir  # noqa: E402
 
-from draftsmith.serve.engine import EngineConfig, ServeEngine, load_engine  # noqa: E402
+from draftsmith.serve.engine import ServeEngine  # noqa: E402
 
+__all__ = ["engine", "tiny_dir"]  # fixtures
 IDS = {"return_token_ids": True}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return write_tiny_folder(tmp_path_factory.mktemp("review12_target"), "llama", seed=2)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_dir: Path) -> ServeEngine:
-    return load_engine(str(tiny_dir), None, "cpu", torch.float32, EngineConfig(**LIMITS))
 
 
 @pytest.fixture(scope="module")
