@@ -170,6 +170,7 @@ capture(load_target({target!r}), convs(), {out!r}, CFG, progress=False,
 """
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_kill_9_then_resume(target, model, reference, tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
     code = KILL_SCRIPT.format(tests=str(Path(__file__).parent), target=str(tiny_llama_dir),

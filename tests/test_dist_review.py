@@ -51,6 +51,7 @@ def test_a_rank_that_dies_is_named_not_the_peer_whose_collective_it_broke():
         dist.spawn(_rank1_crashes_mid_collective, 2, device="cpu", timeout_s=60)
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_a_port_taken_before_rank_0_binds_it_is_picked_again(monkeypatch):
     """The port free_port found was another process's by the time rank 0 listened (seconds of
     spawning later): the launch failed naming a port the user never chose."""

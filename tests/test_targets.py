@@ -329,6 +329,7 @@ def test_cli_generate_names_an_empty_prompts_file(tmp_path):
     assert r.returncode == 2 and "empty.jsonl: no prompt with a user turn" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_cli_generate_on_a_folder_target(tmp_path):
     folder = write_tiny_folder(tmp_path / "t", "qwen2")
     r = _cli("generate", "--target", str(folder), "-p", "hi", "-n", "5", "--json")
@@ -337,6 +338,7 @@ def test_cli_generate_on_a_folder_target(tmp_path):
     assert row["prompt"] == "hi" and row["tokens"] <= 5
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_cli_generate_keeps_a_prompts_system_message(tmp_path):
     """--prompts asks each conversation's first turn after its system prompt (it dropped the
     system prompt): the answer is the greedy one to both messages, not to the user's alone."""
@@ -359,6 +361,7 @@ def test_cli_generate_keeps_a_prompts_system_message(tmp_path):
     # to "hi" alone may be the same)
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_cli_generate_names_a_tokenizer_without_a_chat_template(tmp_path):
     folder = write_tiny_folder(tmp_path / "t", "llama")
     cfg = json.loads((folder / "tokenizer_config.json").read_text())

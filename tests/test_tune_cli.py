@@ -65,6 +65,7 @@ def test_tune_writes_a_recommendation_per_batch(tmp_path):
     )
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_tune_for_sampling_samples_every_decode_it_times(tmp_path, monkeypatch):
     """--temperature reaches every decode tune runs: the acceptance run, the cost probes, the
     baselines and the sweep, and the report says what it was tuned for."""

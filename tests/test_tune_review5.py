@@ -196,6 +196,7 @@ except DraftsmithError as e:
 """
 
 
+@pytest.mark.slow  # ~5-6 s: the default suite stays under 10 minutes on 2 cores
 def test_a_full_disk_while_the_nccl_sweep_is_named_keeps_tune_json_whole(tmp_path):
     """`tune --nccl-sweep` rewrote tune.json in place to name its sweep: a disk that filled
     mid-write left it torn (the whole tune's report lost) and raised a bare OSError."""
