@@ -139,7 +139,8 @@ def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max
         drafter.cfg = replace(cfg, aux_layer_ids=list(aux_ids))
     try:
         max_seq = max(len(p) for p in prompts) + max_new + 4 * steps + 8
-        dec = SpecDecoder(model, drafter, steps=steps, max_seq=max_seq)
+        # profile=False: doctor times no phase, and DRAFTSMITH_PROFILE is bench's to read
+        dec = SpecDecoder(model, drafter, steps=steps, max_seq=max_seq, profile=False)
         reached, accepted, lengths, new, secs = [0] * steps, [0] * steps, [], 0, 0.0
         for p in prompts:
             r = dec.generate([p], max_new, eos)
