@@ -225,7 +225,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         rows = _dataset_rows(path) if path.is_dir() else _parquet_rows(path)
         yield from ((f"{path} row {n}", r) for n, r in enumerate(rows, start=1))
     elif name.endswith((".json", ".json.gz")):
-        data = _json_file(path)
+        data = _LINES if _holds_lines(path, opener) else _json_file(path)
         if data is _LINES:
             yield from _jsonl(path, opener)
         elif isinstance(data, list):
@@ -239,13 +239,35 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
 _LINES = object()  # a .json file that holds JSON Lines
 
 
+def _holds_lines(path: Path, opener: Callable[..., Any]) -> bool:
+    """Whether a .json file holds JSON Lines (as many datasets ship), told by its first line, a
+    whole object with more after it: such a file was read and parsed whole to learn it, then
+    read line by line. A file of one object is one record, named as the file."""
+    try:
+        with opener(path, "rb") as f:
+            first = f.readline().removeprefix(codecs.BOM_UTF8)
+            if not (first.lstrip().startswith(b"{") and isinstance(json.loads(first), dict)):
+                return False
+            while chunk := f.read(1 << 16):
+                if chunk.strip():
+                    return True
+        return False
+    except ValueError:  # not one line's object: `_json_file` tells what it holds
+        return False
+    except (OSError, EOFError) as e:
+        raise DraftsmithError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})",
+                              ) from None
+
+
 def _json_file(path: Path) -> Any:
     """A .json (or .json.gz) file's one value; `_LINES` where it holds one object a line
-    (JSONL under a .json name, as many datasets ship)."""
+    (JSONL under a .json name, its first line not a whole object: `_holds_lines`)."""
     try:
         data = path.read_bytes()
-        text = (gzip.decompress(data) if path.name.lower().endswith(".gz") else data).decode(
-            "utf-8-sig")
+        if path.name.lower().endswith(".gz"):
+            data = gzip.decompress(data)
+        text = data.decode("utf-8-sig")
+        del data  # not held beside the text and the records parsed from it
         return json.loads(text)
     except UnicodeDecodeError as e:
         raise DraftsmithError(f"{path}: not UTF-8 text (byte {e.start})") from None
@@ -439,10 +461,13 @@ def appended_records(path: str | Path) -> tuple[list[tuple[int, dict[str, Any]]]
     if not path.is_file():
         return [], False
     data = path.read_bytes()
+    # a UTF-8 BOM (a file saved by a Windows editor) is no record: an otherwise empty file,
+    # or one whose first record a kill tore, stopped every rerun as not JSON
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     end = data.rfind(b"\n") + 1
-    out = [(i, _object(path, i, line)) for i, line in enumerate(data[:end].split(b"\n"), 1)
+    out = [(i, _object(path, i, line)) for i, line in enumerate(data[start:end].split(b"\n"), 1)
            if line.strip()]
-    tail, n = data[end:], data.count(b"\n") + 1
+    tail, n = data[max(start, end):], data.count(b"\n") + 1
     if tail.strip():
         rec = _tail(path, n, tail)
         with _mending(path), open(path, "r+b") as f:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import queue
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -145,6 +146,7 @@ class Answer:
     lasting: bool = False  # a refusal a rerun gets again (an HTTP 4xx, a reply with no text)
     timed_out: bool = False  # the last try connected but had no answer within the timeout
     foreign_ids: bool = False  # the server's ids do not decode to its text: recorded as text
+    refused: tuple[str, ...] = ()  # `server_sampling` fields the server refused, not sent
 
 
 class EngineBackend:
@@ -277,6 +279,7 @@ class OpenAIBackend:
         self.closed = threading.Event()
         self.pool = Requests(concurrency)
         self.ask_ids = True  # vLLM's return_token_ids, until the server refuses the field
+        self.extras = server_sampling(cfg)  # less the fields a strict server refuses by name
         self.ids_lock = threading.Lock()
         self.told_foreign = False  # the warning on ids of another vocabulary, said once
         self.reached = False  # whether the server has answered any request of this run
@@ -322,6 +325,7 @@ class OpenAIBackend:
                 answer = reply(r, self.model_name, self.tokenizer)
                 if answer.foreign_ids:
                     self._say_foreign_ids()
+                answer.refused = tuple(sorted(set(server_sampling(self.cfg)) - set(self.extras)))
                 return answer
         raise AssertionError("unreachable")
 
@@ -336,25 +340,49 @@ class OpenAIBackend:
                       "model's", file=sys.stderr)
 
     def create(self, messages: Messages) -> Any:
-        """One chat completion, asking for the answer's ids (`IDS_FIELD`) until a server
-        refuses that field by name (vLLM before 0.6.5 and other servers that forbid fields
-        they do not know: a 400 or 422 on every request); then asked again without it, as is
-        every later request (answers recorded as text, which capture tokenizes)."""
+        """One chat completion, asking for the answer's ids (`IDS_FIELD`) and sending the
+        sampling fields beyond OpenAI's (`server_sampling`) until a server refuses them by
+        name (vLLM before 0.6.5, OpenAI's own API, gateways that forbid fields they do not
+        know: a 400 or 422 on every request); then asked again without them, as is every later
+        request (answers recorded as text, which capture tokenizes). A field the user set
+        (--top-k) that the server refuses stops the run (`_drop_extras`)."""
         import openai
 
         while True:
-            ask = self.ask_ids
+            ask, extras = self.ask_ids, self.extras
             try:
                 return self.client.chat.completions.create(
                     model=self.model_name, messages=messages, max_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                     seed=request_seed(self.cfg.seed, messages), **PENALTIES,
-                    extra_body=server_sampling(self.cfg) | ({IDS_FIELD: True} if ask else {}),
+                    extra_body=extras | ({IDS_FIELD: True} if ask else {}),
                 )
             except openai.APIStatusError as e:
-                if not (ask and refuses_ids(e)) or self.closed.is_set():
+                named = refused_fields(e, [*extras, *([IDS_FIELD] if ask else [])])
+                if not named or self.closed.is_set():
                     raise
-                self._stop_asking_ids(e.status_code)
+                if IDS_FIELD in named:
+                    self._stop_asking_ids(e.status_code)
+                if named - {IDS_FIELD}:
+                    self._drop_extras(named - {IDS_FIELD}, e)
+
+    def _drop_extras(self, names: set[str], e: Any) -> None:
+        """Stop sending the sampling fields a server refuses by name: sent at their off values
+        only to keep vLLM's and SGLang's generation_config defaults out, which a server that
+        does not know them cannot apply. One the user set (--top-k) cannot be kept so."""
+        if self.cfg.top_k and "top_k" in names:
+            raise DraftsmithError(
+                f"{self.base_url} refuses top_k (HTTP {e.status_code}: {e.message}): it cannot "
+                f"sample as --top-k {self.cfg.top_k} asks: drop --top-k {self.cfg.top_k}, or "
+                "serve the target with vLLM or SGLang, which take it")
+        with self.ids_lock:
+            if not names & set(self.extras):  # another request dropped them first
+                return
+            self.extras = {k: v for k, v in self.extras.items() if k not in names}
+            print(f"regenerate: note: {self.base_url} refuses {', '.join(sorted(names))} (HTTP "
+                  f"{e.status_code}): asked without them (each at its off value, so the "
+                  "sampling is the same unless the server has defaults of its own for them); "
+                  "the answers record them as `refused`", file=sys.stderr)
 
     def _stop_asking_ids(self, status: int) -> None:
         with self.ids_lock:
@@ -420,13 +448,20 @@ UNKNOWN_FIELD = ("extra_forbidden", "extra inputs are not permitted", "unknown f
                  "unrecognized request argument", "is not supported")
 
 
-def refuses_ids(e: Any) -> bool:
-    """A 400 or 422 that names `IDS_FIELD` as a field it does not know (pydantic's
-    extra_forbidden, serde's unknown field); not any error whose body echoes the request,
-    as vLLM's validation errors do, which would turn the ids off for the run."""
+def refused_fields(e: Any, fields: list[str]) -> set[str]:
+    """Those of `fields` a 400 or 422 names as fields it does not know (pydantic's
+    extra_forbidden, serde's unknown field, OpenAI's unrecognized argument); none for an error
+    that does not say so, though its body echoes the request, as vLLM's validation errors do,
+    which would turn the ids off for the run."""
     said = f"{e.message} {e.body}"
-    return (e.status_code in (400, 422) and IDS_FIELD in said
-            and any(w in said.lower() for w in UNKNOWN_FIELD))
+    if e.status_code not in (400, 422) or not any(w in said.lower() for w in UNKNOWN_FIELD):
+        return set()
+    return {f for f in fields if re.search(rf"\b{f}\b", said)}
+
+
+def refuses_ids(e: Any) -> bool:
+    """A 400 or 422 that names `IDS_FIELD` as a field it does not know (`refused_fields`)."""
+    return bool(refused_fields(e, [IDS_FIELD]))
 
 
 def request_seed(seed: int, messages: Messages) -> int:
@@ -873,7 +908,8 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
             tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
             answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish}
-                           | ({"ids": ans.ids} if ans.ids is not None else {}))
+                           | ({"ids": ans.ids} if ans.ids is not None else {})
+                           | ({"refused": list(ans.refused)} if ans.refused else {}))
             stats["answer_tokens"] += tokens
             stats["answers_at_max_new"] += ans.finish == "length"
     recs = []
