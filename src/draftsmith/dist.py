@@ -11,7 +11,9 @@ import contextlib
 import os
 import pickle
 import queue
+import re
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +29,7 @@ from draftsmith.models.parallel import TP
 PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "PAT")
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5")
+NVLS_ALGOS = ("NVLS", "NVLSTree")  # only ever excluded: NCCL_ALGO=^NVLS,NVLSTree
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0"}
 
 
@@ -47,6 +50,9 @@ def nccl_env(
     for key in env:
         if not key.startswith("NCCL_"):
             raise DraftsmithError(f"extra NCCL setting {key!r}: names must start with NCCL_")
+    proto, algo, p2p_level = (env.get("NCCL_PROTO") if proto is None else proto,
+                              env.get("NCCL_ALGO") if algo is None else algo,
+                              env.get("NCCL_P2P_LEVEL") if p2p_level is None else p2p_level)
     if proto:
         env["NCCL_PROTO"] = _check_list("NCCL_PROTO", proto, PROTOS)
     if algo:
@@ -69,30 +75,42 @@ def check_no_nvls(env: dict[str, str]) -> None:
 
 
 def _check_list(name: str, value: str, allowed: tuple[str, ...], single: bool = False) -> str:
-    body = value[1:] if value.startswith("^") and not single else value
-    names = [v.strip() for v in body.split(",")] if not single else [value.strip()]
-    lower = {a.lower(): a for a in allowed}
-    bad = [v for v in names if v.lower() not in lower]
-    if bad or not names:
+    """value in NCCL's own spelling: NCCL_P2P_LEVEL is matched case- and space-sensitively, so
+    ' nvl' would pass here and be ignored there. Lists as NCCL parses NCCL_PROTO and NCCL_ALGO:
+    'LL,Simple', '^LL128' or per collective 'LL;allreduce:^LL'."""
+    if single:
+        return _spelled(name, value, [value.strip()], allowed)[0]
+    items = []
+    for item in value.split(";"):
+        coll, _, spec = item.rpartition(":")
+        spec = spec.strip()
+        excluded = spec.startswith("^")
+        names = [v.strip() for v in spec.removeprefix("^").split(",")]
+        spec = "^" * excluded + ",".join(_spelled(name, value, names, allowed, excluded))
+        items.append(f"{coll.strip()}:{spec}" if coll.strip() else spec)
+    return ";".join(items)
+
+
+def _spelled(name: str, value: str, names: list[str], allowed: tuple[str, ...],
+             excluded: bool = False) -> list[str]:
+    nvls = NVLS_ALGOS if excluded and name == "NCCL_ALGO" else ()
+    lower = {a.lower(): a for a in (*allowed, *nvls)}
+    if bad := [v for v in names if v.lower() not in lower]:
         raise DraftsmithError(f"{name}={value!r}: unknown value {bad}; use {', '.join(allowed)}")
-    return value
+    return [lower[v.lower()] for v in names]
 
 
 def _check_algo(value: str, strict: bool = True) -> str:
-    """NCCL_ALGO: 'Ring,Tree', '^Tree' or per collective 'allreduce:tree;allgather:ring'."""
+    """NCCL_ALGO in NCCL's spelling (`_check_list`), NVLS refused; strict=False (settings found
+    in the environment): only NVLS refused."""
     for item in value.split(";"):
-        spec = item.split(":", 1)[-1].strip()
-        excluded = spec.startswith("^")
-        names = [v.strip() for v in spec.lstrip("^").split(",") if v.strip()]
-        if not excluded and any(v.lower().startswith("nvls") for v in names):
+        spec = item.rpartition(":")[2].strip()
+        names = [v.strip() for v in spec.removeprefix("^").split(",")]
+        if not spec.startswith("^") and any(v.lower().startswith("nvls") for v in names):
             raise DraftsmithError(
                 f"NCCL_ALGO={value!r} asks for NVLS: draftsmith keeps NVLink multicast off"
             )
-        known = {a.lower() for a in ALGOS} | {"nvls", "nvlstree"}
-        bad = [v for v in names if v.lower() not in known]
-        if bad and strict:
-            raise DraftsmithError(f"NCCL_ALGO={value!r}: unknown {bad}; use {', '.join(ALGOS)}")
-    return value
+    return _check_list("NCCL_ALGO", value, ALGOS) if strict else value
 
 
 def apply_nccl_env(env: dict[str, str]) -> None:
@@ -128,8 +146,18 @@ def nccl_settings(env: dict[str, str]) -> Iterator[None]:
 
 
 def ensure_nvls_off() -> None:
-    """Check the NCCL settings already in the environment and pin NCCL_NVLS_ENABLE=0."""
-    apply_nccl_env({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+    """Check the NCCL settings already in the environment and pin NCCL_NVLS_ENABLE=0. NCCL also
+    reads nccl.conf files for what the environment leaves unset: an NCCL_ALGO=NVLS there counts."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    for path in [] if "NCCL_ALGO" in env else _conf_files():
+        algo = _read_conf(path).get("NCCL_ALGO") if path.is_file() else None
+        if algo is not None:
+            try:
+                _check_algo(algo, strict=False)
+            except DraftsmithError as e:
+                raise DraftsmithError(f"{path}: {e}") from None
+            break
+    apply_nccl_env(env)
 
 
 def nccl_record() -> dict[str, Any]:
@@ -150,8 +178,10 @@ def _nccl_version() -> str | None:
 
 
 def _conf_files() -> list[Path]:
+    """As NCCL reads them, first file first (a setting there wins): NCCL_CONF_FILE or
+    ~/.nccl.conf, then /etc/nccl.conf."""
     conf = os.environ.get("NCCL_CONF_FILE")
-    return [Path(conf)] if conf else [Path.home() / ".nccl.conf", Path("/etc/nccl.conf")]
+    return [Path(conf) if conf else Path.home() / ".nccl.conf", Path("/etc/nccl.conf")]
 
 
 def _read_conf(path: Path) -> dict[str, str]:
@@ -166,13 +196,13 @@ def under_torchrun() -> bool:
 
 
 def _env_int(name: str, default: int | None = None) -> int:
+    """ASCII digits only: int() alone took RANK=1_0 as 10 and other scripts' digits as ranks."""
     raw = os.environ.get(name)
     if raw is None and default is not None:
         return default
-    try:
-        return int(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise DraftsmithError(f"environment variable {name}={raw!r} is not an integer") from None
+    if raw is None or not re.fullmatch(r"\s*[-+]?[0-9]+\s*", raw):
+        raise DraftsmithError(f"environment variable {name}={raw!r} is not an integer")
+    return int(raw)
 
 
 def pick_device(local_rank: int, device: str | None, rank: int | None = None) -> torch.device:
@@ -182,8 +212,9 @@ def pick_device(local_rank: int, device: str | None, rank: int | None = None) ->
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return torch.device("cpu")
-    if not device.startswith("cuda"):
-        raise DraftsmithError(f"device {device!r}: tensor parallelism runs on cpu or cuda")
+    if not re.fullmatch(r"cuda(:[0-9]+)?", device):  # 'cuda:x' ran on cuda:0 without a word
+        raise DraftsmithError(f"device {device!r}: tensor parallelism runs on cpu, cuda or "
+                              "cuda:N")
     if rank is not None and device != "cuda" and _cuda_index(device) != local_rank:
         raise DraftsmithError(f"--device {device}: rank {rank} runs on cuda:{local_rank} (its "
                               "local rank); give --device cuda")
@@ -207,6 +238,9 @@ def init_tp(tp_size: int | None = None, device: str | None = None) -> TP:
     Ranks are grouped in consecutive blocks of tp_size (tp_size=None: the whole world);
     NCCL on CUDA, gloo on CPU. Without torchrun, tp_size must be 1.
     """
+    if tp_size is not None and (isinstance(tp_size, bool) or not isinstance(tp_size, int)
+                                or tp_size < 1):
+        raise DraftsmithError(f"tensor-parallel size {tp_size!r}: must be an integer >= 1")
     if not under_torchrun():
         torchrun_ranks()  # RANK or WORLD_SIZE alone: a launcher set up wrongly, refused
         if tp_size not in (None, 1):
@@ -236,6 +270,9 @@ def ranks() -> tuple[int, int, int]:
                               f"rank is 0 to {world - 1}")
     if local < 0:
         raise DraftsmithError(f"environment variable LOCAL_RANK={local}: must be >= 0")
+    if local >= world:
+        raise DraftsmithError(f"environment variable LOCAL_RANK={local}: with WORLD_SIZE={world} "
+                              f"a local rank is 0 to {world - 1}")
     return rank, world, local
 
 
@@ -254,7 +291,16 @@ def torchrun_ranks() -> tuple[int, int, int]:
 
 
 def start_group(rank: int, world: int, dev: torch.device) -> None:
+    """Join the group at MASTER_ADDR:MASTER_PORT, or keep the one this process already runs
+    where it is this rank of this world on this backend (else its collectives hang or fail)."""
+    backend = "nccl" if dev.type == "cuda" else "gloo"
     if dist.is_initialized():
+        have = (dist.get_rank(), dist.get_world_size(), str(dist.get_backend()))
+        if have[:2] != (rank, world) or backend not in have[2]:
+            raise DraftsmithError(
+                f"this process already runs a process group as rank {have[0]} of {have[1]} "
+                f"({have[2]}); rank {rank} of {world} on {dev.type} needs {backend}: end it first "
+                "(draftsmith.dist.shutdown)")
         return
     where = rendezvous()
     try:
@@ -262,9 +308,9 @@ def start_group(rank: int, world: int, dev: torch.device) -> None:
             ensure_nvls_off()
             torch.cuda.set_device(dev)
             # device_id starts the communicator now, not inside a CUDA-graph capture.
-            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+            dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev)
         else:
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+            dist.init_process_group(backend, rank=rank, world_size=world)
     except dist.DistError as e:  # e.g. MASTER_PORT taken by another process
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         taken = "EADDRINUSE" in first or "address already in use" in first.lower()
@@ -327,10 +373,16 @@ def spawn(
     fn must be importable (a module-level function); args and results travel pickled. A
     DraftsmithError in any rank is raised here as one; other failures as RuntimeError.
     """
-    if nprocs < 1:
-        raise DraftsmithError(f"cannot spawn {nprocs} processes")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise DraftsmithError(f"cannot spawn {nprocs!r} processes: give an integer >= 1")
+    if timeout_s is not None and not timeout_s > 0:
+        raise DraftsmithError(f"timeout_s={timeout_s!r}: give seconds > 0, or None for no limit")
     check_spawn_device(device, nprocs)
-    payload = pickle.dumps((fn, args))
+    try:
+        payload = pickle.dumps((fn, args))
+    except Exception as e:  # a lambda, a local function, an open file among the args
+        raise DraftsmithError(f"spawned ranks get fn and args pickled: {e} (give a module-level "
+                              "function and picklable args)") from None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     for attempt in range(1, PORT_TRIES + 1):
         try:
@@ -349,16 +401,15 @@ def _launch(payload: bytes, nprocs: int, device: str | None, deadline: float | N
     results: queue.Queue = ctx.Queue()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
-    procs = [
-        ctx.Process(target=_worker, args=(r, env, device, payload, results), daemon=True)
-        for r in range(nprocs)
-    ]
-    for p in procs:
-        p.start()
-    try:
+    procs: list = []
+    try:  # a Ctrl-C while ranks start ends those already started too
+        for r in range(nprocs):
+            procs.append(ctx.Process(target=_worker, args=(r, env, device, payload, results),
+                                     daemon=True))
+            procs[-1].start()
         return _collect(procs, results, deadline, timeout_s)
     finally:
-        _end(procs)
+        _end([p for p in procs if p.pid is not None])
 
 
 def _end(procs: list) -> None:
@@ -375,6 +426,9 @@ def _end(procs: list) -> None:
 
 
 def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, out) -> None:
+    import multiprocessing as mp
+
+    _exit_with(mp.parent_process().sentinel)
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     n = int(env["WORLD_SIZE"])
     try:
@@ -382,7 +436,14 @@ def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, 
         tp = init_tp(n, device)
         if tp.device.type == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-        out.put((rank, "ok", pickle.dumps(fn(tp, *args))))
+        result = fn(tp, *args)
+        try:
+            body = pickle.dumps(result)
+        except Exception as e:
+            raise DraftsmithError(f"{getattr(fn, '__qualname__', fn)} returned a "
+                                  f"{type(result).__name__} that cannot travel back pickled: "
+                                  f"{e}") from None
+        out.put((rank, "ok", body))
     except PortTaken as e:
         out.put((rank, "port", str(e)))
     except DraftsmithError as e:
@@ -395,6 +456,18 @@ def _worker(rank: int, env: dict[str, str], device: str | None, payload: bytes, 
         out.close()
         out.join_thread()
         shutdown()
+
+
+def _exit_with(parent: int) -> None:
+    """End this rank when the launcher dies (SIGKILL, an OOM kill: no finally runs there), rather
+    than leave it waiting in a collective, holding its GPU, until the group's timeout."""
+    from multiprocessing.connection import wait
+
+    def watch() -> None:
+        wait([parent])
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="draftsmith-parent-watch").start()
 
 
 QUIET_S = 30.0  # how long a rank's result may trail its exit (the queue's feeder flushes)
@@ -487,6 +560,8 @@ def launch_tp(fn: Callable[..., Any], tp_size: int, *args: Any, device: str | No
 def check_spawn_device(device: str | None, nprocs: int) -> None:
     """Refused before any rank starts: spawned rank r runs on cuda:r, so a cuda:N (which the
     ranks would ignore) or fewer GPUs than ranks failed only after every rank had started."""
+    if device not in (None, "auto", "cpu") and not re.fullmatch(r"cuda(:[0-9]+)?", device):
+        raise DraftsmithError(f"device {device!r}: tensor parallelism runs on cpu or cuda")
     if not (device or "").startswith("cuda"):
         return
     if device != "cuda":
