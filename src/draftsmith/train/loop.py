@@ -409,6 +409,16 @@ class Trainer:
                       bf16=gpu if cfg.bf16 is None else cfg.bf16,
                       pad_multiple=cfg.pad_multiple or (128 if gpu else 1))
         self.cfg, self.ctx, self.out = cfg, ctx, Path(cfg.out)
+        # a rank failing here alone left the others in DDP's first broadcast (a peer's closed
+        # connection their error, or a wait): every rank stops with its error instead
+        with shared_failure(ctx.world):
+            self._prepare()
+        self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
+                                            cfg.compile_loss))
+
+    def _prepare(self) -> None:
+        """Everything before the first collective (DDP's)."""
+        cfg, ctx = self.cfg, self.ctx
         check_run_folder(self.out)
         dataset = check_data_first(cfg)
         found = self._find_checkpoint()  # an --out holding a run without --resume: refused now
@@ -418,9 +428,10 @@ class Trainer:
                                      dataset.manifest if dataset is not None else None)
         self.data = self._open_data(dataset)
         self.data_id = self.data.identity()
+        self.shard_stamps = self._check_shards(saved[0] if saved else None)
         # before the vocab count and the drafter: a --batch-size the data cannot fill is refused
         self.plan = Plan(self.data.lengths, cfg.batch_size, cfg.max_len, ctx.world, ctx.rank,
-                         cfg.seed)
+                         cfg.seed, packing_of(saved[0] if saved else None))
         self._check_answers()
         self.total = self._total_steps()
         self._check_warmup()
@@ -438,8 +449,6 @@ class Trainer:
         if saved is not None:
             self._restore(found, *saved)
         self._check_profile()
-        self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
-                                            cfg.compile_loss))
         head_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         self.head = target_head(self.target)[1].to(ctx.device, head_dtype)
         d2t = self.drafter.d2t
@@ -465,6 +474,17 @@ class Trainer:
         if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
             raise aux_clash(c, data.aux_layer_ids)
         return data
+
+    def _check_shards(self, state: dict[str, Any] | None) -> dict[str, list[int]]:
+        """The shards trained on against the manifest's sha256, before training: a shard
+        corrupted or replaced since its capture trained silently on other data. Hashed once a
+        run, split over this host's ranks; a --resume hashes only those changed on disk since
+        its checkpoint (`ShardReader.check_hashes`). The stamps, for checkpoints."""
+        if self.data.reader is None:
+            return {}
+        known = (state or {}).get("shards") or {}
+        return self.data.reader.check_hashes(len(self.data.lengths), known,
+                                             host_part(self.ctx), self.say)
 
     def _check_resume(self, found: Path | None) -> tuple[dict[str, Any], Any] | None:
         """The checkpoint's (trainer state, RNG state), its options (--prompts, --data, ...) and
@@ -895,8 +915,9 @@ class Trainer:
             workers = min(4, (os.cpu_count() or 1) // 2)
         gpu = self.ctx.device.type == "cuda"
         # first: an open-file limit too low for the workers is refused before --out is made
-        self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
-                              pin=gpu, multiple=self.cfg.pad_multiple)
+        with shared_failure(self.ctx.world):  # a rank's own limit: every rank stops
+            self.loader = batches(self.plan, self.data.source, self.step, self.total, workers,
+                                  pin=gpu, multiple=self.cfg.pad_multiple)
         try:
             self._hold_out()
         except BaseException:
@@ -1218,7 +1239,8 @@ class Trainer:
         state = {"step": self.step, "tokens": self.tokens, "world": self.ctx.world,
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                  "window": self.window.state(), "config": asdict(self.cfg),
-                 "data": self.data_id}
+                 "data": self.data_id, "packing": self.plan.packing,
+                 "shards": self.shard_stamps}
         ckpt.save_checkpoint(self.out, self.step, self.drafter, state, self._summary(),
                              self.cfg.keep_last, self.ctx.rank, self.ctx.world)
         with shared_failure(self.ctx.world):
@@ -1233,6 +1255,28 @@ class Trainer:
                 report.plot(self.out)
         self.say(f"drafter written to {self.out}")
         return self.out
+
+
+def packing_of(state: dict[str, Any] | None) -> str:
+    """The data order a run goes on in: a multi-rank checkpoint written before the epoch was
+    packed once and dealt out (no `packing` recorded) resumes in its per-rank packing; one
+    process packed alike either way."""
+    if state is None or state.get("world", 1) == 1:
+        return "global"
+    return str(state.get("packing", "per_rank"))
+
+
+def host_part(ctx: DistCtx) -> tuple[int, int]:
+    """(this rank's index among its host's ranks, their count): torchrun's LOCAL_RANK and
+    LOCAL_WORLD_SIZE (each host reads its own copy of the data)."""
+    if ctx.world == 1:
+        return 0, 1
+    try:
+        n = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world))
+        i = int(os.environ.get("LOCAL_RANK", ctx.rank))
+    except ValueError:
+        return 0, 1
+    return (i, n) if 0 <= i < n else (0, 1)
 
 
 def train(cfg: TrainConfig) -> Path:

@@ -8,12 +8,14 @@ This reader follows the same shard contract (docs/structure.md) and safetensors'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,60 @@ class ShardReader:
                 os.close(fd)
             check_widths(path, shapes, n_aux, hidden)
             _check_layout(path, header)
+
+    def check_hashes(self, samples: int, known: dict[str, list[int]],
+                     part: tuple[int, int] = (0, 1),
+                     say: Callable[[str], None] | None = None) -> dict[str, list[int]]:
+        """The shards holding the first `samples` samples against their manifest's sha256, the
+        file as this run opened it (`check_shapes`): each hashed unless `known` (a checkpoint's)
+        records it unchanged on disk since (inode, size, mtime, ctime); those to hash split over
+        `part` (this rank's index among the ranks of its host, their count), a thread a few.
+        Returns every used shard's stamp, for checkpoints. Refused naming the shard; `say`
+        told of a check of more than a GiB (it reads the shards once)."""
+        used, count = [], 0
+        for k, s in enumerate(self.shards):
+            if count >= samples:
+                break
+            used.append(k)
+            count += int(s["samples"])
+        stamps = {k: self._stamp_of(k) for k in used}
+        stale = [k for k in used if self.shards[k].get("sha256")
+                 and known.get(self.shards[k]["file"]) != stamps[k]]
+        size = sum(int(self.shards[k].get("bytes", 0)) for k in stale)
+        if say is not None and size > 1 << 30:
+            say(f"checking {len(stale)} shard(s) of {self.folder} ({size / (1 << 30):.1f} GiB) "
+                "against the manifest's sha256 (once a run: --resume checks only those changed "
+                "on disk since)")
+        mine = stale[part[0] :: part[1]]
+        if mine:
+            threads = max(1, min(8, len(mine), (os.cpu_count() or 1) // part[1]))
+            pool = ThreadPoolExecutor(threads)
+            try:
+                for _ in pool.map(self._check_hash, mine):
+                    pass
+            finally:
+                pool.shutdown(cancel_futures=True)
+        return {self.shards[k]["file"]: stamps[k] for k in used}
+
+    def _stamp_of(self, k: int) -> list[int]:
+        if k not in self._stamps:
+            os.close(self._opened(k))
+        return list(self._stamps[k][1:])  # not the device: its number may change on a reboot
+
+    def _check_hash(self, k: int) -> None:
+        path, want = self._path(k), self.shards[k]["sha256"]
+        fd = self._opened(k)
+        try:
+            digest = sha256_fd(fd, path)
+            self._unchanged(k, fd)
+        finally:
+            os.close(fd)
+        if digest != want:
+            raise DraftsmithError(
+                f"{path}: sha256 {digest[:16]}... does not match the manifest's {want[:16]}...: "
+                "the shard changed since its capture (corrupted, or written again), so training "
+                "would read other data; capture the dataset again (`draftsmith data inspect` "
+                "checks every shard)")
 
     def _fd(self, k: int) -> int:
         if k in self._fds:
@@ -185,6 +241,21 @@ def _check_layout(path: Path, header: dict[str, Any]) -> None:
 def _stamp(fd: int) -> tuple[int, ...]:
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def sha256_fd(fd: int, path: Path) -> str:
+    """The sha256 of the open file `fd` (shard `path`), read with `pread`: the file the run
+    opened, not one put in its place since. hashlib lets go of the GIL: threads hash in
+    parallel."""
+    h, buf, at = hashlib.sha256(), bytearray(1 << 22), 0
+    view = memoryview(buf)
+    try:
+        while n := os.preadv(fd, [view], at):
+            h.update(view[:n])
+            at += n
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot read the shard ({e.strerror})") from None
+    return h.hexdigest()
 
 
 def _open(path: Path) -> int:

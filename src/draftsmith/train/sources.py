@@ -39,6 +39,7 @@ class Data:
     # a digest of what is trained on: offline, the used shards' sha256 from the manifest (a
     # re-capture of the same tokens with other hidden states differs); online, the token ids
     content: str | None = None
+    reader: ShardReader | None = None  # offline: the dataset's, for `check_hashes`
 
     def identity(self) -> dict[str, Any]:
         """What the data order depends on (the sample lengths) and what it holds (`content`),
@@ -143,7 +144,7 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None,
                "target_fingerprint": m.get("target", {}).get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
     return Data(source, lengths, ids, False, summary, m if source is reader else None,
-                content=shards_digest(m["shards"], len(lengths)))
+                content=shards_digest(m["shards"], len(lengths)), reader=reader)
 
 
 def _aux_ids(folder: str | Path, m: dict[str, Any], layers: int) -> list[int]:
