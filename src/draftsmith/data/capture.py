@@ -16,6 +16,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,20 @@ class CaptureConfig:
         if self.too_long not in ("truncate", "skip"):
             raise DraftsmithError(f"too_long must be 'truncate' or 'skip', got {self.too_long!r}")
         for name in ("batch_size", "max_len", "samples_per_shard"):
-            if getattr(self, name) < 1:
-                raise DraftsmithError(f"{name} must be >= 1, got {getattr(self, name)}")
+            v = getattr(self, name)  # a float would be recorded, a bool taken as 1
+            if not isinstance(v, Integral) or isinstance(v, bool) or v < 1:
+                raise DraftsmithError(f"{name} must be a whole number >= 1, got {v!r}")
+            setattr(self, name, int(v))
+        ids = self.aux_layer_ids  # layers.validate would take 1.5 and True as layer 1
+        if ids is not None:
+            if not isinstance(ids, list | tuple) or not all(
+                    isinstance(i, Integral) and not isinstance(i, bool) for i in ids):
+                raise DraftsmithError(f"aux_layer_ids must be a list of integer canonical layer "
+                                      f"ids or None (the default ones), got {ids!r}")
+            self.aux_layer_ids = [int(i) for i in ids]
+        if not isinstance(self.dtype, torch.dtype):
+            raise DraftsmithError(f"dtype must be a torch.dtype such as torch.bfloat16, got "
+                                  f"{self.dtype!r}")
 
 
 @dataclass
@@ -237,9 +250,32 @@ def forward_shard(model: Any, tok: Any, convs: list[Conversation], idx: list[int
         aux, hidden = fo.aux.to(torch.bfloat16).cpu(), fo.hidden.to(torch.bfloat16).cpu()
         for r, i in enumerate(rows):
             n = len(enc[i][0])
+            _finite(convs[i], i, aux[r, :n], hidden[r, :n], aux_ids, cfg)
             out[i] = Sample(convs[i].id, tokens[r, :n].clone(), torch.tensor(enc[i][1]),
                             aux[r, :n].clone(), hidden[r, :n].clone())
     return [out[i] for i in idx]
+
+
+class NonFinite(DraftsmithError):
+    """States of inf or NaN (a float16 target past 65504): a drafter trained on them is NaN."""
+
+
+def _finite(conv: Conversation, i: int, aux: torch.Tensor, hidden: torch.Tensor,
+            ids: tuple[int, ...], cfg: CaptureConfig) -> None:
+    """Refuse a sample whose states hold inf or NaN, naming the conversation, the first
+    state (aux layer or final hidden) and token that does."""
+    states = torch.cat([aux, hidden[:, None]], 1)
+    bad = (~torch.isfinite(states)).any(-1)  # [tokens, slots]
+    if not bad.any():
+        return
+    token, slot = (int(x) for x in bad.nonzero()[0])
+    where = f"aux layer {ids[slot]}" if slot < len(ids) else "the final hidden state"
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    fix = ("capture again in bfloat16 or float32 (--dtype) into another folder or with "
+           "--overwrite" if cfg.dtype == torch.float16 else "the target overflows at "
+           f"{dtype} (damaged weights?)")
+    raise NonFinite(f"capture: conversation {i} (id {conv.id}): the target's state at {where} "
+                    f"is inf or NaN at token {token} (compute dtype {dtype}); {fix}")
 
 
 def aux_ids(requested: list[int] | None, num_layers: int) -> list[int]:
@@ -306,6 +342,8 @@ def capture(
     ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
     cfg = within_positions(cfg, target.cfg.max_position_embeddings, say)
     tok = target.tokenizer
+    if not convs:
+        raise DraftsmithError("no conversations to capture: the input is empty")
     p = plan(tok, convs, cfg)
     if not p.kept:
         raise DraftsmithError(f"no conversation has assistant tokens to capture (skipped: "
@@ -321,6 +359,7 @@ def capture(
     if world > 1 and _merged_done(out, head):
         return read_manifest(out)
     if world > 1 and not overwrite:  # before this rank's work, not at the merge after it
+        _same_merged(out, head, redo)
         _same_ranks(out, head, world)
     if grow and world == 1:
         _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
@@ -356,6 +395,11 @@ def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard, say)
         bar.close()
         say(f"capture: stopped (ctrl-C): {_kept_shards(writer)}")
         raise
+    except NonFinite as e:
+        bar.close()
+        n = len(writer.manifest["shards"])
+        raise DraftsmithError(f"{e}; nothing of it was stored, the {n} shard(s) finished before "
+                              "are kept") from None
     except torch.OutOfMemoryError:  # batch_size is no part of the identity: a rerun resumes
         bar.close()
         raise DraftsmithError(
@@ -491,6 +535,19 @@ def _same_ranks(out: Path, head: dict[str, Any], world: int) -> None:
         path = out / f"rank-{k}"
         if k != head["rank"] and (path / MANIFEST).is_file():
             _one_dataset(out, head, read_manifest(path))
+
+
+def _same_merged(out: Path, head: dict[str, Any], redo: str) -> None:
+    """Refuse a dataset in `out` that this run's merge would write its manifest over (a
+    single-process capture's, another run's), by the setting that differs, as ShardWriter
+    refuses a rank's folder: its shards would be left unlisted."""
+    if not (out / MANIFEST).is_file():
+        return
+    m = read_manifest(out)
+    for key in (k for k in IDENTITY if k != "rank"):
+        if not same_setting(key, m.get(key), head.get(key)):
+            raise DraftsmithError(f"{out}: holds a dataset made with a different {key} "
+                                  f"({m.get(key)!r} there, {head.get(key)!r} now); {redo}")
 
 
 def _setting(m: dict[str, Any], key: str) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import atomic_write, make_folder, write_json
+from draftsmith.data.atomic import check_file_path, fsync_dir, make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 
@@ -194,6 +195,56 @@ def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]
     return {k: v.contiguous() for k, v in tensors.items()}, meta
 
 
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str],
+                kept: str) -> tuple[int, str]:
+    """The shard at `path` whole or not at all (tmp file, fsync, os.replace), written by
+    safetensors' `save_file` from the tensors' own memory (`save` returned it as bytes, twice its
+    size more at the peak) and hashed as read back. Returns (bytes, sha256); `kept` ends the
+    error a failed write gives."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    check_file_path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        h, buf = hashlib.sha256(), memoryview(bytearray(1 << 20))
+        with open(tmp, "rb") as f:
+            while n := f.readinto(buf):
+                h.update(buf[:n])
+            os.fsync(f.fileno())
+        digest = h.hexdigest()
+        size = tmp.stat().st_size
+        os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:  # a full disk: no tmp file is left, the shards
+        tmp.unlink(missing_ok=True)  # before are listed
+        raise DraftsmithError(f"{path}: cannot write it ({getattr(e, 'strerror', None) or e}); "
+                              f"{kept}") from None
+    fsync_dir(path.parent)
+    return size, digest
+
+
+def check_samples(path: Path, m: dict[str, Any], samples: list[Sample]) -> None:
+    """Each sample one id, mask bit, aux row and hidden row a token, of the widths `m` names:
+    a model of another target (capture's `model=`) refused before its states are written
+    under this manifest's hidden_size and aux ids."""
+    ids, h = m.get("aux_layer_ids"), m.get("hidden_size")
+    for s in samples:
+        rows = [int(s.input_ids.numel()), int(s.loss_mask.numel()), len(s.aux), len(s.hidden)]
+        if len(set(rows)) > 1:
+            raise DraftsmithError(f"{path}: sample {s.sample_id!r}: {rows[0]} input_ids, "
+                                  f"{rows[1]} loss_mask, {rows[2]} aux and {rows[3]} hidden "
+                                  "rows, not one of each a token; nothing written")
+        aux, hidden = list(s.aux.shape[1:]), list(s.hidden.shape[1:])
+        if (len(aux) != 2 or len(hidden) != 1 or aux[1] != hidden[0]
+                or isinstance(ids, list) and aux[0] != len(ids)
+                or h is not None and hidden[0] != h):
+            raise DraftsmithError(
+                f"{path}: sample {s.sample_id!r} holds aux states {aux} and hidden {hidden} a "
+                f"token, but the manifest says {len(ids) if isinstance(ids, list) else '?'} aux "
+                f"layers of {h}: states of another model than its target; nothing written")
+
+
 class ShardWriter:
     """Writes numbered shards into `folder` and keeps its manifest true after each one.
 
@@ -235,22 +286,20 @@ class ShardWriter:
         return {int(s["index"]) for s in self.manifest["shards"]}
 
     def write(self, index: int, samples: list[Sample]) -> dict[str, Any]:
-        from safetensors.torch import save
-
         if not samples:
             raise DraftsmithError(f"shard {index}: no samples")
-        tensors, meta = pack(samples)
-        data = save(tensors, metadata=meta)
         name, kept = shard_name(index), self._kept()
-        atomic_write(self.folder / name, data, kept)
+        check_samples(self.folder / name, self.manifest, samples)
+        tensors, meta = pack(samples)
+        size, digest = write_shard(self.folder / name, tensors, meta, kept)
         entry = {
             "index": index,
             "file": name,
             "samples": len(samples),
             "tokens": int(tensors["input_ids"].numel()),
             "loss_tokens": int(tensors["loss_mask"].sum()),
-            "bytes": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": size,
+            "sha256": digest,
         }
         shards = [s for s in self.manifest["shards"] if s["index"] != index] + [entry]
         self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
