@@ -40,8 +40,8 @@ class Generation:
 
 def prefill(rt: Runtime, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Write every prompt into the cache; return last-position logits [B, V] and lengths [B]."""
-    if any(not len(p) for p in prompts):
-        raise DraftsmithError("empty prompt")
+    if not len(prompts) or any(not len(p) for p in prompts):  # no prompts: max() raised
+        raise DraftsmithError("empty prompt list or empty prompt")
     longest = max(len(p) for p in prompts)
     if longest > rt.max_seq:
         raise DraftsmithError(f"prompt of {longest} tokens exceeds max_seq {rt.max_seq}")

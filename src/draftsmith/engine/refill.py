@@ -17,6 +17,7 @@ import torch
 
 from draftsmith.engine.generate import (
     _trim,
+    check_max_new,
     check_request,
     eos_list,
     graphed_step,
@@ -115,16 +116,20 @@ def warm_prompts(pre: Runtime, prompts: list[list[int]],
                  start: Callable[[list[int], list[list[int]]], object], rows: int) -> None:
     """Run `start(rows, prompts)` untimed once for every padded row count `prompt_into_rows`
     can use for refills of up to `rows` rows, and every bucket these prompts fall in: what a
-    refill run replays is captured."""
+    refill run replays is captured. The first tokens `start` samples leave the random state as
+    it was (as `Graphs.capture` does): a seeded run after the warm-up draws what it draws
+    without one."""
     if pre.graphs is None:
         return
     one = {pre.bucket(1, len(p)): p for p in prompts}  # a prompt per bucket
     sizes = {padded_rows(k, pre.max_batch) for k in range(1, min(rows, pre.max_batch) + 1)}
-    for size in sorted(sizes, reverse=True):  # largest first: the graphs share one pool
-        for p in sorted(one.values(), key=len, reverse=True):
-            if pre.bucket(size, len(p)) is not None:  # else eager: nothing to capture
-                k = min(size, rows)  # padded to `size` rows all the same
-                start(list(range(k)), [p] * k)
+    cuda = [pre.device] if torch.device(pre.device).type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        for size in sorted(sizes, reverse=True):  # largest first: the graphs share one pool
+            for p in sorted(one.values(), key=len, reverse=True):
+                if pre.bucket(size, len(p)) is not None:  # else eager: nothing to capture
+                    k = min(size, rows)  # padded to `size` rows all the same
+                    start(list(range(k)), [p] * k)
 
 
 def prompt_into_rows(pre: Runtime, pool: torch.Tensor, rows: list[int], prompts: list[list[int]],
@@ -152,6 +157,8 @@ def prepare(rt: Runtime, rows: int | None, max_new: int, eos: list[int], params:
     the capture (which leaves the random state alone: `Graphs.capture`). `prompts`: also
     capture the prompt graphs their refills will use (`warm_prompts`)."""
     check_rows(rows, rt.max_batch)
+    check_max_new(max_new)  # 0 made a state whose first token had no slot
+    check_params(params)
     rows = rows or rt.max_batch  # None: as generate_refill takes it, every row the runtime has
     state, step = _refiller(rt, rows, max_new, eos_list(eos), params)
     warm_prompts(state.pre, list(prompts), state.start, state.rows)
@@ -186,8 +193,8 @@ def generate_refill(
     check_rows(rows, rt.max_batch)
     rows = rows or rt.max_batch
     eos = eos_list(eos_ids)  # a bare id refused: `eos_ids=0` read as no EOS at all
-    if not isinstance(params, SamplingParams):
-        raise DraftsmithError(f"params must be a SamplingParams, got {params!r}")
+    check_params(params)
+    check_spacing(check_every)
     check_request(rt, prompts, max_new_tokens, eos)
     state, step = _refiller(rt, rows, max_new_tokens, eos, params)
     state.done.fill_(True)
@@ -224,6 +231,22 @@ def check_rows(rows: int | None, most: int) -> None:
         raise DraftsmithError(f"rows must be >= 1, got {rows}")
     if rows is not None and rows > most:
         raise DraftsmithError(f"rows {rows} exceed max_batch {most}")
+
+
+def check_params(params: SamplingParams) -> None:
+    """One SamplingParams for every row (a list failed deep in the state's making)."""
+    if not isinstance(params, SamplingParams):
+        raise DraftsmithError(f"params must be a SamplingParams, got {params!r}")
+
+
+def check_spacing(every: int | None, default: bool = False) -> None:
+    """check_every: a whole number >= 1 (`default`: also None or 0, the engine's own spacing).
+    A string or float was a TypeError at the first look, 0 and negatives ran silently."""
+    if default and (every is None or every == 0 and whole(every)):
+        return
+    if not whole(every) or every < 1:
+        raise DraftsmithError(f"check_every must be a whole number >= 1"
+                              f"{' (None: by rows)' if default else ''}, got {every!r}")
 
 
 def step_spacing(check_every: int, max_new: int) -> int:

@@ -25,10 +25,16 @@ from typing import Any
 import torch
 
 from draftsmith.engine.drafter_runtime import DrafterRuntime
-from draftsmith.engine.generate import _trim, eos_list, sync
+from draftsmith.engine.generate import _trim, check_prompts, eos_list, sync
 from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.profiler import make_profiler
-from draftsmith.engine.refill import check_rows, prefill_runtime, prompt_into_rows, warm_prompts
+from draftsmith.engine.refill import (
+    check_rows,
+    check_spacing,
+    prefill_runtime,
+    prompt_into_rows,
+    warm_prompts,
+)
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
 from draftsmith.engine.spec_state import SpecResult, SpecState
@@ -123,7 +129,9 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
     the whole wall time, prefills included (`prefill_s` is 0), so `tokens_per_s` is the serving
     rate; the accept statistics cover every prompt."""
     check_rows(rows, dec.rt.max_batch)
-    rows = min(rows or dec.rt.max_batch, len(prompts) or 1)
+    check_prompts(prompts, dec.rt.model.cfg.vocab_size)  # before len(): an int's was a TypeError
+    check_spacing(check_every, default=True)
+    rows = min(rows or dec.rt.max_batch, len(prompts))
     check_every = check_every or refill_every_for(rows)
     eos = eos_list(eos_ids)  # a bare id refused: `eos_ids=0` read as no EOS at all
     _check(dec, prompts, max_new_tokens, eos, rows)
@@ -160,12 +168,12 @@ def generate_refill(dec: SpecDecoder, prompts: list[list[int]], max_new_tokens: 
 
 
 @torch.no_grad()
-def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int) -> None:
+def warm_refill(dec: SpecDecoder, prompts: list[list[int]], rows: int | None) -> None:
     """Capture, untimed, what a refill run of these prompts will replay: the cycle's graphs at
     `rows` and the prompt graphs (target and drafter) of every row count and bucket its
     prefills use."""
     check_rows(rows, dec.rt.max_batch)
-    rows = min(rows, len(prompts))
+    rows = min(rows or dec.rt.max_batch, len(prompts))  # None: every row, as generate_refill
     if not rows:  # nothing to warm: not a state (and on a GPU its graphs) of no rows
         return
     warm_prompts(_prefiller(dec).rt, prompts, prompt_pass(dec, rows), rows)
