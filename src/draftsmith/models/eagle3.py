@@ -44,6 +44,7 @@ def _whole(v: Any) -> bool:
 SIZES = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
          "target_hidden_size", "vocab_size", "draft_vocab_size", "max_position_embeddings",
          "num_layers")
+FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass(slots=True)
@@ -92,16 +93,47 @@ class Eagle3Config:
             if not _whole(v) or v < 1:
                 raise DraftsmithError(f"{name} {v!r} is not a size (a whole number >= 1)")
             setattr(self, name, int(v))  # numpy's too, as the JSON it is saved to writes them
+        n = self.target_num_layers
+        if not _whole(n) or n < 0:
+            raise DraftsmithError(f"target_num_layers {n!r} is not a layer count (a whole number "
+                                  ">= 1, or 0 where unknown)")
+        self.target_num_layers = int(n)
         ids = self.aux_layer_ids
         if not isinstance(ids, (list, tuple)) or not all(_whole(i) for i in ids):
             raise DraftsmithError(f"aux_layer_ids {ids!r} is not a list of whole numbers")
         self.aux_layer_ids = [int(i) for i in ids]
+        # ids past target_num_layers are the engine's (`check_pair`) and the doctor's to name
+        if bad := [i for i in self.aux_layer_ids if i < -1]:
+            raise DraftsmithError(f"aux layer ids {bad} out of range: canonical ids "
+                                  f"({CANONICAL_WORDS}) are -1 or more")
         for name in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, name)
             real = isinstance(v, numbers.Real) and not isinstance(v, bool)
             if not real or not math.isfinite(v) or not v > 0:
                 raise DraftsmithError(f"{name} {v!r} is not a finite number > 0")
             setattr(self, name, int(v) if _whole(v) else float(v))
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """Flags, texts and objects of their kind: a flag "false" (truthy) built a drafter of
+        other numerics without a word, a string rope_scaling was an AttributeError."""
+        for name in FLAGS:
+            if not isinstance(v := getattr(self, name), bool):
+                raise DraftsmithError(f"{name} {v!r} is not true or false")
+        for name in ("aux_convention", "target_fingerprint", "target_source"):
+            if not isinstance(v := getattr(self, name), str):
+                raise DraftsmithError(f"{name} {v!r} is not a text")
+        if self.aux_convention != CANONICAL_WORDS:
+            raise DraftsmithError(f"aux_convention {self.aux_convention!r} is not draftsmith's "
+                                  f"({CANONICAL_WORDS!r}), so its aux_layer_ids mean other "
+                                  "layers; `draftsmith import` converts an engine's ids")
+        archs = self.target_architectures
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise DraftsmithError(f"target_architectures {archs!r} is not a list of texts")
+        for name in ("rope_scaling", "extra"):
+            v = getattr(self, name)
+            if not isinstance(v, dict) and not (v is None and name == "rope_scaling"):
+                raise DraftsmithError(f"{name} {v!r} is not an object")
 
     def layer_config(self) -> ModelConfig:
         return ModelConfig(
@@ -360,29 +392,42 @@ def _layer_prefix(module_name: str) -> tuple[str, str] | None:
 def hf_state_dict(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
     """Unfused names: `fc.weight`, `midlayer.self_attn.q_proj.weight`, ..., extra layers as
     `layers.{i}.*` (i >= 1), `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, d2t, t2d."""
+    return {k: v.contiguous() for k, v in _unfused(drafter, drafter.state_dict()).items()}
+
+
+def hf_shapes(drafter: Eagle3Drafter) -> dict[str, tuple[int, ...]]:
+    """`hf_state_dict`'s names and shapes, nothing copied."""
+    meta = {k: torch.empty(v.shape, device="meta") for k, v in drafter.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in _unfused(drafter, meta).items()}
+
+
+def _unfused(drafter: Eagle3Drafter, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    for name, t in drafter.state_dict().items():
-        pre = _layer_prefix(name)
-        if pre is None:
-            out[name] = t
+    for name, t in state.items():
+        names = engine_names(name)
+        if len(names) == 1:
+            out[names[0]] = t
             continue
-        ours, theirs = pre
-        rest = name[len(ours):]
-        mod, _, kind = rest.rpartition(".")
-        if mod in _FUSED:
-            parts = _fused_parts(drafter, ours + mod)
-            for piece, hf in zip(t.split(parts, dim=0), _FUSED[mod], strict=True):
-                out[f"{theirs}{hf}.{kind}"] = piece
-        else:
-            out[theirs + _RENAMED.get(mod, mod) + "." + kind] = t
-    return {k: v.contiguous() for k, v in out.items()}
+        parts = _fused_parts(drafter, name.rpartition(".")[0])
+        out.update(zip(names, t.split(parts, dim=0), strict=True))
+    return out
+
+
+def engine_names(name: str) -> list[str]:
+    """The unfused engine names one of this module's state-dict entries is saved as."""
+    if (pre := _layer_prefix(name)) is None:
+        return [name]
+    ours, theirs = pre
+    mod, _, kind = name[len(ours):].rpartition(".")
+    return [f"{theirs}{p}.{kind}" for p in _FUSED.get(mod, (_RENAMED.get(mod, mod),))]
 
 
 def _fused_parts(drafter: Eagle3Drafter, module_name: str) -> list[int]:
     return list(drafter.get_submodule(module_name).parts)
 
 
-def fuse_hf_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_hf_state(hf: dict[str, torch.Tensor], where: str = "drafter weights",
+                  ) -> dict[str, torch.Tensor]:
     """The inverse of `hf_state_dict`: unfused engine names -> this module's state-dict names."""
     inverse = {v: k for k, v in _RENAMED.items()}
     piece_of = {p: f for f, parts in _FUSED.items() for p in parts}
@@ -401,7 +446,7 @@ def fuse_hf_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for (prefix, fused, kind), pieces in pending.items():
         missing = [n for n in _FUSED[fused] if n not in pieces]
         if missing:
-            raise DraftsmithError(f"drafter weights: {prefix}* lacks {missing}")
+            raise DraftsmithError(f"{where}: {prefix}* lacks {missing}")
         out[f"{prefix}{fused}.{kind}"] = torch.cat([pieces[n] for n in _FUSED[fused]])
     return out
 
@@ -422,26 +467,37 @@ def load_hf_state_dict(
     drafter: Eagle3Drafter, hf: dict[str, torch.Tensor], where: str = "weights"
 ) -> None:
     """Load unfused engine names into `drafter` (strict: every tensor present, shapes equal)."""
-    state = fuse_hf_state(hf)
-    if "d2t" in state:
-        state["d2t"] = state["d2t"].long()
-    if "t2d" in state:
-        state["t2d"] = state["t2d"].bool()
-    want = drafter.state_dict()
-    missing = sorted(set(want) - set(state))
-    extra = sorted(set(state) - set(want))
-    if missing or extra:
-        raise DraftsmithError(f"{where}: missing tensors {missing}, unexpected tensors {extra}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(want[k].shape):
-            shape = tuple(want[k].shape)
-            raise DraftsmithError(
-                f"{where}: {k} has shape {tuple(v.shape)}, the config implies {shape}"
-            )
+    check_tensors(drafter, {k: tuple(v.shape) for k, v in hf.items()}, where)
+    state = fuse_hf_state(hf, where)
+    state["d2t"] = state["d2t"].long()
+    state["t2d"] = state["t2d"].bool()
     _check_d2t(state["d2t"], drafter.cfg.vocab_size, where)
     drafter.load_state_dict(state, strict=True, assign=True)
     drafter.embed_tokens.weight.requires_grad_(False)
     drafter.inv_freq = torch.tensor(drafter.lc.inv_freq(), device=drafter.fc.weight.device)
+
+
+def check_tensors(drafter: Eagle3Drafter, got: dict[str, tuple[int, ...]], where: str) -> None:
+    """The shapes `got` by name (engine names, speculators' `layers.0.*` for `midlayer.*`, or
+    this module's own fused ones) every tensor of `drafter`, at its shape, and no other; each
+    named as the file names it, so a q_proj of another width is neither a torch.cat error nor
+    draftsmith's fused `qkv` of a summed shape."""
+    engine = hf_shapes(drafter)
+    ours = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    keys = {name: _midlayer(name) for name in got}
+    wants = {name: engine.get(k, ours.get(k)) for name, k in keys.items()}
+    covered = {c for name, k in keys.items() if wants[name] is not None for c in engine_names(k)}
+    extra = sorted(name for name, w in wants.items() if w is None)
+    if (missing := sorted(set(engine) - covered)) or extra:
+        raise DraftsmithError(f"{where}: missing tensors {missing}, unexpected tensors {extra}")
+    for name, want in wants.items():
+        if tuple(got[name]) != want:
+            raise DraftsmithError(f"{where}: {name} has shape {tuple(got[name])}, the config "
+                                  f"implies {want}")
+
+
+def _midlayer(name: str) -> str:
+    return "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
 
 
 def _check_d2t(d2t: torch.Tensor, vocab: int, where: str) -> None:
@@ -614,12 +670,37 @@ def load_drafter(
     if not path.is_file():
         raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
     state = read_weights_file(path, device)
+    if dtype is None:
+        _one_dtype(state, path)
     if "embed_tokens.weight" not in state:
         if embed is None:
             raise DraftsmithError(f"{path}: no embed_tokens.weight; pass the target's embedding")
+        if tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise DraftsmithError(
+                f"{folder / CONFIG_FILE}: made for a target of vocab {cfg.vocab_size} and hidden "
+                f"size {cfg.hidden_size}, but the target's embedding is {tuple(embed.shape)}: "
+                "another target's drafter (pass the target it was made for)")
         state["embed_tokens.weight"] = embed.to(device)
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    if dtype is not None:  # d2t and t2d are ids and a mask, whatever type a file stores them in
+        state = {k: v.to(dtype) if v.is_floating_point() and k not in ("d2t", "t2d") else v
+                 for k, v in state.items()}
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, state, str(path))
     return drafter
+
+
+def _one_dtype(state: dict[str, torch.Tensor], path: Path) -> None:
+    """A file's float weights in one dtype where no dtype is asked for: a file of fp16 fc and
+    fp32 rest loaded, then failed its first forward in a matmul."""
+    kinds: dict[torch.dtype, list[str]] = {}
+    for k, v in state.items():
+        if v.is_floating_point() and k not in ("d2t", "t2d"):
+            kinds.setdefault(v.dtype, []).append(k)
+    if len(kinds) > 1:
+        most = max(kinds, key=lambda t: len(kinds[t]))
+        odd = [f"{k} {str(t).removeprefix('torch.')}" for t in kinds if t != most
+               for k in kinds[t]]
+        raise DraftsmithError(f"{path}: float tensors in several dtypes ({', '.join(odd[:3])}"
+                              f"{', ...' if len(odd) > 3 else ''}; the rest "
+                              f"{str(most).removeprefix('torch.')}): load it with one dtype "
+                              "(--dtype) or save it again in one")

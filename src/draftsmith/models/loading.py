@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +20,17 @@ from draftsmith.models.parallel import (
     VocabEmbedding,
     VocabHead,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """The call that forms a fused tensor: its pieces (checkpoint names and tensors) in order."""
+    names: tuple[str, ...]
+    pieces: tuple[torch.Tensor, ...]
+
+    def __call__(self) -> torch.Tensor:
+        return torch.cat(self.pieces)
+
 
 # a full tensor, or the call that forms it (a fused one)
 Full = torch.Tensor | Callable[[], torch.Tensor]
@@ -71,17 +82,18 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Fu
 
 
 def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
-    pre = f"layers.{i}."
+    pre, hf = f"layers.{i}.", f"model.layers.{i}."
     for src, dst in _RENAME.items():
         if src in w:
             out[pre + dst] = w[src]
     for dst, srcs in _FUSED.items():
-        try:
-            out[pre + dst + ".weight"] = partial(torch.cat, [w[s + ".weight"] for s in srcs])
-        except KeyError as e:
-            raise DraftsmithError(f"decoder layer {i} lacks weight {e.args[0]}") from None
-        if all(s + ".bias" in w for s in srcs):
-            out[pre + dst + ".bias"] = partial(torch.cat, [w[s + ".bias"] for s in srcs])
+        for kind in ("weight", "bias"):
+            names = tuple(f"{s}.{kind}" for s in srcs)
+            if kind == "weight" and (lack := [n for n in names if n not in w]):
+                raise DraftsmithError(f"decoder layer {i} lacks weight {hf}{lack[0]}")
+            if all(n in w for n in names):
+                out[f"{pre}{dst}.{kind}"] = Fused(tuple(hf + n for n in names),
+                                                  tuple(w[n] for n in names))
 
 
 def hf_names(key: str) -> list[str]:
@@ -115,17 +127,34 @@ def shard_state(model: nn.Module, full: dict[str, Full],
                 raise DraftsmithError(
                     f"the checkpoint lacks {', '.join(hf_names(key))}, which its config.json "
                     "asks for: the weights and config.json belong to different models")
+            if isinstance(full[key], Fused):
+                _check_pieces(full[key], mod, tuple(param.shape))
             whole = full_tensor(full[key])
             mine = _shard_one(mod, pname, whole, key)
             if mine.shape != param.shape:  # config.json and weights disagree
                 tp = getattr(mod, "tp", SINGLE)
                 rank = f" (this rank's slice of {tp.size})" if tp.size > 1 else ""
                 raise DraftsmithError(
-                    f"{key}: the checkpoint holds a tensor of shape {tuple(whole.shape)}, "
-                    f"where the model config.json describes takes {tuple(param.shape)}{rank}")
+                    f"{' + '.join(hf_names(key))}: the checkpoint holds a tensor of shape "
+                    f"{tuple(whole.shape)}, where the model config.json describes takes "
+                    f"{tuple(param.shape)}{rank}")
             local[key] = convert(mine)
             del whole, mine
     return local
+
+
+def _check_pieces(fused: Fused, mod: nn.Module, local: tuple[int, ...]) -> None:
+    """Each piece of a fused tensor at the shape the config gives it, named as the checkpoint
+    names it: a q_proj of another input width was a torch.cat error, other rows a fused name."""
+    parts = getattr(mod, "full_parts", None)
+    if parts is None or len(parts) != len(fused.pieces):
+        return
+    for name, piece, rows in zip(fused.names, fused.pieces, parts, strict=True):
+        want = (rows, *local[1:])  # a column-sharded weight keeps its input width whole
+        if tuple(piece.shape) != want:
+            raise DraftsmithError(
+                f"{name}: the checkpoint holds a tensor of shape {tuple(piece.shape)}, where the "
+                f"model config.json describes takes {want}")
 
 
 def _shard_one(mod: nn.Module, pname: str, t: torch.Tensor, key: str) -> torch.Tensor:
