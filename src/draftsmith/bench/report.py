@@ -57,7 +57,7 @@ def results_table(report: dict[str, Any]) -> Table:
             figure(r["speedup"], ".2f", "x"), figure(r["decode_speedup"], ".2f", "x"))
         cells = [escape(r["suite"]), str(r["batch"]),  # a file's name, not rich markup
                  r["setting"], f"{r['tokens_per_s']:.1f}", up,
-                 f"{r['decode_tokens_per_s']:.1f}", dup,
+                 figure(r["decode_tokens_per_s"], ".1f"), dup,
                  "" if base else figure(r["mean_accept_length"], ".2f"),
                  "" if base else figure(r["accept_rate"], ".2f")]
         rates = r.get("position_rates", [])
@@ -77,7 +77,7 @@ def results_table(report: dict[str, Any]) -> Table:
 
 def _own(base: dict[str, Any], rate: str) -> str:
     """A baseline's speedup over itself: 1.00x, or "-" where it decoded nothing (0 over 0, as
-    the settings timed against it show)."""
+    the settings timed against it show) or the rate was not measured (refilled rows' decode)."""
     return "1.00x" if base[rate] else "-"
 
 
@@ -117,6 +117,10 @@ def notes(report: dict[str, Any]) -> list[str]:
                        f"batch topped up with {n} repeated prompt{'s' if n > 1 else ''}; "
                        "padding rows are timed and count in tok/s and in the acceptance "
                        "figures (accept len, per position, histogram), not in 'same'")
+    if any(r.get("refill") or (r["setting"] == "baseline" and report["meta"].get("refill"))
+           for r in report["results"]):
+        out.append("refilled rows: tok/s over wall time, the refills' prompt passes included; "
+                   "no decode-only rate ('-')")
     if host_keys(report["results"]):
         out.append("host ms (DRAFTSMITH_HOST_TIMING=1): the host's mean time a baseline decode "
                    "step or speculative cycle, launching its graphs and waiting on the device")

@@ -4,10 +4,11 @@ Every setting decodes the same full batches of the same prompts (the last topped
 of the first: timed and counted in tok/s, `padding_rows`, but not in agreement); an untimed
 warm-up of every distinct batch captures the CUDA graphs and shows the eager prefill each prompt
 shape once before anything is timed. Tokens/s counts prefill and decode, in unprofiled runs (the
-phase profiler, when on, runs each setting again). In greedy mode each real prompt's speculative
-completion is compared with the baseline's, and every divergence is located and measured (the
-gap between the two candidate logits there, from one full forward). A ctrl-C keeps the rows
-finished (`BenchInterrupted`).
+phase profiler, when on, runs each setting again; refilled rows have one wall rate and no
+decode-only one). Each run starts from the seed, so a sampled row does not hang on the runs
+before it. In greedy mode each real prompt's speculative completion is compared with the
+baseline's, and every divergence is located and measured (the gap between the two candidate
+logits there, from one full forward). A ctrl-C keeps the rows finished (`BenchInterrupted`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ class BenchConfig:
         if not isinstance(self.num_prompts, int) or self.num_prompts < 0:
             raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got "
                                   f"{self.num_prompts!r}")
+        if not whole(self.refill_every) or self.refill_every < 0:
+            raise DraftsmithError(f"--refill-every must be a whole number >= 0 (0: by batch "
+                                  f"size), got {self.refill_every!r}")
+        if self.refill_every and not self.refill:  # it was ignored, the rows run static
+            raise DraftsmithError("--refill-every applies to refilled rows: give --refill "
+                                  "with it")
 
     def settings(self) -> list[Setting]:
         """Every (steps, topk, tokens) of the grid that can run: a chain per steps, a tree
@@ -176,10 +183,12 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
             batches = fill_batches(prompts, b)
             sizes = {"prompts": len(prompts), "padding_rows": len(batches) * b - len(prompts)}
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
+            torch.manual_seed(cfg.seed)  # each run's draws its own: not the runs' before it
             base, base_tokens = run_base(rt, batches, cfg, eos)
             rows.append({"suite": name, "batch": b, "setting": "baseline", **sizes, **base})
             for s in settings:
                 log(f"{name}: batch {b}, {setting_name(s)}")
+                torch.manual_seed(cfg.seed)
                 row, tokens = run_spec(rt, drt, s, batches, cfg, eos)
                 row["speedup"] = _over(row["tokens_per_s"], base["tokens_per_s"])
                 row["decode_speedup"] = _over(row["decode_tokens_per_s"],
@@ -218,10 +227,11 @@ def check_topk(settings: list[Setting], draft_vocab: int) -> None:
                               f"{draft_vocab}")
 
 
-def _over(rate: float, base: float) -> float | None:
+def _over(rate: float | None, base: float | None) -> float | None:
     """A speedup; None where the baseline made nothing to divide by (--max-new-tokens 1 decodes
-    nothing: 0 over 0 read 0.00x, as if the speculative run were the slower)."""
-    return rate / base if base else None
+    nothing: 0 over 0 read 0.00x, as if the speculative run were the slower) or either rate
+    was not measured (a refilled run has no decode-only rate)."""
+    return rate / base if base and rate is not None else None
 
 
 def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting]):
@@ -275,11 +285,11 @@ def _speed(rows: list[list[int]], secs: float, decode: float) -> dict[str, Any]:
 
 
 def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
-    """Refilled rows: prompt passes run among the decode steps, so one rate covers both."""
+    """Refilled rows: prompt passes run among the decode steps, so one rate covers both and
+    there is no decode-only rate (None: the wall rate under a decode label read as one)."""
     tokens = sum(map(len, rows))
-    rate = tokens / max(secs, 1e-9)
-    return {"new_tokens": tokens, "seconds": secs, "tokens_per_s": rate,
-            "decode_tokens_per_s": rate}
+    return {"new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
+            "decode_tokens_per_s": None}
 
 
 def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):

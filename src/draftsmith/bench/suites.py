@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
-    out = [opening(c.messages) for c in read_prompts(source)  # as generate and regenerate ask
-           if any(m["role"] == "user" for m in c.messages)]
+    firsts = [opening(c.messages) for c in read_prompts(source)  # as generate, regenerate ask
+              if any(m["role"] == "user" for m in c.messages)]
+    # one prompt once: conversations that differ after their first turn open alike, and the
+    # reader drops only whole repeats (a repeat was timed twice, another prompt left out)
+    out = list({json.dumps(m, sort_keys=True): m for m in firsts}.values())
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
     return out[:limit] if limit > 0 else out
