@@ -28,6 +28,11 @@ WEIGHTS = "model.safetensors"
 IDS = "eagle_aux_hidden_state_layer_ids"
 
 
+class ExportWriteError(DraftsmithError, OSError):
+    """An export that could not be written (a full disk, a read-only folder): one line at the
+    CLI, and still an OSError to callers that catch one."""
+
+
 class ImportNote(UserWarning):
     """A warning about how an engine folder reads (the doctor reports each as a finding, with
     its fix)."""
@@ -222,19 +227,27 @@ def write_folder(
     check_out(out, overwrite)
     real = out.resolve()  # `.` has no name to put a tmp folder beside
     tmp = real.with_name(f".{real.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    except BaseException:  # a full disk, ^C: no half-written weights left beside --out
+    except BaseException as e:  # a full disk, ^C: no half-written weights left beside --out
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, a read-only folder: one line, as import's
+            raise ExportWriteError(f"--out {out}: cannot write the export ({e.strerror or e}); "
+                                  "what was there is kept: make room or choose a writable "
+                                  "--out, and export again") from None
         raise
-    if real.is_dir():
-        _move_into(tmp, real)
-    else:
-        tmp.rename(real)
+    try:
+        if real.is_dir():
+            _move_into(tmp, real)
+        else:
+            tmp.rename(real)
+    except OSError as e:
+        raise ExportWriteError(f"--out {out}: cannot move the export in from {tmp} "
+                              f"({e.strerror or e}); export again with --overwrite") from None
     return out
 
 
@@ -378,6 +391,20 @@ def drafter_config(where: str, **kw: Any) -> Eagle3Config:
         return Eagle3Config(**kw)
     except DraftsmithError as e:
         raise DraftsmithError(f"{where}: {e}") from None
+
+
+def check_flags(config: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Flags the engines test for truth must be JSON true/false (0/1, which every reader takes
+    alike, pass too; null or absent: the engine's default). Text is refused naming the key:
+    bool("false") is true, as vLLM's `if config.norm_before_residual` reads it, while
+    speculators' pydantic config reads the word; the import would take the opposite flag."""
+    for k in keys:
+        v = config.get(k)
+        if v is None or isinstance(v, bool) or (type(v) is int and v in (0, 1)):
+            continue
+        kind = "text" if isinstance(v, str) else type(v).__name__
+        raise DraftsmithError(f"{where}: {k} is {json.dumps(v)[:40]} ({kind}), not true or "
+                              f"false; write {k} as JSON true or false")
 
 
 def section(config: dict[str, Any], key: str, where: str, name: str = "") -> dict[str, Any]:

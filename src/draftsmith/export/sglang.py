@@ -30,6 +30,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     TargetInfo,
     cast,
+    check_flags,
     draft_vocab_of,
     drafter_config,
     engine_ids,
@@ -65,6 +66,10 @@ from draftsmith.models.eagle3 import (
 
 ARCH = "LlamaForCausalLMEagle3"
 KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
+# flags SGLang (tie_word_embeddings, bias), vLLM (norm_before_residual) or SpecForge (fc_norm,
+# norm_output) read from this layout's config.json
+FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+         "tie_word_embeddings", "bias")
 
 
 def check_exportable(cfg: Eagle3Config) -> None:
@@ -158,9 +163,26 @@ def write_sglang(
     check_exportable(drafter.cfg)
     tensors = cast(hf_state_dict(drafter), dtype)
     if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
+        _warn_dropped_embedding(drafter, info)
         tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
     config = sglang_config(drafter.cfg, info, run_dtype(tensors, info), source)
     return write_folder(out, config, tensors, overwrite)
+
+
+def _warn_dropped_embedding(drafter: Eagle3Drafter, info: TargetInfo) -> None:
+    """The export drops the drafter's embedding and SGLang's EAGLE worker serves the target's
+    (`set_embed`); a drafter holding another one (an imported vLLM drafter keeps its own) is
+    served otherwise than it drafts here, named where the target is at hand (--target)."""
+    own = drafter.embed_tokens.weight.detach()
+    if info.embed is None or info.embed.shape != own.shape:
+        return
+    if torch.equal(own, info.embed.to(own.device, own.dtype)):
+        return
+    warnings.warn("the drafter's embed_tokens.weight differs from the target's; SGLang serves "
+                  "the target's in its place (its EAGLE worker's set_embed; the export leaves "
+                  "the drafter's out), so SGLang drafts with other vectors than this drafter; "
+                  "export --format speculators, whose vLLM keeps the drafter's own, or check "
+                  "that the drafter belongs to this target", stacklevel=3)
 
 
 def is_sglang(config: dict[str, Any]) -> bool:
@@ -181,6 +203,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     """An SGLang/SpecForge/EAGLE-reference EAGLE-3 folder -> Eagle3Drafter."""
     folder = Path(folder)
     c = read_config(folder)
+    check_flags(c, FLAGS, f"{folder}/config.json")
     w = read_weights(folder)
     num_layers = _target_layers(c, info, folder)
     ids = _canonical_ids(c, num_layers, folder)

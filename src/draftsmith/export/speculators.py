@@ -23,6 +23,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     TargetInfo,
     cast,
+    check_flags,
     draft_vocab_of,
     drafter_config,
     engine_ids,
@@ -190,6 +191,7 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     if not layer:
         raise DraftsmithError(f"{where}: transformer_layer_config is missing; a speculators "
                               "EAGLE-3 config holds the drafter layer's HF config there")
+    check_flags(c, FLAGS, where)
     mc = model_config_of(layer)
     record = section(c, "draftsmith", where)
     verifier = verifier_of(c, where)
