@@ -320,8 +320,15 @@ async def _collect(req: P.GenRequest, q: asyncio.Queue, ev: tuple, fingerprint: 
     return P.response(req, choices, fingerprint)
 
 
+# characters str.splitlines() ends a line at (httpx's iter_lines, httpx-sse) that JSON leaves raw
+_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def _sse_line(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    line = json.dumps(obj, ensure_ascii=False)
+    if "\u2028" in line or "\u2029" in line or "\x85" in line:
+        line = line.translate(_BREAKS)
+    return f"data: {line}\n\n"
 
 
 async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,

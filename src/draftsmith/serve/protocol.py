@@ -155,6 +155,7 @@ def _unsupported(body: dict, kind: str) -> None:
         "frequency_penalty": lambda v: v not in (None, 0),
         "response_format": lambda v: v not in (None, {"type": "text"}),
         "tool_choice": lambda v: v not in (None, "none", "auto"),
+        "function_call": lambda v: v not in (None, "none", "auto"),  # tool_choice's old name
         "audio": lambda v: v is not None,
         "modalities": lambda v: v not in (None, ["text"]),
         # vLLM's own fields that change the answer (their defaults pass)
@@ -185,6 +186,7 @@ def _unsupported(body: dict, kind: str) -> None:
         # SGLang's
         "regex": lambda v: v is not None,
         "ebnf": lambda v: v is not None,
+        "json_schema": lambda v: v is not None,
         "no_stop_trim": lambda v: v not in (None, False),
     }
     for name, bad in checks.items():
@@ -244,6 +246,9 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
     if opts and not stream:  # as OpenAI and vLLM: not silently dropped
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
                        "stream_options", "invalid_value")
+    if _get(opts, "continuous_usage_stats", bool, False):  # vLLM's: usage in every chunk
+        raise ApiError(400, "'stream_options.continuous_usage_stats' is not supported by this "
+                       "server", "stream_options", "unsupported")
     token_ids = _get(body, "return_token_ids", bool, False)
     return {"model": _model(body, cfg), "max_tokens": max_tokens, "params": params, "n": n,
             "seed": seed, "stop": _stop(body), "stream": stream,
