@@ -153,7 +153,7 @@ def test_a_saved_drafter_loads_equal(tmp_path, over):
 @pytest.mark.parametrize(("name", "cut", "said"), [
     ("model.layers.0.self_attn.q_proj.weight", (slice(None), slice(0, 32)),
      r"model.layers.0.self_attn.q_proj.weight: the checkpoint holds a tensor of shape "
-     r"\(64, 32\), where the model config.json describes takes \(64, 64\)"),
+     r"\(64, 32\), where the model that config.json describes takes \(64, 64\)"),
     ("model.layers.1.mlp.up_proj.weight", (slice(0, 8), slice(None)),
      r"model.layers.1.mlp.up_proj.weight: the checkpoint holds a tensor of shape \(8, 64\)"),
     ("model.layers.0.self_attn.o_proj.weight", (slice(0, 8), slice(None)),

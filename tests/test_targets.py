@@ -290,7 +290,7 @@ def _config_edit(folder, edit) -> None:
          "lacks the field 'num_attention_heads'"),
         (lambda c: {**c, "hidden_size": "big"}, "malformed field .*'big'"),
         (lambda c: {**c, "vocab_size": c["vocab_size"] + 8},
-         r"embed.weight: the checkpoint holds a tensor of shape \(\d+, 64\)"),
+         r"model\.embed_tokens\.weight: the checkpoint holds a tensor of shape \(\d+, 64\)"),
         (lambda c: {**c, "num_hidden_layers": c["num_hidden_layers"] - 1},
          "weights for decoder layers up to 5, but its config says num_hidden_layers 5"),
     ],

@@ -136,7 +136,7 @@ def shard_state(model: nn.Module, full: dict[str, Full],
                 rank = f" (this rank's slice of {tp.size})" if tp.size > 1 else ""
                 raise DraftsmithError(
                     f"{' + '.join(hf_names(key))}: the checkpoint holds a tensor of shape "
-                    f"{tuple(whole.shape)}, where the model config.json describes takes "
+                    f"{tuple(whole.shape)}, where the model that config.json describes takes "
                     f"{tuple(param.shape)}{rank}")
             local[key] = convert(mine)
             del whole, mine
@@ -154,7 +154,7 @@ def _check_pieces(fused: Fused, mod: nn.Module, local: tuple[int, ...]) -> None:
         if tuple(piece.shape) != want:
             raise DraftsmithError(
                 f"{name}: the checkpoint holds a tensor of shape {tuple(piece.shape)}, where the "
-                f"model config.json describes takes {want}")
+                f"model that config.json describes takes {want}")
 
 
 def _shard_one(mod: nn.Module, pname: str, t: torch.Tensor, key: str) -> torch.Tensor:
