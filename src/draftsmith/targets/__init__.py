@@ -25,6 +25,7 @@ from draftsmith.targets.tokenizer import (
     chat_template,
     special_eog_ids,
     template_hash,
+    tokenization_hash,
     tokenizer_hash,
 )
 
@@ -98,6 +99,7 @@ class Target:
             "tied_embeddings": c.tie_word_embeddings,
             "parameters": sum(t.numel() for t in self.weights.values()),
             "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            "tokenization_hash": tokenization_hash(self.tokenizer),
             "chat_template_hash": template_hash(self.tokenizer),
             "fingerprint": self.fingerprint,
         }
@@ -122,6 +124,19 @@ def fingerprint_of(cfg: ModelConfig, tok: Any, samples: dict[str, bytes]) -> str
         h.update(name.encode())
         h.update(samples[name])
     return h.hexdigest()[:16]
+
+
+def check_tokenization(recorded: dict[str, Any], target: Target, where: str | Path) -> None:
+    """Data recorded with its target's `tokenization_hash` (a manifest's `target` object) refused
+    for a target that splits text otherwise, whatever the fingerprints say: the fingerprint reads
+    the vocabulary only, so the default's conversion before and after its digit split (CONVERTER
+    ":6") share one. A record without the hash (older data) passes."""
+    got = recorded.get("tokenization_hash")
+    live = tokenization_hash(target.tokenizer)
+    if got and got != live:
+        raise DraftsmithError(f"{where}: tokenized with tokenization {got}, but target "
+                              f"{target.source!r} splits text otherwise ({live}): the same ids "
+                              "stand for other text; recapture the data with this target")
 
 
 def cache_dir() -> Path:
@@ -280,8 +295,10 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
         raise DraftsmithError(f"{folder}: cannot load the tokenizer (tokenizer.json and "
                               f"tokenizer_config.json belong beside config.json): {why}") from None
     cfg.inv_freq()  # an unsupported RoPE scaling refused before the weights, not at a build
+    # a conversion's own fingerprint (a damaged record raises, and _load_gguf converts again);
+    # an HF folder's is computed from its files, which may have changed beside a copied record
     meta = folder / "draftsmith_target.json"
-    fp = json.loads(meta.read_text())["fingerprint"] if meta.is_file() else ""
+    fp = json.loads(meta.read_text())["fingerprint"] if kind == "gguf" and meta.is_file() else ""
     weights = hf.read_weights(folder)
     if cfg.tie_word_embeddings:
         _tie_head(weights, folder)
@@ -314,12 +331,14 @@ def _load_gguf(path: Path) -> Target:
     if not path.is_file():
         raise DraftsmithError(f"{path}: GGUF file not found")
     folder = cache_dir() / "targets" / _cache_key(path)
+    damaged = False
     if (folder / "draftsmith_target.json").is_file():
         try:
             return _load_folder(folder, "gguf", str(path))
-        except (DraftsmithError, ValueError, KeyError, OSError) as e:  # a damaged cache entry
+        except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
-    _convert_gguf(path, folder)
+            damaged = True
+    _convert_gguf(path, folder, replace=damaged)
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
 
@@ -328,7 +347,7 @@ def _load_gguf(path: Path) -> Target:
 SHARD_BYTES = 2 << 30
 
 
-def _convert_gguf(path: Path, folder: Path) -> None:
+def _convert_gguf(path: Path, folder: Path, replace: bool = False) -> None:
     """Dequantize `path` into the HF folder `folder`, tensor by tensor, each in the GGUF's own
     float type (quantized ones in float32, exactly as dequantized)."""
     from draftsmith.targets import gguf_file
@@ -344,19 +363,22 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     arch = gguf_file.architecture(rd)
     skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     tensors = gguf_file.iter_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd, skip)
-    _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd))
+    _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd), replace)
 
 
 def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: Any,
-                 tensors: Iterable[tuple[str, torch.Tensor]], eos: list[int]) -> None:
-    """Write the converted target beside `folder`, then move it in. Each process writes its own
-    temporary folder: ranks converting one GGUF at once (torchrun on a fresh cache) shared one,
-    and a rank that moved it in first left the others writing into a folder gone."""
+                 tensors: Iterable[tuple[str, torch.Tensor]], eos: list[int],
+                 replace: bool = False) -> None:
+    """Write the converted target beside `folder`, then move it in (`replace`: over a damaged
+    entry there). Each process writes its own temporary folder: ranks converting one GGUF at
+    once (torchrun on a fresh cache) shared one, and a rank that moved it in first left the
+    others writing into a folder gone. Temporary folders a killed conversion left are removed."""
     import shutil
     import tempfile
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".tmp", dir=folder.parent))
+    _clear_stale(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=_scratch_prefix(folder), suffix=".tmp", dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would keep the cache from other users
     try:
         (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=1, default=str))
@@ -369,7 +391,7 @@ def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: An
         for f in tmp.iterdir():  # safetensors writes its files 0600
             if f.is_file():
                 f.chmod(0o644)
-        _move_in(tmp, folder)
+        _move_in(tmp, folder, replace)
     finally:  # left where the writing failed, or where another process moved its own in
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -418,10 +440,11 @@ def _name_shards(folder: Path, files: list[dict[str, str]]) -> None:
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
-def _move_in(tmp: Path, folder: Path) -> None:
-    """tmp renamed to folder, an entry there (damaged, or another process's equal one) moved
-    aside and removed first; where yet another process moves its own in meanwhile, that one
-    stays."""
+def _move_in(tmp: Path, folder: Path, replace: bool = False) -> None:
+    """tmp renamed to folder. An entry there that is whole (another process's equal conversion,
+    which it may be loading now) is kept, tmp dropped by the caller; one that is not, or one
+    `replace` says is damaged, is moved aside and removed first; where yet another process
+    moves its own in meanwhile, that one stays."""
     import contextlib
     import shutil
     import tempfile
@@ -431,7 +454,10 @@ def _move_in(tmp: Path, folder: Path) -> None:
         return
     except OSError:
         pass
-    aside = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".old", dir=folder.parent))
+    if not replace and (folder / "draftsmith_target.json").is_file():
+        return
+    aside = Path(tempfile.mkdtemp(prefix=_scratch_prefix(folder), suffix=".old",
+                                  dir=folder.parent))
     with contextlib.suppress(FileNotFoundError):
         folder.rename(aside / "entry")
     shutil.rmtree(aside, ignore_errors=True)
@@ -440,3 +466,38 @@ def _move_in(tmp: Path, folder: Path) -> None:
     except OSError:
         if not (folder / "draftsmith_target.json").is_file():
             raise
+
+
+def _scratch_prefix(folder: Path) -> str:
+    """A conversion's scratch folders are named by the cache key, host and process, so that a
+    later conversion knows one whose process died (`_clear_stale`)."""
+    import socket
+
+    return f"{folder.name}.{socket.gethostname()}-{os.getpid()}."
+
+
+def _clear_stale(folder: Path) -> None:
+    """Remove the scratch folders (`.tmp`, `.old`) of `folder`'s conversions that a killed
+    process on this host left: each holds a whole model's weights. Another host's (a shared
+    cache) and a live process's are left alone."""
+    import shutil
+    import socket
+
+    host = socket.gethostname()
+    for p in folder.parent.glob(f"{folder.name}.*"):
+        if p.suffix not in (".tmp", ".old") or not p.is_dir():
+            continue
+        who, _, pid = p.name[len(folder.name) + 1:].rsplit(".", 2)[0].rpartition("-")
+        if who != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True

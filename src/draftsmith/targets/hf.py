@@ -34,8 +34,13 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def weight_files(folder: Path) -> list[Path]:
     """The files HF's from_pretrained reads: model.safetensors, else the shards its index names
     (Mistral's folders also hold the same weights as consolidated.safetensors, which would double
-    the memory a load takes), else one unindexed file or one whole set of shards; PyTorch pickles
-    (pytorch_model*.bin; not training_args.bin) the same way where there is no safetensors."""
+    the memory a load takes), else pytorch_model.bin or its index's shards, in that order; only
+    where none of those four names is there, one unindexed file or one whole set of shards
+    (safetensors first, then pytorch_model*.bin; not training_args.bin). A stray safetensors
+    file (Mistral's consolidated.safetensors, an adapter) beside HF's .bin files is not read."""
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / single).is_file() or (folder / f"{single}.index.json").is_file():
+            return _pick(folder, single, single)
     return (_pick(folder, "model.safetensors", "*.safetensors")
             or _pick(folder, "pytorch_model.bin", "pytorch_model*.bin"))
 

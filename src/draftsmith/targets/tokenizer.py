@@ -81,6 +81,28 @@ def tokenizer_hash(tok) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
 
+# Text whose ids show how a tokenizer splits, beyond its vocabulary: digit runs after spaces and
+# in numbers (SmolLM2's Digits split), space runs, indentation, contractions, case, accents in
+# composed and decomposed form, full-width and ligature forms (NFKC), CJK, emoji, control
+# characters, and special tokens' texts met in plain text.
+PROBE = ("Hello, World!  x  1 12345 3.14159 1,000,000 -42 2024-01-02 0x1F v1.2.3\n\n"
+         "\tdef f(x):\n        return x**2  # It's I'M you'll WE'VE\r\n"
+         "caf\u00e9 cafe\u0301 \uff21\uff22\uff23 \ufb01 \u2460 \u00a0 \u3000 "
+         "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \u4e2d\u6587 "
+         "\ud55c\uad6d\uc5b4 \U0001f600\U0001f44d\U0001f3fd "
+         "<|im_start|>user<|im_end|><|endoftext|><s></s>[INST]<|eot_id|>   end   ")
+
+
+def tokenization_hash(tok) -> str:
+    """How a tokenizer splits text, by the ids it gives `PROBE` (as capture encodes: no special
+    tokens added): two tokenizers of one vocabulary (`tokenizer_hash`, which the fingerprint
+    reads) that normalize or pre-tokenize otherwise differ here, so data tokenized one way is
+    told from the other's; by behaviour, not by tokenizer.json's text, which versions of
+    `tokenizers` write differently."""
+    ids = tok(PROBE, add_special_tokens=False)["input_ids"]
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
+
+
 def template_hash(tok) -> str:
     """The hash of the template prompts are rendered with: a tokenizer of several named
     templates (tokenizer_config.json's list form) renders with its "default" one."""
