@@ -37,7 +37,7 @@ from draftsmith.data.shards import (
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.options import check_folder
-from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+from draftsmith.targets.tokenizer import template_hash, tokenization_hash, tokenizer_hash
 
 IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
             "source_digest", "world_size", "rank", "compute_dtype")
@@ -211,6 +211,7 @@ def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list
     return {
         "target": {"fingerprint": target.fingerprint, "source": target.source,
                    "tokenizer_hash": tokenizer_hash(target.tokenizer),
+                   "tokenization_hash": tokenization_hash(target.tokenizer),
                    "chat_template_hash": template_hash(target.tokenizer),
                    "num_layers": target.cfg.num_layers},
         "aux_layer_ids": ids,

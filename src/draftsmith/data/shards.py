@@ -325,9 +325,12 @@ class ShardWriter:
 
 def same_setting(key: str, there: Any, now: Any) -> bool:
     """Whether a manifest's `key` is this run's: a target is the same by its fingerprint and
-    hashes, however its path was typed (relative, absolute, through a link)."""
+    hashes, however its path was typed (relative, absolute, through a link); a manifest made
+    before `tokenization_hash` was recorded is compared without it."""
     if key == "target" and isinstance(there, dict) and isinstance(now, dict):
-        there, now = ({k: v for k, v in d.items() if k != "source"} for d in (there, now))
+        both = "tokenization_hash" in there and "tokenization_hash" in now
+        skip = {"source"} if both else {"source", "tokenization_hash"}
+        there, now = ({k: v for k, v in d.items() if k not in skip} for d in (there, now))
     return there == now
 
 

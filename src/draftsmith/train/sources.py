@@ -20,7 +20,7 @@ from draftsmith.data.chat import AnswerTally
 from draftsmith.data.shards import Dataset, read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
-from draftsmith.targets import Target, is_default, load_target
+from draftsmith.targets import Target, check_tokenization, is_default, load_target
 from draftsmith.train.batches import Source, TokenSource
 from draftsmith.train.reader import ShardReader
 
@@ -187,6 +187,7 @@ def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> Non
             f"{folder}: captured from target {m['target'].get('source')!r} (fingerprint {got}), "
             f"but the training target {target.source!r} has fingerprint {target.fingerprint}"
         )
+    check_tokenization(m.get("target") or {}, target, Path(folder) / "manifest.json")
     if int(m.get("hidden_size", target.cfg.hidden_size)) != target.cfg.hidden_size:
         raise DraftsmithError(
             f"{folder}: hidden size {m['hidden_size']} != the target's {target.cfg.hidden_size}"
