@@ -253,13 +253,7 @@ def run_tune(
     from draftsmith.options import check_compile
     from draftsmith.targets import load_target
     from draftsmith.tune import measure, partial
-    from draftsmith.tune.cost_model import (
-        SpecSetting,
-        rank_settings,
-        recommend,
-        sweep_plan,
-        tune_grid,
-    )
+    from draftsmith.tune.cost_model import recommend
     from draftsmith.tune.flags import export_paths, recommendation_text
 
     check_compile(compile, dev)
@@ -328,13 +322,10 @@ def run_tune(
         preds, meas, done = [], [], partial.kept_measured(was)
         swept = time.perf_counter()
         limits = (max_steps, max_topk, max_draft)
-        grid = [s for s in tune_grid(*limits) if within(s, *limits)]
         for b in batches:
-            ranked = rank_settings(costs, acc, b, grid, mix, refilled, None if refill else new)
+            ranked, todo = plan_batch(costs, acc, b, limits, mix, refilled,
+                                      None if refill else new, top)
             preds += ranked
-            chain = [SpecSetting(s, 1, s + 1) for s in range(1, max_steps + 1)]
-            plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
-            todo = [s for s in plan if within(s, *limits)]
             for i, s in enumerate(todo, 1):
                 where = f"batch {b}, setting {i}/{len(todo)}: {s}"
                 if (m := done.get((b, s))) is not None:
@@ -406,6 +397,29 @@ def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tup
                                            max(32, max_draft))
         kept.acceptance(acc, mix, "tree", eng.rt.max_batch)
     return acc, mix
+
+
+def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, refilled=None,
+               new: int | None = None, top: int = 3) -> tuple[list, list[SpecSetting]]:
+    """(predictions, settings to sweep) at one batch: every setting within `limits` (max
+    steps, topk, draft tokens) ranked, then the best `top`, their neighbours and every chain
+    to sweep. A neighbour off the grid (a chain's topk-2 tree of steps + 1 tokens, a capped
+    budget a step deeper) is priced too: its row read "predicted -", and where it won the
+    choice had no model error."""
+    from draftsmith.tune.cost_model import SpecSetting, rank_settings, sweep_plan, tune_grid
+
+    grid = [s for s in tune_grid(*limits) if within(s, *limits)]
+    ranked = rank_settings(costs, acc, batch, grid, mix, refilled, new)
+    chain = [SpecSetting(s, 1, s + 1) for s in range(1, limits[0] + 1)]
+    plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
+    todo = [s for s in plan if within(s, *limits)]
+    priced = {p.setting for p in ranked}
+    if extra := [s for s in todo if s not in priced]:
+        more = rank_settings(costs, acc, batch, extra, mix, refilled, new)
+        ranked = sorted([*ranked, *(p for p in more if p.setting not in priced)],
+                        key=lambda p: (-p.tokens_per_s, p.setting.steps, p.setting.topk,
+                                       p.setting.num_draft_tokens))
+    return ranked, todo
 
 
 def within(s: SpecSetting, max_steps: int, max_topk: int, max_draft: int) -> bool:
