@@ -160,11 +160,32 @@ def differences(descs: list[Description]) -> list[str]:
                 f"{k} ({first.arch[k]} vs {d.arch.get(k)})" for k in keys))
         else:
             notes.append(f"{first.label} and {d.label} have the same architecture")
-        if first.ids_canonical != d.ids_canonical:
-            notes.append(f"they read different target layers: {first.ids_canonical} vs "
-                         f"{d.ids_canonical} (canonical)")
-        notes += _data_ratio(first, d) + _targets_differ(first, d) + _vocab_differs(first, d)
+        notes += _data_ratio(first, d)
+    # each later drafter against every earlier one, not the first alone: with A recording no
+    # target, B and C of different targets were never set side by side
+    notes += [f"{d.label}: which target layers it reads is unknown here (see its aux ids "
+              "note), so its layers are not compared" for d in descs if d.ids_canonical is None]
+    for pair in (_ids_differ, _targets_differ, _vocab_differs):
+        notes += _first_pair(descs, pair)
     return notes
+
+
+def _first_pair(descs: list[Description], pair: Any) -> list[str]:
+    """`pair`'s note for each drafter and the first earlier one it finds a difference with."""
+    notes = []
+    for j, later in enumerate(descs[1:], 1):
+        for earlier in descs[:j]:
+            if found := pair(earlier, later):
+                notes += found
+                break
+    return notes
+
+
+def _ids_differ(a: Description, b: Description) -> list[str]:
+    if a.ids_canonical is None or b.ids_canonical is None or a.ids_canonical == b.ids_canonical:
+        return []
+    return [f"{a.label} and {b.label} read different target layers: {a.ids_canonical} vs "
+            f"{b.ids_canonical} (canonical)"]
 
 
 def _same_folders(descs: list[Description]) -> list[str]:
@@ -244,7 +265,7 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
         "notes": differences(descs),
     }
     if target is not None:
-        res["notes"] += _other_target(descs, target)
+        res["notes"] += _other_target(descs, target, opts.recorded)
         res["speed"] = _speed(opts, target, descs)
         res["notes"] += _measured_ids(descs) + _load_notes(descs)
         if note := busy_note(res["speed"].get("machine_load")):
@@ -301,12 +322,35 @@ def _load_notes(descs: list[Description]) -> list[str]:
     return [f"{d.label}: {n}" for d in descs for n in d.load_notes]
 
 
-def _other_target(descs: list[Description], target: Any) -> list[str]:
-    """Drafters recorded as trained for another target: their acceptance here is not theirs."""
-    return [f"{d.label} was trained for target fingerprint {fp}, but --target {target.source} "
-            f"has {target.fingerprint}: its acceptance here is on a target it was not trained "
-            "for" for d in descs if (fp := d.info.recorded("target_fingerprint"))
-            and fp != target.fingerprint]
+def _other_target(descs: list[Description], target: Any, recorded: bool = False
+                  ) -> list[str]:
+    """Drafters recorded as trained for another target: their acceptance here is not theirs.
+    A folder recording no fingerprint (SpecForge's, a hub's speculators one) by the depth it
+    records or its verifier's config.json gives: a target of other shapes fails to load, one
+    of another depth does not."""
+    here = (f"the target the drafters record, {target.source}," if recorded
+            else f"--target {target.source}")
+    notes = []
+    for d in descs:
+        if fp := d.info.recorded("target_fingerprint"):
+            if fp != target.fingerprint:
+                notes.append(f"{d.label} was trained for target fingerprint {fp}, but {here} "
+                             f"has {target.fingerprint}: its acceptance here is on a target it "
+                             "was not trained for")
+        elif (layers := _recorded_layers(d)) and layers != target.cfg.num_layers:
+            notes.append(f"{d.label} was trained for a target of {layers} layers, but {here} "
+                         f"has {target.cfg.num_layers}: its acceptance here is on a target it "
+                         "was not trained for")
+    return notes
+
+
+def _recorded_layers(d: Description) -> int | None:
+    from draftsmith.compare.describe import target_layers
+
+    try:
+        return target_layers(d.info)
+    except (DraftsmithError, OSError, ValueError):  # a malformed record: nothing to compare
+        return None
 
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:

@@ -47,14 +47,20 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
         dec.generate(prompts[:1], warm, eos)
     runs: dict[str, list[Any]] = {k: [] for k in decs}
     base_tokens, base_s = 0, 0.0
+    # the order rotates a step each prompt, so no run always goes first (a clock ramping up,
+    # caches the run before it warmed)
+    order: list[str | None] = [None, *decs]
     with load.watching() as machine:  # other work on the cores skews each drafter's tok/s
-        for p in prompts:
-            with load.timed():
-                g = run_generation(base_rt, [p], max_new, eos_ids=eos)
-            base_tokens, base_s = base_tokens + g.new_tokens, base_s + g.prefill_s + g.decode_s
-            for k, dec in decs.items():
+        for i, p in enumerate(prompts):
+            for k in order[i % len(order):] + order[:i % len(order)]:
                 with load.timed():
-                    runs[k].append(dec.generate([p], max_new, eos))
+                    r = run_generation(base_rt, [p], max_new, eos_ids=eos) if k is None \
+                        else decs[k].generate([p], max_new, eos)
+                if k is None:
+                    base_tokens, base_s = base_tokens + r.new_tokens, base_s + r.prefill_s \
+                        + r.decode_s
+                else:
+                    runs[k].append(r)
     base = base_tokens / base_s if base_s else 0.0
     out = {k: _finish(v) for k, v in runs.items()}
     for v in out.values():
@@ -75,5 +81,6 @@ DEFINITIONS = {
                    "make, as the profiler's accept rate; not accepted draft tokens / drafted ones",
     "position_rates": "P(draft position i accepted | position i reached); null where no cycle "
                       "reached it",
-    "tokens_per_s": "new tokens over prefill and decode time, one prompt at a time",
+    "tokens_per_s": "new tokens over prefill and decode time, one prompt at a time, the "
+                    "target alone and the drafters in an order rotated each prompt",
 }
