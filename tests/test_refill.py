@@ -128,7 +128,7 @@ def test_warm_prompts_covers_every_padded_row_count_and_bucket():
 
     from draftsmith.engine.refill import warm_prompts
 
-    pre = SimpleNamespace(graphs=object(), max_batch=5,
+    pre = SimpleNamespace(graphs=object(), max_batch=5, device="cpu",
                           bucket=lambda b, n: 16 if n <= 16 else 24)
     for rows, sizes in ((5, (1, 2, 4, 5)), (9, (1, 2, 4, 5)), (3, (1, 2, 4)), (1, (1,))):
         calls = []
