@@ -170,3 +170,16 @@ def test_a_rank_ends_when_its_launcher_dies(monkeypatch):
     os.close(write)  # as the launcher's end of the sentinel pipe closes when it dies
     assert ended.wait(2)
     os.close(read)
+
+
+def test_an_nccl_conf_this_process_cannot_read_is_skipped_as_nccl_skips_it(tmp_path,
+                                                                          monkeypatch):
+    """An unreadable /etc/nccl.conf (mode 600 root, not UTF-8) was a PermissionError or
+    UnicodeDecodeError traceback at every group start, where NCCL itself skips it."""
+    conf = tmp_path / "nccl.conf"
+    conf.write_bytes(b"NCCL_ALGO=\xff\xfe\n")
+    monkeypatch.setenv("NCCL_CONF_FILE", str(conf))
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # put back after: ensure_nvls_off pins it
+    dist.ensure_nvls_off()
+    assert dist.nccl_record()["conf_files"][str(conf)] == {}

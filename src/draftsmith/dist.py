@@ -185,7 +185,12 @@ def _conf_files() -> list[Path]:
 
 
 def _read_conf(path: Path) -> dict[str, str]:
-    pairs = (ln.split("=", 1) for ln in path.read_text().splitlines() if "=" in ln)
+    """An nccl.conf's settings; {} for one this process cannot read, which NCCL skips too."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    pairs = (ln.split("=", 1) for ln in text.splitlines() if "=" in ln)
     return {k.strip(): v.strip() for k, v in pairs if not k.strip().startswith("#")}
 
 
