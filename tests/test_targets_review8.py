@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -100,9 +101,15 @@ def test_a_whole_entry_another_process_moved_in_stays(tmp_path):
     inode = (folder / "config.json").stat().st_ino
     (tmp := tmp_path / "targets" / "k.x.tmp").mkdir()
     (tmp / "draftsmith_target.json").write_text('{"fingerprint": "second"}')
+    damaged = targets._record_stamp(folder)
     targets._move_in(tmp, folder)
     assert (folder / "config.json").stat().st_ino == inode
-    targets._move_in(tmp, folder, replace=True)  # a damaged entry is replaced
+    # found damaged by another process, which then moved its whole conversion in: kept
+    (folder / "draftsmith_target.json").unlink()
+    (folder / "draftsmith_target.json").write_text('{"fingerprint": "third"}')
+    targets._move_in(tmp, folder, replace=damaged)
+    assert json.loads((folder / "draftsmith_target.json").read_text())["fingerprint"] == "third"
+    targets._move_in(tmp, folder, replace=targets._record_stamp(folder))  # the damaged one goes
     assert json.loads((folder / "draftsmith_target.json").read_text())["fingerprint"] == "second"
 
 
@@ -127,9 +134,14 @@ def test_scratch_folders_a_killed_conversion_left_are_removed(tmp_path, cache):
     host = socket.gethostname()
     names = {"dead": f"{key}.{host}-{dead.pid}.ab_1.tmp", "aside": f"{key}.{host}-{dead.pid}.c.old",
              "live": f"{key}.{host}-{os.getpid()}.d.tmp", "other": f"{key}.elsewhere-1.e.tmp"}
-    for name in names.values():
+    names["fresh"] = f"{key}.{host}-{dead.pid}.f.tmp"  # another container's pid, written now
+    hours_ago = time.time() - 2 * 3600
+    for what, name in names.items():
         (cache / "targets" / name).mkdir(parents=True)
         (cache / "targets" / name / "model.safetensors").write_bytes(b"x")
+        if what != "fresh":
+            for q in (cache / "targets" / name / "model.safetensors", cache / "targets" / name):
+                os.utime(q, (hours_ago, hours_ago))
     load_target(path)
     left = {p.name for p in (cache / "targets").iterdir()}
-    assert left == {key, names["live"], names["other"]}
+    assert left == {key, names["live"], names["other"], names["fresh"]}

@@ -331,13 +331,13 @@ def _load_gguf(path: Path) -> Target:
     if not path.is_file():
         raise DraftsmithError(f"{path}: GGUF file not found")
     folder = cache_dir() / "targets" / _cache_key(path)
-    damaged = False
+    damaged = None
     if (folder / "draftsmith_target.json").is_file():
         try:
             return _load_folder(folder, "gguf", str(path))
         except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
-            damaged = True
+            damaged = _record_stamp(folder)
     _convert_gguf(path, folder, replace=damaged)
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
@@ -347,7 +347,7 @@ def _load_gguf(path: Path) -> Target:
 SHARD_BYTES = 2 << 30
 
 
-def _convert_gguf(path: Path, folder: Path, replace: bool = False) -> None:
+def _convert_gguf(path: Path, folder: Path, replace: Stamp | None = None) -> None:
     """Dequantize `path` into the HF folder `folder`, tensor by tensor, each in the GGUF's own
     float type (quantized ones in float32, exactly as dequantized)."""
     from draftsmith.targets import gguf_file
@@ -368,11 +368,12 @@ def _convert_gguf(path: Path, folder: Path, replace: bool = False) -> None:
 
 def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: Any,
                  tensors: Iterable[tuple[str, torch.Tensor]], eos: list[int],
-                 replace: bool = False) -> None:
-    """Write the converted target beside `folder`, then move it in (`replace`: over a damaged
-    entry there). Each process writes its own temporary folder: ranks converting one GGUF at
-    once (torchrun on a fresh cache) shared one, and a rank that moved it in first left the
-    others writing into a folder gone. Temporary folders a killed conversion left are removed."""
+                 replace: Stamp | None = None) -> None:
+    """Write the converted target beside `folder`, then move it in (`replace`: over the damaged
+    entry of that record stamp there). Each process writes its own temporary folder: ranks
+    converting one GGUF at once (torchrun on a fresh cache) shared one, and a rank that moved it
+    in first left the others writing into a folder gone. Temporary folders a killed conversion
+    left are removed."""
     import shutil
     import tempfile
 
@@ -440,10 +441,11 @@ def _name_shards(folder: Path, files: list[dict[str, str]]) -> None:
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
-def _move_in(tmp: Path, folder: Path, replace: bool = False) -> None:
+def _move_in(tmp: Path, folder: Path, replace: Stamp | None = None) -> None:
     """tmp renamed to folder. An entry there that is whole (another process's equal conversion,
-    which it may be loading now) is kept, tmp dropped by the caller; one that is not, or one
-    `replace` says is damaged, is moved aside and removed first; where yet another process
+    which it may be loading now) is kept, tmp dropped by the caller; one that is not, or the
+    damaged one `replace` names by its record's stamp, is moved aside and removed first (not
+    one another process moved in since: its record is another file); where yet another process
     moves its own in meanwhile, that one stays."""
     import contextlib
     import shutil
@@ -454,7 +456,7 @@ def _move_in(tmp: Path, folder: Path, replace: bool = False) -> None:
         return
     except OSError:
         pass
-    if not replace and (folder / "draftsmith_target.json").is_file():
+    if (stamp := _record_stamp(folder)) is not None and stamp != replace:
         return
     aside = Path(tempfile.mkdtemp(prefix=_scratch_prefix(folder), suffix=".old",
                                   dir=folder.parent))
@@ -468,6 +470,19 @@ def _move_in(tmp: Path, folder: Path, replace: bool = False) -> None:
             raise
 
 
+Stamp = tuple[int, int, int]  # a cache entry's record file: device, inode, mtime
+
+
+def _record_stamp(folder: Path) -> Stamp | None:
+    """Which record file a cache entry holds (None: none): a damaged entry told from a whole one
+    another process moved in after it was found damaged."""
+    try:
+        st = (folder / "draftsmith_target.json").stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def _scratch_prefix(folder: Path) -> str:
     """A conversion's scratch folders are named by the cache key, host and process, so that a
     later conversion knows one whose process died (`_clear_stale`)."""
@@ -479,18 +494,31 @@ def _scratch_prefix(folder: Path) -> str:
 def _clear_stale(folder: Path) -> None:
     """Remove the scratch folders (`.tmp`, `.old`) of `folder`'s conversions that a killed
     process on this host left: each holds a whole model's weights. Another host's (a shared
-    cache) and a live process's are left alone."""
+    cache), a live process's and one written to within `STALE_S` are left alone (a container
+    of this host's name but its own process ids may be writing it)."""
     import shutil
     import socket
+    import time
 
-    host = socket.gethostname()
+    host, now = socket.gethostname(), time.time()
     for p in folder.parent.glob(f"{folder.name}.*"):
         if p.suffix not in (".tmp", ".old") or not p.is_dir():
             continue
         who, _, pid = p.name[len(folder.name) + 1:].rsplit(".", 2)[0].rpartition("-")
-        if who != host or not pid.isdigit() or _alive(int(pid)):
+        if who != host or not pid.isdigit() or _alive(int(pid)) or _age(p, now) < STALE_S:
             continue
         shutil.rmtree(p, ignore_errors=True)
+
+
+STALE_S = 3600.0  # a conversion writes a file of at most SHARD_BYTES far more often than this
+
+
+def _age(p: Path, now: float) -> float:
+    """Seconds since anything in folder `p` was last written (its own mtime or a file's)."""
+    try:
+        return now - max([p.stat().st_mtime, *(f.stat().st_mtime for f in p.iterdir())])
+    except OSError:
+        return 0.0
 
 
 def _alive(pid: int) -> bool:
