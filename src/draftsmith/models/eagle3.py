@@ -671,7 +671,7 @@ def load_drafter(
         raise DraftsmithError(f"{folder}: no {WEIGHTS_FILE}")
     state = read_weights_file(path, device)
     if dtype is None:
-        _one_dtype(state, path)
+        dtype = _one_dtype(state, path)
     if "embed_tokens.weight" not in state:
         if embed is None:
             raise DraftsmithError(f"{path}: no embed_tokens.weight; pass the target's embedding")
@@ -689,18 +689,19 @@ def load_drafter(
     return drafter
 
 
-def _one_dtype(state: dict[str, torch.Tensor], path: Path) -> None:
-    """A file's float weights in one dtype where no dtype is asked for: a file of fp16 fc and
-    fp32 rest loaded, then failed its first forward in a matmul."""
+def _one_dtype(state: dict[str, torch.Tensor], path: Path) -> torch.dtype | None:
+    """The dtype most of a file's float weights have, where they have several (None where one):
+    a file of fp16 fc and fp32 rest (an imported engine folder keeps its own) loaded, then
+    failed its first forward in a matmul. Said once, as the weights are cast to it."""
     kinds: dict[torch.dtype, list[str]] = {}
     for k, v in state.items():
         if v.is_floating_point() and k not in ("d2t", "t2d"):
             kinds.setdefault(v.dtype, []).append(k)
-    if len(kinds) > 1:
-        most = max(kinds, key=lambda t: len(kinds[t]))
-        odd = [f"{k} {str(t).removeprefix('torch.')}" for t in kinds if t != most
-               for k in kinds[t]]
-        raise DraftsmithError(f"{path}: float tensors in several dtypes ({', '.join(odd[:3])}"
-                              f"{', ...' if len(odd) > 3 else ''}; the rest "
-                              f"{str(most).removeprefix('torch.')}): load it with one dtype "
-                              "(--dtype) or save it again in one")
+    if len(kinds) < 2:
+        return None
+    most = max(kinds, key=lambda t: len(kinds[t]))
+    odd = [f"{k} {str(t).removeprefix('torch.')}" for t in kinds if t != most for k in kinds[t]]
+    warnings.warn(f"{path}: float tensors in several dtypes ({', '.join(odd[:3])}"
+                  f"{', ...' if len(odd) > 3 else ''}); loaded as the rest, "
+                  f"{str(most).removeprefix('torch.')}", stacklevel=3)
+    return most

@@ -83,14 +83,14 @@ def tokenizer_hash(tok) -> str:
 
 # Text whose ids show how a tokenizer splits, beyond its vocabulary: digit runs after spaces and
 # in numbers (SmolLM2's Digits split), space runs, indentation, contractions, case, accents in
-# composed and decomposed form, full-width and ligature forms (NFKC), CJK, emoji, control
-# characters, and special tokens' texts met in plain text.
+# composed and decomposed form, full-width and ligature forms (NFKC), CJK and emoji. No special
+# token's text: how plain text holding one splits is the kind of thing library versions change,
+# and a refusal over it would stop data that tokenizes alike.
 PROBE = ("Hello, World!  x  1 12345 3.14159 1,000,000 -42 2024-01-02 0x1F v1.2.3\n\n"
          "\tdef f(x):\n        return x**2  # It's I'M you'll WE'VE\r\n"
          "caf\u00e9 cafe\u0301 \uff21\uff22\uff23 \ufb01 \u2460 \u00a0 \u3000 "
          "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \u4e2d\u6587 "
-         "\ud55c\uad6d\uc5b4 \U0001f600\U0001f44d\U0001f3fd "
-         "<|im_start|>user<|im_end|><|endoftext|><s></s>[INST]<|eot_id|>   end   ")
+         "\ud55c\uad6d\uc5b4 \U0001f600\U0001f44d\U0001f3fd   end   ")
 
 
 def tokenization_hash(tok) -> str:
