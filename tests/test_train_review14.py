@@ -164,6 +164,9 @@ def test_a_shard_corrupted_after_capture_is_refused_at_start_naming_it(root, tmp
     # a shard past --max-samples is not trained on: not read, not refused
     quiet_train(config(root, str(tmp_path / "head"), data=str(data), max_samples=8,
                        max_steps=1))
+    # --no-verify-shards: a dataset too large to read once more at every start is not hashed
+    quiet_train(config(root, str(tmp_path / "unchecked"), data=str(data), max_steps=1,
+                       verify_shards=False))
 
 
 def test_a_shard_changed_between_a_checkpoint_and_its_resume_is_refused(root, tmp_path):

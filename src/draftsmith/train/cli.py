@@ -72,6 +72,10 @@ def train(
     loader_workers: int = typer.Option(None, "--loader-workers",
                                        help="Processes reading batches ahead (default: auto)"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast (default: on GPU)"),
+    verify_shards: bool = typer.Option(True, "--verify-shards/--no-verify-shards",
+                                       help="Check the shards' sha256 against the manifest "
+                                       "before training (reads the data once; a --resume "
+                                       "only the shards changed on disk since)"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint"),
     time_limit: float = typer.Option(None, "--time-limit", help="Seconds (checked every "
                                      "--log-every steps); then stop at a checkpoint (rerun "
@@ -105,6 +109,7 @@ def train(
         init_head=init_head, init_from=init_from,
         max_samples=max_samples, seed=seed, save_every=save_every, keep_last=keep_last,
         log_every=log_every, device=device, loader_workers=loader_workers, bf16=bf16,
+        verify_shards=verify_shards,
         resume=resume, time_limit=time_limit, profile_steps=profile_steps, progress=progress,
         compile_loss=compile_loss, pad_multiple=pad_multiple,
         extra=commands(out, resume),

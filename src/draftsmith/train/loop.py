@@ -127,6 +127,7 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"
     loader_workers: int | None = None  # processes reading ahead; 0: none; None: cores // 2, <= 4
+    verify_shards: bool = True  # the shards' sha256 against the manifest before training
     bf16: bool | None = None  # None: autocast to bf16 on CUDA only
     resume: bool = False
     time_limit: float | None = None  # seconds, checked at log steps: then stop at a checkpoint
@@ -480,8 +481,8 @@ class Trainer:
         corrupted or replaced since its capture trained silently on other data. Hashed once a
         run, split over this host's ranks; a --resume hashes only those changed on disk since
         its checkpoint (`ShardReader.check_hashes`). The stamps, for checkpoints."""
-        if self.data.reader is None:
-            return {}
+        if self.data.reader is None or not self.cfg.verify_shards:
+            return {}  # no stamps: what was not hashed is not vouched for at a resume
         known = (state or {}).get("shards") or {}
         return self.data.reader.check_hashes(len(self.data.lengths), known,
                                              host_part(self.ctx), self.say)
