@@ -6,28 +6,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import test_engine_review6 as er6
 import torch
-from test_speculative import make_drafter, tiny_target
 
 from draftsmith.engine import refill, spec_refill
 from draftsmith.engine.generate import prefill
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams
-from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.errors import DraftsmithError
 
 PROMPTS = [[3, 4], [5, 9, 2], [7]]
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target(64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                       num_kv_heads=1, head_dim=16)
-
-
-@pytest.fixture(scope="module")
-def decoder(target):
-    return SpecDecoder(target, make_drafter(target, 32), 3, 1, None, max_batch=2, max_seq=64)
+# test_engine_review6's module fixtures: a tiny target and a chain-3 decoder of 2 rows
+target, decoder = er6.target, er6.decoder
 
 
 @pytest.mark.parametrize("prompts", [5, None, iter([[1, 2]])])

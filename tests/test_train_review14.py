@@ -15,12 +15,12 @@ import torch
 from test_train_loop import _free_port
 from test_train_review3 import config
 from test_train_review6 import quiet_train
+from test_train_review7 import run_rank
 
 from draftsmith.data.shards import read_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.train import TrainConfig
 from draftsmith.train.batches import Plan, pack
-from draftsmith.train.loop import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,6 @@ def test_a_ddp_checkpoint_of_the_per_rank_packing_resumes_in_its_order():
 
 def _init_fails_on_rank_1(rank: int, world: int, port: int, cfg: TrainConfig, dump: str) -> None:
     from draftsmith.train import loop
-    from draftsmith.train.dist import setup as dist_setup
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -107,15 +106,7 @@ def _init_fails_on_rank_1(rank: int, world: int, port: int, cfg: TrainConfig, du
             raise DraftsmithError("shard-00000.safetensors: cannot open the shard (I/O error)")
 
         loop.open_offline = unreadable  # type: ignore[assignment]
-    ctx = dist_setup("cpu")
-    try:
-        Trainer(cfg, ctx).run()
-        said = "finished"
-    except Exception as e:  # noqa: BLE001 - any other error is a different line: compared
-        said = str(e) if isinstance(e, DraftsmithError) else f"{type(e).__name__}: {e}"
-    finally:
-        ctx.close()
-    Path(dump, f"rank{rank}.txt").write_text(said)
+    run_rank(cfg, dump, rank)
 
 
 def test_a_rank_failing_before_the_loop_under_ddp_stops_every_rank_with_its_error(root,

@@ -135,7 +135,6 @@ def test_save_drafter_syncs_each_file_before_its_rename_and_the_rename(tmp_path,
 def _failing_worker(rank: int, world: int, port: int, cfg: TrainConfig, dump: str,
                     where: str) -> None:
     from draftsmith.train import checkpoint
-    from draftsmith.train.dist import setup as dist_setup
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -156,6 +155,14 @@ def _failing_worker(rank: int, world: int, port: int, cfg: TrainConfig, dump: st
             raise OSError(28, "No space left on device")
 
         checkpoint.save_drafter = full  # type: ignore[assignment]
+    run_rank(cfg, dump, rank)
+
+
+def run_rank(cfg: TrainConfig, dump: str, rank: int) -> None:
+    """Train as this rank, then write what it ended with to dump/rank{rank}.txt: "finished",
+    the DraftsmithError's line, or another error's type and text."""
+    from draftsmith.train.dist import setup as dist_setup
+
     ctx = dist_setup("cpu")
     try:
         Trainer(cfg, ctx).run()
