@@ -6,16 +6,14 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from test_train_loop import _free_port
 from test_train_review3 import config
 from test_train_review6 import quiet_train
-from test_train_review7 import run_rank
+from test_train_review7 import run_rank, two_ranks
 
 from draftsmith.data.shards import read_manifest
 from draftsmith.errors import DraftsmithError
@@ -113,21 +111,8 @@ def test_a_rank_failing_before_the_loop_under_ddp_stops_every_rank_with_its_erro
                                                                                   tmp_path):
     """Rank 1 failing in Trainer.__init__ raised there alone: rank 0 went on into DDP's first
     broadcast and failed on the closed connection (or waited), never naming the cause."""
-    import torch.multiprocessing as mp
-
     cfg = config(root, "ddp-init", max_steps=2, batch_size=1)
-    ctx = mp.start_processes(_init_fails_on_rank_1,
-                             args=(2, _free_port(), cfg, str(tmp_path)), nprocs=2, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + 30
-    while not ctx.join(timeout=0.2) and time.monotonic() < deadline:
-        pass
-    hung = [p.pid for p in ctx.processes if p.is_alive()]
-    for p in ctx.processes:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks hung: {hung}"
-    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    said = two_ranks(_init_fails_on_rank_1, (cfg, str(tmp_path)), tmp_path, 30)
     assert said[0] == said[1] == "shard-00000.safetensors: cannot open the shard (I/O error)", \
         said
     assert not (root / "ddp-init").exists()

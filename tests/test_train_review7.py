@@ -158,6 +158,24 @@ def _failing_worker(rank: int, world: int, port: int, cfg: TrainConfig, dump: st
     run_rank(cfg, dump, rank)
 
 
+def two_ranks(worker, args: tuple, dump: Path, limit_s: float) -> list[str]:
+    """worker(rank, 2, port, *args) forked as two ranks; what each wrote (`run_rank`), once
+    both ended within `limit_s` (one still running then is a hang: killed, and the test fails)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(worker, args=(2, _free_port(), *args), nprocs=2, join=False,
+                             start_method="fork")
+    deadline = time.monotonic() + limit_s
+    while not ctx.join(timeout=0.2) and time.monotonic() < deadline:
+        pass
+    hung = [p.pid for p in ctx.processes if p.is_alive()]
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks hung: {hung}"
+    return [(dump / f"rank{r}.txt").read_text() for r in range(2)]
+
+
 def run_rank(cfg: TrainConfig, dump: str, rank: int) -> None:
     """Train as this rank, then write what it ended with to dump/rank{rank}.txt: "finished",
     the DraftsmithError's line, or another error's type and text."""
@@ -178,20 +196,8 @@ def run_rank(cfg: TrainConfig, dump: str, rank: int) -> None:
 def test_a_rank_0_failure_under_ddp_stops_every_rank_with_its_error(root, tmp_path, where):
     """Rank 0 failing to make --out (or to write a checkpoint) raised there alone; the other
     rank waited at the next collective for good."""
-    import torch.multiprocessing as mp
-
     cfg = config(root, f"ddp-{where}", max_steps=2, batch_size=1, save_every=1)
-    ctx = mp.start_processes(_failing_worker, args=(2, _free_port(), cfg, str(tmp_path), where),
-                             nprocs=2, join=False, start_method="fork")
-    deadline = time.monotonic() + 40
-    while not ctx.join(timeout=0.5) and time.monotonic() < deadline:
-        pass
-    hung = [p.pid for p in ctx.processes if p.is_alive()]
-    for p in ctx.processes:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks hung: {hung}"
-    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    said = two_ranks(_failing_worker, (cfg, str(tmp_path), where), tmp_path, 40)
     assert said[0] == said[1] and "\n" not in said[0], said
     what = "cannot create the folder" if where == "out" else "No space left on device"
     assert what in said[0], said
