@@ -162,14 +162,22 @@ def _drop_old(out: Path, keep_last: int) -> None:
 
 
 def _drop_remains(out: Path) -> None:
-    """`step-N` folders older than the newest checkpoint that hold no trainer state: a removal
-    cut short (a kill, a host crash) left one, weights and all, which no --resume takes and no
-    later rotation saw. Best effort: one that cannot go was warned about when it was dropped."""
+    """`step-N` folders older than the newest checkpoint that hold no trainer state (a removal
+    cut short: a kill, a host crash) and `.step-N.tmp` folders (a write cut short): weights and
+    all, which no --resume takes and no later rotation saw. Best effort: one that cannot go
+    was warned about when it was dropped."""
     newest, stateless = _stateless(out)
     for n, old in stateless:
         if n < newest:
             with contextlib.suppress(OSError):
                 shutil.rmtree(old)
+    # a write cut short (a kill, a full disk on another rank) left its tmp folder, weights and
+    # all; this step's was just renamed and no other is written now (every rank is past it)
+    root = Path(out) / CHECKPOINTS
+    for tmp in root.glob(".step-*.tmp") if root.is_dir() else []:
+        if re.fullmatch(r"\.step-\d+\.tmp", tmp.name) and tmp.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
 
 
 def _synced(*paths: Path, folder: bool = False) -> None:

@@ -83,14 +83,15 @@ def plot(out: Path) -> Path | None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     a.plot(steps, gaps([_number(r.get("loss")) for r in rows]))
     a.set(xlabel="step", ylabel="weighted TTT loss", title="loss")
-    k = max(len(r.get("acc") or []) for r in rows)
+    k = max(len(_list(r.get("acc"))) for r in rows)
     for i in range(k):  # a position no chain reached in a window (None) is a gap, not a 0
         b.plot(steps, gaps([_at(r.get("acc"), i) for r in rows]), marker=".", ms=3,
                label=f"position {i}")
     b.plot(steps, gaps([_share(r, k) for r in rows]), "k--",
            label="accept length / (k+1), over the measured positions")
-    if any(r.get("coverage") is not None for r in rows):  # logs written before it lack it
-        b.plot(steps, gaps([r.get("coverage") for r in rows]), ":", color="grey",
+    coverage = [_number(r.get("coverage")) for r in rows]
+    if any(c is not None for c in coverage):  # logs written before it lack it
+        b.plot(steps, gaps(coverage), ":", color="grey",
                label="draft vocab coverage")
     b.set(xlabel="step", ylabel="accuracy (top-1 = target argmax)", ylim=(0, 1),
           title="TTT per-position accuracy")
@@ -111,11 +112,17 @@ def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _at(values: list[float | None] | None, i: int) -> float | None:
-    return values[i] if values is not None and i < len(values) else None
+def _list(v: Any) -> list[Any]:
+    """A row's per-position figures; none where an edited row holds no list there."""
+    return v if isinstance(v, list) else []
+
+
+def _at(values: Any, i: int) -> float | None:
+    values = _list(values)
+    return _number(values[i]) if i < len(values) else None
 
 
 def _share(row: dict[str, Any], k: int) -> float | None:
     """A row's accept length as a share of the k + 1 tokens a cycle can take."""
-    accept = row.get("accept_length")
+    accept = _number(row.get("accept_length"))
     return None if accept is None else accept / (k + 1)

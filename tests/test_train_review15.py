@@ -1,0 +1,40 @@
+"""Review 15 of train/*: the plot over edited log rows, tmp folders of cut-short checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftsmith.train import report
+from draftsmith.train.checkpoint import CHECKPOINTS, checkpoint_dir, list_checkpoints
+
+
+@pytest.mark.parametrize("edited", [{"acc": 0.6}, {"accept_length": "x"},
+                                    {"acc": ["x", None], "coverage": "x"}])
+def test_the_plot_reads_a_row_edited_to_other_types(tmp_path, edited):
+    """A row whose "acc" is no list or whose accept length is no number raised TypeError at
+    every checkpoint (the plot is drawn there), ending the run; such figures are gaps."""
+    rows = [{"step": 2, "loss": 1.0, "acc": [0.5, 0.2], "accept_length": 1.6, "coverage": 0.9},
+            {"step": 4, "loss": 0.9, **edited}]
+    (tmp_path / report.LOG).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert report.plot(tmp_path) == tmp_path / report.PLOT
+
+
+def test_the_tmp_folder_of_a_checkpoint_write_cut_short_goes_at_the_next_rotation(tmp_path):
+    """A kill while a checkpoint was written left `.step-N.tmp` (a whole drafter's weights) that
+    nothing removed unless a later run wrote step N again."""
+    from test_train_internals_review3 import _tiny_drafter
+
+    from draftsmith.train.checkpoint import save_checkpoint
+
+    drafter = _tiny_drafter()
+    save_checkpoint(tmp_path, 1, drafter, {"step": 1}, {}, keep_last=2)
+    cut = checkpoint_dir(tmp_path, 5).with_name(".step-00000005.tmp")
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(b"x" * 64)
+    mine = tmp_path / CHECKPOINTS / ".step-notes.tmp"  # not our name: left alone
+    mine.mkdir()
+    save_checkpoint(tmp_path, 2, drafter, {"step": 2}, {}, keep_last=2)
+    assert list_checkpoints(tmp_path) == [checkpoint_dir(tmp_path, 1), checkpoint_dir(tmp_path, 2)]
+    assert not cut.exists() and mine.is_dir()
