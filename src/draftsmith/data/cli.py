@@ -26,6 +26,7 @@ from draftsmith.options import (
     check_compile,
     check_folder,
     check_sampling,
+    check_seed,
     command_line,
     given,
     unused,
@@ -170,6 +171,7 @@ def prompts(
            "leave {it} out with --self-made N")
     at_least_one({"--batch-size": batch_size, "--max-new-tokens": max_new_tokens})
     check_sampling(temperature, top_p)
+    check_seed(seed)
     if temperature == 0:
         unused(given(prompts, top_p=top_p, seed=seed), "to sampling (--temperature > 0)",
                "at temperature 0 decoding is greedy; leave {it} out")

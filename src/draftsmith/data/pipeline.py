@@ -21,7 +21,7 @@ import torch
 from draftsmith.data.atomic import make_folder, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_json
-from draftsmith.options import at_least_one, check_folder
+from draftsmith.options import at_least_one, check_folder, check_sampling, check_seed
 
 if TYPE_CHECKING:
     from draftsmith.data.regenerate import RegenConfig
@@ -86,6 +86,8 @@ def make_dataset(
     at_least_one({"--n": n, "--batch-size": batch_size, "--max-len": max_len,
                   "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
                   "--vocab-size": vocab_size})
+    check_sampling(temperature, 0.95)  # NaN passed RegenConfig's check
+    check_seed(seed)
     check_folder(out)
     check_not_a_model(out)
     check_compile(compile, device)
@@ -113,8 +115,9 @@ def make_dataset(
         record.setdefault("commands", [])
         if command not in record["commands"]:
             record["commands"].append(command)
+        # the stages this run ran: an earlier run's, kept, read as results of this --n
         record.update(target=t.source, fingerprint=t.fingerprint, device=device,
-                      dtype=str(dtype).removeprefix("torch."), n=n)
+                      dtype=str(dtype).removeprefix("torch."), n=n, stages={})
         record.pop("server", None)
         if client is not None:  # the model asked, also where the server named it
             record["server"] = {"base_url": client.base_url, "model": client.model_name}
@@ -284,7 +287,8 @@ def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
 
     with warnings.catch_warnings(record=True) as caught:  # one line as `data vocab` says it,
         warnings.simplefilter("always")                  # not Python's warning with its source
-        v = build_vocab(count_dataset(data, target_vocab), min(size, target_vocab), target_vocab)
+        # the size asked: one past the target's vocabulary is said, as `data vocab` says it
+        v = build_vocab(count_dataset(data, target_vocab), size, target_vocab)
     for w in caught:
         log(f"warning: {w.message}")
     path = data / "vocab.safetensors"

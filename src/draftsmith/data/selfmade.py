@@ -59,6 +59,9 @@ class MagpieConfig:
             raise DraftsmithError(
                 f"self-made prompts: the count ({self.n}), batch size ({self.batch_size}) and "
                 f"max new tokens ({self.max_new_tokens}) must each be >= 1")
+        if self.min_chars < 1:  # 0 kept empty prompts: a turn the target closed at once
+            raise DraftsmithError(f"self-made prompts: --min-chars ({self.min_chars}) must be "
+                                  ">= 1: an empty question is no prompt")
         if self.max_chars < 1 or self.min_chars > self.max_chars:
             raise DraftsmithError(
                 f"self-made prompts: --min-chars ({self.min_chars}) must not exceed --max-chars "
@@ -245,7 +248,8 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
     for round_ in rounds:
         if stats["kept"] >= cfg.n:
             break
-        torch.manual_seed(cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_)
+        # modulo 2**64, as torch takes a seed (a negative one too): a large --seed overflowed
+        torch.manual_seed((cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_) % (1 << 64))
         pick = [(round_ * cfg.batch_size + i) % len(opens)
                 for i in range(_rows(cfg))]
         bar.status(f"round {round_ + 1}: decoding {len(pick)} rows x up to "
