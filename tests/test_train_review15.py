@@ -38,3 +38,38 @@ def test_the_tmp_folder_of_a_checkpoint_write_cut_short_goes_at_the_next_rotatio
     save_checkpoint(tmp_path, 2, drafter, {"step": 2}, {}, keep_last=2)
     assert list_checkpoints(tmp_path) == [checkpoint_dir(tmp_path, 1), checkpoint_dir(tmp_path, 2)]
     assert not cut.exists() and mine.is_dir()
+
+
+def test_a_checkpoint_written_again_loses_its_trainer_state_before_its_weights(tmp_path,
+                                                                             monkeypatch):
+    """Writing step N again removed the old step-N folder in no set order: a kill partway could
+    leave its trainer state beside half its weights, a checkpoint --resume would take."""
+    import shutil
+
+    from test_train_internals_review3 import _tiny_drafter
+
+    from draftsmith.train import checkpoint
+
+    drafter = _tiny_drafter()
+    checkpoint.save_checkpoint(tmp_path, 3, drafter, {"step": 3}, {}, keep_last=2)
+    old = checkpoint_dir(tmp_path, 3)
+    seen = []
+    real = shutil.rmtree
+
+    def rmtree(path, *a, **kw):
+        if path == old:
+            seen.append(sorted(p.name for p in old.iterdir()))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    checkpoint.save_checkpoint(tmp_path, 3, drafter, {"step": 3}, {}, keep_last=2)
+    assert seen and checkpoint.STATE not in seen[0], seen
+
+
+def test_a_nan_temperature_is_refused_by_the_answers_config():
+    """`RegenConfig` let NaN through (`nan < 0` is false): answers decoded at no temperature."""
+    from draftsmith.data.regenerate import RegenConfig
+    from draftsmith.errors import DraftsmithError
+
+    with pytest.raises(DraftsmithError, match=r"--temperature \(nan\) must be a finite number"):
+        RegenConfig(temperature=float("nan"))

@@ -93,10 +93,11 @@ class RegenConfig:
                 f"--max-new-tokens {self.max_new_tokens} leaves no room for a prompt in "
                 f"--max-len {self.max_len}"
             )
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0 or not 0 < self.top_p <= 1 \
+                or self.top_k < 0:  # NaN passed `< 0`
             raise DraftsmithError(
-                f"sampling: --temperature ({self.temperature}) and --top-k ({self.top_k}) must "
-                f"be >= 0, --top-p ({self.top_p}) in (0, 1]"
+                f"sampling: --temperature ({self.temperature}) must be a finite number >= 0, "
+                f"--top-k ({self.top_k}) >= 0, --top-p ({self.top_p}) in (0, 1]"
             )
 
     @property

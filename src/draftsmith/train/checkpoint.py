@@ -135,7 +135,8 @@ def save_checkpoint(
 def _put_in_place(final: Path, tmp: Path, out: Path, keep_last: int) -> None:
     with writing(final, tmp):
         _synced(tmp, folder=True)
-        if final.exists():
+        if final.exists():  # its trainer state first: a removal cut short is no checkpoint
+            (final / STATE).unlink(missing_ok=True)
             shutil.rmtree(final)
         tmp.rename(final)
         _synced(final.parent, folder=True)  # the rename on disk before older ones go
