@@ -73,3 +73,21 @@ def test_a_nan_temperature_is_refused_by_the_answers_config():
 
     with pytest.raises(DraftsmithError, match=r"--temperature \(nan\) must be a finite number"):
         RegenConfig(temperature=float("nan"))
+
+
+def test_the_shard_hash_reads_without_preadv(tmp_path, monkeypatch):
+    """`sha256_fd` read through os.preadv, which macOS's Python lacks: every offline training
+    start there was an AttributeError."""
+    import hashlib
+    import os
+
+    from draftsmith.train.reader import sha256_fd
+
+    path = tmp_path / "shard.safetensors"
+    path.write_bytes(data := os.urandom(5 << 20))
+    monkeypatch.delattr(os, "preadv", raising=False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert sha256_fd(fd, path) == hashlib.sha256(data).hexdigest()
+    finally:
+        os.close(fd)

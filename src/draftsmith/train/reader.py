@@ -247,12 +247,11 @@ def sha256_fd(fd: int, path: Path) -> str:
     """The sha256 of the open file `fd` (shard `path`), read with `pread`: the file the run
     opened, not one put in its place since. hashlib lets go of the GIL: threads hash in
     parallel."""
-    h, buf, at = hashlib.sha256(), bytearray(1 << 22), 0
-    view = memoryview(buf)
-    try:
-        while n := os.preadv(fd, [view], at):
-            h.update(view[:n])
-            at += n
+    h, at = hashlib.sha256(), 0
+    try:  # os.pread, as the reader reads: os.preadv is missing on macOS
+        while chunk := os.pread(fd, 1 << 22, at):
+            h.update(chunk)
+            at += len(chunk)
     except OSError as e:
         raise DraftsmithError(f"{path}: cannot read the shard ({e.strerror})") from None
     return h.hexdigest()
