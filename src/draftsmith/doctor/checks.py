@@ -29,10 +29,11 @@ def target_identity(target: Any, manifest: dict | None, data: Path | None,
                     info: DrafterInfo | None, recorded: bool = False) -> list[Finding]:
     """`recorded`: the live target is the one this manifest or drafter records (no --target),
     so a fingerprint that differs is that path's weights changed since, not another target."""
-    from draftsmith.targets.tokenizer import template_hash, tokenizer_hash
+    from draftsmith.targets.tokenizer import template_hash, tokenization_hash, tokenizer_hash
 
     out: list[Finding] = []
     live = {"fingerprint": target.fingerprint, "tokenizer_hash": tokenizer_hash(target.tokenizer),
+            "tokenization_hash": tokenization_hash(target.tokenizer),
             "chat_template_hash": template_hash(target.tokenizer)}
     if manifest is not None and data is not None:
         out += _hashes(manifest.get("target") or {}, live, target.source, "data",
@@ -80,13 +81,20 @@ def _hashes(recorded: dict, live: dict, source: str, who: str, where: str,
                        "this one",
         "tokenizer_hash": "the token ids mean different text for this target: recapture the data "
                           "with this target's tokenizer",
+        # the same vocabulary split otherwise (one fingerprint): train refuses it
+        # (`targets.check_tokenization`); older data without the hash passes
+        "tokenization_hash": "the same ids stand for other text: recapture the data with this "
+                             "target",
         "chat_template_hash": "the drafter learns the template's tokens too: recapture with the "
                               "template you serve, or serve with the one the data used",
     }
-    out = []
+    out, differ = [], set()
     for key, fix in fixes.items():
         got = recorded.get(key)
+        if key == "tokenization_hash" and "tokenizer_hash" in differ:
+            continue  # another vocabulary splits otherwise too: one finding says it
         if got and got != live[key]:
+            differ.add(key)
             words = key.replace("_hash", "").replace("_", " ")
             what = (f"the target the {who} manifest records, {source!r}, now has {words} "
                     f"{live[key]}, not the {got} the {who} was captured with: the same name, "
