@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -132,7 +133,9 @@ def pick_device(device: str | None) -> str:
     kind, colon, index = device.partition(":")
     # torch takes meta, mps, cpu:1 ... too: they failed deep in a run (a traceback), and cpu:1
     # was taken for a GPU (bfloat16 by --dtype auto)
-    if device != "cpu" and (kind != "cuda" or colon and not index.isdigit()):
+    # the index as torch reads it: ASCII digits, no leading zero (`cuda:01` it refuses late)
+    if device != "cpu" and (kind != "cuda" or colon and not re.fullmatch(r"0|[1-9][0-9]*",
+                                                                          index)):
         raise DraftsmithError(f"--device {device}: use cpu, cuda, cuda:N or auto")
     if kind == "cuda" and not torch.cuda.is_available():
         raise DraftsmithError(f"--device {device}: no CUDA device is available")
@@ -389,6 +392,9 @@ def main() -> None:
     except DraftsmithError as e:
         print(f"draftsmith: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # before a command runs (the engine's imports); typer's own: 130
+        print("draftsmith: interrupted", file=sys.stderr)
+        sys.exit(130)
     finally:
         warnings.formatwarning = previous
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -54,10 +55,8 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
-        try:
-            value: Any = int(item)
-        except ValueError:
-            value = item
+        # int() alone read `1_2` as 12 and `٣` as 3
+        value: Any = int(item) if re.fullmatch(r"[+-]?[0-9]+", item) else item
         try:
             out.append(count(value, what))
         except DraftsmithError:

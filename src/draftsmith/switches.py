@@ -4,6 +4,7 @@ is refused with the variable's name and what it takes, never guessed at."""
 from __future__ import annotations
 
 import os
+import re
 
 from draftsmith.errors import DraftsmithError
 
@@ -16,7 +17,7 @@ def env_flag(name: str, default: str) -> bool:
 def env_count(name: str, default: str) -> int:
     """An integer >= 0."""
     value = os.environ.get(name, default)
-    if not value.strip().isdigit():
+    if not _digits(value):
         raise DraftsmithError(f"{name}={value!r}: use a count >= 0")
     return int(value)
 
@@ -24,10 +25,15 @@ def env_count(name: str, default: str) -> int:
 def env_pow2(name: str, default: str, least: int = 1) -> int:
     """A power of two >= least (Triton block sizes and warp counts)."""
     value = os.environ.get(name, default)
-    n = int(value) if value.strip().isdigit() else 0
+    n = int(value) if _digits(value) else 0
     if n < least or n & (n - 1):
         raise DraftsmithError(f"{name}={value!r}: use a power of two >= {least}")
     return n
+
+
+def _digits(value: str) -> bool:
+    """ASCII digits, space around them aside: `isdigit` passes `²`, which int() refuses."""
+    return re.fullmatch(r"[0-9]+", value.strip()) is not None
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -42,12 +48,13 @@ def env_assignments(name: str, default: str) -> dict[str, str]:
     """`key=value,key=value` (`none` or empty: none), each key once; the values stay strings.
     Pairs split at `;` instead where there is one, for values that hold commas."""
     given = os.environ.get(name, default).strip()
-    given = "" if given == "none" else given
+    given = "" if given.lower() == "none" else given  # as env_choice: case ignored
     out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in given.split(";" if ";" in given else ","))):
+    sep = ";" if ";" in given else ","
+    for item in filter(None, (s.strip() for s in given.split(sep))):
         key, eq, value = (s.strip() for s in item.partition("="))
         if not (key and eq and value) or key in out:
             raise DraftsmithError(f"{name}: {item!r} is not a new key=value (keys once each, "
-                                  "pairs split by commas)")
+                                  f"pairs split by {'semicolons' if sep == ';' else 'commas'})")
         out[key] = value
     return out
