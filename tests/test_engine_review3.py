@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from test_speculative import Steered, greedy_seq, make_drafter, tiny_target
-from test_speculative_sampling import chi_square_p
+from test_speculative_sampling import chi_square_p, seven_node_tree
 
 from draftsmith.engine import verify
 from draftsmith.engine.drafter_runtime import DrafterRuntime
@@ -19,7 +19,6 @@ from draftsmith.engine.generate import generate
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.sampling import SamplingParams, draw, probs
 from draftsmith.engine.speculative import SpecDecoder
-from draftsmith.engine.tree import draw_k
 from draftsmith.errors import DraftsmithError
 
 
@@ -142,22 +141,10 @@ def test_tree_rejection_under_top_k_and_top_p_keeps_the_filtered_target(tables, 
     torch.manual_seed(1)
     b = 100_000
     q0, q1 = probs(lq0, params), probs(lq1, params)
-    kids = draw_k(q0.expand(b, VD), 3)
-    d4, d6 = draw_k(q1[HOT[kids[:, 0]]], 2), draw_k(q1[HOT[kids[:, 1]]], 1)
-    draft = torch.cat([torch.zeros_like(kids[:, :1]), kids, d4, d6], 1)
-    tok = HOT[draft]
+    kids, t_first, t_best, n, bonus = seven_node_tree(lp0, lp1, lp2, q0, q1, HOT, b, params)
     assert (kids[:, 0] == kids[:, 1]).float().mean() > 0.05  # siblings repeat
-    parent = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
-    depth = torch.tensor([0, 1, 1, 1, 2, 2, 2]).expand(b, 7)
-    qsrc = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
-    qbank = torch.stack([q0.expand(b, VD), q1[tok[:, 1]], q1[tok[:, 2]]], 1)
-    logits = torch.cat([lp0.expand(b, 1, V), lp1[tok[:, 1:4]],
-                        lp2[tok[:, parent[0, 4:]], tok[:, 4:]]], 1)
-    best, n, bonus = verify.tree_sampled(logits, tok, draft, parent, qsrc, depth, qbank, HOT,
-                                         params)
-    first = torch.where(n == 2, parent.gather(1, best[:, None])[:, 0], best)
-    e0 = torch.where(n >= 1, tok.gather(1, first[:, None])[:, 0], bonus)
-    e1 = torch.where(n >= 2, tok.gather(1, best[:, None])[:, 0], bonus)
+    e0 = torch.where(n >= 1, t_first, bonus)
+    e1 = torch.where(n >= 2, t_best, bonus)
     p0, p1 = probs(lp0, params), probs(lp1, params)
     assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
     on = n >= 1

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_speculative_sampling import HOT, VD, V, seven_node_tree
+from test_speculative_sampling import chi_square_p as sampling_chi_square_p
 
 from draftsmith.engine import verify
 from draftsmith.engine.sampling import SamplingParams, draw
-from draftsmith.engine.tree import draw_k
 
 # 24 cases of 0.5-1.3 s, 120,000 draws each: CI's slow run (the rules are exact on every path
 # the default suite's chi-square tests take)
 pytestmark = pytest.mark.slow
 
-V, VD = 6, 5
-HOT = torch.tensor([0, 1, 2, 4, 5])  # target id 3 has no draft id
-B = 120_000
+B = 120_000  # V, VD, HOT: test_speculative_sampling's (target id 3 has no draft id)
 
 
 def reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -39,17 +38,10 @@ def reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    """p-value of counts against probabilities; cells expecting < 5 pooled. A count in a cell
-    of probability 0 fails outright."""
-    c, e = counts.flatten().double(), expected.flatten().double() * counts.sum().double()
-    assert not (c[e == 0] > 0).any(), "a token of probability 0 was emitted"
-    big = e >= 5
-    stat = ((c[big] - e[big]) ** 2 / e[big]).sum()
-    df = int(big.sum()) - 1
-    if (~big).any() and e[~big].sum() > 0:
-        stat = stat + (c[~big].sum() - e[~big].sum()) ** 2 / e[~big].sum()
-        df += 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+    """test_speculative_sampling's p-value, a count in a cell of probability 0 failing outright."""
+    zero = expected.flatten() == 0
+    assert not (counts.flatten()[zero] > 0).any(), "a token of probability 0 was emitted"
+    return sampling_chi_square_p(counts, expected)
 
 
 def tables(params: SamplingParams, drafter: str, seed: int):
@@ -114,22 +106,9 @@ def test_tree_accept_keeps_the_targets_joint(params, drafter):
     with two children, the second with one, drawn from q1 of their parent's token."""
     (l0, l1, l2), q0, q1 = tables(params, drafter, 3)
     torch.manual_seed(4)
-    kids = draw_k(q0.expand(B, VD), 3)
-    d4, d6 = draw_k(q1[HOT[kids[:, 0]]], 2), draw_k(q1[HOT[kids[:, 1]]], 1)
-    draft = torch.cat([torch.zeros_like(kids[:, :1]), kids, d4, d6], 1)
-    tok = HOT[draft]
-    parent = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(B, 7)
-    depth = torch.tensor([0, 1, 1, 1, 2, 2, 2]).expand(B, 7)
-    qsrc = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(B, 7)
-    qbank = torch.stack([q0.expand(B, VD), q1[tok[:, 1]], q1[tok[:, 2]]], 1)
-    logits = torch.cat([l0.expand(B, 1, V), l1[tok[:, 1:4]],
-                        l2[tok[:, parent[0, 4:]], tok[:, 4:]]], 1)
-    best, n, bonus = verify.tree_sampled(logits, tok, draft, parent, qsrc, depth, qbank, HOT,
-                                         params)
-    first = torch.where(n == 2, parent.gather(1, best[:, None])[:, 0], best)
+    kids, t_first, t_best, n, bonus = seven_node_tree(l0, l1, l2, q0, q1, HOT, B, params)
     p0, p1, p2 = (reference(x, params) for x in (l0, l1, l2))
-    x = completed(tok.gather(1, first[:, None])[:, 0], tok.gather(1, best[:, None])[:, 0], n,
-                  bonus, p1, p2)
+    x = completed(t_first, t_best, n, bonus, p1, p2)
     assert (n == 2).float().mean() > 0.01
     if drafter == "dupes":
         assert (kids[:, 0] == kids[:, 1]).float().mean() > 0.3

@@ -85,25 +85,34 @@ def test_tree_multi_round_rejection_is_exact(tables):
     drawn from q1 of their parent's token."""
     p0, p1, p2, q0, q1 = tables
     torch.manual_seed(1)
-    b = 200_000
-    kids = draw_k(q0.expand(b, VD), 3)
-    d4, d6 = draw_k(q1[HOT[kids[:, 0]]], 2), draw_k(q1[HOT[kids[:, 1]]], 1)
+    _, t_first, t_best, n, bonus = seven_node_tree(p0.log(), p1.log(), p2.log(), q0, q1, HOT,
+                                                   200_000, SamplingParams(1.0))
+    e0 = torch.where(n >= 1, t_first, bonus)
+    assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
+    on = n >= 1
+    e1 = torch.where(n >= 2, t_best, bonus)
+    assert conditional_p(e0[on], e1[on], p1) > 1e-3
+
+def seven_node_tree(l0, l1, l2, q0, q1, hot, b: int, params: SamplingParams):
+    """The reviews' sampled tree, verified by `verify.tree_sampled`: root, three children drawn
+    i.i.d. from q0 (with replacement: they repeat), the first with two children and the second
+    with one, drawn from q1 of their parent's token; logits l0 [V], l1 [V, V], l2 [V, V, V] by
+    the tokens before. Returns the root's drawn children [b, 3], each row's first and second
+    emitted draft tokens (where accepted), the accepted count and the bonus token."""
+    kids = draw_k(q0.expand(b, q0.shape[-1]), 3)
+    d4, d6 = draw_k(q1[hot[kids[:, 0]]], 2), draw_k(q1[hot[kids[:, 1]]], 1)
     draft = torch.cat([torch.zeros_like(kids[:, :1]), kids, d4, d6], 1)
-    tok = HOT[draft]
+    tok = hot[draft]
     parent = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
     depth = torch.tensor([0, 1, 1, 1, 2, 2, 2]).expand(b, 7)
     qsrc = torch.tensor([0, 0, 0, 0, 1, 1, 2]).expand(b, 7)
-    qbank = torch.stack([q0.expand(b, VD), q1[tok[:, 1]], q1[tok[:, 2]]], 1)
-    logits = torch.cat([p0.log().expand(b, 1, V), p1[tok[:, 1:4]].log(),
-                        p2[tok[:, parent[0, 4:]], tok[:, 4:]].log()], 1)
-    best, n, bonus = verify.tree_sampled(logits, tok, draft, parent, qsrc, depth, qbank, HOT,
-                                         SamplingParams(1.0))
+    qbank = torch.stack([q0.expand(b, q0.shape[-1]), q1[tok[:, 1]], q1[tok[:, 2]]], 1)
+    logits = torch.cat([l0.expand(b, 1, l0.shape[-1]), l1[tok[:, 1:4]],
+                        l2[tok[:, parent[0, 4:]], tok[:, 4:]]], 1)
+    best, n, bonus = verify.tree_sampled(logits, tok, draft, parent, qsrc, depth, qbank, hot,
+                                         params)
     first = torch.where(n == 2, parent.gather(1, best[:, None])[:, 0], best)
-    e0 = torch.where(n >= 1, tok.gather(1, first[:, None])[:, 0], bonus)
-    assert chi_square_p(torch.bincount(e0, minlength=V), p0) > 1e-3
-    on = n >= 1
-    e1 = torch.where(n >= 2, tok.gather(1, best[:, None])[:, 0], bonus)
-    assert conditional_p(e0[on], e1[on], p1) > 1e-3
+    return kids, tok.gather(1, first[:, None])[:, 0], tok.gather(1, best[:, None])[:, 0], n, bonus
 
 
 def exact_joint(model, prompt: list[int], params: SamplingParams, vocab: int) -> torch.Tensor:
