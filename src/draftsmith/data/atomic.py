@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +30,31 @@ def make_folder(path: Path) -> Path:
     return path
 
 
-def atomic_write(path: Path, data: bytes,
-                 kept: str = "the file there before is unchanged") -> None:
-    """`data` at `path` whole or not at all; `kept` ends the error a failed write gives."""
+@contextmanager
+def replacing(path: Path, kept: str,
+              errors: tuple[type[BaseException], ...] = (OSError,)) -> Iterator[Path]:
+    """A tmp path beside `path` for the block to write (and fsync); then moved onto `path`, so
+    the file is there whole or not at all. One of `errors` (a full disk) leaves no tmp file and
+    the file there before as it was: one error, `kept` ending it."""
     check_file_path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
-    except OSError as e:  # a full disk: the old file stays, no tmp file is left beside it
+    except errors as e:
         tmp.unlink(missing_ok=True)
-        raise DraftsmithError(f"{path}: cannot write it ({e.strerror or e}); {kept}") from None
+        raise DraftsmithError(f"{path}: cannot write it ({getattr(e, 'strerror', None) or e}); "
+                              f"{kept}") from None
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes,
+                 kept: str = "the file there before is unchanged") -> None:
+    """`data` at `path` whole or not at all; `kept` ends the error a failed write gives."""
+    with replacing(path, kept) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def append_whole(path: Path, data: bytes, kept: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import check_file_path, fsync_dir, make_folder, write_json
+from draftsmith.data.atomic import make_folder, replacing, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 
@@ -204,24 +204,16 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, st
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    check_file_path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    # a full disk: no tmp file is left, the shards before are listed
+    with replacing(path, kept, (OSError, SafetensorError)) as tmp:
         save_file(tensors, tmp, metadata=meta)
         h, buf = hashlib.sha256(), memoryview(bytearray(1 << 20))
         with open(tmp, "rb") as f:
             while n := f.readinto(buf):
                 h.update(buf[:n])
             os.fsync(f.fileno())
-        digest = h.hexdigest()
         size = tmp.stat().st_size
-        os.replace(tmp, path)
-    except (OSError, SafetensorError) as e:  # a full disk: no tmp file is left, the shards
-        tmp.unlink(missing_ok=True)  # before are listed
-        raise DraftsmithError(f"{path}: cannot write it ({getattr(e, 'strerror', None) or e}); "
-                              f"{kept}") from None
-    fsync_dir(path.parent)
-    return size, digest
+    return size, h.hexdigest()
 
 
 def check_samples(path: Path, m: dict[str, Any], samples: list[Sample]) -> None:
