@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.atomic import make_folder, replacing, write_json
+from draftsmith.data.atomic import fsync_file, make_folder, replacing, write_json
 from draftsmith.errors import DraftsmithError
 from draftsmith.jsonfile import read_versioned
 
@@ -57,10 +56,12 @@ def shard_name(index: int) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    """Read through one reused 1 MiB buffer: no block held beside the next (a shard's writer
+    hashes what it wrote with this)."""
+    h, buf = hashlib.sha256(), memoryview(bytearray(1 << 20))
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
+        while n := f.readinto(buf):
+            h.update(buf[:n])
     return h.hexdigest()
 
 
@@ -207,13 +208,10 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, st
     # a full disk: no tmp file is left, the shards before are listed
     with replacing(path, kept, (OSError, SafetensorError)) as tmp:
         save_file(tensors, tmp, metadata=meta)
-        h, buf = hashlib.sha256(), memoryview(bytearray(1 << 20))
-        with open(tmp, "rb") as f:
-            while n := f.readinto(buf):
-                h.update(buf[:n])
-            os.fsync(f.fileno())
+        digest = sha256_file(tmp)
+        fsync_file(tmp)
         size = tmp.stat().st_size
-    return size, h.hexdigest()
+    return size, digest
 
 
 def check_samples(path: Path, m: dict[str, Any], samples: list[Sample]) -> None:

@@ -87,12 +87,7 @@ class ShardReader:
         `part` (this rank's index among the ranks of its host, their count), a thread a few.
         Returns every used shard's stamp, for checkpoints. Refused naming the shard; `say`
         told of a check of more than a GiB (it reads the shards once)."""
-        used, count = [], 0
-        for k, s in enumerate(self.shards):
-            if count >= samples:
-                break
-            used.append(k)
-            count += int(s["samples"])
+        used = range(used_shards(self.shards, samples))
         stamps = {k: self._stamp_of(k) for k in used}
         stale = [k for k in used if self.shards[k].get("sha256")
                  and known.get(self.shards[k]["file"]) != stamps[k]]
@@ -241,6 +236,16 @@ def _check_layout(path: Path, header: dict[str, Any]) -> None:
 def _stamp(fd: int) -> tuple[int, ...]:
     st = os.fstat(fd)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def used_shards(shards: list[dict[str, Any]], samples: int) -> int:
+    """How many of the manifest's first shards hold the first `samples` samples."""
+    count = 0
+    for k, s in enumerate(shards):
+        if count >= samples:
+            return k
+        count += int(s["samples"])
+    return len(shards)
 
 
 def sha256_fd(fd: int, path: Path) -> str:

@@ -22,7 +22,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS, ascending, default_aux_layers, validate
 from draftsmith.targets import Target, check_tokenization, is_default, load_target
 from draftsmith.train.batches import Source, TokenSource
-from draftsmith.train.reader import ShardReader
+from draftsmith.train.reader import ShardReader, used_shards
 
 
 @dataclass
@@ -163,12 +163,8 @@ def _aux_ids(folder: str | Path, m: dict[str, Any], layers: int) -> list[int]:
 def shards_digest(shards: list[dict[str, Any]], samples: int) -> str:
     """The manifest's sha256 of the shards holding the first `samples` samples, in order, as
     one digest: no shard is read again."""
-    used, count = [], 0
-    for s in shards:
-        if count >= samples:
-            break
-        used.append(s.get("sha256"))  # older manifests: None, compared as such
-        count += int(s["samples"])
+    # older manifests: None, compared as such
+    used = [s.get("sha256") for s in shards[:used_shards(shards, samples)]]
     return hashlib.sha256(json.dumps(used).encode()).hexdigest()[:16]
 
 
