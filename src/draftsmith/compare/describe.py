@@ -12,9 +12,9 @@ from draftsmith.compare.params import ParamCounts, count
 from draftsmith.doctor.artifacts import IDS, DrafterInfo, read_drafter
 from draftsmith.doctor.engines import feed_from_written
 from draftsmith.errors import DraftsmithError
+from draftsmith.models.eagle3 import NORM_FLAGS
 from draftsmith.targets.hf import read_config
 
-NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # draftsmith's config key -> an engine config's (speculators: in transformer_layer_config)
 SIZES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
          "num_heads": "num_attention_heads", "draft_vocab_size": "draft_vocab_size",
@@ -139,7 +139,7 @@ def norms(info: DrafterInfo) -> dict[str, bool]:
         from draftsmith.export.speculators import flags_of
 
         return flags_of(info.config)
-    return {k: bool(info.config.get(k, False)) for k in NORMS}
+    return {k: bool(info.config.get(k, False)) for k in NORM_FLAGS}
 
 
 def written_ids(info: DrafterInfo) -> dict[str, list[int]]:

@@ -57,6 +57,7 @@ from draftsmith.layers import (
     to_convention,
 )
 from draftsmith.models.eagle3 import (
+    NORM_FLAGS,
     Eagle3Config,
     Eagle3Drafter,
     build_empty,
@@ -68,13 +69,11 @@ ARCH = "LlamaForCausalLMEagle3"
 KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
 # flags SGLang (tie_word_embeddings, bias), vLLM (norm_before_residual) or SpecForge (fc_norm,
 # norm_output) read from this layout's config.json
-FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-         "tie_word_embeddings", "bias")
+FLAGS = (*NORM_FLAGS, "tie_word_embeddings", "bias")
 
 
 def check_exportable(cfg: Eagle3Config) -> None:
-    unsupported = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-                   if getattr(cfg, k)]
+    unsupported = [k for k in NORM_FLAGS if getattr(cfg, k)]
     if unsupported:
         raise DraftsmithError(f"SGLang's EAGLE-3 model has no {unsupported}; export to "
                               "speculators instead")

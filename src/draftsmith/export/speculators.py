@@ -44,6 +44,7 @@ from draftsmith.export.layout import (
 )
 from draftsmith.layers import WORDS, Convention, default_aux_layers, to_convention
 from draftsmith.models.eagle3 import (
+    NORM_FLAGS,
     Eagle3Config,
     Eagle3Drafter,
     build_empty,
@@ -51,7 +52,6 @@ from draftsmith.models.eagle3 import (
     load_hf_state_dict,
 )
 
-FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # vLLM's update_eagle3 reads a missing norm_before_residual as True (speculators' own default is
 # False, but vLLM serves the folder); the other flags as False.
 VLLM_DEFAULTS = {"norm_before_residual": True}
@@ -59,7 +59,7 @@ VLLM_DEFAULTS = {"norm_before_residual": True}
 
 def flags_of(config: dict[str, Any]) -> dict[str, bool]:
     """The speculators flags of `config` as vLLM reads them."""
-    return {k: bool(config.get(k, VLLM_DEFAULTS.get(k, False))) for k in FLAGS}
+    return {k: bool(config.get(k, VLLM_DEFAULTS.get(k, False))) for k in NORM_FLAGS}
 
 
 def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -89,7 +89,7 @@ def speculators_config(
         "transformer_layer_config": hf_layer_config(cfg, info, cfg.num_layers),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        **{k: getattr(cfg, k) for k in FLAGS},
+        **{k: getattr(cfg, k) for k in NORM_FLAGS},
         "embed_requires_grad": False,
         "eagle_aux_hidden_state_layer_ids": vllm_ids,
         "speculators_config": {
@@ -191,7 +191,7 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     if not layer:
         raise DraftsmithError(f"{where}: transformer_layer_config is missing; a speculators "
                               "EAGLE-3 config holds the drafter layer's HF config there")
-    check_flags(c, FLAGS, where)
+    check_flags(c, NORM_FLAGS, where)
     mc = model_config_of(layer)
     record = section(c, "draftsmith", where)
     verifier = verifier_of(c, where)

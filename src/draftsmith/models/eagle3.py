@@ -44,7 +44,8 @@ def _whole(v: Any) -> bool:
 SIZES = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
          "target_hidden_size", "vocab_size", "draft_vocab_size", "max_position_embeddings",
          "num_layers")
-FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# the drafter's norm options, under the names every engine's config uses (train, export, compare)
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass(slots=True)
@@ -117,7 +118,7 @@ class Eagle3Config:
     def _check_fields(self) -> None:
         """Flags, texts and objects of their kind: a flag "false" (truthy) built a drafter of
         other numerics without a word, a string rope_scaling was an AttributeError."""
-        for name in FLAGS:
+        for name in NORM_FLAGS:
             if not isinstance(v := getattr(self, name), bool):
                 raise DraftsmithError(f"{name} {v!r} is not true or false")
         for name in ("aux_convention", "target_fingerprint", "target_source"):

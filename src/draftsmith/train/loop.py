@@ -37,6 +37,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.measured import figure
 from draftsmith.models.eagle3 import (
     CONFIG_FILE,
+    NORM_FLAGS,
     WEIGHTS_FILE,
     Eagle3Config,
     Eagle3Drafter,
@@ -177,7 +178,6 @@ class TrainConfig:
             raise DraftsmithError(f"--min-lr {self.min_lr} is above --lr {self.lr}")
 
 
-NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # Changing these between a checkpoint and --resume would change the run: refused.
 IDENTITY = ("data", "prompts", "ttt_steps", "step_decay", "lr", "min_lr", "warmup_ratio",
             "warmup_steps", "weight_decay", "grad_clip", "epochs", "max_steps", "batch_size",
