@@ -13,7 +13,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def unfused(x, delta, gamma, eps, w, up):
     s = x if delta is None else x + delta
-    y = F.linear(F.rms_norm(s.float(), (s.shape[-1],), gamma.float(), eps).to(x.dtype), w)
+    normed = F.rms_norm(s.float(), (s.shape[-1],), None, eps).to(x.dtype)
+    y = F.linear((gamma * normed).to(x.dtype), w)
     if up:
         gate, u = y.split(up, dim=-1)
         y = (F.silu(gate.float()) * u.float()).to(x.dtype)

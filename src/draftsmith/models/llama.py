@@ -33,7 +33,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        # As HF's LlamaRMSNorm: the normed rows rounded to x's dtype before the weight
+        # multiplies them (two roundings in bf16; one moved hidden states by an ulp from HF's).
+        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        return (self.weight * normed).to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ silu*mul after the gate_up as kernels of their own, 1.1-1.2 us each (run 23's pr
 the one-token step has inductor fuse them all into its linears' reductions. Here one program
 takes a block of outputs and every row: it sums the residual pair (the first program writes
 the sum), takes each row's mean square in a first pass over the inputs, and multiplies the
-normed rows (rounded to the weights' dtype, as the unfused norm's output is) in a second; for a
-gate_up it also takes the matching up block and writes silu(gate) * up. Three launches fewer a
-layer.
+normed rows (rounded to x's dtype, times the norm weight, rounded to the weights' dtype: the
+unfused norm's two roundings, HF's) in a second; for a gate_up it also takes the matching up
+block and writes silu(gate) * up. Three launches fewer a layer.
 
 Off by default (`DRAFTSMITH_NORM_LINEAR_ROWS=0`): H200 run 24 timed it 2.3-5.2 us slower a call
 than the compiled norm, cuBLAS linear and silu*mul apart (qkv at 25 rows 7.1 against 4.5 us,
@@ -134,7 +134,9 @@ def _kernel():
             ok = live[:, None] & (k[None, :] < K)
             s = _residual(X, DL, m, k, ok, sxm, sxk, sdm, sdk, HAS_DELTA)
             g = tl.load(G + k, mask=k < K, other=0.0).to(tl.float32)
-            a = (s.to(tl.float32) * rstd[:, None] * g[None, :]).to(W.dtype.element_ty)
+            # as llama.RMSNorm (HF's): the normed rows rounded to x's dtype, then the weight
+            normed = (s.to(tl.float32) * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+            a = (normed * g[None, :]).to(W.dtype.element_ty)
             wok = (k[:, None] < K) & (n[None, :] < N)
             wt = tl.load(W + n[None, :] * swn + k[:, None] * swk, mask=wok, other=0.0)
             if IEEE:  # noqa: SIM108 (a branch on a constexpr: compiled out)
