@@ -188,6 +188,16 @@ def _unsupported(body: dict, kind: str) -> None:
         "ebnf": lambda v: v is not None,
         "json_schema": lambda v: v is not None,
         "no_stop_trim": lambda v: v not in (None, False),
+        "lora_path": lambda v: v is not None,  # another model's answer
+        "custom_logit_processor": lambda v: v is not None,
+        # the samplers llama.cpp-style clients send (off: llama.cpp's -1, others' 0)
+        "top_n_sigma": lambda v: v not in (None, -1, 0),
+        "typical_p": lambda v: v not in (None, 1),
+        "mirostat": lambda v: v not in (None, 0),
+        "xtc_probability": lambda v: v not in (None, 0),
+        "dry_multiplier": lambda v: v not in (None, 0),
+        "dynatemp_range": lambda v: v not in (None, 0),
+        "repeat_penalty": lambda v: v not in (None, 1),  # repetition_penalty's name there
     }
     for name, bad in checks.items():
         if name in body and bad(body[name]):
