@@ -209,14 +209,14 @@ def _target_fact(d: Description, key: str) -> Any:
 
 
 def _targets_differ(a: Description, b: Description) -> list[str]:
-    """The first recorded fact of the target that differs: a fingerprint, else a size no
-    drafter of one target can differ in (external folders record no fingerprint)."""
-    for key, words in TARGET_FACTS.items():
-        fa, fb = _target_fact(a, key), _target_fact(b, key)
-        if fa and fb and fa != fb:
-            return [f"{a.label} and {b.label} were trained for different targets ({words} {fa} "
-                    f"vs {fb}): no one target measures both as trained"]
-    return []
+    """Every recorded fact of the target that differs: a fingerprint, and the sizes no drafter
+    of one target can differ in (external folders record no fingerprint)."""
+    facts = [f"{words} {fa} vs {fb}" for key, words in TARGET_FACTS.items()
+             if (fa := _target_fact(a, key)) and (fb := _target_fact(b, key)) and fa != fb]
+    if not facts:
+        return []
+    return [f"{a.label} and {b.label} were trained for different targets ({', '.join(facts)}): "
+            "no one target measures both as trained"]
 
 
 def _vocab_differs(a: Description, b: Description) -> list[str]:

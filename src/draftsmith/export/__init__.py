@@ -82,6 +82,20 @@ def export_drafter(
     overwrite: bool = False,
 ) -> Path:
     """Write the drafter at `drafter_dir` (draftsmith layout) in an engine's layout at `out`."""
+    return export_served(drafter_dir, fmt, out, target, dtype, speculative_tokens, overwrite)[0]
+
+
+def export_served(
+    drafter_dir: str | Path,
+    fmt: str,
+    out: str | Path,
+    target: str | None = None,
+    dtype: torch.dtype | None = None,
+    speculative_tokens: int = 3,
+    overwrite: bool = False,
+) -> tuple[Path, str]:
+    """`export_drafter`, and the target as the engines load it beside the export (an HF folder:
+    a GGUF's or the default's conversion), "" where the drafter records none."""
     if fmt not in FORMATS:
         raise DraftsmithError(f"unknown export format {fmt!r}: use one of {list(FORMATS)}")
     if speculative_tokens < 1:
@@ -107,8 +121,9 @@ def export_drafter(
             "ascending order to an fc trained on this order; capture and train on ascending "
             "--aux-layers (`draftsmith doctor --engine` names the fix)")
     if fmt == "sglang":
-        return write_sglang(drafter, out, info, dtype, overwrite, source)
-    return write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite, source)
+        return write_sglang(drafter, out, info, dtype, overwrite, source), info.name_or_path
+    return (write_speculators(drafter, out, info, dtype, speculative_tokens, overwrite, source),
+            info.name_or_path)
 
 
 def check_replaceable(out: Path) -> None:
@@ -300,4 +315,5 @@ def _drop_training_record(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-__all__ = ["FORMATS", "detect_format", "export_drafter", "import_drafter", "read_any"]
+__all__ = ["FORMATS", "detect_format", "export_drafter", "export_served", "import_drafter",
+           "read_any"]

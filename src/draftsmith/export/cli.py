@@ -28,30 +28,41 @@ def export(
     """Write a drafter in SGLang's or speculators' (vLLM) layout, aux ids in the engine's form."""
     import torch
 
-    from draftsmith.export import export_drafter
+    from draftsmith.export import export_served
 
     if dtype not in DTYPES:
         raise DraftsmithError(f"--dtype {dtype!r}: use one of keep, bf16, fp16, fp32")
     dt = None if DTYPES[dtype] is None else getattr(torch, DTYPES[dtype])
-    path = export_drafter(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
+    path, served = export_served(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
     config = json.loads((path / "config.json").read_text())
     print(f"wrote {fmt} drafter to {path}", file=sys.stderr)
-    print(_serve_hint(fmt, path.resolve(), config, speculative_tokens))  # engines run elsewhere
+    # engines run elsewhere
+    print(_serve_hint(fmt, path.resolve(), config, speculative_tokens, served))
 
 
-def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
-    ds = config.get("draftsmith", {})
+UNNAMED = "TARGET"  # the launch lines' stand-in where the drafter records no target
+
+
+def _serve_hint(fmt: str, path, config: dict, k: int, target: str = "") -> str:
+    """The aux ids as written, the engine's speculative flags, and the whole launch command
+    with `target` (the HF folder the engine serves; for speculators its verifier by default)."""
+    ds, q = config.get("draftsmith", {}), shlex.quote
     ids = ds.get("aux_layer_ids_canonical")
     if fmt == "sglang":
         written = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-        return (f"aux layers: canonical {ids} written for SGLang as {written}\n"
-                f"SGLang: --speculative-algorithm EAGLE3 --speculative-draft-model-path "
-                f"{shlex.quote(str(path))} --speculative-num-steps {k} "
-                f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
-    spec = json.dumps({"method": "eagle3", "model": str(path), "num_speculative_tokens": k})
+        flags = (f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {q(str(path))} "
+                 f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
+                 f"--speculative-num-draft-tokens {k + 1}")
+        return (f"aux layers: canonical {ids} written for SGLang as {written}\nSGLang: {flags}\n"
+                f"SGLang command: python -m sglang.launch_server --model-path "
+                f"{q(target or UNNAMED)} {flags}{_unnamed(target)}")
+    target = target or config.get("speculators_config", {}).get("verifier", {}).get(
+        "name_or_path", "")
+    spec = q(json.dumps({"method": "eagle3", "model": str(path), "num_speculative_tokens": k}))
     written = config["eagle_aux_hidden_state_layer_ids"]
     hint = (f"aux layers: canonical {ids} written for vLLM/speculators as {written}\n"
-            f"vLLM: --speculative-config {shlex.quote(spec)}")
+            f"vLLM: --speculative-config {spec}\nvLLM command: vllm serve "
+            f"{q(target or UNNAMED)} --speculative-config {spec}{_unnamed(target)}")
     if len(written) != 3:  # vLLM's Eagle-3 model sizes fc for three states, whatever the config
         hint += (f"\nwarning: {len(written)} aux layers: speculators loads this drafter, but "
                  "vLLM's Eagle-3 model builds its fc for exactly 3 and will refuse the weights")
@@ -60,6 +71,11 @@ def _serve_hint(fmt: str, path, config: dict, k: int) -> str:
         hint += (f"\nwarning: {', '.join(unread)} set: speculators reads them, but vLLM's Eagle-3 "
                  "model does not (it ignores norm_output and refuses the extra norm weights)")
     return hint
+
+
+def _unnamed(target: str) -> str:
+    return "" if target else (f"\n{UNNAMED}: the drafter records no target; put the target "
+                              "model's folder there (the one it was trained for)")
 
 
 def import_(

@@ -339,7 +339,8 @@ def run_tune(
         recs = recommend(preds, meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir),
-                                     tp=1 if tp is None else tp.size) for r in recs]
+                                     tp=1 if tp is None else tp.size, limits=limits)
+                 for r in recs]
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                             "whole run, prompt passes included, baselines alike")
@@ -406,16 +407,17 @@ def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, r
     to sweep. A neighbour off the grid (a chain's topk-2 tree of steps + 1 tokens, a capped
     budget a step deeper) is priced too: its row read "predicted -", and where it won the
     choice had no model error."""
-    from draftsmith.tune.cost_model import SpecSetting, rank_settings, sweep_plan, tune_grid
+    from draftsmith.tune import cost_model as cm
 
-    grid = [s for s in tune_grid(*limits) if within(s, *limits)]
-    ranked = rank_settings(costs, acc, batch, grid, mix, refilled, new)
-    chain = [SpecSetting(s, 1, s + 1) for s in range(1, limits[0] + 1)]
-    plan = dict.fromkeys([*sweep_plan(ranked, top), *chain])
+    grid = [s for s in cm.tune_grid(*limits) if within(s, *limits)]
+    ranked = cm.rank_settings(costs, acc, batch, grid, mix, refilled, new)
+    chain = [cm.SpecSetting(s, 1, s + 1) for s in range(1, limits[0] + 1)]
+    near = cm.sweep_plan(ranked, top, cm.tune_topks(limits[1]), cm.tune_budgets(limits[2]))
+    plan = dict.fromkeys([*near, *chain])
     todo = [s for s in plan if within(s, *limits)]
     priced = {p.setting for p in ranked}
     if extra := [s for s in todo if s not in priced]:
-        more = rank_settings(costs, acc, batch, extra, mix, refilled, new)
+        more = cm.rank_settings(costs, acc, batch, extra, mix, refilled, new)
         ranked = sorted([*ranked, *(p for p in more if p.setting not in priced)],
                         key=lambda p: (-p.tokens_per_s, p.setting.steps, p.setting.topk,
                                        p.setting.num_draft_tokens))

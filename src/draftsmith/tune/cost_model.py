@@ -825,10 +825,15 @@ def tune_topks(max_topk: int) -> list[int]:
     return sorted({k for k in TOPKS if k <= max_topk} | {max_topk})
 
 
+def tune_budgets(max_draft: int) -> list[int]:
+    """The tree budgets tune prices and times: DRAFT_TOKENS up to --max-draft-tokens, and that
+    limit itself."""
+    return sorted({n for n in DRAFT_TOKENS if n <= max_draft} | {max_draft})
+
+
 def tune_grid(max_steps: int, max_topk: int, max_draft: int) -> list[SpecSetting]:
     """`candidate_grid` within tune's limits, each limit itself among the widths and budgets."""
-    budgets = sorted({n for n in DRAFT_TOKENS if n <= max_draft} | {max_draft})
-    return candidate_grid(max_steps, tune_topks(max_topk), budgets)
+    return candidate_grid(max_steps, tune_topks(max_topk), tune_budgets(max_draft))
 
 
 def rank_settings(
@@ -851,32 +856,37 @@ def rank_settings(
     return sorted(preds, key=lambda p: (-p.tokens_per_s, *_simpler_first(p.setting)))
 
 
-def _neighbours(s: SpecSetting) -> list[SpecSetting]:
+def _neighbours(s: SpecSetting, topks: Sequence[int] = TOPKS,
+                budgets: Sequence[int] = DRAFT_TOKENS) -> list[SpecSetting]:
+    """steps +-1, the adjacent widths among `topks` and the other `budgets`: the grid's own
+    (`tune_topks`, `tune_budgets`), so a best width or budget off the defaults has neighbours."""
     out = []
     for steps in (s.steps - 1, s.steps + 1):
         if 1 <= steps <= DEEPEST:  # tune's --max-steps bounds the plan (`cli.within`)
             n = steps + 1 if s.topk == 1 else min(s.num_draft_tokens, tree_capacity(steps, s.topk))
             out.append(SpecSetting(steps, s.topk, n))
-    i = TOPKS.index(s.topk) if s.topk in TOPKS else -1
-    for k in TOPKS[max(i - 1, 0) : i + 2] if i >= 0 else ():
+    widths = sorted({*topks, s.topk})
+    i = widths.index(s.topk)
+    for k in widths[max(i - 1, 0) : i + 2]:
         # a tree at least as wide as its topk: one draft node would be the 1-step chain again
         n = s.steps + 1 if k == 1 else min(max(s.num_draft_tokens, k + 1),
                                            tree_capacity(s.steps, k))
         out.append(SpecSetting(s.steps, k, n))
     if s.topk > 1:
-        for n in DRAFT_TOKENS:
+        for n in budgets:
             if n != s.num_draft_tokens and 2 <= n <= tree_capacity(s.steps, s.topk):
                 out.append(SpecSetting(s.steps, s.topk, n))
     return out
 
 
-def sweep_plan(ranked: Sequence[Prediction], top: int = 3) -> list[SpecSetting]:
+def sweep_plan(ranked: Sequence[Prediction], top: int = 3, topks: Sequence[int] = TOPKS,
+               budgets: Sequence[int] = DRAFT_TOKENS) -> list[SpecSetting]:
     """What to run on the real engine: the baseline, the top predicted speculative settings,
     and their neighbours (steps +-1, the adjacent topk, the other draft-token budgets)."""
     best = [p.setting for p in ranked if not p.setting.is_baseline][:top]
     plan = dict.fromkeys([SpecSetting.baseline(), *best])
     for s in best:
-        plan.update(dict.fromkeys(_neighbours(s)))
+        plan.update(dict.fromkeys(_neighbours(s, topks, budgets)))
     return list(plan)
 
 

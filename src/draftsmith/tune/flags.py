@@ -8,7 +8,7 @@ from os import PathLike
 from pathlib import Path
 from typing import NamedTuple
 
-from draftsmith.tune.cost_model import Recommendation, SpecSetting
+from draftsmith.tune.cost_model import DEEPEST, Recommendation, SpecSetting, tree_capacity
 
 
 class VllmConfig(NamedTuple):
@@ -103,19 +103,41 @@ def export_paths(drafter: str | PathLike) -> dict[str, str]:
     return {fmt: f"{p}-{fmt}" for fmt in ("sglang", "speculators")}
 
 
+def edge_notes(setting: SpecSetting, limits: tuple[int, int, int]) -> list[str]:
+    """Where the choice sits at one of tune's limits (--max-steps, --max-topk,
+    --max-draft-tokens) that could be raised: a faster setting may lie past it, never tried."""
+    max_steps, max_topk, max_draft = limits
+    if setting.is_baseline:
+        return []
+    out = []
+    if setting.steps == max_steps < DEEPEST:
+        out.append(f"--max-steps {max_steps}: no deeper draft was tried; rerun with "
+                   f"--max-steps {min(2 * max_steps, DEEPEST)}")
+    if setting.topk == max_topk > 1:
+        out.append(f"--max-topk {max_topk}: no wider tree was tried; rerun with "
+                   f"--max-topk {2 * max_topk}")
+    if setting.topk > 1 and setting.num_draft_tokens == max_draft < tree_capacity(
+            setting.steps, setting.topk):
+        out.append(f"--max-draft-tokens {max_draft}: no larger tree was tried; rerun with "
+                   f"--max-draft-tokens {2 * max_draft}")
+    return [f"  limit:  the choice is at {n}" for n in out]
+
+
 def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5,
                         refilled: bool = False, exports: dict[str, str] | None = None,
-                        tp: int | None = None) -> str:
+                        tp: int | None = None, limits: tuple[int, int, int] | None = None) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
     ones when nothing was measured) with both figures side by side, and the flags; the hint
     at refilled rows only where they were not already the measure (`refilled`). With
     `exports` (`export_paths`), the flags name those folders and a line says how to write
     them from `model_path`. `tp`: the tensor-parallel size tuned (None: `tp_world`), which
-    the engines' flags name where over 1."""
+    the engines' flags name where over 1. `limits`: tune's (max steps, topk, draft tokens),
+    a choice at one of them said so (`edge_notes`)."""
     tp = tp_world(tp)
     lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
     if rec.speedup is not None and rec.speculate:
         lines[0] += f", {rec.speedup:.2f}x over no speculation"
+    lines += edge_notes(rec.setting, limits) if limits else []
     measured = [r for r in rec.rows if r.measured_tps is not None]
     shown = measured or rec.rows[:top]
     for row in shown:
