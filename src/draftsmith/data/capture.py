@@ -14,7 +14,8 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
@@ -40,7 +41,9 @@ from draftsmith.options import check_folder
 from draftsmith.targets.tokenizer import template_hash, tokenization_hash, tokenizer_hash
 
 IDENTITY = ("target", "aux_layer_ids", "samples_per_shard", "max_len", "too_long",
-            "source_digest", "world_size", "rank", "compute_dtype")
+            "source_digest", "tokens_digest", "world_size", "rank", "compute_dtype")
+# the input's conversations (by id) and the tokens and loss masks its kept samples encode to
+DIGESTS = ("source_digest", "tokens_digest")
 # how the answer turns were taken (`answer_tokens`): a setting a rerun must match too, checked
 # apart (`_same_answers`) since manifests written before it was recorded lack it
 ANSWER_TOKENS = {"target_ids": "the target's decoded ids (meta.answers[].ids)",
@@ -85,6 +88,7 @@ class Plan:
     truncated: int = 0
     refused: str = ""  # the first conversation the chat template refused, and why
     answers: AnswerTally = field(default_factory=AnswerTally)  # the kept samples' turns
+    digests: list[str] = field(default_factory=list)  # sample_digest of each kept sample
 
     def shards(self, size: int) -> list[list[int]]:
         return [self.kept[i : i + size] for i in range(0, len(self.kept), size)]
@@ -130,7 +134,7 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
     for i, conv in enumerate(convs):
         tally = AnswerTally()
         try:
-            ids, _, cut = encode_sample(tok, conv, cfg, tally)
+            ids, mask, cut = encode_sample(tok, conv, cfg, tally)
         except _Skip as e:
             p.skipped[str(e)] = p.skipped.get(str(e), 0) + 1
             continue
@@ -142,7 +146,16 @@ def plan(tok: Any, convs: list[Conversation], cfg: CaptureConfig) -> Plan:
         p.answers.add(tally)
         p.kept.append(i)
         p.lengths.append(len(ids))
+        p.digests.append(sample_digest(ids, mask))
     return p
+
+
+def sample_digest(ids: Sequence[int], mask: Sequence[int]) -> str:
+    """A sample's token ids and loss mask, as a shard stores them (int32, uint8); through
+    `array`, as torch tensors took ten times as long as encoding the sample."""
+    h = hashlib.sha256(array("i", ids).tobytes())
+    h.update(bytes(mask))
+    return h.hexdigest()[:16]
 
 
 def skipped_words(skipped: dict[str, int]) -> str:
@@ -223,6 +236,7 @@ def header(target: Any, convs: list[Conversation], cfg: CaptureConfig, ids: list
         "max_len": cfg.max_len,
         "too_long": cfg.too_long,
         "source_digest": digest,
+        "tokens_digest": source_digest(p.digests),
         "world_size": world,
         "rank": rank,
         "expected": {"shards": n_shards, "samples": len(p.kept), "tokens": sum(p.lengths)},
@@ -282,7 +296,8 @@ def _finite(conv: Conversation, i: int, aux: torch.Tensor, hidden: torch.Tensor,
 def aux_ids(requested: list[int] | None, num_layers: int) -> list[int]:
     """The canonical aux layer ids to capture: `requested` (checked) or the default ones."""
     try:
-        ids = validate(requested or default_aux_layers(num_layers), num_layers)
+        ids = validate(default_aux_layers(num_layers) if requested is None else requested,
+                       num_layers)
     except DraftsmithError as e:
         raise DraftsmithError(f"--aux-layers: {e}") from None
     return ascending(ids)
@@ -359,11 +374,13 @@ def capture(
         _same_answers(there, head, redo)
     if world > 1 and _merged_done(out, head):
         return read_manifest(out)
+    if world == 1 and not overwrite:
+        _no_parts(out, redo)
     if world > 1 and not overwrite:  # before this rank's work, not at the merge after it
         _same_merged(out, head, redo)
-        _same_ranks(out, head, world)
+        _same_ranks(out, head)
     if grow and world == 1:
-        _adopt(out, head, [[convs[i].id for i in s] for s in p.shards(cfg.samples_per_shard)])
+        _adopt(out, head, _planned_samples(convs, p, cfg.samples_per_shard))
     else:
         _same_input(folder, head, [c.id for c in convs], world == 1, redo)
     writer = ShardWriter(folder, head, IDENTITY, redo)
@@ -380,6 +397,13 @@ def capture(
     if world > 1:
         return try_merge(out) or writer.manifest
     return writer.manifest
+
+
+def _planned_samples(convs: list[Conversation], p: Plan,
+                     size: int) -> list[list[tuple[str, str]]]:
+    """Each shard's (conversation id, `sample_digest`) of its samples, as `_adopt` reads them."""
+    digest = dict(zip(p.kept, p.digests, strict=True))
+    return [[(convs[i].id, digest[i]) for i in s] for s in p.shards(size)]
 
 
 def _run(model, tok, convs, cfg, aux_ids, writer, todo, progress, on_shard, say) -> None:
@@ -460,9 +484,10 @@ def _drop_tmp(folder: Path) -> None:
                                       f"({e.strerror or e}); make {folder} writable") from None
 
 
-def source_digest(ids: list[str]) -> str:
-    """The conversations a capture is of, by their ids in order."""
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+def source_digest(lines: list[str]) -> str:
+    """`lines` in order: the conversations' ids (a manifest's `source_digest`), the kept
+    samples' `sample_digest` (its `tokens_digest`)."""
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def _same_input(folder: Path, head: dict[str, Any], ids: list[str], growable: bool,
@@ -473,9 +498,15 @@ def _same_input(folder: Path, head: dict[str, Any], ids: list[str], growable: bo
     if not (folder / MANIFEST).is_file():
         return
     m = read_manifest(folder)
-    if m.get("source_digest") == head["source_digest"] or not all(
-            same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k != "source_digest"):
+    if _same_digests(m, head) or not _same_but_digests(m, head):
         return  # the same input, or other settings, which ShardWriter names
+    if m.get("source_digest") == head["source_digest"]:
+        fix = (f"pass --grow to redo only the shards whose samples changed, or {redo}"
+               if growable else redo)
+        raise DraftsmithError(f"{folder}: holds a dataset of the same conversations, but they "
+                              "encode to other tokens or loss masks now (answers regenerated, "
+                              f"cut or edited since): its shards and new ones would mix the "
+                              f"two; {fix}")
     there, here = (m.get("input") or {}).get("conversations"), len(ids)
     grew = (isinstance(there, int) and not isinstance(there, bool) and there < here
             and source_digest(ids[:there]) == m.get("source_digest"))
@@ -491,29 +522,43 @@ def _same_input(folder: Path, head: dict[str, Any], ids: list[str], growable: bo
                           f"of other conversations ({what}); {fix}")
 
 
-def _adopt(folder: Path, head: dict[str, Any], shards: list[list[str]]) -> None:
+def _same_digests(m: dict[str, Any], head: dict[str, Any]) -> bool:
+    return all(same_setting(k, m.get(k), head.get(k)) for k in DIGESTS)
+
+
+def _same_but_digests(m: dict[str, Any], head: dict[str, Any]) -> bool:
+    return all(same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k not in DIGESTS)
+
+
+def _adopt(folder: Path, head: dict[str, Any], shards: list[list[tuple[str, str]]]) -> None:
+    """Keep the shards of the capture in `folder` that hold exactly the samples (conversation
+    id, `sample_digest`) `shards` puts there; drop the others, to be redone."""
     if not (folder / MANIFEST).is_file():
         return
     m = read_manifest(folder)
-    same = all(same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k != "source_digest")
-    if not same or m.get("source_digest") == head["source_digest"]:
+    if not _same_but_digests(m, head) or _same_digests(m, head):
         return  # the same run (resumed as it is), or another one ShardWriter names
     keep = [s for s in m["shards"] if s["index"] < len(shards)
-            and _sample_ids(folder / s["file"]) == shards[s["index"]]]
+            and _shard_samples(folder / s["file"]) == shards[s["index"]]]
     drop = [s for s in m["shards"] if s not in keep]
-    m.update({k: head[k] for k in ("source_digest", "expected", "input", "answer_tokens")},
+    m.update({k: head[k] for k in (*DIGESTS, "expected", "input", "answer_tokens")},
              shards=keep, totals=totals(keep), complete=False)
     write_json(folder / MANIFEST, m)  # first: a kill now leaves a manifest of kept shards
     for s in drop:
         (folder / s["file"]).unlink(missing_ok=True)
 
 
-def _sample_ids(path: Path) -> list[str] | None:
+def _shard_samples(path: Path) -> list[tuple[str, str]] | None:
+    """The (sample id, `sample_digest`) of each sample in the shard at `path`."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            return json.loads(f.metadata()["sample_ids"])
+            ids = json.loads(f.metadata()["sample_ids"])
+            off = f.get_tensor("offsets").tolist()
+            tokens, mask = f.get_tensor("input_ids"), f.get_tensor("loss_mask")
+        return [(i, sample_digest(tokens[a:b].tolist(), mask[a:b].tolist()))
+                for i, a, b in zip(ids, off[:-1], off[1:], strict=True)]
     except Exception:  # missing or damaged: the shard is redone
         return None
 
@@ -530,12 +575,24 @@ def _one_dataset(out: Path, m: dict[str, Any], first: dict[str, Any]) -> None:
             "the same command on every rank (--overwrite)")
 
 
-def _same_ranks(out: Path, head: dict[str, Any], world: int) -> None:
-    """This rank's settings against those of the other ranks already begun in `out`."""
-    for k in range(world):
-        path = out / f"rank-{k}"
-        if k != head["rank"] and (path / MANIFEST).is_file():
-            _one_dataset(out, head, read_manifest(path))
+def _same_ranks(out: Path, head: dict[str, Any]) -> None:
+    """This rank's settings against those of the other ranks already begun in `out`, a wider
+    run's beyond this one's too: their parts would stop the merge after all the work."""
+    for path in sorted(out.glob(f"rank-*/{MANIFEST}")):
+        if path.parent.name != f"rank-{head['rank']}":
+            _one_dataset(out, head, read_manifest(path.parent))
+
+
+def _no_parts(out: Path, redo: str) -> None:
+    """Refuse one process a folder of an unfinished multi-process capture: it would capture
+    everything again beside the ranks' shards, which stay on disk unlisted."""
+    parts = sorted(out.glob(f"rank-*/{MANIFEST}"))
+    if not parts or (out / MANIFEST).is_file():
+        return  # a merged one: ShardWriter names its world_size
+    world = read_manifest(parts[0].parent).get("world_size")
+    raise DraftsmithError(f"{out}: holds an unfinished {world}-process capture "
+                          f"({', '.join(p.parent.name for p in parts)}): resume it with {world} "
+                          f"processes (torchrun), or {redo}")
 
 
 def _same_merged(out: Path, head: dict[str, Any], redo: str) -> None:

@@ -316,7 +316,10 @@ class ShardWriter:
 def same_setting(key: str, there: Any, now: Any) -> bool:
     """Whether a manifest's `key` is this run's: a target is the same by its fingerprint and
     hashes, however its path was typed (relative, absolute, through a link); a manifest made
-    before `tokenization_hash` was recorded is compared without it."""
+    before `tokenization_hash` was recorded is compared without it, one made before
+    `tokens_digest` was (its input told by `source_digest` alone) without that."""
+    if key == "tokens_digest" and None in (there, now):
+        return True
     if key == "target" and isinstance(there, dict) and isinstance(now, dict):
         both = "tokenization_hash" in there and "tokenization_hash" in now
         skip = {"source"} if both else {"source", "tokenization_hash"}
