@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +22,9 @@ class DistCtx:
     world: int
     device: torch.device
     owns_group: bool = False
+    # host-side checks between steps: gloo, so a check waits for no GPU (None: the default)
+    host_group: Any = None
+    hosts: tuple[str, ...] = ()  # each rank's host name, by rank (`setup`)
 
     @property
     def main(self) -> bool:
@@ -29,6 +34,23 @@ class DistCtx:
         if self.world > 1:
             dist.all_reduce(x)
         return x
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (a collective where world > 1)."""
+        if self.world == 1:
+            return [obj]
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, obj, group=self.host_group)
+        return every
+
+    def host_part(self) -> tuple[int, int]:
+        """(this rank's index among the ranks of its host, their count), by host name, not by
+        LOCAL_WORLD_SIZE, which a launcher other than torchrun may leave unset: each host
+        holds its own copy of the data. Unknown hosts: (0, 1)."""
+        if self.world == 1 or len(self.hosts) != self.world:
+            return 0, 1
+        mine = [r for r, h in enumerate(self.hosts) if h == self.hosts[self.rank]]
+        return mine.index(self.rank), len(mine)
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
@@ -52,18 +74,23 @@ def setup(device: str = "auto") -> DistCtx:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     owns = world > 1 and not dist.is_initialized()
-    if owns:
+    if world > 1:  # a group running here already is kept only as this rank, world and backend
         start_group(rank, world, dev)  # checks MASTER_ADDR/PORT, names a failed join
-    return DistCtx(rank, world, dev, owns)
+    host = dist.new_group(backend="gloo") if world > 1 and dev.type == "cuda" else None
+    ctx = DistCtx(rank, world, dev, owns, host)
+    ctx.hosts = tuple(ctx.gather(socket.gethostname()))
+    return ctx
 
 
 @contextmanager
-def shared_failure(world: int) -> Iterator[None]:
+def shared_failure(world: int, group: Any = None, cheap: bool = False) -> Iterator[None]:
     """The block's DraftsmithError (of any of `world` ranks) raised on every rank, or none (a
     collective where world > 1: every rank enters it, a rank's writes inside): a rank that
     raised alone (rank 0 failing to write into --out) left the others waiting at the next
     collective. Another exception (a bug, an unforeseen OSError) goes on with its traceback
-    on its rank, the others stopping with a line naming it."""
+    on its rank, the others stopping with a line naming it. `cheap` (a block run every step):
+    one flag summed over `group`, a gloo group (the default under gloo), the lines gathered
+    only where a rank failed."""
     error: Exception | None = None
     try:
         yield
@@ -73,13 +100,37 @@ def shared_failure(world: int) -> Iterator[None]:
         if error is not None:
             raise error
         return
+    if cheap and not _any_failed(error is not None, group):
+        return
     said: list[str | None] = [None] * world
-    dist.all_gather_object(said, None if error is None else _line(error))
+    mine = None if error is None else _line(error)
+    if group is None:
+        dist.all_gather_object(said, mine)
+    else:
+        dist.all_gather_object(said, mine, group=group)
     if error is not None and not isinstance(error, DraftsmithError):
         raise error
     first = next((s for s in said if s is not None), None)
     if first is not None:
         raise DraftsmithError(first) from None
+
+
+def _any_failed(failed: bool, group: Any) -> bool:
+    flag = torch.tensor([int(failed)], dtype=torch.int32)
+    dist.all_reduce(flag, group=group)
+    return bool(flag.item())
+
+
+@contextmanager
+def ranked(ctx: DistCtx) -> Iterator[None]:
+    """The block's DraftsmithError named by this rank and its host where there are several:
+    a rank's own copy of the data (another host's disk) is what its error is about."""
+    try:
+        yield
+    except DraftsmithError as e:
+        if ctx.world == 1:
+            raise
+        raise DraftsmithError(f"rank {ctx.rank} (host {socket.gethostname()}): {e}") from None
 
 
 def _line(error: Exception) -> str:

@@ -50,7 +50,7 @@ from draftsmith.targets import portable_source
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
-from draftsmith.train.dist import DistCtx, setup, shared_failure
+from draftsmith.train.dist import DistCtx, ranked, setup, shared_failure
 from draftsmith.train.objective import (
     Targets,
     chain_counts,
@@ -62,6 +62,7 @@ from draftsmith.train.objective import (
     summarize,
 )
 from draftsmith.train.profile import WARMUP, StepProfiler
+from draftsmith.train.reader import merged_stamps
 from draftsmith.train.sources import (
     Data,
     check_whole,
@@ -414,6 +415,8 @@ class Trainer:
         # connection their error, or a wait): every rank stops with its error instead
         with shared_failure(ctx.world):
             self._prepare()
+        if ctx.world > 1:  # each host's copy: a resume there hashes only what changed since
+            self.shard_stamps = merged_stamps(ctx.gather(self.shard_stamps))
         self.model = self._wrap(TTTModel(self.drafter, cfg.ttt_steps, cfg.step_decay,
                                             cfg.compile_loss))
 
@@ -484,8 +487,9 @@ class Trainer:
         if self.data.reader is None or not self.cfg.verify_shards:
             return {}  # no stamps: what was not hashed is not vouched for at a resume
         known = (state or {}).get("shards") or {}
-        return self.data.reader.check_hashes(len(self.data.lengths), known,
-                                             host_part(self.ctx), self.say)
+        with ranked(self.ctx):  # each host hashes its own copy: the error names whose
+            return self.data.reader.check_hashes(len(self.data.lengths), known,
+                                                 self.ctx.host_part(), self.say)
 
     def _check_resume(self, found: Path | None) -> tuple[dict[str, Any], Any] | None:
         """The checkpoint's (trainer state, RNG state), its options (--prompts, --data, ...) and
@@ -494,6 +498,7 @@ class Trainer:
         if found is None:
             return None
         state, rng = ckpt.load_trainer_state(found, self.ctx.rank)
+        self._same_world(found, state.get("world", 1))
         self._same_options(found, state["config"])
         if self.cfg.aux_layer_ids is not None:
             with ckpt.unreadable(found):
@@ -504,6 +509,15 @@ class Trainer:
                     f"{list(self.cfg.aux_layer_ids)!r} now; resume with the same options (or "
                     "train into another --out)")
         return state, rng
+
+    def _same_world(self, found: Path, world: int) -> None:
+        if world != self.ctx.world:  # each rank's rows of a step are dealt by the world size
+            raise DraftsmithError(
+                f"--resume from {found}: that run had {world} rank(s), this one has "
+                f"{self.ctx.world}: the data order would change; resume "
+                + ("as one process (no torchrun)" if world == 1 else
+                   f"on {world} ranks (torchrun: --nnodes x --nproc-per-node = {world})")
+                + " or train into another --out")
 
     def _check_init_from(self, found: Path | None) -> None:
         """--aux-layers given against the --init-from drafter's, before the target loads (a
@@ -875,11 +889,6 @@ class Trainer:
     def _restore(self, found: Path, state: dict[str, Any], rng: Any) -> None:
         """The checkpoint's state (options compared in `_check_resume`) into this run."""
         self._same_data(found, state.get("data"))
-        if state["world"] != self.ctx.world:
-            raise DraftsmithError(
-                f"--resume from {found}: the run had {state['world']} ranks, now "
-                f"{self.ctx.world}; the data order would change"
-            )
         if len(state["optimizer"]["param_groups"]) != len(self.opt.param_groups):
             # a run that began decaying every weight (one group) goes on as it began
             self.opt, self.sched = self._optimizer(split=False)
@@ -1033,11 +1042,14 @@ class Trainer:
         )
 
     def _batch(self) -> tuple[int, int, Batch]:
-        e, b, batch = next(self.loader)
-        batch = batch.to(self.ctx.device)
-        self.prof.mark("batch")
-        if self.target_model is not None:
-            run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
+        # a rank whose loader failed (its copy of a shard) raised alone, the others waiting in
+        # DDP's all-reduce until the group's timeout: every rank stops with its error instead
+        with shared_failure(self.ctx.world, self.ctx.host_group, cheap=True), ranked(self.ctx):
+            e, b, batch = next(self.loader)
+            batch = batch.to(self.ctx.device)
+            self.prof.mark("batch")
+            if self.target_model is not None:
+                run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
         self.prof.mark("target")
         return e, b, batch
 
@@ -1265,19 +1277,6 @@ def packing_of(state: dict[str, Any] | None) -> str:
     if state is None or state.get("world", 1) == 1:
         return "global"
     return str(state.get("packing", "per_rank"))
-
-
-def host_part(ctx: DistCtx) -> tuple[int, int]:
-    """(this rank's index among its host's ranks, their count): torchrun's LOCAL_RANK and
-    LOCAL_WORLD_SIZE (each host reads its own copy of the data)."""
-    if ctx.world == 1:
-        return 0, 1
-    try:
-        n = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world))
-        i = int(os.environ.get("LOCAL_RANK", ctx.rank))
-    except ValueError:
-        return 0, 1
-    return (i, n) if 0 <= i < n else (0, 1)
 
 
 def train(cfg: TrainConfig) -> Path:

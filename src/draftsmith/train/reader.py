@@ -78,19 +78,20 @@ class ShardReader:
             check_widths(path, shapes, n_aux, hidden)
             _check_layout(path, header)
 
-    def check_hashes(self, samples: int, known: dict[str, list[int]],
+    def check_hashes(self, samples: int, known: dict[str, Any],
                      part: tuple[int, int] = (0, 1),
                      say: Callable[[str], None] | None = None) -> dict[str, list[int]]:
         """The shards holding the first `samples` samples against their manifest's sha256, the
         file as this run opened it (`check_shapes`): each hashed unless `known` (a checkpoint's)
-        records it unchanged on disk since (inode, size, mtime, ctime); those to hash split over
-        `part` (this rank's index among the ranks of its host, their count), a thread a few.
+        records it unchanged on disk since (inode, size, mtime, ctime; `known_stamps`: one,
+        or each host's copy's); those to hash split over `part` (this rank's index among the
+        ranks of its host, their count), a thread a few.
         Returns every used shard's stamp, for checkpoints. Refused naming the shard; `say`
         told of a check of more than a GiB (it reads the shards once)."""
         used = range(used_shards(self.shards, samples))
         stamps = {k: self._stamp_of(k) for k in used}
         stale = [k for k in used if self.shards[k].get("sha256")
-                 and known.get(self.shards[k]["file"]) != stamps[k]]
+                 and stamps[k] not in known_stamps(known.get(self.shards[k]["file"]))]
         size = sum(int(self.shards[k].get("bytes", 0)) for k in stale)
         if say is not None and size > 1 << 30:
             say(f"checking {len(stale)} shard(s) of {self.folder} ({size / (1 << 30):.1f} GiB) "
@@ -231,6 +232,25 @@ def _check_layout(path: Path, header: dict[str, Any]) -> None:
     if problem:
         raise DraftsmithError(f"{path}: holds {problem}: not a shard of this dataset's capture; "
                               "capture the dataset again")
+
+
+def known_stamps(recorded: Any) -> list[list[int]]:
+    """A checkpoint's stamps of one shard: a run's on one host (a stamp) or every host's copy's
+    (a list of them, `merged_stamps`)."""
+    if not recorded:
+        return []
+    return [list(s) for s in recorded] if isinstance(recorded[0], list) else [list(recorded)]
+
+
+def merged_stamps(every: list[dict[str, list[int]]]) -> dict[str, list[list[int]]]:
+    """Each shard's stamps as the ranks (hosts) saw it, once each: a --resume on any of those
+    hosts hashes only the copies changed since."""
+    out: dict[str, list[list[int]]] = {}
+    for stamps in every:
+        for file, stamp in stamps.items():
+            if stamp not in out.setdefault(file, []):
+                out[file].append(stamp)
+    return out
 
 
 def _stamp(fd: int) -> tuple[int, ...]:
