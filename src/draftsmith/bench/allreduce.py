@@ -37,6 +37,7 @@ from draftsmith.dist import (
     nccl_record,
     nccl_settings,
     shutdown,
+    torchrun_ranks,
     under_torchrun,
 )
 from draftsmith.errors import DraftsmithError
@@ -274,6 +275,7 @@ def allreduce_bench(
     if tp < 0:
         raise DraftsmithError(f"--tp must be >= 0 (0: torchrun's world or every GPU), got {tp}")
     _check_out(out)
+    rank, world, _ = torchrun_ranks()  # checked: a half or malformed launcher's env refused
     if target:  # it sets both: --hidden and --layers beside it were dropped without a word
         unused(given(allreduce_bench, hidden=hidden, layers=layers), "without --target",
                "--target sets the hidden size and layers; leave {it} out")
@@ -284,7 +286,7 @@ def allreduce_bench(
             "qs": list(dict.fromkeys(int_list(q, "--q"))), "iters": iters,
             "graph_ops": graph_ops}
     dev = None if device == "auto" else device
-    size = tp or _default_size(dev)
+    size = tp or _default_size(dev, world)
     opts["dtype"] = resolve_auto(key, dev, size)
     with nccl_settings(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl))):
         try:
@@ -292,12 +294,21 @@ def allreduce_bench(
         finally:
             if under_torchrun():
                 shutdown()
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank == 0:
         print_result(res)
         if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("a") as f:
-                f.write(json.dumps(res) + "\n")
+            _append(out, res)
+
+
+def _append(out: Path, res: dict[str, Any]) -> None:
+    """The JSON line onto --out; a failure one error (the line was printed already)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write(json.dumps(res) + "\n")
+    except OSError as e:
+        raise DraftsmithError(f"--out {out}: cannot append the JSON line ({e.strerror or e}); "
+                              "the result is the JSON line printed above") from None
 
 
 def _check_out(out: Path | None) -> None:
@@ -313,9 +324,9 @@ def _check_out(out: Path | None) -> None:
             return
 
 
-def _default_size(device: str | None) -> int:
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
+def _default_size(device: str | None, world: int) -> int:
+    if under_torchrun():
+        return world
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.device_count()
     return 1

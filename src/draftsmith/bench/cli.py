@@ -63,7 +63,7 @@ def bench(
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.run import BenchConfig, BenchInterrupted, check_topk, run_bench
-    from draftsmith.bench.suites import suite_messages
+    from draftsmith.bench.suites import distinct_suites, suite_messages
     from draftsmith.cli import device_dtype, sampling_params
     from draftsmith.models.eagle3 import check_drafter
 
@@ -73,8 +73,8 @@ def bench(
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
     # a mistyped or damaged folder, before the target's minutes of loading
     dcfg = check_drafter(drafter) if drafter != "random" else None
-    for name in suite:  # before the target loads, not after
-        suite_messages(name, num_prompts)
+    for name in distinct_suites(suite):  # before the target loads; run_bench says its skips
+        suite_messages(name, num_prompts, warn=lambda _: None)
     if refill_every and not refill:
         raise DraftsmithError("--refill-every applies to refilled rows: give --refill with it")
     if refill_every < 0:

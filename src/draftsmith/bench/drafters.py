@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import draftsmith
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import default_aux_layers
 from draftsmith.models.eagle3 import Eagle3Config, Eagle3Drafter
+
+PACKAGE = Path(draftsmith.__file__).parent
 
 
 def get_drafter(spec: str, target: Any, model: Any) -> tuple[Eagle3Drafter, list[str]]:
@@ -24,13 +28,27 @@ def get_drafter(spec: str, target: Any, model: Any) -> tuple[Eagle3Drafter, list
     folder = Path(spec)
     if not folder.is_dir():
         raise DraftsmithError(f"--drafter {folder}: not a folder")
-    drafter = load_drafter(folder, p.device, p.dtype, embed=p)
-    warnings = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drafter = load_drafter(folder, p.device, p.dtype, embed=p)
+    said = _own_warnings(caught)
     fp = drafter.cfg.target_fingerprint
     if fp and fp != target.fingerprint:
-        warnings.append(f"the drafter was trained for target {fp}, this target is "
-                        f"{target.fingerprint}")
-    return drafter.eval(), warnings
+        said.append(f"the drafter was trained for target {fp}, this target is "
+                    f"{target.fingerprint}")
+    return drafter.eval(), said
+
+
+def _own_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """draftsmith's warnings, each once, for meta.warnings (the run says them); a library's
+    passed on as raised."""
+    own = []
+    for w in caught:
+        if Path(w.filename).is_relative_to(PACKAGE):
+            own.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return list(dict.fromkeys(own))
 
 
 def random_drafter(cfg: Any, device: torch.device, dtype: torch.dtype,

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from draftsmith.bench import load
-from draftsmith.bench.suites import fill_batches, prompt_ids, suite_labels, suite_messages
+from draftsmith.bench.suites import (
+    fill_batches,
+    prompt_ids,
+    repeated_suites,
+    suite_labels,
+    suite_messages,
+)
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
 from draftsmith.engine.params import whole
@@ -79,6 +85,8 @@ class BenchConfig:
                 raise DraftsmithError(f"{flag}: give at least one value")
             if bad := [v for v in values if not whole(v) or v < 1]:
                 raise DraftsmithError(f"{flag} must be whole numbers >= 1, got {bad[0]!r}")
+        if not self.suites:
+            raise DraftsmithError("--suite: give at least one (humaneval, chat or a prompt file)")
         check_max_new(self.max_new_tokens)
         if not isinstance(self.num_prompts, int) or self.num_prompts < 0:
             raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got "
@@ -113,8 +121,9 @@ class BenchConfig:
                 if k > 1 and not 2 <= n <= most_tokens(k, s)]
 
     def _grid(self) -> list[Setting]:
-        return [(s, k, n) for s in self.steps for k in self.topk
-                for n in (self.num_draft_tokens if k > 1 else [s + 1])]
+        """Each (steps, topk, tokens) once: a value given twice names one setting."""
+        return list(dict.fromkeys((s, k, n) for s in self.steps for k in self.topk
+                                  for n in (self.num_draft_tokens if k > 1 else [s + 1])))
 
 
 def setting_name(s: Setting) -> str:
@@ -137,13 +146,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     from draftsmith.bench.drafters import get_drafter
     from draftsmith.targets import load_target
 
-    skipped = [f"skipped {why}" for why in cfg.unfit()]
-    for w in skipped:  # said before the minutes of loading
+    early = [f"skipped {why}" for why in cfg.unfit()] + repeated_suites(cfg.suites)
+    messages = {s: suite_messages(s, cfg.num_prompts, early.append)  # skipped records: once
+                for s in suite_labels(cfg.suites)}
+    for w in early:  # said before the minutes of loading
         log(f"warning: {w}")
     profiling(cfg)  # a DRAFTSMITH_PROFILE it refuses: now, not after the first rows' minutes
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target)
-    suites = {label: prompt_ids(target, suite_messages(s, cfg.num_prompts), f"--suite {s}")
+    suites = {label: prompt_ids(target, messages[s], f"--suite {s}")
               for s, label in suite_labels(cfg.suites).items()}
     check_positions([p for ps in suites.values() for p in ps], cfg.max_new_tokens,
                     target.cfg.max_position_embeddings, "--max-new-tokens",
@@ -157,7 +168,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
                       not cfg.params.greedy and any(reads_drafts(k) for _, k, _ in settings))
     for w in warnings:
         log(f"warning: {w}")
-    warnings += skipped
+    warnings += early
     rows: list[dict[str, Any]] = []
     with load.watching() as machine:  # other work on the cores skews the rows unevenly
         try:
@@ -354,10 +365,12 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     def run() -> SpecResult:
         return generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
 
-    with load.timed():
-        m = run()
+    with load.timed():  # wall time around the call, as the refilled baseline's
+        t0 = time.perf_counter()
+        m = run()  # synced at its end
+        secs = time.perf_counter() - t0
     row: dict[str, Any] = {
-        **_refilled_speed(m.tokens, m.decode_s), **m.accept_stats(), "refill": True,
+        **_refilled_speed(m.tokens, secs), **m.accept_stats(), "refill": True,
         "phases": profiled_phases(dec, cfg, m, lambda: [run().phases]),
     }
     return row, m.tokens
@@ -432,7 +445,7 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
                    "top_k": cfg.params.top_k},
         "seed": None if cfg.params.greedy else cfg.seed,  # a greedy run draws nothing
         "max_new_tokens": cfg.max_new_tokens, "num_prompts": cfg.num_prompts,
-        "suites": cfg.suites, "warnings": warnings,
+        "suites": list(suite_labels(cfg.suites)), "warnings": warnings,
         "refill": cfg.refill,
         "refill_every": (cfg.refill_every or "by rows") if cfg.refill else None,
     }

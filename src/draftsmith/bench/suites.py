@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +12,17 @@ from draftsmith.errors import DraftsmithError
 CHAT_SUITE = Path(__file__).with_name("chat_suite.jsonl")
 
 
-def suite_messages(name: str, limit: int) -> list[list[dict[str, str]]]:
+def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = None
+                   ) -> list[list[dict[str, str]]]:
     """The first turn (its system prompts kept) of up to `limit` conversations of a suite:
-    'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads."""
+    'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads; `warn` takes its
+    skipped records (default: stderr)."""
     from draftsmith.data.prompts import opening, read_prompts
 
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
-    firsts = [opening(c.messages) for c in read_prompts(source)  # as generate, regenerate ask
+    firsts = [opening(c.messages) for c in read_prompts(source, warn=warn)  # as generate asks
               if any(m["role"] == "user" for m in c.messages)]
     # one prompt once: conversations that differ after their first turn open alike, and the
     # reader drops only whole repeats (a repeat was timed twice, another prompt left out)
@@ -61,12 +64,41 @@ def suite_label(name: str) -> str:
     return Path(name).stem if name not in ("chat", "humaneval") else name
 
 
+def suite_key(name: str) -> str:
+    """What a suite's name reads: HumanEval, or the file or folder it resolves to (chat: the
+    built-in file), so p.jsonl and ./p.jsonl are one suite."""
+    if name == "humaneval":
+        return name
+    return str((CHAT_SUITE if name == "chat" else Path(name)).resolve())
+
+
+def distinct_suites(names: list[str]) -> dict[str, list[str]]:
+    """Each suite once, by its first name as given, with every name given for it."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(suite_key(n), []).append(n)
+    return {g[0]: g for g in groups.values()}
+
+
+def repeated_suites(names: list[str]) -> list[str]:
+    """A line for each suite named more than once: it is timed and reported once."""
+    out = []
+    for first, given in distinct_suites(names).items():
+        if len(given) > 1:
+            also = [n for n in dict.fromkeys(given) if n != first]
+            out.append(f"--suite {first} named {len(given)} times"
+                       + (f" (also as {', '.join(also)})" if also else "") + ": run once")
+    return out
+
+
 def suite_labels(names: list[str]) -> dict[str, str]:
     """Each distinct suite's label in a report: its `suite_label`, or the name as given where
-    two suites share one (a/p.jsonl and b/p.jsonl), so neither's rows replace the other's."""
-    names = list(dict.fromkeys(names))
+    that label is another suite's too (a/p.jsonl and b/p.jsonl, or a suite named foo.bar beside
+    d/foo.bar.jsonl), so neither's rows replace the other's."""
+    names = list(distinct_suites(names))
     short = [suite_label(n) for n in names]
-    return {n: s if short.count(s) == 1 else n for n, s in zip(names, short, strict=True)}
+    return {n: s if short.count(s) == 1 and s not in names[:i] + names[i + 1:] else n
+            for i, (n, s) in enumerate(zip(names, short, strict=True))}
 
 
 def fill_batches(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
