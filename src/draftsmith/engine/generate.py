@@ -258,11 +258,11 @@ def eos_list(eos_ids: Iterable[int] | None) -> list[int]:
     TypeError, and `eos_ids=0` read as no EOS at all."""
     if eos_ids is None:
         return []
-    tensor = isinstance(eos_ids, torch.Tensor)
+    array = hasattr(eos_ids, "ndim")  # a tensor or a numpy array: a 0-d one is no list
     if (isinstance(eos_ids, (numbers.Number, str, bytes)) or not isinstance(eos_ids, Iterable)
-            or tensor and eos_ids.dim() != 1):
+            or array and eos_ids.ndim != 1):
         raise DraftsmithError(f"eos_ids must be a list of token ids, got {eos_ids!r}")
-    eos = eos_ids.tolist() if tensor else list(eos_ids)
+    eos = eos_ids.tolist() if array else list(eos_ids)
     check_eos(eos)
     return distinct_eos(eos)
 

@@ -87,9 +87,7 @@ class RowSampling:
 
     def set(self, idx: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         """Rows idx take these settings, one each, each of this state's kind or one before it."""
-        if bad := [p for p in params if KINDS.index(p.kind) > KINDS.index(self.kind)]:
-            raise DraftsmithError(f"rows of {self.kind} sampling cannot take {bad[0]} "
-                                  f"({bad[0].kind})")
+        check_kinds(self.kind, params)
         if len(params) != len(idx):
             raise DraftsmithError(f"{len(params)} sampling settings for {len(idx)} rows")
         if self.kind == "greedy":
@@ -116,6 +114,13 @@ class RowSampling:
         if self.kind == "filtered":
             x = filtered(x, k.view(shape), p.view(shape))
         return x.softmax(-1)
+
+
+def check_kinds(kind: str, params: Sequence[SamplingParams]) -> None:
+    """Every setting of `kind` or a kind before it (`KINDS`): what rows of `kind` can take."""
+    if bad := [p for p in params if KINDS.index(p.kind) > KINDS.index(kind)]:
+        raise DraftsmithError(f"rows of {kind} sampling cannot take {bad[0]} ({bad[0].kind}): "
+                              f"make the decoder with a setting of that kind")
 
 
 def draw_or_argmax(logits: torch.Tensor, temp: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ from draftsmith.engine.graphs import LateFlag
 from draftsmith.engine.params import whole
 from draftsmith.engine.profiler import PHASES, make_clock, make_profiler
 from draftsmith.engine.runtime import Runtime, check_sizes, check_window, engine_compile
-from draftsmith.engine.sampling import SamplingParams, draw, probs
+from draftsmith.engine.sampling import SamplingParams, check_kinds, draw, probs
 from draftsmith.engine.spec_state import SpecResult, SpecState
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import validate
@@ -373,6 +373,7 @@ class SpecDecoder:
         takes them), or (None) the decoder's own; drafts drawn from the drafter take the
         decoder's setting alone."""
         rows = row_params(self.params if params is None else params, n)
+        check_kinds(self.params.kind, rows)  # before a state (on a GPU, its capture) is made
         if self.drawn and any(p != self.params for p in rows):
             raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
                                   f"setting {self.params} alone")
