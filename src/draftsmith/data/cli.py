@@ -112,8 +112,8 @@ def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
 
 @app.command()
 def prompts(
-    sources: list[str] = typer.Argument(None, help="JSONL/JSON/Parquet files, datasets folders, "
-                                        "or 'humaneval'"),
+    sources: list[str] = typer.Argument(None, help="JSONL/JSON/Parquet files, text files (one "
+                                        "prompt a line), datasets folders, or 'humaneval'"),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL of conversations"),
     self_made: int = typer.Option(0, "--self-made", help="Have the target write N prompts"),
     strict: bool = STRICT,
@@ -413,9 +413,9 @@ def vocab(
         from draftsmith.data.prompts import encode_conversations
         from draftsmith.targets import load_target
 
+        convs = read_sources([str(source)], False)  # a bad file said before the target loads
         t = load_target(target)
         vsize = t.cfg.vocab_size
-        convs = read_sources([str(source)], False)
         counts = V.count_ids(encode_conversations(t.tokenizer, convs, source), vsize)
         made_from = {"conversations": str(source), "target": t.fingerprint}
     with warnings.catch_warnings(record=True) as caught:

@@ -1,5 +1,6 @@
 """Prompt sources: JSONL (ShareGPT, OpenAI messages, plain prompt), Parquet, `datasets` folders,
-HumanEval, and conversations read back from draftsmith's own JSONL.
+HumanEval (bundled, or a copy's JSONL), text files (one prompt a line), and conversations read
+back from draftsmith's own JSONL.
 
 Every conversation gets a stable id: a hash of its messages. A malformed record is reported
 where it is (`file:line`, a JSON array's `file item [i]`, a table's `file row n`) with why,
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +121,8 @@ def parse_record(rec: Any) -> Conversation:
         msgs = [_message(m, "role", "content", i) for i, m in enumerate(rec["messages"])]
     elif isinstance(rec.get("conversations"), list):
         msgs = [_message(m, "from", "value", i) for i, m in enumerate(rec["conversations"])]
+    elif _is_humaneval(rec):
+        return humaneval_conversation(rec)
     elif "prompt" in rec:
         msgs = [_user(rec["prompt"], "prompt")]
     elif "instruction" in rec:
@@ -128,7 +132,18 @@ def parse_record(rec: Any) -> Conversation:
         raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")
     if not any(m["role"] == "user" for m in msgs):
         raise Malformed("no user message")
-    return Conversation(msgs, meta=meta)
+    return Conversation(_with_system(rec.get("system"), msgs), meta=meta)
+
+
+def _with_system(system: Any, msgs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """`msgs` after a record's top-level "system" (LLaMA-Factory's ShareGPT and Alpaca files)."""
+    if system is None or isinstance(system, str) and not system.strip():
+        return msgs
+    if not isinstance(system, str):
+        raise Malformed(f"'system' is not a string, got {type(system).__name__}")
+    if any(m["role"] == "system" for m in msgs):
+        raise Malformed("a 'system' field beside a system message: keep one")
+    return [{"role": "system", "content": _unicode(system, "'system'")}, *msgs]
 
 
 def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
@@ -224,6 +239,8 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     if path.is_dir() or name.endswith(".parquet"):
         rows = _dataset_rows(path) if path.is_dir() else _parquet_rows(path)
         yield from ((f"{path} row {n}", r) for n, r in enumerate(rows, start=1))
+    elif name.endswith((".txt", ".txt.gz")):
+        yield from _text_lines(path, opener)
     elif name.endswith((".json", ".json.gz")):
         data = _LINES if _holds_lines(path, opener) else _json_file(path)
         if data is _LINES:
@@ -281,6 +298,10 @@ def _json_file(path: Path) -> Any:
 
 
 def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
+    yield from ((where, _line(line)) for where, line in _lines(path, opener))
+
+
+def _lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, bytes]]:
     # Bytes, decoded line by line: one line that is not UTF-8 is a malformed record, not a
     # traceback; a UTF-8 BOM (Windows editors) is no reason to lose the first record.
     try:
@@ -289,9 +310,18 @@ def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
                 if i == 1:
                     line = line.removeprefix(codecs.BOM_UTF8)
                 if line.strip():
-                    yield f"{path}:{i}", _line(line)
+                    yield f"{path}:{i}", line
     except (OSError, EOFError) as e:  # not gzip, a gzip stream cut short, unreadable
         raise DraftsmithError(f"{path}: cannot read ({e})") from None
+
+
+def _text_lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
+    """A plain text file's prompts: one a line, blank lines skipped (as `--openings` reads)."""
+    for where, line in _lines(path, opener):
+        try:
+            yield where, {"prompt": line.decode("utf-8").strip()}
+        except UnicodeDecodeError as e:
+            yield where, Malformed(f"not UTF-8 text (byte {e.start})")
 
 
 def _line(line: bytes) -> Any:
@@ -322,7 +352,24 @@ def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
                               "damaged: write it again") from None
 
 
+DATA_FILES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".txt")
+
+
+def _not_data_files(path: Path) -> None:
+    """Refuse a folder of data files that `save_to_disk` did not write (a Hub download): which
+    files (splits) are the prompts is the user's to say."""
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return
+    found = (p for p in path.rglob("*") if p.name.lower().endswith(DATA_FILES) and p.is_file())
+    files = sorted(p.relative_to(path).as_posix() for p in islice(found, 1000))
+    if files:
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise DraftsmithError(f"{path}: a folder of data files, not one `datasets` "
+                              f"save_to_disk wrote: give its files ({shown})")
+
+
 def _dataset_rows(path: Path) -> Iterator[dict[str, Any]]:
+    _not_data_files(path)
     try:
         import datasets
     except ImportError:
@@ -360,12 +407,21 @@ def humaneval_file() -> Path:
 
 
 def read_humaneval() -> PromptSet:
-    convs = []
-    for _, rec in _records(humaneval_file()):
-        text = "Complete the following Python function.\n\n```python\n" + rec["prompt"] + "```"
-        convs.append(Conversation([{"role": "user", "content": text}],
-                                  meta={"source": "humaneval", "task_id": rec["task_id"]}))
-    return PromptSet(convs)
+    return PromptSet([humaneval_conversation(rec) for _, rec in _records(humaneval_file())])
+
+
+def _is_humaneval(rec: dict[str, Any]) -> bool:
+    """A HumanEval task as its JSONL holds it (task_id, prompt, entry_point, ...)."""
+    return isinstance(rec.get("task_id"), str) and "prompt" in rec and "entry_point" in rec
+
+
+def humaneval_conversation(rec: dict[str, Any]) -> Conversation:
+    """A HumanEval task as asked: its function stub to complete, whether the bundled file or
+    a copy of it is read, so both time the same prompts."""
+    stub = _user(rec["prompt"], "prompt")["content"]
+    text = "Complete the following Python function.\n\n```python\n" + stub + "```"
+    return Conversation([{"role": "user", "content": text}],
+                        meta={"source": "humaneval", "task_id": rec["task_id"]})
 
 
 def _one_humaneval(path: Path) -> None:
@@ -378,8 +434,21 @@ def _one_humaneval(path: Path) -> None:
             f"the {kind} as {path.resolve()}, or for HumanEval run where no {path} is")
 
 
-def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
-    """Read a prompt source; duplicates (same id) are dropped and counted."""
+def load_prompts(source: str | Path, strict: bool = False, flag: str | None = None,
+                 ) -> PromptSet:
+    """Read a prompt source; duplicates (same id) are dropped and counted. `flag`: the option
+    that named the source (`--suite`), which names it in an error."""
+    try:
+        return _load(source, strict)
+    except DraftsmithError as e:
+        if flag is None:
+            raise
+        said = str(e)
+        raise DraftsmithError(f"{flag} {said}" if said.startswith(str(source))
+                              else f"{flag}: {said}") from None
+
+
+def _load(source: str | Path, strict: bool) -> PromptSet:
     if isinstance(source, str) and not source.strip():  # Path('') is the working folder
         raise DraftsmithError(f"an empty prompt source ({source!r}): give a file, a folder or "
                               f"'{HUMANEVAL}'")
@@ -409,9 +478,10 @@ def load_prompts(source: str | Path, strict: bool = False) -> PromptSet:
 
 
 def read_prompts(
-    source: str | Path, strict: bool = False, warn: Callable[[str], None] | None = None
+    source: str | Path, strict: bool = False, warn: Callable[[str], None] | None = None,
+    flag: str | None = None,
 ) -> list[Conversation]:
-    ps = load_prompts(source, strict)
+    ps = load_prompts(source, strict, flag)
     say = warn or (lambda s: print(f"draftsmith: warning: {s}", file=sys.stderr))
     for p in ps.problems[:20]:
         say(f"skipped {p}")

@@ -73,7 +73,9 @@ def build_vocab(counts: torch.Tensor, draft_size: int, vocab_size: int | None = 
         raise DraftsmithError(f"draft vocab size must be >= 1, got {draft_size}")
     total, distinct = int(counts.sum()), int((counts > 0).sum())
     if total == 0:
-        raise DraftsmithError("no loss-masked tokens to count: the data has no assistant tokens")
+        raise DraftsmithError("no loss-masked tokens to count: the data has no assistant tokens; "
+                              "count conversations with answers (`data regenerate`'s output) "
+                              "or a dataset captured from them")
     n = draft_size
     if distinct < draft_size:
         warnings.warn(f"only {distinct} distinct assistant tokens for a draft vocab of "
