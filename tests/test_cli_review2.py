@@ -165,7 +165,7 @@ def test_bench_refuses_a_missing_suite_before_loading(monkeypatch, capsys, tmp_p
     monkeypatch.chdir(tmp_path)
     assert error_of(monkeypatch, capsys, "bench", "--drafter", "random", "--target", NEVER,
                     "--device", "cpu", "--suite", "missing.jsonl") == (
-        "missing.jsonl: no such file or folder")
+        "--suite missing.jsonl: no such file or folder")
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -372,7 +372,7 @@ def _read_prompts(path: Path) -> list[list[dict[str, str]]]:
     """Each conversation's first turn, its system prompts kept (as `data regenerate` asks)."""
     from draftsmith.data.prompts import opening, read_prompts
 
-    return [opening(c.messages) for c in read_prompts(path)]
+    return [opening(c.messages) for c in read_prompts(path, flag="--prompts")]
 
 
 def one_line_warning(message: Warning | str, category: type[Warning], filename: str,

@@ -12,8 +12,8 @@ from draftsmith.errors import DraftsmithError
 CHAT_SUITE = Path(__file__).with_name("chat_suite.jsonl")
 
 
-def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = None
-                   ) -> list[list[dict[str, str]]]:
+def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = None,
+                   flag: str = "--suite") -> list[list[dict[str, str]]]:
     """The first turn (its system prompts kept) of up to `limit` conversations of a suite:
     'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads; `warn` takes its
     skipped records (default: stderr)."""
@@ -22,7 +22,8 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
-    firsts = [opening(c.messages) for c in read_prompts(source, warn=warn)  # as generate asks
+    firsts = [opening(c.messages)  # as generate asks
+              for c in read_prompts(source, warn=warn, flag=flag)
               if any(m["role"] == "user" for m in c.messages)]
     # one prompt once: conversations that differ after their first turn open alike, and the
     # reader drops only whole repeats (a repeat was timed twice, another prompt left out)

@@ -360,7 +360,7 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
 
     # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance;
     # a prompt the chat template refuses named, as bench names it
-    prompts = prompt_ids(target, suite_messages(opts.prompts, opts.num_prompts),
+    prompts = prompt_ids(target, suite_messages(opts.prompts, opts.num_prompts, flag="--prompts"),
                          f"--prompts {opts.prompts}")
     if len(prompts) < opts.num_prompts:  # stderr: stdout is --json's
         print(f"compare: --prompts {opts.prompts} has {len(prompts)} prompts with a user turn, "

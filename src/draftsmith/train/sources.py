@@ -246,7 +246,7 @@ def open_online(
     offline training on a capture of them."""
     from draftsmith.data.prompts import load_prompts
 
-    convs = load_prompts(prompts).conversations
+    convs = load_prompts(prompts, flag="--prompts").conversations
     if max_samples is not None:
         convs = convs[:max_samples]
     tally = AnswerTally()

@@ -468,7 +468,7 @@ def suite(path: Path | None) -> list[str]:
         path = CHAT_SUITE
     elif str(path) == "chat":  # a file named chat here too is refused, as bench refuses it
         path = builtin_chat()
-    if not (convs := read_prompts(path)):
+    if not (convs := read_prompts(path, flag="--prompts")):
         raise DraftsmithError(f"--prompts {path}: no conversations in it")
     return [c.first_user() for c in convs]
 
