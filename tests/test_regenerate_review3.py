@@ -8,33 +8,19 @@ import json
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from regen_server import EXTRAS, OPENAI
+from regen_server import strict_app as shared_strict_app
 from test_data_regenerate import ok_reply, running
 
 from draftsmith.data.regenerate import OpenAIBackend, RegenConfig
 
-KNOWN = {"model", "messages", "max_tokens", "temperature", "top_p", "seed", "presence_penalty",
-         "frequency_penalty", "top_k", "min_p", "repetition_penalty"}
+KNOWN = OPENAI | EXTRAS
+WORDING = {400: "vllm", 422: "pydantic"}
 
 
 def strict_app(bodies: list[dict], status: int) -> FastAPI:
     """A server refusing unknown fields by name, as vLLM 0.6.4's protocol did."""
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await request.json()
-        bodies.append(body)
-        extra = sorted(set(body) - KNOWN)
-        if extra:
-            detail = [{"type": "extra_forbidden", "loc": ["body", k],
-                       "msg": "Extra inputs are not permitted"} for k in extra]
-            if status == 400:
-                return JSONResponse({"object": "error", "message": str(detail),
-                                     "type": "BadRequestError", "code": 400}, status_code=400)
-            return JSONResponse({"detail": detail}, status_code=status)
-        return ok_reply()
-
-    return app
+    return shared_strict_app(bodies, KNOWN, WORDING[status])
 
 
 def answers(url: str, n: int, concurrency: int = 1) -> list:

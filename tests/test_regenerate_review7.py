@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from regen_server import EXTRAS, OPENAI, strict_app
 from test_data_regenerate import ok_reply, running
 from test_regenerate_review4 import asks
 
@@ -21,32 +21,12 @@ from draftsmith.errors import DraftsmithError
 
 pytest.importorskip("openai")
 
-OPENAI = {"model", "messages", "max_tokens", "temperature", "top_p", "seed", "presence_penalty",
-          "frequency_penalty"}
-EXTRAS = {"top_k", "min_p", "repetition_penalty"}
 
 
 def openai_like(bodies: list[dict], status: int = 400) -> FastAPI:
     """Refuses any field outside OpenAI's by name: OpenAI's own wording (400), or a pydantic
     app's extra_forbidden (422)."""
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await request.json()
-        bodies.append(body)
-        extra = sorted(set(body) - OPENAI)
-        if extra and status == 400:
-            return JSONResponse({"error": {
-                "message": f"Unrecognized request arguments supplied: {', '.join(extra)}",
-                "type": "invalid_request_error", "param": None, "code": None}}, status_code=400)
-        if extra:
-            return JSONResponse({"detail": [{"type": "extra_forbidden", "loc": ["body", k],
-                                             "msg": "Extra inputs are not permitted"}
-                                            for k in extra]}, status_code=422)
-        return ok_reply()
-
-    return app
+    return strict_app(bodies, OPENAI, "openai" if status == 400 else "pydantic")
 
 
 def cfg(top_k: int = 0) -> RegenConfig:

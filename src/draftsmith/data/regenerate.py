@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import queue
+import random
 import re
 import sys
 import threading
@@ -64,6 +65,13 @@ NUMERICS: dict[str, Callable[[Any], str]] = {
     "compile": lambda v: "--compile" if v else "no --compile",
 }
 ENGINE = BATCHING | NUMERICS
+
+
+def tell(line: str) -> None:
+    """A line on stderr mid-run: on a terminal above the progress bar, not onto its line."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -135,6 +143,8 @@ def within_positions(cfg: RegenConfig, most: int | None,
 # each prompt would fail alike.
 _KEY = "check --api-key (or OPENAI_API_KEY)"
 FATAL_STATUS = {401: _KEY, 403: _KEY, 404: "check --model and --base-url"}
+# passing refusals (a proxy's request timeout, a conflict), retried as OpenAI's own client does
+PASSING = (408, 409)
 
 
 @dataclass
@@ -217,6 +227,12 @@ def retry_after(e: BaseException) -> float:
     return 0.0
 
 
+def pause(backoff: float, e: BaseException) -> float:
+    """The wait before a retry: the backoff or the Retry-After, whichever is longer, and up to a
+    quarter more at random, so that requests refused together do not come back together."""
+    return max(backoff, retry_after(e)) * (1 + random.random() / 4)
+
+
 def slow(e: BaseException) -> bool:
     """A timeout of a request the server took (no answer in time), not of the connection to it
     (a ConnectTimeout of httpx or httpx2, by name as the client may use either: no server
@@ -257,9 +273,10 @@ def check_server_options(concurrency: int, retries: int, timeout: float = TIMEOU
 
 class OpenAIBackend:
     """Answers from an OpenAI-compatible server through the `openai` client, `concurrency`
-    requests at a time, retrying connection errors, timeouts, 429 and 5xx (waiting at least
-    their Retry-After, `retry_after`) and replies that are not JSON with backoff; a
-    401, 403 or 404 (`FATAL_STATUS`) stops the run, and so does a chunk none of whose
+    requests at a time, retrying connection errors, timeouts, 408, 409, 429 and 5xx (waiting at
+    least their Retry-After, `retry_after`, jittered: `pause`) and replies that are not JSON
+    with backoff; a 401, 403 or 404 (`FATAL_STATUS`) or a context shorter than --max-len
+    (`context_limit`) stops the run, and so does a chunk none of whose
     requests reached the server while later chunks remain (`regenerate`, `gone`)."""
 
     name = "openai"
@@ -312,15 +329,15 @@ class OpenAIBackend:
                     return Answer("", 0, f"error: {what}: {e}",
                                   unreached=isinstance(e, openai.APIConnectionError),
                                   timed_out=slow(e))
-                self.closed.wait(max(self.backoff * 2**attempt, retry_after(e)))
+                self.closed.wait(pause(self.backoff * 2**attempt, e))
             except openai.APIStatusError as e:
                 self.reached = True
-                if e.status_code in FATAL_STATUS:
-                    raise DraftsmithError(
-                        f"{self.base_url}: HTTP {e.status_code} for model {self.model_name!r} "
-                        f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
+                self._check_status(e)
+                if e.status_code in PASSING and attempt < self.retries:
+                    self.closed.wait(pause(self.backoff * 2**attempt, e))
+                    continue
                 return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}",
-                              lasting=e.status_code < 500 and e.status_code not in (408, 409))
+                              lasting=e.status_code < 500 and e.status_code not in PASSING)
             else:
                 self.reached = True
                 answer = reply(r, self.model_name, self.tokenizer)
@@ -330,15 +347,36 @@ class OpenAIBackend:
                 return answer
         raise AssertionError("unreachable")
 
+    def _check_status(self, e: Any) -> None:
+        """Stops the run at a refusal every request would get alike: a `FATAL_STATUS`, or one
+        naming a context shorter than --max-len (below --max-new-tokens, no prompt fits); one
+        within it is the prompt's alone (a server counting with another tokenizer)."""
+        if e.status_code in FATAL_STATUS:
+            raise DraftsmithError(
+                f"{self.base_url}: HTTP {e.status_code} for model {self.model_name!r} "
+                f"({e.message}): {FATAL_STATUS[e.status_code]}") from None
+        limit = context_limit(e)
+        if limit is None or limit >= self.cfg.max_len:
+            return
+        where = (f"{self.base_url} serves {self.model_name!r} with a context of {limit} tokens "
+                 f"(HTTP {e.status_code})")
+        if self.cfg.max_new_tokens >= limit:
+            raise DraftsmithError(f"{where}: --max-new-tokens {self.cfg.max_new_tokens} leaves "
+                                  f"no room for a prompt: lower --max-new-tokens "
+                                  f"{self.cfg.max_new_tokens}, with --max-len {limit} at most")
+        raise DraftsmithError(f"{where}, less than --max-len {self.cfg.max_len}: rerun with "
+                              f"--max-len {limit}, so prompts are cut to fit it, or serve the "
+                              "target with a longer context")
+
     def _say_foreign_ids(self) -> None:
         with self.ids_lock:
             if not self.told_foreign:
                 self.told_foreign = True
-                print(f"regenerate: warning: {self.base_url}'s token ids for an answer do not "
+                tell(f"regenerate: warning: {self.base_url}'s token ids for an answer do not "
                       "decode to its text with this run's target tokenizer (--target): such "
                       "answers are recorded as text; if --model "
                       f"{self.model_name!r} is not that target, its answers are another "
-                      "model's", file=sys.stderr)
+                      "model's")
 
     def create(self, messages: Messages) -> Any:
         """One chat completion, asking for the answer's ids (`IDS_FIELD`) and sending the
@@ -380,17 +418,17 @@ class OpenAIBackend:
             if not names & set(self.extras):  # another request dropped them first
                 return
             self.extras = {k: v for k, v in self.extras.items() if k not in names}
-            print(f"regenerate: note: {self.base_url} refuses {', '.join(sorted(names))} (HTTP "
+            tell(f"regenerate: note: {self.base_url} refuses {', '.join(sorted(names))} (HTTP "
                   f"{e.status_code}): asked without them (each at its off value, so the "
                   "sampling is the same unless the server has defaults of its own for them); "
-                  "the answers record them as `refused`", file=sys.stderr)
+                  "the answers record them as `refused`")
 
     def _stop_asking_ids(self, status: int) -> None:
         with self.ids_lock:
             if self.ask_ids:
                 self.ask_ids = False
-                print(f"regenerate: note: {self.base_url} refuses {IDS_FIELD} (HTTP {status}): "
-                      "answers are recorded as text, which capture tokenizes", file=sys.stderr)
+                tell(f"regenerate: note: {self.base_url} refuses {IDS_FIELD} (HTTP {status}): "
+                      "answers are recorded as text, which capture tokenizes")
 
     def close(self) -> None:
         """Ends the workers without waiting for the requests in flight (after a ctrl-C they
@@ -460,6 +498,18 @@ def refused_fields(e: Any, fields: list[str]) -> set[str]:
     return {f for f in fields if re.search(rf"\b{f}\b", said)}
 
 
+# how vLLM, SGLang and TGI name the model's context in refusing a request past it
+CONTEXT_SAYS = re.compile(r"(?:context|model|allowed) length (?:is |of |\()(\d+)"
+                          r"|max_new_tokens` must be <= (\d+)")
+
+
+def context_limit(e: Any) -> int | None:
+    """The context in tokens a 4xx refusal names (vLLM's --max-model-len, SGLang's
+    --context-length), or None."""
+    found = CONTEXT_SAYS.search(f"{e.message} {e.body}") if 400 <= e.status_code < 500 else None
+    return int(next(g for g in found.groups() if g)) if found else None
+
+
 def refuses_ids(e: Any) -> bool:
     """A 400 or 422 that names `IDS_FIELD` as a field it does not know (`refused_fields`)."""
     return bool(refused_fields(e, [IDS_FIELD]))
@@ -521,7 +571,7 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
                              f"{finish}): not kept as an answer", lasting=True)
     text = message.content.strip()
     ids = served_ids(getattr(choices[0], "token_ids", None), finish, tok)
-    foreign = ids is not None and _decoded(tok, ids) != text
+    foreign = ids is not None and not _spells(tok, ids, text)
     return Answer(text, used if isinstance(used, int) else None, finish,
                   None if foreign else ids, foreign_ids=foreign)
 
@@ -538,17 +588,20 @@ def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list
         return None
     if finish == "stop" and ids and _special(tok, ids[-1]):
         ids = ids[:-1]
-    if text is not None and _decoded(tok, ids) != text.strip():
+    if text is not None and not _spells(tok, ids, text.strip()):
         return None
     return ids
 
 
-def _decoded(tok: Any, ids: list[int]) -> str | None:
-    """`ids` as capture decodes a recorded answer's; None past the tokenizer's vocabulary."""
+def _spells(tok: Any, ids: list[int], text: str) -> bool:
+    """Whether `ids` decode to `text`, with spaces cleaned up or not: Llama 3's tokenizer config
+    cleans them (` .` to `.`, ` 's` to `'s`) where vLLM's detokenizer does not. False past the
+    tokenizer's vocabulary."""
     try:
-        return tok.decode(ids, skip_special_tokens=True).strip()
+        return any(tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=c)
+                   .strip() == text for c in (False, True))
     except Exception:  # noqa: BLE001 - a tokenizer's own error for ids it does not hold
-        return None
+        return False
 
 
 def _special(tok: Any, i: int) -> bool:
@@ -644,39 +697,43 @@ def regenerate(
                  "before; a rerun resumes after them")
     # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
     # before are not written, and must not shift a resumed run's chunks
-    for c in range(0, len(convs), step):
-        chunk = [x for x in convs[c : c + step] if x.id not in done]
-        if not chunk:
-            continue
-        torch.manual_seed(cfg.seed * 1_000_003 + c)
-        there = stats["done_before"] + stats["answered"] + (0 if cut is None else stats["redone"])
-        kept = f"the {there} conversations answered before"
-        try:
-            recs, unreached, slowed = _answer_chunk(chunk, backend, tokenizer, cfg, count, info,
-                                                    stats)
-            # the server is gone: each later chunk would fail alike (counted only then: a scan
-            # of the rest every chunk was quadratic in the prompts)
-            if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
-                raise DraftsmithError(gone(backend, unreached, left, slowed))
-        except DraftsmithError as e:
-            raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
-                                  ) from None
-        except KeyboardInterrupt:  # the answers of this chunk so far are dropped, not waited for
-            bar.close()
-            say(f"regenerate: stopped (ctrl-C): {out} keeps {kept}; a rerun resumes after them")
-            raise
-        if isinstance(backend, EngineBackend):
-            for rec in recs:  # the prompts the chunk was asked with: a larger input redoes it
-                rec["meta"]["chunk"] = [c, len(convs[c : c + step])]
-        if cut is not None:
-            records, cut = cut_records(out, records, cut), None
-        # one write: a kill or a full disk keeps a chunk whole or not at all (a part would be
-        # resumed in a smaller batch, sampled otherwise)
-        append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
-                                  for rec in mark_write(recs)).encode(),
-                     f"it keeps {kept}; a rerun resumes after them")
-        bar.update(len(chunk))
-    bar.close()
+    try:  # closed before an error is told: on a terminal it ran on from the bar
+        for c in range(0, len(convs), step):
+            chunk = [x for x in convs[c : c + step] if x.id not in done]
+            if not chunk:
+                continue
+            torch.manual_seed(cfg.seed * 1_000_003 + c)
+            redone = 0 if cut is None else stats["redone"]
+            there = stats["done_before"] + stats["answered"] + redone
+            kept = f"the {there} conversations answered before"
+            try:
+                recs, unreached, slowed = _answer_chunk(chunk, backend, tokenizer, cfg, count,
+                                                        info, stats)
+                # the server is gone: each later chunk would fail alike (counted only then: a
+                # scan of the rest every chunk was quadratic in the prompts)
+                if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
+                    raise DraftsmithError(gone(backend, unreached, left, slowed))
+            except DraftsmithError as e:
+                raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
+                                      ) from None
+            except KeyboardInterrupt:  # the chunk's answers so far are dropped, not waited for
+                bar.close()
+                say(f"regenerate: stopped (ctrl-C): {out} keeps {kept}; a rerun resumes after "
+                    "them")
+                raise
+            if isinstance(backend, EngineBackend):
+                for rec in recs:  # the prompts it was asked with: a larger input redoes it
+                    rec["meta"]["chunk"] = [c, len(convs[c : c + step])]
+            if cut is not None:
+                records, cut = cut_records(out, records, cut), None
+            # one write: a kill or a full disk keeps a chunk whole or not at all (a part would
+            # be resumed in a smaller batch, sampled otherwise)
+            append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
+                                      for rec in mark_write(recs)).encode(),
+                         f"it keeps {kept}; a rerun resumes after them")
+            bar.update(len(chunk))
+    finally:
+        bar.close()
     say("regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()))
     return stats
 
@@ -904,7 +961,7 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
                 stats["failed"] += 1
                 stats["refused_by_server"] += ans.lasting
                 stats["timed_out"] += ans.timed_out
-                print(f"draftsmith: warning: prompt {conv.id}: {ans.finish}", file=sys.stderr)
+                tell(f"draftsmith: warning: prompt {conv.id}: {ans.finish}")
                 continue
             msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
             tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
@@ -945,8 +1002,8 @@ def gone(backend: Any, asked: int, left: int, timed_out: int = 0) -> str:
 def _refused(conv: Conversation, e: DraftsmithError, stats: dict[str, int]) -> None:
     stats["template_refused"] += 1
     if stats["template_refused"] == 1:  # the count is in the closing line
-        print(f"draftsmith: warning: prompt {conv.id} skipped, and any other the chat template "
-              f"refuses: {e}", file=sys.stderr)
+        tell(f"draftsmith: warning: prompt {conv.id} skipped, and any other the chat template "
+              f"refuses: {e}")
 
 
 def load_tokenizer(source: str) -> Any:
