@@ -355,7 +355,7 @@ def _recorded_layers(d: Description) -> int | None:
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
     from draftsmith.bench.suites import prompt_ids, suite_label, suite_messages
-    from draftsmith.compare.speed import measure
+    from draftsmith.compare.speed import measure, stderr_line
     from draftsmith.engine.generate import check_positions
 
     # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance;
@@ -367,16 +367,20 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
               f"fewer than --num-prompts {opts.num_prompts}", file=sys.stderr)
     check_positions(prompts, opts.max_new, target.cfg.max_position_embeddings,
                     "--max-new-tokens", target.cfg.sliding_window)  # before the weights
+    dtype = str(opts.dtype).removeprefix("torch.")
+    stderr_line(f"compare: loading target {target.source} ({opts.device}, {dtype})")
     model = target.build(opts.dtype, opts.device)
     drafters = {d.label: _load(d, target, opts) for d in descs}
     res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
-                  opts.topk, opts.num_draft_tokens)
+                  opts.topk, opts.num_draft_tokens, stderr_line)
     return {"suite": suite_label(opts.prompts), **res}
 
 
 def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
+    from draftsmith.compare.speed import stderr_line
     from draftsmith.doctor.artifacts import load_noted
 
+    stderr_line(f"compare: loading drafter {d.label}")
     try:
         drafter, notes = load_noted(d.info, target, opts.device, opts.dtype)
     except DraftsmithError as e:  # which of the drafters does not fit the target

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 import torch
 
 from draftsmith.errors import DraftsmithError
+
+BASELINE = "the target alone"
+
+
+def stderr_line(line: str) -> None:
+    """A progress line on stderr (stdout is the tables' or --json's)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _running(bar: Any, text: str) -> None:
+    """The run starting: beside the bar on a terminal, a line of its own off one."""
+    if bar.lines:
+        bar.say(f"{bar.desc}: {text}")
+    else:
+        bar.status(text)
 
 
 def _finish(runs: list[Any]) -> dict[str, Any]:
@@ -22,11 +40,12 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
 @torch.no_grad()
 def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], steps: int,
             max_new: int, eos: list[int], topk: int = 1, num_draft: int | None = None,
-            ) -> dict[str, Any]:
+            say: Callable[[str], None] = stderr_line) -> dict[str, Any]:
     """Each prompt runs through the target alone and every drafter in turn (after a warm-up),
     so all see the same prompts under the same conditions; a chain of `steps`, or (topk > 1)
     a tree of `num_draft` tokens."""
     from draftsmith.bench import load
+    from draftsmith.data.progress import Progress
     from draftsmith.engine.generate import run_generation
     from draftsmith.engine.runtime import Runtime
     from draftsmith.engine.speculative import SpecDecoder
@@ -42,6 +61,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
             raise DraftsmithError(f"drafter {k} with this --target: {e}") from None
     base_rt = Runtime(model, 1, max_seq, kept=max(len(p) for p in prompts) + max_new)
     warm = min(8, max_new)
+    say(f"compare: warming up the target and {len(decs)} drafters")
     run_generation(base_rt, prompts[:1], warm, eos_ids=eos)
     for dec in decs.values():
         dec.generate(prompts[:1], warm, eos)
@@ -50,12 +70,15 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     # the order rotates a step each prompt, so no run always goes first (a clock ramping up,
     # caches the run before it warmed)
     order: list[str | None] = [None, *decs]
-    with load.watching() as machine:  # other work on the cores skews each drafter's tok/s
+    bar = Progress(len(prompts) * len(order), 0, "run", "compare", True, say)
+    with load.watching() as machine, closing(bar):  # other work on the cores skews tok/s
         for i, p in enumerate(prompts):
             for k in order[i % len(order):] + order[:i % len(order)]:
+                _running(bar, f"prompt {i + 1}/{len(prompts)}: {k or BASELINE}")
                 with load.timed():
                     r = run_generation(base_rt, [p], max_new, eos_ids=eos) if k is None \
                         else decs[k].generate([p], max_new, eos)
+                bar.update(1)
                 if k is None:
                     base_tokens, base_s = base_tokens + r.new_tokens, base_s + r.prefill_s \
                         + r.decode_s

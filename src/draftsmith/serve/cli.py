@@ -210,7 +210,8 @@ def server_config(engine, target: str, name: str | None, api_key: str | None,
     spec = engine.speculative
     info = {"speculative": spec, "drafter": str(drafter) if drafter else None,
             "steps": c.steps if spec else None, "topk": c.topk if spec else None,
-            "num_draft_tokens": c.num_draft_tokens if spec else None, "max_batch": c.max_batch,
+            "num_draft_tokens": (c.num_draft_tokens or c.steps + 1) if spec else None,
+            "max_batch": c.max_batch,
             "max_tokens_limit": c.max_tokens, "max_prompt_tokens": c.max_prompt_tokens,
             "target_fingerprint": t.fingerprint, "continuous": continuous,
             "compiled": c.compile, "fixed_rows": c.fixed_rows, "max_body": max_body}
