@@ -256,7 +256,7 @@ def allreduce_bench(
     batch: str = typer.Option("1,8,32", "--batch", "--batch-sizes",
                               help="Batch sizes, comma-separated"),
     q: str = typer.Option("1,4,8,16", help="Tokens per row (1 = decode, >1 = verify)"),
-    dtype: str = typer.Option("bf16", help="bfloat16 (bf16), float16 (fp16), float32 (fp32) or "
+    dtype: str = typer.Option("auto", help="bfloat16 (bf16), float16 (fp16), float32 (fp32) or "
                               "auto (bfloat16 on GPU, float32 on CPU)"),
     iters: int = typer.Option(100, help="Timed all-reduces (eager) or replays (graphed)"),
     graph_ops: int = typer.Option(64, "--graph-ops", help="All-reduces captured per graph"),

@@ -26,8 +26,10 @@ from draftsmith.options import (
 
 def bench(
     target: str = TARGET,
-    drafter: str = typer.Option("", help="draftsmith drafter folder, or 'random' "
-                                 "(untrained: times the machinery only); required"),
+    drafter: str = typer.Option("", show_default=False,
+                                help="required (bench refuses to start without it): a "
+                                     "draftsmith drafter folder, or 'random' (untrained: "
+                                     "times the machinery only)"),
     suite: list[str] = typer.Option(["chat"], "--suite",
                                     help="humaneval, chat, or a prompt file (repeatable)"),
     num_prompts: int = typer.Option(16, "--num-prompts", help="prompts per suite; 0 = all"),

@@ -12,6 +12,7 @@ from draftsmith.errors import DraftsmithError
 
 DTYPES = {"keep": None, "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
           "float16": "float16", "fp32": "float32", "float32": "float32"}
+SPELLED = "keep, bfloat16 (bf16), float16 (fp16) or float32 (fp32)"  # as the other commands'
 
 
 def export(
@@ -20,7 +21,7 @@ def export(
     out: str = typer.Option(..., "--out", "-o", help="Folder to write"),
     target: str = typer.Option(None, "--target", help="The target (layer count, max positions, "
                                "verifier path); default: what the drafter recorded"),
-    dtype: str = typer.Option("keep", "--dtype", help="keep, bf16, fp16 or fp32"),
+    dtype: str = typer.Option("keep", "--dtype", help=f"{SPELLED} (keep: as saved)"),
     speculative_tokens: int = typer.Option(3, "--speculative-tokens",
                                            help="speculators: default draft length"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out"),
@@ -31,7 +32,7 @@ def export(
     from draftsmith.export import export_served
 
     if dtype not in DTYPES:
-        raise DraftsmithError(f"--dtype {dtype!r}: use one of keep, bf16, fp16, fp32")
+        raise DraftsmithError(f"--dtype {dtype!r}: use one of {SPELLED}")
     dt = None if DTYPES[dtype] is None else getattr(torch, DTYPES[dtype])
     path, served = export_served(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
     config = json.loads((path / "config.json").read_text())

@@ -19,8 +19,8 @@ from draftsmith.train.checkpoint import latest_checkpoint
 
 def train(
     out: str = typer.Option(..., "--out", "-o", help="Folder for the drafter, log, checkpoints"),
-    data: str = typer.Option(None, "--data", help="Dataset folder from `draftsmith data capture` "
-                             "(offline)"),
+    data: str = typer.Option(None, "--data", help="Dataset folder: `data make`'s OUT/dataset or "
+                             "`data capture`'s --out (offline)"),
     prompts: str = typer.Option(None, "--prompts", help="Conversations with answers (JSONL, ...): "
                                 "the target makes hidden states on the fly (online)"),
     target: str = typer.Option(None, "--target", help="HF folder, .gguf or 'default' (offline: "
