@@ -16,6 +16,8 @@ from draftsmith.doctor.report import Finding, Report
 from draftsmith.doctor.run import DoctorOptions, run_doctor
 from draftsmith.errors import DraftsmithError
 
+NUM_PROMPTS = 4  # the short run's prompts by default
+
 __all__ = ["DoctorOptions", "Finding", "Report", "doctor", "report_json", "run_doctor"]
 
 
@@ -29,18 +31,33 @@ def report_json(rep: Report, strict_exit: bool = False) -> str:
     return json.dumps(strict(out), indent=1, default=str, allow_nan=False)
 
 
-def prompt_count(value: int | str) -> int:
-    """--prompts as a count: a suite name or file (what compare, tune, train and generate take)
-    refused in one line, not click's "Input should be a valid integer"."""
+def prompt_count(value: int | str, flag: str = "--num-prompts") -> int:
+    """--num-prompts (or its old name --prompts, `flag`) as a count: a suite name or file (what
+    compare, tune, train and generate take) refused in one line, not click's "Input should be a
+    valid integer"."""
     if isinstance(value, int):
         return value
     try:
         return int(value)
     except ValueError:
         raise DraftsmithError(
-            f"--prompts takes a number of prompts for the short run, got {value!r}; doctor "
+            f"{flag} takes a number of prompts for the short run, got {value!r}; doctor "
             "takes them from --data, else built-in ones (a suite or file is what compare, tune, "
-            "train and generate take there): give a whole number, e.g. --prompts 8") from None
+            "train and generate take there): give a whole number, e.g. --num-prompts 8") from None
+
+
+def _old_count(value: int | str) -> int:
+    return prompt_count(value, "--prompts")
+
+
+def prompts_given(num_prompts: int, old: int | None) -> tuple[int, str]:
+    """The run's prompt count and the flag that gave it: --prompts, the old name, where given
+    (refused beside a --num-prompts of other than its default)."""
+    if old is None:
+        return num_prompts, "--num-prompts"
+    if num_prompts != NUM_PROMPTS:
+        raise DraftsmithError("--prompts is --num-prompts' old name: give --num-prompts alone")
+    return old, "--prompts"
 
 
 def doctor(
@@ -52,21 +69,28 @@ def doctor(
                                     "else the drafter, records)"),
     engine: str = typer.Option(None, "--engine",
                                help="sglang | sglang-legacy | vllm | draftsmith: check the ids "
-                                    "as this engine reads them"),
+                                    "as this engine reads them (default: none; without it, as "
+                                    "the drafter's layout is served: a draftsmith folder by "
+                                    "draftsmith, SGLang's by SGLang, and vLLM where its key "
+                                    "is written, speculators' by vLLM; capture limits "
+                                    "warned, not errors)"),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
     samples: int = typer.Option(4, "--samples", help="Samples to recompute with the target"),
     max_tokens: int = typer.Option(256, "--max-tokens", help="Tokens per sample compared"),
     all_tokens: bool = typer.Option(False, "--all-tokens",
                                     help="Compare every token, not only loss-masked ones"),
     run: bool = typer.Option(True, "--run/--no-run", help="Short speculative run"),
-    prompts: int = typer.Option(4, "--prompts", "--num-prompts", parser=prompt_count,
-                                metavar="<int>", help="How many prompts the speculative "
-                                "run takes (a count: the data's, else built-in ones)"),
+    num_prompts: int = typer.Option(NUM_PROMPTS, "--num-prompts", parser=prompt_count,
+                                    metavar="<int>", help="How many prompts the speculative "
+                                    "run takes (a count: the data's, else built-in ones; "
+                                    "--prompts is its old name)"),
+    prompts: int | None = typer.Option(None, "--prompts", parser=_old_count, hidden=True,
+                                help="--num-prompts' old name"),
     max_new: int = typer.Option(32, "--max-new-tokens", "-n", help="New tokens per prompt"),
     steps: int = typer.Option(None, "--steps", help="Draft steps (default: from the log)"),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto"),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or auto (bf16 on GPU) for the "
-                              "live target"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or auto (bfloat16 on "
+                              "GPU, float32 on CPU) for the live target"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too"),
     full_verify: bool = typer.Option(False, "--full-verify",
                                      help="Hash every shard (default: sizes, shapes and dtypes "
@@ -77,13 +101,16 @@ def doctor(
     from draftsmith.doctor.render import show
     from draftsmith.options import given
 
+    count, flag = prompts_given(num_prompts, prompts)
     _unused_flags(data is not None, drafter is not None, run,
                   given(doctor, samples=samples, max_tokens=max_tokens, all_tokens=all_tokens,
                         full_verify=full_verify),
-                  given(doctor, prompts=prompts, max_new=max_new, steps=steps))
+                  [flag if f == "--num-prompts" else f for f in
+                   given(doctor, num_prompts=count, max_new=max_new, steps=steps)])
     dev, dt = device_dtype(device, dtype)  # `auto` as every other command reads it
     opts = DoctorOptions(data, drafter, target, engine, samples, max_tokens, all_tokens, run,
-                         prompts, max_new, steps, dev, dt, full_verify)
+                         count, max_new, steps, dev, dt, full_verify, progress=True,
+                         prompts_flag=flag)
     rep = run_doctor(opts)
     if as_json:
         print(report_json(rep, strict))

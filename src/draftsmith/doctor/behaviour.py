@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,10 @@ def template_prompts(target: Any, n: int) -> list[list[int]]:
 
 @torch.no_grad()
 def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max_new: int,
-             eos: list[int], aux_ids: list[int] | None = None) -> dict[str, Any]:
-    """Greedy chain decoding one prompt at a time; `aux_ids` overrides what the drafter is fed."""
+             eos: list[int], aux_ids: list[int] | None = None,
+             done: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Greedy chain decoding one prompt at a time; `aux_ids` overrides what the drafter is fed;
+    `done` is called after each prompt (the progress shown)."""
     from draftsmith.engine.speculative import SpecDecoder
 
     cfg = drafter.cfg
@@ -148,6 +151,8 @@ def spec_run(model: Any, drafter: Any, prompts: list[list[int]], steps: int, max
             accepted = [a + b for a, b in zip(accepted, r.accepted, strict=True)]
             lengths.append((r.mean_accept_length, r.cycles))
             new, secs = new + r.new_tokens, secs + r.prefill_s + r.decode_s
+            if done is not None:
+                done()
     finally:
         drafter.cfg = cfg
     cycles = sum(c for _, c in lengths)
@@ -180,7 +185,8 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
         return []
     if got is None:
         return [Finding("warning", "behaviour", f"{label}: no cycle drafted a token, so nothing "
-                        "measures acceptance", where, "run more --prompts or --max-new-tokens")]
+                        "measures acceptance", where,
+                        "run more --num-prompts or --max-new-tokens")]
     ratio = got / want
     steps = len(run["position_rates"])
     what = (f"{label}, draft position 0 was accepted {got:.1%} of the time, the training log "
@@ -192,7 +198,8 @@ def gap_findings(runs: dict[str, dict[str, Any]], promise: dict[str, Any] | None
     chance = below_chance(k, n, want) if "reached" in run else 0.0
     if ratio < ERROR_RATIO and chance >= ERROR_P:
         return [Finding("warning", "behaviour", what + f": {k} of {n} drafts, too few to tell "
-                        "wiring from chance", where, "run more --prompts or --max-new-tokens")]
+                        "wiring from chance", where,
+                        "run more --num-prompts or --max-new-tokens")]
     if ratio < WARN_RATIO and chance >= WARN_P:
         return []  # within what so few drafts vary by
     if ratio < ERROR_RATIO and wired:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,9 +21,13 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.options import at_least_one
 
+if TYPE_CHECKING:
+    from draftsmith.data.progress import Progress
+
 PROMPT_LEN = 512  # the longest data prompt the speculative run takes
 MAX_STEPS = 5  # draft steps a run takes by default, however many positions the log records
 NO_LOG_STEPS = 3  # draft steps without a log to take them from
+LATER_S = 3.0  # a phase said only once it has run this long (a tiny target's is over by then)
 MANIFEST, DRAFTER_CONFIG = "the data manifest", "the drafter config"  # where a target is recorded
 
 
@@ -38,6 +47,8 @@ class DoctorOptions:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     full_verify: bool = False  # hash every shard, not only those samples are read from
+    progress: bool = False  # the long phases said on stderr (stdout may carry --json)
+    prompts_flag: str = "--prompts"  # the flag that gave `prompts`, as messages name it
 
     def __post_init__(self) -> None:
         from draftsmith.tune.cost_model import DEEPEST  # serve's and tune's deepest draft
@@ -47,7 +58,7 @@ class DoctorOptions:
         if self.engine:
             self.engine = engine_name(self.engine)
         at_least_one({"--samples": self.samples, "--max-tokens": self.max_tokens,
-                      "--prompts": self.prompts, "--max-new-tokens": self.max_new})
+                      self.prompts_flag: self.prompts, "--max-new-tokens": self.max_new})
         if self.steps is not None and self.steps < 1:
             raise DraftsmithError(f"--steps must be >= 1 (not given: from the training log), "
                                   f"got {self.steps}")
@@ -216,9 +227,13 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
         return None
     from safetensors import SafetensorError
 
+    picked = len(wiring.pick_samples(len(ds), opts.samples))
+    line = (f"comparing the stored states of {_n(picked, 'sample')} with a live forward of the "
+            "target (--data)")
     try:
-        mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
-                          not opts.all_tokens)
+        with said_after(line, opts.progress):  # minutes of an 8B target on a CPU
+            mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
+                              not opts.all_tokens)
     except (DraftsmithError, RuntimeError, ValueError, IndexError, SafetensorError) as e:
         rep.add("wiring: data", [Finding("error", "wiring", f"cannot compare the stored states "
                                          f"with the live target: {e}", str(opts.data),
@@ -281,12 +296,18 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
         return
     out = {"prompts": source, "promised": promise, "runs": {}, "draft_steps": steps,
            "draft_steps_why": why_steps}
-    for label, ids in runs.items():
-        try:
-            out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps,
-                                                    opts.max_new, target.eos_ids, ids)
-        except DraftsmithError as e:  # e.g. ids the target lacks: a wiring finding says so
-            rep.skipped.append(f"behaviour: the run {label}: {e}")
+    bar = _run_progress(opts, len(prompts), len(runs))
+    done = None if bar is None else partial(bar.update, 1)
+    try:
+        for label, ids in runs.items():
+            try:
+                out["runs"][label] = behaviour.spec_run(model, drafter, prompts, steps,
+                                                        opts.max_new, target.eos_ids, ids, done)
+            except DraftsmithError as e:  # e.g. ids the target lacks: a wiring finding says so
+                rep.skipped.append(f"behaviour: the run {label}: {e}")
+    finally:
+        if bar is not None:
+            bar.close()
     if not out["runs"]:
         return
     rep.behaviour = out
@@ -302,6 +323,42 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
     first = next(iter(out["runs"].values()))
     rep.add("behaviour", behaviour.gap_findings(
         out["runs"], promise, str(info.folder), _wired(rep, first, true_ids), why_steps))
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (stdout is the report's, or --json's)."""
+    print(f"doctor: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def said_after(line: str, shown: bool) -> Iterator[None]:
+    """`line` said where the phase inside runs past `LATER_S` seconds (and `shown`)."""
+    timer = threading.Timer(LATER_S, say, [line]) if shown else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _run_progress(opts: DoctorOptions, prompts: int, sets: int) -> Progress | None:
+    """The short run said before it starts, then shown per prompt: a bar on a terminal, a line
+    a prompt off one (`data.progress.Progress`); None without `opts.progress`."""
+    from draftsmith.data.progress import Progress
+
+    if not opts.progress:
+        return None
+    say(f"short speculative run: {_n(prompts, 'prompt')} x {opts.max_new} new tokens, "
+        f"{_n(sets, 'layer set')} (--no-run skips it)")
+    return Progress(prompts * sets, 0, "prompt", "doctor", True,
+                    lambda line: print(line, file=sys.stderr, flush=True), every=0.0)
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'s' if k != 1 else ''}"
 
 
 def draft_steps(given: int | None, promise: dict[str, Any] | None) -> tuple[int, str]:
@@ -361,9 +418,9 @@ def _fewer_prompts(n: int, opts: DoctorOptions, from_data: bool) -> Finding:
         why = f"the built-in set holds {len(behaviour.PROMPTS)}"
         if opts.data is not None:
             why += f" (the data's first samples hold no prompt of at most {PROMPT_LEN} tokens)"
-        where, fix = "--prompts", "pass --data with the data's own prompts"
+        where, fix = opts.prompts_flag, "pass --data with the data's own prompts"
     return Finding("info", "behaviour", f"the speculative run took {n} prompts, not the "
-                   f"{opts.prompts} --prompts asks for: {why}", where, fix)
+                   f"{opts.prompts} {opts.prompts_flag} asks for: {why}", where, fix)
 
 
 def _load(info: DrafterInfo, target: Any, opts: DoctorOptions) -> tuple[Any, list[Finding]]:
