@@ -36,8 +36,8 @@ def say(text: str) -> None:
 def tune(
     drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
     target: str = TARGET,
-    prompts: Path = typer.Option(None, "--prompts", help="chat (the built-in suite, the "
-                                 "default), humaneval, or a prompt file"),
+    prompts: str = typer.Option(None, "--suite", "--prompts", show_default=False,
+                                help="chat, humaneval, or a prompt file  [default: chat]"),
     num_prompts: int = typer.Option(0, "--num-prompts", help="The first N prompts only; 0 = all "
                                     "(fewer: a quicker, noisier tune)"),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", "--batch-size",
@@ -110,7 +110,8 @@ def tune(
     dev, dt = device_dtype(device, dtype)
     check_compile(compile, dev)  # before TP ranks are spawned
     batches = sorted(set(int_list(batch_sizes, "--batch-sizes")))
-    args = (drafter, target, prompts, batches, max_steps, max_new_tokens, top, dev, dt, compile,
+    suite_path = None if prompts is None else Path(prompts)
+    args = (drafter, target, suite_path, batches, max_steps, max_new_tokens, top, dev, dt, compile,
             out, max_topk, params, seed, max_draft_tokens, refill, num_prompts, nccl_sweep)
     _one_group(tp)
     if tp == 1:
@@ -307,7 +308,10 @@ def run_tune(
         rows = min(max(batches), PREFILL_ROWS)  # the refills' prompt passes' widest
         costs = partial.kept_costs(was, batches, rows)
         if todo := partial.missing(costs, batches):  # another --batch-sizes: the new ones
-            console.print("measuring costs ...")
+            eng.costs = measure.CostLog(shapes := partial.kept_shapes(was),
+                                        lambda f: kept.save(cost_shapes=f), say)
+            say("measuring costs ..." + (f" ({len(shapes)} shapes timed before it stopped)"
+                                         if shapes else ""))
             costs = partial.joined(costs, measure.cost_table(eng, todo, ids, max_topk, max_steps,
                                                              max_draft, most), batches)
             kept.save(costs=costs.to_dict())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -64,15 +64,49 @@ def time_ms(fn: Callable[[], object], device: torch.device, iters: int | None = 
     return start.elapsed_time(end) / iters
 
 
+Figure = float | dict[str, float]  # a cost shape's: ms, or a phase probe's ms by phase
+
+
+class CostLog:
+    """The cost shapes as they are timed, a line each (i of N, elapsed, time left) to `say`
+    and every figure so far to `save` (tune's partial file); those in `kept` (a stopped run's)
+    are taken, not timed again."""
+
+    def __init__(self, kept: dict[str, Figure] | None = None,
+                 save: Callable[[dict[str, Figure]], None] | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.kept, self.figures = dict(kept or {}), dict(kept or {})
+        self.save, self.say = save, say
+        self.total = self.seen = self.timed = 0
+        self.start = time.perf_counter()
+
+    def take(self, key: str, fn: Callable[[], Figure]) -> Figure:
+        self.seen += 1
+        if key in self.kept:
+            return self.kept[key]
+        self.figures[key] = figure = fn()
+        self.timed += 1
+        if self.save:
+            self.save(dict(self.figures))
+        if self.say:
+            spent = time.perf_counter() - self.start
+            left = spent / self.timed * max(self.total - self.seen, 0)
+            self.say(f"cost {self.seen}/{self.total}: {key} ({spent:.0f} s, about {left:.0f} s "
+                     "left)")
+        return figure
+
+
 @dataclass
 class Engine:
-    """The pieces every measurement shares: one target runtime and one drafter runtime, and the
-    sampling every decode runs under (greedy by default), baselines and acceptance alike."""
+    """The pieces every measurement shares: one target runtime and one drafter runtime, the
+    sampling every decode runs under (greedy by default), baselines and acceptance alike, and
+    the log its cost shapes are timed through."""
 
     rt: Runtime
     drt: DrafterRuntime
     drafter: Eagle3Drafter
     params: SamplingParams = SamplingParams()
+    costs: CostLog = field(default_factory=CostLog)
 
     @property
     def device(self) -> torch.device:
@@ -82,50 +116,62 @@ class Engine:
 AT = 64  # where costs are timed: a cycle past a short prompt (`cost_room` moves it back)
 
 
+def verify_ns(max_n: int) -> list[int]:
+    """The verify widths timed up to `max_n`, itself among them."""
+    return [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
+
+
 def verify_costs(eng: Engine, batches: list[int], max_n: int = 16, at: int = AT
                  ) -> dict[int, dict[int, float]]:
-    ns = [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
+    ns = verify_ns(max_n)
     aux = tuple(eng.drafter.cfg.aux_layer_ids)
     out: dict[int, dict[int, float]] = {}
     for b in batches:
-        eng.rt.capture([b], list(ns), aux_ids=aux)
-        row = {}
-        for n in ns:
-            tok = torch.zeros(b, n, dtype=torch.long, device=eng.device)
-            pos = torch.arange(at, at + n, device=eng.device).repeat(b, 1)
-            row[n] = time_ms(lambda t=tok, p=pos: eng.rt.forward(t, p, aux_ids=aux), eng.device)
-        out[b] = row
+        keys = {n: f"verify batch {b}, {n} tokens" for n in ns}
+        eng.rt.capture([b], [n for n in ns if keys[n] not in eng.costs.kept], aux_ids=aux)
+        out[b] = {n: eng.costs.take(keys[n], lambda b=b, n=n: _verify_ms(eng, b, n, at, aux))
+                  for n in ns}
     return out
+
+
+def _verify_ms(eng: Engine, b: int, n: int, at: int, aux: tuple[int, ...]) -> float:
+    tok = torch.zeros(b, n, dtype=torch.long, device=eng.device)
+    pos = torch.arange(at, at + n, device=eng.device).repeat(b, 1)
+    return time_ms(lambda: eng.rt.forward(tok, pos, aux_ids=aux), eng.device)
 
 
 def drafter_costs(eng: Engine, batches: list[int], qs: list[int], at: int = AT
                   ) -> dict[int, dict[int, float]]:
     """ms of one drafter forward of q tokens per row (a draft step of width q, or an extend)."""
-    h = eng.drafter.cfg.hidden_size
     out: dict[int, dict[int, float]] = {}
     for b in batches:
-        eng.drt.capture([b], qs)
-        row = {}
-        for q in qs:
-            tok = torch.zeros(b, q, dtype=torch.long, device=eng.device)
-            hid = torch.zeros(b, q, h, dtype=eng.drt.dtype, device=eng.device)
-            pos = torch.arange(at, at + q, device=eng.device).repeat(b, 1)
-            row[q] = time_ms(lambda t=tok, x=hid, p=pos: eng.drt.forward(t, x, p), eng.device)
-        out[b] = row
+        keys = {q: f"drafter batch {b}, {q} tokens" for q in qs}
+        eng.drt.capture([b], [q for q in qs if keys[q] not in eng.costs.kept])
+        out[b] = {q: eng.costs.take(keys[q], lambda b=b, q=q: _drafter_ms(eng, b, q, at))
+                  for q in qs}
     return out
+
+
+def _drafter_ms(eng: Engine, b: int, q: int, at: int) -> float:
+    tok = torch.zeros(b, q, dtype=torch.long, device=eng.device)
+    hid = torch.zeros(b, q, eng.drafter.cfg.hidden_size, dtype=eng.drt.dtype, device=eng.device)
+    pos = torch.arange(at, at + q, device=eng.device).repeat(b, 1)
+    return time_ms(lambda: eng.drt.forward(tok, hid, pos), eng.device)
 
 
 def decode_costs(eng: Engine, batches: list[int], prompts: list[list[int]], steps: int = AT
                  ) -> dict[int, float]:
     """ms of one plain decode step: `steps` new tokens past each row's prompt."""
-    out = {}
-    for b in batches:
-        rows = [prompts[i % len(prompts)] for i in range(b)]
-        run_generation(eng.rt, rows, min(16, steps), eng.params)
-        with load.timed():
-            g = run_generation(eng.rt, rows, steps, eng.params)
-        out[b] = g.decode_s / (steps - 1) * 1e3
-    return out
+    return {b: eng.costs.take(f"decode batch {b}", lambda b=b: _decode_ms(eng, b, prompts, steps))
+            for b in batches}
+
+
+def _decode_ms(eng: Engine, b: int, prompts: list[list[int]], steps: int) -> float:
+    rows = [prompts[i % len(prompts)] for i in range(b)]
+    run_generation(eng.rt, rows, min(16, steps), eng.params)
+    with load.timed():
+        g = run_generation(eng.rt, rows, steps, eng.params)
+    return g.decode_s / (steps - 1) * 1e3
 
 
 def decode_rate(new_tokens: int, rows: int, decode_s: float) -> float:
@@ -352,15 +398,19 @@ def draft_phase_costs(
     for b in batches:
         first[b], step[b] = {}, {}
         for k in topks:
-            lo, hi = (probe_phases(eng, SpecSetting(s, k, s + 1 if k == 1 else
-                                                    min(tree_capacity(s, k), 8)), prompts, b,
-                                  new)
+            lo, hi = (_probe(eng, SpecSetting(s, k, s + 1 if k == 1 else
+                                              min(tree_capacity(s, k), 8)), prompts, b, new)
                       for s in (shallow, deep))
             step[b][k] = max(0.0, (hi.get("draft", 0.0) - lo.get("draft", 0.0)) / (deep - shallow))
             first[b][k] = max(0.0, lo.get("draft", 0.0) - (shallow - 1) * step[b][k])
             if k == 1:
                 overhead[b] = lo.get("accept", 0.0)
     return first, step, overhead
+
+
+def _probe(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int, new: int) -> dict:
+    return dict(eng.costs.take(f"phase probe batch {b}: {s}",
+                               lambda: probe_phases(eng, s, prompts, b, new)))
 
 
 def probe_phases(eng: Engine, s: SpecSetting, prompts: list[list[int]], b: int,
@@ -413,11 +463,13 @@ def cost_table(
     max_draft: int = 16,
     most: int | None = None,
 ) -> CostTable:
-    """Every cost the model needs, timed within the target's `most` positions (`cost_room`)."""
+    """Every cost the model needs, timed within the target's `most` positions (`cost_room`), a
+    shape at a time through `eng.costs`."""
     topks = tune_topks(max_topk)
     qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
     widest = cost_width(max_steps, max_topk, max_draft)
     at, new = cost_room(most, prompts, widest)
+    eng.costs.total += len(batches) * (len(qs) + 2 * len(topks) + len(verify_ns(widest)) + 1)
     drafts = drafter_costs(eng, batches, qs, at)
     first, step, overhead = draft_phase_costs(eng, batches, prompts, topks, new=min(32, new))
     return CostTable(

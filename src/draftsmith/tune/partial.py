@@ -136,6 +136,7 @@ def _readable(path: Path, old: dict) -> None:
     try:
         kept_acceptance(old, False)
         kept_costs(old)
+        kept_shapes(old)
         kept_measured(old)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         what = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e)
@@ -201,6 +202,17 @@ def kept_costs(was: dict, batches: list[int] | None = None, refill_rows: int | N
         costs, **{n: {b: t[b] for b in keep if b in (t := getattr(costs, n))}
                   for n in BATCH_KEYED},
         **({} if same == refill_rows else {"refill": {}, "spec_refill": {}}))
+
+
+def kept_shapes(was: dict) -> dict[str, float | dict[str, float]]:
+    """The cost shapes a stopped run timed, by name (`measure.CostLog`): ms, or ms by phase."""
+    shapes = was.get("cost_shapes", {})
+    for key, v in shapes.items():
+        ok = (isinstance(v, dict) and all(isinstance(x, int | float) for x in v.values())
+              ) or (isinstance(v, int | float) and not isinstance(v, bool))
+        if not ok:
+            raise ValueError(f"cost shape {key!r}: {v!r} is no figure")
+    return shapes
 
 
 def missing(costs: CostTable | None, batches: list[int]) -> list[int]:
