@@ -124,7 +124,8 @@ def prompts(
     device: str = DEVICE_UNCHECKED,
     dtype: str = DTYPE,
     batch_size: int = typer.Option(32, "--batch-size", help="Self-made prompts: rows decoded a "
-                                   "round, whatever N (progress moves a round at a time)"),
+                                   "round, whatever N (a smaller one is quicker for a small N "
+                                   "on CPU, but makes other prompts)"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
                                        help="Most tokens a self-made prompt may take (longer "
                                        "ones are dropped); each round decodes --batch-size "
@@ -142,7 +143,8 @@ def prompts(
     """Collect prompts from files, HumanEval, or the target itself (--self-made N).
     An --out already there is refused unless it holds the same conversations (a rerun) or
     --overwrite is given; self-made prompts resume in it. Self-made prompts are decoded in
-    rounds of --batch-size rows of up to --max-new-tokens tokens, whatever N."""
+    rounds of --batch-size rows of up to --max-new-tokens tokens, whatever N; the progress
+    moves a round at a time, and tells a round's time so far as it decodes."""
     from draftsmith.data.atomic import check_file_path
     from draftsmith.data.prompts import write_jsonl
 
@@ -490,9 +492,10 @@ def make(
     larger --n adds to the run). The dataset to train on is OUT/dataset.
 
     Prompts: each round decodes --batch-size rows of up to --prompt-tokens tokens, whatever
-    --n (a small --n still takes a whole round). Answers: --max-new-tokens tokens at most, from
-    the built-in engine or, with --base-url, a server of the target (SGLang, vLLM, `draftsmith
-    serve`), --concurrency requests at a time."""
+    --n (a small --n still takes a whole round: on CPU a smaller --batch-size is quicker, but
+    makes other prompts); the progress tells a round's time so far as it decodes. Answers:
+    --max-new-tokens tokens at most, from the built-in engine or, with --base-url, a server of
+    the target (SGLang, vLLM, `draftsmith serve`), --concurrency requests at a time."""
     from draftsmith.data.pipeline import Server, make_dataset
 
     server = None

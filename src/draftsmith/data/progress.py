@@ -4,11 +4,14 @@ is one endless line of carriage returns, a plain line now and then and one at th
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 EVERY_S = 30.0  # off a terminal: the most often a line is written
+BEAT_S = 5.0  # a long step's time so far is told this often (off a terminal: EVERY_S at most)
 
 
 def on_terminal() -> bool:
@@ -21,7 +24,7 @@ class Progress:
                  say: Callable[[str], None], every: float = EVERY_S) -> None:
         from tqdm import tqdm
 
-        self.lines = shown and not on_terminal()
+        self.shown, self.lines = shown, shown and not on_terminal()
         self.bar: Any = tqdm(total=total, initial=initial, unit=unit, desc=desc,
                              disable=not shown or self.lines)
         self.total, self.done, self.first = total, initial, initial
@@ -45,6 +48,29 @@ class Progress:
         if self.lines and (self.told is None or now - self.told >= self.every):
             self.say(f"{self.desc}: {text}")
             self.told = now
+
+    @contextmanager
+    def beating(self, text: str, beat: float | None = None) -> Iterator[None]:
+        """`status(text)`, then `text, <time> in` every `beat` seconds until the block ends: a
+        step without progress of its own (a round of self-made prompts: minutes on CPU) is
+        seen to be alive."""
+        self.status(text)
+        if not self.shown:
+            yield
+            return
+        stop, start = threading.Event(), time.perf_counter()
+
+        def tell() -> None:
+            while not stop.wait(beat or BEAT_S):
+                self.status(f"{text}, {_span(time.perf_counter() - start)} in")
+
+        thread = threading.Thread(target=tell, name="progress-beat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def close(self) -> None:
         self.bar.close()

@@ -252,9 +252,10 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
         torch.manual_seed((cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_) % (1 << 64))
         pick = [(round_ * cfg.batch_size + i) % len(opens)
                 for i in range(_rows(cfg))]
-        bar.status(f"round {round_ + 1}: decoding {len(pick)} rows x up to "
-                   f"{cfg.max_new_tokens} tokens")
-        gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params, stops)
+        with bar.beating(f"round {round_ + 1}: decoding {len(pick)} rows x up to "
+                         f"{cfg.max_new_tokens} tokens"):
+            gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params,
+                                 stops)
         made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
             got = _one(target, toks, cfg, seen, stats, opens[k], starts[k], closing)
