@@ -88,21 +88,29 @@ def test_regenerate_keeps_concurrency_requests_in_flight(monkeypatch, capsys, tm
                                                          tiny_llama_dir):
     """A server's answers went out --batch-size (16) conversations at a time, so
     --concurrency 24 kept at most 16 requests in flight."""
+    import threading
+    import time
+
     from draftsmith.data.regenerate import Answer, OpenAIBackend
 
-    sent: list[int] = []
+    lock, live, most = threading.Lock(), [0], [0]
 
-    def answer(self, batch):
-        sent.append(len(batch))
-        return [Answer("fine.", 2, "stop") for _ in batch]
+    def one(self, messages):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.2)  # every request of the window begins before the first ends
+        with lock:
+            live[0] -= 1
+        return Answer("fine.", 2, "stop")
 
-    monkeypatch.setattr(OpenAIBackend, "answer", answer)
+    monkeypatch.setattr(OpenAIBackend, "one", one)
     src, out = prompts_file(tmp_path / "p.jsonl", 30), tmp_path / "a.jsonl"
     code, _, err = run_main(monkeypatch, capsys, "data", "regenerate", str(src), "-o", str(out),
                             "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
                             "--target", str(tiny_llama_dir), "--concurrency", "24")
     assert code == 0, err
-    assert sent == [24, 6] and len(out.read_text().splitlines()) == 30
+    assert most[0] == 24 and len(out.read_text().splitlines()) == 30
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -141,7 +141,7 @@ def test_server_answers_sent_otherwise_are_not_mixed_with_this_runs(target, tmp_
     """Answers recorded with other fields sent beyond OpenAI's (another top_k, min_p,
     repetition_penalty) are not resumed under this run's; answers written before the fields
     were recorded (yesterday's draftsmith sent these same fields) are."""
-    from draftsmith.data.regenerate import PENALTIES, server_sampling
+    from draftsmith.data.regenerate import PENALTIES, Answer, server_sampling
 
     out = tmp_path / "a.jsonl"
     answered(out, backend="openai", model="m", base_url="http://old/v1",
@@ -155,7 +155,7 @@ def test_server_answers_sent_otherwise_are_not_mixed_with_this_runs(target, tmp_
         assert out.read_bytes() == before
         out.unlink()
         answered(out, backend="openai", model="m", base_url="http://old/v1")  # no `sent`
-        backend.answer = Echo().answer
+        backend.one = lambda messages: Answer("ok", 1, "stop")  # the window asks by `one`
         stats = regenerate(asks(2), out, backend, target.tokenizer, CFG, False, lambda s: None)
         assert stats["done_before"] == 1 and stats["answered"] == 1
     finally:

@@ -6,7 +6,9 @@ Each finished conversation is appended to the output JSONL with `meta.prompt_id`
 engine's also the `ids` it decoded, which capture trains on in place of the text's tokens);
 a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
 skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
-template refuses (roles it does not take) is skipped. Each is counted. A ctrl-C stops at once:
+template refuses (roles it does not take) is skipped. Each is counted. The engine answers a
+chunk at a time; a server --concurrency conversations at a time, the next begun as one ends
+(`_Window`), written in input order a chunk at a time all the same. A ctrl-C stops at once:
 the chunks written are kept, a server's requests in flight abandoned, and a rerun resumes.
 A chunk none of whose requests reached the server (connection errors, timeouts) stops the run
 with one error where later chunks remain, rather than asking each of them in vain.
@@ -23,8 +25,9 @@ import random
 import re
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -695,47 +698,182 @@ def regenerate(
     make_folder(out.parent)
     append_whole(out, b"", f"it keeps the {stats['done_before']} conversations answered "
                  "before; a rerun resumes after them")
-    # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
-    # before are not written, and must not shift a resumed run's chunks
+    job = _Job(out, backend, tokenizer, cfg, count, info, stats, bar, say)
     try:  # closed before an error is told: on a terminal it ran on from the bar
-        for c in range(0, len(convs), step):
-            chunk = [x for x in convs[c : c + step] if x.id not in done]
-            if not chunk:
-                continue
-            torch.manual_seed(cfg.seed * 1_000_003 + c)
-            redone = 0 if cut is None else stats["redone"]
-            there = stats["done_before"] + stats["answered"] + redone
-            kept = f"the {there} conversations answered before"
-            try:
-                recs, unreached, slowed = _answer_chunk(chunk, backend, tokenizer, cfg, count,
-                                                        info, stats)
-                # the server is gone: each later chunk would fail alike (counted only then: a
-                # scan of the rest every chunk was quadratic in the prompts)
-                if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
-                    raise DraftsmithError(gone(backend, unreached, left, slowed))
-            except DraftsmithError as e:
-                raise DraftsmithError(f"{e} ({out} keeps {kept}; a rerun resumes after them)"
-                                      ) from None
-            except KeyboardInterrupt:  # the chunk's answers so far are dropped, not waited for
-                bar.close()
-                say(f"regenerate: stopped (ctrl-C): {out} keeps {kept}; a rerun resumes after "
-                    "them")
-                raise
-            if isinstance(backend, EngineBackend):
-                for rec in recs:  # the prompts it was asked with: a larger input redoes it
-                    rec["meta"]["chunk"] = [c, len(convs[c : c + step])]
-            if cut is not None:
-                records, cut = cut_records(out, records, cut), None
-            # one write: a kill or a full disk keeps a chunk whole or not at all (a part would
-            # be resumed in a smaller batch, sampled otherwise)
-            append_whole(out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
-                                      for rec in mark_write(recs)).encode(),
-                         f"it keeps {kept}; a rerun resumes after them")
-            bar.update(len(chunk))
+        if isinstance(backend, OpenAIBackend):
+            _Window(job, convs, done, step).run()
+        else:
+            _answer_chunks(job, convs, done, step, records, cut)
     finally:
         bar.close()
     say("regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()))
     return stats
+
+
+@dataclass
+class _Job:
+    """What the answering of a run shares: where it writes, who answers how, and its counts."""
+
+    out: Path
+    backend: Any
+    tok: Any
+    cfg: RegenConfig
+    count: Callable[[Messages], int]
+    info: dict[str, Any]
+    stats: dict[str, int]
+    bar: Any
+    say: Callable[[str], None]
+
+    def kept(self, written: int) -> str:
+        return f"the {self.stats['done_before'] + written} conversations answered before"
+
+    def append(self, recs: list[dict], written: int) -> None:
+        """One write: a kill or a full disk keeps a chunk whole or not at all (a part would be
+        resumed in a smaller batch, sampled otherwise)."""
+        append_whole(self.out, "".join(json.dumps(rec, ensure_ascii=False) + "\n"
+                                       for rec in mark_write(recs)).encode(),
+                     f"it keeps {self.kept(written)}; a rerun resumes after them")
+
+    def stopped(self, written: int, unwritten: int = 0) -> None:
+        self.bar.close()
+        again = (f" (the {unwritten} conversations in flight or finished but not yet written "
+                 "are asked again)") if unwritten else ""
+        self.say(f"regenerate: stopped (ctrl-C): {self.out} keeps {self.kept(written)}; a "
+                 f"rerun resumes after them{again}")
+
+
+def _answer_chunks(job: _Job, convs: list[Conversation], done: set[str], step: int,
+                   records: list[tuple[int, dict[str, Any]]], cut: int | None) -> None:
+    """The engine's answers (or a backend's of `answer` alone), a chunk of `step` at a time."""
+    stats, backend = job.stats, job.backend
+    # chunks and seeds by place in `convs`, not in what is left: prompts skipped or failed
+    # before are not written, and must not shift a resumed run's chunks
+    for c in range(0, len(convs), step):
+        chunk = [x for x in convs[c : c + step] if x.id not in done]
+        if not chunk:
+            continue
+        torch.manual_seed(job.cfg.seed * 1_000_003 + c)
+        there = stats["answered"] + (0 if cut is None else stats["redone"])
+        try:
+            recs, unreached, slowed = _answer_chunk(chunk, backend, job.tok, job.cfg, job.count,
+                                                    job.info, stats)
+            # the server is gone: each later chunk would fail alike (counted only then: a
+            # scan of the rest every chunk was quadratic in the prompts)
+            if unreached and (left := sum(x.id not in done for x in convs[c + step :])):
+                raise DraftsmithError(gone(backend, unreached, left, slowed))
+        except DraftsmithError as e:
+            raise DraftsmithError(f"{e} ({job.out} keeps {job.kept(there)}; a rerun resumes "
+                                  "after them)") from None
+        except KeyboardInterrupt:  # the chunk's answers so far are dropped, not waited for
+            job.stopped(there)
+            raise
+        if isinstance(backend, EngineBackend):
+            for rec in recs:  # the prompts it was asked with: a larger input redoes it
+                rec["meta"]["chunk"] = [c, len(convs[c : c + step])]
+        if cut is not None:
+            records, cut = cut_records(job.out, records, cut), None
+        job.append(recs, there)
+        job.bar.update(len(chunk))
+
+
+# finished conversations a server's run holds for the file's order, per --concurrency: one slow
+# answer idles no slot until this many have finished after it
+BUFFERED = 4
+
+
+class _Window:
+    """A server's answers: --concurrency conversations in flight, each one's turns in turn, the
+    next begun as soon as one ends. They are written in input order, a chunk of `step` input
+    places at a time as chunked runs wrote them, so the file is theirs; at most
+    max(BUFFERED x concurrency, step) conversations are finished or in flight past the first
+    unwritten one. A whole chunk none of whose requests reached the server stops the run
+    (`gone`); while the last requests ended so, no conversation is begun."""
+
+    def __init__(self, job: _Job, convs: list[Conversation], done: set[str], step: int) -> None:
+        self.job, self.pool = job, job.backend.pool
+        self.todo = [(c, i // step) for i, c in enumerate(convs) if c.id not in done]
+        self.size = Counter(k for _, k in self.todo)
+        self.left = Counter(self.size)  # per chunk: its conversations not finished
+        self.tried = {k: [0, 0, 0] for k in self.size}  # per chunk: requests, unreached, slow
+        self.most = max(BUFFERED * job.backend.concurrency, step)
+        self.results: dict[int, dict | None] = {}  # finished, not written: place -> record
+        self.flying: dict[Future, tuple[int, Talk, Messages]] = {}
+        self.begun = self.written_to = self.written = self.streak = 0
+
+    def run(self) -> None:
+        try:
+            while self._flush() < len(self.todo):
+                self._start()
+                if not self.flying:  # paused on requests that reached no server; none left
+                    self.streak = 0
+                    continue
+                finished, _ = wait(self.flying, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    self._turned(f)
+        except KeyboardInterrupt:  # the answers not written are dropped, not waited for
+            self.job.stopped(self.written, self.begun - self.written_to)
+            raise
+        finally:
+            for f in self.flying:
+                f.cancel()
+
+    def _start(self) -> None:
+        job = self.job
+        while (not self.streak and len(self.flying) < job.backend.concurrency
+               and self.begun < len(self.todo)
+               and len(self.results) + len(self.flying) < self.most):
+            i, self.begun = self.begun, self.begun + 1
+            self._next(i, _open(self.todo[i][0], job.tok, job.cfg, job.count, job.stats))
+
+    def _next(self, i: int, talk: Talk | None) -> None:
+        """The talk's next turn asked, or the talk finished."""
+        job = self.job
+        ask = _ask(talk, job.cfg, job.count, job.stats) if talk is not None else None
+        if ask is not None:
+            self.flying[self.pool.submit(job.backend.one, ask)] = (i, talk, ask)
+            return
+        self.results[i] = _record(talk, job.stats) if talk is not None else None
+        k = self.todo[i][1]
+        self.left[k] -= 1
+        job.bar.update(1)
+        if not self.left[k]:
+            self._check_reached(k)
+
+    def _turned(self, f: Future) -> None:
+        i, talk, ask = self.flying.pop(f)
+        try:
+            ans = f.result()
+        except DraftsmithError as e:
+            raise self._error(str(e)) from None
+        tried = self.tried[self.todo[i][1]]
+        tried[0], tried[1], tried[2] = (tried[0] + 1, tried[1] + ans.unreached,
+                                        tried[2] + ans.timed_out)
+        self.streak = self.streak + 1 if ans.unreached else 0
+        _take(talk, ask, ans, self.job.tok, self.job.info, self.job.stats)
+        self._next(i, talk)
+
+    def _check_reached(self, k: int) -> None:
+        asked, unreached, slowed = self.tried[k]
+        left = len(self.todo) - self.begun + len(self.flying)
+        if asked and unreached == asked and left:
+            self._flush()
+            raise self._error(gone(self.job.backend, asked, left, slowed))
+
+    def _error(self, why: str) -> DraftsmithError:
+        return DraftsmithError(f"{why} ({self.job.out} keeps {self.job.kept(self.written)}; a "
+                               "rerun resumes after them)")
+
+    def _flush(self) -> int:
+        """Each chunk whose conversations have all finished written, in input order; the
+        places written."""
+        while self.written_to < len(self.todo) and not self.left[self.todo[self.written_to][1]]:
+            end = self.written_to + self.size[self.todo[self.written_to][1]]
+            recs = [r for i in range(self.written_to, end)
+                    if (r := self.results.pop(i)) is not None]
+            if recs:
+                self.job.append(recs, self.written)
+            self.written, self.written_to = self.written + len(recs), end
+        return self.written_to
 
 
 def retryable(stats: dict[str, int]) -> int:
@@ -924,59 +1062,91 @@ def text_tokens(tok: Any, text: str) -> int:
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+@dataclass
+class Talk:
+    """A conversation being answered: its messages so far, its user turns and its answers."""
+
+    conv: Conversation
+    msgs: Messages
+    users: list[str]
+    answers: list[dict] = dataclasses.field(default_factory=list)
+    failed: bool = False
+    ended: bool = False  # its next turn no longer fits
+
+
+def _open(conv: Conversation, tok: Any, cfg: RegenConfig, count: Callable[[Messages], int],
+          stats: dict[str, int]) -> Talk | None:
+    """The conversation its first prompt fitted, or None where it is skipped (counted)."""
+    try:
+        fitted = fit_prompt(tok, conv, cfg.prompt_limit, cfg.too_long, count)
+    except DraftsmithError as e:  # one conversation's roles, not the run: a rerun would
+        _refused(conv, e, stats)  # stop at it again
+        return None
+    if fitted is None:
+        stats["skipped_too_long"] += 1
+        return None
+    stats["truncated"] += fitted is not conv
+    return Talk(conv, lead(fitted.messages), fitted.user_turns())
+
+
+def _ask(talk: Talk, cfg: RegenConfig, count: Callable[[Messages], int],
+         stats: dict[str, int]) -> Messages | None:
+    """The request for the talk's next turn; None once it is over (a turn past the limit
+    ends it there, counted)."""
+    turn = len(talk.answers)
+    if talk.failed or talk.ended or turn >= len(talk.users):
+        return None
+    ask = talk.msgs + [{"role": "user", "content": talk.users[turn]}]
+    if turn and count(ask) > cfg.prompt_limit:
+        stats["turns_cut"] += 1
+        talk.ended = True
+        return None
+    return ask
+
+
+def _take(talk: Talk, ask: Messages, ans: Answer, tok: Any, info: dict[str, Any],
+          stats: dict[str, int]) -> None:
+    """The answer to `ask` kept in `talk`, or the talk failed (counted and warned)."""
+    if ans.finish.startswith("error"):
+        talk.failed = True
+        stats["failed"] += 1
+        stats["refused_by_server"] += ans.lasting
+        stats["timed_out"] += ans.timed_out
+        tell(f"draftsmith: warning: prompt {talk.conv.id}: {ans.finish}")
+        return
+    turn = len(talk.answers)
+    talk.msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
+    tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
+    talk.answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish}
+                        | ({"ids": ans.ids} if ans.ids is not None else {})
+                        | ({"refused": list(ans.refused)} if ans.refused else {}))
+    stats["answer_tokens"] += tokens
+    stats["answers_at_max_new"] += ans.finish == "length"
+
+
+def _record(talk: Talk, stats: dict[str, int]) -> dict | None:
+    """The finished talk's record; None where it failed or has no answer."""
+    if talk.failed or not talk.answers:
+        return None
+    stats["answered"] += 1
+    return Conversation(talk.msgs, meta={"prompt_id": talk.conv.id,
+                                         "answers": talk.answers}).to_json()
+
+
 def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
                   stats) -> tuple[list[dict], int, int]:
     """The chunk's records, its requests' count where none reached the server (else 0), and
     how many of those timed out with the server connected (`slow`)."""
-    live: list[tuple[Conversation, Messages, list[str], list[dict]]] = []
-    for conv in chunk:
-        try:
-            fitted = fit_prompt(tok, conv, cfg.prompt_limit, cfg.too_long, count)
-        except DraftsmithError as e:  # one conversation's roles, not the run: a rerun would
-            _refused(conv, e, stats)  # stop at it again
-            continue
-        if fitted is None:
-            stats["skipped_too_long"] += 1
-            continue
-        stats["truncated"] += fitted is not conv
-        live.append((conv, lead(fitted.messages), fitted.user_turns(), []))
-    failed: set[str] = set()
+    live = [t for conv in chunk if (t := _open(conv, tok, cfg, count, stats)) is not None]
     asked = unreached = timed_out = 0
-    for turn in range(max((len(u) for _, _, u, _ in live), default=0)):
-        active = []
-        for conv, msgs, users, answers in live:
-            if turn >= len(users) or len(answers) < turn or conv.id in failed:
-                continue
-            ask = msgs + [{"role": "user", "content": users[turn]}]
-            if turn and count(ask) > cfg.prompt_limit:
-                stats["turns_cut"] += 1
-                continue
-            active.append((conv, msgs, ask, answers))
-        got = backend.answer([a[2] for a in active]) if active else []
+    for _ in range(max((len(t.users) for t in live), default=0)):
+        active = [(t, a) for t in live if (a := _ask(t, cfg, count, stats)) is not None]
+        got = backend.answer([a for _, a in active]) if active else []
         asked, unreached = asked + len(got), unreached + sum(a.unreached for a in got)
         timed_out += sum(a.timed_out for a in got)
-        for (conv, msgs, ask, answers), ans in zip(active, got, strict=True):
-            if ans.finish.startswith("error"):
-                failed.add(conv.id)
-                stats["failed"] += 1
-                stats["refused_by_server"] += ans.lasting
-                stats["timed_out"] += ans.timed_out
-                tell(f"draftsmith: warning: prompt {conv.id}: {ans.finish}")
-                continue
-            msgs[:] = ask + [{"role": "assistant", "content": ans.text}]
-            tokens = ans.tokens if ans.tokens is not None else text_tokens(tok, ans.text)
-            answers.append({"turn": turn, **info, "tokens": tokens, "finish": ans.finish}
-                           | ({"ids": ans.ids} if ans.ids is not None else {})
-                           | ({"refused": list(ans.refused)} if ans.refused else {}))
-            stats["answer_tokens"] += tokens
-            stats["answers_at_max_new"] += ans.finish == "length"
-    recs = []
-    for conv, msgs, _, answers in live:
-        if conv.id in failed or not answers:
-            continue
-        meta = {"prompt_id": conv.id, "answers": answers}
-        recs.append(Conversation(msgs, meta=meta).to_json())
-        stats["answered"] += 1
+        for (talk, ask), ans in zip(active, got, strict=True):
+            _take(talk, ask, ans, tok, info, stats)
+    recs = [r for t in live if (r := _record(t, stats)) is not None]
     return recs, (asked if unreached == asked else 0), timed_out
 
 
