@@ -5,8 +5,6 @@ one's "off" value still passes. Through the real `openai` client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,18 +13,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from test_serve import engine, live, tiny_dir  # noqa: E402
+from test_serve import engine, tiny_dir  # noqa: E402
+from test_serve_review13 import MSG, srv  # noqa: E402
 
-from draftsmith.serve.engine import ServeEngine  # noqa: E402
-
-__all__ = ["engine", "tiny_dir"]  # fixtures
-MSG = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def srv(engine: ServeEngine, tiny_dir: Path) -> Iterator[dict]:
-    with live(engine, str(tiny_dir)) as s:
-        yield s
+__all__ = ["engine", "srv", "tiny_dir"]  # fixtures
 
 
 def _ask(srv: dict, chat: bool, extra: dict[str, Any], stream: bool = False) -> Any:

@@ -75,16 +75,21 @@ def test_a_tune_killed_while_timing_costs_keeps_the_shapes_it_timed(tmp_path, mo
     assert not (out / PARTIAL).exists()
 
 
+def _stopped(tmp_path, monkeypatch):
+    """A tune stopped (ctrl-C) at its third cost shape: (drafter, prompts, its --out)."""
+    folder, prompts = _tiny_pair(tmp_path)
+    _fake(monkeypatch, [], stop_at=3)
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path, folder, prompts, out)
+    return folder, prompts, out
+
+
 def test_kept_cost_shapes_of_another_tune_are_refused_naming_the_file(tmp_path, monkeypatch):
     from draftsmith.errors import DraftsmithError
     from draftsmith.tune.cli import PARTIAL, run_tune
 
-    folder, prompts = _tiny_pair(tmp_path)
-    timed: list[str] = []
-    _fake(monkeypatch, timed, stop_at=3)
-    out = tmp_path / "stopped"
-    with pytest.raises(KeyboardInterrupt):
-        _tune(tmp_path, folder, prompts, out)
+    folder, prompts, out = _stopped(tmp_path, monkeypatch)
     with pytest.raises(DraftsmithError, match=f"{PARTIAL} holds what another tune.*max_draft"):
         run_tune(tmp_path / "d", str(folder), prompts, [1, 2], 2, 4, 1, "cpu", torch.float32,
                  False, out, max_topk=2, max_draft=3)
@@ -94,12 +99,7 @@ def test_damaged_kept_cost_shapes_are_refused_before_loading(tmp_path, monkeypat
     from draftsmith.errors import DraftsmithError
     from draftsmith.tune.cli import PARTIAL
 
-    folder, prompts = _tiny_pair(tmp_path)
-    timed: list[str] = []
-    _fake(monkeypatch, timed, stop_at=3)
-    out = tmp_path / "stopped"
-    with pytest.raises(KeyboardInterrupt):
-        _tune(tmp_path, folder, prompts, out)
+    folder, prompts, out = _stopped(tmp_path, monkeypatch)
     data = json.loads((out / PARTIAL).read_text())
     data["cost_shapes"] = {"verify batch 1, 1 tokens": "fast"}
     (out / PARTIAL).write_text(json.dumps(data))
