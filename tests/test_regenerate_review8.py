@@ -227,3 +227,18 @@ def test_a_prompts_warning_is_a_line_of_its_own_beside_the_bar(target, tmp_path:
     assert stats["failed"] == 1 and "conv/s]" in err, err
     at = err.index("draftsmith: warning: prompt")
     assert err[at - 1] in "\r\n", repr(err[at - 80 : at + 30])
+
+
+def test_the_closing_line_names_failure_kinds_only_where_some_failed() -> None:
+    """It read "answered again in their grown chunk 0, ... failed 0, of them refused (a rerun
+    gets the same) 0, of them timed out 0" after every run that failed nothing."""
+    from draftsmith.data.regenerate import closing_line
+
+    clean = {"done_before": 0, "answered": 3, "redone": 0, "failed": 0, "refused_by_server": 0,
+             "timed_out": 0}
+    line = closing_line(clean)
+    assert line == "regenerate: done_before 0, answered 3, failed 0", line
+    failed = {**clean, "redone": 2, "failed": 1, "refused_by_server": 1}
+    assert closing_line(failed) == (
+        "regenerate: done_before 0, answered 3, answered again in their grown chunk 2, failed 1, "
+        "of them refused (a rerun gets the same) 1, of them timed out 0")

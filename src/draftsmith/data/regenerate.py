@@ -706,7 +706,7 @@ def regenerate(
             _answer_chunks(job, convs, done, step, records, cut)
     finally:
         bar.close()
-    say("regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()))
+    say(closing_line(stats))
     return stats
 
 
@@ -903,6 +903,16 @@ WORDS = {"truncated": "prompts truncated", "redone": "answered again in their gr
          "timed_out": "of them timed out",
          "answers_at_max_new":
          "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
+
+
+def closing_line(stats: dict[str, int]) -> str:
+    """The run's figures in one line; the failures' "of them" counts only where some failed,
+    and the grown chunk's only where one was answered again."""
+    quiet = {"refused_by_server", "timed_out"} if not stats.get("failed") else set()
+    if not stats.get("redone"):
+        quiet.add("redone")
+    return "regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()
+                                      if k not in quiet)
 
 
 def sampling_words(cfg: RegenConfig) -> str:
