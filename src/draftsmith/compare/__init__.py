@@ -355,7 +355,8 @@ def _recorded_layers(d: Description) -> int | None:
 
 def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[str, Any]:
     from draftsmith.bench.suites import prompt_ids, suite_label, suite_messages
-    from draftsmith.compare.speed import measure, stderr_line
+    from draftsmith.compare.speed import measure
+    from draftsmith.data.progress import stderr_line
     from draftsmith.engine.generate import check_positions
 
     # bench's prompts, system message kept: a CPU compare predicts a GPU bench's acceptance;
@@ -377,7 +378,7 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
 
 
 def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
-    from draftsmith.compare.speed import stderr_line
+    from draftsmith.data.progress import stderr_line
     from draftsmith.doctor.artifacts import load_noted
 
     stderr_line(f"compare: loading drafter {d.label}")

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from contextlib import closing
 from typing import Any
 
 import torch
 
+from draftsmith.data.progress import stderr_line
 from draftsmith.errors import DraftsmithError
 
 BASELINE = "the target alone"
-
-
-def stderr_line(line: str) -> None:
-    """A progress line on stderr (stdout is the tables' or --json's)."""
-    print(line, file=sys.stderr, flush=True)
-
-
-def _running(bar: Any, text: str) -> None:
-    """The run starting: beside the bar on a terminal, a line of its own off one."""
-    if bar.lines:
-        bar.say(f"{bar.desc}: {text}")
-    else:
-        bar.status(text)
 
 
 def _finish(runs: list[Any]) -> dict[str, Any]:
@@ -74,7 +61,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     with load.watching() as machine, closing(bar):  # other work on the cores skews tok/s
         for i, p in enumerate(prompts):
             for k in order[i % len(order):] + order[:i % len(order)]:
-                _running(bar, f"prompt {i + 1}/{len(prompts)}: {k or BASELINE}")
+                bar.announce(f"prompt {i + 1}/{len(prompts)}: {k or BASELINE}")
                 with load.timed():
                     r = run_generation(base_rt, [p], max_new, eos_ids=eos) if k is None \
                         else decs[k].generate([p], max_new, eos)

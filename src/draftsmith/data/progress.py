@@ -14,6 +14,11 @@ EVERY_S = 30.0  # off a terminal: the most often a line is written
 BEAT_S = 5.0  # a long step's time so far is told this often (off a terminal: EVERY_S at most)
 
 
+def stderr_line(line: str) -> None:
+    """A progress line on stderr, where stdout carries a command's tables or JSON."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def on_terminal() -> bool:
     isatty = getattr(sys.stderr, "isatty", None)
     return bool(isatty and isatty())
@@ -48,6 +53,14 @@ class Progress:
         if self.lines and (self.told is None or now - self.told >= self.every):
             self.say(f"{self.desc}: {text}")
             self.told = now
+
+    def announce(self, text: str) -> None:
+        """A step beginning: beside the bar on a terminal, a line of its own off one (where
+        `status` would say one every `every` seconds at most)."""
+        if self.lines:
+            self.say(f"{self.desc}: {text}")
+        else:
+            self.status(text)
 
     @contextmanager
     def beating(self, text: str, beat: float | None = None) -> Iterator[None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from draftsmith.data.progress import stderr_line
 from draftsmith.doctor import behaviour, checks, verdict, wiring
 from draftsmith.doctor.artifacts import DrafterInfo, load_noted, read_checked
 from draftsmith.doctor.engines import engine_name
@@ -327,7 +327,7 @@ def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: 
 
 def say(line: str) -> None:
     """A progress line on stderr (stdout is the report's, or --json's)."""
-    print(f"doctor: {line}", file=sys.stderr, flush=True)
+    stderr_line(f"doctor: {line}")
 
 
 @contextmanager
@@ -354,7 +354,7 @@ def _run_progress(opts: DoctorOptions, prompts: int, sets: int) -> Progress | No
     say(f"short speculative run: {_n(prompts, 'prompt')} x {opts.max_new} new tokens, "
         f"{_n(sets, 'layer set')} (--no-run skips it)")
     return Progress(prompts * sets, 0, "prompt", "doctor", True,
-                    lambda line: print(line, file=sys.stderr, flush=True), every=0.0)
+                    stderr_line, every=0.0)
 
 
 def _n(k: int, word: str) -> str:
