@@ -86,7 +86,7 @@ def make_dataset(
     at_least_one({"--n": n, "--batch-size": batch_size, "--max-len": max_len,
                   "--max-new-tokens": max_new_tokens, "--prompt-tokens": prompt_tokens,
                   "--vocab-size": vocab_size})
-    check_sampling(temperature, 0.95)  # before the prompts' minutes, as RegenConfig's
+    check_sampling(temperature, 0.95)  # NaN passed RegenConfig's check
     check_seed(seed)
     check_folder(out)
     check_not_a_model(out)

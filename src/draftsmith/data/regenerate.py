@@ -47,7 +47,7 @@ from draftsmith.data.prompts import (
     write_cut,
 )
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import at_least_one, check_sampling, redacted_url
+from draftsmith.options import at_least_one, redacted_url
 
 Messages = list[dict[str, str]]
 # With refill the engine takes this many batches' prompts at once (the records of a chunk are
@@ -104,7 +104,12 @@ class RegenConfig:
                 f"--max-new-tokens {self.max_new_tokens} leaves no room for a prompt in "
                 f"--max-len {self.max_len}"
             )
-        check_sampling(self.temperature, self.top_p, self.top_k)
+        if not math.isfinite(self.temperature) or self.temperature < 0 or not 0 < self.top_p <= 1 \
+                or self.top_k < 0:  # NaN passed `< 0`
+            raise DraftsmithError(
+                f"sampling: --temperature ({self.temperature}) must be a finite number >= 0, "
+                f"--top-k ({self.top_k}) >= 0, --top-p ({self.top_p}) in (0, 1]"
+            )
 
     @property
     def prompt_limit(self) -> int:
