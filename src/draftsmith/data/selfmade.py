@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -241,8 +243,6 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
             cut: int | None, bar: Any, rounds: range) -> int | None:
     """Decode and append rounds until `cfg.n` prompts are kept or `rounds` run out; returns
     the cut round's start still to replace (None: none)."""
-    from draftsmith.engine.generate import run_generation
-
     starts, opens, stops, params, closing = how
     which = openings_id(cfg.openings)
     for round_ in rounds:
@@ -252,10 +252,9 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
         torch.manual_seed((cfg.seed * 1_000_003 + stats["kept"] * 1009 + round_) % (1 << 64))
         pick = [(round_ * cfg.batch_size + i) % len(opens)
                 for i in range(_rows(cfg))]
-        with bar.beating(f"round {round_ + 1}: decoding {len(pick)} rows x up to "
-                         f"{cfg.max_new_tokens} tokens"):
-            gen = run_generation(rt, [starts[k] for k in pick], cfg.max_new_tokens, params,
-                                 stops)
+        gen = _decode(rt, [starts[k] for k in pick], cfg.max_new_tokens, (params, stops), bar,
+                      f"round {round_ + 1}: decoding {len(pick)} rows x up to "
+                      f"{cfg.max_new_tokens} tokens")
         made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
             got = _one(target, toks, cfg, seen, stats, opens[k], starts[k], closing)
@@ -281,6 +280,45 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
             bar.update(len(made))  # a round's prompts at once: one by one, an off-terminal
             # line fired on the first of them projected the whole run from one prompt
     return cut
+
+
+def _decode(rt: Any, prompts: list[list[int]], max_new: int, how: tuple, bar: Any,
+            head: str) -> Any:
+    """One round's `run_generation`, its status beating (time so far) until the decode steps
+    tell their own progress: tokens written and rows finished, then only those (the beat's
+    text would hide them). Progress off: no hook, so no count is read from the device."""
+    from draftsmith.data.progress import _span
+    from draftsmith.engine import generate
+
+    params, stops = how
+    with ExitStack() as beat:
+        beat.enter_context(bar.beating(head))
+        if not bar.shown:
+            return generate.run_generation(rt, prompts, max_new, params, stops)
+        start, tally = time.perf_counter(), _Tally(len(prompts))
+
+        def on_step(steps: int, finished: int) -> None:
+            beat.close()
+            spent = _span(time.perf_counter() - start)
+            bar.status(f"{head}, {tally.add(steps, finished)} tokens written, "
+                       f"{finished}/{tally.rows} rows finished, {spent} in")
+
+        return generate.run_generation(rt, prompts, max_new, params, stops, on_step=on_step)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A round's tokens written (eos not counted) as its decode steps tell them: each step, the
+    rows still running wrote one each (the prefill their first). A row that finished between
+    two tellings is counted up to the one before: never more than written, and never down."""
+    rows: int
+    steps: int = -1  # before the prefill's token
+    tokens: int = 0
+
+    def add(self, steps: int, finished: int) -> int:
+        self.tokens += (steps - self.steps) * (self.rows - finished)
+        self.steps = steps
+        return self.tokens
 
 
 def _join_cut(out: Path, records: list[tuple[int, dict[str, Any]]], cut: int,

@@ -24,6 +24,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.llama import Transformer
 
 INT64 = 1 << 63
+STEP_EVERY = 16  # decode steps between two calls of run_generation's `on_step`
 
 
 @dataclass
@@ -152,11 +153,15 @@ def run_generation(
     max_new_tokens: int,
     params: SamplingParams | list[SamplingParams] = SamplingParams(),
     eos_ids: list[int] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> Generation:
     """params: one setting for every prompt, or one a prompt. Sampled rows draw from torch's
     global generator, one draw for the whole batch a step: seed it (`torch.manual_seed`) to
     repeat a run, and a prompt's answer repeats only in the same batch (same prompts, same
-    order, same batch size); there is no per-request seed as vLLM's."""
+    order, same batch size); there is no per-request seed as vLLM's.
+    `on_step(steps, finished)`: told every `STEP_EVERY` decode steps and once at the end, the
+    decode steps run so far (each wrote one token to every row still running; the prefill wrote
+    the first) and the rows finished (an eos written)."""
     eos = eos_list(eos_ids)
     rt = model if isinstance(model, Runtime) else _runtime_for(model, prompts, max_new_tokens)
     check_request(rt, prompts, max_new_tokens, eos)
@@ -169,18 +174,31 @@ def run_generation(
     t1 = time.perf_counter()
     late, host = LateFlag(state.all_done), make_clock()
     late.seen()  # the first token's flag
-    for _ in range(1, max_new_tokens):
+    i, told = 0, -1  # the last step told: the end is told once, whatever it is
+    for i in range(1, max_new_tokens):
         host.start()
         step()
         host.lap("launch")
+        if on_step is not None and i % STEP_EVERY == 0:
+            told = _tell(on_step, i, state)
         done = eos and late.seen()  # done before this step, which then changed no output
         host.lap("wait")
         if done:
             break
+    if on_step is not None and told != i:
+        _tell(on_step, i, state)
     sync(rt)
     t2 = time.perf_counter()
     return Generation(_trim(state.out[:, :max_new_tokens].tolist(), eos), t1 - t0, t2 - t1,
                       host.summary())
+
+
+def _tell(on_step: Callable[[int, int], None], steps: int, state: DecodeState) -> int:
+    """on_step(steps, rows finished): reading the count is one small device->host copy that
+    waits for the steps queued (the loop's done flag is read a step late and never waits), so
+    it is read only every STEP_EVERY steps."""
+    on_step(steps, int(state.done.sum()))
+    return steps
 
 
 def check_request(rt: Runtime, prompts: list[list[int]], max_new: int,
