@@ -800,15 +800,26 @@ def test_top_k_chunked_equals_torch_topk():
     tied[0, [250, 5, 130]] = 1.0
     assert top_k_chunked(tied, 3, chunk=64)[1].tolist() == [[5, 130, 250]]
     assert torch.equal(top_k_chunked(tied, 5, chunk=64)[1], top_k_by_max(tied, 5)[1])
-    x = torch.randn(3, 4, 1000, generator=g) * 8
-    got = torch.compile(top_k_chunked, fullgraph=True)(x, 4, 128)  # as the compiled engine runs it
+    check_lse(top_k_chunked, torch.randn(3, 4, 1000, generator=g) * 8)
+
+
+@pytest.mark.slow  # two CPU compiles (~6 s)
+def test_top_k_chunked_compiled_equals_torch_topk():
+    """Compiled as the engine runs it, top_k_chunked still picks torch.topk's and its lse."""
+    from draftsmith.engine.tree import top_k_chunked
+
+    x = torch.randn(3, 4, 1000, generator=torch.Generator().manual_seed(2)) * 8
+    got = torch.compile(top_k_chunked, fullgraph=True)(x, 4, 128)
     ref = x.topk(4, dim=-1)
     assert torch.equal(got[0], ref.values) and torch.equal(got[1], ref.indices)
-    for fn in (top_k_chunked, torch.compile(top_k_chunked, fullgraph=True)):
-        for v in (1000, 768, 200):  # padded, whole slices, one stage (too short to chunk)
-            *top, lse = fn(x[..., :v], 4, 128, True)
-            assert torch.allclose(lse, x[..., :v].logsumexp(-1, keepdim=True), atol=1e-5), v
-            assert torch.equal(top[1], x[..., :v].topk(4, dim=-1).indices)
+    check_lse(torch.compile(top_k_chunked, fullgraph=True), x)
+
+
+def check_lse(fn, x: torch.Tensor) -> None:
+    for v in (1000, 768, 200):  # padded, whole slices, one stage (too short to chunk)
+        *top, lse = fn(x[..., :v], 4, 128, True)
+        assert torch.allclose(lse, x[..., :v].logsumexp(-1, keepdim=True), atol=1e-5), v
+        assert torch.equal(top[1], x[..., :v].topk(4, dim=-1).indices)
 
 
 def assert_same_trees_each_cycle(a_dec, b_dec, before, after=lambda: None) -> None:

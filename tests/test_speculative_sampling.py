@@ -363,6 +363,7 @@ def test_sampling_that_keeps_one_token_decodes_as_greedy(steps, topk, n, drafts,
         assert res.accept_hist == greedy.accept_hist
 
 
+@pytest.mark.slow  # compiles the fused phases on CPU (~12-29 s)
 def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
     """Under topk, a sampled tree runs greedy's fused draft, accept and extend (compiled here on
     CPU, as a compiled engine runs them): at top_k 1 they decode and accept as greedy's do, and
@@ -386,6 +387,7 @@ def test_greedys_fused_phases_serve_sampled_trees(monkeypatch):
     assert left_greedy(rt, same, first.tokens)  # draws past the prefill's, not the argmax
 
 
+@pytest.mark.slow  # compiles the fused phases on CPU (~12-29 s)
 def test_every_temperature_shares_one_compiled_accept(monkeypatch):
     """The fused accept draws at a temperature held as a tensor: a second temperature (a server's
     next request) reuses the compiled accept instead of compiling another."""

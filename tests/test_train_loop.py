@@ -350,6 +350,7 @@ def test_profiled_steps_write_phases_and_change_nothing(setup):
     assert not (root / "plain" / "profile.json").exists()
 
 
+@pytest.mark.slow  # compiles the loss on CPU (~13 s); test_train_ttt checks compiled = eager
 def test_compiled_loss_trains_the_same_run(setup, monkeypatch):
     """--compile-loss changes how the loss is computed, not the run: the same losses,
     accuracies and gradient norms step by step (float rounding aside)."""
