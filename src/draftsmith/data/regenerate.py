@@ -154,7 +154,7 @@ PASSING = (408, 409)
 class Answer:
     text: str
     tokens: int | None  # None: the reply did not say (no `usage`)
-    finish: str  # "stop" | "length" | "error: ..."
+    finish: str  # "stop" | "length" | UNKNOWN | "error: ..." (or a server's other reason)
     ids: list[int] | None = None  # the ids the target decoded (stop id excluded), where known
     unreached: bool = False  # no server answered it: connection errors or timeouts, each retry
     lasting: bool = False  # a refusal a rerun gets again (an HTTP 4xx, a reply with no text)
@@ -343,7 +343,7 @@ class OpenAIBackend:
                               lasting=e.status_code < 500 and e.status_code not in PASSING)
             else:
                 self.reached = True
-                answer = reply(r, self.model_name, self.tokenizer)
+                answer = reply(r, self.model_name, self.tokenizer, self.cfg.max_new_tokens)
                 if answer.foreign_ids:
                     self._say_foreign_ids()
                 answer.refused = tuple(sorted(set(server_sampling(self.cfg)) - set(self.extras)))
@@ -538,13 +538,17 @@ def server_sampling(cfg: RegenConfig) -> dict[str, Any]:
 # max_tokens (vLLM's "abort" for a request it dropped, "error"; a proxy's "content_filter"):
 # kept, its partial text would train the end of turn that capture closes it with
 UNFINISHED = ("abort", "error", "content_filter", "cancelled")
+# the finish recorded for a reply with a null or no finish_reason whose answer did not reach
+# max_tokens (`finish_of`): not counted a clean stop; capture closes it as a whole turn
+UNKNOWN = "unknown"
 
 
-def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
+def reply(r: Any, asked: str = "", tok: Any = None, most: int | None = None) -> Answer:
     """The Answer in a chat completion; a failed one for a reply with none (a proxy's HTML page,
     an error object sent with status 200), which is counted and retried by a rerun. A reply
     that names another model than `asked` stops the run: a router's fallback or an alias
-    answered, and its answers would be recorded as the target's."""
+    answered, and its answers would be recorded as the target's. `most`: the max_tokens asked,
+    by which a reply without a finish reason is told cut (`finish_of`)."""
     served = getattr(r, "model", None)
     if asked and isinstance(served, str) and served and served != asked:
         raise DraftsmithError(
@@ -561,7 +565,8 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
             "the server returns the answer's reasoning apart from its text (it runs a reasoning "
             "parser): the drafter must learn all the target writes; serve it without one")
     used = getattr(getattr(r, "usage", None), "completion_tokens", None)
-    finish = choices[0].finish_reason or "stop"
+    raw_ids = getattr(choices[0], "token_ids", None)
+    finish = finish_of(getattr(choices[0], "finish_reason", None), used, raw_ids, most)
     if finish in UNFINISHED:
         return Answer("", 0, f"error: the server cut the answer off (finish_reason {finish!r}): "
                              "not kept as an answer, a rerun asks again")
@@ -573,15 +578,26 @@ def reply(r: Any, asked: str = "", tok: Any = None) -> Answer:
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
                              f"{finish}): not kept as an answer", lasting=True)
     text = message.content.strip()
-    ids = served_ids(getattr(choices[0], "token_ids", None), finish, tok)
+    ids = served_ids(raw_ids, finish, tok)
     foreign = ids is not None and not _spells(tok, ids, text)
     return Answer(text, used if isinstance(used, int) else None, finish,
                   None if foreign else ids, foreign_ids=foreign)
 
 
+def finish_of(said: Any, used: Any, ids: Any, most: int | None) -> str:
+    """The finish reason the server gave; where it gave none (null or absent), "length" for an
+    answer of `most` tokens or more by the server's own count (`usage`, else its ids), as the
+    engine tells a cut answer, else `UNKNOWN`: a "stop" it did not say."""
+    if isinstance(said, str) and said:
+        return said
+    count = used if isinstance(used, int) else len(ids) if isinstance(ids, list) else None
+    return "length" if most is not None and count is not None and count >= most else UNKNOWN
+
+
 def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list[int] | None:
     """The ids a server decoded for an answer (vLLM's `return_token_ids`), as the engine records
-    them: without the special token that stopped it (vLLM's end with it, the engine's do not).
+    them: without the special token that stopped it (vLLM's end with it, the engine's do not;
+    one that ends an answer of `UNKNOWN` finish, short of max_tokens, most likely stopped it).
     None for a server that sends none, no tokenizer to read them with, or (`text` given) ids
     that do not decode to the answer's text with it: another model's vocabulary (the default
     tokenizer, a --model other than the target), whose stop token `_special` cannot tell and
@@ -589,7 +605,7 @@ def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list
     if tok is None or not isinstance(ids, list) or not all(type(t) is int and t >= 0
                                                            for t in ids):
         return None
-    if finish == "stop" and ids and _special(tok, ids[-1]):
+    if finish in ("stop", UNKNOWN) and ids and _special(tok, ids[-1]):
         ids = ids[:-1]
     if text is not None and not _spells(tok, ids, text.strip()):
         return None
@@ -689,7 +705,7 @@ def regenerate(
              "redone": len(records) - cut if cut is not None else 0, "skipped_too_long": 0,
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
              "refused_by_server": 0, "timed_out": 0, "answer_tokens": 0,
-             "answers_at_max_new": 0}
+             "answers_at_max_new": 0, "finish_unknown": 0}
     count = _counter(tokenizer)
     if todo:
         say(f"regenerate: {len(todo)} conversations to answer, {sampling_words(cfg)}, at most "
@@ -828,7 +844,10 @@ class _Window:
     def _next(self, i: int, talk: Talk | None) -> None:
         """The talk's next turn asked, or the talk finished."""
         job = self.job
-        ask = _ask(talk, job.cfg, job.count, job.stats) if talk is not None else None
+        try:  # the chat template may refuse a later turn: the run stops, as a chunk's does
+            ask = _ask(talk, job.cfg, job.count, job.stats) if talk is not None else None
+        except DraftsmithError as e:
+            raise self._error(str(e)) from None
         if ask is not None:
             self.flying[self.pool.submit(job.backend.one, ask)] = (i, talk, ask)
             return
@@ -860,6 +879,8 @@ class _Window:
             raise self._error(gone(self.job.backend, asked, left, slowed))
 
     def _error(self, why: str) -> DraftsmithError:
+        """`why`, naming what the file keeps: each chunk finished before it, written first."""
+        self._flush()
         return DraftsmithError(f"{why} ({self.job.out} keeps {self.job.kept(self.written)}; a "
                                "rerun resumes after them)")
 
@@ -902,15 +923,16 @@ WORDS = {"truncated": "prompts truncated", "redone": "answered again in their gr
          "refused_by_server": "of them refused (a rerun gets the same)",
          "timed_out": "of them timed out",
          "answers_at_max_new":
-         "answered ones cut at --max-new-tokens"}  # this run's: done_before's are not counted
+         "answered ones cut at --max-new-tokens",  # this run's: done_before's are not counted
+         "finish_unknown": "answers without a finish reason"}
 
 
 def closing_line(stats: dict[str, int]) -> str:
     """The run's figures in one line; the failures' "of them" counts only where some failed,
-    and the grown chunk's only where one was answered again."""
+    the grown chunk's only where one was answered again, and the answers without a finish
+    reason only where some came."""
     quiet = {"refused_by_server", "timed_out"} if not stats.get("failed") else set()
-    if not stats.get("redone"):
-        quiet.add("redone")
+    quiet |= {k for k in ("redone", "finish_unknown") if not stats.get(k)}
     return "regenerate: " + ", ".join(f"{WORDS.get(k, k)} {v}" for k, v in stats.items()
                                       if k not in quiet)
 
@@ -1132,6 +1154,7 @@ def _take(talk: Talk, ask: Messages, ans: Answer, tok: Any, info: dict[str, Any]
                         | ({"refused": list(ans.refused)} if ans.refused else {}))
     stats["answer_tokens"] += tokens
     stats["answers_at_max_new"] += ans.finish == "length"
+    stats["finish_unknown"] += ans.finish == UNKNOWN
 
 
 def _record(talk: Talk, stats: dict[str, int]) -> dict | None:
