@@ -16,6 +16,9 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    # SGLang's top-nσ (its PR #2192, llama.cpp's too): keep the tokens whose tempered logit is
+    # within n standard deviations of the row's largest; 0 or llama.cpp's -1: off (held as 0)
+    top_n_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         # NaN passes every comparison below and samples token 0 forever; an infinite temperature
@@ -30,6 +33,12 @@ class SamplingParams:
             raise DraftsmithError(f"top_k must be a whole number, got {self.top_k!r}")
         if self.top_k < 0:
             raise DraftsmithError(f"top_k must be >= 0, got {self.top_k}")
+        n = self.top_n_sigma
+        if not _real(n) or not math.isfinite(n) or (n < 0 and n != -1):
+            raise DraftsmithError(f"top_n_sigma must be a finite number >= 0 (0 or -1: off), "
+                                  f"got {n!r}")
+        if n == -1:
+            object.__setattr__(self, "top_n_sigma", 0.0)  # one setting, one key, however sent
 
     @property
     def greedy(self) -> bool:
@@ -38,12 +47,17 @@ class SamplingParams:
     @property
     def kind(self) -> str:
         """What code samples with these settings: "greedy" (argmax), "temperature" (a draw at
-        some temperature) or "filtered" (top-k or top-p too: a sort of the vocabulary). Each kind's
-        code also serves the kinds before it in KINDS (`RowSampling`): rows of any setting of
-        those share its decode graph."""
+        some temperature) or "filtered" (top-k, top-p or top-nσ too: a sort of the vocabulary).
+        Each kind's code also serves the kinds before it in KINDS (`RowSampling`): rows of any
+        setting of those share its decode graph."""
         if self.greedy:
             return "greedy"
-        return "filtered" if self.top_k or self.top_p < 1 else "temperature"
+        return "filtered" if self.filters else "temperature"
+
+    @property
+    def filters(self) -> bool:
+        """Top-k, top-p or top-nσ cut the vocabulary (`sampling.filtered`)."""
+        return bool(self.top_k or self.top_p < 1 or self.top_n_sigma > 0)
 
 
 def _real(x: object) -> bool:

@@ -1,4 +1,4 @@
-"""On-device sampling with no host sync: greedy, temperature, top-k, top-p.
+"""On-device sampling with no host sync: greedy, temperature, top-k, top-p, top-nσ.
 
 Sampling uses the exponential trick, argmax(p / E) with E ~ Exponential(1), which draws from p
 without a cumulative sum or a sync and is CUDA-graph safe.
@@ -18,10 +18,11 @@ from draftsmith.errors import DraftsmithError
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The distribution a sampler with these settings draws from (float32, last dim)."""
     x = logits.float() / max(p.temperature, 1e-6)
-    if p.top_k or p.top_p < 1:
+    if p.filters:
         shape = (*x.shape[:-1], 1)
         x = filtered(x, torch.full(shape, p.top_k, device=x.device),
-                     torch.full(shape, p.top_p, device=x.device))
+                     torch.full(shape, p.top_p, device=x.device),
+                     torch.full(shape, p.top_n_sigma, device=x.device))
     return x.softmax(-1)
 
 
@@ -30,20 +31,33 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 # sort dominates this block anyway. One sort serves every row's k and p, so top-k alone sorts
 # too (it took torch.topk before per-row settings; not timed on a GPU since).
 @torch.compiler.disable
-def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """x with -inf outside each row's top-k (ties with the k-th kept; 0: no limit), then outside
-    the smallest set of top tokens whose probability (over what top-k kept) reaches top_p (1: no
-    limit). top_k, top_p: [..., 1], one value a row of x [..., V]."""
+def filtered(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+             n_sigma: torch.Tensor | None = None) -> torch.Tensor:
+    """x with -inf below each row's top-nσ floor, max(x) - n * std(x) over the whole row (ties
+    kept; n <= 0: none) and outside its top-k (ties with the k-th kept; 0: no limit), then outside
+    the smallest set of top tokens whose probability (over what those kept) reaches top_p (1: no
+    limit). top_k, top_p, n_sigma: [..., 1], one value a row of x [..., V] (tempered logits)."""
     sorted_x, idx = torch.sort(x, dim=-1, descending=True)
     v = x.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=v), v).long().expand(*x.shape[:-1], 1)
-    sorted_x = sorted_x.masked_fill(sorted_x < sorted_x.gather(-1, k - 1), float("-inf"))
+    cut = sorted_x.gather(-1, k - 1)
+    if n_sigma is not None:
+        cut = torch.fmax(cut, sigma_floor(x, sorted_x[..., :1], n_sigma))
+    sorted_x = sorted_x.masked_fill(sorted_x < cut, float("-inf"))
     sp = sorted_x.softmax(-1)
     # a token goes once the tokens above it reach top_p (ties at exactly top_p too, as HF's and
     # vLLM's top-p do); a row at top_p 1 drops nothing: its sum may round past 1 before the tail
     drop = (sp.cumsum(-1) - sp >= top_p) & (top_p < 1)
     drop[..., 0] = False  # the top token stays where top_p rounds to 0 in float32 (1e-50)
     return x.scatter(-1, idx, sorted_x.masked_fill(drop, float("-inf")))
+
+
+def sigma_floor(x: torch.Tensor, top: torch.Tensor, n_sigma: torch.Tensor) -> torch.Tensor:
+    """Top-nσ's floor of each row of x [..., V] (top: its max [..., 1]): top - n * std (torch's
+    std, N - 1, as the paper's code); -inf where n <= 0. A row whose std is NaN (an -inf logit,
+    one token) gets NaN, which `torch.fmax` reads as no floor."""
+    floor = top - n_sigma * x.std(-1, keepdim=True)
+    return torch.where(n_sigma > 0, floor, float("-inf"))
 
 
 # A vocabulary-long argmax in two stages: compiled as one, it was a looped reduction of one
@@ -75,15 +89,16 @@ def draw(prob: torch.Tensor, generator: torch.Generator | None = None) -> torch.
 
 class RowSampling:
     """Each row's sampling settings as device tensors: rows of `like`'s kind or a kind before it
-    (`KINDS`), at any temperature, top-p or top-k, share one decode graph, so a server batches
-    requests of different settings together instead of one batch per setting. A greedy row among
-    sampled ones (temperature 0) takes the argmax. Idle rows hold `like`."""
+    (`KINDS`), at any temperature, top-p, top-k or top-nσ, share one decode graph, so a server
+    batches requests of different settings together instead of one batch per setting. A greedy
+    row among sampled ones (temperature 0) takes the argmax. Idle rows hold `like`."""
 
     def __init__(self, rows: int, device: torch.device | str, like: SamplingParams) -> None:
         self.kind = like.kind
         self.temp = torch.full((rows,), like.temperature, device=device)
         self.top_p = torch.full((rows,), like.top_p, device=device)
         self.top_k = torch.full((rows,), like.top_k, dtype=torch.long, device=device)
+        self.n_sigma = torch.full((rows,), float(like.top_n_sigma), device=device)
 
     def set(self, idx: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         """Rows idx take these settings, one each, each of this state's kind or one before it."""
@@ -96,6 +111,7 @@ class RowSampling:
         self.temp[idx] = torch.tensor([p.temperature for p in params], device=dev)
         self.top_p[idx] = torch.tensor([p.top_p for p in params], device=dev)
         self.top_k[idx] = torch.tensor([p.top_k for p in params], device=dev)
+        self.n_sigma[idx] = torch.tensor([float(p.top_n_sigma) for p in params], device=dev)
 
     def sample(self, logits: torch.Tensor, idx: torch.Tensor | None = None,
                generator: torch.Generator | None = None) -> torch.Tensor:
@@ -108,11 +124,12 @@ class RowSampling:
 
     def probs(self, logits: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
         """The distributions the sampled rows draw from (a greedy row's: near one-hot)."""
-        t, p, k = (v if idx is None else v[idx] for v in (self.temp, self.top_p, self.top_k))
+        t, p, k, n = (v if idx is None else v[idx]
+                      for v in (self.temp, self.top_p, self.top_k, self.n_sigma))
         shape = (-1,) + (1,) * (logits.dim() - 1)
         x = logits.float() / t.clamp(min=1e-6).view(shape)
         if self.kind == "filtered":
-            x = filtered(x, k.view(shape), p.view(shape))
+            x = filtered(x, k.view(shape), p.view(shape), n.view(shape))
         return x.softmax(-1)
 
 

@@ -215,8 +215,8 @@ class SpecDecoder:
         self.ar = torch.arange(steps + 1, device=self.device)
         # set by `tune`: a tree's accepted nodes counted by depth and sibling rank, every cycle
         self.rank_counts: trees.RankCounts | None = None
-        # sampling without top-k or top-p draws the target's tokens inside the accept, at each
-        # row's temperature held as a tensor: every temperature shares the one compiled accept
+        # sampling without top-k, top-p or top-nσ draws the target's tokens inside the accept,
+        # at each row's temperature held as a tensor: every temperature shares one compiled accept
         self.accept_draws = params.kind == "temperature" and not self.drawn
         d = self.drafter.d2t
         self.hot = torch.arange(d.shape[0], device=d.device) + d
@@ -518,7 +518,7 @@ class SpecDecoder:
 
     def _accept(self, st: SpecState) -> None:
         if not self.drawn:  # greedy's drafts: sampling draws the target's tokens inside the
-            # accept, or before it under top-k or top-p, each row under its own setting
+            # accept, or before it under top-k, top-p or top-nσ, each row under its own setting
             eager = self.params.kind == "filtered"
             picks = st.sampling.sample(st.vout.logits) if eager else None
             draws = self.accept_draws

@@ -65,7 +65,8 @@ def serve(
     warm_sampling: str = typer.Option(
         "temperature", "--warm-sampling",
         help="Kinds of sampled decoding the warm-up captures besides greedy, comma-separated: "
-             "temperature (any temperature, no top-k/top-p), filtered (top-k or top-p), or "
+             "temperature (any temperature, no top-k/top-p/top-n-sigma), filtered (top-k, top-p "
+             "or top_n_sigma), or "
              "none; a kind not warmed captures its graphs on its first request (none are warmed "
              "under DRAFTSMITH_SAMPLED_DRAFTS=drawn, where each setting has its own)"),
     continuous: bool = typer.Option(True, "--continuous/--static-batches",

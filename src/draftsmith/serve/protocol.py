@@ -6,6 +6,7 @@ Plain Python, no web framework: `parse_chat` / `parse_completion` turn a decoded
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -191,7 +192,6 @@ def _unsupported(body: dict, kind: str) -> None:
         "lora_path": lambda v: v is not None,  # another model's answer
         "custom_logit_processor": lambda v: v is not None,
         # the samplers llama.cpp-style clients send (off: llama.cpp's -1, others' 0)
-        "top_n_sigma": lambda v: v not in (None, -1, 0),
         "typical_p": lambda v: v not in (None, 1),
         "mirostat": lambda v: v not in (None, 0),
         "xtc_probability": lambda v: v not in (None, 0),
@@ -232,7 +232,16 @@ def _sampling(body: dict) -> tuple[SamplingParams, int | None]:
         raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p", "invalid_value")
     top_k = _bounded(body, "top_k", int, 0, -1, 1 << 30)
     seed = _bounded(body, "seed", int, None, *SEEDS) if body.get("seed") is not None else None
-    return SamplingParams(temperature, top_p, max(top_k, 0)), seed
+    return SamplingParams(temperature, top_p, max(top_k, 0), _top_n_sigma(body)), seed
+
+
+def _top_n_sigma(body: dict) -> float:
+    """SGLang's and llama.cpp's top-nσ: n > 0, or off as 0 or llama.cpp's -1 (`SamplingParams`)."""
+    n = _get(body, "top_n_sigma", float, 0.0)
+    if not math.isfinite(n) or (n < 0 and n != -1):
+        raise ApiError(400, f"'top_n_sigma' must be a finite number >= 0, or -1 (off), got {n}",
+                       "top_n_sigma", "invalid_value")
+    return max(n, 0.0)
 
 
 def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
