@@ -307,9 +307,9 @@ def run_tune(
                                t.eos_ids)
         rows = min(max(batches), PREFILL_ROWS)  # the refills' prompt passes' widest
         costs = partial.kept_costs(was, batches, rows)
+        eng.costs = measure.CostLog(shapes := partial.kept_shapes(was),
+                                    lambda f: kept.save(cost_shapes=f), say)
         if todo := partial.missing(costs, batches):  # another --batch-sizes: the new ones
-            eng.costs = measure.CostLog(shapes := partial.kept_shapes(was),
-                                        lambda f: kept.save(cost_shapes=f), say)
             say("measuring costs ..." + (f" ({len(shapes)} shapes timed before it stopped)"
                                          if shapes else ""))
             costs = partial.joined(costs, measure.cost_table(eng, todo, ids, max_topk, max_steps,
@@ -317,7 +317,10 @@ def run_tune(
             kept.save(costs=costs.to_dict())
         refilled = refill_plan(new, batches) if refill else None
         if refill and not costs.refill:
-            console.print("measuring refills' prompt passes ...")
+            before = sum(measure.refill_key(k, rows, spec) in shapes
+                         for k, spec in measure.refill_shapes(rows))
+            say("measuring refills' prompt passes ..." + (
+                f" ({before} timed before it stopped)" if before else ""))
             base, spec = measure.refill_costs(eng, batches, ids)
             costs = dataclasses.replace(costs, refill=base, spec_refill=spec)
             kept.save(costs=costs.to_dict(), refill_rows=rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -77,7 +78,12 @@ class CostLog:
                  say: Callable[[str], None] | None = None) -> None:
         self.kept, self.figures = dict(kept or {}), dict(kept or {})
         self.save, self.say = save, say
-        self.total = self.seen = self.timed = 0
+        self.begin(0)
+
+    def begin(self, total: int) -> None:
+        """A new run of `total` shapes (the costs', then the refills' passes), counted and its
+        time left estimated on its own."""
+        self.total, self.seen, self.timed = total, 0, 0
         self.start = time.perf_counter()
 
     def take(self, key: str, fn: Callable[[], Figure]) -> Figure:
@@ -121,17 +127,24 @@ def verify_ns(max_n: int) -> list[int]:
     return [n for n in VERIFY_NS if n <= max_n] + ([max_n] if max_n not in VERIFY_NS else [])
 
 
-def verify_costs(eng: Engine, batches: list[int], max_n: int = 16, at: int = AT
+def verify_costs(eng: Engine, shapes: list[tuple[int, int]], at: int = AT
                  ) -> dict[int, dict[int, float]]:
-    ns = verify_ns(max_n)
+    """ms of one target verify of n tokens per row, for each (batch, n) of `shapes`; a batch's
+    untaken widths captured before its first is timed."""
     aux = tuple(eng.drafter.cfg.aux_layer_ids)
     out: dict[int, dict[int, float]] = {}
-    for b in batches:
-        keys = {n: f"verify batch {b}, {n} tokens" for n in ns}
-        eng.rt.capture([b], [n for n in ns if keys[n] not in eng.costs.kept], aux_ids=aux)
-        out[b] = {n: eng.costs.take(keys[n], lambda b=b, n=n: _verify_ms(eng, b, n, at, aux))
-                  for n in ns}
+    for b, n in shapes:
+        if b not in out:
+            out[b] = {}
+            eng.rt.capture([b], [m for c, m in shapes if c == b
+                                 and verify_key(b, m) not in eng.costs.kept], aux_ids=aux)
+        out[b][n] = eng.costs.take(verify_key(b, n),
+                                   lambda b=b, n=n: _verify_ms(eng, b, n, at, aux))
     return out
+
+
+def verify_key(b: int, n: int) -> str:
+    return f"verify batch {b}, {n} tokens"
 
 
 def _verify_ms(eng: Engine, b: int, n: int, at: int, aux: tuple[int, ...]) -> float:
@@ -140,16 +153,22 @@ def _verify_ms(eng: Engine, b: int, n: int, at: int, aux: tuple[int, ...]) -> fl
     return time_ms(lambda: eng.rt.forward(tok, pos, aux_ids=aux), eng.device)
 
 
-def drafter_costs(eng: Engine, batches: list[int], qs: list[int], at: int = AT
+def drafter_costs(eng: Engine, shapes: list[tuple[int, int]], at: int = AT
                   ) -> dict[int, dict[int, float]]:
-    """ms of one drafter forward of q tokens per row (a draft step of width q, or an extend)."""
+    """ms of one drafter forward of q tokens per row (a draft step of width q, or an extend),
+    for each (batch, q) of `shapes`."""
     out: dict[int, dict[int, float]] = {}
-    for b in batches:
-        keys = {q: f"drafter batch {b}, {q} tokens" for q in qs}
-        eng.drt.capture([b], [q for q in qs if keys[q] not in eng.costs.kept])
-        out[b] = {q: eng.costs.take(keys[q], lambda b=b, q=q: _drafter_ms(eng, b, q, at))
-                  for q in qs}
+    for b, q in shapes:
+        if b not in out:
+            out[b] = {}
+            eng.drt.capture([b], [r for c, r in shapes if c == b
+                                  and drafter_key(b, r) not in eng.costs.kept])
+        out[b][q] = eng.costs.take(drafter_key(b, q), lambda b=b, q=q: _drafter_ms(eng, b, q, at))
     return out
+
+
+def drafter_key(b: int, q: int) -> str:
+    return f"drafter batch {b}, {q} tokens"
 
 
 def _drafter_ms(eng: Engine, b: int, q: int, at: int) -> float:
@@ -292,18 +311,46 @@ def refill_costs(eng: Engine, batches: list[int], prompts: list[list[int]]
     """ms of one refill's prompt passes into k freed rows, the baseline's (target) and the
     speculative engine's (target and drafter), for every row count a pass pads to (a power of
     two) up to the largest batch or the prefill runtime's rows: the mean over groups of k
-    prompts in turn that cover them all (a pass costs its longest prompt's bucket)."""
+    prompts in turn that cover them all (a pass costs its longest prompt's bucket). A shape at
+    a time through `eng.costs`: said, saved, and a stopped run's taken."""
     most = min(max(batches), PREFILL_ROWS)
-    sizes = sorted({padded_rows(k, most) for k in range(1, most + 1)})
-    state, _ = plain_refill.prepare(eng.rt, most, 8, [], eng.params)
-    spec = prompt_pass(decoder(eng, SpecSetting(1)), most)
-    base, drafted = {}, {}
-    for k in sizes:
+    shapes = refill_shapes(most)
+    eng.costs.begin(len(shapes))
+    starts = _pass_starts(eng, most)
+    out: tuple[dict[int, float], dict[int, float]] = ({}, {})
+    for k, spec in shapes:
         groups = [[prompts[(at + i) % len(prompts)] for i in range(k)]
                   for at in range(0, len(prompts), k)]
-        base[k] = pass_ms(state.start, k, groups, eng)
-        drafted[k] = pass_ms(spec, k, groups, eng)
-    return base, drafted
+        out[spec][k] = eng.costs.take(refill_key(k, most, spec), lambda k=k, spec=spec, g=groups:
+                                      pass_ms(starts(spec), k, g, eng))
+    return out
+
+
+def refill_shapes(most: int) -> list[tuple[int, bool]]:
+    """(rows, speculative) of every pass `refill_costs` times into a state of `most` rows."""
+    sizes = sorted({padded_rows(k, most) for k in range(1, most + 1)})
+    return [(k, spec) for k in sizes for spec in (False, True)]
+
+
+def refill_key(k: int, most: int, speculative: bool) -> str:
+    return (f"refill pass batch {most}, {k} rows, "
+            + ("speculative" if speculative else "no speculation"))
+
+
+def _pass_starts(eng: Engine, most: int) -> Callable[[bool], Callable]:
+    """The baseline's or the speculative engine's prompt pass into `most` rows, each built
+    at its first use: a resumed run that took every pass of one builds none of it."""
+    made: dict[bool, Callable] = {}
+
+    def start(speculative: bool) -> Callable:
+        if speculative in made:
+            return made[speculative]
+        if speculative:
+            made[speculative] = prompt_pass(decoder(eng, SpecSetting(1)), most)
+        else:
+            made[speculative] = plain_refill.prepare(eng.rt, most, 8, [], eng.params)[0].start
+        return made[speculative]
+    return start
 
 
 def pass_ms(start: Callable[[list[int], list[list[int]]], object], k: int,
@@ -382,29 +429,34 @@ def tree_acceptance(
     return pooled, PromptMix(own, tuple(rows), mix.sampled)
 
 
+SHALLOW, DEEP = 2, 4  # the phase probes' draft depths: a line through the two
+
+
+def probe_setting(steps: int, topk: int) -> SpecSetting:
+    return SpecSetting(steps, topk, steps + 1 if topk == 1 else min(tree_capacity(steps, topk), 8))
+
+
 def draft_phase_costs(
-    eng: Engine, batches: list[int], prompts: list[list[int]], topks: list[int],
-    shallow: int = 2, deep: int = 4, new: int = 32,
+    eng: Engine, shapes: list[tuple[int, int, int]], prompts: list[list[int]], new: int = 32,
 ) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]], dict[int, float]]:
     """(first step, each further step) of the engine's own draft phase, in ms, per batch and
-    topk: the profiled draft of a shallow and a deep setting, a line through the two. A tree's
-    step is its drafter forward plus its top-k and frontier bookkeeping; a chain's first step
-    reads the root from the extend's output (H200 tune run 6: 0.03 ms, where a drafter
-    forward takes 0.16; a 4-wide tree's step 0.30). Third, per batch: the bookkeeping of a
-    cycle, the shallow chain's accept phase."""
+    topk: the profiled draft of a shallow and a deep setting (`shapes`: (batch, topk, steps)
+    of each probe), a line through the two. A tree's step is its drafter forward plus its
+    top-k and frontier bookkeeping; a chain's first step reads the root from the extend's
+    output (H200 tune run 6: 0.03 ms, where a drafter forward takes 0.16; a 4-wide tree's
+    step 0.30). Third, per batch: the bookkeeping of a cycle, the shallow chain's accept
+    phase."""
+    got = {(b, k, s): _probe(eng, probe_setting(s, k), prompts, b, new) for b, k, s in shapes}
     first: dict[int, dict[int, float]] = {}
     step: dict[int, dict[int, float]] = {}
     overhead: dict[int, float] = {}
-    for b in batches:
-        first[b], step[b] = {}, {}
-        for k in topks:
-            lo, hi = (_probe(eng, SpecSetting(s, k, s + 1 if k == 1 else
-                                              min(tree_capacity(s, k), 8)), prompts, b, new)
-                      for s in (shallow, deep))
-            step[b][k] = max(0.0, (hi.get("draft", 0.0) - lo.get("draft", 0.0)) / (deep - shallow))
-            first[b][k] = max(0.0, lo.get("draft", 0.0) - (shallow - 1) * step[b][k])
-            if k == 1:
-                overhead[b] = lo.get("accept", 0.0)
+    for b, k in dict.fromkeys((b, k) for b, k, _ in shapes):
+        lo, hi = got[(b, k, SHALLOW)], got[(b, k, DEEP)]
+        step.setdefault(b, {})[k] = max(0.0, (hi.get("draft", 0.0) - lo.get("draft", 0.0))
+                                        / (DEEP - SHALLOW))
+        first.setdefault(b, {})[k] = max(0.0, lo.get("draft", 0.0) - (SHALLOW - 1) * step[b][k])
+        if k == 1:
+            overhead[b] = lo.get("accept", 0.0)
     return first, step, overhead
 
 
@@ -454,6 +506,28 @@ def _limit(most: int) -> str:
     return f"max_position_embeddings {most} (or sliding window, where smaller)"
 
 
+class CostPlan(NamedTuple):
+    """Every shape `cost_table` times, by kind, in the order timed: the lists its loops
+    iterate, and all of them together its progress's total (`len(plan.shapes())`)."""
+
+    drafter: list[tuple[int, int]]  # (batch, tokens a row): a draft step's or an extend's
+    probe: list[tuple[int, int, int]]  # (batch, topk, steps): a profiled draft phase
+    verify: list[tuple[int, int]]  # (batch, tokens a row)
+    decode: list[int]  # batch: a plain decode step
+
+    def shapes(self) -> list:
+        return [shape for kind in self for shape in kind]
+
+
+def cost_plan(batches: list[int], max_topk: int, max_steps: int, widest: int) -> CostPlan:
+    qs = range(2, max_steps + 2)  # the extend's widths (a draft step is timed whole)
+    return CostPlan(
+        drafter=[(b, q) for b in batches for q in qs],
+        probe=[(b, k, s) for b in batches for k in tune_topks(max_topk) for s in (SHALLOW, DEEP)],
+        verify=[(b, n) for b in batches for n in verify_ns(widest)],
+        decode=list(batches))
+
+
 def cost_table(
     eng: Engine,
     batches: list[int],
@@ -465,18 +539,17 @@ def cost_table(
 ) -> CostTable:
     """Every cost the model needs, timed within the target's `most` positions (`cost_room`), a
     shape at a time through `eng.costs`."""
-    topks = tune_topks(max_topk)
-    qs = list(range(2, max_steps + 2))  # the extend's widths (a draft step is timed whole)
     widest = cost_width(max_steps, max_topk, max_draft)
     at, new = cost_room(most, prompts, widest)
-    eng.costs.total += len(batches) * (len(qs) + 2 * len(topks) + len(verify_ns(widest)) + 1)
-    drafts = drafter_costs(eng, batches, qs, at)
-    first, step, overhead = draft_phase_costs(eng, batches, prompts, topks, new=min(32, new))
+    plan = cost_plan(batches, max_topk, max_steps, widest)
+    eng.costs.begin(len(plan.shapes()))
+    drafts = drafter_costs(eng, plan.drafter, at)
+    first, step, overhead = draft_phase_costs(eng, plan.probe, prompts, new=min(32, new))
     return CostTable(
-        verify=verify_costs(eng, batches, widest, at),
+        verify=verify_costs(eng, plan.verify, at),
         draft_step=step,
         draft_first=first,
         extend={b: {n: row[n] for n in row if n >= 2} for b, row in drafts.items()},
         overhead=overhead,
-        decode=decode_costs(eng, batches, prompts, new),
+        decode=decode_costs(eng, plan.decode, prompts, new),
     )
