@@ -83,14 +83,16 @@ def setup(device: str = "auto") -> DistCtx:
 
 
 @contextmanager
-def shared_failure(world: int, group: Any = None, cheap: bool = False) -> Iterator[None]:
+def shared_failure(world: int, group: Any = None, cheap: bool = False,
+                   who: str | None = None) -> Iterator[None]:
     """The block's DraftsmithError (of any of `world` ranks) raised on every rank, or none (a
     collective where world > 1: every rank enters it, a rank's writes inside): a rank that
     raised alone (rank 0 failing to write into --out) left the others waiting at the next
     collective. Another exception (a bug, an unforeseen OSError) goes on with its traceback
     on its rank, the others stopping with a line naming it. `cheap` (a block run every step):
     one flag summed over `group`, a gloo group (the default under gloo), the lines gathered
-    only where a rank failed."""
+    only where a rank failed. `who`: the failing rank's name in the others' line for another
+    exception (default "rank N")."""
     error: Exception | None = None
     try:
         yield
@@ -103,7 +105,7 @@ def shared_failure(world: int, group: Any = None, cheap: bool = False) -> Iterat
     if cheap and not _any_failed(error is not None, group):
         return
     said: list[str | None] = [None] * world
-    mine = None if error is None else _line(error)
+    mine = None if error is None else _line(error, who)
     if group is None:
         dist.all_gather_object(said, mine)
     else:
@@ -130,10 +132,16 @@ def ranked(ctx: DistCtx) -> Iterator[None]:
     except DraftsmithError as e:
         if ctx.world == 1:
             raise
-        raise DraftsmithError(f"rank {ctx.rank} (host {socket.gethostname()}): {e}") from None
+        raise DraftsmithError(f"{who(ctx)}: {e}") from None
 
 
-def _line(error: Exception) -> str:
+def who(ctx: DistCtx) -> str:
+    """This rank as an error names it: its data, its memory are its host's."""
+    return f"rank {ctx.rank} (host {socket.gethostname()})"
+
+
+def _line(error: Exception, who: str | None = None) -> str:
     if isinstance(error, DraftsmithError):
         return str(error)
-    return f"rank {dist.get_rank()} failed ({type(error).__name__}: {error}); its log says more"
+    name = who or f"rank {dist.get_rank()}"
+    return f"{name} failed ({type(error).__name__}: {error}); its log says more"

@@ -16,12 +16,15 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import shlex
 import signal
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,7 @@ from draftsmith.targets import portable_source
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import report
 from draftsmith.train.batches import Batch, Plan, batches, run_target
-from draftsmith.train.dist import DistCtx, ranked, setup, shared_failure
+from draftsmith.train.dist import DistCtx, ranked, setup, shared_failure, who
 from draftsmith.train.objective import (
     Targets,
     chain_counts,
@@ -79,6 +82,10 @@ from draftsmith.train.ttt import unroll
 # and 8,192 0.95-0.96 (benchmarks/draft_vocab_coverage.md), so below 0.85 the vocab is smaller
 # than that or counted on other answers, and acceptance stays under it at every position.
 COVERAGE_FLOOR = 0.85
+
+# DDP broadcasts its rebuilt gradient buckets in its second forward (once a process): until
+# then a rank's loader error is shared before the forward too, or the others would wait there
+DDP_REBUILD_STEPS = 2
 
 # (options, bound, strict): each option > bound (strict) or >= bound, unless None
 RANGES = (
@@ -295,6 +302,20 @@ def check_data_first(cfg: TrainConfig) -> Dataset | None:
             list(cfg.aux_layer_ids) != held:  # a malformed list: `open_offline` names it
         raise aux_clash(cfg, held)
     return ds
+
+
+@contextmanager
+def out_of_memory(cfg: TrainConfig, step: int) -> Iterator[None]:
+    """Out of memory in a step as a line naming the flags that size it, not the allocator's
+    traceback."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        tried = re.search(r"Tried to allocate ([\d.]+ \w+)", str(e))
+        what = f" allocating {tried.group(1)}" if tried else ""
+        raise DraftsmithError(
+            f"out of memory at step {step}{what} (--batch-size {cfg.batch_size} rows of "
+            f"--max-len {cfg.max_len} tokens a rank): lower --batch-size or --max-len") from None
 
 
 def aux_clash(cfg: TrainConfig, held: Any) -> DraftsmithError:
@@ -1042,39 +1063,58 @@ class Trainer:
         )
 
     def _batch(self) -> tuple[int, int, Batch]:
-        # a rank whose loader failed (its copy of a shard) raised alone, the others waiting in
-        # DDP's all-reduce until the group's timeout: every rank stops with its error instead
-        with shared_failure(self.ctx.world, self.ctx.host_group, cheap=True), ranked(self.ctx):
-            e, b, batch = next(self.loader)
-            batch = batch.to(self.ctx.device)
-            self.prof.mark("batch")
-            if self.target_model is not None:
-                run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
+        e, b, batch = next(self.loader)
+        batch = batch.to(self.ctx.device)
+        self.prof.mark("batch")
+        if self.target_model is not None:
+            run_target(self.target_model, batch, tuple(self.data.aux_layer_ids))
         self.prof.mark("target")
         return e, b, batch
+
+    def _forward(self, batch: Batch) -> tuple[Targets, tuple[torch.Tensor, ...]]:
+        tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
+        self.prof.mark("targets")
+        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.cfg.bf16):
+            out = self.model(
+                batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
+            )
+        self.prof.mark("forward")
+        return tg, out
+
+    @contextmanager
+    def _step_failure(self, check: bool = True) -> Iterator[None]:
+        """A rank's error before the step's first collective (DDP's) raised on every rank: one
+        flag over the host group (a rank that raised alone left the others in DDP's all-reduce
+        until the group's timeout, a timeout their only line)."""
+        if not check:
+            yield
+            return
+        with shared_failure(self.ctx.world, self.ctx.host_group, cheap=True, who=who(self.ctx)):
+            yield
+
+    @contextmanager
+    def _own(self) -> Iterator[None]:
+        """This rank's error named by its rank and host; out of memory as the flags to lower."""
+        with ranked(self.ctx), out_of_memory(self.cfg, self.step + 1):
+            yield
+
+    def _rebuilding(self) -> bool:
+        """DDP's second forward of this process broadcasts its gradient buckets (once): a
+        rank whose loader failed must say so before it, not after the forward."""
+        return self.ctx.world > 1 and self.step - self.first < DDP_REBUILD_STEPS
 
     def train_step(self) -> None:
         """One optimizer step. Its statistics reach the host one step later (`_account`), so
         the host never waits for the GPU inside the loop; a non-finite loss still stops the
         run before any log row or checkpoint is written after it."""
         self.prof.begin()
-        e, b, batch = self._batch()
-        tg = make_targets(batch.hidden, self.head, self.used, batch.loss_mask, batch.doc)
-        self.prof.mark("targets")
-        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=self.cfg.bf16):
-            loss, losses, correct, valid = self.model(
-                batch.tokens, batch.aux, batch.positions, batch.doc, tg.prob, tg.label, tg.ok
-            )
-        self.prof.mark("forward")
-        loss.backward()
-        self.prof.mark("backward")
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        self.window.lr = self.opt.param_groups[0]["lr"]
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.prof.mark("optimizer")
+        with self._step_failure():  # one check a step, before backward: the loader and forward
+            with self._step_failure(self._rebuilding()), self._own():
+                e, b, batch = self._batch()
+            with self._own():
+                tg, (loss, losses, correct, valid) = self._forward(batch)
+        with self._own():  # out of memory here is this rank's alone: DDP's collectives run
+            grad = self._backward(loss)
         dev = loss.device
         vec = torch.cat([  # float64 on the device: nothing here may make the host wait
             loss.detach().double().view(1), losses.double(),
@@ -1088,6 +1128,19 @@ class Trainer:
             self._account(prev)
         self.prof.mark("stats")
         self.prof.end()
+
+    def _backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward and the optimizer step; the gradient norm (before clipping)."""
+        loss.backward()
+        self.prof.mark("backward")
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        grad = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        self.window.lr = self.opt.param_groups[0]["lr"]
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.prof.mark("optimizer")
+        return grad
 
     def _flush(self) -> None:
         if self.pending is not None:
