@@ -9,6 +9,7 @@ import sys
 import typer
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.tune.flags import UNNAMED, launch_command
 
 DTYPES = {"keep": None, "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
           "float16": "float16", "fp32": "float32", "float32": "float32"}
@@ -41,9 +42,6 @@ def export(
     print(_serve_hint(fmt, path.resolve(), config, speculative_tokens, served))
 
 
-UNNAMED = "TARGET"  # the launch lines' stand-in where the drafter records no target
-
-
 def _serve_hint(fmt: str, path, config: dict, k: int, target: str = "") -> str:
     """The aux ids as written, the engine's speculative flags, and the whole launch command
     with `target` (the HF folder the engine serves; for speculators its verifier by default)."""
@@ -55,15 +53,14 @@ def _serve_hint(fmt: str, path, config: dict, k: int, target: str = "") -> str:
                  f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
                  f"--speculative-num-draft-tokens {k + 1}")
         return (f"aux layers: canonical {ids} written for SGLang as {written}\nSGLang: {flags}\n"
-                f"SGLang command: python -m sglang.launch_server --model-path "
-                f"{q(target or UNNAMED)} {flags}{_unnamed(target)}")
+                f"SGLang command: {launch_command('sglang', target, flags)}{_unnamed(target)}")
     target = target or config.get("speculators_config", {}).get("verifier", {}).get(
         "name_or_path", "")
     spec = q(json.dumps({"method": "eagle3", "model": str(path), "num_speculative_tokens": k}))
     written = config["eagle_aux_hidden_state_layer_ids"]
     hint = (f"aux layers: canonical {ids} written for vLLM/speculators as {written}\n"
-            f"vLLM: --speculative-config {spec}\nvLLM command: vllm serve "
-            f"{q(target or UNNAMED)} --speculative-config {spec}{_unnamed(target)}")
+            f"vLLM: --speculative-config {spec}\nvLLM command: "
+            f"{launch_command('vllm', target, f'--speculative-config {spec}')}{_unnamed(target)}")
     if len(written) != 3:  # vLLM's Eagle-3 model sizes fc for three states, whatever the config
         hint += (f"\nwarning: {len(written)} aux layers: speculators loads this drafter, but "
                  "vLLM's Eagle-3 model builds its fc for exactly 3 and will refuse the weights")

@@ -17,7 +17,7 @@ from draftsmith.layers import Convention, from_convention
 from draftsmith.models.config import ModelConfig
 from draftsmith.models.eagle3 import Eagle3Config
 from draftsmith.options import check_folder
-from draftsmith.targets import local_path
+from draftsmith.targets import local_path, served_folder
 from draftsmith.targets.hf import (
     read_config,  # noqa: F401 - one reader, re-exported
     weight_files,  # noqa: F401 - one finder, re-exported
@@ -66,7 +66,7 @@ class TargetInfo:
         embed, head = target_head(target)
         return cls(
             target.cfg.num_layers, target.cfg.max_position_embeddings, target.cfg.vocab_size,
-            local_path(str(target.folder or target.source)),
+            served_folder(target),
             list(target.hf_config.get("architectures") or []),
             target.fingerprint, embed, head, config_dtype(target.hf_config),
         )

@@ -171,6 +171,12 @@ def portable_source(t: Target) -> str:
     return portable(t.source if t.kind == "gguf" else str(t.folder or t.source))
 
 
+def served_folder(t: Target) -> str:
+    """The target as SGLang and vLLM load it: an HF folder (a GGUF's or the default's
+    conversion), absolute; a hub id as it is."""
+    return local_path(str(t.folder or t.source))
+
+
 def portable(source: str) -> str:
     """A recorded target as draftsmith records it portably: the embedded default by any of its
     names (`is_default`) as "default", a path that is here absolute (`local_path`), anything

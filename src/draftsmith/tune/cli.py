@@ -252,7 +252,7 @@ def run_tune(
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.eagle3 import check_drafter, load_drafter
     from draftsmith.options import check_compile
-    from draftsmith.targets import load_target
+    from draftsmith.targets import load_target, served_folder
     from draftsmith.tune import measure, partial
     from draftsmith.tune.cost_model import recommend
     from draftsmith.tune.flags import export_paths, recommendation_text
@@ -346,7 +346,8 @@ def run_tune(
         recs = recommend(preds, meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir),
-                                     tp=1 if tp is None else tp.size, limits=limits)
+                                     tp=1 if tp is None else tp.size, limits=limits,
+                                     target=served_folder(t))
                  for r in recs]
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "

@@ -44,6 +44,16 @@ def sglang_flags(setting: SpecSetting, draft_model_path: str | PathLike | None =
     return " ".join(flags)
 
 
+UNNAMED = "TARGET"  # the launch lines' stand-in where no target is known
+
+
+def launch_command(engine: str, target: str, flags: str) -> str:
+    """The whole command that serves `target` (an HF folder or hub id; UNNAMED where "") with
+    `flags`: SGLang's launch_server or `vllm serve`."""
+    head = {"sglang": "python -m sglang.launch_server --model-path", "vllm": "vllm serve"}[engine]
+    return f"{head} {shlex.quote(target or UNNAMED)} {flags}".rstrip()
+
+
 def vllm_speculative_config(setting: SpecSetting, model_path: str | PathLike) -> VllmConfig:
     """vLLM's --speculative-config JSON. vLLM's EAGLE-3 drafts a chain, so a tree setting
     becomes the chain of the same depth, and the note says so."""
@@ -125,14 +135,16 @@ def edge_notes(setting: SpecSetting, limits: tuple[int, int, int]) -> list[str]:
 
 def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: int = 5,
                         refilled: bool = False, exports: dict[str, str] | None = None,
-                        tp: int | None = None, limits: tuple[int, int, int] | None = None) -> str:
+                        tp: int | None = None, limits: tuple[int, int, int] | None = None,
+                        target: str | None = None) -> str:
     """A few lines for the terminal: the choice, the measured settings (or the top predicted
     ones when nothing was measured) with both figures side by side, and the flags; the hint
     at refilled rows only where they were not already the measure (`refilled`). With
     `exports` (`export_paths`), the flags name those folders and a line says how to write
     them from `model_path`. `tp`: the tensor-parallel size tuned (None: `tp_world`), which
     the engines' flags name where over 1. `limits`: tune's (max steps, topk, draft tokens),
-    a choice at one of them said so (`edge_notes`)."""
+    a choice at one of them said so (`edge_notes`). `target`: the folder the engines serve,
+    named in whole launch commands after the flags (None: flags only)."""
     tp = tp_world(tp)
     lines = [f"batch {rec.batch}: {rec.setting} ({rec.source} {rec.tokens_per_s:.1f} tok/s)"]
     if rec.speedup is not None and rec.speculate:
@@ -166,6 +178,8 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
         if chain.is_baseline:
             vllm = f"{vllm} (serve without --speculative-config)".lstrip()
         lines.append(f"  vLLM:   {vllm}")
+        if target is not None:
+            lines += _commands(target, sglang_flags(rec.setting, sg, tp), vllm_flags(chain, sp, tp))
         if note:
             lines.append(f"  note:   {note}")
         if exports:
@@ -182,4 +196,17 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
                      "at this batch)")
         lines.append("  vLLM:   serve without --speculative-config"
                      + (f" ({vllm_flags(rec.setting, model_path, tp)})" if tp > 1 else ""))
+        if target is not None:
+            lines += _commands(target, sglang_flags(rec.setting, None, tp),
+                               vllm_flags(rec.setting, model_path, tp))
     return "\n".join(lines)
+
+
+def _commands(target: str, sglang: str, vllm: str) -> list[str]:
+    """The whole launch commands, and where the target is unknown, what to put in its place."""
+    lines = [f"  SGLang command: {launch_command('sglang', target, sglang)}",
+             f"  vLLM command:   {launch_command('vllm', target, vllm)}"]
+    if not target:
+        lines.append(f"  {UNNAMED}: the target model's folder (the one the drafter was "
+                     "trained for)")
+    return lines
