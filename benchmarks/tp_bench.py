@@ -95,7 +95,7 @@ def bench_rank(tp: TP, job: dict[str, Any]) -> dict[str, Any]:
     drafter = random_drafter_on(cfg, tp.device, dtype)
     drt = DrafterRuntime(drafter, max(batches), seq + 64 * MAX_STEPS, rt.graphs or False)
     eng = Engine(rt, drt, drafter)
-    out["draft"] = {b: row for b, row in drafter_costs(eng, batches, list(range(1, 9))).items()}
+    out["draft"] = drafter_costs(eng, [(b, q) for b in batches for q in range(1, 9)])
     if tp.size > 1:
         out["allreduce"] = allreduce(tp, cfg.hidden_size, batches, [1, 4, 8, 16], dtype,
                                      job["ar_iters"], 32, cfg.num_layers)

@@ -25,8 +25,9 @@ rt = Runtime(model, 1, max_seq + 40)
 drt = DrafterRuntime(drafter, 1, max_seq + 40 + 64 * 7, False)
 eng = measure.Engine(rt, drt, drafter)
 start = time.time()
-first, step, _ = measure.draft_phase_costs(eng, [1], ids, [1, 2, 4])
-forward = measure.drafter_costs(eng, [1], [1, 2, 4])[1]
+probes = [(1, k, s) for k in (1, 2, 4) for s in (measure.SHALLOW, measure.DEEP)]
+first, step, _ = measure.draft_phase_costs(eng, probes, ids)
+forward = measure.drafter_costs(eng, [(1, q) for q in (1, 2, 4)])[1]
 for k in (1, 2, 4):
     for s in (3, 5, 6):
         n = s + 1 if k == 1 else min(tree_capacity(s, k), 16)
