@@ -207,7 +207,7 @@ def targets_show(
     table = Table(title="target", show_header=False)
     for k, v in info.items():  # Text: a source path's `[v2]` read as markup was dropped
         table.add_row(k, Text(str(v)))
-    console.print(table)
+    Console().print(table)  # the terminal's width now (COLUMNS included), not at import
 
 
 @app.command()

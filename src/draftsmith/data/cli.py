@@ -50,7 +50,9 @@ LIMIT = typer.Option(0, help="Keep the first N conversations (0: all)")
 
 
 def say(msg: str) -> None:
-    err.print(msg, highlight=False, markup=False)
+    # unwrapped: off a terminal rich wraps at 80 columns, splitting a `file:line` a log is
+    # searched for (a path deep enough in a test's tmp folder did)
+    err.print(msg, highlight=False, markup=False, soft_wrap=True)
 
 
 def device_dtype(device: str, dtype: str) -> tuple[str, Any]:
