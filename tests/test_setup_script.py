@@ -171,4 +171,4 @@ def test_make_hands_its_python_to_set_up_and_runs_it_whatever_its_path(tmp_path)
                        env={**os.environ, "MAKEFLAGS": ""})
     assert r.returncode == 0, r.stderr
     assert log.read_text().splitlines() == [f"setup {python}", "python -m draftsmith demo",
-                                            "python -m pytest -q"]
+                                            "python -m pytest -q -n 2 --dist loadfile"]
