@@ -99,7 +99,8 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
         ids = (from_convention(written, CONVENTION[engine], num_layers) if engine == "draftsmith"
                else engine_feed(written, CONVENTION[engine], num_layers))
     except DraftsmithError as e:
-        return Feed(engine, key, list(written), None, str(e))
+        return Feed(engine, key, list(written), None, _no_layer(written, engine, num_layers)
+                    or str(e))
     limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
     dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
     note = "; ".join(limits)
@@ -110,6 +111,31 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
             f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as {legacy}, "
             f"later versions as {current}")]))
     return Feed(engine, key, list(written), ids, note, dep)
+
+
+READS = {"sglang": "SGLang after PR #25454 (2026-05)", "sglang-legacy": "SGLang before PR "
+         "#25454 (2026-05)", "vllm": "vLLM", "draftsmith": "draftsmith"}
+
+
+def _no_layer(written: list[int], engine: str, num_layers: int) -> str:
+    """How `engine` reads ids of which some name no state of the target, in the user's own
+    numbers ("" where none does): the canonical id a conversion refuses was never written."""
+    conv = CONVENTION[engine]
+    outputs = conv in (Convention.CANONICAL, Convention.SGLANG_LEGACY) or (
+        conv == Convention.SGLANG and bool(written) and written[0] == 1)
+    lo, hi = (-1, num_layers - 1) if outputs else (0, num_layers)
+    bad = [i for i in written if not lo <= i <= hi]
+    if not bad:
+        return ""
+    how = "outputs" if outputs else "inputs"
+    why = " (a list not starting at 1)" if conv == Convention.SGLANG and not outputs else ""
+    words = (f"{READS[engine]} reads {list(written)} as the {how} of layers {list(written)}"
+             f"{why}: id{'s' * (len(bad) > 1)} {', '.join(map(str, bad))} "
+             f"{'are' if len(bad) > 1 else 'is'} out of range for this target ({num_layers} "
+             "layers: it would fail to load the drafter)")
+    if -1 in bad:
+        words += "; the embedding output is id 0 for vLLM; SGLang cannot capture it"
+    return words
 
 
 def vllm_fallback(nested: list[int], num_layers: int, key: str) -> Feed:

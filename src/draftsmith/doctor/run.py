@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -233,7 +233,7 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
     try:
         with said_after(line, opts.progress):  # minutes of an 8B target on a CPU
             mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
-                              not opts.all_tokens)
+                              not opts.all_tokens, _first_ids(target))
     except (DraftsmithError, RuntimeError, ValueError, IndexError, SafetensorError) as e:
         rep.add("wiring: data", [Finding("error", "wiring", f"cannot compare the stored states "
                                          f"with the live target: {e}", str(opts.data),
@@ -243,6 +243,15 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
     rep.add("wiring: data", verdict.data_findings(mm, opts.data))
     true = mm.true_ids()
     return None if None in true else [int(i) for i in true]  # type: ignore[misc]
+
+
+def _first_ids(target: Any) -> tuple[int, ...]:
+    """Tokens a sample may begin with: the BOS, the chat template's first (the one a shard whose
+    ids run a token ahead of its states dropped)."""
+    ids = [target.cfg.bos_token_id]
+    with suppress(DraftsmithError):  # a base model: no template
+        ids += target.chat_ids([{"role": "user", "content": "x"}])[:1]
+    return tuple(int(i) for i in ids if i is not None)
 
 
 def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: DrafterInfo,

@@ -18,7 +18,7 @@ DATA = "the data holds"  # what a drafter's ids are checked against, with --data
 
 def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
     where = str(data / "manifest.json")
-    out = _nonfinite(mm, where)
+    out = _nonfinite(mm, where) + _shift_finding(mm, data)
     unread = {s.slot for s in mm.slots if s.status == "nonfinite"}  # said above
     out += [f for s in mm.slots[:-1] if s.slot not in unread
             and (f := _slot_finding(mm, s, where))]
@@ -39,6 +39,24 @@ def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
             "error", "wiring", f"the manifest says aux layers {listed} but the data holds "
             f"{true} ({CANONICAL_WORDS})", where, _relabel_fix(true)))
     return out
+
+
+def _shift_finding(mm: MatchMatrix, data: Path) -> list[Finding]:
+    """The one cause of every slot matching nothing where the ids sit a token off the states
+    (what follows is said of the realigned data)."""
+    if not mm.token_shift:
+        return []
+    if mm.token_shift > 0:
+        way, plus, fix = "behind", "+ 1", "input_ids[1:] beside the states [:-1]"
+    else:
+        way, plus = "ahead of", "- 1"
+        fix = f"the dropped first token {mm.first_id} prepended to input_ids[:-1]"
+    return [Finding(
+        "error", "wiring", f"the shards' input_ids run one token {way} their hidden states: "
+        f"every stored state matches the live one of the token at input_ids[t {plus}], none "
+        f"that of input_ids[t]; trained on as stored, the drafter learns the wrong token's states",
+        str(data), "recapture (`draftsmith data capture` stores them aligned), or realign each "
+        f"sample: {fix}")]
 
 
 def _listed_ids(data: Path) -> Any:

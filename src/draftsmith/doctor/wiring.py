@@ -68,6 +68,8 @@ class MatchMatrix:
     row_layers: list[int | None] = field(default_factory=list)  # the layer a part row is of
     normed_rows: list[str] = field(default_factory=list)  # `normed_names`
     normed_rel: torch.Tensor | None = None  # [normed rows, cols] median relative error
+    token_shift: int | None = None  # the stored ids lie this many tokens off the states
+    first_id: int | None = None  # the first token put back where the ids run one ahead
 
     def true_ids(self) -> list[int | None]:
         """Canonical id each aux slot best matches (None: the final norm or no clear match)."""
@@ -93,7 +95,7 @@ class MatchMatrix:
                  "normed": None if s.normed is None else self.normed_rows[s.normed]}
                 for k, s in enumerate(self.slots)
             ],
-            "true_ids": self.true_ids(),
+            "true_ids": self.true_ids(), "token_shift": self.token_shift,
         }
 
 
@@ -204,7 +206,57 @@ def match(
     n_samples: int = 4,
     max_tokens: int = 256,
     loss_only: bool = True,
+    first_ids: tuple[int, ...] = (),
 ) -> MatchMatrix:
+    """`first_ids`: tokens a sample may begin with (BOS, the chat template's first), tried as
+    the token dropped from ids stored one ahead of their states."""
+    mm = _match(model, dataset, num_layers, n_samples, max_tokens, loss_only)
+    if not _unmatched(mm):
+        return mm
+    views = [_Shifted(dataset, 1)] + [_Shifted(dataset, -1, int(t))
+                                      for t in dict.fromkeys(first_ids)]
+    for view in views:
+        try:
+            probe = _match(model, view, num_layers, 1, min(max_tokens, 64), loss_only)
+            if _unmatched(probe) or not probe.slots[-1].matched:
+                continue
+            shifted = _match(model, view, num_layers, n_samples, max_tokens, loss_only)
+        except (RuntimeError, ValueError, IndexError):  # a sample too short to realign
+            return mm
+        shifted.token_shift, shifted.first_id = view.by, view.first
+        return shifted
+    return mm
+
+
+def _unmatched(mm: MatchMatrix) -> bool:
+    """No stored state matches a live one: the final hidden and every aux slot (other
+    targets' data, or ids stored off their states)."""
+    return all(s.status in ("none", "ambiguous") for s in mm.slots)
+
+
+class _Shifted:
+    """A dataset read with its input_ids realigned with the states: `by` 1, the ids one token
+    behind (drop the first id and the last state); -1, one ahead (`first` put back in front)."""
+
+    def __init__(self, dataset: Any, by: int, first: int | None = None) -> None:
+        self.dataset, self.by, self.first, self.manifest = dataset, by, first, dataset.manifest
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        s = dict(self.dataset[i])
+        ids = s["input_ids"]
+        if self.by == 1:
+            s["input_ids"], s["loss_mask"] = ids[1:], s["loss_mask"][1:]
+            s["aux"], s["hidden"] = s["aux"][:-1], s["hidden"][:-1]
+        else:
+            s["input_ids"] = torch.cat([ids.new_tensor([self.first]), ids[:-1]])
+        return s
+
+
+def _match(model: Any, dataset: Any, num_layers: int, n_samples: int, max_tokens: int,
+           loss_only: bool) -> MatchMatrix:
     idx = pick_samples(len(dataset), n_samples)
     rels, coss, norms, masked, bad, total = [], [], [], [], 0, 0
     for i in idx:
