@@ -1258,8 +1258,10 @@ class Trainer:
         c = self.cfg
         if self._holds_every_data_token:
             return ("the draft vocab holds every token of the data's answers, yet the target "
-                    "predicted none of them: the answers were not written by this target; "
-                    "regenerate them with it (`draftsmith data regenerate`)")
+                    "predicted none of them: the answers were not written by this target, "
+                    "or were sampled far from its own choices (a high temperature, a target "
+                    "with flat predictions); regenerate them with it, greedily "
+                    "(`draftsmith data regenerate --temperature 0`)")
         if c.vocab:
             return (f"--vocab {c.vocab} was likely counted on other data; leave --vocab out (it "
                     "is then counted on this data) or make one with `draftsmith data vocab`")
