@@ -120,8 +120,9 @@ def create_app(engine: ServeEngine | Any, cfg: P.ServeConfig, sched: Any = None)
     return app
 
 
-def _error(status: int, body: dict[str, Any]) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
+def _error(status: int, body: dict[str, Any],
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _errors(app: FastAPI, sched: Scheduler) -> None:
@@ -133,7 +134,9 @@ def _errors(app: FastAPI, sched: Scheduler) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
-        return _error(e.status_code, P.error_body(str(e.detail), "invalid_request_error"))
+        # a 405's Allow header (RFC 9110) kept
+        return _error(e.status_code, P.error_body(str(e.detail), "invalid_request_error"),
+                      getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def any_error(_: Request, e: Exception) -> JSONResponse:
