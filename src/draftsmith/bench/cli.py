@@ -64,7 +64,13 @@ def bench(
                                           "32 rows, 8 from 32"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
-    from draftsmith.bench.run import BenchConfig, BenchInterrupted, check_topk, run_bench
+    from draftsmith.bench.run import (
+        BenchConfig,
+        BenchFailed,
+        BenchInterrupted,
+        check_topk,
+        run_bench,
+    )
     from draftsmith.bench.suites import distinct_suites, suite_messages
     from draftsmith.cli import device_dtype, sampling_params
     from draftsmith.models.eagle3 import check_drafter
@@ -108,6 +114,14 @@ def bench(
                       f"{out / 'bench.png'} ({len(report['meta']['not_run'])} not run, listed "
                       "there)", markup=False)
         raise KeyboardInterrupt from None  # exit 130
+    except BenchFailed as stop:  # an error midway: the rows timed before it are kept
+        report = stop.report
+        report["meta"]["command"] = command_line()
+        _write(report, out)
+        console.print(f"failed in {report['meta']['failed']['run']}: wrote the runs finished "
+                      f"to {out / 'bench.json'} and {out / 'bench.png'} "
+                      f"({len(report['meta']['not_run'])} not run, listed there)", markup=False)
+        raise stop.error from None  # as it came: our one line, or a bug's traceback
     report["meta"]["command"] = command_line()  # bench.json says how to run it again
     _write(report, out)
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}", markup=False)

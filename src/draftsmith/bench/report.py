@@ -32,11 +32,7 @@ def results_table(report: dict[str, Any]) -> Table:
     npos = max((len(r.get("position_rates", [])) for r in rows), default=0)
     show = min(npos, 4)
     profiled, keys = any(r.get("phases") for r in rows), phase_keys(rows)
-    meta = report["meta"]
-    title = f"draftsmith bench · {meta['device']} · {meta['dtype']}"
-    title += " · PARTIAL (interrupted)" if meta.get("partial") else ""
-    title += " · BUSY MACHINE (see the note)" if busy(meta) else ""
-    t = Table(title=escape(title))
+    t = Table(title=escape(run_title(report["meta"])))
     clocked = host_keys(rows)
     for col in ("suite", "batch", "setting", "tok/s", "speedup", "decode tok/s",
                 "decode speedup", "accept len", "len/max"):  # of steps + 1, a cycle's most
@@ -73,6 +69,31 @@ def results_table(report: dict[str, Any]) -> Table:
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
         t.add_row(*cells, style="dim" if base else None)
     return t
+
+
+def run_title(meta: dict[str, Any]) -> str:
+    """The table's and the plot's title: device, dtype, how tokens were chosen and how many a
+    prompt, and a partial run or a busy machine."""
+    title = " · ".join(str(x) for x in ("draftsmith bench", meta.get("device"), meta.get("dtype"),
+                                        sampling(meta), meta.get("max_new_tokens")) if x)
+    title += " new tokens" if meta.get("max_new_tokens") else ""
+    if meta.get("partial"):
+        title += " · PARTIAL (failed)" if meta.get("failed") else " · PARTIAL (interrupted)"
+    return title + (" · BUSY MACHINE (see the note)" if busy(meta) else "")
+
+
+def sampling(meta: dict[str, Any]) -> str | None:
+    """"greedy", or the sampled setting and seed: a sampled run's speedups and accept lengths
+    are not a greedy one's; None where the report does not say (an old one)."""
+    if not (p := meta.get("params")):
+        return None
+    if not p["temperature"]:
+        return "greedy"
+    parts = [f"temperature {p['temperature']:g}"]
+    parts += [f"top-p {p['top_p']:g}"] if p.get("top_p", 1.0) < 1 else []
+    parts += [f"top-k {p['top_k']}"] if p.get("top_k") else []
+    parts += [f"seed {meta['seed']}"] if meta.get("seed") is not None else []
+    return "sampled: " + ", ".join(parts)
 
 
 def _own(base: dict[str, Any], rate: str) -> str:
@@ -125,7 +146,9 @@ def notes(report: dict[str, Any]) -> list[str]:
         out.append("host ms (DRAFTSMITH_HOST_TIMING=1): the host's mean time a baseline decode "
                    "step or speculative cycle, launching its graphs and waiting on the device")
     if not_run := report["meta"].get("not_run"):
-        out.append("partial (interrupted), not timed: " + "; ".join(not_run))
+        stop = report["meta"].get("failed")
+        why = f"failed in {stop['run']}: {stop['error']}" if stop else "interrupted"
+        out.append(f"partial ({why}), not timed: " + "; ".join(not_run))
     if note := busy_note(report["meta"].get("machine_load")):
         out.append(note)
     return out
@@ -147,9 +170,13 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
             if r["setting"] == "baseline"}
     meta = report["meta"]
     out: dict[str, Any] = {"bench_json": str(json_path), "device": meta["device"],
+                           "params": meta.get("params"), "seed": meta.get("seed"),
+                           "max_new_tokens": meta.get("max_new_tokens"),
                            "partial": bool(meta.get("partial"))}
     if meta.get("partial"):
         out["not_run"] = meta["not_run"]
+    if meta.get("failed"):
+        out["failed"] = meta["failed"]
     out["machine_busy"] = busy(meta)
     if note := busy_note(meta.get("machine_load")):
         out["note"] = note
@@ -233,8 +260,12 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
     _phases(ax[1, 1], rows)
-    if note := busy_note(report["meta"].get("machine_load")):  # a plot shared alone says it too
-        fig.suptitle(note, color="tab:red")
+    # a plot shared alone says what was run, and a busy machine, too
+    title = run_title(report["meta"])
+    if note := busy_note(report["meta"].get("machine_load")):
+        fig.suptitle(f"{title}\n{note}", color="tab:red")
+    else:
+        fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -139,16 +139,27 @@ class BenchInterrupted(KeyboardInterrupt):
         self.report = report
 
 
+class BenchFailed(Exception):
+    """An error after some settings were timed (a tree out of GPU memory at the largest batch):
+    `report` holds those, its meta `failed` naming the run and the error; the CLI writes it,
+    then raises `error` as it came."""
+
+    def __init__(self, report: dict[str, Any], error: Exception) -> None:
+        super().__init__(str(error))
+        self.report, self.error = report, error
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The report: `meta` and a row per (suite, batch, setting), baseline first. A ctrl-C once
     a row is timed raises `BenchInterrupted` with the rows finished (before that, a plain
-    KeyboardInterrupt)."""
+    KeyboardInterrupt), an error `BenchFailed`."""
     from draftsmith.bench.drafters import get_drafter
     from draftsmith.targets import load_target
 
     early = [f"skipped {why}" for why in cfg.unfit()] + repeated_suites(cfg.suites)
     messages = {s: suite_messages(s, cfg.num_prompts, early.append)  # skipped records: once
                 for s in suite_labels(cfg.suites)}
+    early += short_suites(messages, cfg.num_prompts)
     for w in early:  # said before the minutes of loading
         log(f"warning: {w}")
     profiling(cfg)  # a DRAFTSMITH_PROFILE it refuses: now, not after the first rows' minutes
@@ -178,7 +189,22 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
                 raise
             raise BenchInterrupted(_report(cfg, target, drafter, warnings, suites, settings,
                                            rows, machine.result())) from None
+        except Exception as e:  # the hour of rows timed before it outlives it
+            if not rows:
+                raise
+            report = _report(cfg, target, drafter, warnings, suites, settings, rows,
+                             machine.result())
+            report["meta"]["failed"] = {"run": _running(cfg, suites, settings, rows),
+                                        "error": one_line(e)}
+            raise BenchFailed(report, e) from e
     return _report(cfg, target, drafter, warnings, suites, settings, rows, machine.result())
+
+
+def short_suites(messages: dict[str, list[Any]], limit: int) -> list[str]:
+    """A line for each suite of fewer prompts than --num-prompts asks: its rows say how many
+    ran, the table does not, so 64 asked of the chat suite's 22 read as 64 measured."""
+    return [f"--suite {s} has {len(m)} prompts with a user turn, fewer than --num-prompts "
+            f"{limit}: all {len(m)} run" for s, m in messages.items() if len(m) < limit]
 
 
 def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConfig,
@@ -227,6 +253,22 @@ def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
     meta = {**_meta(cfg, target, drafter, warnings), "partial": bool(not_run),
             "not_run": not_run, "machine_load": machine}
     return {"meta": meta, "results": rows}
+
+
+def one_line(e: BaseException) -> str:
+    """The error as a record keeps it: its type and its message's first line."""
+    said = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {said[0]}" if said else type(e).__name__
+
+
+def _running(cfg: BenchConfig, suites: dict[str, list[list[int]]], settings: list[Setting],
+             rows: list[dict[str, Any]]) -> str | None:
+    """The run that stopped: the first, in the grid's order, with no row."""
+    done = {(r["suite"], r["batch"], r["setting"]) for r in rows}
+    names = ["baseline", *map(setting_name, settings)]
+    return next((f"{suite} batch {b}: {n}" for suite in suites
+                 for b in sorted(set(cfg.batch_sizes), reverse=True) for n in names
+                 if (suite, b, n) not in done), None)
 
 
 def check_topk(settings: list[Setting], draft_vocab: int) -> None:
