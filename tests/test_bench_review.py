@@ -185,6 +185,7 @@ def test_allreduce_bench_on_the_cpu_says_it_is_no_gpu_figure(tmp_path, monkeypat
     assert "not a GPU" in res["note"]
     assert res["rows"][0]["busbw_GBps"] is None  # one rank moves nothing: it read 0.0 GB/s
     printed = capsys.readouterr()
-    title = " ".join(printed.out.split())  # the table's title may wrap
+    title = " ".join(printed.err.split())  # the table's title may wrap
     assert "gloo smoke test, not a GPU figure" in title and "NCCL {" not in title
+    assert json.loads(printed.out) == res  # stdout: the JSON line alone, as bench's
     assert "not a GPU" in printed.err

@@ -224,7 +224,7 @@ def print_result(res: dict[str, Any]) -> None:
         table.add_column(c, justify="right")
     for r in res["rows"]:
         table.add_row(*("-" if r[c] is None else str(r[c]) for c in cols))
-    Console(stderr=False).print(table)
+    Console(stderr=True).print(table)  # stdout: the JSON line alone, as bench's (`| jq`)
     if smoke:
         print(f"draftsmith: warning: {res['note']}", file=sys.stderr)
     print(json.dumps(res))
