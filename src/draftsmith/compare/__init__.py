@@ -385,10 +385,23 @@ def _load(d: Description, target: Any, opts: CompareOptions) -> Any:
     try:
         drafter, notes = load_noted(d.info, target, opts.device, opts.dtype)
     except DraftsmithError as e:  # which of the drafters does not fit the target
-        raise DraftsmithError(f"drafter {d.label} with this --target: {e}") from None
+        raise DraftsmithError(f"drafter {d.label} with this --target: {_ids_words(d, e)}"
+                              ) from None
     d.ids_measured = list(drafter.cfg.aux_layer_ids)
     d.load_notes = [f"{n} (fix: {n.fix})" if n.fix else str(n) for n in notes]
     return drafter
+
+
+def _ids_words(d: Description, e: DraftsmithError) -> str:
+    """Engine ids naming no layer of the target in the user's own numbers, as the aux ids note
+    (and the doctor) words them, not import's canonical conversion (a -2 never written)."""
+    from draftsmith.doctor.artifacts import IDS
+
+    if d.info.layout not in _ENGINE or d.ids_canonical is not None or IDS not in str(e) \
+            or not d.ids_note:
+        return str(e)
+    return (f"{d.info.config_path}: {d.ids_note} (fix: `draftsmith doctor --drafter "
+            f"{d.info.folder}` names the ids to write)")
 
 
 def write(res: dict[str, Any], out: Path) -> None:

@@ -20,6 +20,7 @@ SIZES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
          "num_heads": "num_attention_heads", "draft_vocab_size": "draft_vocab_size",
          "target_hidden_size": "target_hidden_size"}
 OPTIONAL = ("draft_vocab_size", "target_hidden_size")
+UNKNOWN_DEPTH = 10**6  # a target depth no id reaches: ids read without the range check
 
 
 @dataclass
@@ -183,10 +184,11 @@ def canonical_ids(info: DrafterInfo, layers: int | None) -> tuple[list[int] | No
     if layers is None:
         if written is None:
             return None, f"{note}; the target's layer count is unknown (pass --target)"
-        layers = 10**6  # unknown target depth: convert without the range check
+        layers = UNKNOWN_DEPTH  # convert without the range check
         notes.append("target depth unknown (pass --target): ids not range-checked")
     feed = feed_from_written(written, engine, layers, key, note)
-    notes.append(feed.note)
+    notes.append(feed.note.replace(f"for this target ({UNKNOWN_DEPTH} layers: ",
+                                   "for any target ("))  # an id below every layer
     prov = (info.config.get("draftsmith") or {}).get("aux_layer_ids_canonical")
     if prov is not None and feed.canonical is not None and prov != feed.canonical:
         notes.append(f"the file's draftsmith record says canonical {prov}")

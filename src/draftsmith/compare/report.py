@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from draftsmith.compare.paired import words
 from draftsmith.compare.params import CONVENTIONS, HEADS, human
 from draftsmith.layers import CANONICAL_WORDS
 from draftsmith.measured import figure, gaps
@@ -34,8 +35,9 @@ def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]
     if res.get("speed"):
         sp = res["speed"]
         busy = " · BUSY MACHINE (see the notes)" if machine_busy(sp) else ""
+        on = f", target {res['context']['target']}" if res["context"].get("target") else ""
         out.append((f"Acceptance on the same prompts ({sp['prompts']} {sp['suite']} prompts, "
-                    f"{setting(sp)}){busy}", ["", *names],
+                    f"{setting(sp)}), {decoding(sp)}{on}{busy}", ["", *names],
                     _speed(sp, names)))
     return out
 
@@ -123,12 +125,28 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
         for k in names]] for i in range(n)]
     rows.append(["mean accept length (tokens/cycle)",
                  *[figure(runs[k]["mean_accept_length"], ".2f") for k in names]])
+    rows += _paired(s, names)
     rows.append([f"accept rate (accept length / {s['steps'] + 1}, steps + 1; not per draft "
                  "token)", *[figure(runs[k].get("accept_rate"), ".3f") for k in names]])
     rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
     rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
                  *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
     return rows
+
+
+def _paired(s: dict[str, Any], names: list[str]) -> list[list[str]]:
+    """Each drafter's accept length against the first's, prompt by prompt: the gap and whether
+    the spread over prompts covers it."""
+    gaps = {p["drafter"]: words(p) for p in s.get("paired") or []}
+    if not gaps:
+        return []
+    return [[f"accept length minus {names[0]}'s, paired over prompts",
+             *[gaps.get(k, "(reference)") for k in names]]]
+
+
+def decoding(s: dict[str, Any]) -> str:
+    """How the tokens were chosen (compare decodes greedily)."""
+    return s.get("decoding") or "greedy"
 
 
 def machine_busy(s: dict[str, Any]) -> bool:
@@ -187,7 +205,7 @@ def plot(res: dict[str, Any], path: Path) -> Path:
     sp = res["speed"]
     busy = "\nBUSY MACHINE while timing: tokens/s skewed (see compare.md)" \
         if machine_busy(sp) else ""
-    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, greedy{busy}")
+    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, {decoding(sp)}{busy}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

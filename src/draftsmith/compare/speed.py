@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from draftsmith.compare.paired import DEFINITION as PAIRED
+from draftsmith.compare.paired import paired
 from draftsmith.data.progress import stderr_line
 from draftsmith.errors import DraftsmithError
 
@@ -21,7 +23,15 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
     secs = m.prefill_s + m.decode_s
     # None where nothing was measured: a position never reached, a run of no cycle
     return {**m.accept_stats(), "new_tokens": m.new_tokens, "seconds": secs,
-            "tokens_per_s": m.new_tokens / secs if secs else 0.0}
+            "tokens_per_s": m.new_tokens / secs if secs else 0.0,
+            "per_prompt_accept_length": [r.measured_accept_length for r in runs]}
+
+
+def paired_gaps(out: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every drafter after the first against the first, prompt by prompt (`paired`)."""
+    (ref, first), *rest = out.items()
+    return [paired(k, v["per_prompt_accept_length"], ref, first["per_prompt_accept_length"])
+            for k, v in rest]
 
 
 @torch.no_grad()
@@ -75,8 +85,9 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     out = {k: _finish(v) for k, v in runs.items()}
     for v in out.values():
         v["speedup"] = v["tokens_per_s"] / base if base else None
-    return {"baseline_tokens_per_s": base, "drafters": out, "prompts": len(prompts),
-            "steps": steps, "topk": topk, "num_draft_tokens": num_draft or steps + 1,
+    return {"baseline_tokens_per_s": base, "drafters": out, "paired": paired_gaps(out),
+            "prompts": len(prompts), "decoding": "greedy", "steps": steps, "topk": topk,
+            "num_draft_tokens": num_draft or steps + 1,
             "max_new_tokens": max_new, "device": str(base_rt.device),
             "dtype": str(base_rt.dtype).removeprefix("torch."), "definitions": DEFINITIONS,
             "machine_load": machine.result()}
@@ -93,4 +104,8 @@ DEFINITIONS = {
                       "reached it",
     "tokens_per_s": "new tokens over prefill and decode time, one prompt at a time, the "
                     "target alone and the drafters in an order rotated each prompt",
+    "per_prompt_accept_length": "mean_accept_length of each prompt alone, in the suite's "
+                                "order (null: no cycle ran)",
+    "paired": PAIRED,
+    "decoding": "greedy: every drafter verified against the target's argmax",
 }
