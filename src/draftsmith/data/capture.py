@@ -390,6 +390,9 @@ def capture(
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     todo = [(k, s) for k, s in mine if k not in writer.done()]
     _report(say, p, head, ids, mine, todo)
+    for line in writer.lost:
+        say(f"capture: {line}; captured again")
+    _check_room(folder, _todo_bytes(convs, p, todo, len(ids), head["hidden_size"]), say)
     if todo:
         model = model if model is not None else target.build(cfg.dtype, rank_device(cfg.device))
         _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard, say)
@@ -458,6 +461,34 @@ def _report(say, p: Plan, head: dict, ids: list[int], mine: list, todo: list) ->
             f"conversation(s), skipped; the first: {p.refused}")
     say(f"capture: estimated storage {human_bytes(total * bpt)} ({bpt} bytes/token, bf16); "
         f"this rank {human_bytes(mine_tok * bpt)}, {len(todo)}/{len(mine)} shards to write")
+
+
+SHARD_HEADER = 1024  # a shard's safetensors header beyond its sample ids (a few hundred bytes)
+
+
+def _todo_bytes(convs: list[Conversation], p: Plan, todo: list, n_aux: int,
+                hidden: int) -> int:
+    """The bytes the shards in `todo` take on disk: each token's states, id and mask bit
+    (`bytes_per_token`), each shard's offsets and header (its sample ids)."""
+    length = dict(zip(p.kept, p.lengths, strict=True))
+    bpt = bytes_per_token(n_aux, hidden)
+    return sum(sum(length[i] * bpt + len(convs[i].id) + 4 for i in idx)
+               + 8 * (len(idx) + 1) + SHARD_HEADER for _, idx in todo)
+
+
+def _check_room(folder: Path, need: int, say: Callable[[str], None]) -> None:
+    """Refuse a capture whose shards do not fit the free space of `folder`'s disk before its
+    hours of forwards, not at the shard that fills it."""
+    if not need:
+        return
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise DraftsmithError(
+            f"--out {folder}: the shards to write take {human_bytes(need)} ({need} bytes), but "
+            f"its disk has {human_bytes(free)} ({free} bytes) free; free space, pass another "
+            "--out, or capture fewer conversations or a smaller --max-len")
+    say(f"capture: {human_bytes(need)} to write, {human_bytes(free)} free on the disk of "
+        f"{folder}")
 
 
 def human_bytes(n: float) -> str:

@@ -4,7 +4,9 @@ A shard holds `input_ids` int32 [N], `loss_mask` uint8 [N], `offsets` int64 [S+1
 `aux` [N, n_aux, H] and `hidden` [N, H] in the manifest's `dtype` (bf16). The manifest lists
 every finished shard with its counts, size and sha256; a shard's `file` is relative to the
 manifest's folder (merged multi-rank datasets point into `rank-R/`). Writes are atomic: tmp
-file, fsync, os.replace.
+file, fsync, os.replace. Each shard's safetensors metadata describes it alone (`shard_meta`: its
+index, counts, tokens digest, aux layer ids and their convention, hidden size, dtype, target
+fingerprint), so a reader refuses a shard renamed or moved from another dataset (`meta_fault`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import struct
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,6 +199,71 @@ def pack(samples: list[Sample]) -> tuple[dict[str, torch.Tensor], dict[str, str]
     return {k: v.contiguous() for k, v in tensors.items()}, meta
 
 
+def tokens_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """A shard's input_ids and loss_mask as stored: its own in the manifest entry and in its
+    metadata, so a shard of another dataset in its place is told apart without hashing it."""
+    h = hashlib.sha256(tensors["input_ids"].numpy().tobytes())
+    h.update(tensors["loss_mask"].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def shard_meta(m: dict[str, Any], index: int, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """What a reader needs of the shard without its manifest (safetensors metadata: strings)."""
+    target = m.get("target") if isinstance(m.get("target"), dict) else {}
+    meta = {"format": f"{FORMAT} shard", "index": str(index),
+            "samples": str(len(tensors["offsets"]) - 1),
+            "tokens": str(int(tensors["input_ids"].numel())),
+            "tokens_sha256": tokens_sha256(tensors),
+            "dtype": str(tensors["aux"].dtype).removeprefix("torch."),
+            "hidden_size": str(int(tensors["hidden"].shape[-1])),
+            "aux_layer_ids": json.dumps(m.get("aux_layer_ids")),
+            "aux_convention": str(m.get("aux_convention") or ""),
+            "target_fingerprint": str(target.get("fingerprint") or "")}
+    return {k: v for k, v in meta.items() if v not in ("", "null")}
+
+
+def meta_fault(m: dict[str, Any], entry: dict[str, Any], meta: dict[str, str],
+               layers: bool = True) -> str | None:
+    """How a shard's metadata (`shard_meta`) disagrees with its manifest entry and manifest,
+    in words, else None; a shard written before its metadata described it passes. `layers`
+    False: the aux ids and hidden size left to the reader's caller, which names a manifest's
+    own faults in them (train's checks against the target)."""
+    target = m.get("target") if isinstance(m.get("target"), dict) else {}
+    want = {"index": entry.get("index"), "samples": entry.get("samples"),
+            "tokens": entry.get("tokens"), "tokens_sha256": entry.get("tokens_sha256"),
+            "target_fingerprint": target.get("fingerprint")}
+    if layers:
+        want |= {"hidden_size": m.get("hidden_size"),
+                 "aux_layer_ids": None if m.get("aux_layer_ids") is None
+                 else json.dumps(m["aux_layer_ids"])}
+    for key, value in want.items():
+        if value is not None and key in meta and meta[key] != str(value):
+            return f"its metadata says {key} {meta[key]}, the manifest {value}"
+    return None
+
+
+def shard_fault(path: Path, m: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """Why the file at `path` is not the shard `entry` lists (missing, cut short, unreadable,
+    another shard by its metadata), else None: resume's check, a header read per shard."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return "listed in the manifest but missing"
+    if not whole_file(path, int(entry["bytes"])):
+        return cut_short(path, entry)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:
+        return f"unreadable ({e})"
+    return meta_fault(m, entry, meta)
+
+
+def cut_short(path: Path, entry: dict[str, Any]) -> str:
+    return (f"{path.stat().st_size} bytes, the manifest says {entry['bytes']} (cut short by a "
+            "crash or a full disk, or written again since)")
+
+
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str],
                 kept: str) -> tuple[int, str]:
     """The shard at `path` whole or not at all (tmp file, fsync, os.replace), written by
@@ -208,10 +276,28 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, st
     # a full disk: no tmp file is left, the shards before are listed
     with replacing(path, kept, (OSError, SafetensorError)) as tmp:
         save_file(tensors, tmp, metadata=meta)
+        sort_metadata(tmp)
         digest = sha256_file(tmp)
         fsync_file(tmp)
         size = tmp.stat().st_size
     return size, digest
+
+
+def sort_metadata(path: Path) -> None:
+    """Rewrite the safetensors header at `path` with its metadata keys sorted, in place and of
+    the same length: safetensors writes them in a random order (a Rust HashMap), and a rerun's
+    shard must be the same bytes as the first run's."""
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        meta = head.pop("__metadata__", None)
+        if not meta:
+            return
+        raw = json.dumps({"__metadata__": dict(sorted(meta.items())), **head},
+                         separators=(",", ":"), ensure_ascii=False).encode()
+        if len(raw) <= n:  # a reorder keeps the length; padding as safetensors pads
+            f.seek(8)
+            f.write(raw.ljust(n, b" "))
 
 
 def check_samples(path: Path, m: dict[str, Any], samples: list[Sample]) -> None:
@@ -246,6 +332,7 @@ class ShardWriter:
     def __init__(self, folder: Path, header: dict[str, Any], identity: tuple[str, ...],
                  redo: str = "use another folder or --overwrite") -> None:
         self.folder = make_folder(Path(folder))
+        self.lost: list[str] = []
         path = self.folder / MANIFEST
         if path.is_file():
             old = read_manifest(self.folder)
@@ -264,10 +351,15 @@ class ShardWriter:
             write_json(path, self.manifest)
 
     def _forget_lost(self) -> None:
-        """Shards listed but gone or of another size (deleted to be redone, cut short) are
-        written again, not counted done."""
+        """Shards listed but gone, of another size (deleted to be redone, cut short), unreadable
+        or another shard by their metadata (renamed, moved here) are written again, not counted
+        done; `lost` says which and why, for the caller to tell."""
         shards = self.manifest["shards"]
-        kept = [s for s in shards if whole_file(self.folder / s["file"], int(s["bytes"]))]
+        faults = {s["index"]: shard_fault(self.folder / s["file"], self.manifest, s)
+                  for s in shards}
+        self.lost = [f"{self.folder / s['file']}: {faults[s['index']]}" for s in shards
+                     if faults[s["index"]]]
+        kept = [s for s in shards if not faults[s["index"]]]
         if len(kept) < len(shards):
             self.manifest.update(shards=kept, totals=totals(kept), complete=False)
             write_json(self.folder / MANIFEST, self.manifest)
@@ -281,6 +373,7 @@ class ShardWriter:
         name, kept = shard_name(index), self._kept()
         check_samples(self.folder / name, self.manifest, samples)
         tensors, meta = pack(samples)
+        meta |= shard_meta(self.manifest, index, tensors)
         size, digest = write_shard(self.folder / name, tensors, meta, kept)
         entry = {
             "index": index,
@@ -290,6 +383,7 @@ class ShardWriter:
             "loss_tokens": int(tensors["loss_mask"].sum()),
             "bytes": size,
             "sha256": digest,
+            "tokens_sha256": meta["tokens_sha256"],
         }
         shards = [s for s in self.manifest["shards"] if s["index"] != index] + [entry]
         self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
@@ -378,18 +472,32 @@ class Dataset:
             self._open[k] = self._open.pop(k)  # most recently used last
             return self._open[k]
         path = self.folder / self.shards[k]["file"]
-        handle = open_shard(path)
+        handle = self._open_shard(k, path)
         if k not in self._offsets:
             with reading(path):  # no offsets tensor: not a shard this draftsmith wrote
                 offsets = handle.get_tensor("offsets").tolist()
             if len(offsets) != int(self.shards[k]["samples"]) + 1:
                 raise DraftsmithError(f"{path}: offsets for {len(offsets) - 1} samples, the "
                                       f"manifest says {self.shards[k]['samples']}")
+            meta = handle.metadata() or {}
+            refuse_other(path, meta_fault(self.manifest, self.shards[k], meta, layers=False))
             self._offsets[k] = offsets
         if len(self._open) >= OPEN_SHARDS:
             self._open.pop(next(iter(self._open)))
         self._open[k] = handle
         return handle
+
+    def _open_shard(self, k: int, path: Path) -> Any:
+        """`open_shard`; a file that does not open and is not of its listed size is named as cut
+        short (a crash, a full disk), not by safetensors' words."""
+        try:
+            return open_shard(path)
+        except DraftsmithError:
+            if not path.is_file() or whole_file(path, int(self.shards[k]["bytes"])):
+                raise
+            raise DraftsmithError(f"{path}: unreadable shard: {cut_short(path, self.shards[k])};"
+                                  " capture the dataset again (a rerun of its capture redoes it)"
+                                  ) from None
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         k, j = self.locate(i)
@@ -433,6 +541,14 @@ class Dataset:
 
     def verify(self) -> dict[str, int]:
         return verify(self.folder)
+
+
+def refuse_other(path: Path, fault: str | None) -> None:
+    """A shard whose metadata names another shard than its manifest entry: refused by name."""
+    if fault:
+        raise DraftsmithError(f"{path}: not the shard the manifest lists ({fault}): renamed, or "
+                              "moved here from another dataset; put the right file back or "
+                              "capture the dataset again")
 
 
 def verify(folder: str | Path, hashed: Collection[int] | None = None) -> dict[str, int]:
@@ -491,6 +607,7 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bo
         dtypes = {k: SAFETENSORS_DTYPES.get(str(v.get_dtype()), str(v.get_dtype()))
                   for k, v in slices.items()}
         offsets = f.get_tensor("offsets")
+        meta = f.metadata() or {}
     n, samples = int(s["tokens"]), int(s["samples"])
     where = folder / MANIFEST
     n_aux, h = len(required(m, "aux_layer_ids", where)), int(required(m, "hidden_size", where))
@@ -509,3 +626,4 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bo
                               f"{ {k: kinds[k] for k in bad} }")
     if int(offsets[0]) != 0 or int(offsets[-1]) != n or bool((offsets.diff() <= 0).any()):
         raise DraftsmithError(f"{path}: offsets are not increasing from 0 to {n}")
+    refuse_other(path, meta_fault(m, s, meta))
