@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-from draftsmith.data.shards import OPEN_SHARDS, SAFETENSORS_DTYPES, check_widths, reading
+from draftsmith.data.shards import (
+    OPEN_SHARDS,
+    SAFETENSORS_DTYPES,
+    check_widths,
+    meta_fault,
+    reading,
+    refuse_other,
+)
 from draftsmith.errors import DraftsmithError
 
 DTYPES = {code: getattr(torch, name) for code, name in SAFETENSORS_DTYPES.items()}
@@ -77,6 +84,7 @@ class ShardReader:
                 os.close(fd)
             check_widths(path, shapes, n_aux, hidden)
             _check_layout(path, header)
+            self._check_meta(i, header)
 
     def check_hashes(self, samples: int, known: dict[str, Any],
                      part: tuple[int, int] = (0, 1),
@@ -179,8 +187,18 @@ class ShardReader:
                 start = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
                 offsets = _read(fd, header["offsets"], start, 0, header["offsets"]["shape"][0],
                                 path)
+            self._check_meta(k, header)
             self._meta[k] = (header, start, offsets.tolist())
         return (fd, *self._meta[k])
+
+    def _check_meta(self, k: int, header: dict[str, Any]) -> None:
+        """Shard `k`'s own metadata (the header just read) against its manifest entry: one
+        renamed, or moved here from another dataset of as many bytes, refused by name, not read
+        as this one (no hashing; a shard written before its metadata described it passes)."""
+        meta = header.get("__metadata__")
+        meta = meta if isinstance(meta, dict) else {}
+        m = getattr(self.ds, "manifest", None) or {}
+        refuse_other(self._path(k), meta_fault(m, self.shards[k], meta, layers=False))
 
     def loss_masks(self) -> Iterator[torch.Tensor]:
         """Each sample's loss mask in order, one read a shard (no states read); the files it
