@@ -99,7 +99,7 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
         ids = (from_convention(written, CONVENTION[engine], num_layers) if engine == "draftsmith"
                else engine_feed(written, CONVENTION[engine], num_layers))
     except DraftsmithError as e:
-        return Feed(engine, key, list(written), None, _no_layer(written, engine, num_layers)
+        return Feed(engine, key, list(written), None, no_layer_words(written, engine, num_layers)
                     or str(e))
     limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
     dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
@@ -117,7 +117,7 @@ READS = {"sglang": "SGLang after PR #25454 (2026-05)", "sglang-legacy": "SGLang 
          "#25454 (2026-05)", "vllm": "vLLM", "draftsmith": "draftsmith"}
 
 
-def _no_layer(written: list[int], engine: str, num_layers: int) -> str:
+def no_layer_words(written: list[int], engine: str, num_layers: int) -> str:
     """How `engine` reads ids of which some name no state of the target, in the user's own
     numbers ("" where none does): the canonical id a conversion refuses was never written."""
     conv = CONVENTION[engine]

@@ -469,14 +469,34 @@ def engine_ids(config: dict[str, Any], layout: str, num_layers: int,
         Convention.EAGLE
 
 
-def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: str) -> list[int]:
+def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: str,
+                 folder: Path | None = None) -> list[int]:
     """Canonical ids of an engine folder as `draftsmith import` (and the doctor's and compare's
     runs, which load through it) reads them: as its engine feeds them, or the engines' default
-    [2, L//2, L-3] (inputs of those layers) where the folder names none."""
+    [2, L//2, L-3] (inputs of those layers) where the folder names none. Given the `folder`
+    (import's readers), ids naming no layer of the target are refused in the ids as written
+    there, as the doctor words them (`no_layer`), not in a converted id never written."""
     written, key, conv = engine_ids(config, layout, num_layers, where)
     if written is None:
         return default_feed(num_layers, where)
-    return engine_feed(written, conv, num_layers, f"{where}: {key}" if where else key)
+    at = f"{where}: {key}" if where else key
+    try:
+        return engine_feed(written, conv, num_layers, at)
+    except DraftsmithError:
+        if folder is None or not (words := no_layer(written, conv, num_layers)):
+            raise
+    raise DraftsmithError(f"{at}: {words} (fix: write there the ids of the layers the drafter "
+                          f"was trained on; `draftsmith doctor --drafter {folder}` names them)")
+
+
+def no_layer(written: list[int], conv: Convention, num_layers: int) -> str:
+    """The doctor's words for engine ids of which some name no layer of the target, in the ids
+    as written ("" where all do): `doctor.engines.no_layer_words` for the engine reading `conv`,
+    imported here when called (the doctor imports this module)."""
+    from draftsmith.doctor.engines import CONVENTION, no_layer_words
+
+    engine = next(e for e, c in CONVENTION.items() if c is conv)
+    return no_layer_words(written, engine, num_layers)
 
 
 def default_ids(num_layers: int) -> list[int]:

@@ -291,7 +291,7 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
 
 def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int]:
     where = f"{folder}/config.json"
-    canonical = imported_ids(c, "sglang", num_layers, where)
+    canonical = imported_ids(c, "sglang", num_layers, where, folder)
     written, key, conv = engine_ids(c, "sglang", num_layers, where)
     if written is None:
         warn_default_repeat(num_layers, where)

@@ -196,7 +196,7 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     record = section(c, "draftsmith", where)
     verifier = verifier_of(c, where)
     num_layers = _verifier_layers(c, info, folder)
-    ids = imported_ids(c, "speculators", num_layers, where)
+    ids = imported_ids(c, "speculators", num_layers, where, folder)
     if (written := engine_ids(c, "speculators", num_layers, where)[0]) is not None:
         warn_unsorted(written, ids, where)
     else:
