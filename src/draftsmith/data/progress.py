@@ -75,7 +75,7 @@ class Progress:
 
         def tell() -> None:
             while not stop.wait(beat or BEAT_S):
-                self.status(f"{text}, {_span(time.perf_counter() - start)} in")
+                self.status(f"{text}, {span(time.perf_counter() - start)} in")
 
         thread = threading.Thread(target=tell, name="progress-beat", daemon=True)
         thread.start()
@@ -94,12 +94,12 @@ class Progress:
         now = time.perf_counter()
         spent, made = now - self.start, self.done - self.first
         left = self.total - self.done
-        eta = f", eta {_span(spent / made * left)}" if made and left > 0 else ""
-        self.say(f"{self.desc}: {self.done}/{self.total} {self.unit}s, {_span(spent)} spent{eta}")
+        eta = f", eta {span(spent / made * left)}" if made and left > 0 else ""
+        self.say(f"{self.desc}: {self.done}/{self.total} {self.unit}s, {span(spent)} spent{eta}")
         self.said, self.unsaid = now, False
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

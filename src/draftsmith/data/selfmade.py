@@ -287,7 +287,7 @@ def _decode(rt: Any, prompts: list[list[int]], max_new: int, how: tuple, bar: An
     """One round's `run_generation`, its status beating (time so far) until the decode steps
     tell their own progress: tokens written and rows finished, then only those (the beat's
     text would hide them). Progress off: no hook, so no count is read from the device."""
-    from draftsmith.data.progress import _span
+    from draftsmith.data.progress import span
     from draftsmith.engine import generate
 
     params, stops = how
@@ -299,7 +299,7 @@ def _decode(rt: Any, prompts: list[list[int]], max_new: int, how: tuple, bar: An
 
         def on_step(steps: int, finished: int) -> None:
             beat.close()
-            spent = _span(time.perf_counter() - start)
+            spent = span(time.perf_counter() - start)
             bar.status(f"{head}, {tally.add(steps, finished)} tokens written, "
                        f"{finished}/{tally.rows} rows finished, {spent} in")
 
