@@ -3,26 +3,13 @@ in the ids as written there (the doctor's words), not in a converted id the user
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from test_export import make
+from test_import_review import _relist
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import export_drafter, import_drafter
 from draftsmith.models.eagle3 import load_drafter
-
-
-def _relist(folder: Path, layout: str, ids: list[int]) -> Path:
-    c = json.loads((folder / "config.json").read_text())
-    if layout == "sglang":
-        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
-        c.pop("eagle_aux_hidden_state_layer_ids")  # SGLang's key alone
-    else:
-        c["eagle_aux_hidden_state_layer_ids"] = ids
-    (folder / "config.json").write_text(json.dumps(c))
-    return folder
 
 
 @pytest.mark.parametrize(("layout", "ids", "words"), [
@@ -38,8 +25,9 @@ def test_ids_naming_no_layer_are_refused_in_the_folders_own_numbers(target, tmp_
                                                                     ids, words):
     """Import said "[-1, 1, 3] out of range for this target: aux layer ids [-2] out of range:
     canonical ids ... must lie in [-1, 5]": a -2 the user never wrote."""
-    folder = _relist(export_drafter(make(target, tmp_path / "d"), layout, tmp_path / layout,
-                                    target=str(target.folder)), layout, ids)
+    folder = export_drafter(make(target, tmp_path / "d"), layout, tmp_path / layout,
+                            target=str(target.folder))
+    _relist(folder, layout, ids)
     with pytest.raises(DraftsmithError) as e:
         import_drafter(folder, tmp_path / "out", target=str(target.folder))
     msg = str(e.value)

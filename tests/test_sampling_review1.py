@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 from test_speculative import Steered, greedy_seq, make_drafter
-from test_speculative_sampling import chi_square_p, exact_joint, filtered_by_hand, small_target
+from test_speculative_sampling import (
+    alternating_counts,
+    chi_square_p,
+    exact_joint,
+    filtered_by_hand,
+    small_target,
+)
 
 from draftsmith.engine import speculative
 from draftsmith.engine.runtime import Runtime
@@ -102,12 +108,7 @@ def test_speculative_rows_draw_their_top_n_sigma_target(monkeypatch) -> None:
     drafter = make_drafter(target, 6, Steered, seed=6, std=0.6).steer(seq, 1.0)
     rows = list(settings) * (b // 2)
     dec = SpecDecoder(Runtime(target, b, 24), drafter, 2, 1, None, settings[0])
-    torch.manual_seed(7)
-    counts = torch.zeros(2, 8, 8, 8)
-    for _ in range(4):
-        res = dec.generate([prompt] * b, 3, eos_ids=[], params=rows)
-        for i, t in enumerate(res.tokens):
-            counts[i % 2, t[0], t[1], t[2]] += 1
+    res, counts = alternating_counts(dec, prompt, b, rows)
     assert res.mean_accept_length > 1.3
     assert chi_square_p(counts[0], joints[0]) > 1e-3 and chi_square_p(counts[1], joints[1]) > 1e-3
     assert chi_square_p(counts[0], joints[1]) < 1e-6

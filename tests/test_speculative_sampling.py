@@ -236,12 +236,7 @@ def test_rows_of_one_batch_each_sample_their_own_setting(kind, steps, topk, n, m
     dec = SpecDecoder(Runtime(target, b, 24), drafter, steps, topk, n, rows[0])
     dec.compile_bookkeeping(fuse={"accept"})
     assert dec.accept_draws == (kind == "temperature")
-    torch.manual_seed(7)
-    counts = torch.zeros(2, 8, 8, 8)
-    for _ in range(4):
-        res = dec.generate([prompt] * b, 3, eos_ids=[], params=rows)
-        for i, t in enumerate(res.tokens):
-            counts[i % 2, t[0], t[1], t[2]] += 1
+    res, counts = alternating_counts(dec, prompt, b, rows)
     assert not any(st.unfused for st in dec.states.values())
     assert res.mean_accept_length > 1.3
     assert_halves_match(counts, target, prompt, kind)
@@ -477,3 +472,15 @@ def test_the_sliced_argmax_picks_what_argmax_picks():
     ints[1] = torch.iinfo(torch.int64).min
     assert sampling.argmax(x).tolist() == [0, 0]
     assert torch.equal(sampling.argmax(ints), ints.argmax(-1))
+
+
+def alternating_counts(dec, prompt: list[int], b: int, rows: list) -> tuple:
+    """Four seeded runs of `b` copies of `prompt`, rows alternating between two settings
+    (`rows`): the last result and each setting's counts of its 3-token continuations [2, 8^3]."""
+    torch.manual_seed(7)
+    counts = torch.zeros(2, 8, 8, 8)
+    for _ in range(4):
+        res = dec.generate([prompt] * b, 3, eos_ids=[], params=rows)
+        for i, t in enumerate(res.tokens):
+            counts[i % 2, t[0], t[1], t[2]] += 1
+    return res, counts
