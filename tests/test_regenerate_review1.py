@@ -8,6 +8,7 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request
@@ -40,13 +41,20 @@ def stalling_app(answered: int, stalled: threading.Event, release: threading.Eve
     return app
 
 
-def interrupt_when(event: threading.Event) -> list[float]:
-    """Ctrl-C to the main thread once `event` is set, as a terminal sends it; its time."""
+def interrupt_when(event: threading.Event, out: Path, lines: int) -> list[float]:
+    """Ctrl-C to the main thread once `event` is set and `out` holds `lines` lines (a fixed
+    pause raced the client's write on a loaded machine), as a terminal sends it; its time."""
     main, sent = threading.main_thread().ident, []
+
+    def written() -> int:
+        return len(out.read_text().splitlines()) if out.exists() else 0
 
     def go() -> None:
         if event.wait(10):
-            time.sleep(0.2)  # the requests of the chunk all sent
+            end = time.monotonic() + 10
+            while written() < lines and time.monotonic() < end:
+                time.sleep(0.02)
+            time.sleep(0.1)  # the next request of the window sent
             sent.append(time.monotonic())
             signal.pthread_kill(main, signal.SIGINT)
 
@@ -64,7 +72,7 @@ def test_ctrl_c_stops_at_once_keeping_what_was_written(tmp_path, tiny_llama_dir)
     before = {t for t in threading.enumerate() if not t.daemon}
     with running(stalling_app(2, stalled, release)) as url:
         try:
-            sent = interrupt_when(stalled)
+            sent = interrupt_when(stalled, out, 2)
             with pytest.raises(KeyboardInterrupt):
                 regenerate_file(convs, out, cfg, str(tiny_llama_dir), base_url=url, model="m",
                                 concurrency=2, retries=0, log=said.append)
