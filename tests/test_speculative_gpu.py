@@ -344,6 +344,32 @@ def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, 
 
 @pytest.mark.parametrize("steps,topk,n,compiled", [
     (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
+def test_graphed_rows_keep_their_own_top_n_sigma(pair, steps, topk, n, compiled, monkeypatch):
+    """top_n_sigma per row under CUDA graphs (and compiled phases): a sigma so small that only
+    the largest logit stays decodes as plain greedy at T 1.5, beside rows at a wide sigma and
+    none that draw apart; changing the settings captures nothing new."""
+    from draftsmith.engine import speculative
+
+    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
+    target, drafter, eager = pair
+    if compiled and topk > 1:
+        drafter = cast(make_drafter(target, 96), torch.float32)
+    rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    rows = [SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5, top_n_sigma=50.0),
+            SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5)]
+    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[1])
+    res = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows)
+    graphs = len(rt.graphs.graphs)
+    assert res.tokens[0] == ref[0] and res.tokens[2] == ref[2]
+    assert res.tokens[1] != ref[1] and res.tokens[3] != ref[3]
+    again = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows[1:] + rows[:1])
+    assert again.tokens[1] == ref[1] and again.tokens[3] == ref[3]
+    assert len(rt.graphs.graphs) == graphs
+
+
+@pytest.mark.parametrize("steps,topk,n,compiled", [
+    (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
 def test_a_seeded_call_that_captures_draws_what_a_later_seeded_call_draws(pair, steps, topk, n,
                                                                          compiled):
     """The first seeded call at a batch size captures its graphs (and compiles): their warm-up
