@@ -52,7 +52,7 @@ def bench(
                                  help="phase profiler (also DRAFTSMITH_PROFILE=1), in a second "
                                       "run of each setting, the timed one unprofiled; with "
                                       "--refill it adds the refills' share"),
-    out: Path = typer.Option(Path("bench-out"), "--out", "-o",
+    out: Path = typer.Option(Path("runs/bench"), "--out", "-o",
                              help="folder for bench.json/.png"),
     seed: int = typer.Option(0, help="with --temperature: seeds the sampling"),
     refill: bool = typer.Option(False, "--refill",
