@@ -29,6 +29,8 @@ from draftsmith.data.shards import (
     MANIFEST,
     Sample,
     ShardWriter,
+    check_identity,
+    intact,
     read_manifest,
     same_setting,
     totals,
@@ -123,6 +125,13 @@ def encode_sample(
     if not any(mask):  # cut before its first answer: --max-len's doing, not the input's
         raise _Skip("answer_past_max_len" if cut else "no_assistant_tokens")
     return ids, mask, cut
+
+
+# what to do where every conversation was skipped for this reason
+SKIP_FIXES = {"no_assistant_tokens": "conversations need answers: have the target answer the "
+                                     "prompts first (draftsmith data regenerate)",
+              "too_long": "raise --max-len, or pass --too-long truncate",
+              "answer_past_max_len": "raise --max-len, which cuts them before their answers"}
 
 
 class _Skip(Exception):
@@ -308,22 +317,39 @@ def clean(folder: Path, rank: int = 0, world: int = 1) -> None:
     each rank its own folder, rank 0 also the top level and folders of ranks beyond `world` (an
     earlier, wider run's), so no rank removes what a running one already wrote. A manifest goes
     first: a clean cut short never leaves one listing shards it removed."""
-    if not folder.is_dir():
-        return
     try:
-        for p in sorted(folder.iterdir(), key=lambda p: p.name != MANIFEST):
-            if p.is_dir() and p.name.startswith("rank-"):
-                k = p.name.removeprefix("rank-")
-                other_live = k.isdigit() and int(k) < world and int(k) != rank
-                if not other_live and (rank == 0 or k == str(rank)):
-                    (p / MANIFEST).unlink(missing_ok=True)
-                    shutil.rmtree(p)
-            elif rank == 0 and _ours(p.name):
+        for p in _cleaned(folder, rank, world):
+            if p.is_dir():
+                (p / MANIFEST).unlink(missing_ok=True)
+                shutil.rmtree(p)
+            else:
                 p.unlink()
     except OSError as e:
         raise DraftsmithError(f"{folder}: cannot remove what an earlier capture left "
                               f"({e.strerror or e}: {e.filename}); make it writable, or use "
                               "another folder") from None
+
+
+def _cleaned(folder: Path, rank: int, world: int) -> list[Path]:
+    """What `clean` removes from `folder`, a manifest first."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(folder.iterdir(), key=lambda p: p.name != MANIFEST):
+        if p.is_dir() and p.name.startswith("rank-"):
+            k = p.name.removeprefix("rank-")
+            other_live = k.isdigit() and int(k) < world and int(k) != rank
+            if not other_live and (rank == 0 or k == str(rank)):
+                out.append(p)
+        elif rank == 0 and _ours(p.name):
+            out.append(p)
+    return out
+
+
+def _size(paths: list[Path]) -> int:
+    """The bytes of the files at `paths` (those in folders too); missing ones count 0."""
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*"))]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def _ours(name: str) -> bool:
@@ -364,11 +390,16 @@ def capture(
     if not p.kept:
         raise DraftsmithError(f"no conversation has assistant tokens to capture (skipped: "
                               f"{skipped_words(p.skipped)})"
-                              + (f"; the first refused: {p.refused}" if p.refused else ""))
+                              + (f"; the first refused: {p.refused}" if p.refused else "")
+                              + "".join(f"; {SKIP_FIXES[k]}" for k in p.skipped
+                                        if k in SKIP_FIXES))
     head = header(target, convs, cfg, ids, p, rank, world)
-    if overwrite:
-        clean(out, rank, world)
     folder = out / f"rank-{rank}" if world > 1 else out
+    mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
+    room = _Room(say, convs, p, head, ids, mine, folder)
+    if overwrite:  # the room its removal frees counted, so a refused run removes nothing
+        room.check(mine, _size(_cleaned(out, rank, world)))
+        clean(out, rank, world)
     _drop_tmp(folder)
     for there in dict.fromkeys((out, folder)):  # the dataset (merged), this rank's part
         _same_answers(there, head, redo)
@@ -379,20 +410,24 @@ def capture(
     if world > 1 and not overwrite:  # before this rank's work, not at the merge after it
         _same_merged(out, head, redo)
         _same_ranks(out, head)
+    adopted = None
     if grow and world == 1:
-        _adopt(out, head, _planned_samples(convs, p, cfg.samples_per_shard))
+        adopted = _adoption(out, head, _planned_samples(convs, p, cfg.samples_per_shard))
     else:
         _same_input(folder, head, [c.id for c in convs], world == 1, redo)
+    if not overwrite:  # nothing is written before the room is known: a refusal leaves no trace
+        done = _done_in(folder, head, adopted, redo)
+        room.check([(k, s) for k, s in mine if k not in done],
+                   _size([folder / s["file"] for s in adopted[1]]) if adopted else 0)
+    if adopted:
+        _adopt(out, *adopted)
     writer = ShardWriter(folder, head, IDENTITY, redo)
     if "answer_tokens" not in writer.manifest:  # an older manifest resumed: now recorded
         writer.update(answer_tokens=head["answer_tokens"])
     _note_command(writer, command or "draftsmith.data.capture.capture()")
-    mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     todo = [(k, s) for k, s in mine if k not in writer.done()]
-    _report(say, p, head, ids, mine, todo)
     for line in writer.lost:
         say(f"capture: {line}; captured again")
-    _check_room(folder, _todo_bytes(convs, p, todo, len(ids), head["hidden_size"]), say)
     if todo:
         model = model if model is not None else target.build(cfg.dtype, rank_device(cfg.device))
         _run(model, tok, convs, cfg, tuple(ids), writer, todo, progress, on_shard, say)
@@ -476,17 +511,37 @@ def _todo_bytes(convs: list[Conversation], p: Plan, todo: list, n_aux: int,
                + 8 * (len(idx) + 1) + SHARD_HEADER for _, idx in todo)
 
 
-def _check_room(folder: Path, need: int, say: Callable[[str], None]) -> None:
-    """Refuse a capture whose shards do not fit the free space of `folder`'s disk before its
-    hours of forwards, not at the shard that fills it."""
+@dataclass
+class _Room:
+    """What a capture says of its plan and the room its shards take, before it writes."""
+    say: Callable[[str], None]
+    convs: list[Conversation]
+    p: Plan
+    head: dict[str, Any]
+    ids: list[int]
+    mine: list
+    folder: Path
+
+    def check(self, todo: list, freed: int) -> None:
+        _report(self.say, self.p, self.head, self.ids, self.mine, todo)
+        need = _todo_bytes(self.convs, self.p, todo, len(self.ids), self.head["hidden_size"])
+        _check_room(self.folder, need, self.say, freed)
+
+
+def _check_room(folder: Path, need: int, say: Callable[[str], None], freed: int = 0) -> None:
+    """Refuse a capture whose shards do not fit the free space of `folder`'s disk (with the
+    `freed` bytes it removes first) before its hours of forwards, not at the shard that fills
+    it. `folder` may not exist yet: the disk is its nearest existing parent's."""
     if not need:
         return
-    free = shutil.disk_usage(folder).free
+    there = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(there).free + freed
     if need > free:
+        also = f", counting the {human_bytes(freed)} this run removes first" if freed else ""
         raise DraftsmithError(
             f"--out {folder}: the shards to write take {human_bytes(need)} ({need} bytes), but "
-            f"its disk has {human_bytes(free)} ({free} bytes) free; free space, pass another "
-            "--out, or capture fewer conversations or a smaller --max-len")
+            f"its disk has {human_bytes(free)} ({free} bytes) free{also}; free space, pass "
+            "another --out, or capture fewer conversations or a smaller --max-len")
     say(f"capture: {human_bytes(need)} to write, {human_bytes(free)} free on the disk of "
         f"{folder}")
 
@@ -561,22 +616,46 @@ def _same_but_digests(m: dict[str, Any], head: dict[str, Any]) -> bool:
     return all(same_setting(k, m.get(k), head.get(k)) for k in IDENTITY if k not in DIGESTS)
 
 
-def _adopt(folder: Path, head: dict[str, Any], shards: list[list[tuple[str, str]]]) -> None:
-    """Keep the shards of the capture in `folder` that hold exactly the samples (conversation
-    id, `sample_digest`) `shards` puts there; drop the others, to be redone."""
+Adoption = tuple[dict[str, Any], list[dict[str, Any]]]  # (the manifest kept, shards dropped)
+
+
+def _adoption(folder: Path, head: dict[str, Any],
+              shards: list[list[tuple[str, str]]]) -> Adoption | None:
+    """What `--grow` makes of the capture in `folder` (nothing written): its manifest keeping
+    the shards that hold exactly the samples (conversation id, `sample_digest`) `shards` puts
+    there, and the others, to be redone; None where there is nothing to adopt."""
     if not (folder / MANIFEST).is_file():
-        return
+        return None
     m = read_manifest(folder)
     if not _same_but_digests(m, head) or _same_digests(m, head):
-        return  # the same run (resumed as it is), or another one ShardWriter names
+        return None  # the same run (resumed as it is), or another one ShardWriter names
     keep = [s for s in m["shards"] if s["index"] < len(shards)
             and _shard_samples(folder / s["file"]) == shards[s["index"]]]
     drop = [s for s in m["shards"] if s not in keep]
     m.update({k: head[k] for k in (*DIGESTS, "expected", "input", "answer_tokens")},
              shards=keep, totals=totals(keep), complete=False)
+    return m, drop
+
+
+def _adopt(folder: Path, m: dict[str, Any], drop: list[dict[str, Any]]) -> None:
     write_json(folder / MANIFEST, m)  # first: a kill now leaves a manifest of kept shards
     for s in drop:
         (folder / s["file"]).unlink(missing_ok=True)
+
+
+def _done_in(folder: Path, head: dict[str, Any], adopted: Adoption | None,
+             redo: str) -> set[int]:
+    """The shards of `folder` a resume keeps, read before anything is written (its manifest,
+    or the one --grow makes of it), checked as ShardWriter checks it: a folder of other settings
+    is refused by them, not by its room."""
+    if adopted:
+        m = adopted[0]
+    elif (folder / MANIFEST).is_file():
+        m = read_manifest(folder)
+    else:
+        return set()
+    check_identity(folder, m, head, IDENTITY, redo)
+    return intact(folder, m)
 
 
 def _shard_samples(path: Path) -> list[tuple[str, str]] | None:

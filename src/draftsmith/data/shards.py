@@ -336,12 +336,7 @@ class ShardWriter:
         path = self.folder / MANIFEST
         if path.is_file():
             old = read_manifest(self.folder)
-            for key in identity:
-                if not same_setting(key, old.get(key), header.get(key)):
-                    raise DraftsmithError(
-                        f"{self.folder}: holds a dataset made with a different {key} "
-                        f"({old.get(key)!r} there, {header.get(key)!r} now); {redo}"
-                    )
+            check_identity(self.folder, old, header, identity, redo)
             self.manifest = old
             self._forget_lost()
         else:
@@ -405,6 +400,21 @@ class ShardWriter:
     def update(self, **extra: Any) -> None:
         self.manifest.update(extra)
         write_json(self.folder / MANIFEST, self.manifest)
+
+
+def check_identity(folder: Path, old: dict[str, Any], header: dict[str, Any],
+                   identity: tuple[str, ...], redo: str) -> None:
+    """Refuse `folder`'s manifest `old` where a setting of `identity` is not `header`'s."""
+    for key in identity:
+        if not same_setting(key, old.get(key), header.get(key)):
+            raise DraftsmithError(f"{folder}: holds a dataset made with a different {key} "
+                                  f"({old.get(key)!r} there, {header.get(key)!r} now); {redo}")
+
+
+def intact(folder: Path, m: dict[str, Any]) -> set[int]:
+    """The indices of the shards `m` lists whose files in `folder` are whole (`shard_fault`):
+    those a ShardWriter opened on it counts done."""
+    return {int(s["index"]) for s in m["shards"] if not shard_fault(folder / s["file"], m, s)}
 
 
 def same_setting(key: str, there: Any, now: Any) -> bool:
