@@ -290,9 +290,9 @@ def capture(
     convs = read_sources([source], strict)
     m = run(load_target(target), convs, out, cfg, command=command_line(), log=say,
             overwrite=overwrite, grow=grow)
+    whole = m.get("complete") and (m.get("rank") is None or m.get("world_size", 1) == 1)
     say(f"{out}: {m['totals']['samples']} samples, {m['totals']['tokens']} tokens, "
-        f"{m['totals']['shards']} shards" + ("" if m.get("complete") and m.get("rank", 0) in
-                                             (0, None) else " (this rank)"))
+        f"{m['totals']['shards']} shards" + ("" if whole else " (this rank)"))
 
 
 @app.command()
