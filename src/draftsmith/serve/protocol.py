@@ -244,19 +244,33 @@ def _top_n_sigma(body: dict) -> float:
     return max(n, 0.0)
 
 
-def _options(body: dict, cfg: ServeConfig, kind: str, count: int,
-             tokens_key: str) -> dict[str, Any]:
-    """Every field but the prompts (`count` of them), checked before any is tokenized."""
+def _max_tokens(body: dict, cfg: ServeConfig, kind: str) -> int:
+    """`max_completion_tokens` (OpenAI's newer name, taken on both routes: a bound a client
+    sends is never dropped), else `max_tokens`."""
     default = cfg.max_tokens if kind == "chat" else min(COMPLETION_DEFAULT_TOKENS, cfg.max_tokens)
-    max_tokens = _get(body, tokens_key, int, None)
+    key = "max_completion_tokens"
+    max_tokens = _get(body, key, int, None)
     if max_tokens is None:
-        max_tokens = _get(body, "max_tokens", int, default)
-        tokens_key = "max_tokens"
+        key, max_tokens = "max_tokens", _get(body, "max_tokens", int, default)
     if not 1 <= max_tokens <= cfg.max_tokens:
-        raise ApiError(400, f"'{tokens_key}' must be in [1, {cfg.max_tokens}] (the server's "
-                       f"--max-tokens-limit), got {max_tokens}", tokens_key, "invalid_value")
+        raise ApiError(400, f"'{key}' must be in [1, {cfg.max_tokens}] (the server's "
+                       f"--max-tokens-limit), got {max_tokens}", key, "invalid_value")
+    return max_tokens
+
+
+def _n(body: dict, cfg: ServeConfig) -> int:
+    n = _get(body, "n", int, 1)
+    if not 1 <= n <= cfg.max_batch:
+        raise ApiError(400, f"'n' must be in [1, {cfg.max_batch}] (the server's --max-batch), "
+                       f"got {n}", "n", "invalid_value")
+    return n
+
+
+def _options(body: dict, cfg: ServeConfig, kind: str, count: int) -> dict[str, Any]:
+    """Every field but the prompts (`count` of them), checked before any is tokenized."""
+    max_tokens = _max_tokens(body, cfg, kind)
     params, seed = _sampling(body)
-    n = _bounded(body, "n", int, 1, 1, cfg.max_batch)
+    n = _n(body, cfg)
     if count * n > cfg.max_batch:
         raise ApiError(400, f"{count} prompts x n={n} exceeds the server's --max-batch "
                        f"{cfg.max_batch}", "n", "invalid_value")
@@ -372,7 +386,7 @@ def parse_chat(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequest:
     body = _object(body)
     _unsupported(body, "chat")
     messages = _messages(body)
-    opts = _options(body, cfg, "chat", 1, "max_completion_tokens")
+    opts = _options(body, cfg, "chat", 1)
     try:
         ids = _tokenize(prompter, messages, cfg, "")
     except ApiError:
@@ -432,7 +446,7 @@ def parse_completion(body: Any, cfg: ServeConfig, prompter: Prompter) -> GenRequ
     body = _object(body)
     _unsupported(body, "completion")
     items = _items(body, cfg)
-    opts = _options(body, cfg, "completion", len(items), "max_tokens")
+    opts = _options(body, cfg, "completion", len(items))
     prompts = _prompts(items, cfg, prompter)
     _check_lengths(prompts, cfg, "prompt")
     return GenRequest("completion", prompts=prompts, **opts)
