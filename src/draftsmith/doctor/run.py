@@ -233,7 +233,7 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
     try:
         with said_after(line, opts.progress):  # minutes of an 8B target on a CPU
             mm = wiring.match(model, ds, target.cfg.num_layers, opts.samples, opts.max_tokens,
-                              not opts.all_tokens, _first_ids(target))
+                              not opts.all_tokens, _first_ids(target), _lead_ids(target))
     except (DraftsmithError, RuntimeError, ValueError, IndexError, SafetensorError) as e:
         rep.add("wiring: data", [Finding("error", "wiring", f"cannot compare the stored states "
                                          f"with the live target: {e}", str(opts.data),
@@ -252,6 +252,17 @@ def _first_ids(target: Any) -> tuple[int, ...]:
     with suppress(DraftsmithError):  # a base model: no template
         ids += target.chat_ids([{"role": "user", "content": "x"}])[:1]
     return tuple(int(i) for i in ids if i is not None)
+
+
+def _lead_ids(target: Any) -> tuple[int, ...]:
+    """The chat template's opening, what every templated sample begins with: the tokens a shard
+    whose ids run k tokens ahead of its states dropped are its first k."""
+    try:
+        a, b = (target.chat_ids([{"role": "user", "content": c}]) for c in ("x", "y"))
+    except DraftsmithError:  # a base model: no template
+        return ()
+    n = next((i for i, (p, q) in enumerate(zip(a, b, strict=False)) if p != q), 0)
+    return tuple(int(i) for i in a[:n])
 
 
 def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: DrafterInfo,

@@ -18,7 +18,7 @@ DATA = "the data holds"  # what a drafter's ids are checked against, with --data
 
 def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
     where = str(data / "manifest.json")
-    out = _nonfinite(mm, where) + _shift_finding(mm, data)
+    out = _nonfinite(mm, where) + _shift_finding(mm, data) + _paired_finding(mm, data)
     unread = {s.slot for s in mm.slots if s.status == "nonfinite"}  # said above
     out += [f for s in mm.slots[:-1] if s.slot not in unread
             and (f := _slot_finding(mm, s, where))]
@@ -42,21 +42,41 @@ def data_findings(mm: MatchMatrix, data: Path) -> list[Finding]:
 
 
 def _shift_finding(mm: MatchMatrix, data: Path) -> list[Finding]:
-    """The one cause of every slot matching nothing where the ids sit a token off the states
+    """The one cause of every slot matching nothing where the ids sit tokens off the states
     (what follows is said of the realigned data)."""
     if not mm.token_shift:
         return []
+    k = abs(mm.token_shift)
+    tokens = "one token" if k == 1 else f"{k} tokens"
     if mm.token_shift > 0:
-        way, plus, fix = "behind", "+ 1", "input_ids[1:] beside the states [:-1]"
+        way, plus, fix = "behind", f"+ {k}", f"input_ids[{k}:] beside the states [:-{k}]"
     else:
-        way, plus = "ahead of", "- 1"
-        fix = f"the dropped first token {mm.first_id} prepended to input_ids[:-1]"
+        way, plus = "ahead of", f"- {k}"
+        dropped = (f"token {mm.dropped[0]}" if k == 1 else
+                   f"tokens {list(mm.dropped)}")
+        fix = f"the dropped first {dropped} prepended to input_ids[:-{k}]"
     return [Finding(
-        "error", "wiring", f"the shards' input_ids run one token {way} their hidden states: "
+        "error", "wiring", f"the shards' input_ids run {tokens} {way} their hidden states: "
         f"every stored state matches the live one of the token at input_ids[t {plus}], none "
         f"that of input_ids[t]; trained on as stored, the drafter learns the wrong token's states",
         str(data), "recapture (`draftsmith data capture` stores them aligned), or realign each "
         f"sample: {fix}")]
+
+
+def _paired_finding(mm: MatchMatrix, data: Path) -> list[Finding]:
+    """States stored beside another sample's tokens (what follows is said of the re-paired
+    samples)."""
+    if not mm.paired:
+        return []
+    (i, j), *rest = mm.paired.items()
+    pairs = "".join([f"sample {i}'s stored states are those of sample {j}'s input_ids"]
+                    + [f", sample {a}'s those of sample {b}'s" for a, b in rest])
+    return [Finding(
+        "error", "wiring", f"the shards pair tokens with another conversation's hidden states: "
+        f"{pairs}, not of their own (sample ids shuffled between tokens and states); trained on "
+        "as stored, the drafter learns states of text it never sees", str(data),
+        "recapture (`draftsmith data capture` stores each sample's tokens and states together), "
+        "or re-pair each sample's states with its own input_ids")]
 
 
 def _listed_ids(data: Path) -> Any:

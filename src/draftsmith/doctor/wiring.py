@@ -69,7 +69,8 @@ class MatchMatrix:
     normed_rows: list[str] = field(default_factory=list)  # `normed_names`
     normed_rel: torch.Tensor | None = None  # [normed rows, cols] median relative error
     token_shift: int | None = None  # the stored ids lie this many tokens off the states
-    first_id: int | None = None  # the first token put back where the ids run one ahead
+    dropped: tuple[int, ...] = ()  # the first tokens put back where the ids run ahead
+    paired: dict[int, int] = field(default_factory=dict)  # sample -> the one its states are of
 
     def true_ids(self) -> list[int | None]:
         """Canonical id each aux slot best matches (None: the final norm or no clear match)."""
@@ -96,6 +97,7 @@ class MatchMatrix:
                 for k, s in enumerate(self.slots)
             ],
             "true_ids": self.true_ids(), "token_shift": self.token_shift,
+            "states_of_sample": {str(i): j for i, j in self.paired.items()} or None,
         }
 
 
@@ -199,6 +201,9 @@ def token_errors(stored: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor
     return torch.stack(rel, -1), torch.stack(cos, -1)
 
 
+MAX_SHIFT = 3  # ids this many tokens off their states at most are tried realigned
+
+
 def match(
     model: Any,
     dataset: Any,
@@ -207,25 +212,113 @@ def match(
     max_tokens: int = 256,
     loss_only: bool = True,
     first_ids: tuple[int, ...] = (),
+    lead: tuple[int, ...] = (),
 ) -> MatchMatrix:
     """`first_ids`: tokens a sample may begin with (BOS, the chat template's first), tried as
-    the token dropped from ids stored one ahead of their states."""
+    the token dropped from ids stored one ahead of their states; `lead`: the chat template's
+    opening tokens, whose first k are tried as those dropped from ids stored k ahead."""
     mm = _match(model, dataset, num_layers, n_samples, max_tokens, loss_only)
-    if not _unmatched(mm):
+    if all(s.status in ("exact", "tied", "nonfinite") for s in mm.slots):
         return mm
-    views = [_Shifted(dataset, 1)] + [_Shifted(dataset, -1, int(t))
-                                      for t in dict.fromkeys(first_ids)]
-    for view in views:
+    if _unmatched(mm) and (shifted := _realigned(model, dataset, num_layers, n_samples,
+                                                  max_tokens, loss_only, first_ids, lead)):
+        return shifted
+    pairs = _mixups(model, dataset, mm.samples, max_tokens)
+    if not pairs:
+        return mm
+    paired = _match(model, _Paired(dataset, pairs), num_layers, len(pairs), max_tokens,
+                    loss_only)
+    paired.samples, paired.paired = list(pairs), pairs
+    return paired
+
+
+def _realigned(model: Any, dataset: Any, num_layers: int, n_samples: int, max_tokens: int,
+               loss_only: bool, first_ids: tuple[int, ...],
+               lead: tuple[int, ...]) -> MatchMatrix | None:
+    """The match of the first realignment whose states all match (None: none does)."""
+    for view in _views(dataset, first_ids, lead):
         try:
             probe = _match(model, view, num_layers, 1, min(max_tokens, 64), loss_only)
             if _unmatched(probe) or not probe.slots[-1].matched:
                 continue
             shifted = _match(model, view, num_layers, n_samples, max_tokens, loss_only)
         except (RuntimeError, ValueError, IndexError):  # a sample too short to realign
-            return mm
-        shifted.token_shift, shifted.first_id = view.by, view.first
+            return None
+        shifted.token_shift, shifted.dropped = view.by, view.first
         return shifted
-    return mm
+    return None
+
+
+NEIGHBOURS = 4  # other samples tried as the one a sample's states were captured from
+
+
+@torch.no_grad()
+def _mixups(model: Any, dataset: Any, idx: list[int], max_tokens: int) -> dict[int, int]:
+    """Compared sample -> the sample whose tokens its stored final hidden clearly matches where
+    its own do not (states paired with another conversation's tokens: sample ids shuffled)."""
+    out = {}
+    for i in idx:
+        s = dataset[i]
+        n = min(max_tokens, int(s["input_ids"].numel()))
+        own = _hidden_error(model, s["input_ids"][:n], s["hidden"][:n])
+        if own <= TOL:
+            continue
+        for j in _candidates(i, idx, len(dataset)):
+            ids = dataset[j]["input_ids"]
+            m = min(n, int(ids.numel()))
+            e = _hidden_error(model, ids[:m], s["hidden"][:m])
+            if e <= TOL and _clear(own, e):
+                out[i] = j
+                break
+        else:  # no shuffle nearby: more samples would cost forwards of a target found wrong
+            return out
+    return out
+
+
+def _candidates(i: int, idx: list[int], total: int) -> list[int]:
+    near = [i + 1, i - 1, i + 2, i - 2, *idx]
+    return [j for j in dict.fromkeys(near) if j != i and 0 <= j < total][:NEIGHBOURS + len(idx)]
+
+
+def _hidden_error(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> float:
+    """Median per-token relative error of a stored final hidden [T, H] against the live one."""
+    dev = next(model.parameters()).device
+    t = ids.numel()
+    fo = model(ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t), aux_ids=(),
+               want_logits=False)
+    live = fo.hidden[0].float().cpu()
+    err = (stored.float() - live).norm(dim=-1) / live.norm(dim=-1).clamp(min=1e-12)
+    return float(err.nan_to_num(math.inf).median())
+
+
+class _Paired:
+    """The compared samples whose states another sample's tokens were found to make, each read
+    with those tokens (and their loss mask) beside its states."""
+
+    def __init__(self, dataset: Any, pairs: dict[int, int]) -> None:
+        self.dataset, self.items, self.manifest = dataset, list(pairs.items()), dataset.manifest
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        i, j = self.items[k]
+        s, other = dict(self.dataset[i]), self.dataset[j]
+        n = min(int(s["input_ids"].numel()), int(other["input_ids"].numel()))
+        s["input_ids"], s["loss_mask"] = other["input_ids"][:n], other["loss_mask"][:n]
+        s["aux"], s["hidden"] = s["aux"][:n], s["hidden"][:n]
+        return s
+
+
+def _views(dataset: Any, first_ids: tuple[int, ...], lead: tuple[int, ...]) -> list[_Shifted]:
+    """The realignments tried, nearest first: ids k tokens behind, then k ahead with each
+    candidate for the k tokens dropped (one of `first_ids` before the template's opening)."""
+    out = []
+    for k in range(1, MAX_SHIFT + 1):
+        out.append(_Shifted(dataset, k))
+        heads = [(f, *lead[:k - 1]) for f in first_ids] + [lead[:k]]
+        out += [_Shifted(dataset, -k, h) for h in dict.fromkeys(heads) if len(h) == k]
+    return out
 
 
 def _unmatched(mm: MatchMatrix) -> bool:
@@ -235,10 +328,11 @@ def _unmatched(mm: MatchMatrix) -> bool:
 
 
 class _Shifted:
-    """A dataset read with its input_ids realigned with the states: `by` 1, the ids one token
-    behind (drop the first id and the last state); -1, one ahead (`first` put back in front)."""
+    """A dataset read with its input_ids realigned with the states: `by` k > 0, the ids k tokens
+    behind (drop the first k ids and the last k states); -k, k ahead (`first` put back in
+    front)."""
 
-    def __init__(self, dataset: Any, by: int, first: int | None = None) -> None:
+    def __init__(self, dataset: Any, by: int, first: tuple[int, ...] = ()) -> None:
         self.dataset, self.by, self.first, self.manifest = dataset, by, first, dataset.manifest
 
     def __len__(self) -> int:
@@ -246,12 +340,12 @@ class _Shifted:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         s = dict(self.dataset[i])
-        ids = s["input_ids"]
-        if self.by == 1:
-            s["input_ids"], s["loss_mask"] = ids[1:], s["loss_mask"][1:]
-            s["aux"], s["hidden"] = s["aux"][:-1], s["hidden"][:-1]
+        ids, k = s["input_ids"], abs(self.by)
+        if self.by > 0:
+            s["input_ids"], s["loss_mask"] = ids[k:], s["loss_mask"][k:]
+            s["aux"], s["hidden"] = s["aux"][:-k], s["hidden"][:-k]
         else:
-            s["input_ids"] = torch.cat([ids.new_tensor([self.first]), ids[:-1]])
+            s["input_ids"] = torch.cat([ids.new_tensor(self.first), ids[:-k]])
         return s
 
 
