@@ -4,6 +4,7 @@ convention, training data, and (with a target) acceptance and speed on the same 
 from __future__ import annotations
 
 import json
+import os
 import string
 import sys
 from dataclasses import dataclass, field, fields
@@ -369,9 +370,10 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
     check_positions(prompts, opts.max_new, target.cfg.max_position_embeddings,
                     "--max-new-tokens", target.cfg.sliding_window)  # before the weights
     dtype = str(opts.dtype).removeprefix("torch.")
+    # the drafters first: one that does not fit the target is named before its weights build
+    drafters = {d.label: _load(d, target, opts) for d in descs}
     stderr_line(f"compare: loading target {target.source} ({opts.device}, {dtype})")
     model = target.build(opts.dtype, opts.device)
-    drafters = {d.label: _load(d, target, opts) for d in descs}
     res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
                   opts.topk, opts.num_draft_tokens, stderr_line)
     return {"suite": suite_label(opts.prompts), **res}
@@ -410,14 +412,30 @@ def write(res: dict[str, Any], out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     say_replaced(out / "compare.json", lambda line: print(f"compare: {line}", file=sys.stderr))
-    png = None
-    if res.get("speed"):
-        png = plot(res, out / "acceptance.png").name
-    else:  # an earlier run's plot would sit beside a report that measured nothing
+    # every file staged under a tmp name first: a failed write leaves the earlier report whole
+    staged: dict[str, Path] = {}
+    try:
+        png = "acceptance.png" if res.get("speed") else None
+        if png:
+            staged[png] = _tmp(out, png)
+            plot(res, staged[png])
+        staged["compare.md"] = _tmp(out, "compare.md")
+        staged["compare.md"].write_text(markdown(res, png))
+        staged["compare.json"] = _tmp(out, "compare.json")
+        staged["compare.json"].write_text(json.dumps(res, indent=1, default=str,
+                                                     allow_nan=False) + "\n")
+        for name, tmp in staged.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    if not png:  # an earlier run's plot would sit beside a report that measured nothing
         (out / "acceptance.png").unlink(missing_ok=True)
-    (out / "compare.md").write_text(markdown(res, png))
-    (out / "compare.json").write_text(json.dumps(res, indent=1, default=str, allow_nan=False)
-                                      + "\n")
+
+
+def _tmp(out: Path, name: str) -> Path:
+    """A hidden name beside `name` ending as it does (matplotlib reads the format from it)."""
+    return out / f".{os.getpid()}.{name}"
 
 
 def show(res: dict[str, Any]) -> None:

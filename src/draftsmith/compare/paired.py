@@ -17,8 +17,16 @@ DEFINITION = ("each drafter against the first, prompt by prompt: the mean over p
               "than 2 prompts measured by both)")
 
 
+_Z975 = 1.959964
+
+
 def t975(df: int) -> float:
-    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+    """The table to 30; past it the Cornish-Fisher series in 1/df (within 1e-4 of t's quantile)."""
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
 def paired(label: str, mine: list[float | None], ref_label: str,
@@ -40,13 +48,21 @@ def paired(label: str, mine: list[float | None], ref_label: str,
             "beyond_noise": beyond}
 
 
-def words(p: dict[str, Any]) -> str:
-    """One table cell: the gap, its 95% interval and whether it is beyond the noise."""
+def words(p: dict[str, Any], fmt: str = ".2f") -> str:
+    """One table cell: the gap, its 95% interval and whether it is beyond the noise (`fmt`
+    the figures' format)."""
     if p["mean_difference"] is None:
         return "-"
-    gap = f"{p['mean_difference']:+.2f}"
+    gap = f"{p['mean_difference']:+{fmt}}"
     if p["interval_95"] is None:
         return f"{gap} (1 prompt: no spread to judge it by)"
     lo, hi = p["interval_95"]
-    verdict = "beyond the noise" if p["beyond_noise"] else "within the noise: more prompts"
-    return f"{gap} (95%: {lo:+.2f} to {hi:+.2f}, {p['prompts']} prompts): {verdict}"
+    return f"{gap} (95%: {lo:+{fmt}} to {hi:+{fmt}}, {p['prompts']} prompts): {_verdict(p)}"
+
+
+def _verdict(p: dict[str, Any]) -> str:
+    if p["beyond_noise"]:
+        return "beyond the noise"
+    if p["mean_difference"] == 0 and p["standard_error"] == 0:  # no prompt tells them apart
+        return "the same on every prompt"
+    return "within the noise: more prompts"

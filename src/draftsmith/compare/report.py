@@ -129,18 +129,21 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
     rows.append([f"accept rate (accept length / {s['steps'] + 1}, steps + 1; not per draft "
                  "token)", *[figure(runs[k].get("accept_rate"), ".3f") for k in names]])
     rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
+    rows += _paired(s, names, "paired_tokens_per_s", "tokens/s")
     rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
                  *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
     return rows
 
 
-def _paired(s: dict[str, Any], names: list[str]) -> list[list[str]]:
-    """Each drafter's accept length against the first's, prompt by prompt: the gap and whether
-    the spread over prompts covers it."""
-    gaps = {p["drafter"]: words(p) for p in s.get("paired") or []}
+def _paired(s: dict[str, Any], names: list[str], key: str = "paired",
+            figure_name: str = "accept length") -> list[list[str]]:
+    """Each drafter's figure (accept length, tokens/s) against the first's, prompt by prompt:
+    the gap and whether the spread over prompts covers it."""
+    fmt = ".1f" if key == "paired_tokens_per_s" else ".2f"  # as the pooled row shows it
+    gaps = {p["drafter"]: words(p, fmt) for p in s.get(key) or []}
     if not gaps:
         return []
-    return [[f"accept length minus {names[0]}'s, paired over prompts",
+    return [[f"{figure_name} minus {names[0]}'s, paired over prompts",
              *[gaps.get(k, "(reference)") for k in names]]]
 
 

@@ -24,14 +24,21 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
     # None where nothing was measured: a position never reached, a run of no cycle
     return {**m.accept_stats(), "new_tokens": m.new_tokens, "seconds": secs,
             "tokens_per_s": m.new_tokens / secs if secs else 0.0,
-            "per_prompt_accept_length": [r.measured_accept_length for r in runs]}
+            "per_prompt_accept_length": [r.measured_accept_length for r in runs],
+            "per_prompt_tokens_per_s": [_rate(r) for r in runs]}
 
 
-def paired_gaps(out: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every drafter after the first against the first, prompt by prompt (`paired`)."""
+def _rate(r: Any) -> float | None:
+    secs = r.prefill_s + r.decode_s
+    return r.new_tokens / secs if secs else None
+
+
+def paired_gaps(out: dict[str, dict[str, Any]], key: str = "per_prompt_accept_length"
+                ) -> list[dict[str, Any]]:
+    """Every drafter after the first against the first, prompt by prompt (`paired`), in the
+    per-prompt figure `key`."""
     (ref, first), *rest = out.items()
-    return [paired(k, v["per_prompt_accept_length"], ref, first["per_prompt_accept_length"])
-            for k, v in rest]
+    return [paired(k, v[key], ref, first[key]) for k, v in rest]
 
 
 @torch.no_grad()
@@ -86,6 +93,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     for v in out.values():
         v["speedup"] = v["tokens_per_s"] / base if base else None
     return {"baseline_tokens_per_s": base, "drafters": out, "paired": paired_gaps(out),
+            "paired_tokens_per_s": paired_gaps(out, "per_prompt_tokens_per_s"),
             "prompts": len(prompts), "decoding": "greedy", "steps": steps, "topk": topk,
             "num_draft_tokens": num_draft or steps + 1,
             "max_new_tokens": max_new, "device": str(base_rt.device),
@@ -106,6 +114,9 @@ DEFINITIONS = {
                     "target alone and the drafters in an order rotated each prompt",
     "per_prompt_accept_length": "mean_accept_length of each prompt alone, in the suite's "
                                 "order (null: no cycle ran)",
+    "per_prompt_tokens_per_s": "tokens_per_s of each prompt alone, in the suite's order",
     "paired": PAIRED,
+    "paired_tokens_per_s": "as paired, over per_prompt_tokens_per_s: each drafter's tokens/s "
+                           "minus the first's on the same prompt",
     "decoding": "greedy: every drafter verified against the target's argmax",
 }
