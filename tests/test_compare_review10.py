@@ -87,18 +87,18 @@ def _sglang_ids(src, out, ids):
 
 def test_engine_ids_naming_no_layer_are_said_in_the_users_numbers(drafters, tiny_llama_dir,  # noqa: F811
                                                                   tmp_path):
-    """SGLang ids [-1, 2, 3] (the embedding as -1): compare's run refused them as "aux layer ids
-    [-2] out of range: canonical ids ...", a -2 the user never wrote (the doctor's older
-    wording), while its own aux ids note already said how SGLang reads them."""
-    sg = _sglang_ids(drafters["B-specforge"], tmp_path / "sg", [-1, 2, 3])
+    """SGLang ids naming no layer of the target ([-1, 2, 3] read as inputs, then): compare's run
+    refused them as "aux layer ids [-2] out of range: canonical ids ...", a -2 the user never
+    wrote (the doctor's older wording), while its own aux ids note already said how SGLang
+    reads them."""
+    sg = _sglang_ids(drafters["B-specforge"], tmp_path / "sg", [1, 2, 6])
     with pytest.raises(DraftsmithError) as e:
         run_compare(CompareOptions([str(drafters["A"]), str(sg)], target=str(tiny_llama_dir),
                                    num_prompts=1, max_new=2, steps=1))
     msg = str(e.value)
-    assert msg.startswith(f"drafter sg with this --target: {sg / 'config.json'}: SGLang after "
-                          "PR #25454 (2026-05) reads [-1, 2, 3] as the inputs of layers [-1, 2, "
-                          "3] (a list not starting at 1): id -1 is out of range for this target "
-                          "(6 layers: it would fail to load the drafter)")
+    assert msg.startswith(f"drafter sg with this --target: {sg / 'config.json'}: SGLang reads "
+                          "[1, 2, 6] as the outputs of layers [1, 2, 6]: id 6 is out of range "
+                          "for this target (6 layers: it would fail to load the drafter)")
     assert "[-2]" not in msg and "canonical ids" not in msg
     assert msg.endswith(f"(fix: `draftsmith doctor --drafter {sg}` names the ids to write)")
 

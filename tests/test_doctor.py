@@ -169,14 +169,18 @@ def good(work, target) -> Path:
     return make_drafter(work / "good-src", target, TRUE)
 
 
-def test_sglang_version_dependent_ids(work, good, data_dir):
+def test_sglang_reads_nested_ids_as_outputs_whatever_the_first_id(work, good, data_dir):
+    """SGLang's Llama/Qwen classes add 1 to every explicit id, on every version (PR #25454's
+    rule, +1 only where ids[0] == 1, changed the DeepSeek-V2 family): nested [2, 4, 6] feed
+    the outputs of 2, 4, 6, not the [1, 3, 5] the data holds. `sglang-legacy`, the name that
+    reading had, is the same engine."""
     folder = sglang_folder(work, good, [2, 4, 6], None)  # the seed's style of config
-    new = doctor(data=data_dir, drafter=folder, engine="sglang")
-    assert new.ok and any("version dependent" in f.what for f in new.findings)
-    old = doctor(data=data_dir, drafter=folder, engine="sglang-legacy")
-    f = [f for f in errors(old, "wiring") if "will feed" in f.what][0]
-    assert "[2, 4, 6]" in f.what
-    assert "eagle_config.eagle_aux_hidden_state_layer_ids in config.json: [1, 3, 5]" in f.fix
+    for engine in ("sglang", "sglang-legacy"):
+        rep = doctor(data=data_dir, drafter=folder, engine=engine)
+        f = [f for f in errors(rep, "wiring") if "will feed" in f.what][0]
+        assert "[2, 4, 6]" in f.what and not any("version dependent" in x.what
+                                                for x in rep.findings)
+        assert "eagle_config.eagle_aux_hidden_state_layer_ids in config.json: [1, 3, 5]" in f.fix
 
 
 def test_sglang_ignores_top_level_ids(work, good, data_dir):
@@ -310,7 +314,7 @@ def test_exported_folders_pass_for_their_engines(work, good, data_dir, target_di
 
     sg = export_drafter(good, "sglang", work / "exp-sglang", target=str(target_dir))
     sp = export_drafter(good, "speculators", work / "exp-spec", target=str(target_dir))
-    for folder, engine in ((sg, "sglang"), (sg, "sglang-legacy"), (sg, "vllm"), (sp, "vllm")):
+    for folder, engine in ((sg, "sglang"), (sg, "vllm"), (sp, "vllm")):
         rep = doctor(data=data_dir, drafter=folder, engine=engine)
         assert rep.problems() == [], (engine, rep.findings)
     rep = doctor(data=data_dir, drafter=sp, engine="sglang")
@@ -343,19 +347,18 @@ def test_shard_dtype_differs_from_manifest(work, target_dir):
     assert f.check == "dtype" and "'aux': 'float32'" in f.what and "bfloat16" in f.what
 
 
-def test_sglang_legacy_reads_what_export_writes_and_limits_are_errors():
-    """Export writes current SGLang's ids for either version: canonical [2, 4, 6] of an
-    8-layer target go out as inputs [3, 5, 7], which SGLang before PR #25454 reads as outputs
-    [3, 5, 7]. The last layer's output is an error for SGLang even where the ids agree."""
+def test_sglang_gets_what_export_writes_and_limits_are_errors():
+    """Export writes canonical [2, 4, 6] of an 8-layer target as [2, 4, 6] (it went out as
+    [3, 5, 7], which SGLang's Llama classes read as outputs of 3, 5, 7). The last layer's
+    output is an error for SGLang even where the ids agree."""
     from draftsmith.doctor.engines import feed_from_canonical, feed_from_written, what_to_write
     from draftsmith.doctor.verdict import _feed_findings
     from draftsmith.doctor.wiring import _verdict
 
-    legacy = feed_from_canonical([2, 4, 6], "sglang-legacy", 8)
-    assert (legacy.written, legacy.canonical) == ([3, 5, 7], [3, 5, 7])
-    assert feed_from_canonical([2, 4, 6], "sglang", 8).canonical == [2, 4, 6]
-    written, words = what_to_write([2, 4, 6], "sglang-legacy", 8)
-    assert written == [2, 4, 6] and "`draftsmith export`, write [3, 5, 7]" in words
+    feed = feed_from_canonical([2, 4, 6], "sglang", 8)
+    assert (feed.written, feed.canonical) == ([2, 4, 6], [2, 4, 6])
+    written, words = what_to_write([2, 4, 6], "sglang", 8)
+    assert written == [2, 4, 6] and words.endswith("in config.json: [2, 4, 6]")
     feed = feed_from_written([1, 3, 7], "sglang", 8)
     assert feed.canonical == [1, 3, 7]
 
@@ -367,15 +370,15 @@ def test_sglang_legacy_reads_what_export_writes_and_limits_are_errors():
     assert tie.status != "exact"
 
 
-def test_a_version_dependent_reading_outside_the_target_is_a_note_not_a_crash():
-    """[2, 3, 4] on a 4-layer target: current SGLang reads layers 1-3, the legacy reading
-    would need a fifth layer; doctor and compare stopped with an out-of-range error."""
+def test_sglang_ids_past_the_target_are_a_finding_not_a_crash():
+    """[2, 3, 4] on a 4-layer target: SGLang reads the outputs of layers 2-4, and layer 4 is
+    not there; the doctor says so in the ids as written."""
     from draftsmith.doctor.engines import feed_from_written
 
     feed = feed_from_written([2, 3, 4], "sglang", 4)
-    assert feed.canonical == [1, 2, 3] and feed.version_dependent
-    assert "before PR #25454 (2026-05) reads [2, 3, 4] as ids outside this target" in feed.note
-    assert "later versions as outputs of layers [1, 2, 3]" in feed.note
+    assert feed.canonical is None and not feed.version_dependent
+    assert feed.note.startswith("SGLang reads [2, 3, 4] as the outputs of layers [2, 3, 4]: id 4 "
+                                "is out of range for this target (4 layers")
 
 
 # ---- review: edge layers, bad configs, exported folders, damaged data --------------------------
@@ -393,8 +396,8 @@ def test_embedding_and_layer0_data_are_reported_for_every_engine(target, target_
     rows = {r["engine"]: r for r in rep.engines}
     assert rows["vllm"]["write"] == [0, 4, 6] and rows["sglang"]["write"] is None
     assert any("needs vLLM id 0" in f.what for f in rep.findings if f.check == "capturable")
-    written, words = what_to_write([0, 3, 5], "sglang-legacy", 8)
-    assert written == [0, 3, 5] and "cannot write these layers" in words
+    written, words = what_to_write([0, 3, 5], "sglang", 8)
+    assert written == [0, 3, 5] and words.endswith("in config.json: [0, 3, 5]")
     assert what_to_write([0, 3, 5], "vllm", 8)[0] == [1, 4, 6]
 
 
@@ -423,10 +426,10 @@ def test_an_exported_folder_for_another_target_is_an_error(good, target_dir, tmp
 def test_engine_draftsmith_checks_what_import_reads_from_an_exported_folder(tmp_path, good,
                                                                            data_dir):
     """`--engine draftsmith` on an SGLang folder checked nothing and passed broken wiring."""
-    folder = sglang_folder(tmp_path, good, [3, 5, 7], None)  # current SGLang: layers 2, 4, 6
+    folder = sglang_folder(tmp_path, good, [3, 5, 7], None)  # SGLang: outputs of 3, 5, 7
     rep = doctor(data=data_dir, drafter=folder, engine="draftsmith")
     (f,) = [f for f in errors(rep, "wiring") if "will feed" in f.what]
-    assert "[2, 4, 6]" in f.what and "import" in f.where
+    assert "[3, 5, 7]" in f.what and "import" in f.where
     assert f.fix == "write eagle_config.eagle_aux_hidden_state_layer_ids in config.json: [1, 3, 5]"
 
 

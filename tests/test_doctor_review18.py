@@ -56,8 +56,8 @@ def test_aligned_data_and_data_of_another_target_report_no_shift(data_dir, targe
 
 
 @pytest.mark.parametrize(("engine", "ids", "words"), [
-    ("sglang", [-1, 1, 3], "SGLang after PR #25454 (2026-05) reads [-1, 1, 3] as the inputs of "
-     "layers [-1, 1, 3] (a list not starting at 1): id -1 is out of range for this target"),
+    ("sglang", [1, 3, 8], "SGLang reads [1, 3, 8] as the outputs of layers [1, 3, 8]: id 8 is "
+     "out of range for this target"),
     ("vllm", [-1, 1, 3], "vLLM reads [-1, 1, 3] as the inputs of layers [-1, 1, 3]: id -1 is "
      "out of range for this target"),
     ("vllm", [2, 4, 9], "vLLM reads [2, 4, 9] as the inputs of layers [2, 4, 9]: id 9 is out "

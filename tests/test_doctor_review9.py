@@ -102,14 +102,14 @@ def test_steps_past_the_deepest_draft_refused():
 
 
 def test_ids_that_do_not_load_are_fixed_as_ids(work, target, target_dir):
-    """The seed's edit on an export ([1, 3, 5] to [-1, 1, 3]): its load failure said 'its
-    weights and config.json must agree: re-export or retrain it'."""
+    """An edit on an export naming a layer past the target ([1, 3, 5] to [1, 3, 8]): its load
+    failure said 'its weights and config.json must agree: re-export or retrain it'."""
     from draftsmith.export import export_drafter
 
     good = make_drafter(work / "good9", target, TRUE)
     sg = export_drafter(good, "sglang", work / "sg9", target=str(target_dir))
     cfg = json.loads((sg / "config.json").read_text())
-    cfg["eagle_config"][IDS] = [-1, 1, 3]
+    cfg["eagle_config"][IDS] = [1, 3, 8]
     (sg / "config.json").write_text(json.dumps(cfg))
     rep = doctor(drafter=sg, run=True, prompts=1, max_new=2)
     (f,) = errors(rep, "loads")

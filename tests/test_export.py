@@ -170,8 +170,6 @@ def test_exported_values_are_what_the_engines_read(target, tmp_path, fmt):
 
 
 def test_export_refusals(target, tmp_path):
-    with pytest.raises(DraftsmithError, match="cannot be written for current SGLang"):
-        export_drafter(make(target, tmp_path / "a", aux=[0, 2, 4]), "sglang", tmp_path / "x")
     with pytest.raises(DraftsmithError, match="norm_before_residual"):
         export_drafter(make(target, tmp_path / "b", norm_before_residual=True), "sglang",
                        tmp_path / "x")
@@ -181,10 +179,20 @@ def test_export_refusals(target, tmp_path):
     export_drafter(src, "sglang", tmp_path / "y")
     with pytest.raises(DraftsmithError, match="--overwrite"):
         export_drafter(src, "sglang", tmp_path / "y")
+
+
+@pytest.mark.parametrize("aux", [[0, 2, 4], [2, 3, 4], [1, 2, 4]])
+def test_sglang_gets_the_canonical_ids_whatever_the_first(target, tmp_path, aux):
+    """SGLang's Llama/Qwen classes add 1 to every explicit id on every version, so the outputs
+    of layers `aux` are written as `aux`: [2, 3, 4] went out as [3, 4, 5] (read one layer
+    late) under a warning, and [0, 2, 4] was refused."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        export_drafter(make(target, tmp_path / "e", aux=[2, 3, 4]), "sglang", tmp_path / "z")
-    assert "PR #25454" in str(caught[0].message)
+        out = export_drafter(make(target, tmp_path / "e", aux=aux), "sglang", tmp_path / "z")
+    assert not [w for w in caught if "aux" in str(w.message)]
+    c = json.loads((out / "config.json").read_text())
+    assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == aux
+    assert c["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in aux]  # vLLM's: inputs
 
 
 def test_export_refuses_ids_the_engines_would_feed_otherwise(target, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -129,9 +130,9 @@ def test_sglang_layout_import_reads_top_level_ids_vllm_serves(target, tmp_path):
     assert read_any(out, target=str(target.folder)).cfg.aux_layer_ids == [0, 3, 4]
 
 
-def test_sglang_layout_import_warns_on_ids_whose_meaning_changed(target, tmp_path):
-    """Nested ids not starting at 1 mean inputs to SGLang after PR #25454 but outputs to
-    SpecForge and older SGLang; the export warned, the import chose silently."""
+def test_sglang_layout_import_reads_nested_ids_as_outputs(target, tmp_path):
+    """Nested ids not starting at 1 are outputs of those layers to SGLang's Llama/Qwen classes
+    (every version) and to SpecForge: [3, 4, 5] was read as inputs, canonical [2, 3, 4]."""
     from test_export import make
 
     from draftsmith.models.eagle3 import load_drafter
@@ -139,8 +140,10 @@ def test_sglang_layout_import_warns_on_ids_whose_meaning_changed(target, tmp_pat
     d = load_drafter(make(target, tmp_path / "d"))
     out = engine_folder(d, target, tmp_path / "sg",
                         eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 4, 5]})
-    with pytest.warns(UserWarning, match=r"\[3, 4, 5\] do not start at 1"):
-        assert read_any(out, target=str(target.folder)).cfg.aux_layer_ids == [2, 3, 4]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_any(out, target=str(target.folder)).cfg.aux_layer_ids == [3, 4, 5]
+    assert not [w for w in caught if "[3, 4, 5]" in str(w.message)]
 
 
 @pytest.mark.parametrize("layout", ["sglang", "speculators"])
@@ -148,9 +151,7 @@ def test_import_reads_descending_ids_in_the_order_the_engines_feed(target, tmp_p
     """SGLang and vLLM append captured states walking the layers, so a folder listing its ids
     descending runs on them ascending. Import kept the listed order: the drafter decoded on
     states in another order than the engines give, and its export was refused, pointing at a
-    doctor that found nothing. Now read ascending with a warning; a repeated layer is refused.
-    SGLang tests the list's first id as written: [4, 2, 1] does not start at 1, so it means the
-    inputs of layers 1, 2, 4 (canonical [0, 1, 3]), not the [1, 2, 4] listed sorted."""
+    doctor that found nothing. Now read ascending with a warning; a repeated layer is refused."""
     from test_export import make
 
     out = export_drafter(make(target, tmp_path / "d"), layout, tmp_path / layout)
@@ -162,7 +163,7 @@ def test_import_reads_descending_ids_in_the_order_the_engines_feed(target, tmp_p
     with pytest.warns(UserWarning, match="not ascending; SGLang and vLLM feed the states in "
                       "layer order"):
         back = read_any(out, target=str(target.folder))
-    assert back.cfg.aux_layer_ids == ([0, 1, 3] if layout == "sglang" else sorted(AUX))
+    assert back.cfg.aux_layer_ids == sorted(AUX)
     holder["eagle_aux_hidden_state_layer_ids"] = [listed[0], *listed[:-1]]
     (out / "config.json").write_text(json.dumps(c))
     with pytest.raises(DraftsmithError, match="repeat a layer"):

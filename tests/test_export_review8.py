@@ -37,16 +37,13 @@ def test_no_edge_no_advice(target, tmp_path):
                        tmp_path / "sp")
 
 
-def test_ids_no_sglang_list_serves_are_refused_with_what_to_do(target, tmp_path):
-    """Data capture's default on a 4-7 layer target starts at layer 0's output, which no id
-    list gives current SGLang: the refusal said why but not what to do."""
-    from draftsmith.errors import DraftsmithError
+def test_layer_zero_first_is_written_for_sglang_as_it_is(target, tmp_path):
+    """Data capture's default on a 4-7 layer target starts at layer 0's output, which SGLang's
+    Llama classes read from id 0 (they add 1): export refused it, read as current SGLang's
+    inputs (no list served it), and sent the user to retrain."""
+    import json
 
     src = make(target, tmp_path / "d", aux=[0, 2, 4])
-    with pytest.raises(DraftsmithError) as e:
-        export_drafter(src, "sglang", tmp_path / "sg")
-    msg = str(e.value)
-    assert msg.startswith("canonical aux ids [0, 2, 4] cannot be written for current SGLang")
-    assert "export --format speculators for vLLM" in msg
-    assert msg.endswith("`draftsmith data capture --aux-layers 1,2,4`")
-    assert not (tmp_path / "sg").exists()
+    out = export_drafter(src, "sglang", tmp_path / "sg")
+    c = json.loads((out / "config.json").read_text())
+    assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]

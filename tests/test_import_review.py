@@ -29,16 +29,15 @@ def _relist(folder: Path, layout: str, ids: list[int]) -> None:
 
 
 @pytest.mark.parametrize("layout,listed,fed", [
-    ("sglang", [3, 1, 2], [0, 1, 2]),  # first id 3, not 1: inputs of 3, 1, 2
-    ("sglang", [2, 1, 3], [0, 1, 2]),
+    ("sglang", [3, 1, 2], [1, 2, 3]),  # outputs of 3, 1, 2, fed ascending
+    ("sglang", [2, 1, 3], [1, 2, 3]),
     ("speculators", [5, 2, 3], [1, 2, 4]),  # vLLM: inputs of 5, 2, 3
 ])
 def test_unsorted_ids_read_alike_by_import_doctor_and_compare(target, tmp_path, layout, listed,
                                                               fed):
-    """SGLang tests the first id *as written* for 1 and captures walking the layers. Import
-    sorted the list first ([3, 1, 2] -> [1, 2, 3], starting at 1: outputs, canonical [1, 2, 3]),
-    the doctor's import row kept the written order ([2, 0, 1]), SGLang feeds [0, 1, 2]: three
-    readings of one list, the drafter measured on other layers than the engine feeds."""
+    """The engines capture walking the layers, so they feed a list's layers ascending. Import,
+    the doctor's import row and compare read one list three ways (sorted first, as written,
+    as fed): the drafter was measured on other layers than the engine feeds."""
     out = export_drafter(make(target, tmp_path / "d"), layout, tmp_path / layout,
                          target=str(target.folder))
     _relist(out, layout, listed)

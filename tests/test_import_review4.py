@@ -57,15 +57,17 @@ def test_advice_never_names_a_layer_twice_on_small_targets():
     """The fix for ids SGLang cannot capture suggested the engines' defaults, which repeat a
     layer on 4-6-layer targets (`--aux-layers 0,1,1`, `1,1,1`) or hold the embedding it cannot
     capture on 3 (`-1,0,1`)."""
-    assert "--aux-layers 1,2,3`" in what_to_write([-1, 1, 4], "sglang", 5)[1]
+    assert "--aux-layers 0,1,3`" in what_to_write([-1, 1, 4], "sglang", 5)[1]
     written, words = what_to_write([-1, 1, 3], "sglang", 4)
+    assert written is None and "--aux-layers 0,1,2`" in words
+    written, words = what_to_write([-1, 0, 1], "sglang", 3)
     assert written is None and "cannot be given 3 distinct layers" in words
     written, words = what_to_write([0, 1, 1], "vllm", 4)
     assert written is None and "repeat a layer" in words and "--aux-layers 0,1,2" in words
     from draftsmith.doctor.engines import capturable_ids
 
     for layers in range(3, 12):
-        for engine in ("sglang", "sglang-legacy", "vllm", "draftsmith"):
+        for engine in ("sglang", "vllm", "draftsmith"):
             ids = capturable_ids(engine, layers, 3)
             if ids is None:
                 assert engine.startswith("sglang") and layers <= 4

@@ -13,11 +13,8 @@ from draftsmith.models.eagle3 import load_drafter
 
 
 @pytest.mark.parametrize(("layout", "ids", "words"), [
-    # the seed's wrong fix: the embedding as id -1 in SGLang's config
-    ("sglang", [-1, 1, 3], "SGLang after PR #25454 (2026-05) reads [-1, 1, 3] as the inputs of "
-     "layers [-1, 1, 3] (a list not starting at 1): id -1 is out of range for this target (6 "
-     "layers: it would fail to load the drafter); the embedding output is id 0 for vLLM; SGLang "
-     "cannot capture it"),
+    ("sglang", [1, 3, 6], "SGLang reads [1, 3, 6] as the outputs of layers [1, 3, 6]: id 6 is "
+     "out of range for this target (6 layers: it would fail to load the drafter)"),
     ("speculators", [1, 3, 7], "vLLM reads [1, 3, 7] as the inputs of layers [1, 3, 7]: id 7 is "
      "out of range for this target (6 layers: it would fail to load the drafter)"),
 ])

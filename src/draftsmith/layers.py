@@ -18,15 +18,17 @@ class Convention(str, Enum):
     EAGLE = "eagle"  # SafeAILab reference: input of layer j
     VLLM = "vllm"  # input of layer j; 0 = embedding, L = final layer output
     SPECULATORS = "speculators"  # as vLLM
-    SGLANG = "sglang"  # since PR #25454 (2026-05): output of j if ids[0] == 1, else input of j
-    SGLANG_LEGACY = "sglang-legacy"  # explicit ids always output of layer j (adds 1)
+    # SGLang's Llama/Qwen/Mistral classes: explicit ids are outputs of layer j (it adds 1) on
+    # every version; PR #25454's "add 1 only when ids[0] == 1" changed the DeepSeek-V2 family
+    SGLANG = "sglang"
+    SGLANG_LEGACY = "sglang-legacy"  # the name records made before that was known: the same
     SPECFORGE = "specforge"  # output of layer j (forward hooks)
     MODELOPT = "modelopt"  # output of layer j
 
 
-_INPUT_OF = {Convention.EAGLE, Convention.VLLM, Convention.SPECULATORS}
 _OUTPUT_OF = {
     Convention.CANONICAL,
+    Convention.SGLANG,
     Convention.SGLANG_LEGACY,
     Convention.SPECFORGE,
     Convention.MODELOPT,
@@ -37,8 +39,9 @@ WORDS = {
     Convention.EAGLE: "input of decoder layer j (EAGLE reference code)",
     Convention.VLLM: "input of decoder layer j (vLLM); 0 = embedding, L = final layer output",
     Convention.SPECULATORS: "input of decoder layer j (speculators, as vLLM)",
-    Convention.SGLANG: "SGLang after PR #25454: output of layer j when ids[0] == 1, else input",
-    Convention.SGLANG_LEGACY: "SGLang before PR #25454: output of decoder layer j (it adds 1)",
+    Convention.SGLANG: "output of decoder layer j (SGLang's Llama/Qwen/Mistral classes add 1)",
+    Convention.SGLANG_LEGACY: "output of decoder layer j (SGLang's Llama/Qwen/Mistral classes "
+                              "add 1)",
     Convention.SPECFORGE: "output of decoder layer j (SpecForge forward hooks)",
     Convention.MODELOPT: "output of decoder layer j (NVIDIA Model Optimizer)",
 }
@@ -107,42 +110,14 @@ def to_convention(ids: list[int], conv: Convention | str, num_layers: int) -> li
     ids = validate(ids, num_layers)
     if conv in _OUTPUT_OF:
         return list(ids)
-    if conv in _INPUT_OF:
-        return [i + 1 for i in ids]
-    return _to_sglang(ids)
+    return [i + 1 for i in ids]
 
 
 def from_convention(ids: list[int], conv: Convention | str, num_layers: int) -> list[int]:
     """Ids written in `conv` -> canonical ids."""
     conv = Convention(conv)
     ids = [int(i) for i in ids]
-    if conv in _OUTPUT_OF:
-        out = ids
-    elif conv in _INPUT_OF:
-        out = [i - 1 for i in ids]
-    else:
-        out = ids if ids and ids[0] == 1 else [i - 1 for i in ids]
-    return validate(out, num_layers)
-
-
-def _to_sglang(ids: list[int]) -> list[int]:
-    # Current SGLang reads a list starting at 1 as outputs, anything else as inputs.
-    if -1 in ids:
-        raise DraftsmithError("SGLang cannot capture the embedding output (canonical id -1)")
-    if ids[0] == 1:
-        return list(ids)
-    shifted = [i + 1 for i in ids]
-    if shifted[0] == 1:
-        raise DraftsmithError(
-            f"canonical aux ids {ids} cannot be written for current SGLang: as outputs they "
-            "would not start at 1, as inputs they would start at 1 and be read as outputs"
-        )
-    return shifted
-
-
-def sglang_version_dependent(written: list[int]) -> bool:
-    """True when SGLang versions before and after PR #25454 read `written` differently."""
-    return bool(written) and written[0] != 1
+    return validate(ids if conv in _OUTPUT_OF else [i - 1 for i in ids], num_layers)
 
 
 def engine_limits(ids: list[int], num_layers: int) -> list[str]:

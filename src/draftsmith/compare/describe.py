@@ -175,7 +175,7 @@ def target_layers(info: DrafterInfo) -> int | None:
 
 
 def canonical_ids(info: DrafterInfo, layers: int | None) -> tuple[list[int] | None, str]:
-    """Canonical ids as the layout's own engine reads them (SGLang: current SGLang)."""
+    """Canonical ids as the layout's own engine reads them."""
     if info.layout == "draftsmith":
         return info.canonical_ids(), ""
     engine = "sglang" if info.layout == "sglang" else "vllm"

@@ -22,24 +22,23 @@ from draftsmith.layers import (
     default_aux_layers,
     engine_limits,
     from_convention,
-    sglang_version_dependent,
     to_convention,
 )
 
-ENGINES = ("draftsmith", "sglang", "sglang-legacy", "vllm")
+ENGINES = ("draftsmith", "sglang", "vllm")
 CONVENTION = {
     "draftsmith": Convention.CANONICAL,
     "sglang": Convention.SGLANG,
-    "sglang-legacy": Convention.SGLANG_LEGACY,
     "vllm": Convention.VLLM,
 }
 KEY = {
     "draftsmith": "config.aux_layer_ids in draftsmith.json",
     "sglang": "eagle_config.eagle_aux_hidden_state_layer_ids in config.json",
-    "sglang-legacy": "eagle_config.eagle_aux_hidden_state_layer_ids in config.json",
     "vllm": "eagle_aux_hidden_state_layer_ids (top level) in config.json",
 }
-ENGINE_NAMES = {"speculators": "vllm", "sglang-new": "sglang", "sglang-old": "sglang-legacy"}
+# earlier names: SGLang's Llama-family classes read explicit ids alike on every version
+ENGINE_NAMES = {"speculators": "vllm", "sglang-new": "sglang", "sglang-old": "sglang",
+                "sglang-legacy": "sglang"}
 
 
 def engine_name(name: str) -> str:
@@ -70,8 +69,7 @@ class Feed:
 
 def feed_from_canonical(ids: list[int], engine: str, num_layers: int) -> Feed:
     """A draftsmith drafter exported for `engine`: export writes `to_convention(ids)` in the
-    engine's convention (current SGLang's for SGLang of either version), which `engine` reads
-    in its own."""
+    engine's convention, which `engine` reads in its own."""
     try:
         written = to_convention(ids, export_convention(engine), num_layers)
     except DraftsmithError as e:
@@ -81,7 +79,7 @@ def feed_from_canonical(ids: list[int], engine: str, num_layers: int) -> Feed:
 
 def export_convention(engine: str) -> Convention:
     """The convention `draftsmith export` writes for `engine`."""
-    return Convention.SGLANG if engine.startswith("sglang") else CONVENTION[engine]
+    return CONVENTION[engine]
 
 
 def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
@@ -101,36 +99,25 @@ def feed_from_written(written: list[int] | None, engine: str, num_layers: int,
     except DraftsmithError as e:
         return Feed(engine, key, list(written), None, no_layer_words(written, engine, num_layers)
                     or str(e))
-    limits = engine_limits(ids, num_layers) if engine.startswith("sglang") else []
-    dep = engine.startswith("sglang") and sglang_version_dependent(list(written))
-    note = "; ".join(limits)
-    if dep:
-        legacy, current = (_reading(written, c, num_layers)
-                           for c in (Convention.SGLANG_LEGACY, Convention.SGLANG))
-        note = "; ".join(filter(None, [note, (
-            f"version dependent: SGLang before PR #25454 (2026-05) reads {written} as {legacy}, "
-            f"later versions as {current}")]))
-    return Feed(engine, key, list(written), ids, note, dep)
+    limits = engine_limits(ids, num_layers) if engine == "sglang" else []
+    return Feed(engine, key, list(written), ids, "; ".join(limits))
 
 
-READS = {"sglang": "SGLang after PR #25454 (2026-05)", "sglang-legacy": "SGLang before PR "
-         "#25454 (2026-05)", "vllm": "vLLM", "draftsmith": "draftsmith"}
+READS = {"sglang": "SGLang", "vllm": "vLLM", "draftsmith": "draftsmith"}
 
 
 def no_layer_words(written: list[int], engine: str, num_layers: int) -> str:
     """How `engine` reads ids of which some name no state of the target, in the user's own
     numbers ("" where none does): the canonical id a conversion refuses was never written."""
     conv = CONVENTION[engine]
-    outputs = conv in (Convention.CANONICAL, Convention.SGLANG_LEGACY) or (
-        conv == Convention.SGLANG and bool(written) and written[0] == 1)
+    outputs = conv in (Convention.CANONICAL, Convention.SGLANG)
     lo, hi = (-1, num_layers - 1) if outputs else (0, num_layers)
     bad = [i for i in written if not lo <= i <= hi]
     if not bad:
         return ""
     how = "outputs" if outputs else "inputs"
-    why = " (a list not starting at 1)" if conv == Convention.SGLANG and not outputs else ""
     words = (f"{READS[engine]} reads {list(written)} as the {how} of layers {list(written)}"
-             f"{why}: id{'s' * (len(bad) > 1)} {', '.join(map(str, bad))} "
+             f": id{'s' * (len(bad) > 1)} {', '.join(map(str, bad))} "
              f"{'are' if len(bad) > 1 else 'is'} out of range for this target ({num_layers} "
              "layers: it would fail to load the drafter)")
     if -1 in bad:
@@ -169,15 +156,6 @@ def feed_from_import(config: dict[str, Any], layout: str, num_layers: int, where
     return Feed("draftsmith", key, written, ids, note)
 
 
-def _reading(written: list[int], convention: Convention, num_layers: int) -> str:
-    """What one SGLang version feeds for `written`, in words: another version's reading may lie
-    outside the target (ids [2, 3, 4] of a 4-layer target)."""
-    try:
-        return f"outputs of layers {from_convention(written, convention, num_layers)}"
-    except DraftsmithError:
-        return "ids outside this target (it would fail to load the drafter)"
-
-
 def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[list[int] | None,
                                                                                str]:
     """(ids to write for `engine` so it feeds `true_ids`, or None; words for the fix)."""
@@ -198,14 +176,7 @@ def what_to_write(true_ids: list[int], engine: str, num_layers: int) -> tuple[li
         return None, (f"{engine} cannot capture canonical layers {true_ids} ({'; '.join(limits)})"
                       ": " + _retrain(engine, num_layers, len(true_ids)))
     written = to_convention(true_ids, CONVENTION[engine], num_layers)
-    words = f"write {key}: {written}"
-    if engine == "sglang-legacy":
-        words += _legacy_words(true_ids, written, num_layers)
-    elif engine == "sglang" and sglang_version_dependent(written):
-        legacy = to_convention(true_ids, Convention.SGLANG_LEGACY, num_layers)
-        words += (f" for SGLang after PR #25454 (2026-05); SGLang before it needs {legacy} "
-                  "(this list does not start at 1, so its meaning depends on the version)")
-    return written, words
+    return written, f"write {key}: {written}"
 
 
 def _limits(ids: list[int], engine: str, num_layers: int) -> list[str]:
@@ -246,17 +217,3 @@ def _retrain(engine: str, num_layers: int, n: int) -> str:
                 f"this {num_layers}-layer target has fewer than {n} layers to feed")
     return ("retrain on distinct layers it can capture, e.g. `draftsmith data capture "
             f"--aux-layers {','.join(map(str, ids))}`")
-
-
-def _legacy_words(true_ids: list[int], written: list[int], num_layers: int) -> str:
-    # Only SGLang's words compare versions: data at layer 0's output ([0, ...]) has no current
-    # SGLang form, and that must not stop the doctor's report for other engines.
-    try:
-        current = to_convention(true_ids, Convention.SGLANG, num_layers)
-    except DraftsmithError:
-        return (" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
-                "export`, cannot write these layers")
-    if written == current:
-        return ""
-    return (f" for SGLang before PR #25454 (2026-05); later versions, and `draftsmith "
-            f"export`, write {current}")

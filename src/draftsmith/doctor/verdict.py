@@ -332,8 +332,6 @@ def _export_note(true_ids: list[int] | None, engine: str, num_layers: int) -> st
     written, words = eng.what_to_write(list(true_ids), engine, num_layers)
     if written is None:
         return f"; but {words}"
-    if engine == "sglang-legacy":  # export writes current SGLang's ids: the words say both
-        return f"; for {engine}: {words.removeprefix('write ')}"
     return f"; `draftsmith export` then writes for {engine}: {words.removeprefix('write ')}"
 
 

@@ -53,7 +53,6 @@ from draftsmith.layers import (
     WORDS,
     Convention,
     engine_limits,
-    sglang_version_dependent,
     to_convention,
 )
 from draftsmith.models.eagle3 import (
@@ -97,15 +96,7 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
         raise DraftsmithError(f"SGLang cannot feed canonical aux layers {ids}: "
                               f"{'; '.join(limits)}; export --format speculators for vLLM, or "
                               "train on layers SGLang captures")
-    sglang_ids = _sglang_ids(ids, info.num_layers)
-    if sglang_version_dependent(sglang_ids):
-        warnings.warn(
-            f"canonical aux ids {ids} are written for SGLang as {sglang_ids}; SGLang before PR "
-            "#25454 (2026-05), and any target model class that PR left out (it was seen in the "
-            "DeepSeek-V2 family; Llama/Qwen classes may still add 1 always), reads a list not "
-            "starting at 1 one layer later. Prefer ids starting at 1 (the usual "
-            "[1, L//2-1, L-4])", stacklevel=2,
-        )
+    sglang_ids = to_convention(ids, Convention.SGLANG, info.num_layers)
     return {
         "architectures": [ARCH],
         **hf_layer_config(cfg, info, 1),
@@ -120,21 +111,6 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
         "eagle_aux_hidden_state_layer_ids": to_convention(ids, Convention.VLLM, info.num_layers),
         "draftsmith": _provenance(cfg, info, sglang_ids, source),
     }
-
-
-def _sglang_ids(ids: list[int], num_layers: int) -> list[int]:
-    """The ids written for current SGLang; ids no list serves it (outputs of layer 0 first)
-    refused with what to do instead."""
-    try:
-        return to_convention(ids, Convention.SGLANG, num_layers)
-    except DraftsmithError as e:
-        from draftsmith.doctor.engines import capturable_ids
-
-        other = capturable_ids("sglang", num_layers, len(ids))
-        retrain = (f", or retrain on layers SGLang reads, e.g. `draftsmith data capture "
-                   f"--aux-layers {','.join(map(str, other))}`" if other else "")
-        raise DraftsmithError(f"{e}; export --format speculators for vLLM, which reads "
-                              f"them{retrain}") from None
 
 
 def _provenance(cfg: Eagle3Config, info: TargetInfo, written: list[int],
@@ -292,18 +268,11 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
 def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int]:
     where = f"{folder}/config.json"
     canonical = imported_ids(c, "sglang", num_layers, where, folder)
-    written, key, conv = engine_ids(c, "sglang", num_layers, where)
+    written, _, _ = engine_ids(c, "sglang", num_layers, where)
     if written is None:
         warn_default_repeat(num_layers, where)
         return canonical
     warn_unsorted(written, canonical, where)
-    if conv is Convention.SGLANG and sglang_version_dependent(written):
-        note(f"eagle_config ids {written} do not start at 1: read as inputs of those layers "
-             f"(SGLang after PR #25454), canonical {canonical}; SpecForge and older SGLang "
-             "mean their outputs (one layer later); check with `draftsmith doctor`",
-             "write ids starting at 1 (outputs of those layers), which every SGLang version "
-             "reads alike; `draftsmith doctor --data DIR` tells which layers the drafter was "
-             "trained on")
     return canonical
 
 
