@@ -5,6 +5,7 @@ float16, which it takes; --engine's help says what happens without it."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -69,8 +70,10 @@ def test_a_short_match_says_nothing_a_long_one_says_once(work, target_dir, capsy
     from draftsmith.doctor import run as module
 
     monkeypatch.setattr(module, "LATER_S", 0.05)
+    said, real = threading.Event(), module.say
+    monkeypatch.setattr(module, "say", lambda line: (real(line), said.set()))
     with module.said_after("x", True):
-        time.sleep(0.5)
+        said.wait(10)  # a fixed 0.5 s raced the timer's thread on a loaded machine
     with module.said_after("y", False):
         time.sleep(0.2)
     assert capsys.readouterr() == ("", "doctor: x\n")

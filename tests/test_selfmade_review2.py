@@ -18,10 +18,18 @@ def _off_terminal(monkeypatch, every: float) -> tuple[list[str], progress.Progre
     return lines, progress.Progress(4, 0, "prompt", "prompts", True, lines.append, every=every)
 
 
+def until(cond, timeout: float = 10.0) -> None:
+    """Waits for `cond` (the beat thread may get little CPU on a loaded machine), then goes on:
+    the test's assertions fail honestly if it never held."""
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def test_a_long_step_beats_until_it_ends(monkeypatch):
     lines, bar = _off_terminal(monkeypatch, every=0)
     with bar.beating("round 1: decoding", beat=0.02):
-        time.sleep(0.2)
+        until(lambda: len(lines) >= 3)  # a fixed 0.2 s raced the beat thread under load
     ended = len(lines)
     time.sleep(0.1)
     assert lines[0] == "prompts: round 1: decoding" and ended >= 3
@@ -60,8 +68,8 @@ def test_a_round_beats_while_it_decodes(target, model, tmp_path, monkeypatch):
 
     real = generate.run_generation
 
-    def slow(*a, **k):
-        time.sleep(0.15)
+    def slow(*a, **k):  # decodes until a beat was said (a fixed 0.15 s raced it under load)
+        until(lambda: any(kind == "status" and t.endswith(" s in") for kind, t in said))
         return real(*a, **k)
 
     monkeypatch.setattr(progress, "Progress", Seen)

@@ -44,7 +44,7 @@ def test_a_joining_stream_gets_its_first_token_before_the_next_step() -> None:
     eng.ticks.release(1)  # a2 ends at this step; b joins its slot
     until(lambda: len(eng.adds) == 2)
     try:
-        until(lambda: deltas(ev["b"]), timeout=2.0)
+        until(lambda: deltas(ev["b"]))  # the next step never comes until the ticks' release
         assert eng.steps == 1 and deltas(ev["b"]) == ["b"]
     finally:
         eng.ticks.release(100)
@@ -176,5 +176,6 @@ def test_503s_of_a_failed_batch_during_a_stop_are_counted() -> None:
     stopper.join(10)
     for t in "ab":
         wait_done(ev[t], 1)
+    until(lambda: s.metrics.snapshot(0)["stopped"] >= 2)  # counted by the worker, maybe later
     time.sleep(0.05)
     assert s.metrics.snapshot(0)["stopped"] == 2

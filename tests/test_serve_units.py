@@ -241,6 +241,14 @@ def job(text: str, events: list, temperature: float = 0.0, n: int = 1,
     return Job(req, events.append)
 
 
+def until(cond, timeout: float = 10.0) -> None:
+    """Waits for the worker to reach the state `cond` sees (fixed pauses raced it on a loaded
+    machine); after the deadline the test goes on and its assertions fail honestly."""
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def wait_done(events: list, count: int) -> None:
     deadline = time.time() + 10
     while sum(e[0] in ("done", "error") for e in events) < count:
@@ -258,7 +266,7 @@ def test_scheduler_batches_same_settings_fifo() -> None:
     eng.gate.clear()
     events: list = []
     s.submit(job("a", events))
-    time.sleep(0.05)  # the worker holds "a" at the gate
+    until(lambda: not s.queued())  # the worker holds "a" at the gate
     for text, temp in [("b", 0.0), ("c", 0.7), ("d", 0.0), ("e", 0.0), ("f", 0.0), ("g", 0.0)]:
         s.submit(job(text, events, temp))
     with pytest.raises(ApiError) as e:
@@ -343,7 +351,7 @@ def scenario(continuous: bool) -> tuple[FakeEngine, Scheduler, dict[str, list], 
 
     submit("A", max_tokens=12, stream=True)
     submit("B", max_tokens=2)
-    time.sleep(0.7)  # the batch opened with A and B: two rows
+    until(lambda: eng.batches == [2])  # the batch opened with A and B: two rows
     submit("C", max_tokens=3)
     submit("D", temperature=0.7)
     submit("E", max_tokens=3)
@@ -382,7 +390,7 @@ def test_a_small_batch_drains_rather_than_take_a_queue_one_row_at_a_time() -> No
     s.start()
     events: list = []
     s.submit(job("a", events, max_tokens=4))
-    time.sleep(0.4)  # a's batch opened alone
+    until(lambda: eng.batches == [1])  # a's batch opened alone
     for t, n in (("b", 2), ("c", 6), ("d", 6)):
         s.submit(job(t, events, max_tokens=n))
     time.sleep(0.3)
@@ -412,7 +420,7 @@ def test_a_joiner_that_fails_leaves_the_running_rows_decoding() -> None:
     ev: dict[str, list] = {t: [] for t in "abc"}
     for t, n, stream in (("a", 12, True), ("b", 2, False)):
         s.submit(job(t, ev[t], max_tokens=n, stream=stream))
-    time.sleep(0.5)
+    until(lambda: eng.batches == [2])
     s.submit(job("c", ev["c"], max_tokens=3))
     eng.ticks.release(3)
     wait_done(ev["c"], 1)
@@ -464,7 +472,7 @@ def test_scheduler_isolates_engine_errors() -> None:
     eng.gate.clear()
     events: dict[str, list] = {t: [] for t in "xabc"}
     s.submit(job("x", events["x"]))
-    time.sleep(0.05)
+    until(lambda: not s.queued())  # the worker holds "x" at the gate
     for t in "abc":
         s.submit(job(t, events[t]))
     eng.gate.set()
@@ -595,7 +603,7 @@ def test_a_continuous_batch_joins_once_enough_rows_are_free(join_at: int,
     events: list = []
     for t, n in (("a", 2), ("b", 3), ("c", 12), ("d", 12)):
         s.submit(job(t, events, max_tokens=n))
-    time.sleep(0.4)  # the batch opened with four rows
+    until(lambda: eng.batches == [4])  # the batch opened with four rows
     for t in "ef":
         s.submit(job(t, events, max_tokens=8))
     eng.ticks.release(100)
