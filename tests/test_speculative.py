@@ -332,13 +332,13 @@ def test_a_first_calls_state_is_made_before_the_prefill_is_timed(setup, monkeypa
 
     class Slow(SpecState):
         def __init__(self, dec, b):
-            time.sleep(0.3)
+            time.sleep(1.0)  # far past a tiny prefill, even on a loaded machine
             super().__init__(dec, b)
 
     target, rt, ref, _ = setup
     monkeypatch.setattr(speculative, "SpecState", Slow)
     res = SpecDecoder(rt, make_drafter(target, 96), 3).generate(PROMPTS[:3], NEW, eos_ids=[])
-    assert res.tokens == ref[:3] and res.prefill_s < 0.2
+    assert res.tokens == ref[:3] and res.prefill_s < 0.9
 
 
 def test_drafter_runtime_cached_forward_matches_uncached(setup):
