@@ -87,7 +87,8 @@ def _sglang_ids(src, out, ids):
 
 def test_engine_ids_naming_no_layer_are_said_in_the_users_numbers(drafters, tiny_llama_dir,  # noqa: F811
                                                                   tmp_path):
-    """SGLang ids naming no layer of the target ([-1, 2, 3] read as inputs, then): compare's run
+    """SGLang ids naming no layer of the target (first [-1, 2, 3], under the old first-id rule
+    read as inputs; now [1, 2, 6], outputs, on every SGLang version): compare's run
     refused them as "aux layer ids [-2] out of range: canonical ids ...", a -2 the user never
     wrote (the doctor's older wording), while its own aux ids note already said how SGLang
     reads them."""

@@ -39,8 +39,9 @@ def test_no_edge_no_advice(target, tmp_path):
 
 def test_layer_zero_first_is_written_for_sglang_as_it_is(target, tmp_path):
     """Data capture's default on a 4-7 layer target starts at layer 0's output, which SGLang's
-    Llama classes read from id 0 (they add 1): export refused it, read as current SGLang's
-    inputs (no list served it), and sent the user to retrain."""
+    Llama classes read from id 0 (they add 1, on every version): export refused it, having read
+    SGLang by PR #25454's DeepSeek-V2 rule (a list not starting at 1 = inputs, so no list served
+    it), and sent the user to retrain."""
     import json
 
     src = make(target, tmp_path / "d", aux=[0, 2, 4])

@@ -21,7 +21,7 @@ class Convention(str, Enum):
     # SGLang's Llama/Qwen/Mistral classes: explicit ids are outputs of layer j (it adds 1) on
     # every version; PR #25454's "add 1 only when ids[0] == 1" changed the DeepSeek-V2 family
     SGLANG = "sglang"
-    SGLANG_LEGACY = "sglang-legacy"  # the name records made before that was known: the same
+    SGLANG_LEGACY = "sglang-legacy"  # an older name kept for records: the same reading
     SPECFORGE = "specforge"  # output of layer j (forward hooks)
     MODELOPT = "modelopt"  # output of layer j
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.doctor import engines as eng
-from draftsmith.doctor.artifacts import DrafterInfo
+from draftsmith.doctor.artifacts import IDS, DrafterInfo
 from draftsmith.doctor.report import Finding
 from draftsmith.doctor.wiring import MARGIN, TOL, MatchMatrix
 from draftsmith.errors import DraftsmithError
@@ -359,9 +359,11 @@ def _feed_findings(true_ids: list[int] | None, feed: eng.Feed, info: DrafterInfo
         out.append(Finding(sev, "wiring", f"{feed.engine}: {feed.note} (it feeds canonical "
                            f"{feed.canonical})", where, _fix(basis_ids, fix_as, num_layers)))
     if true_ids is None:
-        if feed.version_dependent:
+        if feed.version_dependent:  # vLLM's eagle_config fallback, the one such reading
             out.append(Finding("warning", "wiring", f"{feed.engine}: {feed.note}", where,
-                               "export ids that start at 1, or pin the SGLang version"))
+                               f"write the top-level {IDS} (vLLM's key, input of layer j), "
+                               "which every vLLM version reads; run with --data to learn the "
+                               "layers the drafter was trained on"))
         return out
     if (basis == DATA and len(feed.canonical) != len(true_ids)
             and info.fc_inputs() not in (None, len(true_ids))):
@@ -390,6 +392,8 @@ def conventions(ids: list[int], num_layers: int) -> dict[str, Any]:
     """The same canonical ids in every convention (None where inexpressible)."""
     out: dict[str, Any] = {}
     for conv in Convention:
+        if conv is Convention.SGLANG_LEGACY:  # a recorded name of SGLang's one reading
+            continue
         try:
             out[conv.value] = to_convention(ids, conv, num_layers)
         except DraftsmithError:  # inexpressible in that convention

@@ -435,11 +435,11 @@ def engine_feed(written: list[int], conv: Convention | str, num_layers: int,
                 where: str = "", repeats: bool = False) -> list[int]:
     """Canonical ids an engine feeds for `written`, the list at the key it reads: the one
     reading every import, doctor and compare make of an engine folder's ids. The engines convert
-    the list as written (SGLang tests the first id it holds for 1), capture each layer once and
-    append the states walking the layers (`for i in range(...): if i in layers_to_capture`), so
-    they feed them ascending whatever order the list is in. `repeats` keeps a repeated layer
-    (the engines' own defaults on a short target, which `default_repeat` names) instead of
-    refusing it."""
+    each id alike (SGLang's Llama-family classes add 1 to every one, whatever the first), capture
+    each layer once and append the states walking the layers (`for i in range(...): if i in
+    layers_to_capture`), so they feed them ascending whatever order the list is in. `repeats`
+    keeps a repeated layer (the engines' own defaults on a short target, which `default_repeat`
+    names) instead of refusing it."""
     ids, at = [int(i) for i in written], f"{where}: " if where else ""
     if len(set(ids)) < len(ids) and not repeats:
         raise DraftsmithError(f"{at}aux layer ids {ids} repeat a layer, which the engines "
