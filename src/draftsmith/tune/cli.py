@@ -20,6 +20,7 @@ from draftsmith.tune.partial import PARTIAL, Partial  # noqa: F401 (PARTIAL: the
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.models.eagle3 import Eagle3Config
     from draftsmith.tune.cost_model import SpecSetting
 
 console = Console()
@@ -260,7 +261,7 @@ def run_tune(
     check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     texts = texts[:num_prompts] if num_prompts else texts
-    check_drafter(drafter_dir)  # and a mistyped or damaged --drafter
+    check_topk(max_topk, check_drafter(drafter_dir))  # and a mistyped or damaged --drafter
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
@@ -408,6 +409,15 @@ def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tup
     return acc, mix
 
 
+def check_topk(max_topk: int, drafter_cfg: Eagle3Config) -> None:
+    """--max-topk within the drafter's draft vocabulary, before loading: the tree acceptance
+    run refused it only after the target loaded and the chain's acceptance ran."""
+    vocab = drafter_cfg.draft_vocab_size
+    if max_topk > vocab:
+        raise DraftsmithError(f"--max-topk {max_topk} exceeds the drafter's draft vocabulary of "
+                              f"{vocab}: give --max-topk {vocab} or less")
+
+
 def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, refilled=None,
                new: int | None = None, top: int = 3) -> tuple[list, list[SpecSetting]]:
     """(predictions, settings to sweep) at one batch: every setting within `limits` (max
@@ -539,6 +549,11 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
                 "cause": r.cause,
                 "busy": r.busy,
                 "best_measured_tok_s": best_measured(meas, r.batch),
+                # the model's pick and what serving it would have lost (0: it was the best)
+                "predicted_best": None if r.predicted_best is None else str(r.predicted_best),
+                "predicted_best_measured_tok_s": r.predicted_best_measured_tps,
+                "regret_tok_s": r.regret_tps,
+                "regret_pct": r.regret_pct,
             }
             for r in recs
         ],

@@ -937,10 +937,27 @@ class Recommendation:
     cause: str  # the largest cause of disagreement between model and measurement
     rows: tuple[Comparison, ...]  # measured settings fastest first, then predicted-only
     busy: float | None = None  # the choice's share of row slots decoding, measured if it was
+    predicted_best: SpecSetting | None = None  # the model's pick: the fastest predicted
+    predicted_best_measured_tps: float | None = None  # that pick's sweep figure
 
     @property
     def speculate(self) -> bool:
         return not self.setting.is_baseline
+
+    @property
+    def regret_tps(self) -> float | None:
+        """Tokens/s lost had the model's pick been taken instead of the measured best (0 where
+        they agree); None where the choice or the pick was not measured."""
+        if self.source != "measured" or self.predicted_best_measured_tps is None:
+            return None
+        return self.tokens_per_s - self.predicted_best_measured_tps
+
+    @property
+    def regret_pct(self) -> float | None:
+        """`regret_tps` as a share of the measured best, in percent."""
+        regret = self.regret_tps
+        return None if regret is None or not self.tokens_per_s else (
+            100.0 * regret / self.tokens_per_s)
 
     @property
     def speedup(self) -> float | None:
@@ -1088,8 +1105,11 @@ def _recommend_batch(
     base = meas.get(SpecSetting.baseline()) or preds.get(SpecSetting.baseline())
     base_tps = base.tokens_per_s if base else None
     busy = m.busy if m and m.busy is not None else (p.busy if p else None)
+    pick = min(preds, key=lambda s: (-preds[s].tokens_per_s, *_simpler_first(s)), default=None)
+    picked = meas.get(pick) if pick is not None else None
     return Recommendation(
-        batch, setting, source, tps, base_tps, chosen.error_pct, cause, tuple(rows), busy
+        batch, setting, source, tps, base_tps, chosen.error_pct, cause, tuple(rows), busy,
+        pick, picked.tokens_per_s if picked else None,
     )
 
 

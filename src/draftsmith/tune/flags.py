@@ -100,6 +100,21 @@ def vllm_choice(rec: Recommendation) -> tuple[SpecSetting, str | None]:
     return SpecSetting(rec.setting.steps), vllm_speculative_config(rec.setting, "").note
 
 
+def model_pick_line(rec: Recommendation) -> list[str]:
+    """Whether the model's pick (the fastest predicted setting) is the sweep's best, and where
+    not, its own measured figure and the tokens/s lost had it been served (the regret)."""
+    regret, pick = rec.regret_tps, rec.predicted_best
+    if regret is None or pick is None:
+        return []
+    if pick == rec.setting:
+        return ["  model's pick: the measured best"]
+    pred = next((r.predicted_tps for r in rec.rows if r.setting == pick), None)
+    said = "" if pred is None else f" (predicted {pred:.1f} tok/s)"
+    return [f"  model's pick: {pick}{said} measured "
+            f"{rec.predicted_best_measured_tps:.1f} tok/s: {regret:.1f} tok/s "
+            f"({rec.regret_pct:.1f} %) below the measured best"]
+
+
 IDLE_HINT = 0.1  # idle share of row slots from which the text points at refilled rows
 
 
@@ -163,6 +178,7 @@ def recommendation_text(rec: Recommendation, model_path: str | PathLike, top: in
                      "acceptance or costs: the last measured value reused)")
     if rec.error_pct is not None:
         lines.append(f"  model error on the choice: {rec.error_pct:+.1f} %; cause: {rec.cause}")
+    lines += model_pick_line(rec)
     if not refilled and rec.busy is not None and rec.busy < 1 - IDLE_HINT:
         lines.append(
             f"  idle rows: {1 - rec.busy:.0%} of row slots idle (a static batch runs until its "
