@@ -268,10 +268,14 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
 
 
 def _ignore_ctrl_c(worker: int) -> None:
-    """A terminal's ctrl-C reaches the whole process group: a worker that died of it would
-    fail the run's next batch before the trainer stops at its checkpoint. The trainer decides;
-    its workers end with it."""
+    """A terminal's ctrl-C reaches the whole process group, and so does the SIGTERM of
+    `timeout` or SLURM: a worker that died of it would fail the step in flight before the
+    trainer stops at its checkpoint. The trainer decides; its workers end with it. SIGTERM only
+    where the trainer handles it (one process: `loop.Interrupt`); torch's worker loop set its
+    own, which dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if callable(signal.getsignal(signal.SIGTERM)):  # the trainer's, inherited through fork
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _unfailed(items: Iterable[Any]) -> Iterator[tuple[int, int, Batch]]:

@@ -242,35 +242,56 @@ RUN_FILES = {CONFIG_FILE, WEIGHTS_FILE, report.LOG, report.PLOT, ckpt.CHECKPOINT
              "profile.txt"}
 
 class Interrupt:
-    """A single process's training loop: the first ctrl-C asks it to stop after the step in
-    flight, at a checkpoint (`asked`); a second one aborts at once (the handler before ours is
-    put back). Only in the main thread, and not where SIGINT was ignored (`nohup`, `cmd &`)."""
+    """A single process's training loop: the first ctrl-C (SIGINT) or SIGTERM (a scheduler's
+    time limit, `timeout`, a pod's end) asks it to stop after the step in flight, at a
+    checkpoint (`asked`: that signal); a second of either aborts at once (the handlers before
+    ours are put back: SIGTERM's default ends the process). Only in the main thread, and each
+    signal only where it was not ignored (SIGINT under `nohup`, `cmd &`) nor set outside Python.
+    Not under DDP: torchrun's SIGTERM ends a failed run's other ranks, whose checkpoint would
+    wait on collectives that never complete."""
 
-    NOTE = (b"\ndraftsmith train: ctrl-C: stopping after this step with a checkpoint "
-            b"(ctrl-C again aborts at once)\n")
+    NOTES = {
+        signal.SIGINT: b"\ndraftsmith train: ctrl-C: stopping after this step with a checkpoint "
+                       b"(ctrl-C again aborts at once)\n",
+        signal.SIGTERM: b"\ndraftsmith train: SIGTERM: stopping after this step with a "
+                        b"checkpoint (a second SIGTERM aborts at once)\n",
+    }
 
     def __init__(self, active: bool) -> None:
-        self.asked, self.old = False, None
+        self.asked: signal.Signals | None = None
+        self.old: dict[signal.Signals, Any] = {}
         self.active = active and threading.current_thread() is threading.main_thread()
 
     def __enter__(self) -> Interrupt:
-        if self.active:
-            old = signal.getsignal(signal.SIGINT)
-            self.active = old is not signal.SIG_IGN
-            if self.active:
-                # None: a handler not set from Python; put back Python's own
-                self.old = signal.default_int_handler if old is None else old
-                signal.signal(signal.SIGINT, self._ask)
+        for sig in self.NOTES if self.active else ():
+            old = signal.getsignal(sig)
+            if old is None and sig == signal.SIGINT:
+                old = signal.default_int_handler  # not set from Python: put back Python's own
+            if old is not None and old is not signal.SIG_IGN:
+                self.old[sig] = old
+                signal.signal(sig, self._ask)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.active:
-            signal.signal(signal.SIGINT, self.old)
+        self._put_back()
+
+    def _put_back(self) -> None:
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        self.old = {}
 
     def _ask(self, signum: int, frame: Any) -> None:
-        self.asked = True
-        signal.signal(signal.SIGINT, self.old)
-        os.write(2, self.NOTE)  # unbuffered: the handler may run inside another write
+        self.asked = signal.Signals(signum)
+        self._put_back()
+        os.write(2, self.NOTES[self.asked])  # unbuffered: the handler may run inside another write
+
+
+class Terminated(SystemExit):
+    """A run stopped at a checkpoint by a first SIGTERM: exit 143 (128 + 15), as the signal's
+    own default would have ended it, with no traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
 
 
 def check_run_folder(out: Path) -> None:
@@ -979,7 +1000,7 @@ class Trainer:
                     if saved:
                         self._checkpoint()
                     if ctrl_c.asked and self.step < self.total:
-                        self._stop_interrupted(saved)
+                        self._stop_interrupted(saved, ctrl_c.asked)
                     if log and self.step < self.total and self._out_of_time(start):
                         if not saved:
                             self._checkpoint()  # pending stats were flushed at the log step
@@ -997,17 +1018,20 @@ class Trainer:
             self.prof.close()
         return self._finish()
 
-    def _stop_interrupted(self, saved: bool) -> None:
-        """After the first ctrl-C: the step in flight done, a checkpoint at this step (its
-        statistics in), then KeyboardInterrupt (the CLI exits 130)."""
+    def _stop_interrupted(self, saved: bool, sig: signal.Signals) -> None:
+        """After the first ctrl-C or SIGTERM: the step in flight done, a checkpoint at this step
+        (its statistics in), then KeyboardInterrupt (the CLI exits 130) or `Terminated` (143)."""
         if not saved:
             self._flush()
             self._checkpoint()
         self.stopped = True
-        self.say(f"interrupted at step {self.step} of {self.total}: checkpoint written to "
+        how = "interrupted" if sig == signal.SIGINT else f"terminated ({sig.name})"
+        self.say(f"{how} at step {self.step} of {self.total}: checkpoint written to "
                  f"{ckpt.checkpoint_dir(self.out, self.step)}; the same command with --resume "
                  "continues")
-        raise KeyboardInterrupt
+        if sig == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated
 
     def _say_aborted(self) -> None:
         """A ctrl-C that stopped the run mid-step: where --resume would start."""
