@@ -123,6 +123,8 @@ def parse_record(rec: Any) -> Conversation:
         msgs = [_message(m, "from", "value", i) for i, m in enumerate(rec["conversations"])]
     elif _is_humaneval(rec):
         return humaneval_conversation(rec)
+    elif isinstance(rec.get("data"), list):
+        msgs = _ultrachat(rec["data"])
     elif "prompt" in rec:
         msgs = [_user(rec["prompt"], "prompt")]
     elif "instruction" in rec:
@@ -146,9 +148,31 @@ def _with_system(system: Any, msgs: list[dict[str, str]]) -> list[dict[str, str]
     return [{"role": "system", "content": _unicode(system, "'system'")}, *msgs]
 
 
+def _ultrachat(data: list[Any]) -> list[dict[str, str]]:
+    """UltraChat's `data`: user and assistant texts in turn, the user's first."""
+    why = "(UltraChat's 'data': user and assistant texts in turn)"
+    if not data:
+        raise Malformed(f"'data' holds no text {why}")
+    for i, text in enumerate(data):
+        if not isinstance(text, str):
+            raise Malformed(f"'data' item {i} is not a string {why}")
+    return [_message({"role": ("user", "assistant")[i % 2], "content": text}, "role", "content",
+                     i) for i, text in enumerate(data)]
+
+
+# the keys of a turn: OpenAI's and ShareGPT's, either found under either list's name
+TURN_KEYS = {"role": "content", "from": "value"}
+
+
 def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
     if not isinstance(m, dict):
         raise Malformed(f"message {i} is not an object")
+    if role_key not in m:
+        role_key = next((k for k in TURN_KEYS if k in m), "")
+        if not role_key:
+            keys = ", ".join(sorted(map(str, m))) or "none"
+            raise Malformed(f"message {i}: no 'from' or 'role' (keys: {keys})")
+        text_key = TURN_KEYS[role_key]
     named = str(m.get(role_key, "")).lower()
     if named in TOOL_ROLES or m.get("tool_calls") or m.get("function_call"):
         raise Malformed(f"message {i}: tool messages and tool calls are not supported (a "

@@ -182,7 +182,7 @@ def self_made_prompts(
     have = have[:cut]
     seen = {fold(c.first_user()) for c in have}
     stats = {"kept": len(have), "in_file": len(records), "duplicates": 0, "length_filtered": 0,
-             "unfinished": 0, "bare_openings": 0}
+             "unfinished": 0, "bare_openings": 0, "template_tokens": 0}
     prefix, suffix = user_prefix(target.tokenizer, cfg.system)
     opens = cfg.openings or ("",)
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
@@ -349,7 +349,7 @@ def _full(out: Path, there: int, n: int, say: Callable[[str], None]) -> dict[str
             f"its first {n} (`data make` answers those; a later stage given the file reads all "
             f"{there})")
     return {"kept": n, "in_file": there, "duplicates": 0, "length_filtered": 0,
-            "unfinished": 0, "bare_openings": 0}
+            "unfinished": 0, "bare_openings": 0, "template_tokens": 0}
 
 
 def tried_path(out: Path) -> Path:
@@ -391,7 +391,8 @@ def _short(stats: dict[str, int], cfg: MagpieConfig, limit: int) -> str:
             f"{stats['length_filtered']} under {cfg.min_chars} or over {cfg.max_chars} "
             f"characters, {stats['unfinished']} unfinished within --max-new-tokens "
             f"{cfg.max_new_tokens} (`data make`: --prompt-tokens), {stats['bare_openings']} bare "
-            f"openings); the {stats['kept']} are kept: rerun the same command to make more "
+            f"openings, {stats.get('template_tokens', 0)} holding the chat template's tokens); "
+            f"the {stats['kept']} are kept: rerun the same command to make more "
             "(it goes on from the round after this run's last), or try another --seed or "
             "--openings")
 
@@ -494,15 +495,39 @@ def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:
     return full[len(head):] if full.startswith(head) else tok.decode(toks, skip_special_tokens=True)
 
 
+def control_ids(tok: Any) -> set[int]:
+    """The tokens a decode skips: the chat template's own (`<|im_start|>`, Llama 3's headers),
+    bos, eos, pad."""
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    return {int(i) for i, t in added.items() if getattr(t, "special", False)} | set(
+        getattr(tok, "all_special_ids", ()))
+
+
+def _before_control(tok: Any, start: list[int], toks: list[int], closing: str) -> list[int]:
+    """`toks` up to the first control token (not a stop) the target wrote: there it left the
+    user's turn (`<|im_start|>assistant ...`), and the decode, skipping the token, joined the
+    words after it to the question. One past a closing of several tokens is cut there anyway."""
+    control = control_ids(tok)
+    j = next((k for k, t in enumerate(toks) if t in control), None)
+    if j is None or closing and closing in _continuation(tok, start, toks[:j]):
+        return toks
+    return toks[:j]
+
+
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
          stats: dict[str, int], opening: str, start: list[int], closing: str = "",
          ) -> str | None:
+    kept = _before_control(target.tokenizer, start, toks, closing)
+    left, toks = len(kept) < len(toks), kept
     more = _continuation(target.tokenizer, start, toks)
     at = more.find(closing) if closing else -1
     if at >= 0:  # a closing of several tokens, not a stop: the question ends where it begins
         more = more[:at]
     elif len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
+        return None
+    if left and not more.strip():  # nothing asked before it: only the template's tokens
+        stats["template_tokens"] = stats.get("template_tokens", 0) + 1
         return None
     if opening and not any(ch.isalnum() for ch in more):
         stats["bare_openings"] += 1  # the target closed the turn at once: no question asked
