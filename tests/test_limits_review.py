@@ -134,7 +134,8 @@ def test_make_stops_after_a_prompts_stage_that_kept_none(target, tmp_path):
     msg = str(e.value)
     assert msg.startswith("data make: the target's self-made prompts were all dropped (0 "
                           "duplicates, ")
-    assert " unfinished within --prompt-tokens 1, 0 bare openings): raise --prompt-tokens" in msg
+    assert (" unfinished within --prompt-tokens 1, 0 bare openings, 0 holding the chat "
+            "template's tokens): raise --prompt-tokens") in msg
     record = json.loads((tmp_path / "make.json").read_text())
     assert set(record["stages"]) == {"prompts"} and record["stages"]["prompts"]["result"][
         "kept"] == 0

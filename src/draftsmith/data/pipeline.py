@@ -247,7 +247,8 @@ def _no_prompts(made: dict[str, int], cfg: MagpieConfig) -> str:
     return (f"data make: the target's self-made prompts were all dropped ({made['duplicates']} "
             f"duplicates, {made['length_filtered']} under {cfg.min_chars} or over "
             f"{cfg.max_chars} characters, {made['unfinished']} unfinished within "
-            f"--prompt-tokens {cfg.max_new_tokens}, {made['bare_openings']} bare openings): "
+            f"--prompt-tokens {cfg.max_new_tokens}, {made['bare_openings']} bare openings, "
+            f"{made.get('template_tokens', 0)} holding the chat template's tokens): "
             "raise --prompt-tokens, or try another --seed or --target")
 
 
