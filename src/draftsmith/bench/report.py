@@ -149,6 +149,9 @@ def notes(report: dict[str, Any]) -> list[str]:
         stop = report["meta"].get("failed")
         why = f"failed in {stop['run']}: {stop['error']}" if stop else "interrupted"
         out.append(f"partial ({why}), not timed: " + "; ".join(not_run))
+    if timing := report["meta"].get("timing"):
+        out.append(f"timed in this order, {timing}: no spread is measured, so a speedup within "
+                   "a few percent of 1.00x is no measured difference")
     if note := busy_note(report["meta"].get("machine_load")):
         out.append(note)
     return out

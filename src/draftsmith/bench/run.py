@@ -18,6 +18,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,10 @@ from draftsmith.options import check_chain_tokens, check_compile
 from draftsmith.tune.cost_model import DEEPEST
 
 Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
+# how `_run_grid` times: said in meta and a note, as runs in a fixed order, each once, give
+# no spread, and drift (clocks, heat) falls on the later settings
+TIMING = ("each suite and batch: the baseline first, then each setting in grid order, each run "
+          "timed once after its own untimed warm-up (not interleaved, not repeated)")
 
 
 @dataclass
@@ -164,6 +169,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"warning: {w}")
     profiling(cfg)  # a DRAFTSMITH_PROFILE it refuses: now, not after the first rows' minutes
     torch.manual_seed(cfg.seed)
+    early_pair(cfg.target, cfg.drafter)
     target = load_target(cfg.target)
     suites = {label: prompt_ids(target, messages[s], f"--suite {s}")
               for s, label in suite_labels(cfg.suites).items()}
@@ -198,6 +204,29 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
                                         "error": one_line(e)}
             raise BenchFailed(report, e) from e
     return _report(cfg, target, drafter, warnings, suites, settings, rows, machine.result())
+
+
+def early_pair(target: str, drafter: str) -> None:
+    """A drafter folder sized for another target refused from the target's config.json alone:
+    `load_target` reads every weight (minutes for an 8B) before `check_pair` could run. A GGUF,
+    the default or a folder whose config does not read are left to that later check."""
+    folder = Path(target)
+    if drafter in ("", "random") or not (folder / "config.json").is_file():
+        return
+    from draftsmith.export.sglang import is_sglang
+    from draftsmith.export.speculators import is_speculators
+    from draftsmith.models.config import ModelConfig
+    from draftsmith.models.eagle3 import read_drafter_config
+    from draftsmith.targets import hf
+
+    try:
+        raw = hf.read_config(folder)
+        if is_sglang(raw) or is_speculators(raw):  # a drafter as --target: load_target says so
+            return
+        tc = ModelConfig.from_hf(raw)
+    except Exception:  # noqa: BLE001 (load_target names what is wrong with it, as it did)
+        return
+    check_pair(tc, read_drafter_config(drafter))
 
 
 def short_suites(messages: dict[str, list[Any]], limit: int) -> list[str]:
@@ -490,4 +519,5 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
         "suites": list(suite_labels(cfg.suites)), "warnings": warnings,
         "refill": cfg.refill,
         "refill_every": (cfg.refill_every or "by rows") if cfg.refill else None,
+        "timing": TIMING,
     }

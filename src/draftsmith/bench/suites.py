@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,37 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
+    skipped: list[str] = []
+
+    def skip(line: str) -> None:
+        skipped.append(line)
+        (warn or _stderr)(line)
+
+    read = read_prompts(source, warn=skip, flag=flag)
     firsts = [opening(c.messages)  # as generate asks
-              for c in read_prompts(source, warn=warn, flag=flag)
-              if any(m["role"] == "user" for m in c.messages)]
+              for c in read if any(m["role"] == "user" for m in c.messages)]
     # one prompt once: conversations that differ after their first turn open alike, and the
     # reader drops only whole repeats (a repeat was timed twice, another prompt left out)
     out = list({json.dumps(m, sort_keys=True): m for m in firsts}.values())
     if not out:
-        raise DraftsmithError(f"suite {name!r}: no prompt with a user turn")
+        raise DraftsmithError(f"suite {name!r}: no prompt with a user turn"
+                              + _why_none(read, skipped))
     return out[:limit] if limit > 0 else out
+
+
+def _stderr(line: str) -> None:
+    print(f"draftsmith: warning: {line}", file=sys.stderr)
+
+
+def _why_none(read: list[Any], skipped: list[str]) -> str:
+    """Why a suite gave no prompt, where it was not system turns alone: records that could not
+    be read (the CLI reads suites before loading with their warnings silenced), or none at all."""
+    problems = [s.removeprefix("skipped ") for s in skipped if s.startswith("skipped ")]
+    if problems:
+        more = "more than 20" if len(skipped) > len(problems) else str(len(problems))
+        plural = "record" if more == "1" else "records"
+        return f": {more} {plural} could not be read, the first: {problems[0]}"
+    return "" if read else ": it holds no record"
 
 
 def builtin_chat() -> Path:
