@@ -46,6 +46,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 _SHARD = re.compile(r"(.+)-\d{5}-of-(\d{5})\.[a-z]+")
+_SHARD_NAME = "{}-{:05d}-of-{:05d}{}"  # _SHARD's names, as save_pretrained writes them
 
 
 def _pick(folder: Path, single: str, pattern: str) -> list[Path]:
@@ -61,6 +62,9 @@ def _pick(folder: Path, single: str, pattern: str) -> list[Path]:
     found = sorted(folder.glob(pattern))
     if _one_model(found):
         return found
+    if missing := _missing_shards(found):  # an interrupted download, its index not yet there
+        raise DraftsmithError(f"{folder}: shards {missing} are missing, and no {index.name} "
+                              "saying which hold the model; download the checkpoint again")
     raise DraftsmithError(f"{folder}: {[f.name for f in found]} and no {index.name} saying which "
                           "hold the model; keep its files only, or add its index")
 
@@ -75,6 +79,17 @@ def _one_model(files: list[Path]) -> bool:
             and int(shards[0].group(2)) == len(files))
 
 
+def _missing_shards(files: list[Path]) -> list[str]:
+    """The names a set of shards (NAME-0000i-of-0000n, all of one set) lacks; [] for files
+    that are no one set."""
+    shards = [_SHARD.fullmatch(f.name) for f in files]
+    if not files or not all(shards) or len({(m.group(1), m.group(2)) for m in shards}) != 1:
+        return []
+    n, have = int(shards[0].group(2)), {f.name for f in files}
+    names = [_SHARD_NAME.format(shards[0].group(1), i, n, files[0].suffix) for i in range(1, n + 1)]
+    return [name for name in names if name not in have]
+
+
 def _indexed(folder: Path, index: Path) -> list[Path]:
     meta = read_json(index, "")
     weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
@@ -82,7 +97,8 @@ def _indexed(folder: Path, index: Path) -> list[Path]:
         raise DraftsmithError(f"{index}: no weight_map object of tensor names to file names")
     files = [folder / name for name in sorted(set(weight_map.values()))]
     if missing := [f.name for f in files if not f.is_file()]:
-        raise DraftsmithError(f"{index} names weight files that are missing: {missing}")
+        raise DraftsmithError(f"{index} names weight files that are missing: {missing}; "
+                              "download them again (an interrupted download?)")
     return files
 
 
