@@ -577,7 +577,7 @@ def reply(r: Any, asked: str = "", tok: Any = None, most: int | None = None) -> 
         what = " but a tool call" if calls else ""
         return Answer("", 0, f"error: the server's reply holds no text{what} (finish "
                              f"{finish}): not kept as an answer", lasting=True)
-    text = message.content.strip()
+    text = without_end(message.content.strip(), finish, tok)
     ids = served_ids(raw_ids, finish, tok)
     foreign = ids is not None and not _spells(tok, ids, text)
     return Answer(text, used if isinstance(used, int) else None, finish,
@@ -605,7 +605,7 @@ def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list
     if tok is None or not isinstance(ids, list) or not all(type(t) is int and t >= 0
                                                            for t in ids):
         return None
-    if finish in ("stop", UNKNOWN) and ids and _special(tok, ids[-1]):
+    if finish in ("stop", UNKNOWN) and ids and (_special(tok, ids[-1]) or _is_end(tok, ids[-1])):
         ids = ids[:-1]
     if text is not None and not _spells(tok, ids, text.strip()):
         return None
@@ -620,6 +620,43 @@ def _spells(tok: Any, ids: list[int], text: str) -> bool:
         return any(tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=c)
                    .strip() == text for c in (False, True))
     except Exception:  # noqa: BLE001 - a tokenizer's own error for ids it does not hold
+        return False
+
+
+_END_MARKS: dict[tuple[int, str, str | None], tuple[str, ...]] = {}
+
+
+def end_marks(tok: Any) -> tuple[str, ...]:
+    """The texts of the tokens that end an answer: the chat template's closing marker
+    ("<|im_end|>") and the eos token."""
+    key = (id(tok), str(getattr(tok, "chat_template", "")), getattr(tok, "eos_token", None))
+    if key not in _END_MARKS:
+        from draftsmith.data.chat import closing_marker
+
+        if len(_END_MARKS) > 64:
+            _END_MARKS.clear()
+        marks = (closing_marker(tok), getattr(tok, "eos_token", None))
+        _END_MARKS[key] = tuple(dict.fromkeys(m for m in marks if isinstance(m, str) and m))
+    return _END_MARKS[key]
+
+
+def without_end(text: str, finish: str, tok: Any) -> str:
+    """An answer's text less the end token written out after it: vLLM and SGLang leave it in
+    with skip_special_tokens off, or for an end token the tokenizer does not mark special.
+    Left in, capture read it as the end id and closed the turn with a second one."""
+    if tok is None or finish not in ("stop", UNKNOWN):
+        return text
+    for mark in end_marks(tok):
+        if text.endswith(mark):
+            return text[: -len(mark)].rstrip()
+    return text
+
+
+def _is_end(tok: Any, i: int) -> bool:
+    """Whether id `i` is written as an end token's text (`end_marks`), special or not."""
+    try:
+        return tok.convert_ids_to_tokens(i) in end_marks(tok)
+    except Exception:  # noqa: BLE001 - a tokenizer's own error for an id it does not hold
         return False
 
 
