@@ -9,6 +9,7 @@ import math
 
 import pytest
 from test_compare import drafters  # noqa: F401  (the module's drafter folders)
+from test_compare_review10 import measured  # noqa: F401  (the same measured run)
 
 from draftsmith.compare import CompareOptions, run_compare
 from draftsmith.compare.paired import paired, t975, words
@@ -45,16 +46,9 @@ def test_a_gap_of_zero_on_every_prompt_is_no_call_for_more_prompts():
     assert words(steady).endswith(": beyond the noise")
 
 
-@pytest.fixture(scope="module")
-def measured(drafters, tiny_llama_dir, tmp_path_factory):  # noqa: F811
-    out = tmp_path_factory.mktemp("cmp11")
-    res = run_compare(CompareOptions([str(drafters["A"]), str(drafters["B"])],
-                                     target=str(tiny_llama_dir), num_prompts=3, max_new=6,
-                                     steps=2, out=out))
-    return res, out
 
 
-def test_tokens_per_s_is_paired_over_prompts_as_accept_length_is(measured):
+def test_tokens_per_s_is_paired_over_prompts_as_accept_length_is(measured):  # noqa: F811
     """tokens/s, the figure a busy machine skews most, was one pooled number per drafter: no
     way to tell a lead from the noise. Each prompt's is kept and paired against the first's."""
     res, out = measured

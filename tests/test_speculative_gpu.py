@@ -315,13 +315,25 @@ def test_graphed_sampling_runs_and_stops_at_eos(pair, steps, topk, n, compiled, 
     assert left_greedy(eager, same, first.tokens)
 
 
+# rows 0 and 2 decode as plain greedy, rows 1 and 3 draw apart from it
+ROW_SETS = {
+    # the greedy row and the row at top_k 1 beside rows drawing at T 1.5
+    "own settings": [SamplingParams(), SamplingParams(1.5, top_p=0.99),
+                     SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)],
+    # a sigma so small that only the largest logit stays, at T 1.5, beside a wide sigma and none
+    "top_n_sigma": [SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5, top_n_sigma=50.0),
+                    SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5)],
+}
+
+
+@pytest.mark.parametrize("rows", list(ROW_SETS))
 @pytest.mark.parametrize("steps,topk,n,compiled", [
     (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
 def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, n, compiled,
-                                                             monkeypatch):
-    """Rows of one graphed (and compiled) decoder under four settings: the greedy row and the
-    row at top_k 1 decode as plain greedy beside rows drawing at T 1.5, and those draw apart
-    from it; the decoder takes new settings without a new capture."""
+                                                             rows, monkeypatch):
+    """Rows of one graphed (and compiled) decoder under four settings (top_n_sigma too): the
+    greedy ones decode as plain greedy beside rows that draw apart; the decoder takes the
+    settings moved to other rows without a new capture."""
     from draftsmith.engine import speculative
 
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
@@ -330,40 +342,13 @@ def test_graphed_rows_of_one_batch_sample_their_own_settings(pair, steps, topk, 
         drafter = cast(make_drafter(target, 96), torch.float32)
     rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
-    rows = [SamplingParams(), SamplingParams(1.5, top_p=0.99),
-            SamplingParams(0.6, top_k=1, top_p=0.5), SamplingParams(1.5, top_k=40)]
-    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[1])
-    res = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows)
+    params = ROW_SETS[rows]
+    dec = SpecDecoder(rt, drafter, steps, topk, n, params[1])
+    res = dec.generate(PROMPTS, NEW, eos_ids=[], params=params)
     graphs = len(rt.graphs.graphs)
     assert res.tokens[0] == ref[0] and res.tokens[2] == ref[2]
     assert res.tokens[1] != ref[1] and res.tokens[3] != ref[3]
-    again = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows[2:] + rows[:2])
-    assert again.tokens[0] == ref[0] and again.tokens[2] == ref[2]
-    assert len(rt.graphs.graphs) == graphs
-
-
-@pytest.mark.parametrize("steps,topk,n,compiled", [
-    (3, 1, None, False), (3, 3, 8, False), (3, 1, None, True), (3, 3, 8, True)])
-def test_graphed_rows_keep_their_own_top_n_sigma(pair, steps, topk, n, compiled, monkeypatch):
-    """top_n_sigma per row under CUDA graphs (and compiled phases): a sigma so small that only
-    the largest logit stays decodes as plain greedy at T 1.5, beside rows at a wide sigma and
-    none that draw apart; changing the settings captures nothing new."""
-    from draftsmith.engine import speculative
-
-    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "topk")
-    target, drafter, eager = pair
-    if compiled and topk > 1:
-        drafter = cast(make_drafter(target, 96), torch.float32)
-    rt = Runtime(target, 4, 160, graphs=True, compile=compiled)
-    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
-    rows = [SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5, top_n_sigma=50.0),
-            SamplingParams(1.5, top_n_sigma=1e-6), SamplingParams(1.5)]
-    dec = SpecDecoder(rt, drafter, steps, topk, n, rows[1])
-    res = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows)
-    graphs = len(rt.graphs.graphs)
-    assert res.tokens[0] == ref[0] and res.tokens[2] == ref[2]
-    assert res.tokens[1] != ref[1] and res.tokens[3] != ref[3]
-    again = dec.generate(PROMPTS, NEW, eos_ids=[], params=rows[1:] + rows[:1])
+    again = dec.generate(PROMPTS, NEW, eos_ids=[], params=params[1:] + params[:1])
     assert again.tokens[1] == ref[1] and again.tokens[3] == ref[3]
     assert len(rt.graphs.graphs) == graphs
 
