@@ -224,6 +224,13 @@ def _check_layout(c: dict[str, Any], folder: Path) -> None:
     if c.get("bias"):
         raise DraftsmithError(f"{folder}/config.json: bias true (SGLang gives fc a bias); "
                               "draftsmith's fc has none")
+    draft, vocab = c.get("draft_vocab_size"), c.get("vocab_size")
+    if c.get("tie_word_embeddings") and draft is not None and draft != vocab:
+        raise DraftsmithError(
+            f"{folder}/config.json: tie_word_embeddings is true but draft_vocab_size {draft} "
+            f"differs from vocab_size {vocab}: a tied head is the embedding (SGLang's lm_head = "
+            "embed_tokens), one row per target token, not per draft token; set "
+            f"tie_word_embeddings false and store the drafter's lm_head.weight ({draft} rows)")
 
 
 def _note_reference_arch(c: dict[str, Any], folder: Path) -> None:
@@ -246,7 +253,21 @@ def _drop_unknown(w: dict[str, torch.Tensor], cfg: Eagle3Config,
         note(f"{folder}: tensors SGLang does not load, left out: {unknown}",
              "remove them from the folder's weights: vLLM, which loads this layout too, refuses "
              "names it does not know", stacklevel=2)
+    _note_vllm_names(w, folder)
     return {k: v for k, v in w.items() if k not in unknown}
+
+
+def _note_vllm_names(w: dict[str, torch.Tensor], folder: Path) -> None:
+    """SGLang's load_weights turns `layers.0.*` into `model.layers.0.*`, which its
+    LlamaForCausalLMEagle3 has no parameter for, and skips them: it serves an unloaded decoder
+    layer. vLLM maps `midlayer.` to `layers.0.` and loads either, as the import does."""
+    if any(k.startswith("layers.0.") for k in w):
+        note(f"{folder}: the decoder layer is stored as layers.0.* (vLLM's names), which "
+             "SGLang's LlamaForCausalLMEagle3 (as read at 03d5a77) skips without a word (it "
+             "loads midlayer.*; later versions may read both, PR #24663), serving that layer "
+             "unloaded; vLLM and this import read the stored one",
+             "rename layers.0.* to midlayer.* in the folder's weights (`draftsmith export "
+             "--format sglang` of the import writes them so)", stacklevel=3)
 
 
 def _check_specforge_head(c: dict[str, Any], folder: Path) -> None:
