@@ -16,6 +16,7 @@ from draftsmith.options import (
     DEVICE,
     DTYPE,
     TARGET,
+    at_least_one,
     check_folder,
     check_seed,
     command_line,
@@ -62,6 +63,9 @@ def bench(
                                      help="with --refill: refill ended rows at most every N "
                                           "cycles (decode steps for the baseline); 0: 4 below "
                                           "32 rows, 8 from 32"),
+    repeats: int = typer.Option(1, "--repeats",
+                                help="timed rounds of each suite and batch, each round's order "
+                                     "rotated: median tok/s and speedup with their min-max"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.run import (
@@ -77,6 +81,7 @@ def bench(
 
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     check_seed(seed)
+    at_least_one({"--repeats": repeats})
     if not drafter:
         raise DraftsmithError("give --drafter DIR (a draftsmith drafter folder) or 'random'")
     # a mistyped or damaged folder, before the target's minutes of loading
@@ -100,6 +105,7 @@ def bench(
         params=params, device=dev,
         dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile, refill=refill, refill_every=refill_every,
+        repeats=repeats,
     )
     if dcfg is not None:  # as run_bench does, here before the target loads
         check_topk(cfg.settings(), dcfg.draft_vocab_size)
@@ -131,10 +137,11 @@ def _write(report: dict[str, Any], out: Path) -> None:
     """bench.json, then the tables (stderr) and the headline JSON line (stdout), then bench.png;
     where bench.json cannot be written the JSON line carries the whole report instead, so
     nothing is lost."""
-    from draftsmith.bench.report import print_report, write_json, write_png
+    from draftsmith.bench.report import print_report, table_width, write_json, write_png
 
-    # the tables on stderr: stdout is the JSON line alone (`bench ... | jq` reads it)
-    shown = Console(stderr=True, width=max(Console(stderr=True).width, 150))
+    # the tables on stderr: stdout is the JSON line alone (`bench ... | jq` reads it); rounds'
+    # ranges widen the table past 150 columns, which would fold each figure from its range
+    shown = Console(stderr=True, width=max(Console(stderr=True).width, 150, table_width(report)))
     say_replaced(out / "bench.json", lambda s: shown.print(s, markup=False, highlight=False))
     try:
         path = write_json(report, out / "bench.json")

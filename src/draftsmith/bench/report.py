@@ -50,10 +50,10 @@ def results_table(report: dict[str, Any]) -> Table:
     for r in rows:
         base = r["setting"] == "baseline"
         up, dup = (_own(r, "tokens_per_s"), _own(r, "decode_tokens_per_s")) if base else (
-            figure(r["speedup"], ".2f", "x"), figure(r["decode_speedup"], ".2f", "x"))
+            ranged(r, "speedup", ".2f", "x"), ranged(r, "decode_speedup", ".2f", "x"))
         cells = [escape(r["suite"]), str(r["batch"]),  # a file's name, not rich markup
-                 r["setting"], f"{r['tokens_per_s']:.1f}", up,
-                 figure(r["decode_tokens_per_s"], ".1f"), dup,
+                 r["setting"], ranged(r, "tokens_per_s", ".1f"), up,
+                 ranged(r, "decode_tokens_per_s", ".1f"), dup,
                  "" if base else figure(r["mean_accept_length"], ".2f"),
                  "" if base else figure(r["accept_rate"], ".2f")]
         rates = r.get("position_rates", [])
@@ -69,6 +69,23 @@ def results_table(report: dict[str, Any]) -> Table:
             cells.append(f"{a['identical']}/{a['prompts']}" if a else "")
         t.add_row(*cells, style="dim" if base else None)
     return t
+
+
+def table_width(report: dict[str, Any]) -> int:
+    """The columns the results table needs unfolded, where rounds gave it ranges; else 0."""
+    if (report.get("meta") or {}).get("repeats", 1) == 1:
+        return 0
+    return Console(width=1000).measure(results_table(report)).maximum
+
+
+def ranged(row: dict[str, Any], key: str, fmt: str, unit: str = "") -> str:
+    """A figure, and where rounds measured it (`key_min`/`key_max`) its range: `1.42x
+    (1.38-1.47)`."""
+    cell = figure(row[key], fmt, unit)
+    lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
+    if row[key] is None or lo is None or hi is None:
+        return cell
+    return f"{cell} ({lo:{fmt}}-{hi:{fmt}})"
 
 
 def run_title(meta: dict[str, Any]) -> str:
@@ -149,7 +166,10 @@ def notes(report: dict[str, Any]) -> list[str]:
         stop = report["meta"].get("failed")
         why = f"failed in {stop['run']}: {stop['error']}" if stop else "interrupted"
         out.append(f"partial ({why}), not timed: " + "; ".join(not_run))
-    if timing := report["meta"].get("timing"):
+    if (timing := report["meta"].get("timing")) and report["meta"].get("repeats", 1) > 1:
+        out.append(f"timed in {report['meta']['repeats']} rounds, {timing}: a speedup whose "
+                   "range holds 1.00x (within_noise) is no measured difference")
+    elif timing:
         out.append(f"timed in this order, {timing}: no spread is measured, so a speedup within "
                    "a few percent of 1.00x is no measured difference")
     if note := busy_note(report["meta"].get("machine_load")):
@@ -176,6 +196,8 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
                            "params": meta.get("params"), "seed": meta.get("seed"),
                            "max_new_tokens": meta.get("max_new_tokens"),
                            "partial": bool(meta.get("partial"))}
+    if meta.get("repeats", 1) > 1:
+        out["repeats"] = meta["repeats"]
     if meta.get("partial"):
         out["not_run"] = meta["not_run"]
     if meta.get("failed"):
@@ -186,9 +208,14 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
     out["results"] = [
         {**{k: r[k] for k in HEADLINE}, "baseline_tokens_per_s": base.get((r["suite"], r["batch"])),
          "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup"],
-         "decode_speedup": r["decode_speedup"], "mean_accept_length": r["mean_accept_length"]}
+         "decode_speedup": r["decode_speedup"], "mean_accept_length": r["mean_accept_length"],
+         **{k: r[k] for k in SPREAD if k in r}}
         for r in rows if r["setting"] != "baseline"]
     return out
+
+
+# what rounds add to a setting's headline (`--repeats` above 1)
+SPREAD = ("tokens_per_s_min", "tokens_per_s_max", "speedup_min", "speedup_max", "within_noise")
 
 
 def fastest(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -239,10 +266,12 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     names = list(dict.fromkeys(r["setting"] for r in rows))
     width = 0.8 / max(1, len(groups))
     for gi, (suite, b) in enumerate(groups):
-        ys = gaps([next((r["speedup"] for r in rows if (r["suite"], r["batch"], r["setting"])
-                          == (suite, b, n)), None) for n in names])
+        found = [next((r for r in rows if (r["suite"], r["batch"], r["setting"])
+                       == (suite, b, n)), {}) for n in names]
+        ys = gaps([r.get("speedup") for r in found])
+        bars = _error_bars(found, ys)
         ax[0, 0].bar([i + gi * width for i in range(len(names))], ys, width,
-                     label=f"{suite} b{b}")
+                     label=f"{suite} b{b}", **({"yerr": bars, "capsize": 3} if bars else {}))
     ax[0, 0].axhline(1.0, color="k", lw=0.8)
     ax[0, 0].set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=45,
                         ha="right")
@@ -274,6 +303,15 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _error_bars(rows: list[dict[str, Any]], ys: list[float]) -> list[list[float]] | None:
+    """Each speedup's min-max range as bars below and above it (rounds only; nan: none)."""
+    if not any("speedup_min" in r for r in rows):
+        return None
+    lo, hi = gaps([r.get("speedup_min") for r in rows]), gaps([r.get("speedup_max") for r in rows])
+    return [[y - a for y, a in zip(ys, lo, strict=True)],
+            [b - y for y, b in zip(ys, hi, strict=True)]]
 
 
 def _phases(ax, rows: list[dict[str, Any]]) -> None:

@@ -9,12 +9,15 @@ decode-only one). Each run starts from the seed, so a sampled row does not hang 
 before it. In greedy mode each real prompt's speculative completion is compared with the
 baseline's, and every divergence is located and measured (the gap between the two candidate
 logits there, from one full forward). A ctrl-C keeps the rows finished (`BenchInterrupted`).
+With `repeats` > 1 each (suite, batch) runs in rotated rounds (`_rounds`) and keeps its rows
+to the group's end: an interrupted group is not run, the groups before it kept.
 """
 
 from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +44,7 @@ from draftsmith.engine.spec_state import SpecResult
 from draftsmith.engine.speculative import SpecDecoder, check_draft_vocab, check_pair, reads_drafts
 from draftsmith.engine.tree import TreeShape, most_tokens
 from draftsmith.errors import DraftsmithError
-from draftsmith.options import check_chain_tokens, check_compile
+from draftsmith.options import check_chain_tokens, check_compile, count
 from draftsmith.tune.cost_model import DEEPEST
 
 Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
@@ -49,6 +52,18 @@ Setting = tuple[int, int, int]  # steps, topk, num_draft_tokens (root included)
 # no spread, and drift (clocks, heat) falls on the later settings
 TIMING = ("each suite and batch: the baseline first, then each setting in grid order, each run "
           "timed once after its own untimed warm-up (not interleaved, not repeated)")
+# one timed run's row (no phases), its tokens and, speculative, its result
+Round = tuple[dict[str, Any], list[list[int]], SpecResult | None]
+
+
+def timing(repeats: int) -> str:
+    """`meta.timing`: `TIMING` for one round; for more, the rounds and their rotation."""
+    if repeats == 1:
+        return TIMING
+    return (f"each suite and batch: the baseline and each setting warmed up once, untimed, then "
+            f"{repeats} timed rounds of them all, round r's order the grid's (baseline first) "
+            f"rotated to start at run r mod (settings + 1); each figure the median over the "
+            f"rounds (min-max its range), each speedup the median of the rounds' own ratios")
 
 
 @dataclass
@@ -74,6 +89,8 @@ class BenchConfig:
     # refill ended rows at most every this many cycles (decode steps); 0: by rows, as
     # spec_refill.refill_every_for (4 below 32 rows, 8 from 32)
     refill_every: int = 0
+    # timed rounds of each (suite, batch), rotated: a spread, drift spread over the runs
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         self._check_counts()  # a Python caller's, as the CLI's int_list refuses them
@@ -93,6 +110,7 @@ class BenchConfig:
         if not self.suites:
             raise DraftsmithError("--suite: give at least one (humaneval, chat or a prompt file)")
         check_max_new(self.max_new_tokens)
+        count(self.repeats, "--repeats")
         if not isinstance(self.num_prompts, int) or self.num_prompts < 0:
             raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got "
                                   f"{self.num_prompts!r}")
@@ -187,9 +205,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"warning: {w}")
     warnings += early
     rows: list[dict[str, Any]] = []
+    now: list[str] = []  # the run under way, where rounds keep a group's rows to its end
     with load.watching() as machine:  # other work on the cores skews the rows unevenly
         try:
-            _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log)
+            _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log, now)
         except KeyboardInterrupt:
             if not rows:
                 raise
@@ -200,7 +219,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
                 raise
             report = _report(cfg, target, drafter, warnings, suites, settings, rows,
                              machine.result())
-            report["meta"]["failed"] = {"run": _running(cfg, suites, settings, rows),
+            report["meta"]["failed"] = {"run": now[-1] if now else _running(cfg, suites,
+                                                                             settings, rows),
                                         "error": one_line(e)}
             raise BenchFailed(report, e) from e
     return _report(cfg, target, drafter, warnings, suites, settings, rows, machine.result())
@@ -238,9 +258,9 @@ def short_suites(messages: dict[str, list[Any]], limit: int) -> list[str]:
 
 def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConfig,
               settings: list[Setting], eos: list[int], rows: list[dict[str, Any]],
-              log: Callable[[str], None]) -> None:
+              log: Callable[[str], None], now: list[str] | None = None) -> None:
     """Time every (suite, batch): the baseline, then each setting; each row appended to
-    `rows` as it is finished."""
+    `rows` as it is finished (with rounds, a group's rows at its end: `_rounds`)."""
     rt, drt = _runtimes(model, drafter, suites, cfg, settings)
     run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
         _baseline, _speculative)
@@ -248,6 +268,10 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
         for b in sorted(set(cfg.batch_sizes), reverse=True):
             batches = fill_batches(prompts, b)
             sizes = {"prompts": len(prompts), "padding_rows": len(batches) * b - len(prompts)}
+            if cfg.repeats > 1:
+                rows.extend(_rounds((model, rt, drt), (name, b, sizes), prompts, batches, cfg,
+                                    settings, eos, log, now if now is not None else []))
+                continue
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
             torch.manual_seed(cfg.seed)  # each run's draws its own: not the runs' before it
             base, base_tokens = run_base(rt, batches, cfg, eos)
@@ -266,6 +290,134 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
                 rows.append({"suite": name, "batch": b, "setting": setting_name(s),
                              "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **sizes,
                              **row})
+
+
+@dataclass
+class Prepared:
+    """One run warmed up: `timed()` times it once more (a `Round`), `phases(result)` profiles
+    it (None: a baseline, or unprofiled)."""
+
+    timed: Callable[[], Round]
+    phases: Callable[[SpecResult], dict[str, Any] | None] = lambda _m: None
+
+
+def _rounds(engines, group: tuple[str, int, dict[str, int]], prompts: list[list[int]],
+            batches, cfg: BenchConfig, settings: list[Setting], eos: list[int],
+            log: Callable[[str], None], now: list[str]) -> list[dict[str, Any]]:
+    """One (suite, batch) in `cfg.repeats` rounds: every run warmed up once, then timed once a
+    round in the grid's order rotated by the round (`rotated`). Each run draws on from its own
+    random state (seeded before its warm-up, as one round's), never from the runs between."""
+    model, rt, drt = engines
+    name, b, sizes = group
+    base_run, spec_run = (_baseline_refill_run, _speculative_refill_run) if cfg.refill else (
+        _baseline_run, _speculative_run)
+    labels = ["baseline", *map(setting_name, settings)]
+    runs: dict[str, Prepared] = {}
+    states: dict[str, Any] = {}
+    for label, s in zip(labels, [None, *settings], strict=True):
+        now[:] = [f"{name} batch {b}: {label} (warm-up)"]
+        log(f"{name}: batch {b}, {len(batches)} batches, {label}: warm-up")
+        torch.manual_seed(cfg.seed)
+        runs[label] = (base_run(rt, batches, cfg, eos) if s is None
+                       else spec_run(rt, drt, s, batches, cfg, eos))
+        states[label] = _random_state()
+    timed = _timed_rounds(runs, states, labels, cfg.repeats, (name, b), log, now)
+    head = {"suite": name, "batch": b}
+    base = timed["baseline"]
+    out = [{**head, "setting": "baseline", **sizes, **summary([t[0] for t in base])}]
+    for s, label in zip(settings, labels[1:], strict=True):
+        now[:] = [f"{name} batch {b}: {label} (profiling)"]
+        _set_random_state(states[label])
+        row = _setting_row(runs[label], timed[label], base, cfg)
+        if cfg.params.greedy:  # each real prompt once, from the first round (greedy: any)
+            n = len(prompts)
+            row["agreement"] = agreement(model, [prompts], base[0][1][:n], timed[label][0][1][:n],
+                                         eos)
+        out.append({**head, "setting": label, "steps": s[0], "topk": s[1],
+                    "num_draft_tokens": s[2], **sizes, **row})
+    now.clear()
+    return out
+
+
+def _timed_rounds(runs: dict[str, Prepared], states: dict[str, Any], labels: list[str],
+                  repeats: int, group: tuple[str, int], log: Callable[[str], None],
+                  now: list[str]) -> dict[str, list[Round]]:
+    """Each run's rounds, timed in `rotated` order, each from its own random state."""
+    name, b = group
+    timed: dict[str, list[Round]] = {label: [] for label in labels}
+    for r in range(repeats):
+        for label in rotated(labels, r):
+            now[:] = [f"{name} batch {b}: {label} (round {r + 1} of {repeats})"]
+            log(f"{name}: batch {b}, round {r + 1}/{repeats}, {label}")
+            _set_random_state(states[label])
+            timed[label].append(runs[label].timed())
+            states[label] = _random_state()
+    return timed
+
+
+def rotated(labels: list[str], r: int) -> list[str]:
+    """Round r's order: the grid's, started at run r mod len(labels)."""
+    i = r % len(labels)
+    return labels[i:] + labels[:i]
+
+
+def _setting_row(run: Prepared, rounds: list[Round], base: list[Round],
+                 cfg: BenchConfig) -> dict[str, Any]:
+    """A setting's row over its rounds: rates as `summary`; acceptance the first round's
+    (greedy: every round's) or, sampled, pooled over the rounds; speedups per round, paired
+    with the baseline's round."""
+    row = summary([t[0] for t in rounds])
+    pooled = SpecResult.merged([t[2] for t in rounds]) if not cfg.params.greedy else rounds[0][2]
+    if not cfg.params.greedy:
+        row.update(pooled.accept_stats())
+    row["phases"] = run.phases(pooled)
+    for key, rate in (("speedup", "tokens_per_s"), ("decode_speedup", "decode_tokens_per_s")):
+        ups = [_over(t[0][rate], b[0][rate]) for t, b in zip(rounds, base, strict=True)]
+        row.update(spread(key, ups, keep_none=key == "speedup"))
+        if key == "speedup":
+            lo, hi = row["speedup_min"], row["speedup_max"]
+            row["within_noise"] = None if lo is None else lo <= 1.0 <= hi
+            for each, up in zip(row["rounds"], ups, strict=True):
+                each["speedup"] = up
+    row["rounds"] = row.pop("rounds")  # last, after the figures it lists
+    return row
+
+
+ROUND_KEYS = ("new_tokens", "seconds", "tokens_per_s", "decode_tokens_per_s",
+              "mean_accept_length")
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row over its rounds' rows: the first round's, its rates (and seconds) the medians, with
+    `<rate>_min`/`_max`; host clocks over every round; each round's figures in `rounds`."""
+    row = dict(rounds[0])
+    row["seconds"] = statistics.median(r["seconds"] for r in rounds)
+    for key in ("tokens_per_s", "decode_tokens_per_s"):
+        row.update(spread(key, [r[key] for r in rounds], keep_none=False))
+    if row.get("host"):
+        row["host"] = SpecResult.merged_host([r.get("host") for r in rounds])
+    row["rounds"] = [{k: r[k] for k in ROUND_KEYS if k in r} for r in rounds]
+    return row
+
+
+def spread(key: str, values: list[float | None], keep_none: bool) -> dict[str, Any]:
+    """`key` as the median of `values` with `key_min`/`key_max`; where any round was not
+    measured, `key` None and the range None too (`keep_none`) or left out."""
+    if any(v is None for v in values):
+        return {key: None, **({f"{key}_min": None, f"{key}_max": None} if keep_none else {})}
+    return {key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values)}
+
+
+def _random_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_random_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
@@ -328,15 +480,28 @@ def _runtimes(model, drafter, suites, cfg: BenchConfig, settings: list[Setting])
 
 
 def _baseline(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
+    return _once(_baseline_run(rt, batches, cfg, eos))
+
+
+def _once(run: Prepared) -> tuple[dict[str, Any], list[list[int]]]:
+    """One round: a run's row (a setting's with its phases) and tokens."""
+    row, tokens, m = run.timed()
+    return (row if m is None else {**row, "phases": run.phases(m)}), tokens
+
+
+def _baseline_run(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]) -> Prepared:
     warm_each(lambda b: run_generation(rt, b, min(8, cfg.max_new_tokens), cfg.params, eos),
               batches)
-    with load.timed():
-        gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos)
-                for batch in batches]
-    rows = [t for g in gens for t in g.tokens]
-    secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
-    host = _host(SpecResult.merged_host([g.host for g in gens]))
-    return {**_speed(rows, secs, decode), **host}, rows
+
+    def timed() -> Round:
+        with load.timed():
+            gens = [run_generation(rt, batch, cfg.max_new_tokens, cfg.params, eos)
+                    for batch in batches]
+        rows = [t for g in gens for t in g.tokens]
+        secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
+        host = _host(SpecResult.merged_host([g.host for g in gens]))
+        return {**_speed(rows, secs, decode), **host}, rows, None
+    return Prepared(timed)
 
 
 def _host(clock: dict[str, Any] | None) -> dict[str, Any]:
@@ -375,19 +540,24 @@ def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
 
 
 def _speculative(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
+    return _once(_speculative_run(rt, drt, s, batches, cfg, eos))
+
+
+def _speculative_run(rt, drt, s: Setting, batches, cfg: BenchConfig, eos) -> Prepared:
     steps, topk, n = s
     dec = SpecDecoder(rt, drt, steps, topk, None if topk == 1 else n, cfg.params, False)
     dec.capture([len(batches[0])])
     warm_each(lambda b: dec.generate(b, min(8, cfg.max_new_tokens), eos), batches)
-    with load.timed():
-        results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
-    m = SpecResult.merged(results)
-    row: dict[str, Any] = {
-        **_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
-        **_host(m.extra.get("host")), "phases": profiled_phases(dec, cfg, m, lambda: [
-            dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]),
-    }
-    return row, m.tokens
+
+    def timed() -> Round:
+        with load.timed():
+            results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
+        m = SpecResult.merged(results)
+        return {**_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
+                **_host(m.extra.get("host"))}, m.tokens, m
+
+    return Prepared(timed, lambda m: profiled_phases(dec, cfg, m, lambda: [
+        dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]))
 
 
 def profiling(cfg: BenchConfig) -> bool:
@@ -410,22 +580,33 @@ def profiled_phases(dec: SpecDecoder, cfg: BenchConfig, timed: SpecResult,
 
 
 def _baseline_refill(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]):
+    return _once(_baseline_refill_run(rt, batches, cfg, eos))
+
+
+def _baseline_refill_run(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]) -> Prepared:
     from draftsmith.engine.refill import generate_refill, prepare
     from draftsmith.engine.spec_refill import refill_every_for
 
     flat, rows = [p for b in batches for p in b], len(batches[0])
     prepare(rt, rows, cfg.max_new_tokens, eos, cfg.params, flat)
     sync(rt)
-    with load.timed():
-        t0 = time.perf_counter()
-        tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
-                                 cfg.refill_every or refill_every_for(rows))
-        sync(rt)
-        secs = time.perf_counter() - t0
-    return _refilled_speed(tokens, secs), tokens
+
+    def timed() -> Round:
+        with load.timed():
+            t0 = time.perf_counter()
+            tokens = generate_refill(rt, flat, cfg.max_new_tokens, cfg.params, eos, rows,
+                                     cfg.refill_every or refill_every_for(rows))
+            sync(rt)
+            secs = time.perf_counter() - t0
+        return _refilled_speed(tokens, secs), tokens, None
+    return Prepared(timed)
 
 
 def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
+    return _once(_speculative_refill_run(rt, drt, s, batches, cfg, eos))
+
+
+def _speculative_refill_run(rt, drt, s: Setting, batches, cfg: BenchConfig, eos) -> Prepared:
     from draftsmith.engine.spec_refill import generate_refill, warm_refill
 
     steps, topk, n = s
@@ -436,15 +617,15 @@ def _speculative_refill(rt, drt, s: Setting, batches, cfg: BenchConfig, eos):
     def run() -> SpecResult:
         return generate_refill(dec, flat, cfg.max_new_tokens, eos, rows, cfg.refill_every or None)
 
-    with load.timed():  # wall time around the call, as the refilled baseline's
-        t0 = time.perf_counter()
-        m = run()  # synced at its end
-        secs = time.perf_counter() - t0
-    row: dict[str, Any] = {
-        **_refilled_speed(m.tokens, secs), **m.accept_stats(), "refill": True,
-        "phases": profiled_phases(dec, cfg, m, lambda: [run().phases]),
-    }
-    return row, m.tokens
+    def timed() -> Round:
+        with load.timed():  # wall time around the call, as the refilled baseline's
+            t0 = time.perf_counter()
+            m = run()  # synced at its end
+            secs = time.perf_counter() - t0
+        return {**_refilled_speed(m.tokens, secs), **m.accept_stats(), "refill": True}, \
+            m.tokens, m
+
+    return Prepared(timed, lambda m: profiled_phases(dec, cfg, m, lambda: [run().phases]))
 
 
 def merge_phases(parts: list[PhaseSummary | None], accept_length: float,
@@ -519,5 +700,5 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
         "suites": list(suite_labels(cfg.suites)), "warnings": warnings,
         "refill": cfg.refill,
         "refill_every": (cfg.refill_every or "by rows") if cfg.refill else None,
-        "timing": TIMING,
+        "timing": timing(cfg.repeats), **({"repeats": cfg.repeats} if cfg.repeats > 1 else {}),
     }
