@@ -336,17 +336,19 @@ def _sse_line(obj: dict[str, Any]) -> str:
 
 async def _sse(req: P.GenRequest, job: Job, q: asyncio.Queue, ev: tuple,
                fingerprint: str, sched: Any, scope: dict) -> AsyncIterator[str]:
-    """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle)."""
+    """OpenAI's chunk stream; deltas come as the engine produces them (per step or cycle). The
+    200 goes out at once; a chat choice's role chunk with its first output, as vLLM and SGLang
+    send it: benchmark clients (vLLM's benchmark_serving) time the first token from the first
+    chunk holding choices, so a role chunk sent while queued read as a first token at once."""
     done = False
     fresh = [True] * req.rows  # each choice's first chunk (return_token_ids: its prompt's ids)
     try:
-        if req.kind == "chat":
-            for i in range(req.rows):
-                yield _sse_line(P.chunk(req, i, None, role=True, fingerprint=fingerprint,
-                                        first=True))
-            fresh = [False] * req.rows
         while True:
             kind = ev[0]
+            if kind in ("delta", "finish") and req.kind == "chat" and fresh[ev[1]]:
+                yield _sse_line(P.chunk(req, ev[1], None, role=True, fingerprint=fingerprint,
+                                        first=True))
+                fresh[ev[1]] = False
             if kind in ("delta", "finish"):
                 first, fresh[ev[1]] = fresh[ev[1]], False
             if kind == "delta":  # with return_token_ids: (.., text, ids)

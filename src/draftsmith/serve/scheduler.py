@@ -96,7 +96,8 @@ class Row:
         self.used = len(self.tokens) + (eos_hit and not self.text.stopped)
         req = self.job.req
         ids = req.stream and req.token_ids
-        if ids and not self.text.stopped and len(self.text.text) > grown:
+        # a text that ends inside a token's character is no whole-token mark: its ids wait
+        if ids and not self.text.stopped and not self.text.partial and len(self.text.text) > grown:
             self.marks.append((len(self.tokens), len(self.text.text)))
         if delta and req.stream:  # with return_token_ids, the ids of the text it sends
             self.job.emit(("delta", self.index, delta, *([self._ids_of_sent()] if ids else [])))

@@ -30,6 +30,9 @@ class ChoiceText:
         self.stop_end = 0  # where the stop string that ended the text ended, once stopped
         self._tokens: list[int] = []
         self._p = self._r = 0
+        # characters of the tokens past `_r` already in `text`: those before a character the
+        # last tokens end inside of (0: the text holds whole tokens only)
+        self.partial = 0
 
     def feed(self, tokens: list[int], final: bool = False) -> str:
         """The row's tokens so far (eos excluded); returns the text now safe to send."""
@@ -72,8 +75,15 @@ class ChoiceText:
         prefix = self.decode(toks[self._p : self._r])
         new = self.decode(toks[self._p :])
         if len(new) > len(prefix) and (final or not new.endswith("\ufffd")):
-            self.text += new[len(prefix) :]
-            self._p, self._r = self._r, len(toks)
+            self.text += new[len(prefix) + self.partial :]
+            self._p, self._r, self.partial = self._r, len(toks), 0
+            return
+        # the new tokens end inside a character (a speculative run may): the whole characters
+        # before it go now, not a cycle later; the offsets stay until it is whole
+        whole = len(new.rstrip("\ufffd")) - len(prefix)
+        if whole > self.partial:
+            self.text += new[len(prefix) + self.partial : len(prefix) + whole]
+            self.partial = whole
 
     def _find_stop(self) -> tuple[int, int] | None:
         """(start, end) of the stop string completed first (the smallest end; of two ending
