@@ -123,12 +123,12 @@ def parse_record(rec: Any) -> Conversation:
         msgs = [_message(m, "from", "value", i) for i, m in enumerate(rec["conversations"])]
     elif _is_humaneval(rec):
         return humaneval_conversation(rec)
-    elif isinstance(rec.get("data"), list):
-        msgs = _ultrachat(rec["data"])
     elif "prompt" in rec:
         msgs = [_user(rec["prompt"], "prompt")]
     elif "instruction" in rec:
         msgs = [_alpaca(rec)]
+    elif isinstance(rec.get("data"), list):  # after the keys above: a record's own `data`
+        msgs = _ultrachat(rec["data"])
     else:
         keys = ", ".join(sorted(rec)) or "none"
         raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")

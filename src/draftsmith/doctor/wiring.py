@@ -223,6 +223,8 @@ def match(
     if _unmatched(mm) and (shifted := _realigned(model, dataset, num_layers, n_samples,
                                                   max_tokens, loss_only, first_ids, lead)):
         return shifted
+    if mm.slots[-1].status == "exact":  # the final hidden is each sample's own: no mixup
+        return mm
     pairs = _mixups(model, dataset, mm.samples, max_tokens)
     if not pairs:
         return mm

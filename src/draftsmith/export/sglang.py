@@ -294,7 +294,22 @@ def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int
         warn_default_repeat(num_layers, where)
         return canonical
     warn_unsorted(written, canonical, where)
+    _note_recorded(c, canonical, where)
     return canonical
+
+
+def _note_recorded(c: dict[str, Any], canonical: list[int], where: str) -> None:
+    """An export whose own record names other canonical ids than SGLang reads: draftsmith
+    before 2026-12-07 wrote ids not starting at 1 one higher (the DeepSeek-V2 family's rule),
+    which SGLang's Llama classes read a layer late; or the list was edited since."""
+    recorded = (c.get("draftsmith") or {}).get("aux_layer_ids_canonical")
+    if isinstance(recorded, list) and recorded != canonical:
+        note(f"{where}: SGLang reads eagle_config's ids as canonical {canonical}, but the "
+             f"export recorded the drafter's as {recorded} (an export by draftsmith before "
+             "2026-12-07 wrote ids not starting at 1 one layer high, or the list was edited); "
+             "imported as SGLang reads them",
+             f"write eagle_config.eagle_aux_hidden_state_layer_ids {recorded} there, or export "
+             "the drafter again; `draftsmith doctor --drafter DIR` checks it", stacklevel=3)
 
 
 def _add_embedding(w: dict[str, torch.Tensor], c: dict[str, Any], hidden: int,

@@ -106,8 +106,9 @@ def model_pick_line(rec: Recommendation) -> list[str]:
     regret, pick = rec.regret_tps, rec.predicted_best
     if regret is None or pick is None:
         return []
-    if pick == rec.setting:
-        return ["  model's pick: the measured best"]
+    if pick == rec.setting or regret <= 0:  # a tie is no loss
+        return ["  model's pick: the measured best" + ("" if pick == rec.setting else
+                                                       f" (tied: {pick})")]
     pred = next((r.predicted_tps for r in rec.rows if r.setting == pick), None)
     said = "" if pred is None else f" (predicted {pred:.1f} tok/s)"
     return [f"  model's pick: {pick}{said} measured "
