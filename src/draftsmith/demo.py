@@ -84,6 +84,7 @@ def demo(
     if steps is not None and steps > DEEPEST:  # the exports' deploy flags take no deeper
         raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {steps}")
     check_folder(out, "--out")
+    check_demo_folder(out)
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
@@ -91,6 +92,24 @@ def demo(
             setattr(cfg, name, val)
     report = run_demo(cfg)
     show(report)
+
+
+# What a demo writes into --out (an export's tmp folder beside its own, where a kill left one)
+DEMO_ENTRIES = {"data", "drafter", "doctor.json", "report.json", "export-sglang",
+                "export-speculators"}
+
+
+def check_demo_folder(out: Path) -> None:
+    """Refuse an --out holding anything a demo does not write: its stages replace their
+    folders (an export replaces its folder whole), so a user's files there could be lost."""
+    from draftsmith.errors import DraftsmithError
+
+    if not out.is_dir():
+        return
+    for p in sorted(out.iterdir()):
+        if p.name not in DEMO_ENTRIES and p.name.split(".tmp-")[0].lstrip(".") not in DEMO_ENTRIES:
+            raise DraftsmithError(f"--out {out}: holds {p.name}, not a demo's; choose an empty "
+                                  "or new folder, or an earlier demo's")
 
 
 def run_demo(cfg: DemoConfig) -> dict:
@@ -112,6 +131,7 @@ def run_demo(cfg: DemoConfig) -> dict:
               "seconds": times,
               "data": data["summary"], "doctor": doctor, "bench": bench, "exports": exports,
               "artifacts": {"data": str(data["dir"]), "drafter": str(drafter_dir),
+                            "doctor report": str(cfg.out / "doctor.json"),
                             **{k: v["path"] for k, v in exports.items()}}}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report
@@ -139,6 +159,7 @@ def make_data(cfg: DemoConfig, dtype) -> dict:
 
 def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     from draftsmith.train import TrainConfig, train
+    from draftsmith.train.checkpoint import latest_checkpoint
 
     out = cfg.out / "drafter"
     vocab = data["dir"] / "vocab.safetensors"  # counted by the data stage
@@ -161,6 +182,14 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
         # a kept drafter of other epochs or data would be reported as this run's
         console.print(f"{out}: trained with other {', '.join(changed)}: trained again")
         shutil.rmtree(out)
+    elif (found := latest_checkpoint(out)) is not None:  # a ctrl-C stopped it there
+        if changed := stale_settings(found, tc):
+            console.print(f"{out}: stopped at {found.name}, trained with other "
+                          f"{', '.join(changed)}: trained again")
+            shutil.rmtree(out)
+        else:
+            console.print(f"{out}: stopped at {found.name}: resumed")
+            tc.resume = True
     train(tc)
     return out
 
@@ -257,19 +286,24 @@ def summarize(cfg: DemoConfig, base_tps: float, runs: list, profiled: list) -> d
     }
 
 
+ENGINES = {"sglang": "SGLang", "speculators": "vLLM"}  # each export's engine, as rows name it
+
+
 def export_all(cfg: DemoConfig, drafter_dir: Path) -> dict:
-    from draftsmith.export import export_drafter
+    from draftsmith.export import export_served
     from draftsmith.tune.cost_model import SpecSetting
-    from draftsmith.tune.flags import sglang_flags, vllm_flags
+    from draftsmith.tune.flags import launch_command, sglang_flags, vllm_flags
 
     setting = SpecSetting(cfg.steps, 1, cfg.steps + 1)
     out = {}
-    for fmt in ("sglang", "speculators"):
+    for fmt in ENGINES:
         path = cfg.out / f"export-{fmt}"
-        export_drafter(drafter_dir, fmt, path, cfg.target, speculative_tokens=cfg.steps,
-                       overwrite=True)
+        _, served = export_served(drafter_dir, fmt, path, cfg.target,
+                                  speculative_tokens=cfg.steps, overwrite=True)
         flags = (sglang_flags(setting, path) if fmt == "sglang" else vllm_flags(setting, path))
-        out[fmt] = {"path": str(path), "flags": flags}
+        engine = "sglang" if fmt == "sglang" else "vllm"  # the whole command: flags alone
+        out[fmt] = {"path": str(path), "flags": flags,  # leave the user to find the target
+                    "command": launch_command(engine, served, flags)}
     return out
 
 
@@ -294,17 +328,54 @@ def show(report: dict) -> None:
         " ".join(figure(p, ".2f") for p in b["position_acceptance"]))
     add("phases (ms / cycle)", ", ".join(
         f"{k} {v:.2f} ({b['phases_pct'][k]:.0f}%)" for k, v in b["phases_ms"].items()))
-    add("doctor", f"exit {report['doctor']['exit_code']}, "
+    code = report["doctor"]["exit_code"]
+    add("doctor", f"{'passed' if code == 0 else 'FAILED: see its report above'} (exit {code}), "
                   f"{report['doctor']['findings']} findings")
     for k, v in report["artifacts"].items():
         add(f"artifact: {k}", v)
-    for k, v in report["exports"].items():
-        add(f"deploy with {k}", v["flags"])
+    for k in report["exports"]:  # a table cell wraps a command into pieces no shell takes
+        add(f"serve with {ENGINES.get(k, k)}", "the command under this table")
     add("machine while timing", machine(b.get("machine_load")))
     add("stage seconds", json.dumps(report["seconds"]))
     console.print(table)
+    for k, v in report["exports"].items():  # an older report.json holds the flags alone
+        console.print(f"serve with {ENGINES.get(k, k)}: {v.get('command', v['flags'])}",
+                      soft_wrap=True, markup=False, highlight=False)
+    if note := slowdown_note(report):
+        console.print(note, style="yellow", markup=False, highlight=False)
     if note := busy_note(b.get("machine_load")):
         console.print(note, style="bold red", markup=False, highlight=False)
+
+
+def slowdown_note(report: dict) -> str | None:
+    """Why speculative decoding came out slower, in a first-time user's words: the figure is
+    this drafter's and this device's, not a failure of the pipeline."""
+    b, cfg = report["bench"], report.get("config", {})
+    if b["speedup"] >= 1:
+        return None
+    steps = b["steps"]
+    why = (f"speculative decoding was slower than plain decoding here ({b['speedup']:.2f}x): "
+           f"each cycle the drafter guesses {steps} tokens and the target checks {steps + 1} at "
+           f"once, but it kept only {b['accept_length']:.2f} tokens a cycle (plain decoding "
+           f"makes 1), too few to pay for the guessing and the wider check{check_cost(b)}. ")
+    more = "a larger --conversations and more --epochs train a drafter that guesses better"
+    if not str(b["device"]).startswith("cuda"):
+        return why + (f"Expected of the CPU demo: its drafter is small and briefly trained "
+                      f"({cfg.get('conversations', '?')} conversations, "
+                      f"{cfg.get('epochs', '?')} epochs) so the demo finishes in minutes; it "
+                      "shows every stage working, not a speed-up. On a GPU a wider check "
+                      f"costs little more than one token's step; {more}.")
+    return why + f"The drafter guesses too poorly for this device: {more}."
+
+
+def check_cost(b: dict) -> str:
+    """The check's measured cost against one plain step, where the phases were measured."""
+    verify, tps = b.get("phases_ms", {}).get("verify"), b.get("baseline_tok_s")
+    if not verify or not tps:
+        return ""
+    step = 1000 / tps
+    return (f" (checking {b['steps'] + 1} took {verify:.0f} ms, {verify / step:.1f} times one "
+            f"plain step's {step:.0f} ms)")
 
 
 def machine(load: dict | None) -> str:
