@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,12 +48,20 @@ def engine(tiny_dir: Path) -> ServeEngine:
 
 @contextmanager
 def live(engine: ServeEngine, target: str, **over) -> Iterator[dict]:
-    import uvicorn
-
     from draftsmith.serve.app import create_app
 
     cfg = server_config(engine, target, over.pop("name", None), over.pop("api_key", None), 64)
     app = create_app(engine, cfg)
+    with served(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+        yield {"url": url, "client": client, "model": cfg.model_name, "app": app}
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """`app` under uvicorn on a free loopback port; yields its base URL."""
+    import uvicorn
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -63,10 +72,8 @@ def live(engine: ServeEngine, target: str, **over) -> Iterator[dict]:
     while not server.started:
         assert thread.is_alive() and time.time() < deadline, "the server did not start"
         time.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
     try:
-        yield {"url": url, "client": client, "model": cfg.model_name, "app": app}
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(10)

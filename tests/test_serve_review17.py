@@ -7,7 +7,6 @@ its row, and many streams over a small batch answered whole, in the order they a
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import engine, live, tiny_dir  # noqa: E402
+from test_serve import engine, live, served, tiny_dir  # noqa: E402
 
 from draftsmith.engine.params import KINDS  # noqa: E402
 from draftsmith.serve.app import create_app  # noqa: E402
@@ -107,26 +106,10 @@ class ScriptEngine:
 
 @contextmanager
 def serving(eng: ScriptEngine) -> Iterator[dict]:
-    import uvicorn
-
     app = create_app(eng, ServeConfig("m", max_batch=eng.cfg.max_batch, max_tokens=256))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "the server did not start"
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
-    try:
+    with served(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
         yield {"url": url, "client": client, "app": app}
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def events(raw: str) -> list[Any]:
