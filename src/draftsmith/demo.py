@@ -63,7 +63,9 @@ class DemoConfig:
 
 
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Folder for every artifact"),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o",
+                             help="Folder for every artifact: a new or empty one, or an earlier "
+                                  "demo's (other files there are refused)"),
     device: str = DEVICE,
     conversations: int = typer.Option(None, "--conversations", help="Self-made conversations "
                                       "(default: 2000 on a GPU, 48 on CPU)"),

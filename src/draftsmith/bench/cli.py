@@ -32,40 +32,43 @@ def bench(
                                      "draftsmith drafter folder, or 'random' (untrained: "
                                      "times the machinery only)"),
     suite: list[str] = typer.Option(["chat"], "--suite",
-                                    help="humaneval, chat, or a prompt file (repeatable)"),
-    num_prompts: int = typer.Option(16, "--num-prompts", help="prompts per suite; 0 = all"),
-    steps: str = typer.Option("1,3,5", help="draft steps, e.g. 1,3,5"),
-    topk: str = typer.Option("1", help="1 = chain; >1 = tree (comma-separated list)"),
+                                    help="chat, humaneval, or a prompt file (repeatable)"),
+    num_prompts: int = typer.Option(16, "--num-prompts", help="Prompts per suite; 0 = all"),
+    steps: str = typer.Option("1,3,5", help="Draft steps per cycle, comma-separated"),
+    topk: str = typer.Option("1", help="Comma-separated: 1 = chain; > 1 = EAGLE-2 tree"),
     num_draft_tokens: str = typer.Option("", "--num-draft-tokens",
-                                         help="tokens verified, root included (list): a tree's "
-                                              "size; a chain's is steps + 1"),
+                                         help="Tokens verified per cycle, root included, "
+                                              "comma-separated: a tree needs them (a chain "
+                                              "verifies steps + 1)"),
     batch_size: str = typer.Option("1", "--batch-size", "--batch-sizes",
-                                   help="batch sizes, e.g. 1,8,32"),
+                                   help="Batch sizes, comma-separated"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n",
-                                       help="new tokens per prompt"),
+                                       help="New tokens per prompt"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p", help="with --temperature: nucleus sampling"),
-    top_k: int = typer.Option(0, "--top-k", help="with --temperature: the k likeliest only"),
+    top_p: float = typer.Option(1.0, "--top-p", help="With --temperature: nucleus sampling"),
+    top_k: int = typer.Option(0, "--top-k", help="With --temperature: the k likeliest only"),
     device: str = DEVICE,
     dtype: str = DTYPE,
     compile: bool = COMPILE,
     profile: bool = typer.Option(False, "--profile",
-                                 help="phase profiler (also DRAFTSMITH_PROFILE=1), in a second "
+                                 help="Phase profiler (also DRAFTSMITH_PROFILE=1), in a second "
                                       "run of each setting, the timed one unprofiled; with "
                                       "--refill it adds the refills' share"),
     out: Path = typer.Option(Path("runs/bench"), "--out", "-o",
-                             help="folder for bench.json/.png"),
-    seed: int = typer.Option(0, help="with --temperature: seeds the sampling"),
+                             help="Folder for bench.json, bench.png"),
+    seed: int = typer.Option(0, help="With --temperature: seeds the sampling"),
     refill: bool = typer.Option(False, "--refill",
-                                help="a finished row takes the next prompt (baseline and "
+                                help="A finished row takes the next prompt (baseline and "
                                      "speculative alike); tokens/s over wall time"),
     refill_every: int = typer.Option(0, "--refill-every",
-                                     help="with --refill: refill ended rows at most every N "
+                                     help="With --refill: refill ended rows at most every N "
                                           "cycles (decode steps for the baseline); 0: 4 below "
                                           "32 rows, 8 from 32"),
     repeats: int = typer.Option(1, "--repeats",
-                                help="timed rounds of each suite and batch, each round's order "
-                                     "rotated: median tok/s and speedup with their min-max"),
+                                help="Timed rounds of each suite and batch, the runs' order "
+                                     "rotated a round: the table shows tok/s and speedups as "
+                                     "the median over the rounds and their range (1: timed "
+                                     "once, no spread)"),
 ) -> None:
     """Tokens/s, speedup, accept length and phases: the baseline engine vs speculative settings."""
     from draftsmith.bench.run import (

@@ -35,7 +35,7 @@ def say(text: str) -> None:
 
 
 def tune(
-    drafter: Path = typer.Option(..., "--drafter", help="draftsmith drafter folder"),
+    drafter: Path = typer.Option(..., "--drafter", help="A draftsmith drafter folder"),
     target: str = TARGET,
     prompts: str = typer.Option(None, "--suite", "--prompts", show_default=False,
                                 help="chat, humaneval, or a prompt file  [default: chat]"),
