@@ -44,7 +44,8 @@ def test_a_ctrl_c_in_training_is_resumed_by_the_rerun(tmp_path, monkeypatch, cap
         demo_mod.train_drafter(cfg, data)
     monkeypatch.setattr(Trainer, "train_step", step)
     assert not (cfg.out / "drafter" / "draftsmith.json").exists()
-    capsys.readouterr()
+    said = capsys.readouterr()
+    assert "the same `draftsmith demo` command resumes the training" in said.out + said.err
     demo_mod.train_drafter(cfg, data)
     out = capsys.readouterr()
     assert (cfg.out / "drafter" / "draftsmith.json").is_file()

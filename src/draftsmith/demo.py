@@ -192,7 +192,12 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
         else:
             console.print(f"{out}: stopped at {found.name}: resumed")
             tc.resume = True
-    train(tc)
+    try:
+        train(tc)
+    except KeyboardInterrupt:  # the trainer's line names --resume, which the demo passes itself
+        console.print("demo: the same `draftsmith demo` command resumes the training from its "
+                      "last checkpoint (no --resume needed)", markup=False, highlight=False)
+        raise
     return out
 
 
