@@ -68,8 +68,8 @@ def doctor(
                                help="HF folder, .gguf or 'default' (else the target the data, "
                                     "else the drafter, records)"),
     engine: str = typer.Option(None, "--engine",
-                               help="sglang | vllm | draftsmith (sglang-legacy, an older name, reads as "
-                                    "sglang): check the ids "
+                               help="sglang | vllm | draftsmith (sglang-legacy, an older name, "
+                                    "reads as sglang): check the ids "
                                     "as this engine reads them (default: none; without it, as "
                                     "the drafter's layout is served: a draftsmith folder by "
                                     "draftsmith, SGLang's by SGLang, and vLLM where its key "
