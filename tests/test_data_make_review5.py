@@ -98,3 +98,73 @@ def test_prompts_refuses_a_seed_torch_cannot_take_before_the_target_loads(tmp_pa
                                  "--device", "cpu", "--seed", str(2**64)])
     assert isinstance(r.exception, DraftsmithError), r.output
     assert "--seed must be from -2**63 to 2**64 - 1" in str(r.exception)
+
+
+def _said(logs: list[str]) -> dict[str, str]:
+    """The line each stage ends with, by stage: `prompts: ...` after `== prompts`."""
+    lines: dict[str, str] = {}
+    for name in ("prompts", "regenerate", "capture", "vocab"):
+        at = logs.index(f"== {name}")
+        ends = [s for s in logs[at + 1:] if s.startswith("== ")]
+        end = logs.index(ends[0]) if ends else len(logs)
+        lines[name] = [s for s in logs[at + 1:end] if s.startswith(f"{name}: ")][-1]
+    return lines
+
+
+def test_a_finished_rerun_says_each_stage_was_reused_and_a_grown_one_what_it_added(target,
+                                                                                   tmp_path):
+    """A rerun of finished stages said `prompts` with nothing after it and `regenerate: done_before
+    3, answered 0, ...`: no line told that prompts, answers and shards were reused; a grown
+    --n never said how many of each it added."""
+    from draftsmith.data.pipeline import make_dataset
+
+    logs: list[str] = []
+    kw = KW | dict(target=target, log=logs.append)
+    make_dataset(tmp_path, 3, **kw)
+    first = _said(logs)
+    assert first["prompts"] == "prompts: 3 made, 3 kept"
+    assert first["regenerate"] == "regenerate: 3 answered"
+    assert first["capture"] == "capture: 3 samples written"
+    logs.clear()
+    rec = make_dataset(tmp_path, 3, **kw)
+    said = _said(logs)
+    assert said["prompts"] == "prompts: reused (3 kept)"
+    assert said["regenerate"] == "regenerate: reused (3 answers)"
+    assert said["capture"] == "capture: reused (3 samples)"
+    assert rec["stages"]["prompts"]["result"]["kept"] == 3  # make.json agrees with the lines
+    assert rec["stages"]["capture"]["result"]["samples"] == 3
+    assert logs[-1].startswith(f"{tmp_path / 'dataset'}: 3 samples, ")
+    logs.clear()
+    rec = make_dataset(tmp_path, 5, **kw)
+    said = _said(logs)
+    assert said["prompts"] == "prompts: 2 made, 5 kept (3 reused)"
+    assert said["regenerate"].startswith("regenerate: 5 answered"), said
+    assert said["capture"] == "capture: 5 samples written (2 more than before)"
+    assert rec["stages"]["regenerate"]["result"]["answered"] == 5
+    assert logs[-1].startswith(f"{tmp_path / 'dataset'}: 5 samples, ")
+
+
+def test_a_rerun_with_a_smaller_n_says_fewer_samples_not_minus_more(target, tmp_path):
+    from draftsmith.data.pipeline import make_dataset
+
+    logs: list[str] = []
+    kw = KW | dict(target=target, log=logs.append)
+    make_dataset(tmp_path, 4, **kw)
+    logs.clear()
+    rec = make_dataset(tmp_path, 2, **kw)
+    said = _said(logs)
+    assert said["prompts"] == "prompts: reused (2 kept)", said  # of this --n, as make.json
+    assert said["regenerate"] == "regenerate: reused (2 answers)", said
+    assert said["capture"] == "capture: 2 samples written (2 fewer than before)", said
+    assert rec["stages"]["capture"]["result"]["samples"] == 2
+
+
+def test_capture_says_reused_only_for_the_same_shards_not_the_same_count():
+    from draftsmith.data.pipeline import _said_capture
+
+    m = {"samples": 3}
+    old = {"samples": 3, "sha256": ["a"]}
+    assert _said_capture(m, old, {"samples": 3, "sha256": ["a"]}) == "capture: reused (3 samples)"
+    assert _said_capture(m, old, {"samples": 3, "sha256": ["b"]}) == "capture: 3 samples written"
+    none = {"samples": 0, "sha256": None}
+    assert _said_capture(m, none, {"samples": 3, "sha256": ["a"]}) == "capture: 3 samples written"

@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,19 +123,23 @@ def make_dataset(
         if client is not None:  # the model asked, also where the server named it
             record["server"] = {"base_url": client.base_url, "model": client.model_name}
 
-        def stage(name: str, fn: Callable[[], Any]) -> Any:
+        def stage(name: str, fn: Callable[[], Any],
+                  say: Callable[[Any], str] | None = None) -> Any:
             log(f"== {name}")
             t0 = time.perf_counter()
             result = fn()
             record.setdefault("stages", {})[name] = {
                 "seconds": round(time.perf_counter() - t0, 2), "result": result}
             write_json(record_path, record)
+            if say is not None:  # make.json's result in words: reused, or what it added
+                log(say(result))
             return result
 
         prompts, answers, data = out / "prompts.jsonl", out / "answers.jsonl", out / "dataset"
         made = stage("prompts", lambda: self_made_prompts(t, prompts, magpie, model,
                                                           progress=progress, log=log,
-                                                          compile=compile))
+                                                          compile=compile),
+                     partial(_said_prompts, before=_rows(prompts)))
         if not made["kept"]:
             raise DraftsmithError(_no_prompts(made, magpie))
         backend = client or EngineBackend(t, model, regen, compile)
@@ -142,7 +147,7 @@ def make_dataset(
         said = stage("regenerate", lambda: regenerate(read_prompts(prompts)[:n], answers,
                                                       backend, t.tokenizer,
                                                       client.cfg if client else regen, progress,
-                                                      log))
+                                                      log), _said_answers)
     finally:
         if client is not None:
             client.close()
@@ -155,9 +160,11 @@ def make_dataset(
     # are stay
     redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
             "give `data make` another folder")
+    before = _shards(data)
     m = stage("capture", lambda: capture(t, _answers(prompts, answers, n), data, cap, command,
                                          log, progress, model=model, grow=True,
-                                         redo=redo)["totals"])
+                                         redo=redo)["totals"],
+              lambda m: _said_capture(m, before, _shards(data)))
     stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log, command))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
@@ -269,6 +276,53 @@ def _answers(prompts: Path, answers: Path, n: int) -> list[Any]:
 
     asked = {c.id for c in read_prompts(prompts)[:n]}
     return [c for c in read_prompts(answers) if c.meta.get("prompt_id") in asked]
+
+
+def _rows(path: Path) -> int:
+    """Prompts a file holds before the stage: a torn last line (a killed run's) is no prompt."""
+    from draftsmith.data.prompts import read_jsonl_tail_safe
+    try:
+        return len(read_jsonl_tail_safe(path)) if path.is_file() else 0
+    except (DraftsmithError, OSError, ValueError):  # the stage itself says what is wrong
+        return 0
+
+
+def _shards(data: Path) -> dict[str, Any]:
+    """A finished dataset's samples and shard hashes before the capture stage (none: 0, no
+    hashes): a rerun whose shards are the same ones reused them, not the same count alone."""
+    from draftsmith.data.shards import MANIFEST
+    try:
+        manifest = read_json(data / MANIFEST, "manifest")
+        if manifest.get("complete"):
+            return {"samples": int(manifest["totals"]["samples"]),
+                    "sha256": [s["sha256"] for s in manifest["shards"]]}
+    except (DraftsmithError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return {"samples": 0, "sha256": None}
+
+
+def _said_prompts(made: dict[str, int], before: int) -> str:
+    kept, new = made["kept"], made["kept"] - before
+    if new <= 0:
+        return f"prompts: reused ({kept} kept)"
+    return f"prompts: {new} made, {kept} kept" + (f" ({before} reused)" if before else "")
+
+
+def _said_answers(said: dict[str, int]) -> str:
+    if not said["answered"]:
+        return f"regenerate: reused ({said['done_before']} answers)"
+    again = f", {said['redone']} of them again in their grown chunk" if said["redone"] else ""
+    kept = f" ({said['done_before']} reused)" if said["done_before"] else ""
+    return f"regenerate: {said['answered']} answered{again}{kept}"
+
+
+def _said_capture(m: dict[str, int], before: dict[str, Any], after: dict[str, Any]) -> str:
+    if before["sha256"] is not None and before["sha256"] == after["sha256"]:
+        return f"capture: reused ({before['samples']} samples)"
+    grew = m["samples"] - before["samples"]
+    more = (f" ({abs(grew)} {'more' if grew > 0 else 'fewer'} than before)"
+            if before["samples"] and grew else "")
+    return f"capture: {m['samples']} samples written{more}"
 
 
 def _read_record(path: Path) -> dict[str, Any]:
