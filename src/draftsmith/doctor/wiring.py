@@ -289,8 +289,8 @@ def _hidden_error(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> float:
     fo = model(ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t), aux_ids=(),
                want_logits=False)
     live = fo.hidden[0].float().cpu()
-    err = (stored.float() - live).norm(dim=-1) / live.norm(dim=-1).clamp(min=1e-12)
-    return float(err.nan_to_num(math.inf).median())
+    rel, _ = token_errors(stored.view(t, 1, -1), live.view(t, 1, -1))
+    return float(rel.flatten().nan_to_num(math.inf).median())
 
 
 class _Paired:
