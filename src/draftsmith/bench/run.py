@@ -452,13 +452,13 @@ def _running(cfg: BenchConfig, suites: dict[str, list[list[int]]], settings: lis
                  if (suite, b, n) not in done), None)
 
 
-def check_topk(settings: list[Setting], draft_vocab: int, flag: str = "--topk") -> None:
+def check_topk(settings: list[Setting], draft_vocab: int) -> None:
     """Every tree's topk within the drafter's draft vocabulary: refused by the decoder only when
     its setting came up, after the baseline and the settings before it had run, their results
-    lost (tune's --max-topk, after the target loaded and the chain's acceptance ran)."""
+    lost."""
     if (k := max(s[1] for s in settings)) > draft_vocab:
-        raise DraftsmithError(f"{flag} {k} exceeds the drafter's draft vocabulary of "
-                              f"{draft_vocab}: give {flag} {draft_vocab} or less")
+        raise DraftsmithError(f"--topk {k} exceeds the drafter's draft vocabulary of "
+                              f"{draft_vocab}")
 
 
 def _over(rate: float | None, base: float | None) -> float | None:

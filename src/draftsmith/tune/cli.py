@@ -20,6 +20,7 @@ from draftsmith.tune.partial import PARTIAL, Partial  # noqa: F401 (PARTIAL: the
 
 if TYPE_CHECKING:
     from draftsmith.engine.sampling import SamplingParams
+    from draftsmith.models.eagle3 import Eagle3Config
     from draftsmith.tune.cost_model import SpecSetting
 
 console = Console()
@@ -245,7 +246,6 @@ def run_tune(
     import torch
 
     from draftsmith.bench import load
-    from draftsmith.bench.run import check_topk
     from draftsmith.engine.drafter_runtime import DrafterRuntime
     from draftsmith.engine.generate import check_positions
     from draftsmith.engine.refill import PREFILL_ROWS
@@ -261,8 +261,7 @@ def run_tune(
     check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     texts = texts[:num_prompts] if num_prompts else texts
-    dcfg = check_drafter(drafter_dir)  # and a mistyped or damaged --drafter
-    check_topk([(1, max_topk, 2)], dcfg.draft_vocab_size, "--max-topk")
+    check_topk(max_topk, check_drafter(drafter_dir))  # and a mistyped or damaged --drafter
     torch.manual_seed(seed)
     t = load_target(target)
     if tp is not None:
@@ -408,6 +407,15 @@ def _acceptance(eng, kept: Partial, was: dict, ids: list[list[int]], limits: tup
                                            max(32, max_draft))
         kept.acceptance(acc, mix, "tree", eng.rt.max_batch)
     return acc, mix
+
+
+def check_topk(max_topk: int, drafter_cfg: Eagle3Config) -> None:
+    """--max-topk within the drafter's draft vocabulary, before loading: the tree acceptance
+    run refused it only after the target loaded and the chain's acceptance ran."""
+    vocab = drafter_cfg.draft_vocab_size
+    if max_topk > vocab:
+        raise DraftsmithError(f"--max-topk {max_topk} exceeds the drafter's draft vocabulary of "
+                              f"{vocab}: give --max-topk {vocab} or less")
 
 
 def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, refilled=None,
