@@ -118,9 +118,13 @@ def weight_sample(w: torch.Tensor) -> bytes:
 
 
 def fingerprint_of(cfg: ModelConfig, tok: Any, samples: dict[str, bytes]) -> str:
+    """A tied config's lm_head is left out: the head is the embedding, sampled as such, and
+    whether a checkpoint stores a copy of it (save_pretrained drops one) changes no logit."""
     h = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode())
     h.update(tokenizer_hash(tok).encode())
     for name in sorted(samples):
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
         h.update(name.encode())
         h.update(samples[name])
     return h.hexdigest()[:16]
@@ -322,7 +326,7 @@ def stop_ids(folder: Path, tok: Any, cfg: ModelConfig) -> list[int]:
 def _tie_head(weights: dict[str, torch.Tensor], folder: Path) -> None:
     """A tied config's stored lm_head.weight (some fine-tunes save one) is the embedding, as SGLang
     and vLLM load it and the built model computes its logits: training's targets and the drafter's
-    head come from it too. Where it is kept as the same values, the fingerprint stays."""
+    head come from it too. The fingerprint leaves a tied head out (`fingerprint_of`)."""
     head, embed = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
     if head is None or embed is None:
         return
