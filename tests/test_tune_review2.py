@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -154,7 +155,8 @@ def test_tune_nccl_sweep_names_its_sweep_in_tune_json(tmp_path, monkeypatch):
     monkeypatch.setattr(draftsmith.dist, "launch_tp", lambda *a, **k: cli.run_tune())
     monkeypatch.setattr(cli, "_nccl_for", lambda *a: sweep)
     monkeypatch.setattr("draftsmith.tune.tp_targets.refuse_split", lambda *a: None)
-    monkeypatch.setattr("draftsmith.models.eagle3.check_drafter", lambda d: None)  # no drafter here
+    no_drafter = SimpleNamespace(draft_vocab_size=32)  # no drafter here: its config alone
+    monkeypatch.setattr("draftsmith.models.eagle3.check_drafter", lambda d: no_drafter)
     res = invoke_tune("--drafter", str(tmp_path), "--device", "cpu", "--tp", "2",
                       "--nccl-sweep", "--out", str(out))
     assert res.exit_code == 0, (res.output, res.exception)

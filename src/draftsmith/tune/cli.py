@@ -125,7 +125,10 @@ def tune(
             raise DraftsmithError("--nccl-sweep spawns fresh processes per setting: run "
                                   "`draftsmith tune --tp N --nccl-sweep` without torchrun")
         refuse_split(target, tp)
-        check_drafter(drafter)  # before ranks spawn: each rank's run_tune checks it again
+        # before ranks spawn (each rank's run_tune checks both again): a rank's refusal came
+        # back only after every rank had started, prefixed `rank 0:`
+        check_topk(max_topk, check_drafter(drafter))
+        suite(suite_path)  # an empty or unreadable --prompts: one line too, not `rank 0: ...`
         report = launch_tp(_tune_rank, tp, *args, device=dev)
     if "recommendations" not in report:  # a torchrun rank other than 0: rank 0 reports
         return
