@@ -60,9 +60,10 @@ class Conversation:
         (`meta.answers[k]`, finish "length", is the k-th assistant message's)."""
         answers = self.meta.get("answers")
         turns = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
-        cut = {a.get("turn") for a in answers if isinstance(a, dict)
+        # whole ints only: a list is unhashable, and 0.0 in a set would hide a real 0
+        cut = {a["turn"] for a in answers if isinstance(a, dict) and type(a.get("turn")) is int
                and a.get("finish") == "length"} if isinstance(answers, list) else set()
-        return {turns[k] for k in cut if isinstance(k, int) and 0 <= k < len(turns)}
+        return {turns[k] for k in cut if 0 <= k < len(turns)}
 
     def answer_ids(self) -> dict[int, list[int] | None]:
         """Assistant message index -> the ids the target decoded for it (`meta.answers[k].ids`,
@@ -117,10 +118,9 @@ def parse_record(rec: Any) -> Conversation:
     if not isinstance(rec, dict):
         raise Malformed(f"expected a JSON object, got {type(rec).__name__}")
     meta = dict(rec["meta"]) if isinstance(rec.get("meta"), dict) else {}
-    if isinstance(rec.get("messages"), list):
-        msgs = [_message(m, "role", "content", i) for i, m in enumerate(rec["messages"])]
-    elif isinstance(rec.get("conversations"), list):
-        msgs = [_message(m, "from", "value", i) for i, m in enumerate(rec["conversations"])]
+    turns = next((k for k in TURN_LISTS if isinstance(rec.get(k), list)), None)
+    if turns is not None:
+        msgs = _turns(rec[turns], turns)
     elif _is_humaneval(rec):
         return humaneval_conversation(rec)
     elif "prompt" in rec:
@@ -129,6 +129,9 @@ def parse_record(rec: Any) -> Conversation:
         msgs = [_alpaca(rec)]
     elif isinstance(rec.get("data"), list):  # after the keys above: a record's own `data`
         msgs = _ultrachat(rec["data"])
+    elif named := next((k for k in TURN_LISTS if k in rec), None):
+        got = type(rec[named]).__name__
+        raise Malformed(f"{named!r} is not a list of turns, got {got}")
     else:
         keys = ", ".join(sorted(rec)) or "none"
         raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")
@@ -162,6 +165,14 @@ def _ultrachat(data: list[Any]) -> list[dict[str, str]]:
 
 # the keys of a turn: OpenAI's and ShareGPT's, either found under either list's name
 TURN_KEYS = {"role": "content", "from": "value"}
+# a record's list of turns -> the keys its turns are first read by: OpenAI's `messages`,
+# ShareGPT's `conversations`, LMSYS-Chat-1M's `conversation`
+TURN_LISTS = {"messages": "role", "conversations": "from", "conversation": "role"}
+
+
+def _turns(turns: list[Any], key: str) -> list[dict[str, str]]:
+    role = TURN_LISTS[key]
+    return [_message(m, role, TURN_KEYS[role], i) for i, m in enumerate(turns)]
 
 
 def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
@@ -435,8 +446,11 @@ def read_humaneval() -> PromptSet:
 
 
 def _is_humaneval(rec: dict[str, Any]) -> bool:
-    """A HumanEval task as its JSONL holds it (task_id, prompt, entry_point, ...)."""
-    return isinstance(rec.get("task_id"), str) and "prompt" in rec and "entry_point" in rec
+    """A HumanEval task as its JSONL holds it (task_id, prompt, entry_point, ...), or a copy
+    of its prompts alone (a "HumanEval/N" task_id and the prompt)."""
+    task = rec.get("task_id")
+    return isinstance(task, str) and "prompt" in rec and (
+        "entry_point" in rec or task.startswith("HumanEval/"))
 
 
 def humaneval_conversation(rec: dict[str, Any]) -> Conversation:
@@ -460,7 +474,8 @@ def _one_humaneval(path: Path) -> None:
 
 def load_prompts(source: str | Path, strict: bool = False, flag: str | None = None,
                  ) -> PromptSet:
-    """Read a prompt source; duplicates (same id) are dropped and counted. `flag`: the option
+    """Read a prompt source; repeats (`repeat_key`: the same turns but for whitespace around
+    their texts) are dropped and counted, the first kept. `flag`: the option
     that named the source (`--suite`), which names it in an error."""
     try:
         return _load(source, strict)
@@ -493,12 +508,19 @@ def _load(source: str | Path, strict: bool) -> PromptSet:
                 raise DraftsmithError(f"{where}: {e}") from None
             out.problems.append(f"{where}: {e}")
             continue
-        if conv.id in seen:
+        if (key := repeat_key(conv)) in seen:
             out.duplicates += 1
             continue
-        seen.add(conv.id)
+        seen.add(key)
         out.conversations.append(conv)
     return out
+
+
+def repeat_key(conv: Conversation) -> str:
+    """What two conversations share when one repeats the other: the same turns, each text the
+    same but for whitespace around it ("hello" and "hello\n" ask one question; case counts)."""
+    return conversation_id([{"role": m["role"], "content": m["content"].strip()}
+                            for m in conv.messages])
 
 
 def read_prompts(
