@@ -67,19 +67,38 @@ def interrupted(eng: FakeEngine, client: Callable[[str], None]) -> None:
         raise failed[0]
 
 
-def post(url: str, out: dict, name: str, stream: bool = False) -> threading.Thread:
+class Posted(threading.Thread):
+    """A request in a thread of its own; `head` is set once its response's status line came."""
+
+    head: threading.Event
+
+
+def post(url: str, out: dict, name: str, stream: bool = False) -> Posted:
     body = {"prompt": [1], "max_tokens": 6, "stream": stream}
 
     def go() -> None:
         try:
-            r = httpx.post(url + "/v1/completions", json=body, timeout=20)
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=20) as r:
+                t.head.set()
+                r.read()
             out[name] = (r.status_code, r.text)
         except httpx.HTTPError as e:
             out[name] = (0, repr(e))
 
-    t = threading.Thread(target=go, daemon=True)
+    t = Posted(target=go, daemon=True)
+    t.head = threading.Event()
     t.start()
     return t
+
+
+def ctrl_c_twice() -> None:
+    """Two SIGINTs, the second once the server has reacted to the first (its stop thread runs):
+    two sent a fixed pause apart could both arrive before the handler ran, which then ran once."""
+    before = set(threading.enumerate())
+    os.kill(os.getpid(), signal.SIGINT)
+    until(lambda: any(t.name == "draftsmith-stop" for t in set(threading.enumerate()) - before),
+          30)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -127,11 +146,10 @@ def test_ctrl_c_twice_cuts_the_running_request_off_with_an_answer(capfd, stream:
     def client(url: str) -> None:
         a = post(url, got, "a", stream)
         until(lambda: eng.steps == 0 and eng.batches == [1])
-        time.sleep(0.1)  # a stream's first chunks are out
-        for _ in range(2):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
-        a.join(5)
+        if stream:
+            until(a.head.is_set, 30)  # its 200 is out
+        ctrl_c_twice()
+        a.join(30)
 
     interrupted(eng, client)
     eng.ticks.release(100)

@@ -4,10 +4,7 @@ the running batch, and a forced quit's 503s count in /metrics' `stopped` once.""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -16,7 +13,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from test_serve_review6 import blocked_engine, interrupted, post  # noqa: E402
+from test_serve_review6 import blocked_engine, ctrl_c_twice, interrupted, post  # noqa: E402
 from test_serve_scheduler_review import stopping, ticked, until  # noqa: E402
 from test_serve_units import FakeEngine, job, wait_done  # noqa: E402
 
@@ -93,11 +90,10 @@ def test_a_forced_quits_503_counts_as_stopped(monkeypatch, stream: bool) -> None
     def client(url: str) -> None:
         a = post(url, got, "a", stream)
         until(lambda: eng.batches == [1])
-        time.sleep(0.1)
-        for _ in range(2):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
-        a.join(5)
+        if stream:
+            until(a.head.is_set, 30)  # its 200 is out
+        ctrl_c_twice()
+        a.join(30)
 
     interrupted(eng, client)
     eng.ticks.release(100)
