@@ -116,3 +116,13 @@ def test_a_cut_answer_whose_turn_is_no_index_is_ignored(turn):
     assert conv.cut_turns() == set()
     conv.meta["answers"].append({"turn": 0, "finish": "length"})
     assert conv.cut_turns() == {1}
+
+
+def test_a_prompt_repeated_across_sources_with_other_whitespace_is_dropped(tmp_path):
+    from draftsmith.data.cli import read_sources
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"prompt": "hello"}) + "\n" + json.dumps({"prompt": "bye"}) + "\n")
+    b.write_text(json.dumps({"prompt": "hello\n"}) + "\n" + json.dumps({"prompt": "Bye"}) + "\n")
+    convs = read_sources([str(a), str(b)], strict=False)
+    assert [c.messages[0]["content"] for c in convs] == ["hello", "bye", "Bye"]

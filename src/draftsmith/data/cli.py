@@ -90,7 +90,7 @@ def not_an_input(out: Path, sources: list[str]) -> None:
 
 
 def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
-    from draftsmith.data.prompts import load_prompts
+    from draftsmith.data.prompts import load_prompts, repeat_key
 
     if limit < 0:
         raise DraftsmithError(f"--limit must be >= 0 (0: all), got {limit}")
@@ -101,8 +101,8 @@ def read_sources(sources: list[str], strict: bool, limit: int = 0) -> list:
             say(f"warning: skipped {p}")
         if len(ps.problems) > 20:
             say(f"warning: ... {len(ps.problems) - 20} more malformed records skipped")
-        new = [c for c in ps.conversations if c.id not in seen]
-        seen.update(c.id for c in new)
+        new = [c for c in ps.conversations if repeat_key(c) not in seen]
+        seen.update(repeat_key(c) for c in new)
         dup = ps.duplicates + len(ps.conversations) - len(new)
         say(f"{src}: {len(new)} conversations, {len(ps.problems)} malformed skipped, "
             f"{dup} duplicates dropped")
