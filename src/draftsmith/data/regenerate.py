@@ -558,7 +558,7 @@ def reply(r: Any, asked: str = "", tok: Any = None, most: int | None = None) -> 
     choices = getattr(r, "choices", None)
     message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices \
         else None
-    if message is None:
+    if not hasattr(message, "content"):  # None, or bare text the client passed on unchecked
         return Answer("", 0, f"error: the server's reply holds no answer: {str(r)[:200]!r}")
     if getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None):
         raise DraftsmithError(
@@ -580,8 +580,24 @@ def reply(r: Any, asked: str = "", tok: Any = None, most: int | None = None) -> 
     text = without_end(message.content.strip(), finish, tok)
     ids = served_ids(raw_ids, finish, tok)
     foreign = ids is not None and not _spells(tok, ids, text)
-    return Answer(text, used if isinstance(used, int) else None, finish,
-                  None if foreign else ids, foreign_ids=foreign)
+    kept = None if foreign else ids
+    return Answer(text, answer_count(used, finish, kept, tok), finish, kept, foreign_ids=foreign)
+
+
+def answer_count(used: Any, finish: str, ids: list[int] | None, tok: Any) -> int | None:
+    """An answer's tokens as the engine counts them, without the end token that stopped it:
+    vLLM, SGLang and `draftsmith serve` count it in `usage.completion_tokens`, though its text
+    leaves it out. The target's ids where served (`served_ids`: that token dropped), else the
+    server's count, less one for an answer that stopped (as `served_ids` reads `UNKNOWN`) where
+    the target's tokenizer is known (as for `served_ids`: without it, no end token is known);
+    None where the reply gives neither."""
+    if ids is not None:
+        return len(ids)
+    if not isinstance(used, int) or isinstance(used, bool):
+        return None
+    if tok is None or finish not in ("stop", UNKNOWN):
+        return used
+    return max(used - 1, 0)
 
 
 def finish_of(said: Any, used: Any, ids: Any, most: int | None) -> str:
