@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.doctor.realign import Paired, Subset, screened, views
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers import CANONICAL_WORDS
 
@@ -201,9 +202,6 @@ def token_errors(stored: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor
     return torch.stack(rel, -1), torch.stack(cos, -1)
 
 
-MAX_SHIFT = 3  # ids this many tokens off their states at most are tried realigned
-
-
 def match(
     model: Any,
     dataset: Any,
@@ -228,7 +226,7 @@ def match(
     pairs = _mixups(model, dataset, mm.samples, max_tokens)
     if not pairs:
         return mm
-    paired = _match(model, _Paired(dataset, pairs), num_layers, len(pairs), max_tokens,
+    paired = _match(model, Paired(dataset, pairs), num_layers, len(pairs), max_tokens,
                     loss_only)
     paired.samples, paired.paired = list(pairs), pairs
     return paired
@@ -237,18 +235,28 @@ def match(
 def _realigned(model: Any, dataset: Any, num_layers: int, n_samples: int, max_tokens: int,
                loss_only: bool, first_ids: tuple[int, ...],
                lead: tuple[int, ...]) -> MatchMatrix | None:
-    """The match of the first realignment whose states all match (None: none does)."""
-    for view in _views(dataset, first_ids, lead):
+    """The match of the first realignment whose states all match, probed on the longest
+    compared sample (None: none does)."""
+    idx = pick_samples(len(dataset), n_samples)
+    i = max(idx, key=lambda j: int(dataset[j]["input_ids"].numel()))
+    for view in screened(model, dataset[i], views(dataset, first_ids, lead), num_layers, LOOSE):
         try:
-            probe = _match(model, view, num_layers, 1, min(max_tokens, 64), loss_only)
-            if _unmatched(probe) or not probe.slots[-1].matched:
+            probe = _match(model, Subset(view, [i]), num_layers, 1, min(max_tokens, 64),
+                           loss_only)
+            if not _all_matched(probe):
                 continue
             shifted = _match(model, view, num_layers, n_samples, max_tokens, loss_only)
-        except (RuntimeError, ValueError, IndexError):  # a sample too short to realign
-            return None
-        shifted.token_shift, shifted.dropped = view.by, view.first
-        return shifted
+        except (RuntimeError, ValueError, IndexError):  # a view some sample cannot be read in
+            continue
+        if _all_matched(shifted):  # not the probe sample's alone
+            shifted.token_shift, shifted.dropped = view.by, view.first
+            return shifted
     return None
+
+
+def _all_matched(mm: MatchMatrix) -> bool:
+    """Some aux slot and the final hidden match a live state."""
+    return not _unmatched(mm) and mm.slots[-1].matched
 
 
 NEIGHBOURS = 4  # other samples tried as the one a sample's states were captured from
@@ -257,19 +265,23 @@ NEIGHBOURS = 4  # other samples tried as the one a sample's states were captured
 @torch.no_grad()
 def _mixups(model: Any, dataset: Any, idx: list[int], max_tokens: int) -> dict[int, int]:
     """Compared sample -> the sample whose tokens its stored final hidden clearly matches where
-    its own do not (states paired with another conversation's tokens: sample ids shuffled)."""
+    its own do not (states paired with another conversation's tokens: sample ids shuffled),
+    judged past the opening both share (the template's, whose states any sample makes)."""
     out = {}
     for i in idx:
         s = dataset[i]
         n = min(max_tokens, int(s["input_ids"].numel()))
-        own = _hidden_error(model, s["input_ids"][:n], s["hidden"][:n])
-        if own <= TOL:
+        own = _hidden_errors(model, s["input_ids"][:n], s["hidden"][:n])
+        if _median(own) <= TOL:
             continue
         for j in _candidates(i, idx, len(dataset)):
             ids = dataset[j]["input_ids"]
             m = min(n, int(ids.numel()))
-            e = _hidden_error(model, ids[:m], s["hidden"][:m])
-            if e <= TOL and _clear(own, e):
+            p = _shared(s["input_ids"][:m], ids[:m])
+            if p == m:  # j's tokens are i's own opening: nothing tells them apart
+                continue
+            e = _median(_hidden_errors(model, ids[:m], s["hidden"][:m])[p:])
+            if e <= TOL and _clear(_median(own[p:m]), e):
                 out[i] = j
                 break
         else:  # no shuffle nearby: more samples would cost forwards of a target found wrong
@@ -277,50 +289,30 @@ def _mixups(model: Any, dataset: Any, idx: list[int], max_tokens: int) -> dict[i
     return out
 
 
+def _shared(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many first tokens `a` and `b` (of one length) share."""
+    differ = (a != b).nonzero()
+    return int(differ[0]) if differ.numel() else int(a.numel())
+
+
+def _median(rel: torch.Tensor) -> float:
+    return float(rel.nan_to_num(math.inf).median())
+
+
 def _candidates(i: int, idx: list[int], total: int) -> list[int]:
     near = [i + 1, i - 1, i + 2, i - 2, *idx]
     return [j for j in dict.fromkeys(near) if j != i and 0 <= j < total][:NEIGHBOURS + len(idx)]
 
 
-def _hidden_error(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> float:
-    """Median per-token relative error of a stored final hidden [T, H] against the live one."""
+def _hidden_errors(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """Per-token relative error [T] of a stored final hidden [T, H] against the live one."""
     dev = next(model.parameters()).device
     t = ids.numel()
     fo = model(ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t), aux_ids=(),
                want_logits=False)
     live = fo.hidden[0].float().cpu()
     rel, _ = token_errors(stored.view(t, 1, -1), live.view(t, 1, -1))
-    return float(rel.flatten().nan_to_num(math.inf).median())
-
-
-class _Paired:
-    """The compared samples whose states another sample's tokens were found to make, each read
-    with those tokens (and their loss mask) beside its states."""
-
-    def __init__(self, dataset: Any, pairs: dict[int, int]) -> None:
-        self.dataset, self.items, self.manifest = dataset, list(pairs.items()), dataset.manifest
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        i, j = self.items[k]
-        s, other = dict(self.dataset[i]), self.dataset[j]
-        n = min(int(s["input_ids"].numel()), int(other["input_ids"].numel()))
-        s["input_ids"], s["loss_mask"] = other["input_ids"][:n], other["loss_mask"][:n]
-        s["aux"], s["hidden"] = s["aux"][:n], s["hidden"][:n]
-        return s
-
-
-def _views(dataset: Any, first_ids: tuple[int, ...], lead: tuple[int, ...]) -> list[_Shifted]:
-    """The realignments tried, nearest first: ids k tokens behind, then k ahead with each
-    candidate for the k tokens dropped (one of `first_ids` before the template's opening)."""
-    out = []
-    for k in range(1, MAX_SHIFT + 1):
-        out.append(_Shifted(dataset, k))
-        heads = [(f, *lead[:k - 1]) for f in first_ids] + [lead[:k]]
-        out += [_Shifted(dataset, -k, h) for h in dict.fromkeys(heads) if len(h) == k]
-    return out
+    return rel.flatten()
 
 
 def _unmatched(mm: MatchMatrix) -> bool:
@@ -329,34 +321,14 @@ def _unmatched(mm: MatchMatrix) -> bool:
     return all(s.status in ("none", "ambiguous") for s in mm.slots)
 
 
-class _Shifted:
-    """A dataset read with its input_ids realigned with the states: `by` k > 0, the ids k tokens
-    behind (drop the first k ids and the last k states); -k, k ahead (`first` put back in
-    front)."""
-
-    def __init__(self, dataset: Any, by: int, first: tuple[int, ...] = ()) -> None:
-        self.dataset, self.by, self.first, self.manifest = dataset, by, first, dataset.manifest
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        s = dict(self.dataset[i])
-        ids, k = s["input_ids"], abs(self.by)
-        if self.by > 0:
-            s["input_ids"], s["loss_mask"] = ids[k:], s["loss_mask"][k:]
-            s["aux"], s["hidden"] = s["aux"][:-k], s["hidden"][:-k]
-        else:
-            s["input_ids"] = torch.cat([ids.new_tensor(self.first), ids[:-k]])
-        return s
-
-
 def _match(model: Any, dataset: Any, num_layers: int, n_samples: int, max_tokens: int,
            loss_only: bool) -> MatchMatrix:
     idx = pick_samples(len(dataset), n_samples)
     rels, coss, norms, masked, bad, total = [], [], [], [], 0, 0
     for i in idx:
         s = dataset[i]
+        if not s["input_ids"].numel():  # realigned by more than its length: nothing to compare
+            continue
         full = torch.cat([s["aux"], s["hidden"][:, None]], 1)
         ok = full.isfinite().all(-1)  # [T, C]: a stored state with NaN/inf compares with nothing
         bad, total = bad + (~ok).sum(0), total + int(ok.shape[0])
