@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The lent-H200 runs behind the committed benchmarks, one verb per device call.
 # Call 0 (carry [".m1"]): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/   (see ../shared/device/README.md)
+# (the committed outputs make the tree ~31 MB: `bash benchmarks/device_tree.sh slim` first, or
+# .m1's 47 MB do not fit beside it in a call's 64 MiB; run 33 split the model and .kept19 in five)
 # Then, while the machine is warm, carry [".m2", ".whl"] and run one of:
 #   bash benchmarks/h200.sh demo      # `draftsmith demo` (2,000 self-made conversations, trains)
 #   bash benchmarks/h200.sh suite     # gpu_suite.py stages hf,spec,doctor,tune on the demo's output
