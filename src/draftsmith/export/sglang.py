@@ -28,11 +28,14 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
+    IDS,
     TargetInfo,
     cast,
     check_flags,
+    default_feed,
     draft_vocab_of,
     drafter_config,
+    engine_feed,
     engine_ids,
     hf_layer_config,
     imported_ids,
@@ -289,16 +292,51 @@ def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> 
 def _canonical_ids(c: dict[str, Any], num_layers: int, folder: Path) -> list[int]:
     where = f"{folder}/config.json"
     canonical = imported_ids(c, "sglang", num_layers, where, folder)
-    written, _, _ = engine_ids(c, "sglang", num_layers, where)
+    written, _, conv = engine_ids(c, "sglang", num_layers, where)
     if written is None:
         warn_default_repeat(num_layers, where)
         return canonical
     warn_unsorted(written, canonical, where)
-    _note_recorded(c, canonical, where)
+    if not _note_recorded(c, canonical, where):
+        _note_other_reading(c, canonical, conv, num_layers, where)
     return canonical
 
 
-def _note_recorded(c: dict[str, Any], canonical: list[int], where: str) -> None:
+def _note_other_reading(c: dict[str, Any], canonical: list[int], conv: Convention,
+                        num_layers: int, where: str) -> None:
+    """vLLM loads this layout too but reads only the top-level list (input of layer j), while
+    SGLang reads only eagle_config's (else its defaults): the import takes the key the folder's
+    own engine reads, and names the other engine's reading where it feeds other layers."""
+    if conv is Convention.SGLANG:
+        top = c.get(IDS)
+        if not (top and isinstance(top, list) and all(type(i) is int for i in top)):
+            return  # none, or one vLLM refuses itself
+        try:
+            other = engine_feed(top, Convention.VLLM, num_layers)
+        except DraftsmithError:
+            other = None
+        if other == canonical:
+            return
+        fed = f"canonical {other}" if other else "layers this target does not have"
+        note(f"{where}: SGLang reads eagle_config.{IDS} as canonical {canonical}, but vLLM, which "
+             f"loads this layout too, reads the top-level {IDS} {top} as {fed}: the engines "
+             "would feed the drafter other layers; imported as SGLang reads them",
+             f"write the top-level {IDS} {to_convention(canonical, Convention.VLLM, num_layers)} "
+             "(vLLM's convention, input of layer j) if the drafter was trained on canonical "
+             f"{canonical}; `draftsmith doctor --drafter DIR --data DIR` checks it",
+             stacklevel=3)
+        return
+    defaults = default_feed(num_layers)
+    if defaults != canonical:
+        note(f"{where}: eagle_config names no {IDS}, so SGLang ignores the top-level list and "
+             f"feeds its defaults, canonical {defaults}, while vLLM reads the top-level "
+             f"{c.get(IDS)} as canonical {canonical}; imported as vLLM reads them",
+             f"write eagle_config.{IDS} {to_convention(canonical, Convention.SGLANG, num_layers)}"
+             " (SGLang's convention, output of layer j) so both engines feed the drafter alike",
+             stacklevel=3)
+
+
+def _note_recorded(c: dict[str, Any], canonical: list[int], where: str) -> bool:
     """An export whose own record names other canonical ids than SGLang reads: draftsmith
     before 2026-12-07 wrote ids not starting at 1 one higher (the DeepSeek-V2 family's rule),
     which SGLang's Llama classes read a layer late; or the list was edited since."""
@@ -310,6 +348,8 @@ def _note_recorded(c: dict[str, Any], canonical: list[int], where: str) -> None:
              "imported as SGLang reads them",
              f"write eagle_config.eagle_aux_hidden_state_layer_ids {recorded} there, or export "
              "the drafter again; `draftsmith doctor --drafter DIR` checks it", stacklevel=3)
+        return True
+    return False
 
 
 def _add_embedding(w: dict[str, torch.Tensor], c: dict[str, Any], hidden: int,
