@@ -134,6 +134,25 @@ SKIP_FIXES = {"no_assistant_tokens": "conversations need answers: have the targe
               "answer_past_max_len": "raise --max-len, which cuts them before their answers"}
 
 
+def held_fixes(most: int) -> dict[str, str]:
+    """`SKIP_FIXES` where --max-len was held to the target's `most` positions
+    (`within_positions`): a higher --max-len keeps no more tokens."""
+    held = f"the target holds {most} positions (max_position_embeddings), which no --max-len raises"
+    return {"too_long": f"{held}: pass --too-long truncate, or shorten the conversations",
+            "answer_past_max_len": f"{held}, and these end before their first answers: shorten "
+                                   "what comes before them"}
+
+
+def no_sample_words(p: Plan, held: int | None) -> str:
+    """Why a run kept no sample, and the fix for each skip reason; `held`: the target's
+    positions, where they held --max-len."""
+    fixes = SKIP_FIXES | (held_fixes(held) if held else {})
+    return (f"no conversation has assistant tokens to capture (skipped: "
+            f"{skipped_words(p.skipped)})"
+            + (f"; the first refused: {p.refused}" if p.refused else "")
+            + "".join(f"; {fixes[k]}" for k in p.skipped if k in fixes))
+
+
 class _Skip(Exception):
     pass
 
@@ -382,17 +401,14 @@ def capture(
     check_folder(out)
     rank, world = dist_env()
     ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
+    asked = cfg.max_len
     cfg = within_positions(cfg, target.cfg.max_position_embeddings, say)
     tok = target.tokenizer
     if not convs:
         raise DraftsmithError("no conversations to capture: the input is empty")
     p = plan(tok, convs, cfg)
     if not p.kept:
-        raise DraftsmithError(f"no conversation has assistant tokens to capture (skipped: "
-                              f"{skipped_words(p.skipped)})"
-                              + (f"; the first refused: {p.refused}" if p.refused else "")
-                              + "".join(f"; {SKIP_FIXES[k]}" for k in p.skipped
-                                        if k in SKIP_FIXES))
+        raise DraftsmithError(no_sample_words(p, cfg.max_len if cfg.max_len < asked else None))
     head = header(target, convs, cfg, ids, p, rank, world)
     folder = out / f"rank-{rank}" if world > 1 else out
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
