@@ -69,7 +69,7 @@ def parse_ids(text: str | None, flag: str = "--aux-layers") -> list[int] | None:
     if not text:
         return None
     try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+        ids = [int(x) for x in text.split(",") if x.strip()]  # "1 2" is no id: not 12
     except ValueError:
         ids = []
     if not ids:  # ' ' or ',' is no list of ids, not the defaults
