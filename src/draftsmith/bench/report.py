@@ -149,12 +149,14 @@ def print_report(report: dict[str, Any], console: Console, json_path: Path | Non
 def notes(report: dict[str, Any]) -> list[str]:
     """What the figures carry besides the suites' prompts, and what an interrupted run left out."""
     out = []
+    # 'same' is a greedy run's column; a sampled run has none to leave padding out of
+    same = ", not in 'same'" if any("agreement" in r for r in report["results"]) else ""
     for r in report["results"]:
         if r["setting"] == "baseline" and (n := r.get("padding_rows")):
             out.append(f"{r['suite']} batch {r['batch']}: {r['prompts']} prompts, the last "
                        f"batch topped up with {n} repeated prompt{'s' if n > 1 else ''}; "
                        "padding rows are timed and count in tok/s and in the acceptance "
-                       "figures (accept len, per position, histogram), not in 'same'")
+                       f"figures (accept len, per position, histogram){same}")
     if any(r.get("refill") or (r["setting"] == "baseline" and report["meta"].get("refill"))
            for r in report["results"]):
         out.append("refilled rows: tok/s over wall time, the refills' prompt passes included; "

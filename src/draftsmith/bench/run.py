@@ -61,9 +61,10 @@ def timing(repeats: int) -> str:
     if repeats == 1:
         return TIMING
     return (f"each suite and batch: the baseline and each setting warmed up once, untimed, then "
-            f"{repeats} timed rounds of them all, round r's order the grid's (baseline first) "
-            f"rotated to start at run r mod (settings + 1); each figure the median over the "
-            f"rounds (min-max its range), each speedup the median of the rounds' own ratios")
+            f"{repeats} timed rounds of them all, round 1 in the grid's order (baseline first), "
+            f"each round after it that order rotated one run further (round r starts at run r, "
+            f"counting from 1, wrapping round); each figure the median over the rounds (min-max "
+            f"its range), each speedup the median of the rounds' own ratios")
 
 
 @dataclass
