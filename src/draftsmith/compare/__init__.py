@@ -424,13 +424,39 @@ def write(res: dict[str, Any], out: Path) -> None:
         staged["compare.json"] = _tmp(out, "compare.json")
         staged["compare.json"].write_text(json.dumps(res, indent=1, default=str,
                                                      allow_nan=False) + "\n")
-        for name, tmp in staged.items():
-            os.replace(tmp, out / name)
+        # an earlier run's plot would sit beside a report that measured nothing
+        _move_in(staged, out, gone=[] if png else ["acceptance.png"])
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-    if not png:  # an earlier run's plot would sit beside a report that measured nothing
-        (out / "acceptance.png").unlink(missing_ok=True)
+
+
+def _move_in(staged: dict[str, Path], out: Path, gone: list[str]) -> None:
+    """Each staged file moved over its name and each of `gone` removed, every earlier file set
+    aside first: a move refused or interrupted midway (EPERM in a sticky folder, a folder in
+    the way, ctrl-C) puts every earlier file back."""
+    moved: list[tuple[Path, Path | None]] = []
+    try:
+        for name, tmp in [*staged.items(), *((n, None) for n in gone)]:
+            dest = out / name
+            if dest.is_dir() and not dest.is_symlink():  # os.replace would move it whole
+                raise IsADirectoryError(21, "Is a directory", str(dest))
+            kept = _tmp(out, f"old.{name}") if dest.exists() or dest.is_symlink() else None
+            if kept is not None:
+                os.replace(dest, kept)
+            moved.append((dest, kept))
+            if tmp is not None:
+                os.replace(tmp, dest)
+    except BaseException:
+        for dest, kept in reversed(moved):
+            if kept is not None:
+                os.replace(kept, dest)
+            else:
+                dest.unlink(missing_ok=True)
+        raise
+    for _, kept in moved:
+        if kept is not None:
+            kept.unlink(missing_ok=True)
 
 
 def _tmp(out: Path, name: str) -> Path:

@@ -128,7 +128,7 @@ def _speed(s: dict[str, Any], names: list[str]) -> list[list[str]]:
     rows += _paired(s, names)
     rows.append([f"accept rate (accept length / {s['steps'] + 1}, steps + 1; not per draft "
                  "token)", *[figure(runs[k].get("accept_rate"), ".3f") for k in names]])
-    rows.append(["tokens/s", *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
+    rows.append([timed_on(s), *[f"{runs[k]['tokens_per_s']:.1f}" for k in names]])
     rows += _paired(s, names, "paired_tokens_per_s", "tokens/s")
     rows.append([f"speedup vs the target alone ({s['baseline_tokens_per_s']:.1f} tok/s)",
                  *[f"{runs[k]['speedup']:.2f}x" if runs[k]["speedup"] else "-" for k in names]])
@@ -145,6 +145,15 @@ def _paired(s: dict[str, Any], names: list[str], key: str = "paired",
         return []
     return [[f"{figure_name} minus {names[0]}'s, paired over prompts",
              *[gaps.get(k, "(reference)") for k in names]]]
+
+
+def timed_on(s: dict[str, Any]) -> str:
+    """The tokens/s row's name: the device and dtype it was timed on (an older compare.json
+    without them: as it was)."""
+    on = [str(s[k]) for k in ("device", "dtype") if s.get(k)]
+    if s.get("max_new_tokens"):
+        on.append(f"at most {s['max_new_tokens']} new tokens a prompt")
+    return f"tokens/s ({', '.join(on)})" if on else "tokens/s"
 
 
 def decoding(s: dict[str, Any]) -> str:
@@ -208,7 +217,10 @@ def plot(res: dict[str, Any], path: Path) -> Path:
     sp = res["speed"]
     busy = "\nBUSY MACHINE while timing: tokens/s skewed (see compare.md)" \
         if machine_busy(sp) else ""
-    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, {decoding(sp)}{busy}")
+    target = (res.get("context") or {}).get("target")
+    on = f", target {target}" if target else ""
+    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, {decoding(sp)}{on}"
+                 f"{busy}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
