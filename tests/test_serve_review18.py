@@ -3,7 +3,6 @@ early frees its row (running) or its place (queued), and the next request comple
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from test_serve import served as serve_app  # noqa: E402
 from test_serve_units import FakeEngine  # noqa: E402
 
 from draftsmith.serve.app import create_app  # noqa: E402
@@ -36,20 +36,11 @@ def gated_engine() -> FakeEngine:
 def served(eng: FakeEngine) -> Iterator[tuple[str, Any]]:
     """The app over `eng` under uvicorn in a thread; yields its URL and scheduler."""
     app = create_app(eng, ServeConfig("m", max_batch=1))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    until(lambda: server.started or not thread.is_alive())
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}", app.state.scheduler
-    finally:
-        eng.ticks.release(10 * LONG)
-        server.should_exit = True
-        thread.join(20)
+    with serve_app(app) as url:
+        try:
+            yield url, app.state.scheduler
+        finally:
+            eng.ticks.release(10 * LONG)
 
 
 def until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
