@@ -515,7 +515,7 @@ def _clear_stale(folder: Path) -> None:
         if p.suffix not in (".tmp", ".old") or not p.is_dir():
             continue
         who, _, pid = p.name[len(folder.name) + 1:].rsplit(".", 2)[0].rpartition("-")
-        if who != host or not pid.isdigit() or _alive(int(pid)) or _age(p, now) < STALE_S:
+        if who != host or not pid.isdigit() or pid_alive(int(pid)) or _age(p, now) < STALE_S:
             continue
         shutil.rmtree(p, ignore_errors=True)
 
@@ -531,7 +531,9 @@ def _age(p: Path, now: float) -> float:
         return 0.0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (another user's counts: it cannot be signalled
+    but is there); also the train --out lock's test of its holder."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

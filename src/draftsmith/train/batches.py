@@ -63,10 +63,11 @@ class Plan:
     ) -> None:
         assert packing in PACKINGS, packing
         if len(lengths) < world * batch_size:
-            raise DraftsmithError(
-                f"{len(lengths)} samples cannot fill one batch of {batch_size} rows on each of "
-                f"{world} ranks"
-            )
+            n = len(lengths)
+            fix = (f"lower --batch-size to {n // world} or fewer" if n >= world else
+                   f"train on {n} rank(s) or fewer")
+            raise DraftsmithError(f"{n} samples cannot fill one batch of {batch_size} rows on "
+                                  f"each of {world} rank(s); {fix}")
         self.lengths, self.batch_size, self.max_len = lengths, batch_size, max_len
         self.world, self.rank, self.seed, self.packing = world, rank, seed, packing
         self._steps: dict[int, int] = {}

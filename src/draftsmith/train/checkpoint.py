@@ -28,6 +28,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.eagle3 import Eagle3Drafter, save_drafter
+from draftsmith.targets import pid_alive
 from draftsmith.train.dist import shared_failure
 
 CHECKPOINTS = "checkpoints"
@@ -364,12 +365,8 @@ def _stale(held: dict[str, Any]) -> bool:
     """Whether the lock's holder is gone: only on this host can we tell."""
     if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
         return False
-    try:
-        os.kill(held["pid"], 0)
-    except ProcessLookupError:
+    if not pid_alive(held["pid"]):
         return True
-    except OSError:
-        pass  # alive, another user's
     started = _start_time(held["pid"])
     return None not in (started, held.get("started")) and started != held["started"]
 

@@ -176,18 +176,21 @@ def tokens_digest(samples: list[tuple[list[int], list[bool]]]) -> str:
     return h.hexdigest()[:16]
 
 
+OTHER_TARGET = ("pass --target with the model the data was captured from, or capture the data "
+                "again with this target")
+
+
 def _check_dataset(folder: str | Path, m: dict[str, Any], target: Target) -> None:
     got = m.get("target", {}).get("fingerprint")
     if got and got != target.fingerprint:
         raise DraftsmithError(
             f"{folder}: captured from target {m['target'].get('source')!r} (fingerprint {got}), "
-            f"but the training target {target.source!r} has fingerprint {target.fingerprint}"
-        )
+            f"but the training target {target.source!r} has fingerprint {target.fingerprint}; "
+            f"{OTHER_TARGET}")
     check_tokenization(m.get("target") or {}, target, Path(folder) / "manifest.json")
     if int(m.get("hidden_size", target.cfg.hidden_size)) != target.cfg.hidden_size:
-        raise DraftsmithError(
-            f"{folder}: hidden size {m['hidden_size']} != the target's {target.cfg.hidden_size}"
-        )
+        raise DraftsmithError(f"{folder}: hidden size {m['hidden_size']} != the target's "
+                              f"{target.cfg.hidden_size}; {OTHER_TARGET}")
     conv = m.get("aux_convention", CANONICAL_WORDS)
     if conv != CANONICAL_WORDS:
         raise DraftsmithError(
@@ -344,7 +347,9 @@ def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor
 
     d2t, t2d = load_vocab(path)
     if t2d.numel() != vocab:
-        raise DraftsmithError(f"{path}: t2d covers {t2d.numel()} tokens, the target has {vocab}")
+        raise DraftsmithError(f"{path}: t2d covers {t2d.numel()} tokens, the target has {vocab}: "
+                              "made for another target; rebuild it for this target with "
+                              "`draftsmith data vocab`")
     if d2t.dim() != 1 or not d2t.numel() or d2t.is_floating_point():
         raise DraftsmithError(f"{path}: d2t must be a non-empty list of integer offsets, got "
                               f"{d2t.dtype} of shape {list(d2t.shape)}")
