@@ -616,12 +616,13 @@ def served_ids(ids: Any, finish: str, tok: Any, text: str | None = None) -> list
     one that ends an answer of `UNKNOWN` finish, short of max_tokens, most likely stopped it).
     None for a server that sends none, no tokenizer to read them with, or (`text` given) ids
     that do not decode to the answer's text with it: another model's vocabulary (the default
-    tokenizer, a --model other than the target), whose stop token `_special` cannot tell and
+    tokenizer, a --model other than the target), whose stop token `control_ids` cannot tell and
     capture, skipping special tokens as it decodes, would have trained as the answer's."""
     if tok is None or not isinstance(ids, list) or not all(type(t) is int and t >= 0
                                                            for t in ids):
         return None
-    if finish in ("stop", UNKNOWN) and ids and (_special(tok, ids[-1]) or _is_end(tok, ids[-1])):
+    if finish in ("stop", UNKNOWN) and ids and (ids[-1] in control_ids(tok)
+                                                or _is_end(tok, ids[-1])):
         ids = ids[:-1]
     if text is not None and not _spells(tok, ids, text.strip()):
         return None
@@ -676,9 +677,13 @@ def _is_end(tok: Any, i: int) -> bool:
         return False
 
 
-def _special(tok: Any, i: int) -> bool:
+def control_ids(tok: Any) -> set[int]:
+    """The tokenizer's special ids: the chat template's own (`<|im_start|>`, Llama 3's headers),
+    bos, eos, pad: those a decode skips (self-made prompts cut a question at one; a served
+    answer's last one stopped it)."""
     added = getattr(tok, "added_tokens_decoder", None) or {}
-    return i in tok.all_special_ids or (i in added and bool(getattr(added[i], "special", False)))
+    return {int(i) for i, t in added.items() if getattr(t, "special", False)} | set(
+        getattr(tok, "all_special_ids", ()))
 
 
 def fit_prompt(target_tok: Any, conv: Conversation, limit: int, mode: str,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from draftsmith.data.atomic import append_whole, atomic_write, make_folder
-from draftsmith.data.chat import user_prefix
+from draftsmith.data.chat import SENTINEL, render, user_prefix
 from draftsmith.data.prompts import (
     Conversation,
     Malformed,
@@ -38,7 +38,7 @@ from draftsmith.data.prompts import (
     parse_record,
     write_cut,
 )
-from draftsmith.data.regenerate import NUMERICS, dtype_name
+from draftsmith.data.regenerate import NUMERICS, control_ids, dtype_name
 from draftsmith.errors import DraftsmithError
 
 
@@ -205,7 +205,8 @@ def self_made_prompts(
     first = _next_round(have) if overwrite else max(_next_round(have),
                                                     _tried(out, have, made_by))
     try:
-        how = (starts, opens, stops, params, closing_text(suffix))
+        how = (starts, opens, stops, params, closing_text(suffix),
+               template_ids(target.tokenizer, cfg.system))
         cut = _rounds(target, out, cfg, rt, how, meta, records, have, seen, stats, cut, bar,
                       range(first, first + limit))
     except KeyboardInterrupt:  # a round's prompts are written whole: those before it stay
@@ -243,7 +244,7 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
             cut: int | None, bar: Any, rounds: range) -> int | None:
     """Decode and append rounds until `cfg.n` prompts are kept or `rounds` run out; returns
     the cut round's start still to replace (None: none)."""
-    starts, opens, stops, params, closing = how
+    starts, opens, stops, params, closing, marks = how
     which = openings_id(cfg.openings)
     for round_ in rounds:
         if stats["kept"] >= cfg.n:
@@ -257,9 +258,11 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
                       f"{cfg.max_new_tokens} tokens")
         made, more = [], False
         for k, toks in zip(pick, gen.tokens, strict=True):
-            got = _one(target, toks, cfg, seen, stats, opens[k], starts[k], closing)
-            more = more or (got is not None and stats["kept"] >= cfg.n)
-            if got is None or stats["kept"] >= cfg.n:
+            done = stats["kept"] >= cfg.n  # a row past --n: read only to mark the round cut,
+            got = _one(target, toks, cfg, seen, dict(stats) if done else stats, opens[k],
+                       starts[k], closing, marks)  # its drops not this run's counts
+            more = more or (got is not None and done)
+            if got is None or done:
                 continue
             seen.add(fold(got))
             rec = {**meta, "round": round_} | ({"opening": opens[k], "openings_id": which}
@@ -495,19 +498,27 @@ def _continuation(tok: Any, start: list[int], toks: list[int]) -> str:
     return full[len(head):] if full.startswith(head) else tok.decode(toks, skip_special_tokens=True)
 
 
-def control_ids(tok: Any) -> set[int]:
-    """The tokens a decode skips: the chat template's own (`<|im_start|>`, Llama 3's headers),
-    bos, eos, pad."""
+def template_ids(tok: Any, system: str | None = None) -> frozenset[int]:
+    """The added tokens the chat template writes around a user turn and its reply, special or
+    not: DeepSeek-R1's `<｜Assistant｜>` is not marked special, and its template closes no user
+    turn, so the question ran on into the target's answer."""
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": SENTINEL}]
+    try:
+        text = render(tok, msgs, True)
+    except DraftsmithError:  # a template that fails on the reply's prompt: special ids alone
+        return frozenset()
     added = getattr(tok, "added_tokens_decoder", None) or {}
-    return {int(i) for i, t in added.items() if getattr(t, "special", False)} | set(
-        getattr(tok, "all_special_ids", ()))
+    marks = {int(i) for i, t in added.items() if str(t).strip()}
+    return frozenset(marks & set(tok(text, add_special_tokens=False)["input_ids"]))
 
 
-def _before_control(tok: Any, start: list[int], toks: list[int], closing: str) -> list[int]:
+def _before_control(tok: Any, start: list[int], toks: list[int], closing: str,
+                    marks: frozenset[int] = frozenset()) -> list[int]:
     """`toks` up to the first control token (not a stop) the target wrote: there it left the
     user's turn (`<|im_start|>assistant ...`), and the decode, skipping the token, joined the
     words after it to the question. One past a closing of several tokens is cut there anyway."""
-    control = control_ids(tok)
+    control = control_ids(tok) | marks
     j = next((k for k, t in enumerate(toks) if t in control), None)
     if j is None or closing and closing in _continuation(tok, start, toks[:j]):
         return toks
@@ -516,8 +527,8 @@ def _before_control(tok: Any, start: list[int], toks: list[int], closing: str) -
 
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
          stats: dict[str, int], opening: str, start: list[int], closing: str = "",
-         ) -> str | None:
-    kept = _before_control(target.tokenizer, start, toks, closing)
+         marks: frozenset[int] = frozenset()) -> str | None:
+    kept = _before_control(target.tokenizer, start, toks, closing, marks)
     left, toks = len(kept) < len(toks), kept
     more = _continuation(target.tokenizer, start, toks)
     at = more.find(closing) if closing else -1
