@@ -212,7 +212,8 @@ def targets_show(
 
 @app.command()
 def generate(
-    prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A user message (repeatable)"),
+    prompt: list[str] = typer.Option(None, "--prompt", "-p", metavar="<text>",
+                                     help="A user message (repeatable)"),
     prompts_file: Path = typer.Option(None, "--prompts", help="Prompts (JSONL, JSON, parquet): "
                                       "each conversation's first turn, its system prompt kept"),
     target: str = TARGET,

@@ -87,6 +87,7 @@ def demo(
         raise DraftsmithError(f"--steps must be at most {DEEPEST}, got {steps}")
     check_folder(out, "--out")
     check_demo_folder(out)
+    check_target(target)
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
@@ -99,6 +100,17 @@ def demo(
 # What a demo writes into --out (an export's tmp folder beside its own, where a kill left one)
 DEMO_ENTRIES = {"data", "drafter", "doctor.json", "report.json", "export-sglang",
                 "export-speculators"}
+
+
+def check_target(target: str) -> None:
+    """A mistyped --target refused by flag before any stage (the data stage loaded it after
+    making --out, and its line named no flag)."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.targets import is_default
+
+    if not is_default(target) and not Path(target).exists():
+        raise DraftsmithError(f"--target {target}: no such file or folder; give an HF folder, "
+                              "a .gguf file or 'default'")
 
 
 def check_demo_folder(out: Path) -> None:
@@ -362,17 +374,24 @@ def slowdown_note(report: dict) -> str | None:
         return None
     steps = b["steps"]
     why = (f"speculative decoding was slower than plain decoding here ({b['speedup']:.2f}x): "
-           f"each cycle the drafter guesses {steps} tokens and the target checks {steps + 1} at "
-           f"once, but it kept only {b['accept_length']:.2f} tokens a cycle (plain decoding "
-           f"makes 1), too few to pay for the guessing and the wider check{check_cost(b)}. ")
+           f"each cycle the drafter guesses {counted(steps, 'token')} and the target checks "
+           f"{steps + 1} at once, but it kept only {b['accept_length']:.2f} tokens a cycle "
+           "(plain decoding makes 1), too few to pay for the guessing and the wider check"
+           f"{check_cost(b)}. ")
     more = "a larger --conversations and more --epochs train a drafter that guesses better"
     if not str(b["device"]).startswith("cuda"):
         return why + (f"Expected of the CPU demo: its drafter is small and briefly trained "
-                      f"({cfg.get('conversations', '?')} conversations, "
-                      f"{cfg.get('epochs', '?')} epochs) so the demo finishes in minutes; it "
+                      f"({counted(cfg.get('conversations', '?'), 'conversation')}, "
+                      f"{counted(cfg.get('epochs', '?'), 'epoch')}) so the demo finishes in "
+                      "minutes; it "
                       "shows every stage working, not a speed-up. On a GPU a wider check "
                       f"costs little more than one token's step; {more}.")
     return why + f"The drafter guesses too poorly for this device: {more}."
+
+
+def counted(n: object, word: str) -> str:
+    """`n word`, the word plural unless n is 1 (the report's config holds the counts as text)."""
+    return f"{n} {word}{'' if str(n) == '1' else 's'}"
 
 
 def check_cost(b: dict) -> str:
