@@ -64,7 +64,8 @@ def test_a_failing_setting_is_recorded_and_the_sweep_goes_on():
     settings = [nccl.DEFAULTS, nccl.NcclSetting("LL128", proto="LL128"),
                 nccl.NcclSetting("Tree", algo="Tree"), LL]
     res = nccl.sweep(settings, 2, {}, "cpu", _flaky_rank, timeout_s=60, log=lambda _: None)
-    assert [r["status"] for r in res] == ["ok", "failed", "failed", "ok"]
+    assert [r["status"] for r in res] == ["ok", "failed", "failed", "ok"], [
+        r.get("error") for r in res]
     assert "died" in res[1]["error"] and "simulated rejection" in res[2]["error"]
     assert res[2]["env"]["NCCL_ALGO"] == "Tree" and res[3]["ranks"][0]["env"]["NCCL_PROTO"] == "LL"
     assert nccl.recommend(res)["overall"]["choice"] in ("defaults", "LL")
@@ -229,3 +230,22 @@ def test_verifies_wider_than_the_context_fit_the_timing_runtime():
         rows = nccl.verify_times(TP(), model, [(1, 4), (2, 72)], (0, 2), iters=1, repeats=1)
     assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 4), (2, 72)]
     assert all(r["ms"] > 0 for r in rows)
+
+
+def _unmet_once_rank(tp: TP, job: dict) -> dict:
+    """Fails as dist.join does where the ranks could not meet, on the first launch only."""
+    mark = Path(job["mark"]) / f"rank{tp.rank}"
+    if not mark.exists():
+        mark.touch()
+        raise DraftsmithError(f"rank {tp.rank} of 2 could not join the process group at "
+                              "127.0.0.1:1: Connection closed by peer")
+    return {**nccl.rank_identity(tp), "verify": [{"batch": 1, "tokens": 1, "ms": 1.0}]}
+
+
+@pytest.mark.slow  # spawned ranks, three launches
+def test_ranks_that_could_not_meet_are_launched_once_more(tmp_path):
+    settings = [nccl.DEFAULTS, nccl.NcclSetting("Tree", algo="Tree")]
+    res = nccl.sweep(settings, 2, {"mark": str(tmp_path)}, "cpu", _unmet_once_rank,
+                     timeout_s=60, log=lambda _: None)
+    assert [r["status"] for r in res] == ["ok", "ok"], [r.get("error") for r in res]
+    assert res[0]["launches"] == 2 and "launches" not in res[1]
