@@ -31,7 +31,7 @@ def bench(
                                 help="required (bench refuses to start without it): a "
                                      "draftsmith drafter folder, or 'random' (untrained: "
                                      "times the machinery only)"),
-    suite: list[str] = typer.Option(["chat"], "--suite",
+    suite: list[str] = typer.Option(["chat"], "--suite", metavar="<name|file>",
                                     help="chat, humaneval, or a prompt file (repeatable)"),
     num_prompts: int = typer.Option(16, "--num-prompts", help="Prompts per suite; 0 = all"),
     steps: str = typer.Option("1,3,5", help="Draft steps per cycle, comma-separated"),

@@ -28,14 +28,17 @@ def _parse(out: Path) -> tuple[list[dict[str, Any]], int]:
     path = Path(out) / LOG
     if not path.is_file():
         return [], 0
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    # numbered as an editor numbers them, blank lines included, so the line named is the one
+    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     rows, stepless = [], 0
-    for i, line in enumerate(lines, 1):
+    for i, line in lines:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            if i < len(lines):
-                raise DraftsmithError(f"{path}: line {i} is not a JSON row") from None
+            if i < lines[-1][0]:
+                raise DraftsmithError(
+                    f"{path}: line {i} is not a JSON row; delete or repair line {i} and rerun "
+                    "(the other rows and the checkpoints are untouched)") from None
             continue
         if _step(row) is None:
             stepless += 1

@@ -213,7 +213,10 @@ def check_whole(folder: str | Path, m: dict[str, Any], max_samples: int | None) 
             "joined them")
     if m.get("complete", True):
         if not m["shards"]:
-            raise DraftsmithError(f"{folder}: the dataset has no finished shards")
+            raise DraftsmithError(
+                f"{folder}: the dataset has no finished shards; capture into it (`draftsmith "
+                f"data capture CONVERSATIONS.jsonl --out {folder}`) or pass the folder of a "
+                "captured dataset")
         return
     expected = m.get("expected") if isinstance(m.get("expected"), dict) else {}
     ready = _first_samples(m["shards"])
