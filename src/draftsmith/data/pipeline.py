@@ -109,7 +109,11 @@ def make_dataset(
     # a server down, a wrong key or no model to name is told before the prompts stage runs
     # (and before OUT is made)
     client = _server_client(t, regen, server, log) if server is not None else None
+    redo = (f"delete {out / 'dataset'} to capture it again (prompts.jsonl and answers.jsonl are "
+            "kept), or give `data make` another folder")
     try:  # the client closed however the stages before capture end
+        _same_answers(out / "answers.jsonl", t, client.cfg if client else regen, client)
+        _same_capture(out / "dataset", t, cap, redo)
         record_path = make_folder(out) / "make.json"
         record = _read_record(record_path)
         model = t.build(dtype, device)
@@ -158,8 +162,6 @@ def make_dataset(
         raise DraftsmithError(_no_answers(said, regen, regen.max_len < max_len))
     # grow: a rerun with another --n changes the answers captured; the shards they leave as they
     # are stay
-    redo = (f"delete {data} to capture it again (prompts.jsonl and answers.jsonl are kept), or "
-            "give `data make` another folder")
     before = _shards(data)
     m = stage("capture", lambda: capture(t, _answers(prompts, answers, n), data, cap, command,
                                          log, progress, model=model, grow=True,
@@ -222,6 +224,37 @@ def _same_backend(answers: Path, server: Server | None) -> None:
         raise DraftsmithError(f"data make: {answers} holds {there} answers, this run asks "
                               f"{'a server' if server else 'the built-in engine'}: {fix}, or "
                               "give `data make` another folder")
+
+
+def _same_answers(answers: Path, t: Any, cfg: RegenConfig, client: Any) -> None:
+    """The answers' target and sampling checked before any stage, as regenerate checks them:
+    a grown --n would make its prompts before regenerate refused. The engine's batching and
+    numerics are left to regenerate, which takes other ones for a file it adds nothing to."""
+    from draftsmith.data.prompts import appended_records
+    from draftsmith.data.regenerate import EngineBackend, _same_answerer, answerer
+
+    if not answers.is_file():
+        return
+    info = (answerer(client, cfg) if client is not None else
+            {"backend": EngineBackend.name, "model": t.source, "sampling": cfg.sampling(),
+             "target": t.fingerprint})  # answerer's, less what needs the engine's runtime
+    _same_answerer(answers, appended_records(answers)[0], info)
+
+
+def _same_capture(data: Path, t: Any, cap: Any, redo: str) -> None:
+    """The dataset's capture settings (`capture.IDENTITY` but its input and ranks) checked
+    before any stage, as capture checks them: a grown --n would make prompts and answers before
+    capture refused."""
+    from draftsmith.data import capture as C
+    from draftsmith.data.shards import MANIFEST, check_identity, read_manifest
+
+    if not (data / MANIFEST).is_file():
+        return
+    cap = C.within_positions(cap, t.cfg.max_position_embeddings, lambda s: None)
+    ids = C.aux_ids(cap.aux_layer_ids, t.cfg.num_layers)
+    head = C.header(t, [], cap, ids, C.Plan([], []), 0, 1)
+    keys = tuple(k for k in C.IDENTITY if k not in (*C.DIGESTS, "world_size", "rank"))
+    check_identity(data, read_manifest(data), head, keys, redo)
 
 
 def check_not_a_model(out: Path) -> None:
