@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,14 @@ class Fused:
         return torch.cat(self.pieces)
 
 
-# a full tensor, or the call that forms it (a fused one)
-Full = torch.Tensor | Callable[[], torch.Tensor]
+@dataclass(frozen=True, slots=True)
+class Lacking:
+    """A fused tensor the checkpoint holds only some pieces of: the checkpoint names it lacks."""
+    names: tuple[str, ...]
+
+
+# a full tensor, or the call that forms it (a fused one), or the pieces a partial one lacks
+Full = torch.Tensor | Callable[[], torch.Tensor] | Lacking
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _RENAME = {
@@ -94,6 +101,8 @@ def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]
             if all(n in w for n in names):
                 out[f"{pre}{dst}.{kind}"] = Fused(tuple(hf + n for n in names),
                                                   tuple(w[n] for n in names))
+            elif any(n in w for n in names):  # refused only where the config builds it
+                out[f"{pre}{dst}.{kind}"] = Lacking(tuple(hf + n for n in names if n not in w))
 
 
 def hf_names(key: str) -> list[str]:
@@ -123,9 +132,10 @@ def shard_state(model: nn.Module, full: dict[str, Full],
     for mname, mod in model.named_modules():
         for pname, param in mod.named_parameters(recurse=False):
             key = f"{mname}.{pname}" if mname else pname
-            if full.get(key) is None:
+            if full.get(key) is None or isinstance(full[key], Lacking):
+                lacks = full[key].names if full.get(key) is not None else hf_names(key)
                 raise DraftsmithError(
-                    f"the checkpoint lacks {', '.join(hf_names(key))}, which its config.json "
+                    f"the checkpoint lacks {', '.join(lacks)}, which its config.json "
                     "asks for: the weights and config.json belong to different models")
             if isinstance(full[key], Fused):
                 _check_pieces(full[key], mod, tuple(param.shape))
@@ -185,6 +195,7 @@ def build_model(
         model = Transformer(cfg, tp)
     full = fuse_hf_names(hf_weights, cfg)
     local = shard_state(model, full, lambda t: t.to(device=device, dtype=dtype))
+    warn_unread(hf_weights, local)
     model.load_state_dict(local, strict=True, assign=True)
     if cfg.tie_word_embeddings:  # under TP both hold the same vocabulary rows, so one shard serves
         model.lm_head.weight = model.embed.weight
@@ -192,3 +203,21 @@ def build_model(
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
+
+
+# each layer's RoPE frequencies, which transformers 4.3x saved and every loader computes again
+_RECOMPUTED = re.compile(r"\.rotary_emb\.inv_freq$")
+
+
+def warn_unread(names: Iterable[str], local: dict[str, torch.Tensor]) -> None:
+    """One warning line naming the checkpoint's tensors that no parameter is formed from (a
+    bias or norm the config does not build): dropped as transformers and the engines drop
+    them, but a config.json of another model than the weights' is said, not silent."""
+    read = {n for key in local for n in hf_names(key)}
+    unread = sorted(n for n in names if n not in read and not _RECOMPUTED.search(n))
+    if unread:
+        shown = ", ".join(unread[:3]) + (f" (and {len(unread) - 3} more)" if len(unread) > 3
+                                         else "")
+        warnings.warn(f"the checkpoint holds {len(unread)} tensor(s) that the model its "
+                      f"config.json describes has no place for, not read: {shown}; check that "
+                      "config.json belongs to these weights", stacklevel=3)
