@@ -119,9 +119,14 @@ def test_speculative_rows_draw_their_top_n_sigma_target(monkeypatch) -> None:
 def test_drawn_drafts_keep_the_top_n_sigma_target(topk: int, n: int | None, monkeypatch) -> None:
     """Drafts drawn from the drafter (its q under the same top-nσ) and rejection-sampled, in a
     chain and a tree: 2048 draws of (x1, x2, x3) match top-nσ's exact joint, not plain T's."""
+    drawn_drafts_keep(SamplingParams(1.0, top_n_sigma=0.8), topk, n, monkeypatch)
+
+
+def drawn_drafts_keep(params: SamplingParams, topk: int, n: int | None, monkeypatch) -> None:
+    """2048 draws of (x1, x2, x3) under drafts drawn from the drafter and rejection-sampled
+    match `params`' exact joint, and not plain T's."""
     monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")
     target, prompt, b = small_target(), [3, 1, 4], 512
-    params = SamplingParams(1.0, top_n_sigma=0.8)
     drafter = make_drafter(target, 6, seed=6, std=0.6)
     drafter.lm_head.weight.mul_(0.1)
     dec = SpecDecoder(Runtime(target, b, 24), drafter, 2, topk, n, params)

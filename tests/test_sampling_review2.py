@@ -8,8 +8,9 @@ import math
 
 import pytest
 import torch
+from test_sampling_review1 import drawn_drafts_keep
 from test_speculative import Steered, greedy_seq, make_drafter
-from test_speculative_sampling import chi_square_p, exact_joint, small_target
+from test_speculative_sampling import chi_square_p, small_target
 
 from draftsmith.engine import speculative
 from draftsmith.engine.runtime import Runtime
@@ -135,19 +136,7 @@ def test_drawn_drafts_stay_exact_under_top_p(params, topk: int, n: int | None,
                                              monkeypatch) -> None:
     """Drafts drawn from the drafter's filtered q and rejection-sampled, chain and tree: 2048
     draws of (x1, x2, x3) match the setting's exact joint, and not plain T's."""
-    monkeypatch.setattr(speculative, "SAMPLED_DRAFTS", "drawn")
-    target, prompt, b = small_target(), [3, 1, 4], 512
-    drafter = make_drafter(target, 6, seed=6, std=0.6)
-    drafter.lm_head.weight.mul_(0.1)
-    dec = SpecDecoder(Runtime(target, b, 24), drafter, 2, topk, n, params)
-    assert dec.drawn
-    torch.manual_seed(7)
-    counts = torch.zeros(8, 8, 8)
-    for _ in range(4):
-        for t in dec.generate([prompt] * b, 3, eos_ids=[]).tokens:
-            counts[t[0], t[1], t[2]] += 1
-    assert chi_square_p(counts, exact_joint(target, prompt, params, 8)) > 1e-3
-    assert chi_square_p(counts, exact_joint(target, prompt, SamplingParams(1.0), 8)) < 1e-6
+    drawn_drafts_keep(params, topk, n, monkeypatch)
 
 
 @torch.no_grad()
