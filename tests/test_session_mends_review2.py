@@ -52,3 +52,15 @@ def test_a_dataset_with_no_shards_says_what_to_do(tmp_path):
     said = str(e.value)
     assert "\n" not in said and said.startswith(f"{tmp_path}: the dataset has no finished shards; ")
     assert f"draftsmith data capture CONVERSATIONS.jsonl --out {tmp_path}" in said
+
+
+@pytest.mark.parametrize("command,shown", [("bench-allreduce", "--nccl <NAME=VALUE>"),
+                                           ("compare", "--claimed <NAME=COUNT>")])
+def test_repeatable_options_show_their_value_in_words(command, shown):
+    from typer.testing import CliRunner
+
+    from draftsmith.cli import app
+
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+    line = next(ln for ln in out.splitlines() if shown.split()[0] + " " in ln)
+    assert shown in line and "list[str]" not in line

@@ -265,7 +265,8 @@ def allreduce_bench(
     nccl_proto: str = typer.Option(None, "--nccl-proto", help="NCCL_PROTO, e.g. LL,LL128"),
     nccl_algo: str = typer.Option(None, "--nccl-algo", help="NCCL_ALGO, e.g. Ring or Tree"),
     nccl_p2p_level: str = typer.Option(None, "--nccl-p2p-level", help="NCCL_P2P_LEVEL"),
-    nccl: list[str] = typer.Option(None, "--nccl", help="Any NCCL_NAME=VALUE (repeatable)"),
+    nccl: list[str] = typer.Option(None, "--nccl", metavar="<NAME=VALUE>",
+                                   help="Any NCCL_NAME=VALUE (repeatable)"),
     out: Path = typer.Option(None, "--out", "-o", help="Append the JSON line to this file"),
 ) -> None:
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""

@@ -500,7 +500,7 @@ def compare(
                                          help="Tokens a tree verifies, the root included"),
     out: Path = typer.Option(None, "--out", "-o", help="Write compare.md, compare.json, "
                              "acceptance.png here"),
-    claimed: list[str] = typer.Option(None, "--claimed",
+    claimed: list[str] = typer.Option(None, "--claimed", metavar="<NAME=COUNT>",
                                       help="NAME=COUNT, a published parameter count (A=1e9)"),
     device: str = DEVICE,
     dtype: str = DTYPE,
