@@ -246,12 +246,13 @@ def _top_n_sigma(body: dict) -> float:
 
 def _max_tokens(body: dict, cfg: ServeConfig, kind: str) -> int:
     """`max_completion_tokens` (OpenAI's newer name, taken on both routes: a bound a client
-    sends is never dropped), else `max_tokens`."""
+    sends is never dropped), else `max_tokens` (type-checked either way, as vLLM's)."""
     default = cfg.max_tokens if kind == "chat" else min(COMPLETION_DEFAULT_TOKENS, cfg.max_tokens)
+    older = _get(body, "max_tokens", int, default)
     key = "max_completion_tokens"
     max_tokens = _get(body, key, int, None)
     if max_tokens is None:
-        key, max_tokens = "max_tokens", _get(body, "max_tokens", int, default)
+        key, max_tokens = "max_tokens", older
     if not 1 <= max_tokens <= cfg.max_tokens:
         raise ApiError(400, f"'{key}' must be in [1, {cfg.max_tokens}] (the server's "
                        f"--max-tokens-limit), got {max_tokens}", key, "invalid_value")
