@@ -102,6 +102,8 @@ def speculators_config(
             "verifier": {"name_or_path": info.name_or_path, "architectures": info.architectures},
         },
         "tie_word_embeddings": False,
+        # transformers before 4.56 reads only torch_dtype, from 4.56 dtype; one value, both keys
+        "torch_dtype": dtype,
         "dtype": dtype,
         "draftsmith": {
             "aux_layer_ids_canonical": cfg.aux_layer_ids,
