@@ -5,9 +5,6 @@ vLLM does, logprobs refused, a prompt past the limit a 400) stays as it is."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -15,32 +12,12 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import engine, live, tiny_dir  # noqa: E402
+from test_serve import engine, tiny_dir  # noqa: E402
+from test_serve_review16 import CFG, MSG, Chars, srv  # noqa: E402
 
-from draftsmith.serve.engine import ServeEngine  # noqa: E402
-from draftsmith.serve.protocol import ApiError, ServeConfig, parse_chat, parse_completion  # noqa: E402
+from draftsmith.serve.protocol import ApiError, parse_chat, parse_completion  # noqa: E402
 
-__all__ = ["engine", "tiny_dir"]  # fixtures
-MSG = [{"role": "user", "content": "hello"}]
-CFG = ServeConfig("tiny", max_tokens=32, max_prompt_tokens=20, max_batch=4)
-
-
-class Chars:
-    """A prompter of one id a character."""
-
-    vocab_size = 128
-
-    def chat_ids(self, messages: list[dict[str, str]], most: int | None = None) -> list[int]:
-        return [ord(c) % 128 for m in messages for c in m["content"]]
-
-    def text_ids(self, text: str, most: int | None = None) -> list[int]:
-        return [ord(c) % 128 for c in text]
-
-
-@pytest.fixture(scope="module")
-def srv(engine: ServeEngine, tiny_dir: Path) -> Iterator[dict]:
-    with live(engine, str(tiny_dir)) as s:
-        yield s
+__all__ = ["engine", "srv", "tiny_dir"]  # fixtures
 
 
 @pytest.mark.parametrize(("parse", "body"), [(parse_chat, {"messages": MSG}),
