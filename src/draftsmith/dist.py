@@ -320,8 +320,11 @@ def start_group(rank: int, world: int, dev: torch.device) -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         taken = "EADDRINUSE" in first or "address already in use" in first.lower()
         raise (PortTaken if taken else DraftsmithError)(
-            f"rank {rank} of {world} could not join the process group at {where}: {first}"
+            f"rank {rank} of {world} {UNMET} at {where}: {first}"
         ) from None
+
+
+UNMET = "could not join the process group"  # a rank's words where the ranks did not meet
 
 
 def rendezvous() -> str:

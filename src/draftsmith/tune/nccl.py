@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from draftsmith.bench.allreduce import DTYPES
 from draftsmith.dist import (
+    UNMET,
     apply_nccl_env,
     check_spawn_device,
     nccl_env,
@@ -190,7 +191,6 @@ def _short_error(e: BaseException) -> str:
 
 
 JOIN_TRIES = 2  # launches of a setting whose ranks could not meet (no setting acts before)
-UNMET = "could not join the process group"  # dist.join's words for it
 
 
 def run_setting(setting: NcclSetting, tp_size: int, job: dict[str, Any], device: str,
