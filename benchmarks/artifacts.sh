@@ -24,6 +24,11 @@
 # three 48K sets, 38.6 MB in three parts: carry it alone): 1.89x decode-only at batch 1 on chat
 # and 2.14x on HumanEval, tree 7/4/24, 16 prompts (.kept17 in the same call: 1.82x and 2.10x),
 # the best drafter timed so far (speculative_default.md, run 19).
+# run34 (H100, 2026-12-07): .kept34/ (.kept19 trained 1 more epoch on HEAD's code, whose target
+# RMSNorm rounds as HF's since ed8c500, on the same first 108,000 conversations, 38.6 MB in three
+# parts: carry it alone): 2.07-2.08x decode-only at batch 1 on chat and 2.35x on HumanEval, tree
+# 7/4/24, 16 prompts (.kept19 in the same lease: 1.97-1.98x and 2.31x), the best drafter timed
+# so far (speculative_default.md, run 34).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -38,6 +43,7 @@ run17-drafter d412aec benchmarks/artifacts/run17/drafter .kept17
 run18-answers 82a44af benchmarks/artifacts/run18/answers-s2 .dataC
 run18-drafter 82a44af benchmarks/artifacts/run18/drafter .kept18
 run19-drafter 1e29bdc benchmarks/artifacts/run19/drafter .kept19
+run34-drafter 1302f7e benchmarks/artifacts/run34/drafter .kept34
 "
 
 restore_one() {  # name commit path folder
