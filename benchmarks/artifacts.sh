@@ -23,7 +23,7 @@
 # run19 (H200, 2026-12-02): .kept19/ (.kept17 trained 1 more epoch on the first 108,000 of the
 # three 48K sets, 38.6 MB in three parts: carry it alone): 1.89x decode-only at batch 1 on chat
 # and 2.14x on HumanEval, tree 7/4/24, 16 prompts (.kept17 in the same call: 1.82x and 2.10x),
-# the best drafter timed so far (speculative_default.md, run 19).
+# the best drafter timed then (speculative_default.md, run 19).
 # run34 (H100, 2026-12-07): .kept34/ (.kept19 trained 1 more epoch on HEAD's code, whose target
 # RMSNorm rounds as HF's since ed8c500, on the same first 108,000 conversations, 38.6 MB in three
 # parts: carry it alone): 2.07-2.08x decode-only at batch 1 on chat and 2.35x on HumanEval, tree

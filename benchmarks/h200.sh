@@ -64,9 +64,10 @@
 # Outputs of runs 6-8 and 17-19 live in git history: `bash benchmarks/artifacts.sh restore` puts
 # run 6's 48,000 answers in .dataA/ (8.4 MB), run 8's 48,000 more in .dataB/ and run 18's in
 # .dataC/, and the drafters of runs 6, 7 and 8 in .kept26/, .kept27/ and .kept28/ (27.3 MB each),
-# runs 17, 18 and 19's in .kept17/, .kept18/ and .kept19/ (38.7 MB each: carry one alone).
-# .kept19 (.kept28 with a 4x wider MLP, 3 more epochs) is the best timed (run 19: 1.89x on chat
-# and 2.14x on HumanEval at batch 1, 16 prompts, against .kept17's 1.82x and 2.10x).
+# runs 17, 18, 19 and 34's in .kept17/, .kept18/, .kept19/ and .kept34/ (38.7 MB each: carry one
+# alone). .kept34 (.kept19 one more epoch on the code since ed8c500) is the best timed (run 34, H100:
+# 2.07-2.08x on chat and 2.35x on HumanEval at batch 1, 16 prompts, against .kept19's 1.97-1.98x
+# and 2.31x).
 # Generating 48,000 answers costs ~375-410 s (GEN_BATCH=1024 OPENINGS=mixed, the defaults now:
 # batch 256 crashed inductor in run 6).
 # The compiled TTT loss is on by default on the GPU: 121-126K tok/s at 16 x 1,024, so one call
@@ -78,7 +79,7 @@
 # httpx==0.29.0 -d .whl`, dependencies included (6.5 MB, 2026-12-07): `serve`, and
 # enginetests' tests/test_serve_gpu.py). On a fresh machine:
 #   call 0  (carry .m1): mkdir -p /tmp/m && cp .m1/part0 /tmp/m/
-#   call 0b (carry .kept19): mkdir -p /tmp/kept && cp .kept19/* /tmp/kept/
+#   call 0b (carry .kept34): mkdir -p /tmp/kept && cp .kept34/* /tmp/kept/
 #   call 0c (carry .dataA .dataB .dataC): mkdir -p /tmp/data && cp .data[ABC]/* /tmp/data/
 #   then respec the kept drafter (carry .m2 .whl): KEPT=/tmp/kept REPEATS=2 TESTS=0 RUNS=... respec
 #   or train on (carry .m2 .whl): DRAFT_INTER=6144 N=48000 EPOCHS=2 TRAIN_BATCH=16 TESTS=1 \
