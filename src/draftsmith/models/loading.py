@@ -64,7 +64,7 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Fu
     time, not a second copy of every layer's weights."""
     out: dict[str, torch.Tensor] = {}
     layers: dict[int, dict[str, torch.Tensor]] = {}
-    for name, t in hf.items():
+    for name, t in with_model_prefix(hf).items():
         m = _LAYER.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = t
@@ -76,7 +76,10 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Fu
             out["lm_head.weight"] = t
     if "lm_head.weight" not in out:
         if not cfg.tie_word_embeddings and "embed.weight" in out:
-            raise DraftsmithError("checkpoint has no lm_head.weight and does not tie embeddings")
+            raise DraftsmithError(
+                "the checkpoint has no lm_head.weight (a base model's weights?) and its "
+                "config.json does not set tie_word_embeddings: use the model's ForCausalLM "
+                "checkpoint, which holds its head")
         out["lm_head.weight"] = out.get("embed.weight")
     for i in range(cfg.num_layers):
         if i not in layers:
@@ -86,6 +89,18 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Fu
         raise DraftsmithError(f"checkpoint has weights for decoder layers up to {last}, but its "
                               f"config says num_hidden_layers {cfg.num_layers}")
     return out
+
+
+_BASE = re.compile(r"^(embed_tokens\.|norm\.|layers\.\d+\.)")
+
+
+def with_model_prefix(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A base model's checkpoint (LlamaModel.save_pretrained: no "model." prefix, no lm_head)
+    under the causal LM's names, as transformers' from_pretrained adds its base_model_prefix;
+    any other checkpoint as it is."""
+    if any(n.startswith("model.") for n in hf) or not any(_BASE.match(n) for n in hf):
+        return hf
+    return {("model." + n if _BASE.match(n) else n): t for n, t in hf.items()}
 
 
 def _fuse_layer(i: int, w: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
@@ -195,7 +210,7 @@ def build_model(
         model = Transformer(cfg, tp)
     full = fuse_hf_names(hf_weights, cfg)
     local = shard_state(model, full, lambda t: t.to(device=device, dtype=dtype))
-    warn_unread(hf_weights, local)
+    warn_unread(with_model_prefix(hf_weights), local)
     model.load_state_dict(local, strict=True, assign=True)
     if cfg.tie_word_embeddings:  # under TP both hold the same vocabulary rows, so one shard serves
         model.lm_head.weight = model.embed.weight

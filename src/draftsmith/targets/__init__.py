@@ -20,6 +20,7 @@ import torch
 from draftsmith.data.chat import template_ids
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.config import ModelConfig
+from draftsmith.models.loading import with_model_prefix
 from draftsmith.targets import hf
 from draftsmith.targets.tokenizer import (
     chat_template,
@@ -309,7 +310,9 @@ def _load_folder(folder: Path, kind: str, source: str) -> Target:
     # an HF folder's is computed from its files, which may have changed beside a copied record
     meta = folder / "draftsmith_target.json"
     fp = json.loads(meta.read_text())["fingerprint"] if kind == "gguf" and meta.is_file() else ""
-    weights = hf.read_weights(folder)
+    # a base model's names (LlamaModel.save_pretrained) under the causal LM's, for every reader
+    # of Target.weights (TP's embedding, training's head), not only the model build
+    weights = with_model_prefix(hf.read_weights(folder))
     if cfg.tie_word_embeddings:
         _tie_head(weights, folder)
     return Target(source, kind, cfg, hf_cfg, tok, weights, folder, fp, stop_ids(folder, tok, cfg))
