@@ -116,7 +116,8 @@ def labels(folders: list[str]) -> list[str]:
 
 
 def parse_claims(items: list[str] | None) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
+    given: dict[str, str] = {}  # name -> the item that gave it
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -127,20 +128,37 @@ def parse_claims(items: list[str] | None) -> dict[str, float]:
             raise DraftsmithError(f"--claimed {item!r}: {e}") from None
         if count <= 0:
             raise DraftsmithError(f"--claimed {item!r}: a parameter count must be > 0")
-        out[name.strip()] = count
+        if (name := name.strip()) in given:
+            raise DraftsmithError(f"--claimed {name} given twice ({given[name]!r}, {item!r}): give "
+                                  "one count a drafter")
+        given[name], out[name] = item, count
+    return out
+
+
+def claimed_drafters(names: list[str], claimed: dict[str, float]) -> dict[str, int]:
+    """Each --claimed name -> the index of the drafter it names, by letter (A, B, ...) or label;
+    one naming no drafter, or two naming one, refused (the labels known before any loading)."""
+    # a folder's own name (the tables' headers) wins over a letter: folders B, A -> B is B
+    by_name = {string.ascii_uppercase[i]: i for i in range(len(names))} | {
+        n: i for i, n in enumerate(names)}
+    out: dict[str, int] = {}
+    named: dict[int, str] = {}  # drafter index -> the name that claimed it
+    for name in claimed:
+        if name not in by_name:
+            raise DraftsmithError(f"--claimed {name}=...: no drafter called {name!r} "
+                                  f"(use A, B, ... or one of {names})")
+        i = by_name[name]
+        if i in named:
+            raise DraftsmithError(f"--claimed {named[i]}=... and --claimed {name}=... both "
+                                  f"name drafter {names[i]}: give one count a drafter")
+        named[i], out[name] = name, i
     return out
 
 
 def claims(descs: list[Description], claimed: dict[str, float]) -> list[str]:
-    # a folder's own name (the tables' headers) wins over a letter: folders B, A -> B is B
-    by_name = {string.ascii_uppercase[i]: d for i, d in enumerate(descs)} | {d.label: d
-                                                                             for d in descs}
     lines = []
-    for name, value in claimed.items():
-        if name not in by_name:
-            raise DraftsmithError(f"--claimed {name}=...: no drafter called {name!r} "
-                                  f"(use A, B, ... or one of {[d.label for d in descs]})")
-        d = by_name[name]
+    for name, i in claimed_drafters([d.label for d in descs], claimed).items():
+        d, value = descs[i], claimed[name]
         conv, n, gap = likely_convention(value, d.params)
         lines.append(f"{d.label}'s published {human(value)} most likely counts `{conv}` "
                      f"({CONVENTIONS[conv]}): {human(n)} here ({gap:+.0%})")
@@ -252,6 +270,7 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     from draftsmith.bench.report import strict
 
     # each folder read (a draftsmith one checked whole) before the target's minutes of loading
+    claimed_drafters(labels(opts.drafters), opts.claimed)
     infos = [read_checked(f) for f in opts.drafters]
     target = _target(opts) if opts.target else None
     layers = target.cfg.num_layers if target is not None else None
@@ -411,6 +430,7 @@ def write(res: dict[str, Any], out: Path) -> None:
     from draftsmith.compare.report import markdown, plot
 
     out.mkdir(parents=True, exist_ok=True)
+    _clear_leftovers(out)
     say_replaced(out / "compare.json", lambda line: print(f"compare: {line}", file=sys.stderr))
     # every file staged under a tmp name first: a failed write leaves the earlier report whole
     staged: dict[str, Path] = {}
@@ -462,6 +482,23 @@ def _move_in(staged: dict[str, Path], out: Path, gone: list[str]) -> None:
 def _tmp(out: Path, name: str) -> Path:
     """A hidden name beside `name` ending as it does (matplotlib reads the format from it)."""
     return out / f".{os.getpid()}.{name}"
+
+
+REPORT_FILES = ("compare.md", "compare.json", "acceptance.png")
+MOST_PID_DIGITS = 10  # past any pid_max; longer digits would overflow os.kill
+
+
+def _clear_leftovers(out: Path) -> None:
+    """The staged and set-aside files (`_tmp`) of a compare killed midway (SIGKILL, the OOM
+    killer): its `finally` never ran. A live process's are left alone (a run writing now)."""
+    from draftsmith.targets import pid_alive
+
+    for p in out.glob(".*.*"):
+        pid, _, name = p.name[1:].partition(".")
+        if not pid.isdigit() or len(pid) > MOST_PID_DIGITS or p.is_dir() \
+                or name.removeprefix("old.") not in REPORT_FILES or pid_alive(int(pid)):
+            continue
+        p.unlink(missing_ok=True)
 
 
 def show(res: dict[str, Any]) -> None:
