@@ -1,6 +1,8 @@
 """Datasets read realigned for the wiring match (`wiring.match`): input_ids shifted against their
 states (`Shifted`, `views`), states re-paired with another sample's tokens (`Paired`), and the
-screen that keeps the wide shifts to short forwards (`screened`)."""
+screen every shift passes before its probe (`screened`): the first stored states must be those
+of the view's own first tokens, so a wrong dropped token is never probed (where the first
+tokens weigh little on the rest, as an attention sink's, its probe passed and was named)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ from typing import Any
 
 import torch
 
-MAX_SHIFT = 3  # ids this many tokens off their states at most are each probed realigned
-# further shifts are probed only where the view's first stored states are its tokens' own
 WIDE_SHIFT = 32  # a chat template's system header (Llama 3.1's default is ~27 tokens)
 
 
@@ -82,15 +82,12 @@ def views(dataset: Any, first_ids: tuple[int, ...], lead: tuple[int, ...],
 @torch.no_grad()
 def screened(model: Any, sample: dict[str, torch.Tensor], tried: list[Shifted],
              num_layers: int, tol: float) -> list[Shifted]:
-    """`tried`'s views `sample` can be probed in (states left beside their ids) whose shift is
-    at most MAX_SHIFT or whose first stored states some live state of their tokens matches:
-    the states of ids[k] alone (k behind), of the k dropped tokens (k ahead). A few forwards
-    of at most WIDE_SHIFT tokens for every wide view, where a probe of each costs a sample's."""
+    """`tried`'s views `sample` can be probed in (states left beside their ids) whose first
+    stored states some live state of their tokens matches: the states of ids[k] alone (k
+    behind), of the k dropped tokens (k ahead). A few forwards of at most WIDE_SHIFT tokens
+    for every view, where a probe of each costs a sample's."""
     t = int(sample["input_ids"].numel())
-    fit = [v for v in tried if abs(v.by) < t]
-    wide = [v for v in fit if abs(v.by) > MAX_SHIFT]
-    if not wide:
-        return fit
+    wide = [v for v in tried if abs(v.by) < t]
     stored = torch.cat([sample["aux"], sample["hidden"][:, None]], 1).float()
     ok = _behind_fits(model, sample["input_ids"], stored[0],
                       [v.by for v in wide if v.by > 0], num_layers, tol)
@@ -102,7 +99,7 @@ def screened(model: Any, sample: dict[str, torch.Tensor], tried: list[Shifted],
         live[h] = states
         if _states_fit(stored[:len(h)], states, tol):
             ok.add(h)
-    return [v for v in fit if abs(v.by) <= MAX_SHIFT or (v.by if v.by > 0 else v.first) in ok]
+    return [v for v in wide if (v.by if v.by > 0 else v.first) in ok]
 
 
 def _longest_first(heads: list[tuple[int, ...]]) -> list[tuple[int, ...]]:

@@ -398,4 +398,16 @@ def conventions(ids: list[int], num_layers: int) -> dict[str, Any]:
             out[conv.value] = to_convention(ids, conv, num_layers)
         except DraftsmithError:  # inexpressible in that convention
             out[conv.value] = None
+    out[HF_INDEX] = hf_indices(ids, num_layers)
     return out
+
+
+HF_INDEX = "hf_hidden_states"  # transformers' output_hidden_states tuple, by index
+
+
+def hf_indices(ids: list[int], num_layers: int) -> list[int] | None:
+    """Canonical ids as indices of transformers' hidden_states (j + 1; 0 the embedding), None
+    where one is the last layer's output: hidden_states[L] is after the final norm."""
+    if any(i >= num_layers - 1 for i in ids):
+        return None
+    return [i + 1 for i in ids]

@@ -264,15 +264,19 @@ NEIGHBOURS = 4  # other samples tried as the one a sample's states were captured
 
 @torch.no_grad()
 def _mixups(model: Any, dataset: Any, idx: list[int], max_tokens: int) -> dict[int, int]:
-    """Compared sample -> the sample whose tokens its stored final hidden clearly matches where
-    its own do not (states paired with another conversation's tokens: sample ids shuffled),
-    judged past the opening both share (the template's, whose states any sample makes)."""
+    """Compared sample -> the sample whose tokens its stored states clearly make where its own
+    do not (states paired with another conversation's tokens: sample ids shuffled), judged past
+    the opening both share (the template's, whose states any sample makes) by its first aux
+    slot and its final hidden (`_source_errors`), so a final hidden stored before the norm
+    still pairs."""
     out = {}
     for i in idx:
         s = dataset[i]
         n = min(max_tokens, int(s["input_ids"].numel()))
-        own = _hidden_errors(model, s["input_ids"][:n], s["hidden"][:n])
-        if _median(own) <= TOL:
+        stored = torch.stack([s["aux"][:n, 0], s["hidden"][:n]], 1) if s["aux"].shape[1] \
+            else s["hidden"][:n, None]
+        own = _source_errors(model, s["input_ids"][:n], stored)
+        if _best(own) <= TOL:
             continue
         for j in _candidates(i, idx, len(dataset)):
             ids = dataset[j]["input_ids"]
@@ -280,8 +284,8 @@ def _mixups(model: Any, dataset: Any, idx: list[int], max_tokens: int) -> dict[i
             p = _shared(s["input_ids"][:m], ids[:m])
             if p == m:  # j's tokens are i's own opening: nothing tells them apart
                 continue
-            e = _median(_hidden_errors(model, ids[:m], s["hidden"][:m])[p:])
-            if e <= TOL and _clear(_median(own[p:m]), e):
+            e = _best(_source_errors(model, ids[:m], stored[:m])[p:])
+            if e <= TOL and _clear(_best(own[p:m]), e):
                 out[i] = j
                 break
         else:  # no shuffle nearby: more samples would cost forwards of a target found wrong
@@ -295,8 +299,9 @@ def _shared(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differ[0]) if differ.numel() else int(a.numel())
 
 
-def _median(rel: torch.Tensor) -> float:
-    return float(rel.nan_to_num(math.inf).median())
+def _best(rel: torch.Tensor) -> float:
+    """The least median over tokens of any stored column against any live row [T, R, C]."""
+    return float(rel.nan_to_num(math.inf).median(0).values.min()) if rel.numel() else math.inf
 
 
 def _candidates(i: int, idx: list[int], total: int) -> list[int]:
@@ -304,15 +309,17 @@ def _candidates(i: int, idx: list[int], total: int) -> list[int]:
     return [j for j in dict.fromkeys(near) if j != i and 0 <= j < total][:NEIGHBOURS + len(idx)]
 
 
-def _hidden_errors(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
-    """Per-token relative error [T] of a stored final hidden [T, H] against the live one."""
+def _source_errors(model: Any, ids: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """Per-token relative error [T, R, C] of stored states [T, C, H] (an aux slot, the final
+    hidden) against every live residual row and the final hidden of `ids`: the forward the
+    final hidden alone needs, its rows kept."""
     dev = next(model.parameters()).device
     t = ids.numel()
-    fo = model(ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t), aux_ids=(),
-               want_logits=False)
-    live = fo.hidden[0].float().cpu()
-    rel, _ = token_errors(stored.view(t, 1, -1), live.view(t, 1, -1))
-    return rel.flatten()
+    fo = model(ids.view(1, t).to(dev), torch.arange(t, device=dev).view(1, t),
+               aux_ids=tuple(range(-1, len(model.layers))), want_logits=False)
+    live = torch.cat([fo.aux[0], fo.hidden[0][:, None]], 1).float().cpu()
+    rel, _ = token_errors(stored.float(), live)
+    return rel
 
 
 def _unmatched(mm: MatchMatrix) -> bool:
