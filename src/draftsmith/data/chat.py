@@ -333,3 +333,24 @@ def user_prefix(tok: Any, system: str | None = None) -> tuple[str, str]:
     if at < 0:
         raise DraftsmithError("the chat template does not render the user message's text")
     return text[:at], text[at + len(SENTINEL):]
+
+
+def role_headers(tok: Any, system: str | None = None) -> tuple[str, ...]:
+    """The plain text that opens a user turn and the assistant's reply in the chat template
+    ("User:", "Assistant:"), each its own line's, stripped. One holding an added token
+    (`<|im_start|>assistant`) is left out, its token marks the turn already, and one of no
+    letter or digit."""
+    prefix, suffix = user_prefix(tok, system)
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": SENTINEL}]
+    try:
+        after = render(tok, msgs, True).split(SENTINEL, 1)[-1]
+    except DraftsmithError:  # a template that fails on the reply's prompt: the user's alone
+        after = suffix
+    reply = after[len(suffix):] if after.startswith(suffix) else after
+    heads = (prefix.rstrip().rsplit("\n", 1)[-1].strip(), reply.strip().split("\n", 1)[0].strip())
+    added = [str(t) for t in (getattr(tok, "added_tokens_decoder", None) or {}).values()
+             if str(t).strip()]
+    # a header of no word (a quote's ">") would cut questions at their own text
+    return tuple(h for h in dict.fromkeys(heads)
+                 if any(c.isalnum() for c in h) and not any(a in h for a in added))

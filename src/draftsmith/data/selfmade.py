@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from draftsmith.data.atomic import append_whole, atomic_write, make_folder
-from draftsmith.data.chat import SENTINEL, render, user_prefix
+from draftsmith.data.chat import SENTINEL, render, role_headers, user_prefix
 from draftsmith.data.prompts import (
     Conversation,
     Malformed,
@@ -116,8 +117,10 @@ def fold(text: str) -> str:
 
 
 def closing_text(suffix: str) -> str:
-    """The text that closes a user turn ("<|im_end|>", Llama 2's "[/INST]")."""
-    return suffix.strip() or suffix
+    """The text that closes a user turn ("<|im_end|>", Llama 2's "[/INST]"). A blank one (a
+    plain template's newline or space) is none: it stopped a question at its first line or
+    word; the template's role headers end it instead (`role_headers`, `_turn_end`)."""
+    return suffix.strip()
 
 
 def stop_ids(target: Any, suffix: str) -> list[int]:
@@ -188,7 +191,11 @@ def self_made_prompts(
     starts = [target.tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in opens]
     _within_positions(starts, cfg.max_new_tokens, target.cfg.max_position_embeddings,
                       target.cfg.sliding_window)
-    stops = stop_ids(target, suffix)
+    marks = template_ids(target.tokenizer, cfg.system)
+    closing = closing_text(suffix)
+    roles = () if closing else role_headers(target.tokenizer, cfg.system)
+    # the template's role tokens stop a row: past one the target only wrote a turn of its own
+    stops = sorted(set(stop_ids(target, suffix)) | marks)
     params = SamplingParams(cfg.temperature, cfg.top_p)
     model = model if model is not None else target.build(dtype, device)
     need = max(map(len, starts)) + cfg.max_new_tokens
@@ -205,8 +212,7 @@ def self_made_prompts(
     first = _next_round(have) if overwrite else max(_next_round(have),
                                                     _tried(out, have, made_by))
     try:
-        how = (starts, opens, stops, params, closing_text(suffix),
-               template_ids(target.tokenizer, cfg.system))
+        how = (starts, opens, stops, params, closing, marks, roles)
         cut = _rounds(target, out, cfg, rt, how, meta, records, have, seen, stats, cut, bar,
                       range(first, first + limit))
     except KeyboardInterrupt:  # a round's prompts are written whole: those before it stay
@@ -244,7 +250,7 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
             cut: int | None, bar: Any, rounds: range) -> int | None:
     """Decode and append rounds until `cfg.n` prompts are kept or `rounds` run out; returns
     the cut round's start still to replace (None: none)."""
-    starts, opens, stops, params, closing, marks = how
+    starts, opens, stops, params, closing, marks, roles = how
     which = openings_id(cfg.openings)
     for round_ in rounds:
         if stats["kept"] >= cfg.n:
@@ -260,7 +266,7 @@ def _rounds(target: Any, out: Path, cfg: MagpieConfig, rt: Any, how: tuple, meta
         for k, toks in zip(pick, gen.tokens, strict=True):
             done = stats["kept"] >= cfg.n  # a row past --n: read only to mark the round cut,
             got = _one(target, toks, cfg, seen, dict(stats) if done else stats, opens[k],
-                       starts[k], closing, marks)  # its drops not this run's counts
+                       starts[k], closing, marks, roles)  # its drops not this run's counts
             more = more or (got is not None and done)
             if got is None or done:
                 continue
@@ -515,9 +521,10 @@ def template_ids(tok: Any, system: str | None = None) -> frozenset[int]:
 
 def _before_control(tok: Any, start: list[int], toks: list[int], closing: str,
                     marks: frozenset[int] = frozenset()) -> list[int]:
-    """`toks` up to the first control token (not a stop) the target wrote: there it left the
-    user's turn (`<|im_start|>assistant ...`), and the decode, skipping the token, joined the
-    words after it to the question. One past a closing of several tokens is cut there anyway."""
+    """`toks` up to the first control token the target wrote (the template's own, `marks`, stop
+    a row; other special ids, `<unk>`, do not): there it left the user's turn
+    (`<|im_start|>assistant ...`), and the decode, skipping the token, joined the words after
+    it to the question. One past a closing of several tokens is cut there anyway."""
     control = control_ids(tok) | marks
     j = next((k for k, t in enumerate(toks) if t in control), None)
     if j is None or closing and closing in _continuation(tok, start, toks[:j]):
@@ -525,14 +532,24 @@ def _before_control(tok: Any, start: list[int], toks: list[int], closing: str,
     return toks[:j]
 
 
+def _turn_end(text: str, closing: str, roles: tuple[str, ...]) -> int:
+    """Where the target closed the user's turn in `text`: at the closing's text, else (a plain
+    template's blank closing) at the first role header opening the text, a line or following
+    a space (Vicuna's "q ASSISTANT:"); -1: not closed."""
+    if closing:
+        return text.find(closing)
+    hits = (re.search(rf"(?:^|(?<=\s)){re.escape(r)}", text) for r in roles)
+    return min((m.start() for m in hits if m), default=-1)
+
+
 def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
          stats: dict[str, int], opening: str, start: list[int], closing: str = "",
-         marks: frozenset[int] = frozenset()) -> str | None:
+         marks: frozenset[int] = frozenset(), roles: tuple[str, ...] = ()) -> str | None:
     kept = _before_control(target.tokenizer, start, toks, closing, marks)
     left, toks = len(kept) < len(toks), kept
     more = _continuation(target.tokenizer, start, toks)
-    at = more.find(closing) if closing else -1
-    if at >= 0:  # a closing of several tokens, not a stop: the question ends where it begins
+    at = _turn_end(more, closing, roles)
+    if at >= 0:  # a closing of several tokens or a role line, no stop: the question ends there
         more = more[:at]
     elif len(toks) >= cfg.max_new_tokens:
         stats["unfinished"] += 1
