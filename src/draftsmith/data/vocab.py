@@ -57,6 +57,24 @@ def count_ids(pairs: Iterable[tuple[list[int], list[bool]]], vocab_size: int) ->
     return counts
 
 
+def count_pairs(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int,
+                max_len: int | None = None) -> torch.Tensor:
+    """Frequencies [vocab] of the loss-masked tokens of (input_ids, loss_mask) tensor pairs,
+    each cut at `max_len` as training cuts it (what lies past it is never trained on)."""
+    counts = torch.zeros(max(vocab_size, 1), dtype=torch.int64)
+    chunk: list[torch.Tensor] = []
+    held = 0
+    for ids, mask in pairs:
+        chunk.append(ids[:max_len].long()[mask[:max_len].bool()])
+        held += chunk[-1].numel()
+        if held >= COUNT_CHUNK:  # one bincount over many samples, not one each
+            counts, chunk, held = _add(counts, torch.cat(chunk)), [], 0
+    return _add(counts, torch.cat(chunk)) if chunk else counts
+
+
+COUNT_CHUNK = 1 << 22  # tokens gathered before a bincount over the whole vocab
+
+
 def _add(counts: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if ids.numel() and int(ids.max()) >= counts.numel():
         counts = torch.cat([counts, counts.new_zeros(int(ids.max()) + 1 - counts.numel())])

@@ -222,7 +222,7 @@ def option_clash(key: str, old: Any, new: Any) -> tuple[str, str]:
 def target_fix(d: Eagle3Config, clashes: list[tuple]) -> str:
     """Where the target's fingerprint clashes, the target the drafter records, as --target
     takes it (a fingerprint alone named no file to pass)."""
-    if not any(what == "target" for what, _, _ in clashes):
+    if not any(what.startswith("target") for what, _, _ in clashes):
         return ""
     src = d.target_source
     if not src:
@@ -650,11 +650,15 @@ class Trainer:
 
     def _input_clashes(self, d: Eagle3Config, *more: tuple) -> list[tuple]:
         """(what, the drafter's, this run's) where they differ: its aux layers and target, and
-        any `more` such triples."""
+        any `more` such triples. A drafter recording no fingerprint (an imported one) is held
+        to the target's sizes instead: another hidden size failed at the first step."""
         t = self.target
+        sizes = [] if d.target_fingerprint else [
+            ("target hidden size", d.target_hidden_size, t.cfg.hidden_size),
+            ("target vocab size", d.vocab_size, t.cfg.vocab_size)]
         return [(what, old, new) for what, old, new in (
             ("aux layers", list(d.aux_layer_ids), list(self.data.aux_layer_ids)),
-            ("target", d.target_fingerprint or t.fingerprint, t.fingerprint), *more)
+            ("target", d.target_fingerprint or t.fingerprint, t.fingerprint), *sizes, *more)
             if old != new]
 
     def _warm_start(self, folder: Path, embed: torch.Tensor) -> Eagle3Drafter:
@@ -773,7 +777,8 @@ class Trainer:
             self._check_vocab_size(d2t.numel())
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
             return d2t, t2d
-        hint, counts = self._dataset_vocab_hint(), self.data.token_counts(vocab)
+        hint = self._dataset_vocab_hint()
+        counts = self.data.token_counts(vocab, self.cfg.max_len)  # what the loss can see
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             v = build_vocab(counts, min(self.cfg.draft_vocab_size, vocab), vocab)
@@ -1301,7 +1306,7 @@ class Trainer:
     def _holds_every_data_token(self) -> bool:
         """Whether the draft vocab holds every distinct assistant token of the data, so that no
         larger vocab counted on it could cover more (ids only, read once, for a warning)."""
-        counts = self.data.token_counts(self.target.cfg.vocab_size)
+        counts = self.data.token_counts(self.target.cfg.vocab_size, self.cfg.max_len)
         t2d = self.drafter.t2d.detach().cpu().bool()
         ids = counts.nonzero().flatten()
         inside = bool(ids.numel()) and bool((ids < t2d.numel()).all())

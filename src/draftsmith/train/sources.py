@@ -32,7 +32,7 @@ class Data:
     aux_layer_ids: list[int]
     online: bool
     summary: dict[str, Any] = field(default_factory=dict)
-    manifest: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None  # offline: the dataset's (--max-samples too)
     # online: the samples' lengths before the cut at --max-len, which checkpoints of runs that
     # cut later (packing) recorded; the order is the same either way
     uncut: list[int] | None = None
@@ -67,14 +67,13 @@ class Data:
                 best = at if best is None else min(best, at)
         return best
 
-    def token_counts(self, vocab: int) -> torch.Tensor:
-        """Frequencies of the assistant tokens this run trains on (ids only, no hidden states)."""
-        from draftsmith.data.vocab import count_dataset, count_ids
+    def token_counts(self, vocab: int, max_len: int | None = None) -> torch.Tensor:
+        """Frequencies of the assistant tokens this run trains on (ids only, no hidden states):
+        within each sample's first `max_len` tokens, offline and online alike (--max-len)."""
+        from draftsmith.data.vocab import count_pairs
 
-        if self.manifest is not None:
-            return count_dataset(self.source.folder, vocab)  # type: ignore[attr-defined]
         with closing(token_pairs(self.source)) as pairs:
-            return count_ids(((ids.tolist(), mask.tolist()) for ids, mask in pairs), vocab)
+            return count_pairs(pairs, vocab, max_len)
 
 
 def token_pairs(source: Source) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
@@ -143,7 +142,7 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None,
                "samples": len(lengths), "tokens": sum(lengths),
                "target_fingerprint": m.get("target", {}).get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
-    return Data(source, lengths, ids, False, summary, m if source is reader else None,
+    return Data(source, lengths, ids, False, summary, m,
                 content=shards_digest(m["shards"], len(lengths)), reader=reader)
 
 
@@ -257,6 +256,7 @@ def open_online(
         convs = convs[:max_samples]
     tally = AnswerTally()
     encoded, refused = _encode(target.tokenizer, convs, prompts, tally)
+    max_len = _within_positions(encoded, max_len, target.cfg.max_position_embeddings, prompts)
     kept = [(ids, mask) for ids, mask in encoded if any(mask[:max_len])]
     samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
@@ -278,6 +278,20 @@ def open_online(
                "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
                 content=tokens_digest(kept))
+
+
+def _within_positions(encoded: list[tuple[list[int], list[bool]]], max_len: int | None,
+                      most: int | None, prompts: str | Path) -> int | None:
+    """--max-len held to the target's max_position_embeddings (`most`), as capture holds it:
+    states past them are of positions the target never saw. Said where it cuts a sample."""
+    if not most or (max_len is not None and max_len <= most):
+        return max_len
+    longer = sum(len(ids) > most for ids, _ in encoded)
+    if longer:
+        warnings.warn(f"{prompts}: {longer} conversation(s) run past the target's "
+                      f"max_position_embeddings {most}: held to {most} tokens, as data capture "
+                      "holds them", stacklevel=3)
+    return most
 
 
 def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None,
