@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import warnings
 
 import typer
 
@@ -31,11 +32,15 @@ def export(
     import torch
 
     from draftsmith.export import export_served
+    from draftsmith.export.speculators import VllmNote
 
     if dtype not in DTYPES:
         raise DraftsmithError(f"--dtype {dtype!r}: use one of {SPELLED}")
     dt = None if DTYPES[dtype] is None else getattr(torch, DTYPES[dtype])
-    path, served = export_served(drafter, fmt, out, target, dt, speculative_tokens, overwrite)
+    with warnings.catch_warnings():  # the hint below says them, once
+        warnings.simplefilter("ignore", VllmNote)
+        path, served = export_served(drafter, fmt, out, target, dt, speculative_tokens,
+                                     overwrite)
     config = json.loads((path / "config.json").read_text())
     print(f"wrote {fmt} drafter to {path}", file=sys.stderr)
     # engines run elsewhere
@@ -45,6 +50,8 @@ def export(
 def _serve_hint(fmt: str, path, config: dict, k: int, target: str = "") -> str:
     """The aux ids as written, the engine's speculative flags, and the whole launch command
     with `target` (the HF folder the engine serves; for speculators its verifier by default)."""
+    from draftsmith.export.speculators import vllm_notes
+
     ds, q = config.get("draftsmith", {}), shlex.quote
     ids = ds.get("aux_layer_ids_canonical")
     if fmt == "sglang":
@@ -61,14 +68,7 @@ def _serve_hint(fmt: str, path, config: dict, k: int, target: str = "") -> str:
     hint = (f"aux layers: canonical {ids} written for vLLM/speculators as {written}\n"
             f"vLLM: --speculative-config {spec}\nvLLM command: "
             f"{launch_command('vllm', target, f'--speculative-config {spec}')}{_unnamed(target)}")
-    if len(written) != 3:  # vLLM's Eagle-3 model sizes fc for three states, whatever the config
-        hint += (f"\nwarning: {len(written)} aux layers: speculators loads this drafter, but "
-                 "vLLM's Eagle-3 model builds its fc for exactly 3 and will refuse the weights")
-    if unread := [k for k in ("norm_before_fc", "fc_norm", "norm_output") if config.get(k)]:
-        # vLLM's llama_eagle3.py reads norm_before_residual alone of these flags
-        hint += (f"\nwarning: {', '.join(unread)} set: speculators reads them, but vLLM's Eagle-3 "
-                 "model does not (it ignores norm_output and refuses the extra norm weights)")
-    return hint
+    return hint + "".join(f"\nwarning: {line}" for line in vllm_notes(config))
 
 
 def _unnamed(target: str) -> str:

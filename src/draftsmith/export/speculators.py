@@ -21,6 +21,7 @@ import torch
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
+    IDS,
     TargetInfo,
     cast,
     check_flags,
@@ -62,6 +63,40 @@ def flags_of(config: dict[str, Any]) -> dict[str, bool]:
     return {k: bool(config.get(k, VLLM_DEFAULTS.get(k, False))) for k in NORM_FLAGS}
 
 
+# The PR from which vLLM's speculators reader (algos.update_eagle3) passes each flag on to its
+# Eagle-3 model; an older one drops norm_output without a word and skips or refuses the extra
+# norm weights, drafting otherwise than the drafter was trained.
+VLLM_FLAG_SINCE = {"norm_before_fc": "#38111", "fc_norm": "#46488", "norm_output": "#46488"}
+VLLM_AUX = 3  # the aux-state count vLLM's Eagle-3 fc takes where it reads no other
+
+
+class VllmNote(UserWarning):
+    """What vLLM may serve otherwise than the export's config says (the CLI's hint says it)."""
+
+
+def vllm_notes(config: dict[str, Any]) -> list[str]:
+    """One line per thing an older vLLM reads otherwise in a speculators `config`: an aux count
+    other than 3, and flags its reader drops. The one wording, for export and the CLI hint."""
+    notes, written = [], config.get(IDS) or []
+    if written and len(written) != VLLM_AUX:
+        notes.append(f"{len(written)} aux layers: speculators loads this drafter, but vLLM's "
+                     "Eagle-3 model builds its fc for exactly 3 and will refuse the weights, "
+                     "unless it reads num_aux_hidden_states (written in "
+                     "transformer_layer_config)")
+    if unread := [k for k in VLLM_FLAG_SINCE if config.get(k)]:
+        prs = sorted({VLLM_FLAG_SINCE[k] for k in unread})
+        notes.append(f"{', '.join(unread)} set: speculators reads them, and vLLM from PR "
+                     f"{' and '.join(prs)}, but an older vLLM's Eagle-3 model does not (it "
+                     "ignores norm_output and skips or refuses the extra norm weights); serve "
+                     "it with a vLLM that has them")
+    return notes
+
+
+def warn_vllm_notes(config: dict[str, Any]) -> None:
+    for line in vllm_notes(config):
+        warnings.warn(VllmNote(f"vLLM: {line}"), stacklevel=3)
+
+
 def speculators_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {("layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
             for k, v in tensors.items()}
@@ -86,7 +121,7 @@ def speculators_config(
     return {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": hf_layer_config(cfg, info, cfg.num_layers),
+        "transformer_layer_config": _layer_config(cfg, info),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         **{k: getattr(cfg, k) for k in NORM_FLAGS},
@@ -114,6 +149,15 @@ def speculators_config(
             "target": source or info.name_or_path,
         },
     }
+
+
+def _layer_config(cfg: Eagle3Config, info: TargetInfo) -> dict[str, Any]:
+    """The drafter layer's HF config, which vLLM's speculators reader makes the draft's config:
+    an aux count other than 3 named there, where vLLM's Eagle-3 model sizes fc by it."""
+    layer = hf_layer_config(cfg, info, cfg.num_layers)
+    if len(cfg.aux_layer_ids) != VLLM_AUX:
+        layer["num_aux_hidden_states"] = len(cfg.aux_layer_ids)
+    return layer
 
 
 def vllm_edge_notes(ids: list[int], num_layers: int) -> list[str]:
@@ -171,6 +215,7 @@ def write_speculators(
     tensors = speculators_names(cast(hf_state_dict(drafter), dtype))
     config = speculators_config(drafter.cfg, info, run_dtype(tensors, info),
                                 speculative_tokens, source)
+    warn_vllm_notes(config)
     return write_folder(out, config, tensors, overwrite)
 
 

@@ -57,7 +57,7 @@ def train(
     fc_norm: bool = typer.Option(False, "--fc-norm",
                                  help="An RMSNorm per aux state before fc"),
     norm_output: bool = typer.Option(False, "--norm-output", help="Feed the normed hidden back "
-                                     "to the next step (vLLM's Eagle-3 model ignores it)"),
+                                     "to the next step (a vLLM before PR #46488 ignores it)"),
     init_head: str = typer.Option("random", "--init-head", help="random, or target: start the "
                                   "draft lm_head and final norm from the target's"),
     init_from: str = typer.Option(None, "--init-from", help="Start from this drafter's weights "
