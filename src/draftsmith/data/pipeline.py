@@ -231,13 +231,13 @@ def _same_answers(answers: Path, t: Any, cfg: RegenConfig, client: Any) -> None:
     a grown --n would make its prompts before regenerate refused. The engine's batching and
     numerics are left to regenerate, which takes other ones for a file it adds nothing to."""
     from draftsmith.data.prompts import appended_records
-    from draftsmith.data.regenerate import EngineBackend, _same_answerer, answerer
+    from draftsmith.data.regenerate import EngineBackend, _same_answerer, answered_by, answerer
 
     if not answers.is_file():
         return
+    # the engine's: answerer's base, less what needs its runtime (batching, numerics)
     info = (answerer(client, cfg) if client is not None else
-            {"backend": EngineBackend.name, "model": t.source, "sampling": cfg.sampling(),
-             "target": t.fingerprint})  # answerer's, less what needs the engine's runtime
+            answered_by(EngineBackend.name, t.source, cfg, t))
     _same_answerer(answers, appended_records(answers)[0], info)
 
 

@@ -212,6 +212,8 @@ def decode_rows(prompts: int, batch_size: int, device: torch.device) -> int:
     return batch_size if torch.device(device).type == "cuda" else max(1, min(prompts, batch_size))
 
 
+# a reply's body that does not read as JSON: the text garbled, or its UTF-8 bytes
+GARBLED = (json.JSONDecodeError, UnicodeDecodeError)
 MOST_WAIT = 60.0  # seconds: the longest Retry-After a request waits out
 
 
@@ -318,8 +320,9 @@ class OpenAIBackend:
 
         # a reply cut short or garbled (a proxy, a server crashing mid-write): its JSON unread,
         # which escaped the worker as a traceback that ended the run and its chunk's answers
+        # (cut inside a character: not UTF-8, as servers write their JSON unescaped)
         retry = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
-                 openai.InternalServerError, json.JSONDecodeError)
+                 openai.InternalServerError, *GARBLED)
         for attempt in range(self.retries + 1):
             if self.closed.is_set():  # a ctrl-C: no request, nor retry, after it
                 return Answer("", 0, "error: stopped")
@@ -328,7 +331,7 @@ class OpenAIBackend:
             except retry as e:
                 if attempt == self.retries:
                     what = ("the server's reply is not valid JSON" if
-                            isinstance(e, json.JSONDecodeError) else type(e).__name__)
+                            isinstance(e, GARBLED) else type(e).__name__)
                     return Answer("", 0, f"error: {what}: {e}",
                                   unreached=isinstance(e, openai.APIConnectionError),
                                   timed_out=slow(e))
@@ -1081,15 +1084,24 @@ def _prompt_id(out: Path, line: int, rec: dict[str, Any]) -> str:
     return pid
 
 
+def answered_by(name: str, model: str, cfg: RegenConfig, target: Any = None) -> dict[str, Any]:
+    """Every answer's record of who answered (`answerer`'s base): the backend, the model, the
+    sampling, and an engine's `target` by its fingerprint. Built without a live backend, so
+    `data make` checks a folder's answers by it before the target's weights load."""
+    info = {"backend": name, "model": model, "sampling": cfg.sampling()}
+    return info | ({"target": target.fingerprint} if target is not None else {})
+
+
 def answerer(backend: Any, cfg: RegenConfig) -> dict[str, Any]:
-    """What each answer records of who answered and how: the engine's target also by its
-    fingerprint, its batching (`BATCHING`: the rows sampled together and their seeds) and its
-    numerics (`NUMERICS`), a server's requests by the fields sent beyond OpenAI's (`sent`)."""
-    info = {"backend": backend.name, "model": backend.model_name, "sampling": cfg.sampling()}
-    if isinstance(backend, EngineBackend):
-        info |= {"target": backend.target.fingerprint, "batch_size": backend.cfg.batch_size,
-                 "refill": backend.cfg.refill, "dtype": dtype_name(backend.rt.dtype),
-                 "compile": backend.rt.compiled}
+    """What each answer records of who answered and how (`answered_by`): the engine's also its
+    batching (`BATCHING`: the rows sampled together and their seeds) and its numerics
+    (`NUMERICS`), a server's requests by the fields sent beyond OpenAI's (`sent`)."""
+    engine = isinstance(backend, EngineBackend)
+    info = answered_by(backend.name, backend.model_name, cfg,
+                       backend.target if engine else None)
+    if engine:
+        info |= {"batch_size": backend.cfg.batch_size, "refill": backend.cfg.refill,
+                 "dtype": dtype_name(backend.rt.dtype), "compile": backend.rt.compiled}
     if isinstance(backend, OpenAIBackend):
         info |= {"base_url": backend.base_url, "sent": PENALTIES | server_sampling(cfg)}
     return info
