@@ -35,9 +35,47 @@ from draftsmith.options import (
 if TYPE_CHECKING:
     from draftsmith.engine.params import SamplingParams
 
+NB_HYPHEN = "\u2011"  # a hyphen click's wrapping does not break at
+
+
+def _held(text: str) -> str:
+    """`text` with each hyphen inside a word held, so a flag is never wrapped as `--max-` over
+    `batch` (the name cut where a reader took it for whole)."""
+    return re.sub(r"(?<=[\w-])-(?=\w)", NB_HYPHEN, text)
+
+
+_Context = typer.core.TyperCommand.context_class
+
+
+class _Formatter(_Context.formatter_class):
+    """click's help formatter, hyphens held while it wraps (`_held`) and put back after."""
+
+    def write_text(self, text: str) -> None:
+        super().write_text(_held(text))
+
+    def write_dl(self, rows, *args: Any, **kwargs: Any) -> None:
+        super().write_dl([(_held(a), _held(b)) for a, b in rows], *args, **kwargs)
+
+    def getvalue(self) -> str:
+        return super().getvalue().replace(NB_HYPHEN, "-")
+
+
+class _PlainContext(_Context):
+    formatter_class = _Formatter
+
+
+class PlainCommand(typer.core.TyperCommand):
+    context_class = _PlainContext
+
+
+class PlainGroup(typer.core.TyperGroup):
+    context_class = _PlainContext
+
+
 # click's plain help, not rich's panels: rich shrank the option column to fit 80 columns and cut
 # long names (`--intermediate-si…`); click wraps the help text instead and keeps every name whole
 app = typer.Typer(
+    cls=PlainGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -92,8 +130,10 @@ def _register() -> None:
 def whole_short_help(group: typer.Typer) -> None:
     """Each command's line in its group's list: its help's first paragraph whole, wrapped
     (click cut it to fit one line, mid-word: `Compare drafters: architecture, parameters
-    by...`)."""
+    by...`); every command and group helped by `_Formatter` (no flag cut at a hyphen)."""
     for info in group.registered_commands:
+        if info.cls in (None, typer.core.TyperCommand):  # typer's own: not a command's choice
+            info.cls = PlainCommand
         if info.short_help is None:
             info.short_help = first_paragraph(info.help or inspect.getdoc(info.callback))
     for sub in group.registered_groups:
@@ -101,6 +141,8 @@ def whole_short_help(group: typer.Typer) -> None:
         text = next((h for h in helps if isinstance(h, str)), None)
         if not isinstance(sub.short_help, str) and text:
             sub.short_help = first_paragraph(text)
+        if not isinstance(sub.cls, type) or sub.cls is typer.core.TyperGroup:
+            sub.cls = PlainGroup
         whole_short_help(sub.typer_instance)
 
 
@@ -214,8 +256,10 @@ def targets_show(
 def generate(
     prompt: list[str] = typer.Option(None, "--prompt", "-p", metavar="<text>",
                                      help="A user message (repeatable)"),
-    prompts_file: Path = typer.Option(None, "--prompts", help="Prompts (JSONL, JSON, parquet): "
-                                      "each conversation's first turn, its system prompt kept"),
+    prompts_file: Path = typer.Option(None, "--prompts", help="A prompt file (JSONL, JSON, "
+                                      "Parquet, .txt: one a line), a datasets folder or "
+                                      "humaneval: each conversation's first turn, its system "
+                                      "prompt kept"),
     target: str = TARGET,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n",
                                        help="New tokens per prompt"),

@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -239,13 +240,25 @@ def _shape_from_target(target: str) -> tuple[int, int]:
     return cfg.hidden_size, cfg.num_layers
 
 
-def _extra(pairs: list[str] | None) -> dict[str, str]:
-    out = {}
+# the variables the named flags set: one also given by --nccl was silently replaced
+NAMED = {"NCCL_PROTO": "--nccl-proto", "NCCL_ALGO": "--nccl-algo",
+         "NCCL_P2P_LEVEL": "--nccl-p2p-level"}
+
+
+def _extra(pairs: list[str] | None, named: dict[str, str | None] | None = None) -> dict[str, str]:
+    """--nccl's NAME=VALUE pairs, each refused by the flag: a name NCCL does not read (NCCL's are
+    upper case), no value, a name given twice, or one that a named flag (`NAMED`) sets too."""
+    out: dict[str, str] = {}
+    named = named or {}
     for p in pairs or []:
-        if "=" not in p:
-            raise DraftsmithError(f"--nccl {p!r}: expected NCCL_NAME=VALUE")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
+        k, eq, v = (x.strip() for x in p.partition("="))
+        if not eq or not re.fullmatch(r"NCCL_[A-Z0-9_]+", k) or not v:
+            raise DraftsmithError(f"--nccl {p!r}: expected NCCL_NAME=VALUE (NCCL's upper-case "
+                                  "name and a value)")
+        if k in out or named.get(k) is not None:
+            other = f"--nccl {k}={out[k]}" if k in out else f"{NAMED[k]} {named[k]}"
+            raise DraftsmithError(f"--nccl {p!r}: {other} sets {k} too; give it once")
+        out[k] = v
     return out
 
 
@@ -266,7 +279,7 @@ def allreduce_bench(
     nccl_algo: str = typer.Option(None, "--nccl-algo", help="NCCL_ALGO, e.g. Ring or Tree"),
     nccl_p2p_level: str = typer.Option(None, "--nccl-p2p-level", help="NCCL_P2P_LEVEL"),
     nccl: list[str] = typer.Option(None, "--nccl", metavar="<NAME=VALUE>",
-                                   help="Any NCCL_NAME=VALUE (repeatable)"),
+                                   help="Any NCCL_NAME=VALUE (repeatable, each name once)"),
     out: Path = typer.Option(None, "--out", "-o", help="Append the JSON line to this file"),
 ) -> None:
     """All-reduce µs at the model's activation shapes, eager and CUDA-graphed (NVLS stays off)."""
@@ -289,7 +302,8 @@ def allreduce_bench(
     dev = None if device == "auto" else device
     size = tp or _default_size(dev, world)
     opts["dtype"] = resolve_auto(key, dev, size)
-    with nccl_settings(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, _extra(nccl))):
+    extra = _extra(nccl, dict(zip(NAMED, (nccl_proto, nccl_algo, nccl_p2p_level), strict=True)))
+    with nccl_settings(nccl_env(nccl_proto, nccl_algo, nccl_p2p_level, extra)):
         try:
             res = launch_tp(bench_rank, size, opts, device=dev)
         finally:
