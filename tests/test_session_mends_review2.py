@@ -59,8 +59,9 @@ def test_a_dataset_with_no_shards_says_what_to_do(tmp_path):
 def test_repeatable_options_show_their_value_in_words(command, shown):
     from typer.testing import CliRunner
 
-    from draftsmith.cli import app
+    from draftsmith.cli import _register, app
 
+    _register()  # as main() does: alone in a worker, no earlier test has registered the commands
     out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
     line = next(ln for ln in out.splitlines() if shown.split()[0] + " " in ln)
     assert shown in line and "list[str]" not in line
