@@ -9,6 +9,7 @@ them and a kill at any moment loses at most the shard in flight.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.atomic import make_folder
 from draftsmith.data.chat import AnswerTally
 from draftsmith.data.prompts import Conversation, encode_conversation
 from draftsmith.data.shards import (
@@ -413,6 +415,20 @@ def capture(
     folder = out / f"rank-{rank}" if world > 1 else out
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     room = _Room(say, convs, p, head, ids, mine, folder)
+    with _Hold(folder) as hold:
+        return _capture_held(target, convs, out, cfg, p, head, room, hold, command, progress,
+                             on_shard, model, overwrite, grow, redo)
+
+
+def _capture_held(target: Any, convs: list[Conversation], out: Path, cfg: CaptureConfig,
+                  p: Plan, head: dict[str, Any], room: _Room, hold: _Hold,
+                  command: str | None, progress: bool, on_shard: Callable[[int], None] | None,
+                  model: Any, overwrite: bool, grow: bool, redo: str) -> dict[str, Any]:
+    """`capture` from its checks of the folder on, the folder held (`hold`) before anything
+    in it is removed or written."""
+    say, folder, mine, ids, tok = room.say, room.folder, room.mine, room.ids, target.tokenizer
+    rank, world = head["rank"], head["world_size"]
+    hold.take()
     if overwrite:  # the room its removal frees counted, so a refused run removes nothing
         room.check(mine, _size(_cleaned(out, rank, world)))
         clean(out, rank, world)
@@ -435,6 +451,8 @@ def capture(
         done = _done_in(folder, head, adopted, redo)
         room.check([(k, s) for k, s in mine if k not in done],
                    _size([folder / s["file"] for s in adopted[1]]) if adopted else 0)
+    make_folder(folder)
+    hold.take()  # a folder made (or a rank's removed by --overwrite and made again) held too
     if adopted:
         _adopt(out, *adopted)
     writer = ShardWriter(folder, head, IDENTITY, redo)
@@ -451,6 +469,50 @@ def capture(
     if world > 1:
         return try_merge(out) or writer.manifest
     return writer.manifest
+
+
+class _Hold:
+    """An flock on a capture's folder while the run may remove or write in it: a second capture
+    there (the same command in another shell, one with --overwrite) would remove the first's
+    tmp files or write its shards over the first's, each run's manifest listing the other's
+    files as its own. It dies with the process; a file system without flock is not held."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.fd, self.inode = folder, None, None
+
+    def take(self) -> None:
+        """Hold the folder as it is now (none yet: nothing to hold)."""
+        try:
+            inode = os.stat(self.folder).st_ino
+            if self.fd is not None and inode == self.inode:
+                return
+            self.release()
+            fd = os.open(self.folder, os.O_RDONLY)
+        except OSError:  # not there yet, or not readable: the writes say why
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DraftsmithError(f"--out {self.folder}: another `draftsmith data capture` is "
+                                  "writing into it; wait for it to end (a rerun of the same "
+                                  "command then resumes it) or capture into another --out"
+                                  ) from None
+        except OSError:  # no flock on this file system (NFS refuses one on a folder)
+            os.close(fd)
+            return
+        self.fd, self.inode = fd, inode
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> _Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _planned_samples(convs: list[Conversation], p: Plan,

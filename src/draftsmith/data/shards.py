@@ -636,4 +636,20 @@ def _verify_shard(folder: Path, m: dict[str, Any], s: dict[str, Any], hashed: bo
                               f"{ {k: kinds[k] for k in bad} }")
     if int(offsets[0]) != 0 or int(offsets[-1]) != n or bool((offsets.diff() <= 0).any()):
         raise DraftsmithError(f"{path}: offsets are not increasing from 0 to {n}")
+    refuse_relabelled(path, m, meta, where)
     refuse_other(path, meta_fault(m, s, meta))
+
+
+def refuse_relabelled(path: Path, m: dict[str, Any], meta: dict[str, str], where: Path) -> None:
+    """A shard whose metadata names other aux layers than its manifest `m` (at `where`): a
+    manifest whose aux_layer_ids were edited by hand (every shard then disagrees alike), named
+    as such, not as a shard renamed or moved in. `Dataset` reads it still: the doctor's live
+    match tells which layers the states are."""
+    held, said = meta.get("aux_layer_ids"), m.get("aux_layer_ids")
+    if held is None or said is None or held == json.dumps(said):
+        return
+    raise DraftsmithError(f"{path}: holds the states of aux layers {held} (its metadata), but "
+                          f"{where} says {said}: the manifest was edited since the capture, or "
+                          "the shard moved here from a capture of other layers; put back "
+                          f"aux_layer_ids {held} or capture the dataset again at the layers "
+                          "wanted")
