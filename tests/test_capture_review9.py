@@ -123,3 +123,15 @@ def test_an_edited_manifests_aux_ids_are_named_so_by_verify(target, model, tmp_p
         "the capture, or the shard moved here from a capture of other layers; put back "
         "aux_layer_ids [0, 1, 2] or capture the dataset again at the layers wanted")
     assert Dataset(out)[0]["aux"].shape[1] == 3  # the doctor still reads it to match its layers
+
+
+def test_training_refuses_an_edited_manifests_aux_ids(target, model, tmp_path):
+    """Training read such data without a word and recorded layers [0, 1, 3] in the drafter for
+    states of [0, 1, 2]; it says now what verify says."""
+    out = tmp_path / "d"
+    run(target, model, out, answered(target.tokenizer, {}))
+    m = json.loads((out / "manifest.json").read_text())
+    m["aux_layer_ids"] = [0, 1, 3]
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DraftsmithError, match=r"holds the states of aux layers \[0, 1, 2\]"):
+        open_offline(out, target, None)

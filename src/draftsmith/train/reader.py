@@ -29,6 +29,7 @@ from draftsmith.data.shards import (
     meta_fault,
     reading,
     refuse_other,
+    refuse_relabelled,
 )
 from draftsmith.errors import DraftsmithError
 
@@ -198,6 +199,8 @@ class ShardReader:
         meta = header.get("__metadata__")
         meta = meta if isinstance(meta, dict) else {}
         m = getattr(self.ds, "manifest", None) or {}
+        # a manifest whose aux ids were edited: training would record layers it never read
+        refuse_relabelled(self._path(k), m, meta, Path(self.folder) / "manifest.json")
         refuse_other(self._path(k), meta_fault(m, self.shards[k], meta, layers=False))
 
     def loss_masks(self) -> Iterator[torch.Tensor]:
