@@ -112,6 +112,8 @@ def make_dataset(
     redo = (f"delete {out / 'dataset'} to capture it again (prompts.jsonl and answers.jsonl are "
             "kept), or give `data make` another folder")
     try:  # the client closed however the stages before capture end
+        # the prompts' settings first: greedy answers differ by no seed, the prompts do
+        _same_prompts(out / "prompts.jsonl", t, magpie, dtype, compile)
         _same_answers(out / "answers.jsonl", t, client.cfg if client else regen, client)
         _same_capture(out / "dataset", t, cap, redo)
         record_path = make_folder(out) / "make.json"
@@ -224,6 +226,23 @@ def _same_backend(answers: Path, server: Server | None) -> None:
         raise DraftsmithError(f"data make: {answers} holds {there} answers, this run asks "
                               f"{'a server' if server else 'the built-in engine'}: {fix}, or "
                               "give `data make` another folder")
+
+
+def _same_prompts(prompts: Path, t: Any, cfg: MagpieConfig, dtype: torch.dtype,
+                  compile: bool) -> None:
+    """The self-made prompts' settings checked before any stage, as the prompts stage checks
+    them (`selfmade._same_settings`, the record `self_made_prompts` writes): a --seed or
+    --prompt-tokens of other prompts is named, not read as a change of the answers. Only what
+    made the prompts there (full: not the batching or numerics of rounds still to make, which
+    the stage checks, and capture's precheck names a --dtype by its dataset)."""
+    from draftsmith.data.prompts import appended_records
+    from draftsmith.data.selfmade import _conversation, _same_settings, made_by_record
+
+    if not prompts.is_file():
+        return
+    records = appended_records(prompts)[0]
+    have = [_conversation(prompts, line, r) for line, r in records]
+    _same_settings(prompts, have, made_by_record(t, cfg, dtype, compile), cfg.openings, full=True)
 
 
 def _same_answers(answers: Path, t: Any, cfg: RegenConfig, client: Any) -> None:
@@ -380,10 +399,15 @@ def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
     for w in caught:
         log(f"warning: {w.message}")
     path = data / "vocab.safetensors"
+    kept = path.is_file()
     if (was := replacing(path, v)) is not None:  # a drafter may have trained on the old one
+        kept = False
         log(f"vocab: {path} replaced: {was} -> "
             f"{v.used.numel()} draft tokens, counted on this run's data (a drafter trained with "
             "--vocab on the old one used another vocabulary)")
     save_vocab(v, data, {"made_from": {"dataset": str(data)}, "command": command})
-    log(f"vocab: {v.used.numel()} tokens cover {v.coverage:.2%} of assistant tokens")
+    n = v.used.numel()
+    said = (f"{n} token{'s cover' if n != 1 else ' covers'} {v.coverage:.2%} of assistant "
+            "tokens")
+    log(f"vocab: reused ({said})" if kept else f"vocab: {said}")  # as the stages before say it
     return v.summary()

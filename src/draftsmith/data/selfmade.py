@@ -142,6 +142,15 @@ def accept(text: str, cfg: MagpieConfig, seen: set[str]) -> str | None:
     return text
 
 
+def made_by_record(target: Any, cfg: MagpieConfig, dtype: torch.dtype,
+                   compile: bool) -> dict[str, Any]:
+    """What made a run's prompts, as each prompt records it (`data make` checks a folder's
+    prompts against it before any stage)."""
+    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
+    return {"source": "magpie", "target": target.fingerprint, **conf,
+            "dtype": dtype_name(dtype), "compile": compile}
+
+
 def self_made_prompts(
     target: Any,
     out: str | Path,
@@ -164,10 +173,8 @@ def self_made_prompts(
 
     say = log or (lambda s: print(s, file=sys.stderr))
     out = Path(out)
-    conf = {k: v for k, v in asdict(cfg).items() if k != "openings"}
-    numerics = {"dtype": dtype_name(dtype if model is None else next(model.parameters()).dtype),
-                "compile": compile}
-    meta = {"source": "magpie", "target": target.fingerprint, **conf, **numerics}
+    meta = made_by_record(target, cfg, dtype if model is None else
+                          next(model.parameters()).dtype, compile)
     records, torn = appended_records(out) if not overwrite else ([], False)
     torn = torn or write_cut(records)
     have = [_conversation(out, line, r) for line, r in records]
