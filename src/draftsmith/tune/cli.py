@@ -264,9 +264,12 @@ def run_tune(
     check_compile(compile, dev)
     texts = suite(prompts_path)  # before minutes of loading: an empty file is refused
     texts = texts[:num_prompts] if num_prompts else texts
-    check_topk(max_topk, check_drafter(drafter_dir))  # and a mistyped or damaged --drafter
+    dcfg = check_drafter(drafter_dir)  # a mistyped or damaged --drafter
+    check_topk(max_topk, dcfg)
     torch.manual_seed(seed)
     t = load_target(target)
+    if mismatch := check_pair_of(drafter_dir, dcfg, t):
+        say(mismatch)
     if tp is not None:
         dev = str(tp.device)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
@@ -361,6 +364,8 @@ def run_tune(
             texts.insert(0, f"tuned for sampling at temperature {p.temperature:g}, top-p "
                             f"{p.top_p:g}, top-k {p.top_k or 'off'}: acceptance, baselines and "
                             "sweep all sampled")
+        if mismatch:
+            texts.append(mismatch)
         machine_load = machine.result()
         if note := load.busy_note(machine_load):
             texts.append(f"{note} (predicted and measured tok/s both)")
@@ -419,6 +424,24 @@ def check_topk(max_topk: int, drafter_cfg: Eagle3Config) -> None:
     if max_topk > vocab:
         raise DraftsmithError(f"--max-topk {max_topk} exceeds the drafter's draft vocabulary of "
                               f"{vocab}: give --max-topk {vocab} or less")
+
+
+def check_pair_of(drafter_dir: Path, dcfg: Eagle3Config, t) -> str | None:
+    """A drafter of another target's shapes refused before the target's weights load (the
+    engine refused it only once they and the drafter had, as the acceptance began); the
+    warning for one made for another target of these shapes (said first and in the report:
+    its acceptance is this pair's, likely low), else None."""
+    from draftsmith.engine.speculative import check_pair
+
+    try:
+        check_pair(t.cfg, dcfg)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"--drafter {drafter_dir}: {e}: give the --target it was trained "
+                              "for") from None
+    if not (fp := dcfg.target_fingerprint) or fp == t.fingerprint:
+        return None
+    return (f"warning: the drafter was trained for target {fp}, this target is "
+            f"{t.fingerprint}: acceptance and the recommendation are this pair's, and may be low")
 
 
 def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, refilled=None,
