@@ -69,8 +69,8 @@ from draftsmith.models.eagle3 import (
 
 ARCH = "LlamaForCausalLMEagle3"
 KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
-# flags SGLang (tie_word_embeddings, bias), vLLM (norm_before_residual) or SpecForge (fc_norm,
-# norm_output) read from this layout's config.json
+# flags SGLang (tie_word_embeddings, bias), vLLM (norm_before_residual, norm_before_fc, which
+# eagle_config may set too) or SpecForge (fc_norm, norm_output) read from this layout's config
 FLAGS = (*NORM_FLAGS, "tie_word_embeddings", "bias")
 
 
@@ -191,6 +191,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     _check_specforge_head(c, folder)
     _check_layout(c, folder)
     _note_reference_arch(c, folder)
+    _note_norm_output(c, folder)
     record = section(c, "draftsmith", f"{folder}/config.json")
     cfg = drafter_config(
         f"{folder}/config.json",
@@ -201,6 +202,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, rope_scaling=mc.rope_scaling,
         max_position_embeddings=mc.max_position_embeddings, target_num_layers=num_layers,
         norm_before_residual=bool(c.get("norm_before_residual")),  # vLLM reads it here
+        norm_before_fc=_norm_before_fc(c, f"{folder}/config.json"),
         fc_norm=bool(c.get("fc_norm")),  # SpecForge's Eagle-3.1: same norms, same names
         target_fingerprint=record.get("target_fingerprint", ""),
         target_source=info.name_or_path if info else str(record.get("target") or ""),
@@ -234,6 +236,23 @@ def _check_layout(c: dict[str, Any], folder: Path) -> None:
             f"differs from vocab_size {vocab}: a tied head is the embedding (SGLang's lm_head = "
             "embed_tokens), one row per target token, not per draft token; set "
             f"tie_word_embeddings false and store the drafter's lm_head.weight ({draft} rows)")
+
+
+def _norm_before_fc(c: dict[str, Any], where: str) -> bool:
+    """As vLLM's llama_eagle3.py reads it (PR #42143, NVIDIA ModelOpt's checkpoints):
+    eagle_config's norm_before_fc where set, else the top-level one."""
+    nested = (c.get("eagle_config") or {}).get("norm_before_fc")
+    check_flags({"eagle_config.norm_before_fc": nested}, ("eagle_config.norm_before_fc",), where)
+    return bool(c.get("norm_before_fc") if nested is None else nested)
+
+
+def _note_norm_output(c: dict[str, Any], folder: Path) -> None:
+    if c.get("norm_output"):
+        note(f"{folder}/config.json: norm_output true is dropped: the import feeds the pre-norm "
+             "state to the next draft step, while vLLM and newer SGLang (Eagle-3.1) feed the "
+             "normed one",
+             "serve the folder itself with vLLM or SGLang, which honour the flag; the imported "
+             "drafter's own runs draft otherwise from the second step", stacklevel=3)
 
 
 def _note_reference_arch(c: dict[str, Any], folder: Path) -> None:
