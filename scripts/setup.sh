@@ -16,6 +16,8 @@ fi
 # that set-up installs is there (draftsmith from this checkout, the default target's version).
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] &&
   [ "$("$PY" scripts/setup_ready.py "$default_target" 2>/dev/null)" = "$(cat "$stamp")" ]; then
+  echo "setup.sh: set-up already done for $(cat "$stamp"): nothing installed" \
+    "(delete $stamp to redo it)"
   exit 0
 fi
 rm -f "$stamp"  # a run that stops half-way leaves no stamp (another Python's included)

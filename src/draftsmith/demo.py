@@ -88,6 +88,7 @@ def demo(
     check_folder(out, "--out")
     check_demo_folder(out)
     check_target(target)
+    make_out(out)
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
@@ -108,9 +109,33 @@ def check_target(target: str) -> None:
     from draftsmith.errors import DraftsmithError
     from draftsmith.targets import is_default
 
-    if not is_default(target) and not Path(target).exists():
-        raise DraftsmithError(f"--target {target}: no such file or folder; give an HF folder, "
-                              "a .gguf file or 'default'")
+    if is_default(target):
+        return
+    path = Path(target)
+    wrong = ("no such file or folder" if not path.exists()
+             else "not a .gguf file" if path.is_file() and path.suffix != ".gguf"
+             else "no config.json in it (not a Hugging Face checkpoint folder)"
+             if path.is_dir() and not any((path / f).is_file() for f in TARGET_RECORDS)
+             else None)  # a drafter folder given instead is named by the data stage
+    if wrong:
+        raise DraftsmithError(f"--target {target}: {wrong}; give an HF folder, a .gguf file or "
+                              "'default'")
+
+
+# A checkpoint folder's config.json, or a drafter's record, which loading names as a drafter
+TARGET_RECORDS = ("config.json", "draftsmith.json")
+
+
+def make_out(out: Path) -> None:
+    """--out made before any stage: one that cannot be (no such mount, no permission) was a
+    traceback from the first stage."""
+    from draftsmith.errors import DraftsmithError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DraftsmithError(f"--out {out}: cannot be made ({e.strerror}); choose a folder "
+                              "you can write") from None
 
 
 def check_demo_folder(out: Path) -> None:
@@ -183,7 +208,7 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
               if cfg.device.startswith("cuda") else {"data": str(data["dir"])})
     tc = TrainConfig(
         out=str(out), **source, epochs=cfg.epochs, lr=5e-4, warmup_ratio=0.05,
-        batch_size=1 if cfg.device == "cpu" else 4, max_len=cfg.train_len,
+        batch_size=1 if cfg.device == "cpu" else 4, max_len=row_len(cfg, data["dir"]),
         draft_vocab_size=cfg.draft_vocab, vocab=str(vocab) if vocab.is_file() else None,
         device=cfg.device, save_every=10_000, progress=True,
         extra={"command": "draftsmith demo", "data": data_identity(data)},
@@ -211,6 +236,31 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
                       "last checkpoint (no --resume needed)", markup=False, highlight=False)
         raise
     return out
+
+
+def row_len(cfg: DemoConfig, dataset: Path) -> int:
+    """cfg.train_len, or the longest sample where one is longer: packing cuts a longer
+    sample's tail, which then never trains (a target whose template adds a long system
+    prompt; the default target's longest is 151 tokens)."""
+    return max(cfg.train_len, longest_sample(dataset))
+
+
+def longest_sample(dataset: Path) -> int:
+    """The longest sample's tokens, from each shard's offsets (no hidden state is read)."""
+    from draftsmith.data.shards import open_shard, read_manifest, reading
+    from draftsmith.errors import DraftsmithError
+
+    longest = 0
+    for shard in read_manifest(dataset).get("shards", []):
+        path = dataset / shard["file"]
+        try:
+            with reading(path):
+                offsets = open_shard(path).get_tensor("offsets")
+        except DraftsmithError:  # missing or unreadable: the trainer names it
+            continue
+        if len(offsets) > 1:
+            longest = max(longest, int((offsets[1:] - offsets[:-1]).max()))
+    return longest
 
 
 def data_identity(data: dict) -> dict:
