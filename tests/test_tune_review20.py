@@ -3,6 +3,7 @@ weights load, naming the flag and what to give; one of another fingerprint said.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import write_tiny_folder
 from test_tune_cli import invoke_tune
@@ -30,41 +31,28 @@ def _no_build(monkeypatch):
     return built
 
 
-def test_a_drafter_of_another_targets_shapes_is_refused_before_the_weights_load(tmp_path,
-                                                                                 monkeypatch):
-    """A drafter of hidden size 48 for a target of 64: refused only once the target's weights
-    and the drafter had loaded and the chain's acceptance began, in the engine's words with no
-    flag and nothing to do."""
+@pytest.mark.parametrize("other, said", [
+    # hidden size 48 for a target of 64: refused only once the target's weights and the drafter
+    # had loaded and the chain's acceptance began, in the engine's words with no flag
+    ({"hidden_size": 48}, "drafter expects vocab 128 / hidden 48, the target has vocab 128 / "
+                          "hidden 64"),
+    # a drafter of a deeper target (aux layer 7 of a 6-layer target) alike
+    ({"num_hidden_layers": 8}, "aux layer ids [7] out of range"),
+])
+def test_a_drafter_of_another_targets_shapes_is_refused_before_the_weights_load(
+        tmp_path, monkeypatch, other, said):
     from draftsmith.errors import DraftsmithError
 
     mine = write_tiny_folder(tmp_path / "a", "llama")
-    other = write_tiny_folder(tmp_path / "b", "llama", hidden_size=48)
-    _drafter_for(other, tmp_path / "d")
-    built = _no_build(monkeypatch)
-    res = invoke_tune("--drafter", str(tmp_path / "d"), "--target", str(mine), "--device", "cpu",
-                      "--out", str(tmp_path / "o"))
-    assert isinstance(res.exception, DraftsmithError), res.exception
-    assert str(res.exception) == (
-        f"--drafter {tmp_path / 'd'}: drafter expects vocab 128 / hidden 48, the target has "
-        f"vocab 128 / hidden 64: give the --target it was trained for")
-    assert built == [] and not (tmp_path / "o").exists()
-
-
-def test_aux_layers_past_the_targets_are_refused_before_the_weights_load(tmp_path, monkeypatch):
-    """A drafter of a deeper target (aux layer 7 of a 6-layer target) alike."""
-    from draftsmith.errors import DraftsmithError
-
-    mine = write_tiny_folder(tmp_path / "a", "llama")
-    deeper = write_tiny_folder(tmp_path / "b", "llama", num_hidden_layers=8)
-    _drafter_for(deeper, tmp_path / "d")
+    _drafter_for(write_tiny_folder(tmp_path / "b", "llama", **other), tmp_path / "d")
     built = _no_build(monkeypatch)
     res = invoke_tune("--drafter", str(tmp_path / "d"), "--target", str(mine), "--device", "cpu",
                       "--out", str(tmp_path / "o"))
     assert isinstance(res.exception, DraftsmithError), res.exception
     text = str(res.exception)
-    assert text.startswith(f"--drafter {tmp_path / 'd'}: aux layer ids [7] out of range"), text
+    assert text.startswith(f"--drafter {tmp_path / 'd'}: {said}"), text
     assert text.endswith(": give the --target it was trained for") and "\n" not in text
-    assert built == []
+    assert built == [] and not (tmp_path / "o").exists()
 
 
 def test_a_drafter_trained_for_another_fingerprint_is_said_up_front(tmp_path, monkeypatch):
