@@ -6,7 +6,10 @@ The tensor is always the pre-norm residual stream. Every other convention is con
 
 from __future__ import annotations
 
+import re
 from enum import Enum
+from numbers import Integral
+from typing import Any
 
 from draftsmith.errors import DraftsmithError
 
@@ -68,10 +71,10 @@ def parse_ids(text: str | None, flag: str = "--aux-layers") -> list[int] | None:
     """'1,14,26' -> [1, 14, 26]; None or '' -> None (the default ids)."""
     if not text:
         return None
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]  # "1 2" is no id: not 12
-    except ValueError:
-        ids = []
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    # int() read "1_0" as 10 and other scripts' digits as ASCII ones; "1 2" is no id, not 12
+    ok = items and all(re.fullmatch(r"[+-]?[0-9]+", x) for x in items)
+    ids = [int(x) for x in items] if ok else []
     if not ids:  # ' ' or ',' is no list of ids, not the defaults
         raise DraftsmithError(f"{flag} {text!r}: expected comma-separated integers")
     return ascending(ids, flag)
@@ -91,8 +94,24 @@ def ascending(ids: list[int], flag: str = "--aux-layers") -> list[int]:
     return ids
 
 
+def whole(ids: list[Any]) -> list[int]:
+    """`ids` as ints; True, 1.5 or "1" refused, not read as layer 1."""
+    if not all(isinstance(i, Integral) and not isinstance(i, bool) for i in ids):
+        raise DraftsmithError(f"aux layer ids {list(ids)!r} are not all whole numbers: give "
+                              "integer layer ids")
+    return [int(i) for i in ids]
+
+
+def convention(conv: Convention | str) -> Convention:
+    try:
+        return Convention(conv)
+    except ValueError:
+        raise DraftsmithError(f"unknown aux layer convention {conv!r}: use one of "
+                              f"{', '.join(c.value for c in Convention)}") from None
+
+
 def validate(ids: list[int], num_layers: int) -> list[int]:
-    ids = [int(i) for i in ids]
+    ids = whole(ids)
     if not ids:
         raise DraftsmithError("aux layer ids: the list is empty")
     bad = [i for i in ids if i < -1 or i >= num_layers]
@@ -106,7 +125,7 @@ def validate(ids: list[int], num_layers: int) -> list[int]:
 
 def to_convention(ids: list[int], conv: Convention | str, num_layers: int) -> list[int]:
     """Canonical ids -> the ids an engine using `conv` must be given."""
-    conv = Convention(conv)
+    conv = convention(conv)
     ids = validate(ids, num_layers)
     if conv in _OUTPUT_OF:
         return list(ids)
@@ -114,9 +133,15 @@ def to_convention(ids: list[int], conv: Convention | str, num_layers: int) -> li
 
 
 def from_convention(ids: list[int], conv: Convention | str, num_layers: int) -> list[int]:
-    """Ids written in `conv` -> canonical ids."""
-    conv = Convention(conv)
-    ids = [int(i) for i in ids]
+    """Ids written in `conv` -> canonical ids; ids naming no layer refused as written."""
+    conv, ids = convention(conv), whole(ids)
+    if conv is Convention.CANONICAL:
+        return validate(ids, num_layers)
+    lo, hi = (-1, num_layers - 1) if conv in _OUTPUT_OF else (0, num_layers)
+    if bad := [i for i in ids if not lo <= i <= hi]:
+        raise DraftsmithError(
+            f"{conv.value} aux layer ids {bad} out of range: {conv.value} ids ({WORDS[conv]}) "
+            f"must lie in [{lo}, {hi}] for a target with {num_layers} layers")
     return validate(ids if conv in _OUTPUT_OF else [i - 1 for i in ids], num_layers)
 
 
