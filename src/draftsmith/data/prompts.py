@@ -178,8 +178,8 @@ def _turns(turns: list[Any], key: str) -> list[dict[str, str]]:
 def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
     if not isinstance(m, dict):
         raise Malformed(f"message {i} is not an object")
-    if role_key not in m:
-        role_key = next((k for k in TURN_KEYS if k in m), "")
+    if m.get(role_key) is None:
+        role_key = _role_key(m, role_key)
         if not role_key:
             keys = ", ".join(sorted(map(str, m))) or "none"
             raise Malformed(f"message {i}: no 'from' or 'role' (keys: {keys})")
@@ -199,6 +199,13 @@ def _message(m: Any, role_key: str, text_key: str, i: int) -> dict[str, str]:
     if role == "user" and not text.strip():
         raise Malformed(f"message {i}: empty user message")
     return {"role": role, "content": _unicode(text, f"message {i}")}
+
+
+def _role_key(m: dict[str, Any], role_key: str) -> str:
+    """The key a turn without `role_key`'s value names its role by: the other pair's where it
+    has one (a table's turns hold both pairs' columns, the other's null), else one it holds."""
+    held = (k for k in TURN_KEYS if m.get(k) is not None)
+    return next(held, role_key if role_key in m else next((k for k in TURN_KEYS if k in m), ""))
 
 
 def _parts(parts: list[Any], i: int) -> str:
@@ -304,7 +311,7 @@ def _holds_lines(path: Path, opener: Callable[..., Any]) -> bool:
                 if chunk.strip():
                     return True
         return False
-    except ValueError:  # not one line's object: `_json_file` tells what it holds
+    except (ValueError, RecursionError):  # not one line's object: `_json_file` tells why
         return False
     except (OSError, EOFError) as e:
         raise DraftsmithError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})",
@@ -318,6 +325,7 @@ def _json_file(path: Path) -> Any:
         data = path.read_bytes()
         if path.name.lower().endswith(".gz"):
             data = gzip.decompress(data)
+        _not_wide(path, data[:4])
         text = data.decode("utf-8-sig")
         del data  # not held beside the text and the records parsed from it
         return json.loads(text)
@@ -327,6 +335,8 @@ def _json_file(path: Path) -> Any:
         if e.msg == "Extra data" and text.lstrip().startswith("{"):
             return _LINES
         raise DraftsmithError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # valid JSON beyond Python's limits
+        raise DraftsmithError(f"{path}: not valid JSON ({_json_why(e)})") from None
     except (OSError, EOFError) as e:  # unreadable, not gzip: one line, as a JSONL's
         raise DraftsmithError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})",
                               ) from None
@@ -343,11 +353,24 @@ def _lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, bytes]
         with opener(path, "rb") as f:
             for i, line in enumerate(f, start=1):
                 if i == 1:
+                    _not_wide(path, line)
                     line = line.removeprefix(codecs.BOM_UTF8)
                 if line.strip():
                     yield f"{path}:{i}", line
     except (OSError, EOFError) as e:  # not gzip, a gzip stream cut short, unreadable
         raise DraftsmithError(f"{path}: cannot read ({e})") from None
+
+
+# UTF-16's marks (UTF-32 LE's opens as UTF-16 LE's) and UTF-32 BE's
+_WIDE_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)
+
+
+def _not_wide(path: Path, head: bytes) -> None:
+    """Refuse UTF-16 or UTF-32 text (Windows PowerShell 5's `>`, Notepad's "Unicode"), told by
+    its byte-order mark: read as UTF-8, its lines were prompts laced with NULs, or all refused."""
+    if head.startswith(_WIDE_BOMS):
+        raise DraftsmithError(f"{path}: UTF-16 or UTF-32 text (it opens with a byte-order mark): "
+                              "save it as UTF-8")
 
 
 def _text_lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
@@ -364,8 +387,19 @@ def _line(line: bytes) -> Any:
         return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as e:
         return Malformed(f"not UTF-8 text (byte {e.start})")
-    except json.JSONDecodeError as e:
-        return Malformed(f"not valid JSON ({e.msg})")
+    except (ValueError, RecursionError) as e:
+        return Malformed(f"not valid JSON ({_json_why(e)})")
+
+
+def _json_why(e: ValueError | RecursionError) -> str:
+    """Why JSON could not be read: the parser's words, or the Python limit it passed."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "it nests arrays or objects too deeply"
+    if "integer string conversion" in str(e):
+        return f"an integer of over {sys.get_int_max_str_digits()} digits"
+    return str(e)
 
 
 def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -417,9 +451,19 @@ def _dataset_rows(path: Path) -> Iterator[dict[str, Any]]:
     except Exception as e:
         raise DraftsmithError(f"{path}: not a datasets.save_to_disk folder ({e})") from None
     if isinstance(ds, datasets.DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
+        ds = ds[_split(path, list(ds))]
     yield from ds
+
+
+def _split(path: Path, splits: list[str]) -> str:
+    """The split of a saved DatasetDict that holds the prompts: 'train', or its only one;
+    among others, which is the user's to say (the first saved may be a test split)."""
+    if not splits:
+        raise DraftsmithError(f"{path}: a DatasetDict of no split: it holds no prompts")
+    if "train" in splits or len(splits) == 1:
+        return "train" if "train" in splits else splits[0]
+    raise DraftsmithError(f"{path}: a DatasetDict of splits {', '.join(splits)} and no 'train': "
+                          f"give the folder of the split to read ({path / splits[0]})")
 
 
 def humaneval_file() -> Path:
