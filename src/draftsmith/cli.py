@@ -64,8 +64,23 @@ class _PlainContext(_Context):
     formatter_class = _Formatter
 
 
+class _Untyped(typer.core.TyperArgument):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+
 class PlainCommand(typer.core.TyperCommand):
+    """click's plain help (`_Formatter`); a variadic argument shown as `name...` alone: typer
+    adds its annotation (`sources... <list[str]>`), metavar or not, a Python type its help
+    says better."""
+
     context_class = _PlainContext
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for p in self.params:
+            if type(p) is typer.core.TyperArgument and p.nargs != 1:
+                p.__class__ = _Untyped
 
 
 class PlainGroup(typer.core.TyperGroup):

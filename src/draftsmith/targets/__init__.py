@@ -216,8 +216,12 @@ def is_default(source: str | Path | None) -> bool:
     """Whether a recorded target names the embedded default: "default", its long name, or a
     conversion cache folder of it (what drafters trained before targets were recorded portably
     name; matched by its `targets/<key>` ending, so another DRAFTSMITH_CACHE's, or a cleared
-    one's, is known too)."""
-    if source in (None, "", "default", DEFAULT_NAME):
+    one's, is known too). "" is refused: a recorded target's callers take it as none recorded,
+    so only a mistaken `--target ''` reaches here (it loaded the default)."""
+    if source == "":
+        raise DraftsmithError("--target '' names no target; pass an HF checkpoint folder, a "
+                              ".gguf file or 'default'")
+    if source in (None, "default", DEFAULT_NAME):
         return True
     path = Path(str(source))
     if path.parent.name != "targets" or len(path.name) != 16:

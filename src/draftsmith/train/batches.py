@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Protocol
 
 import torch
@@ -253,7 +256,9 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
     """The batches of steps start..total-1 in order, widths rounded up to `multiple`. Worker
     processes read ahead: reading memory-mapped shards is page faults and copies, which neither
     the GPU nor threads hide. The open-file limit is checked (and raised) here, before any
-    batch is read."""
+    batch is read, and the samples the packer cuts are said (`cut_note`)."""
+    if plan.rank == 0 and (note := cut_note(plan, source)):
+        warnings.warn(note, stacklevel=2)
     ds = StepBatches(plan, source, start, total, multiple)
     if workers == 0:
         return _unfailed(ds[k] for k in range(len(ds)))
@@ -266,6 +271,34 @@ def batches(plan: Plan, source: Source, start: int, total: int, workers: int = 4
         generator=torch.Generator(),
     )
     return _unfailed(loader)
+
+
+def cut_note(plan: Plan, source: Source) -> str:
+    """One line on the samples longer than the plan's rows (a capture of longer ones, offline:
+    online samples are cut to --max-len before), whose answer tokens past it never train; ""
+    where none is. Loss masks only, of the cut samples up to the last of them."""
+    cut = [i for i, n in enumerate(plan.lengths) if n > plan.max_len]
+    if not cut:
+        return ""
+    lost = sum(int(mask[plan.max_len :].sum()) for mask in _masks(source, cut))
+    longest = max(plan.lengths)
+    return (f"--max-len {plan.max_len} cuts {len(cut)} of {len(plan.lengths)} sample(s) (the "
+            f"longest has {longest} tokens): {lost} answer token(s) past it never train; raise "
+            f"--max-len (up to {longest}) to train on them")
+
+
+def _masks(source: Source, wanted: list[int]) -> Iterator[torch.Tensor]:
+    """The loss masks of samples `wanted` (ascending), through the source's own mask reader
+    where it has one (a dataset's: no hidden states read)."""
+    own = getattr(source, "loss_masks", None)
+    if own is None:
+        yield from (source[i]["loss_mask"] for i in wanted)
+        return
+    want = set(wanted)
+    with closing(own()) as masks:  # closed at the last wanted: its shard files too
+        for i, mask in enumerate(islice(masks, wanted[-1] + 1)):
+            if i in want:
+                yield mask
 
 
 def _ignore_ctrl_c(worker: int) -> None:
