@@ -50,11 +50,9 @@ def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Te
 
 
 def count_ids(pairs: Iterable[tuple[list[int], list[bool]]], vocab_size: int) -> torch.Tensor:
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for ids, mask in pairs:
-        t = torch.tensor(ids, dtype=torch.long)[torch.tensor(mask, dtype=torch.bool)]
-        counts = _add(counts, t)
-    return counts
+    """`count_pairs` of (ids, mask) lists, as `encode_conversations` gives them."""
+    return count_pairs(((torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+                        for ids, mask in pairs), vocab_size)
 
 
 def count_pairs(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int,
