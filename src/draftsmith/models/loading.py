@@ -64,7 +64,7 @@ def fuse_hf_names(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Fu
     time, not a second copy of every layer's weights."""
     out: dict[str, torch.Tensor] = {}
     layers: dict[int, dict[str, torch.Tensor]] = {}
-    for name, t in with_model_prefix(hf).items():
+    for name, t in hf.items():
         m = _LAYER.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = t
@@ -208,9 +208,10 @@ def build_model(
     """Build on the meta device, then load with assign=True; no weight is initialised twice."""
     with torch.device("meta"):
         model = Transformer(cfg, tp)
+    hf_weights = with_model_prefix(hf_weights)  # a base model's names read as its causal LM's
     full = fuse_hf_names(hf_weights, cfg)
     local = shard_state(model, full, lambda t: t.to(device=device, dtype=dtype))
-    warn_unread(with_model_prefix(hf_weights), local)
+    warn_unread(hf_weights, local)
     model.load_state_dict(local, strict=True, assign=True)
     if cfg.tie_word_embeddings:  # under TP both hold the same vocabulary rows, so one shard serves
         model.lm_head.weight = model.embed.weight
