@@ -401,7 +401,7 @@ def _speculative(t, model, tp, spec, batches, new, params, notes: list[str]) -> 
     """Every batch decoded by one SpecDecoder sized to the longest prompt + `new`; the mean
     accept length (and a drafter made for another target) said in `notes`."""
     from draftsmith.engine.spec_state import SpecResult
-    from draftsmith.engine.speculative import SpecDecoder, check_pair
+    from draftsmith.engine.speculative import SpecDecoder, check_pair, other_target
     from draftsmith.models.eagle3 import load_drafter
 
     folder, steps, topk, tokens = spec
@@ -410,9 +410,8 @@ def _speculative(t, model, tp, spec, batches, new, params, notes: list[str]) -> 
     drafter = load_drafter(folder, model.embed.weight.device, model.embed.weight.dtype,
                            embed=embed).eval()
     check_pair(model.cfg, drafter.cfg)
-    if (fp := drafter.cfg.target_fingerprint) and fp != t.fingerprint:
-        notes.append(f"warning: the drafter was trained for target {fp}, this target is "
-                     f"{t.fingerprint}: the text is the target's, acceptance may be low")
+    if other := other_target(drafter.cfg, t.fingerprint):
+        notes.append(f"warning: {other}: the text is the target's, acceptance may be low")
     verify = steps + 1 if topk == 1 else tokens
     room = max(len(p) for b in batches for p in b) + new + 2 * steps + 2
     dec = SpecDecoder(model, drafter, steps, topk, None if topk == 1 else tokens, params,

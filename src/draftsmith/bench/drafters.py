@@ -32,10 +32,10 @@ def get_drafter(spec: str, target: Any, model: Any) -> tuple[Eagle3Drafter, list
         warnings.simplefilter("always")
         drafter = load_drafter(folder, p.device, p.dtype, embed=p)
     said = _own_warnings(caught)
-    fp = drafter.cfg.target_fingerprint
-    if fp and fp != target.fingerprint:
-        said.append(f"the drafter was trained for target {fp}, this target is "
-                    f"{target.fingerprint}")
+    from draftsmith.engine.speculative import other_target
+
+    if other := other_target(drafter.cfg, target.fingerprint):
+        said.append(other)
     return drafter.eval(), said
 
 

@@ -120,6 +120,16 @@ def check_pair(tc, dc) -> tuple[int, ...]:
     return tuple(validate(list(dc.aux_layer_ids), tc.num_layers))
 
 
+def other_target(dc, fingerprint: str) -> str:
+    """'the drafter was trained for target A, this target is B' where the drafter config `dc`
+    records another target fingerprint than `fingerprint`, else "" (front ends add what
+    follows for them)."""
+    fp = dc.target_fingerprint
+    if not fp or fp == fingerprint:
+        return ""
+    return f"the drafter was trained for target {fp}, this target is {fingerprint}"
+
+
 def reads_drafts(topk: int) -> bool:
     """Whether sampled decoding at `topk` reads the drafts themselves (a tree's siblings, or
     drafts drawn from the drafter's q: `SAMPLED_DRAFTS`), which a d2t of shared target ids

@@ -431,17 +431,16 @@ def check_pair_of(drafter_dir: Path, dcfg: Eagle3Config, t) -> str | None:
     engine refused it only once they and the drafter had, as the acceptance began); the
     warning for one made for another target of these shapes (said first and in the report:
     its acceptance is this pair's, likely low), else None."""
-    from draftsmith.engine.speculative import check_pair
+    from draftsmith.engine.speculative import check_pair, other_target
 
     try:
         check_pair(t.cfg, dcfg)
     except DraftsmithError as e:
         raise DraftsmithError(f"--drafter {drafter_dir}: {e}: give the --target it was trained "
                               "for") from None
-    if not (fp := dcfg.target_fingerprint) or fp == t.fingerprint:
+    if not (other := other_target(dcfg, t.fingerprint)):
         return None
-    return (f"warning: the drafter was trained for target {fp}, this target is "
-            f"{t.fingerprint}: acceptance and the recommendation are this pair's, and may be low")
+    return f"warning: {other}: acceptance and the recommendation are this pair's, and may be low"
 
 
 def plan_batch(costs, acc, batch: int, limits: tuple[int, int, int], mix=None, refilled=None,
