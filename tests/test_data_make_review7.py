@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_data_make_review6 import KW as REVIEW6_KW
+from test_data_make_review6 import _files
 
 from draftsmith.data.pipeline import make_dataset
 from draftsmith.data.shards import Dataset
 from draftsmith.data.vocab import count_dataset, count_pairs, load_vocab
 from draftsmith.errors import DraftsmithError
 
-KW = dict(batch_size=4, max_len=96, max_new_tokens=8, prompt_tokens=48, vocab_size=16,
-          progress=False, temperature=0.0)
+KW = {**REVIEW6_KW, "temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +22,6 @@ def made(target, tmp_path_factory):
     out = tmp_path_factory.mktemp("review7") / "mk"
     make_dataset(out, 3, target=target, log=lambda s: None, **KW)
     return out
-
-
-def _files(out) -> dict[str, bytes]:
-    return {p: (out / p).read_bytes() for p in ("prompts.jsonl", "answers.jsonl", "make.json",
-                                                 "dataset/manifest.json")}
 
 
 def test_the_vocab_is_the_one_train_counts_within_the_same_max_len(target, made):
