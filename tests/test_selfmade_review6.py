@@ -9,6 +9,8 @@ import copy
 import json
 from pathlib import Path
 
+from test_selfmade_review5 import _Swapped
+
 from draftsmith.data import selfmade
 from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
 
@@ -28,16 +30,6 @@ BARE = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'
 VICUNA = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: {{ m['content'] }} "
           "{% else %}ASSISTANT: {{ m['content'] }}</s>{% endif %}{% endfor %}"
           "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
-
-
-class _Swapped:
-    """The target with another tokenizer."""
-
-    def __init__(self, target, tok) -> None:
-        self._target, self.tokenizer = target, tok
-
-    def __getattr__(self, name: str):
-        return getattr(self._target, name)
 
 
 def _with_template(target, template: str, added: tuple[str, ...] = ()):
