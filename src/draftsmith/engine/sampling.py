@@ -14,15 +14,28 @@ import torch
 from draftsmith.engine.params import KINDS, SamplingParams, widest  # noqa: F401
 from draftsmith.errors import DraftsmithError
 
+# A setting past what its device tensor holds means what the largest held value means: top-k and
+# top-nσ past any vocabulary keep every token; past 1e30 a temperature leaves the tempered logits
+# as even as they get while still apart (near float32's largest they tie, and top-k kept them all)
+HOTTEST, WIDEST_K, WIDEST_SIGMA = 1e30, 1 << 62, 1e30
+
+
+def held(p: SamplingParams) -> tuple[float, float, int, float]:
+    """p's temperature, top-p, top-k and top-nσ as device tensors hold them: a top-k past int64
+    or a value past float32 was a traceback (`HOTTEST`)."""
+    return (min(float(p.temperature), HOTTEST), float(p.top_p), min(int(p.top_k), WIDEST_K),
+            min(float(p.top_n_sigma), WIDEST_SIGMA))
+
 
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The distribution a sampler with these settings draws from (float32, last dim)."""
-    x = logits.float() / max(p.temperature, 1e-6)
+    t, top_p, top_k, n_sigma = held(p)
+    x = logits.float() / max(t, 1e-6)
     if p.filters:
         shape = (*x.shape[:-1], 1)
-        x = filtered(x, torch.full(shape, p.top_k, device=x.device),
-                     torch.full(shape, p.top_p, device=x.device),
-                     torch.full(shape, p.top_n_sigma, device=x.device))
+        x = filtered(x, torch.full(shape, top_k, device=x.device),
+                     torch.full(shape, top_p, device=x.device),
+                     torch.full(shape, n_sigma, device=x.device))
     return x.softmax(-1)
 
 
@@ -95,23 +108,25 @@ class RowSampling:
 
     def __init__(self, rows: int, device: torch.device | str, like: SamplingParams) -> None:
         self.kind = like.kind
-        self.temp = torch.full((rows,), like.temperature, device=device)
-        self.top_p = torch.full((rows,), like.top_p, device=device)
-        self.top_k = torch.full((rows,), like.top_k, dtype=torch.long, device=device)
-        self.n_sigma = torch.full((rows,), float(like.top_n_sigma), device=device)
+        t, p, k, n = held(like)
+        self.temp = torch.full((rows,), t, device=device)
+        self.top_p = torch.full((rows,), p, device=device)
+        self.top_k = torch.full((rows,), k, dtype=torch.long, device=device)
+        self.n_sigma = torch.full((rows,), n, device=device)
 
     def set(self, idx: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         """Rows idx take these settings, one each, each of this state's kind or one before it."""
         check_kinds(self.kind, params)
         if len(params) != len(idx):
             raise DraftsmithError(f"{len(params)} sampling settings for {len(idx)} rows")
-        if self.kind == "greedy":
+        if self.kind == "greedy" or not params:
             return
+        t, p, k, n = zip(*map(held, params), strict=True)
         dev = self.temp.device
-        self.temp[idx] = torch.tensor([p.temperature for p in params], device=dev)
-        self.top_p[idx] = torch.tensor([p.top_p for p in params], device=dev)
-        self.top_k[idx] = torch.tensor([p.top_k for p in params], device=dev)
-        self.n_sigma[idx] = torch.tensor([float(p.top_n_sigma) for p in params], device=dev)
+        self.temp[idx] = torch.tensor(t, device=dev)
+        self.top_p[idx] = torch.tensor(p, device=dev)
+        self.top_k[idx] = torch.tensor(k, device=dev)
+        self.n_sigma[idx] = torch.tensor(n, device=dev)
 
     def sample(self, logits: torch.Tensor, idx: torch.Tensor | None = None,
                generator: torch.Generator | None = None) -> torch.Tensor:
