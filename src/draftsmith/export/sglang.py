@@ -139,12 +139,27 @@ def write_sglang(
     source: str = "",
 ) -> Path:
     check_exportable(drafter.cfg)
+    _warn_fc_skipped(drafter.cfg)
     tensors = cast(hf_state_dict(drafter), dtype)
     if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
         _warn_dropped_embedding(drafter, info)
         tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
     config = sglang_config(drafter.cfg, info, run_dtype(tensors, info), source)
     return write_folder(out, config, tensors, overwrite)
+
+
+def _warn_fc_skipped(cfg: Eagle3Config) -> None:
+    """SGLang's LlamaModel.forward applies fc only where the fed state is not as wide as the
+    embedding (`hidden_states.shape[-1] != embeds.shape[-1]`), so a drafter exactly 3 x
+    target_hidden_size wide drafts its first step from the target's states unfused."""
+    n = len(cfg.aux_layer_ids)
+    if cfg.hidden_size == n * cfg.target_hidden_size:
+        warnings.warn(f"the drafter's hidden size {cfg.hidden_size} is {n} x its target hidden "
+                      f"size {cfg.target_hidden_size}, and SGLang's EAGLE-3 model skips fc where "
+                      "the fed states are as wide as the embedding, so SGLang drafts the first "
+                      "step from the target's states unfused; serve this folder with vLLM (which "
+                      "always applies fc), or train a drafter of another hidden size",
+                      stacklevel=3)
 
 
 def _warn_dropped_embedding(drafter: Eagle3Drafter, info: TargetInfo) -> None:
@@ -192,6 +207,8 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     _check_layout(c, folder)
     _note_reference_arch(c, folder)
     _note_norm_output(c, folder)
+    _note_fc_skipped(mc.hidden_size, target_hidden_of(c, mc.hidden_size, f"{folder}/config.json"),
+                     folder)
     record = section(c, "draftsmith", f"{folder}/config.json")
     cfg = drafter_config(
         f"{folder}/config.json",
@@ -253,6 +270,16 @@ def _note_norm_output(c: dict[str, Any], folder: Path) -> None:
              "normed one",
              "serve the folder itself with vLLM or SGLang, which honour the flag; the imported "
              "drafter's own runs draft otherwise from the second step", stacklevel=3)
+
+
+def _note_fc_skipped(hidden: int, target_hidden: int, folder: Path) -> None:
+    if hidden == 3 * target_hidden:
+        note(f"{folder}/config.json: hidden_size {hidden} is 3 x target_hidden_size "
+             f"{target_hidden}, and SGLang's EAGLE-3 model skips fc where the fed states are as "
+             "wide as the embedding, so SGLang drafts the first step from the target's states "
+             "unfused; vLLM and the import apply fc",
+             "serve the folder with vLLM, or use a drafter of another hidden size with SGLang",
+             stacklevel=3)
 
 
 def _note_reference_arch(c: dict[str, Any], folder: Path) -> None:
