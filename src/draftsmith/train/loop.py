@@ -516,7 +516,7 @@ class Trainer:
             if not c.data:
                 return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples,
                                    c.max_len)
-            data = open_offline(c.data, self.target, c.max_samples, dataset)
+            data = open_offline(c.data, self.target, c.max_samples, dataset, c.max_len)
         if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
             raise aux_clash(c, data.aux_layer_ids)
         return data

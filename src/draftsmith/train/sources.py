@@ -125,8 +125,9 @@ def target_of_dataset(manifest: dict[str, Any]) -> str:
 
 
 def open_offline(folder: str | Path, target: Target, max_samples: int | None,
-                 dataset: Dataset | None = None) -> Data:
-    """`dataset`: the folder's, opened already (its manifest read once for the whole run)."""
+                 dataset: Dataset | None = None, max_len: int | None = None) -> Data:
+    """`dataset`: the folder's, opened already (its manifest read once for the whole run).
+    `max_len`: the packed rows' length, which cuts longer samples (recorded in the summary)."""
     ds = dataset if dataset is not None else Dataset(folder)
     m = ds.manifest
     _check_dataset(folder, m, target)
@@ -142,6 +143,8 @@ def open_offline(folder: str | Path, target: Target, max_samples: int | None,
                "samples": len(lengths), "tokens": sum(lengths),
                "target_fingerprint": m.get("target", {}).get("fingerprint"),
                "aux_layer_ids": ids, "aux_convention": m.get("aux_convention")}
+    if max_len is not None:  # the packer cuts them and says so (`batches.cut_note`)
+        summary["cut_at_max_len"] = cut_counts(lengths, max_len)
     return Data(source, lengths, ids, False, summary, m,
                 content=shards_digest(m["shards"], len(lengths)), reader=reader)
 
@@ -256,12 +259,14 @@ def open_online(
         convs = convs[:max_samples]
     tally = AnswerTally()
     encoded, refused = _encode(target.tokenizer, convs, prompts, tally)
-    max_len = _within_positions(encoded, max_len, target.cfg.max_position_embeddings, prompts)
+    most = target.cfg.max_position_embeddings
+    asked, max_len = max_len, held_len(max_len, most)
     kept = [(ids, mask) for ids, mask in encoded if any(mask[:max_len])]
     samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
+    cut = cut_counts([len(ids) for ids, _ in kept], max_len)
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
             f"{refused[0]}" if refused else "")
-    unanswered = _unanswered(encoded, max_len, len(convs))
+    unanswered = _unanswered(encoded, max_len, len(convs), max_len != asked)
     if not samples:
         raise DraftsmithError(f"{prompts}: no conversation left to train on: "
                               + ("; ".join(x for x in (unanswered, said) if x) or "it holds none"))
@@ -269,35 +274,55 @@ def open_online(
         warnings.warn(f"{prompts}: {said}: skipped, as data capture skips them", stacklevel=2)
     if unanswered:
         warnings.warn(f"{prompts}: {unanswered}", stacklevel=2)
+    if cut["conversations"]:
+        warnings.warn(f"{prompts}: {cut_words(cut, len(convs), asked, most)}", stacklevel=2)
     layers = target.cfg.num_layers
     ids = ascending(validate(aux_ids or default_aux_layers(layers), layers))
     src = TokenSource(samples)
     summary = {"kind": "online", "prompts": str(prompts), "samples": len(samples),
                "skipped_without_assistant": len(encoded) - len(samples),
                "skipped_template_refused": len(refused), "answers": tally.as_dict(),
-               "tokens": sum(src.lengths()), "aux_layer_ids": ids}
+               "cut_at_max_len": cut, "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
                 content=tokens_digest(kept))
 
 
-def _within_positions(encoded: list[tuple[list[int], list[bool]]], max_len: int | None,
-                      most: int | None, prompts: str | Path) -> int | None:
-    """--max-len held to the target's max_position_embeddings (`most`), as capture holds it:
-    states past them are of positions the target never saw. Said where it cuts a sample."""
-    if not most or (max_len is not None and max_len <= most):
-        return max_len
-    longer = sum(len(ids) > most for ids, _ in encoded)
-    if longer:
-        warnings.warn(f"{prompts}: {longer} conversation(s) run past the target's "
-                      f"max_position_embeddings {most}: held to {most} tokens, as data capture "
-                      "holds them", stacklevel=3)
-    return most
+def held_len(max_len: int | None, most: int | None) -> int | None:
+    """--max-len held to the target's max_position_embeddings (`most`) by capture's own rule
+    (`within_positions`): states past them are of positions the target never saw. None: no cut
+    asked, held to `most` where it is known."""
+    from draftsmith.data.capture import CaptureConfig, within_positions
+
+    if max_len is None and not most:
+        return None
+    return within_positions(CaptureConfig(max_len=max_len or most), most, lambda s: None).max_len
+
+
+def cut_counts(lengths: list[int], max_len: int | None) -> dict[str, Any]:
+    """How many samples of `lengths` `max_len` cuts and the tokens it drops, as the run records
+    them."""
+    over = [n - max_len for n in lengths if max_len is not None and n > max_len]
+    return {"conversations": len(over), "tokens": sum(over), "most": max(over, default=0),
+            "max_len": max_len}
+
+
+def cut_words(cut: dict[str, Any], total: int, asked: int | None, most: int | None) -> str:
+    """One line on the cut: capture truncates such conversations alike (and says so)."""
+    n, held, lost = cut["conversations"], cut["max_len"], cut["tokens"]
+    dropped = f"{lost} token(s) dropped, at most {cut['most']} of one"
+    if asked is None or held != asked:  # held to the positions: a higher --max-len keeps none
+        return (f"{n} of {total} conversation(s) run past the target's max_position_embeddings "
+                f"{most}: held to {held} tokens, as data capture holds them ({dropped})")
+    return (f"{n} of {total} conversation(s) run past --max-len {held}: cut to their first {held} "
+            f"tokens, as data capture truncates them ({dropped}); raise --max-len to train on "
+            "all of them")
 
 
 def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None,
-                total: int) -> str:
+                total: int, held: bool = False) -> str:
     """One line on the conversations skipped for want of an answer (none, or every answer token
-    past --max-len), with the fix for each; "" where none was."""
+    past --max-len), with the fix for each; "" where none was. `held`: `max_len` is the
+    target's positions, which no --max-len raises (capture's `held_fixes`)."""
     none = sum(not any(mask) for _, mask in encoded)
     late = sum(any(mask) and not any(mask[:max_len]) for _, mask in encoded)
     parts = []
@@ -306,7 +331,11 @@ def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None
                      "them trains: skipped, as data capture skips them; answer them first "
                      "(`draftsmith data regenerate FILE -o ANSWERS.jsonl`, then --prompts "
                      "ANSWERS.jsonl)")
-    if late:
+    if late and held:
+        parts.append(f"{late} of {total} conversation(s) have every answer token past the "
+                     f"target's max_position_embeddings {max_len}, which no --max-len raises: "
+                     "skipped; shorten what comes before their answers to train on them")
+    elif late:
         parts.append(f"{late} of {total} conversation(s) have every answer token past --max-len "
                      f"{max_len}: skipped; raise --max-len to train on them")
     return "; ".join(parts)
