@@ -68,7 +68,7 @@ class CompareOptions:
         if not given:
             return
         src, why = recorded_target(self.drafters)
-        if src is None:  # a folder it cannot read: `describe` names it, once this is put right
+        if src is None:  # a folder not there: `describe` names it, once this is put right
             fix = f"{why}; give --target" if why else "give one"
             raise DraftsmithError(f"{', '.join(given)} set how acceptance is measured, which "
                                   f"needs --target: {fix}, or leave them out")
@@ -93,6 +93,8 @@ def recorded_target(folders: list[str]) -> tuple[str | None, str]:
         try:
             src = drafter_target(read_drafter(folder))
         except DraftsmithError:
+            if Path(folder).is_dir():  # a damaged folder: its own error, not "give --target"
+                raise
             return None, ""
         if src is None:
             return None, f"drafter {name} records no target"
@@ -449,6 +451,9 @@ def write(res: dict[str, Any], out: Path) -> None:
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
+    # stderr: stdout is --json's; the plot named where compare.md shows it
+    print(f"compare: wrote {out / 'compare.md'}, compare.json" + (f", {png}" if png else ""),
+          file=sys.stderr)
 
 
 def _move_in(staged: dict[str, Path], out: Path, gone: list[str]) -> None:

@@ -180,9 +180,8 @@ def markdown(res: dict[str, Any], png: str | None) -> str:
     lines += [f"- {k}: {v}" for k, v in res["context"].items() if v is not None]
     lines.append("")
     for title, header, rows in sections(res):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |",
-                  "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        lines += [f"## {title}", "", _table_row(header), "|" + "---|" * len(header)]
+        lines += [_table_row(r) for r in rows]
         lines.append("")
         if title == "Parameters":
             lines += [f"- {x}" for x in res["claims"]] + [""]
@@ -191,6 +190,11 @@ def markdown(res: dict[str, Any], png: str | None) -> str:
     if res["notes"]:
         lines += ["## Differences", ""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)
+
+
+def _table_row(cells: list[str]) -> str:
+    """One Markdown table row, a `|` in a cell escaped: headers too (a folder `exp|v2`)."""
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def plot(res: dict[str, Any], path: Path) -> Path:

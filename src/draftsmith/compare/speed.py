@@ -22,9 +22,10 @@ def _finish(runs: list[Any]) -> dict[str, Any]:
     m = SpecResult.merged(runs)
     secs = m.prefill_s + m.decode_s
     # None where nothing was measured: a position never reached, a run of no cycle
-    return {**m.accept_stats(), "new_tokens": m.new_tokens, "seconds": secs,
-            "tokens_per_s": m.new_tokens / secs if secs else 0.0,
+    return {**m.accept_stats(), "cycles": m.cycles, "new_tokens": m.new_tokens,
+            "seconds": secs, "tokens_per_s": m.new_tokens / secs if secs else 0.0,
             "per_prompt_accept_length": [r.measured_accept_length for r in runs],
+            "per_prompt_cycles": [r.cycles for r in runs],
             "per_prompt_tokens_per_s": [_rate(r) for r in runs]}
 
 
@@ -105,7 +106,11 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
 # the share of draft tokens accepted, vLLM's "draft acceptance rate", which it is not)
 DEFINITIONS = {
     "mean_accept_length": "tokens a cycle makes on average, the target's own token included "
-                          "(1 to steps + 1)",
+                          "(1 to steps + 1), over every cycle of every prompt: each prompt "
+                          "weighted by its cycles, not the plain mean of "
+                          "per_prompt_accept_length",
+    "cycles": "the cycles run over every prompt (per_prompt_cycles: each prompt's)",
+    "accept_hist": "[k]: the cycles that made k tokens; it sums to cycles",
     "accept_rate": "mean_accept_length / (steps + 1): the share of the most tokens a cycle can "
                    "make, as the profiler's accept rate; not accepted draft tokens / drafted ones",
     "position_rates": "P(draft position i accepted | position i reached); null where no cycle "
@@ -115,6 +120,7 @@ DEFINITIONS = {
     "per_prompt_accept_length": "mean_accept_length of each prompt alone, in the suite's "
                                 "order (null: no cycle ran)",
     "per_prompt_tokens_per_s": "tokens_per_s of each prompt alone, in the suite's order",
+    "per_prompt_cycles": "the cycles each prompt ran, in the suite's order",
     "paired": PAIRED,
     "paired_tokens_per_s": "as paired, over per_prompt_tokens_per_s: each drafter's tokens/s "
                            "minus the first's on the same prompt",
