@@ -112,22 +112,25 @@ _NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a strin
           list: "an array", dict: "an object"}
 
 
-def _get(body: dict, name: str, kind: type, default: Any = None) -> Any:
+def _get(body: dict, name: str, kind: type, default: Any = None, under: str = "") -> Any:
+    """`body[name]` of `kind`, or `default` where absent or null; `under`: the object holding
+    it (`stream_options`), so a refusal names the field by its path."""
     v = body.get(name)
     if v is None:
         return default
+    path = f"{under}.{name}" if under else name
     ok = isinstance(v, kind) and not (kind in (int, float) and isinstance(v, bool))
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
         try:
             return float(v)
         except OverflowError:  # JSON integers have no bound; a float does
-            raise ApiError(400, f"'{name}' is out of range: an integer of {len(str(abs(v)))} "
-                           "digits", name, "invalid_value") from None
+            raise ApiError(400, f"'{path}' is out of range: an integer of {len(str(abs(v)))} "
+                           "digits", path, "invalid_value") from None
     if kind is int and isinstance(v, float) and v.is_integer():  # 2.0, as vLLM and OpenAI take
         return int(v)
     if not ok:
-        raise ApiError(400, f"'{name}' must be {_NAMES[kind]}, got {type(v).__name__}: {v!r:.60}",
-                       name, "invalid_type")
+        raise ApiError(400, f"'{path}' must be {_NAMES[kind]}, got {type(v).__name__}: {v!r:.60}",
+                       path, "invalid_type")
     return v
 
 
@@ -280,13 +283,14 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int) -> dict[str, A
     if opts and not stream:  # as OpenAI and vLLM: not silently dropped
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
                        "stream_options", "invalid_value")
-    if _get(opts, "continuous_usage_stats", bool, False):  # vLLM's: usage in every chunk
+    if _get(opts, "continuous_usage_stats", bool, False, "stream_options"):  # usage every chunk
         raise ApiError(400, "'stream_options.continuous_usage_stats' is not supported by this "
                        "server", "stream_options", "unsupported")
     token_ids = _get(body, "return_token_ids", bool, False)
     return {"model": _model(body, cfg), "max_tokens": max_tokens, "params": params, "n": n,
             "seed": seed, "stop": _stop(body), "stream": stream,
-            "include_usage": stream and _get(opts, "include_usage", bool, False),
+            "include_usage": stream and _get(opts, "include_usage", bool, False,
+                                             "stream_options"),
             "token_ids": token_ids}
 
 
@@ -414,11 +418,15 @@ def _items(body: dict, cfg: ServeConfig) -> list[str | list[int]]:
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter")
     p = body["prompt"]
-    items = [p] if isinstance(p, str) or (isinstance(p, list) and p and _is_id(p[0])) else p
-    if not isinstance(items, list) or not items:
+    if p == []:
+        raise _empty("")
+    items = [p] if isinstance(p, str) or (isinstance(p, list) and _is_id(p[0])) else p
+    if not isinstance(items, list):
         raise ApiError(400, _PROMPT_TYPES, "prompt", "invalid_type")
     for i, x in enumerate(items):
-        if isinstance(x, list) and x:
+        if x == []:
+            raise _empty(_where(i, len(items)))
+        if isinstance(x, list):
             if len(x) > cfg.max_prompt_tokens:
                 raise _too_long(len(x), cfg, "prompt", _where(i, len(items)))
             if not all(_is_id(t) for t in x):
@@ -426,6 +434,12 @@ def _items(body: dict, cfg: ServeConfig) -> list[str | list[int]]:
         elif not isinstance(x, str):
             raise ApiError(400, _PROMPT_TYPES, "prompt", "invalid_type")
     return items
+
+
+def _empty(where: str) -> ApiError:
+    """An array of no token ids (or no prompts): empty, not a prompt of the wrong type."""
+    return ApiError(400, f"the prompt{where} is empty: send at least one token or character",
+                    "prompt", "invalid_value")
 
 
 def _prompts(items: list[str | list[int]], cfg: ServeConfig,
