@@ -202,6 +202,28 @@ def _cache_key(path: Path, converter: str = CONVERTER) -> str:
                           ).hexdigest()[:16]
 
 
+# What `gguf_digest` reads of a GGUF: its head (the header and metadata of most files) and
+# blocks strided over the rest, a few MiB whatever the file's size.
+DIGEST_HEAD = 4 << 20
+DIGEST_BLOCKS = 256
+DIGEST_BLOCK = 4096
+
+
+def gguf_digest(path: Path) -> str:
+    """A GGUF's size, head and strided blocks hashed: a cache entry's record holds its file's, so
+    another file at its path of its size and mtime (`cp -p` of another fine-tune of one base
+    and quantization) is converted again, the cache key reading only the file's stat."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(DIGEST_HEAD))
+        rest = size - DIGEST_HEAD
+        for i in range(DIGEST_BLOCKS + 1 if rest > 0 else 0):  # the last block ends the file
+            f.seek(DIGEST_HEAD + min(rest * i // DIGEST_BLOCKS, max(rest - DIGEST_BLOCK, 0)))
+            h.update(f.read(DIGEST_BLOCK))
+    return h.hexdigest()[:16]
+
+
 def default_cache_keys() -> set[str]:
     """The cache folder names of the default's conversions, by this draftsmith and earlier ones;
     none where the default is not installed."""
@@ -357,23 +379,29 @@ def _load_gguf(path: Path) -> Target:
     if not path.is_file():
         raise DraftsmithError(f"{path}: GGUF file not found")
     folder = cache_dir() / "targets" / _cache_key(path)
-    damaged = None
+    damaged, digest = None, gguf_digest(path)
     if (folder / "draftsmith_target.json").is_file():
         try:
-            _check_current(folder)
+            _check_current(folder, digest)
             return _load_folder(folder, "gguf", str(path))
         except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
             damaged = _record_stamp(folder)
-    _convert_gguf(path, folder, replace=damaged)
+    _convert_gguf(path, folder, digest, replace=damaged)
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
 
-def _check_current(folder: Path) -> None:
-    """A conversion under this CONVERTER that dropped a llama GGUF's attention biases (config.json
-    without attention_bias, its q/k biases stored in llama.cpp's order) is converted again."""
+def _check_current(folder: Path, digest: str) -> None:
+    """A conversion of another file (its record's `gguf_digest` another, or none: an earlier
+    draftsmith's) or, under this CONVERTER, one that dropped a llama GGUF's attention biases
+    (config.json without attention_bias, its q/k biases stored in llama.cpp's order) is
+    converted again."""
     from safetensors import SafetensorError, safe_open
 
+    record = json.loads((folder / "draftsmith_target.json").read_text())
+    if not isinstance(record, dict) or record.get("gguf_digest") != digest:
+        raise DraftsmithError("converted from another file of this path, size and mtime, or "
+                              "by a draftsmith that did not record which")
     cfg = hf.read_config(folder)
     if cfg.get("model_type") != "llama" or cfg.get("attention_bias"):
         return
@@ -392,9 +420,10 @@ def _check_current(folder: Path) -> None:
 SHARD_BYTES = 2 << 30
 
 
-def _convert_gguf(path: Path, folder: Path, replace: Stamp | None = None) -> None:
+def _convert_gguf(path: Path, folder: Path, digest: str, replace: Stamp | None = None) -> None:
     """Dequantize `path` into the HF folder `folder`, tensor by tensor, each in the GGUF's own
-    float type (quantized ones in float32, exactly as dequantized)."""
+    float type (quantized ones in float32, exactly as dequantized); `digest`: the file's
+    `gguf_digest` before it was read, recorded."""
     from draftsmith.targets import gguf_file
 
     rd = gguf_file.reader(path)  # a clear error for a file that is not GGUF at all
@@ -407,18 +436,21 @@ def _convert_gguf(path: Path, folder: Path, replace: Stamp | None = None) -> Non
     # llama.cpp permutes q/k by its own architecture name, which Mistral models share
     arch = gguf_file.architecture(rd)
     skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    tensors = gguf_file.iter_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd, skip)
-    _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd), replace)
+    tensors = gguf_file.with_zero_biases(
+        gguf_file.iter_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd, skip), cfg)
+    record = {"gguf_digest": digest}
+    _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd), record,
+                 replace)
 
 
 def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: Any,
                  tensors: Iterable[tuple[str, torch.Tensor]], eos: list[int],
-                 replace: Stamp | None = None) -> None:
+                 record: dict[str, str], replace: Stamp | None = None) -> None:
     """Write the converted target beside `folder`, then move it in (`replace`: over the damaged
-    entry of that record stamp there). Each process writes its own temporary folder: ranks
-    converting one GGUF at once (torchrun on a fresh cache) shared one, and a rank that moved it
-    in first left the others writing into a folder gone. Temporary folders a killed conversion
-    left are removed."""
+    entry of that record stamp there); its draftsmith_target.json holds `record` beside the
+    fingerprint. Each process writes its own temporary folder: ranks converting one GGUF at once
+    (torchrun on a fresh cache) shared one, and a rank that moved it in first left the others
+    writing into a folder gone. Temporary folders a killed conversion left are removed."""
     import shutil
     import tempfile
 
@@ -433,7 +465,7 @@ def _save_folder(folder: Path, cfg: ModelConfig, hf_cfg: dict[str, Any], tok: An
         if eos:  # read back by hf.generation_eos
             (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
         fp = fingerprint_of(cfg, tok, samples)
-        (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": fp}))
+        (tmp / "draftsmith_target.json").write_text(json.dumps({"fingerprint": fp, **record}))
         for f in tmp.iterdir():  # safetensors writes its files 0600
             if f.is_file():
                 f.chmod(0o644)

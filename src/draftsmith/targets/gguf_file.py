@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,19 @@ def reader(path: Path):
         return gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001 - the reader raises many kinds on a bad file
         why = " ".join(str(e).split())[:200]
-        raise DraftsmithError(f"{path}: not a readable GGUF file ({why}); {_damage(path)}"
-                              ) from None
+        fix = _newer_type(e) or _damage(path)
+        raise DraftsmithError(f"{path}: not a readable GGUF file ({why}); {fix}") from None
+
+
+def _newer_type(e: Exception) -> str | None:
+    """A tensor type id the gguf package has no name for (a quantization newer than it): the
+    file is whole, so fetching it again, as for a damaged one, cannot help."""
+    if not (isinstance(e, ValueError) and "GGMLQuantizationType" in str(e)):
+        return None
+    from importlib import metadata
+
+    return (f"a tensor type the installed gguf package ({metadata.version('gguf')}) does not "
+            "know: upgrade it (pip install -U gguf), or use another quantization of the model")
 
 
 def _damage(path: Path) -> str:
@@ -119,7 +130,7 @@ def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
     if hf_cfg.get("model_type") == "mistral":
         window = field(rd, f"{arch}.attention.sliding_window")
         hf_cfg["sliding_window"] = None if window is None else int(window)
-    if hf_cfg.get("model_type") == "llama" and _has_tensor(rd, "blk.0.attn_q.bias"):
+    if hf_cfg.get("model_type") == "llama" and _has_attention_bias(rd):
         hf_cfg["attention_bias"] = True  # llama.cpp's optional bq/bk/bv/bo; HF's reader drops
     scaling = _rope_scaling(rd, arch, hf_cfg, path)
     if scaling:
@@ -127,8 +138,35 @@ def complete_config(rd: Any, hf_cfg: dict[str, Any], path: Path) -> None:
         hf_cfg[key] = {**(hf_cfg.get(key) or {}), **scaling}
 
 
-def _has_tensor(rd: Any, name: str) -> bool:
-    return any(t.name == name for t in rd.tensors)
+# llama.cpp's attention tensors a llama GGUF may bias, each optional
+_BIASED = frozenset({"attn_q", "attn_k", "attn_v", "attn_output"})
+
+
+def _has_attention_bias(rd: Any) -> bool:
+    return any(len(p := t.name.split(".")) == 4 and p[0] == "blk" and p[2] in _BIASED
+               and p[3] == "bias" for t in rd.tensors)
+
+
+def with_zero_biases(tensors: Iterable[tuple[str, torch.Tensor]], cfg: Any,
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`tensors`, then zeros for the attention biases a biased llama GGUF leaves out (a Qwen2
+    written as llama: q/k/v alone): llama.cpp takes each of bq/bk/bv/bo as optional, where
+    HF's Llama and the engines build all four under attention_bias; a zero bias adds nothing."""
+    seen, dtype = set(), torch.float32
+    for name, w in tensors:
+        seen.add(name)
+        if name.endswith("_proj.bias"):
+            dtype = w.dtype  # the file's own float type
+        yield name, w
+    if cfg.arch != "llama" or not cfg.attention_bias:
+        return
+    kv = cfg.num_kv_heads * cfg.head_dim
+    sizes = {"q_proj": cfg.num_heads * cfg.head_dim, "k_proj": kv, "v_proj": kv,
+             "o_proj": cfg.hidden_size}
+    for i in range(cfg.num_layers):
+        for proj, size in sizes.items():
+            if (name := f"model.layers.{i}.self_attn.{proj}.bias") not in seen:
+                yield name, torch.zeros(size, dtype=dtype)
 
 
 def _rope_scaling(rd: Any, arch: str, hf_cfg: dict[str, Any], path: Path) -> dict | None:
@@ -209,7 +247,8 @@ def _tensor(t: Any, path: Path) -> torch.Tensor:
     except NotImplementedError:
         raise DraftsmithError(
             f"{path}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
-            "which the gguf package cannot dequantize"
+            "which the gguf package cannot dequantize; use another quantization of the model "
+            "(F16, Q8_0, a K-quant) or its HF folder"
         ) from None
     return torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)
 
@@ -217,13 +256,26 @@ def _tensor(t: Any, path: Path) -> torch.Tensor:
 def hf_config_and_tokenizer(path: Path, rd: Any = None):
     from transformers import AutoConfig, AutoTokenizer
 
+    rd = rd if rd is not None else reader(path)
+    check_tokenizer(rd, path)
     try:
         cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF reader raises many kinds
-        raise DraftsmithError(f"{path}: cannot read config/tokenizer from GGUF ({e})") from None
-    split_digits(tok, rd if rd is not None else reader(path))
+        why = " ".join(str(e).split())  # its messages may span lines
+        raise DraftsmithError(f"{path}: cannot read config/tokenizer from GGUF ({why})") from None
+    split_digits(tok, rd)
     return with_architecture(cfg.to_dict()), tok
+
+
+def check_tokenizer(rd: Any, path: Path) -> None:
+    """A GGUF without its vocabulary (llama.cpp runs it given another's): transformers' error
+    says "stating tokenizer None"."""
+    if not field(rd, "tokenizer.ggml.model") or rd.get_field("tokenizer.ggml.tokens") is None:
+        raise DraftsmithError(f"{path}: the GGUF holds no tokenizer (no tokenizer.ggml.model or "
+                              "tokenizer.ggml.tokens), which draftsmith needs to prompt the "
+                              "target; use a GGUF converted with its tokenizer, or the model's "
+                              "HF folder")
 
 
 # llama.cpp's pre-tokenizers that isolate every digit before GPT-2's split (llama-vocab.cpp);
