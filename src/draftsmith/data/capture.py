@@ -415,7 +415,7 @@ def capture(
     folder = out / f"rank-{rank}" if world > 1 else out
     mine = [(k, s) for k, s in enumerate(p.shards(cfg.samples_per_shard)) if k % world == rank]
     room = _Room(say, convs, p, head, ids, mine, folder)
-    with _Hold(folder) as hold:
+    with _Hold(folder, out if world > 1 else None) as hold:
         return _capture_held(target, convs, out, cfg, p, head, room, hold, command, progress,
                              on_shard, model, overwrite, grow, redo)
 
@@ -475,23 +475,30 @@ class _Hold:
     """An flock on a capture's folder while the run may remove or write in it: a second capture
     there (the same command in another shell, one with --overwrite) would remove the first's
     tmp files or write its shards over the first's, each run's manifest listing the other's
-    files as its own. It dies with the process; a file system without flock is not held."""
+    files as its own. It dies with the process; a file system without flock is not held.
+    A torchrun rank holds its `rank-R/` folder alone and `top` (--out) shared with its peers, so
+    a single-process capture there, which holds --out alone, and a rank are refused each other:
+    either one's --overwrite would remove the other's files as it writes them."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, top: Path | None = None, shared: bool = False) -> None:
         self.folder, self.fd, self.inode = folder, None, None
+        self.mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        self.top = _Hold(top, shared=True) if top is not None else None
 
     def take(self) -> None:
-        """Hold the folder as it is now (none yet: nothing to hold)."""
+        """Hold the folder as it is now (none yet: nothing to hold), `top` first."""
+        if self.top is not None:
+            self.top.take()
         try:
             inode = os.stat(self.folder).st_ino
             if self.fd is not None and inode == self.inode:
                 return
-            self.release()
+            self._let_go()  # a folder removed and made again: the new one held
             fd = os.open(self.folder, os.O_RDONLY)
         except OSError:  # not there yet, or not readable: the writes say why
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, self.mode | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise DraftsmithError(f"--out {self.folder}: another `draftsmith data capture` is "
@@ -504,6 +511,11 @@ class _Hold:
         self.fd, self.inode = fd, inode
 
     def release(self) -> None:
+        self._let_go()
+        if self.top is not None:
+            self.top.release()
+
+    def _let_go(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
