@@ -270,6 +270,8 @@ def run_tune(
     t = load_target(target)
     if mismatch := check_pair_of(drafter_dir, dcfg, t):
         say(mismatch)
+    if deeper := past_training(drafter_dir, max_steps):
+        say(deeper)
     if tp is not None:
         dev = str(tp.device)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
@@ -334,6 +336,7 @@ def run_tune(
         if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
             costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
         preds, meas, done = [], [], partial.kept_measured(was)
+        failed: list[tuple[int, SpecSetting, str, Exception]] = []
         swept = time.perf_counter()
         limits = (max_steps, max_topk, max_draft)
         for b in batches:
@@ -347,15 +350,20 @@ def run_tune(
                     meas.append(m)
                     continue
                 console.print(f"{where} ({time.perf_counter() - swept:.0f} s into the sweep)")
-                meas.append(measure.run_setting(eng, s, ids, b, new, eos,
-                                                refilled.waves if refilled else 0))
-                kept.save(measured=[partial.measured_row(m) for m in meas])
+                m = sweep_run(eng, tp, failed, lambda s=s, b=b: measure.run_setting(
+                    eng, s, ids, b, new, eos, refilled.waves if refilled else 0), b, s)
+                if m is not None:
+                    meas.append(m)
+                    kept.save(measured=[partial.measured_row(m) for m in meas])
+        if failed and not meas:  # nothing swept at all: no report of predictions alone
+            raise failed[0][3]
         recs = recommend(preds, meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir),
                                      tp=1 if tp is None else tp.size, limits=limits,
                                      target=served_folder(t))
                  for r in recs]
+        texts = [x + failed_lines(r.batch, failed) for r, x in zip(recs, texts, strict=True)]
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                             "whole run, prompt passes included, baselines alike")
@@ -366,6 +374,8 @@ def run_tune(
                             "sweep all sampled")
         if mismatch:
             texts.append(mismatch)
+        if deeper:
+            texts.append(deeper)
         machine_load = machine.result()
         if note := load.busy_note(machine_load):
             texts.append(f"{note} (predicted and measured tok/s both)")
@@ -373,7 +383,7 @@ def run_tune(
             return {"texts": texts}  # launch_tp hands back rank 0's report
         report = write_report(out, acc, costs, preds, meas, recs, texts, batches, dev,
                               1 if tp is None else tp.size, eng.params, refill, mix, new,
-                              sweeps_nccl, machine_load)
+                              sweeps_nccl, machine_load, failed)
     if sweeps_nccl:
         kept.save(status="tune.json written; kept until the NCCL sweep (nccl/) ends: the same "
                          "tune run again takes these figures up")
@@ -381,6 +391,39 @@ def run_tune(
         kept.drop()  # tune.json holds it all
     report["texts"] = texts
     return report
+
+
+def sweep_run(eng, tp, failed: list, run, batch: int, setting: SpecSetting):
+    """One swept setting's measurement, or None where it failed (out of memory at a large
+    batch, any error not ours): said, recorded in `failed` and the sweep goes on, so the other
+    settings and batch sizes keep their figures. Our own refusals stop the tune (the same for
+    every setting), as a failure under TP does (a rank going on alone would hang its peers)
+    and one that leaves the device unusable."""
+    import torch
+
+    try:
+        return run()
+    except DraftsmithError:
+        raise
+    except Exception as e:
+        if tp is not None and tp.size > 1:
+            raise
+        if eng.device.type == "cuda":
+            try:
+                torch.cuda.synchronize(eng.device)
+                torch.cuda.empty_cache()
+            except Exception:  # a sticky CUDA error: nothing after it would run
+                raise e from None
+        why = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        failed.append((batch, setting, why, e))
+        say(f"batch {batch}, {setting} failed ({why}); the sweep goes on without it")
+        return None
+
+
+def failed_lines(batch: int, failed: list) -> str:
+    """The settings at `batch` the sweep could not run, each with why: the choice is the best
+    of the rest."""
+    return "".join(f"\n  failed: {s!s:<40} {why}" for b, s, why, _ in failed if b == batch)
 
 
 def _identity(t, drafter_dir: Path, ids: list[list[int]], dev: str, dt, compile: bool, tp,
@@ -424,6 +467,32 @@ def check_topk(max_topk: int, drafter_cfg: Eagle3Config) -> None:
     if max_topk > vocab:
         raise DraftsmithError(f"--max-topk {max_topk} exceeds the drafter's draft vocabulary of "
                               f"{vocab}: give --max-topk {vocab} or less")
+
+
+def trained_depth(drafter_dir: Path) -> int | None:
+    """The TTT steps the drafter was trained with (its draftsmith.json's training config), or
+    None where it does not say (an imported drafter)."""
+    from draftsmith.models.eagle3 import read_drafter_meta
+
+    training = read_drafter_meta(drafter_dir).get("training")
+    config = training.get("config") if isinstance(training, dict) else None
+    depth = config.get("ttt_steps") if isinstance(config, dict) else None
+    return depth if type(depth) is int and depth >= 1 else None
+
+
+def past_training(drafter_dir: Path, max_steps: int) -> str | None:
+    """A note where --max-steps sweeps drafts deeper than the drafter was trained to draft:
+    allowed (they are measured as any), but their acceptance is untrained, and said so."""
+    depth = trained_depth(drafter_dir)
+    if depth is None or max_steps <= depth:
+        return None
+    return (f"note: --max-steps {max_steps} sweeps drafts past the drafter's trained depth "
+            f"({depth} TTT steps, its draftsmith.json): {_steps(depth + 1, max_steps)} "
+            "measured, not trained for")
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first} is" if first == last else f"steps {first}-{last} are"
 
 
 def check_pair_of(drafter_dir: Path, dcfg: Eagle3Config, t) -> str | None:
@@ -525,7 +594,7 @@ FIXED_LENGTH = ("Priced and swept with every row decoding --max-new-tokens token
 def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, tp_size: int,
                  params: SamplingParams, refill: bool = False, mix=None,
                  new: int | None = None, sweeps_nccl: bool = False,
-                 machine_load: dict | None = None) -> dict:
+                 machine_load: dict | None = None, failed: list | None = None) -> dict:
     """tune.json, tune.md and tune.png; `machine_load` (`bench.load`) how busy the machine was
     over the timed runs, flagged in the PNG's title where busy (the texts carry the note)."""
     from draftsmith.bench.cli import say_replaced
@@ -583,6 +652,9 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
             for r in recs
         ],
         "rows": rows,
+        # settings the sweep could not run (out of memory, ...): the choice is the rest's best
+        "failed": [{"batch": b, "setting": str(s), "error": why}
+                   for b, s, why, _ in failed or ()],
         "phases": _phase_rows(preds, meas),
         "nccl": None,  # this run's NCCL sweep, where it ran one (`attach_nccl`)
         "machine_load": machine_load,
@@ -682,6 +754,9 @@ def tune_nccl(
     from draftsmith.cli import dtype_name, dtype_of
     from draftsmith.tune import nccl
 
+    if tp == 1:  # every setting timed in fresh processes, for a note that none can matter
+        raise DraftsmithError("--tp 1 runs no collective, so NCCL settings do not apply: give "
+                              "--tp 2 or more")
     dev = sweep_device(device, tp)
     dt = nccl.dtype_key(dtype_of(dtype_name(dev, dtype)))
     target = target or sweep_target(dev)
