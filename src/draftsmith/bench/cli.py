@@ -154,6 +154,8 @@ def _write(report: dict[str, Any], out: Path) -> None:
                               "results are the JSON line printed above") from None
     print_report(report, shown, path.resolve())
     try:
+        # an earlier run's plot never stays beside this bench.json, should this one fail
+        (out / "bench.png").unlink(missing_ok=True)
         write_png(report, out / "bench.png")
     except OSError as e:
         raise DraftsmithError(f"--out {out}: cannot write bench.png ({e.strerror or e}); "

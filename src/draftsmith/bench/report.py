@@ -205,6 +205,7 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
     if meta.get("failed"):
         out["failed"] = meta["failed"]
     out["machine_busy"] = busy(meta)
+    out["definitions"] = meta.get("definitions") or definitions(meta)
     if note := busy_note(meta.get("machine_load")):
         out["note"] = note
     out["results"] = [
@@ -214,6 +215,43 @@ def headline(report: dict[str, Any], json_path: Path) -> dict[str, Any]:
          **{k: r[k] for k in SPREAD if k in r}}
         for r in rows if r["setting"] != "baseline"]
     return out
+
+
+def definitions(meta: dict[str, Any]) -> dict[str, str]:
+    """What each figure of a row and the JSON line is, for the run `meta` describes: a rate
+    with or without prefill, acceptance pooled over row-cycles, not a mean of per-prompt
+    figures, and with rounds a speedup that is no ratio of the medians beside it."""
+    rounds, refill = meta.get("repeats", 1), bool(meta.get("refill"))
+    over = ("the wall time of the run, the refills' prompt passes included" if refill else
+            "prefill and decode time summed over the run's batches")
+    median = f"; the median over the {rounds} rounds (_min/_max: their range)" if rounds > 1 \
+        else ""
+    out = {
+        "tokens_per_s": f"new tokens of every row (padding rows included) over {over}{median}",
+        "decode_tokens_per_s": "null: refilled rows have one wall rate" if refill else
+        "new tokens less each row's first (the prefill's) over decode time alone" + median,
+        "mean_accept_length": "tokens a cycle makes, the target's own included (1 to steps "
+                              "+ 1), pooled over every row-cycle of the run (padding rows "
+                              "included): each prompt weighted by its cycles, not a mean of "
+                              "per-prompt figures" + _accept_rounds(meta, rounds),
+    }
+    for key, rate, base in (("speedup", "tokens_per_s", "baseline_tokens_per_s"),
+                            ("decode_speedup", "decode_tokens_per_s",
+                             "the baseline row's decode_tokens_per_s")):
+        out[key] = (f"the median over the rounds of each round's {rate} over the baseline's in "
+                    f"that round: not {rate} / {base}" if rounds > 1 else
+                    f"{rate} / {base} of the same suite and batch")
+    if refill:
+        out["decode_speedup"] = out["decode_tokens_per_s"]
+    return out
+
+
+def _accept_rounds(meta: dict[str, Any], rounds: int) -> str:
+    if rounds == 1:
+        return ""
+    if (meta.get("params") or {}).get("temperature"):
+        return f"; pooled over the {rounds} rounds"
+    return "; round 1's (greedy rounds make the same tokens)"
 
 
 # what rounds add to a setting's headline (`--repeats` above 1)
@@ -302,8 +340,14 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(path.name + ".tmp")  # a ctrl-C or full disk leaves no half a plot
+    try:
+        with tmp.open("wb") as f:
+            fig.savefig(f, dpi=110, format="png")
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 

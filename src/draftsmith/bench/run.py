@@ -685,9 +685,11 @@ def _gap(model, prefix: list[int], a: list[int], b: list[int], j: int,
 
 
 def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, Any]:
+    from draftsmith.bench.report import definitions
+
     dev = torch.device(cfg.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
-    return {
+    meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": name or dev.type, "dtype": str(cfg.dtype).replace("torch.", ""),
         "compile": cfg.compile,
@@ -703,3 +705,4 @@ def _meta(cfg: BenchConfig, target, drafter, warnings: list[str]) -> dict[str, A
         "refill_every": (cfg.refill_every or "by rows") if cfg.refill else None,
         "timing": timing(cfg.repeats), **({"repeats": cfg.repeats} if cfg.repeats > 1 else {}),
     }
+    return {**meta, "definitions": definitions(meta)}
