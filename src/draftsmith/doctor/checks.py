@@ -235,18 +235,14 @@ def _data_vocab(used: torch.Tensor, counts: torch.Tensor, vocab: int,
 def data_files(data: Path, manifest: dict, hashed: Collection[int] | None) -> list[Finding]:
     """Every shard against the manifest; the sha256 only of those at the positions `hashed`
     (None: all)."""
-    from draftsmith.data.shards import ShardDtypeError, verify
+    from draftsmith.data.shards import verify
 
-    where, out = _manifest_path(data), []
+    where = _manifest_path(data)
     try:
         verify(data, hashed)
-    except ShardDtypeError as e:
-        out.append(Finding("error", "dtype", str(e), where, "recapture into a fresh folder (or "
-                           "set dtype in manifest.json to what aux and hidden hold)"))
+        out = []
     except DraftsmithError as e:
-        out.append(Finding("error", "shards", f"shard does not match the manifest: {e}", where,
-                           "recapture into a fresh folder (or drop that shard's entry from "
-                           "manifest.json and rerun the same capture command to rewrite it)"))
+        out = [_shard_finding(e, where)] + _later_shards(data, str(e))
     if not manifest.get("complete", True):
         out.append(Finding("warning", "shards", "the capture is not complete", where,
                            "rerun the capture command (it resumes)"))
@@ -256,6 +252,35 @@ def data_files(data: Path, manifest: dict, hashed: Collection[int] | None) -> li
                            "train` reads only its canonical form", where,
                            f"set aux_convention in manifest.json to {CANONICAL_WORDS!r} and "
                            "aux_layer_ids to the canonical layers the live match names"))
+    return out
+
+
+def _shard_finding(e: DraftsmithError, where: str) -> Finding:
+    from draftsmith.data.shards import ShardDtypeError
+
+    if isinstance(e, ShardDtypeError):
+        return Finding("error", "dtype", str(e), where, "recapture into a fresh folder (or set "
+                       "dtype in manifest.json to what aux and hidden hold)")
+    return Finding("error", "shards", f"shard does not match the manifest: {e}", where,
+                   "recapture into a fresh folder (or drop that shard's entry from "
+                   "manifest.json and rerun the same capture command to rewrite it)")
+
+
+def _later_shards(data: Path, first: str) -> list[Finding]:
+    """The shards after the first bad one (`verify` stops there), each checked by size, shapes
+    and dtypes, not hashed again: a dataset found damaged is recaptured whatever the rest
+    hash to, but a fix of one shard must not meet the next only on the rerun."""
+    from draftsmith.data.shards import _verify_shard, read_manifest
+
+    m = read_manifest(data)
+    at = next((k for k, s in enumerate(m["shards"]) if first.startswith(f"{data / s['file']}:")),
+              None)
+    out = []
+    for s in m["shards"][at + 1:] if at is not None else []:
+        try:
+            _verify_shard(data, m, s, hashed=False)
+        except DraftsmithError as e:
+            out.append(_shard_finding(e, _manifest_path(data)))
     return out
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from draftsmith.doctor.behaviour import promise_words, promised_length
 from draftsmith.doctor.report import Finding, Report
+from draftsmith.doctor.verdict import convention_words
 from draftsmith.measured import figure
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -87,8 +88,9 @@ def _verdict(con: Console, rep: Report) -> None:
     if true and None not in true:
         con.print(f"[bold]the data holds canonical layers {true}[/bold] ({w['convention']})")
         conv = rep.context.get("in_each_convention") or {}
-        con.print("  as each convention writes them: " + ", ".join(
-            f"{k} {v}" for k, v in conv.items() if k != "draftsmith"))
+        layers = (rep.context.get("target") or {}).get("layers")
+        con.print("  as each convention writes them: " + convention_words(conv, true, layers),
+                  markup=False)
     else:
         con.print("[bold red]some stored aux states match no layer's output clearly (see the "
                   "findings)[/bold red]")

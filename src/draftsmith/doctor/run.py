@@ -279,7 +279,10 @@ def _drafter_checks(rep: Report, opts: DoctorOptions, target: Any, info: Drafter
     ref, basis = true_ids, verdict.DATA
     if ref is None and (recorded := info.exported_ids(layers)):  # the seed's edit, no --data
         ref, basis = recorded, "config.json's draftsmith section records it was trained on"
-    rep.add("wiring: drafter", verdict.drafter_findings(ref, info, engines, layers, basis))
+    other = (verdict.other_training_data(info, opts.data, true_ids)
+             if opts.data is not None and true_ids is not None else None)
+    rep.add("wiring: drafter", [other] if other else
+            verdict.drafter_findings(ref, info, engines, layers, basis))
 
 
 def _behaviour(rep: Report, opts: DoctorOptions, target: Any, model: Any, info: DrafterInfo,

@@ -326,6 +326,23 @@ def drafter_findings(true_ids: list[int] | None, info: DrafterInfo, engines: lis
     return out
 
 
+def other_training_data(info: DrafterInfo, data: Path, true_ids: list[int]) -> Finding | None:
+    """A draftsmith drafter whose config holds the layers of the data it records training on,
+    in another folder, against data of other layers: the pair is wrong, not the config."""
+    trained = (info.meta.get("data") or {}) if info.layout == "draftsmith" else {}
+    folder, ids = trained.get("folder"), trained.get("aux_layer_ids")
+    if (not folder or ids is None or list(ids) != info.canonical_ids() or ids == true_ids
+            or Path(folder).resolve() == data.resolve()):
+        return None
+    return Finding("error", "wiring", f"the drafter was trained on {folder}, of canonical layers "
+                   f"{list(ids)} as its config says, not on this data, which holds {true_ids}",
+                   _where(info), f"check the pair: pass --data {folder}, or retrain on this data")
+
+
+def _where(info: DrafterInfo) -> str:
+    return str(info.folder / "draftsmith.json")
+
+
 def _export_note(true_ids: list[int] | None, engine: str, num_layers: int) -> str:
     if true_ids is None:
         return ""
@@ -389,7 +406,8 @@ def _fix(true_ids: list[int] | None, engine: str, num_layers: int) -> str:
 
 
 def conventions(ids: list[int], num_layers: int) -> dict[str, Any]:
-    """The same canonical ids in every convention (None where inexpressible)."""
+    """The same canonical ids in every convention (None where inexpressible, and for SGLang
+    where its capture hook cannot take one: the embedding, the last layer's output)."""
     out: dict[str, Any] = {}
     for conv in Convention:
         if conv is Convention.SGLANG_LEGACY:  # a recorded name of SGLang's one reading
@@ -398,8 +416,35 @@ def conventions(ids: list[int], num_layers: int) -> dict[str, Any]:
             out[conv.value] = to_convention(ids, conv, num_layers)
         except DraftsmithError:  # inexpressible in that convention
             out[conv.value] = None
+    if engine_limits(ids, num_layers):
+        out[Convention.SGLANG.value] = None
     out[HF_INDEX] = hf_indices(ids, num_layers)
     return out
+
+
+VLLM_READ = (Convention.VLLM.value, Convention.SPECULATORS.value)
+
+
+def convention_words(conv: dict[str, Any], ids: list[int], num_layers: int) -> str:
+    """`conventions` as one line of "name ids" (not draftsmith's own), each missing or edge
+    entry saying why."""
+    return ", ".join(f"{k} {_written(k, v, ids, num_layers)}" for k, v in conv.items()
+                     if k != Convention.CANONICAL.value)
+
+
+def _written(name: str, written: list[int] | None, ids: list[int], num_layers: int) -> str:
+    if name == Convention.SGLANG.value and written is None:
+        return f"cannot capture ({'; '.join(engine_limits(ids, num_layers))})"
+    if name == HF_INDEX and written is None:
+        last = num_layers - 1
+        return (f"none (layer {last}'s output: hidden_states[{num_layers}] is after the final "
+                "norm)")
+    if written is None:
+        return "none"
+    edges = [v for v in written if v in (0, num_layers)] if name in VLLM_READ else []
+    if edges:  # `export.speculators.vllm_edge_notes`: older vLLM model files capture neither
+        return f"{written} ({', '.join(map(str, edges))}: newer vLLM model files only)"
+    return str(written)
 
 
 HF_INDEX = "hf_hidden_states"  # transformers' output_hidden_states tuple, by index
