@@ -203,7 +203,6 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     mc = model_config_of(c)
     vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
                                                             f"{folder}/config.json")
-    _check_specforge_head(c, folder)
     _check_layout(c, folder)
     _note_reference_arch(c, folder)
     _note_norm_output(c, folder)
@@ -264,12 +263,25 @@ def _norm_before_fc(c: dict[str, Any], where: str) -> bool:
 
 
 def _note_norm_output(c: dict[str, Any], folder: Path) -> None:
-    if c.get("norm_output"):
+    """SGLang and vLLM feed lm_head the final norm's output whatever `norm_output` says; the flag
+    picks the state fed to the next step. SpecForge's PR #879 (2026-09-15) turned its meaning
+    to theirs, and a folder names no SpecForge version, so both readings are said."""
+    flag = c.get("norm_output")
+    if flag is False:
+        note(f"{folder}/config.json: norm_output false read as plain EAGLE-3 (final norm before "
+             "lm_head, pre-norm state fed back), as SGLang and vLLM serve it and SpecForge trains "
+             "it since PR #879 (2026-09-15); SpecForge before #879 meant lm_head without the "
+             "final norm, which no engine serves",
+             "`draftsmith bench --drafter DIR --target T` on the import: a first-position "
+             "acceptance far below the drafter's training report means an older SpecForge "
+             "trained it without the norm: train it again", stacklevel=3)
+    elif flag:
         note(f"{folder}/config.json: norm_output true is dropped: the import feeds the pre-norm "
-             "state to the next draft step, while vLLM and newer SGLang (Eagle-3.1) feed the "
-             "normed one",
-             "serve the folder itself with vLLM or SGLang, which honour the flag; the imported "
-             "drafter's own runs draft otherwise from the second step", stacklevel=3)
+             "state to the next draft step (SpecForge's reading before PR #879, 2026-09-15), "
+             "while vLLM, newer SGLang and SpecForge since #879 (Eagle-3.1) feed the normed one",
+             "`draftsmith bench --drafter DIR --target T` on the import: acceptance falling from "
+             "the second position on means it was trained on the normed state: serve the folder "
+             "itself with vLLM or SGLang, which honour the flag", stacklevel=3)
 
 
 def _note_fc_skipped(hidden: int, target_hidden: int, folder: Path) -> None:
@@ -317,14 +329,6 @@ def _note_vllm_names(w: dict[str, torch.Tensor], folder: Path) -> None:
              "unloaded; vLLM and this import read the stored one",
              "rename layers.0.* to midlayer.* in the folder's weights (`draftsmith export "
              "--format sglang` of the import writes them so)", stacklevel=3)
-
-
-def _check_specforge_head(c: dict[str, Any], folder: Path) -> None:
-    # SpecForge's `norm_output` is not speculators' (ours): true is the usual final norm before
-    # lm_head, false feeds lm_head the un-normed state, which this drafter cannot compute.
-    if c.get("norm_output") is False:
-        raise DraftsmithError(f"{folder}/config.json: norm_output false (SpecForge: lm_head "
-                              "without the final norm) is not supported")
 
 
 def _target_layers(c: dict[str, Any], info: TargetInfo | None, folder: Path) -> int:
