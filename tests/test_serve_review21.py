@@ -9,9 +9,7 @@ prompt, not as a prompt of the wrong type."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,18 +19,13 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import engine, live, tiny_dir  # noqa: E402
+from test_serve import engine, tiny_dir  # noqa: E402
+from test_serve_review13 import srv  # noqa: E402
 
 from draftsmith.serve.engine import ServeEngine  # noqa: E402
 
-__all__ = ["engine", "tiny_dir"]  # fixtures
+__all__ = ["engine", "srv", "tiny_dir"]  # fixtures
 MSG = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def srv(engine: ServeEngine, tiny_dir: Path) -> Iterator[dict]:
-    with live(engine, str(tiny_dir)) as s:
-        yield s
 
 
 def post(srv: dict, route: str, body: dict[str, Any]) -> httpx.Response:

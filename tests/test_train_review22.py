@@ -5,10 +5,10 @@ capture's own `within_positions`."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
+from test_train_review13 import said
 
 from draftsmith.data.capture import CaptureConfig, capture, within_positions
 from draftsmith.data.prompts import Conversation
@@ -28,13 +28,6 @@ def rows(long: int, short: int) -> list[list[dict]]:
     out += [[{"role": "user", "content": f"s{i}"}, {"role": "assistant", "content": "ok"}]
             for i in range(short)]
     return out
-
-
-def said(call) -> tuple[object, list[str]]:
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        out = call()
-    return out, [str(x.message) for x in w]
 
 
 def test_online_says_once_how_many_conversations_max_len_cut_and_by_how_much(target, tmp_path):
