@@ -88,6 +88,7 @@ def demo(
     check_folder(out, "--out")
     check_demo_folder(out)
     check_target(target)
+    check_demo_target(out, target)
     make_out(out)
     cfg = DemoConfig.for_device(out, pick_device(device))
     cfg.target = target
@@ -107,9 +108,10 @@ def check_target(target: str) -> None:
     """A mistyped --target refused by flag before any stage (the data stage loaded it after
     making --out, and its line named no flag)."""
     from draftsmith.errors import DraftsmithError
-    from draftsmith.targets import is_default
+    from draftsmith.targets import _default_file, is_default
 
     if is_default(target):
+        _default_file()  # its wheel missing: said before --out is made, not by the data stage
         return
     path = Path(target)
     wrong = ("no such file or folder" if not path.exists()
@@ -124,6 +126,28 @@ def check_target(target: str) -> None:
 
 # A checkpoint folder's config.json, or a drafter's record, which loading names as a drafter
 TARGET_RECORDS = ("config.json", "draftsmith.json")
+
+
+def check_demo_target(out: Path, target: str) -> None:
+    """Refuse an --out holding an earlier demo of another target (`make demo`, then the
+    README's `draftsmith demo --target PATH`): the data stage refused it in a line naming a
+    data file and no demo flag. Read from the data stage's record; none yet, the stage checks."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.targets import is_default
+    from draftsmith.train.loop import same_path
+
+    try:
+        old = json.loads((out / "data" / "make.json").read_text()).get("target")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(old, str) or not old:
+        return
+    same = (is_default(old) if is_default(target)
+            else not is_default(old) and same_path(old, target))  # a path: however it is named
+    if same:
+        return
+    raise DraftsmithError(f"--out {out}: holds the demo of another target ({old}); pass another "
+                          f"--out for --target {target}, or delete {out} to start again")
 
 
 def make_out(out: Path) -> None:
