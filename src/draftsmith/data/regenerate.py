@@ -238,6 +238,16 @@ def pause(backoff: float, e: BaseException) -> float:
     return max(backoff, retry_after(e)) * (1 + random.random() / 4)
 
 
+SAID = 300  # characters of a server's error message a prompt's warning shows
+
+
+def one_line(said: str) -> str:
+    """A server's error message as one line of at most `SAID` characters: vLLM's validation
+    errors run over lines, and some echo the request (a warning of thousands of characters)."""
+    flat = " ".join(said.split())
+    return flat if len(flat) <= SAID else flat[: SAID - 3].rstrip() + "..."
+
+
 def slow(e: BaseException) -> bool:
     """A timeout of a request the server took (no answer in time), not of the connection to it
     (a ConnectTimeout of httpx or httpx2, by name as the client may use either: no server
@@ -329,10 +339,11 @@ class OpenAIBackend:
             try:
                 r = self.create(messages)
             except retry as e:
+                self.reached |= isinstance(e, openai.APIStatusError)  # a 429 or 5xx answers
                 if attempt == self.retries:
                     what = ("the server's reply is not valid JSON" if
                             isinstance(e, GARBLED) else type(e).__name__)
-                    return Answer("", 0, f"error: {what}: {e}",
+                    return Answer("", 0, f"error: {what}: {one_line(str(e))}",
                                   unreached=isinstance(e, openai.APIConnectionError),
                                   timed_out=slow(e))
                 self.closed.wait(pause(self.backoff * 2**attempt, e))
@@ -342,7 +353,7 @@ class OpenAIBackend:
                 if e.status_code in PASSING and attempt < self.retries:
                     self.closed.wait(pause(self.backoff * 2**attempt, e))
                     continue
-                return Answer("", 0, f"error: HTTP {e.status_code}: {e.message}",
+                return Answer("", 0, f"error: HTTP {e.status_code}: {one_line(e.message)}",
                               lasting=e.status_code < 500 and e.status_code not in PASSING)
             else:
                 self.reached = True
@@ -1334,6 +1345,9 @@ def regenerate_file(
     try:
         if isinstance(backend, OpenAIBackend) and not model:
             backend.model_name = server_model(backend.client, base_url)
+        elif isinstance(backend, OpenAIBackend):
+            check_listed(backend.client, base_url or "", backend.model_name,
+                         log or (lambda m: print(m, file=sys.stderr)))
         return regenerate(convs, out, backend, tok, cfg, log=log)
     finally:
         if isinstance(backend, OpenAIBackend):
@@ -1345,6 +1359,21 @@ def server_model(client: Any, base_url: str) -> str:
     if len(names) != 1:
         raise DraftsmithError(f"{redacted_url(base_url)} serves {names}: pass --model NAME")
     return names[0]
+
+
+def check_listed(client: Any, base_url: str, model: str, say: Callable[[str], None]) -> None:
+    """--model said where the server lists other models: SGLang answers any name with the
+    model it serves, echoing the name asked, so its answers would be recorded as --model's
+    (a warning: a server may take aliases it does not list). A server that cannot be listed
+    is left to its answers to tell (no server, a refused key)."""
+    try:
+        names = list_models(client, base_url, needed=False)
+    except DraftsmithError:
+        return
+    if names and model not in names:
+        say(f"regenerate: warning: {redacted_url(base_url)} lists {names}, not --model "
+            f"{model!r}: a server that answers any name (SGLang) answers with its own model, "
+            f"recorded as {model!r}; pass --model as the server lists the target")
 
 
 LIST_TIMEOUT = 30.0  # seconds for the model listing: a quick route, unlike an answer
