@@ -99,6 +99,30 @@ app = typer.Typer(
     help="Make data for, train, check, benchmark, tune, serve and export EAGLE-3 drafters of "
          "Llama-family targets.",
 )
+
+
+def _print_version(on: bool) -> None:
+    if on:
+        print(f"draftsmith {installed_version()}")
+        raise typer.Exit()
+
+
+def installed_version() -> str:
+    """The installed distribution's version; a source tree run without installing has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("draftsmith")
+    except PackageNotFoundError:
+        return "(not installed: no version recorded)"
+
+
+@app.callback()
+def _top(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print draftsmith's version and exit")) -> None:
+    pass
+
+
 targets_app = typer.Typer(no_args_is_help=True, help="Inspect a target (HF folder, .gguf or "
                           "'default'): shapes, hashes, fingerprint, default aux layers.")
 app.add_typer(targets_app, name="targets")

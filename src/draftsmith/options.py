@@ -62,10 +62,19 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
         except DraftsmithError:
             within = f" in {text!r}" if item != text.strip() else ""
             raise DraftsmithError(f"{what} must be whole numbers >= 1, got {value!r}{within}"
-                                  ) from None
+                                  + _comma_hint(item, text, what)) from None
     if not out and not empty_ok:
         raise DraftsmithError(f"{what}: give at least one value, got {text!r}")
     return out
+
+
+def _comma_hint(item: str, text: str, what: str) -> str:
+    """Where an item is numbers split some other way (`1 4`, `1;4`): the list as it wants it,
+    since "must be whole numbers, got '1 4'" read as if 1 and 4 were not."""
+    if re.fullmatch(r"[+-]?[0-9]+(?:[\s;]+[+-]?[0-9]+)+", item):
+        values = re.findall(r"[^\s,;]+", text)
+        return f": separate values with commas, as {what} {','.join(values)}"
+    return ""
 
 
 def at_least_one(flags: dict[str, Any]) -> None:
