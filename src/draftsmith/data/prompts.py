@@ -1,6 +1,6 @@
 """Prompt sources: JSONL (ShareGPT, OpenAI messages, plain prompt), Parquet, `datasets` folders,
-HumanEval (bundled, or a copy's JSONL), text files (one prompt a line), and conversations read
-back from draftsmith's own JSONL.
+HumanEval (bundled, or a copy's JSONL), text files (one prompt a line), CSV/TSV files (rows by
+their header), and conversations read back from draftsmith's own JSONL.
 
 Every conversation gets a stable id: a hash of its messages. A malformed record is reported
 where it is (`file:line`, a JSON array's `file item [i]`, a table's `file row n`) with why,
@@ -10,6 +10,7 @@ and skipped, unless `strict`.
 from __future__ import annotations
 
 import codecs
+import csv
 import gzip
 import hashlib
 import json
@@ -283,6 +284,8 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         yield from ((f"{path} row {n}", r) for n, r in enumerate(rows, start=1))
     elif name.endswith((".txt", ".txt.gz")):
         yield from _text_lines(path, opener)
+    elif name.endswith(CSV_FILES):
+        yield from ((f"{path} row {n}", r) for n, r in enumerate(_csv_rows(path, opener), 1))
     elif name.endswith((".json", ".json.gz")):
         data = _LINES if _holds_lines(path, opener) else _json_file(path)
         if data is _LINES:
@@ -374,12 +377,60 @@ def _not_wide(path: Path, head: bytes) -> None:
 
 
 def _text_lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
-    """A plain text file's prompts: one a line, blank lines skipped (as `--openings` reads)."""
+    """A plain text file's prompts: one a line, blank lines skipped (as `--openings` reads;
+    a line of Unicode spaces too, U+00A0 or U+3000, which the bytes' strip keeps)."""
     for where, line in _lines(path, opener):
         try:
-            yield where, {"prompt": line.decode("utf-8").strip()}
+            text = line.decode("utf-8").strip()
         except UnicodeDecodeError as e:
             yield where, Malformed(f"not UTF-8 text (byte {e.start})")
+            continue
+        if text:
+            yield where, {"prompt": text}
+
+
+CSV_FILES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+_WIDEST = 2**31 - 1  # csv's field limit as a C long holds it everywhere
+
+
+def _csv_rows(path: Path, opener: Callable[..., Any]) -> Iterator[dict[str, Any] | Malformed]:
+    """A CSV's (a TSV's) rows, keyed by its header (a `prompt` column, Alpaca's `instruction`
+    and `input`), a field of any length; a row of more cells than the header names is a
+    malformed record, a quote left open or stray one line naming where. Lines are decoded one
+    by one, so bytes that are not UTF-8 (Excel's plain "CSV" is cp1252) are refused naming
+    their line, not read as other characters."""
+    tab = path.name.lower().endswith((".tsv", ".tsv.gz"))
+    # strict: a quote never closed was the rest of the file read as one prompt
+    rows = csv.DictReader(_csv_text(path, opener), delimiter="\t" if tab else ",", strict=True)
+    wider = csv.field_size_limit(_WIDEST)
+    try:
+        for row in rows:
+            extra = row.pop(None, None)
+            yield Malformed(f"{len(row) + len(extra)} cells, the header names {len(row)} "
+                            "columns: quote a cell that holds the delimiter") if extra else row
+    except csv.Error as e:
+        at = rows.reader.line_num  # DictReader's own is the last row's, not the error's
+        raise DraftsmithError(f"{path}:{at}: not valid CSV ({e}): mend the quotes up to this "
+                              "line") from None
+    finally:
+        csv.field_size_limit(wider)
+
+
+def _csv_text(path: Path, opener: Callable[..., Any]) -> Iterator[str]:
+    """Every line, blank ones too (a quoted field's paragraphs), as `_lines` opens them."""
+    try:
+        with opener(path, "rb") as f:
+            for i, line in enumerate(f, start=1):
+                if i == 1:
+                    _not_wide(path, line)
+                    line = line.removeprefix(codecs.BOM_UTF8)
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DraftsmithError(f"{path}:{i}: not UTF-8 text (byte {e.start}): save "
+                                          "it as UTF-8") from None
+    except (OSError, EOFError) as e:
+        raise DraftsmithError(f"{path}: cannot read ({e})") from None
 
 
 def _line(line: bytes) -> Any:
@@ -421,7 +472,7 @@ def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
                               "damaged: write it again") from None
 
 
-DATA_FILES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".txt")
+DATA_FILES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".txt", *CSV_FILES)
 
 
 def _not_data_files(path: Path) -> None:

@@ -69,6 +69,18 @@ class MagpieConfig:
             raise DraftsmithError(
                 f"self-made prompts: --min-chars ({self.min_chars}) must not exceed --max-chars "
                 f"({self.max_chars}), and --max-chars must be >= 1: no prompt could pass")
+        self._greedy_within()
+
+    def _greedy_within(self) -> None:
+        """Greedy rows of one start decode alike: past one prompt per opening, a run spun all
+        its rounds on duplicates, then advised another --seed, which greedy ignores."""
+        most = len(set(self.openings)) or 1
+        if self.temperature == 0 and self.n > most:
+            given = "--openings" if self.openings else "no --openings"
+            raise DraftsmithError(
+                f"self-made prompts: at --temperature 0 (greedy) the target asks one question "
+                f"per opening ({most}: {given}), not {self.n}: sample with --temperature > 0, "
+                f"or ask for at most {most}")
 
 
 # Starts of user messages across code, reasoning, writing and structured requests.
@@ -207,7 +219,7 @@ def self_made_prompts(
     model = model if model is not None else target.build(dtype, device)
     need = max(map(len, starts)) + cfg.max_new_tokens
     rt = Runtime(model, _rows(cfg), need + 1, compile=compile, kept=need)
-    limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
+    limit = _round_limit(cfg)
     bar = Progress(cfg.n, len(have), "prompt", "prompts", progress, say)
     make_folder(out.parent)
     new_file = overwrite or not out.exists()
@@ -233,6 +245,15 @@ def self_made_prompts(
         _note_tried(out, have, first + limit, made_by)
         say(_short(stats, cfg, limit))
     return stats
+
+
+def _round_limit(cfg: MagpieConfig) -> int:
+    """The rounds a run may decode: --max-batches, else 10 * n / batch size + 10; greedy, no
+    more than start every opening once (rows pick them in turn): later rounds repeat them."""
+    limit = cfg.max_batches or 10 * cfg.n // cfg.batch_size + 10
+    if cfg.temperature == 0:
+        return min(limit, -(-(len(cfg.openings) or 1) // cfg.batch_size))
+    return limit
 
 
 def _stopped(out: Path, kept: int) -> str:
