@@ -411,8 +411,7 @@ def vocab(
                 f"{(m.get('expected') or {}).get('shards', '?')} shards): the vocabulary counts "
                 "those alone; rerun the capture's command to finish it, then this one")
         counts = V.count_dataset(source)
-        target_of = m.get("target") if isinstance(m.get("target"), dict) else {}
-        made_from = {"dataset": str(source), "target": target_of.get("fingerprint")}
+        made_from = V.counted_from(source, m)
     else:
         from draftsmith.data.prompts import encode_conversations
         from draftsmith.targets import load_target

@@ -80,6 +80,7 @@ def make_dataset(
         within_positions,
     )
     from draftsmith.data.selfmade import MagpieConfig, self_made_prompts
+    from draftsmith.data.vocab import counted_from
     from draftsmith.options import check_compile
     from draftsmith.targets import load_target
 
@@ -169,7 +170,8 @@ def make_dataset(
                                          log, progress, model=model, grow=True,
                                          redo=redo)["totals"],
               lambda m: _said_capture(m, before, _shards(data)))
-    stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log, command))
+    stage("vocab", lambda: _vocab(data, vocab_size, t.cfg.vocab_size, log, command,
+                                  counted_from(data)))
     log(f"{data}: {m['samples']} samples, {m['tokens']} tokens, {m['bytes'] / 2**20:.1f} MiB")
     return record
 
@@ -389,7 +391,8 @@ def _read_record(path: Path) -> dict[str, Any]:
 
 
 def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
-           command: str = "data make") -> dict:
+           command: str = "data make", made_from: dict[str, Any] | None = None) -> dict:
+    """`made_from`: what vocab.json says it counted (`vocab.counted_from`: the length too)."""
     from draftsmith.data.vocab import build_vocab, count_dataset, replacing, save_vocab
 
     with warnings.catch_warnings(record=True) as caught:  # one line as `data vocab` says it,
@@ -405,7 +408,10 @@ def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
         log(f"vocab: {path} replaced: {was} -> "
             f"{v.used.numel()} draft tokens, counted on this run's data (a drafter trained with "
             "--vocab on the old one used another vocabulary)")
-    save_vocab(v, data, {"made_from": {"dataset": str(data)}, "command": command})
+    fix = (f"the dataset is kept: make {data} writable (or free space), then rerun the same "
+           "`data make` command (its finished stages are reused)")
+    save_vocab(v, data, {"made_from": made_from or {"dataset": str(data)}, "command": command},
+               fix)
     n = v.used.numel()
     said = (f"{n} token{'s cover' if n != 1 else ' covers'} {v.coverage:.2%} of assistant "
             "tokens")

@@ -49,6 +49,18 @@ def count_dataset(folder: str | Path, vocab_size: int | None = None) -> torch.Te
     return counts
 
 
+def counted_from(folder: str | Path, m: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a vocab counted over a dataset folder records: the folder, its target and the
+    length capture cut each sample at (`max_len`), so the count is train's at that
+    `--max-len` or a larger one, not a smaller one's."""
+    from draftsmith.data.shards import read_manifest
+
+    m = read_manifest(folder) if m is None else m
+    target = m.get("target") if isinstance(m.get("target"), dict) else {}
+    return {"dataset": str(folder), "target": target.get("fingerprint"),
+            "max_len": m.get("max_len")}
+
+
 def count_ids(pairs: Iterable[tuple[list[int], list[bool]]], vocab_size: int) -> torch.Tensor:
     """`count_pairs` of (ids, mask) lists, as `encode_conversations` gives them."""
     return count_pairs(((torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
@@ -106,7 +118,9 @@ def build_vocab(counts: torch.Tensor, draft_size: int, vocab_size: int | None = 
     return DraftVocab(used, d2t, t2d, float(counts[used].sum()) / total, total, distinct)
 
 
-def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None = None) -> Path:
+def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None = None,
+               fix: str | None = None) -> Path:
+    """`fix`: what to do where a write fails (`data vocab`'s --out, where not given)."""
     from safetensors.torch import save
 
     from draftsmith.data.atomic import atomic_write, make_folder, write_json
@@ -118,9 +132,11 @@ def save_vocab(v: DraftVocab, folder: str | Path, extra: dict[str, Any] | None =
         (folder / "vocab.json").unlink(missing_ok=True)
     except OSError as e:
         raise DraftsmithError(f"{folder / 'vocab.json'}: cannot replace it ({e.strerror or e}); "
-                              "make the folder writable, or give another --out") from None
-    atomic_write(folder / "vocab.safetensors", save({"d2t": v.d2t, "t2d": v.t2d}))
-    write_json(folder / "vocab.json", {**v.summary(), **(extra or {})})
+                              f"{fix or 'make the folder writable, or give another --out'}"
+                              ) from None
+    kept = {"kept": fix} if fix else {}  # vocab.json gone by then: not "unchanged"
+    atomic_write(folder / "vocab.safetensors", save({"d2t": v.d2t, "t2d": v.t2d}), **kept)
+    write_json(folder / "vocab.json", {**v.summary(), **(extra or {})}, **kept)
     return folder / "vocab.safetensors"
 
 
