@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_train_loop import setup  # noqa: F401 - the tiny target and dataset fixture
 from test_train_review13 import said
 
 from draftsmith.data.capture import CaptureConfig, capture, within_positions
@@ -124,3 +125,27 @@ def test_offline_training_says_how_many_samples_max_len_cuts(target, tiny_llama_
     assert len(hits) == 1 and "2 of 4 sample(s)" in hits[0], lines
     meta = json.loads((tmp_path / "d" / "draftsmith.json").read_text())
     assert meta["data"]["cut_at_max_len"]["tokens"] == dropped
+
+
+def test_a_vocab_counted_on_longer_samples_than_max_len_is_said(setup, capsys):  # noqa: F811
+    """`data make` records in vocab.json the length its samples were cut at (`counted_from`);
+    training on that --vocab with a shorter --max-len said nothing, though the vocab then holds
+    tokens only the cut tails carry. Now one note names both lengths and the fix."""
+    from test_train_loop import config, setup_ctx
+
+    from draftsmith.data.vocab import build_vocab, count_dataset, counted_from, save_vocab
+    from draftsmith.train.loop import Trainer
+
+    root, _, data = setup
+    made = counted_from(data)
+    path = save_vocab(build_vocab(count_dataset(data, 128), 16, 128), root / "vlen",
+                      {"made_from": {**made, "max_len": 64}})
+    Trainer(config(root, "vlen_short", vocab=str(path), max_len=32), setup_ctx("cpu"))
+    said = capsys.readouterr()
+    assert (f"note: --vocab {path} was counted on samples of up to 64 tokens, and --max-len 32 "
+            "trains on fewer") in said.out + said.err
+    for max_len in (64, 128):  # as long or longer: the same tokens counted
+        Trainer(config(root, f"vlen_{max_len}", vocab=str(path), max_len=max_len),
+                setup_ctx("cpu"))
+        said = capsys.readouterr()
+        assert "was counted on samples" not in said.out + said.err

@@ -69,6 +69,7 @@ from draftsmith.train.reader import merged_stamps
 from draftsmith.train.sources import (
     Data,
     check_whole,
+    counted_longer,
     open_offline,
     open_online,
     read_vocab,
@@ -775,6 +776,8 @@ class Trainer:
         if self.cfg.vocab:
             d2t, t2d = read_vocab(self.cfg.vocab, vocab)
             self._check_vocab_size(d2t.numel())
+            if note := counted_longer(self.cfg.vocab, self.cfg.max_len):
+                self.say(note)
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
             return d2t, t2d
         hint = self._dataset_vocab_hint()
