@@ -100,7 +100,8 @@ def test_sglang_layout_import_keeps_norm_before_residual(target, tmp_path):
 def test_sglang_layout_import_reads_specforge_fc_norm(target, tmp_path):
     """SpecForge's Eagle-3.1 (configs/qwen3-30B-A3B-eagle3.1.json) writes `fc_norm: true` and
     `fc_norm.{i}.weight`, a per-state RMSNorm before fc as draftsmith's fc_norm; the import
-    refused the weights. Its `norm_output: true` means the usual final norm, not ours."""
+    refused the weights. Its `norm_output: true` feeds the normed state back, as vLLM and
+    SGLang serve it (SpecForge since PR #879; before, it meant the usual final norm alone)."""
     from test_export import make
 
     from draftsmith.models.eagle3 import load_drafter
@@ -108,7 +109,7 @@ def test_sglang_layout_import_reads_specforge_fc_norm(target, tmp_path):
     d = load_drafter(make(target, tmp_path / "d", fc_norm=True))
     out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=True)
     back = read_any(out, target=str(target.folder))
-    assert back.cfg.fc_norm and not back.cfg.norm_output
+    assert back.cfg.fc_norm and back.cfg.norm_output
     aux = torch.randn(1, 5, 3, 64)
     assert torch.allclose(back.fuse(aux), d.fuse(aux), atol=1e-6)
     # SGLang and vLLM feed lm_head the final norm whatever norm_output says (SpecForge since

@@ -47,8 +47,8 @@ def test_norm_output_false_is_read_as_the_engines_serve_it(target, tmp_path):
 
 
 def test_norm_output_true_note_names_both_specforge_readings(target, tmp_path):
-    """The true reading depends on the SpecForge version too (before #879: plain EAGLE-3, as the
-    import keeps it; since: EAGLE-3.1, as the engines serve it): the note says so and how to
+    """The true reading depends on the SpecForge version too (before #879: plain EAGLE-3; since:
+    EAGLE-3.1, as the engines serve it and the import reads it): the note says so and how to
     check, still in one line."""
     d = load_drafter(make(target, tmp_path / "d", fc_norm=True))
     out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=True)
@@ -61,3 +61,20 @@ def test_no_norm_output_key_says_nothing(target, tmp_path):
     d = load_drafter(make(target, tmp_path / "d"))
     _, notes = _read_noted(engine_folder(d, target, tmp_path / "sg"), target)
     assert notes == []
+
+
+def test_norm_output_true_feeds_the_normed_state_back_as_the_engines_do(target, tmp_path):
+    """SGLang's llama_eagle3.py (`aux = hidden_states_to_logits if self.norm_output else
+    hidden_states_to_aux`) and vLLM feed the normed state to the next step under
+    `norm_output: true`, as draftsmith's own `norm_output` does; the import dropped the flag,
+    drafting otherwise from the second step."""
+    d = load_drafter(make(target, tmp_path / "d", fc_norm=True, norm_output=True))
+    out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=True)
+    back, _ = _read_noted(out, target)
+    assert back.cfg.norm_output
+    x, h = torch.randint(0, 128, (1, 5)), torch.randn(1, 5, 3, 64)
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        want, want_fed = d(x, d.fuse(h), pos)
+        got, got_fed = back(x, back.fuse(h), pos)
+    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(got_fed, want_fed, atol=1e-6)

@@ -66,17 +66,18 @@ def test_sglang_layout_nested_flag_as_text_refused(target, tmp_path):
         read_any(out, target=str(target.folder))
 
 
-def test_sglang_layout_norm_output_drop_is_said(target, tmp_path):
+def test_sglang_layout_norm_output_reading_is_said(target, tmp_path):
     """SpecForge's Eagle-3.1 config writes norm_output true; vLLM's and SGLang's Eagle-3
-    models then feed the normed state back to the next step. The import keeps the plain
-    reading (tests/test_export_review.py holds it) but must say, in one line, that it drops
-    the flag."""
+    models then feed the normed state back to the next step, and the import reads it so (it
+    kept the plain reading of SpecForge before PR #879 until SGLang's llama_eagle3.py was
+    read: `aux = hidden_states_to_logits if self.norm_output else hidden_states_to_aux`),
+    saying in one line which reading it took."""
     d = load_drafter(make(target, tmp_path / "d", fc_norm=True))
     out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         back = read_any(out, target=str(target.folder))
-    assert not back.cfg.norm_output
+    assert back.cfg.norm_output
     said = [str(w.message) for w in caught if "norm_output" in str(w.message)]
     assert len(said) == 1 and "\n" not in said[0]
 

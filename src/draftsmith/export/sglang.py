@@ -220,6 +220,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         norm_before_residual=bool(c.get("norm_before_residual")),  # vLLM reads it here
         norm_before_fc=_norm_before_fc(c, f"{folder}/config.json"),
         fc_norm=bool(c.get("fc_norm")),  # SpecForge's Eagle-3.1: same norms, same names
+        norm_output=c.get("norm_output") is True,  # the normed state fed back, as engines read it
         target_fingerprint=record.get("target_fingerprint", ""),
         target_source=info.name_or_path if info else str(record.get("target") or ""),
         target_architectures=list(info.architectures) if info else [],
@@ -275,13 +276,14 @@ def _note_norm_output(c: dict[str, Any], folder: Path) -> None:
              "`draftsmith bench --drafter DIR --target T` on the import: a first-position "
              "acceptance far below the drafter's training report means an older SpecForge "
              "trained it without the norm: train it again", stacklevel=3)
-    elif flag:
-        note(f"{folder}/config.json: norm_output true is dropped: the import feeds the pre-norm "
-             "state to the next draft step (SpecForge's reading before PR #879, 2026-09-15), "
-             "while vLLM, newer SGLang and SpecForge since #879 (Eagle-3.1) feed the normed one",
+    elif flag is True:
+        note(f"{folder}/config.json: norm_output true read as Eagle-3.1 (the normed state fed to "
+             "the next draft step), as vLLM and SGLang's llama_eagle3.py serve it and SpecForge "
+             "trains it since PR #879 (2026-09-15); SpecForge before #879 wrote it for plain "
+             "EAGLE-3 (the pre-norm state fed back)",
              "`draftsmith bench --drafter DIR --target T` on the import: acceptance falling from "
-             "the second position on means it was trained on the normed state: serve the folder "
-             "itself with vLLM or SGLang, which honour the flag", stacklevel=3)
+             "the second position on means an older SpecForge trained it plain: set norm_output "
+             "false in the folder's config.json and import it again", stacklevel=3)
 
 
 def _note_fc_skipped(hidden: int, target_hidden: int, folder: Path) -> None:
