@@ -7,24 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_data_make_review6 import KW as REVIEW6_KW
 from test_data_make_review6 import _files
+from test_data_make_review7 import KW, made  # noqa: F401 - review 7's dataset, made once
 
 from draftsmith.data.pipeline import make_dataset
 from draftsmith.data.shards import read_manifest
 from draftsmith.errors import DraftsmithError
 
-KW = {**REVIEW6_KW, "temperature": 0.0}
 
-
-@pytest.fixture(scope="module")
-def made(target, tmp_path_factory):
-    out = tmp_path_factory.mktemp("review8") / "mk"
-    make_dataset(out, 3, target=target, log=lambda s: None, **KW)
-    return out
-
-
-def test_the_vocab_records_the_length_it_counted_within(target, made):
+def test_the_vocab_records_the_length_it_counted_within(target, made):  # noqa: F811
     """The vocab counts the shards, which capture cut at the dataset's max_len: vocab.json said
     only the dataset's path, so nothing told a `train --max-len` below it that the vocab counted
     tokens training never sees."""
@@ -34,7 +25,7 @@ def test_the_vocab_records_the_length_it_counted_within(target, made):
     assert rec["made_from"]["target"] == target.fingerprint
 
 
-def test_data_vocab_of_the_dataset_records_the_same_length(target, made, tmp_path):
+def test_data_vocab_of_the_dataset_records_the_same_length(target, made, tmp_path):  # noqa: F811
     """`data vocab DIR/dataset` counts the same cut samples: its vocab.json says so too, as
     data make's does (it named the dataset and target only)."""
     from typer.testing import CliRunner
@@ -49,7 +40,7 @@ def test_data_vocab_of_the_dataset_records_the_same_length(target, made, tmp_pat
                                 "max_len": KW["max_len"]}
 
 
-def test_a_vocab_stage_that_cannot_write_keeps_the_dataset_and_says_to_rerun(target, made):
+def test_a_vocab_stage_that_cannot_write_keeps_the_dataset_and_says_to_rerun(target, made):  # noqa: F811
     """The vocab stage's failed write told a `data make` user to "give another --out", a flag
     data make does not have: it names the rerun of the same command, the stages before kept."""
     data = made / "dataset"
@@ -72,7 +63,7 @@ def test_a_vocab_stage_that_cannot_write_keeps_the_dataset_and_says_to_rerun(tar
     assert (data / "vocab.json").is_file()
 
 
-def test_a_full_disk_in_the_vocab_stage_names_the_rerun(target, made, monkeypatch):
+def test_a_full_disk_in_the_vocab_stage_names_the_rerun(target, made, monkeypatch):  # noqa: F811
     """A failed vocab.safetensors write ended "the file there before is unchanged": nothing
     said that the dataset stays and the same command goes on from its vocab stage."""
     from draftsmith.data import atomic

@@ -29,6 +29,16 @@ def _read_noted(out, target):
     return back, notes
 
 
+def assert_computes_alike(back, d) -> None:
+    """The import's logits and fed-back state equal the source drafter's."""
+    x, h = torch.randint(0, 128, (1, 5)), torch.randn(1, 5, 3, 64)
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        want, want_fed = d(x, d.fuse(h), pos)
+        got, got_fed = back(x, back.fuse(h), pos)
+    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(got_fed, want_fed, atol=1e-6)
+
+
 def test_norm_output_false_is_read_as_the_engines_serve_it(target, tmp_path):
     """SGLang and vLLM serve `norm_output: false` as plain EAGLE-3 (final norm before lm_head,
     pre-norm state fed back), as SpecForge trains it since #879; the import refused it."""
@@ -36,12 +46,7 @@ def test_norm_output_false_is_read_as_the_engines_serve_it(target, tmp_path):
     out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=False)
     back, notes = _read_noted(out, target)
     assert back.cfg.fc_norm and not back.cfg.norm_output
-    x, h = torch.randint(0, 128, (1, 5)), torch.randn(1, 5, 3, 64)
-    pos = torch.arange(5)[None]
-    with torch.no_grad():
-        want, want_fed = d(x, d.fuse(h), pos)
-        got, got_fed = back(x, back.fuse(h), pos)
-    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(got_fed, want_fed, atol=1e-6)
+    assert_computes_alike(back, d)
     assert len(notes) == 1 and "\n" not in str(notes[0])
     assert "#879" in str(notes[0]) and "draftsmith bench --drafter" in notes[0].fix
 
@@ -72,9 +77,4 @@ def test_norm_output_true_feeds_the_normed_state_back_as_the_engines_do(target, 
     out = engine_folder(d, target, tmp_path / "sg", fc_norm=True, norm_output=True)
     back, _ = _read_noted(out, target)
     assert back.cfg.norm_output
-    x, h = torch.randint(0, 128, (1, 5)), torch.randn(1, 5, 3, 64)
-    pos = torch.arange(5)[None]
-    with torch.no_grad():
-        want, want_fed = d(x, d.fuse(h), pos)
-        got, got_fed = back(x, back.fuse(h), pos)
-    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(got_fed, want_fed, atol=1e-6)
+    assert_computes_alike(back, d)

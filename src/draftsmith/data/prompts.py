@@ -351,15 +351,20 @@ def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
 
 def _lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, bytes]]:
     # Bytes, decoded line by line: one line that is not UTF-8 is a malformed record, not a
-    # traceback; a UTF-8 BOM (Windows editors) is no reason to lose the first record.
+    # traceback
+    yield from ((f"{path}:{i}", line) for i, line in _numbered(path, opener) if line.strip())
+
+
+def _numbered(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[int, bytes]]:
+    """Every line's bytes with its number, blank ones too; a UTF-8 BOM (Windows editors) is no
+    reason to lose the first record, a UTF-16/32 file is refused."""
     try:
         with opener(path, "rb") as f:
             for i, line in enumerate(f, start=1):
                 if i == 1:
                     _not_wide(path, line)
                     line = line.removeprefix(codecs.BOM_UTF8)
-                if line.strip():
-                    yield f"{path}:{i}", line
+                yield i, line
     except (OSError, EOFError) as e:  # not gzip, a gzip stream cut short, unreadable
         raise DraftsmithError(f"{path}: cannot read ({e})") from None
 
@@ -418,19 +423,12 @@ def _csv_rows(path: Path, opener: Callable[..., Any]) -> Iterator[dict[str, Any]
 
 def _csv_text(path: Path, opener: Callable[..., Any]) -> Iterator[str]:
     """Every line, blank ones too (a quoted field's paragraphs), as `_lines` opens them."""
-    try:
-        with opener(path, "rb") as f:
-            for i, line in enumerate(f, start=1):
-                if i == 1:
-                    _not_wide(path, line)
-                    line = line.removeprefix(codecs.BOM_UTF8)
-                try:
-                    yield line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DraftsmithError(f"{path}:{i}: not UTF-8 text (byte {e.start}): save "
-                                          "it as UTF-8") from None
-    except (OSError, EOFError) as e:
-        raise DraftsmithError(f"{path}: cannot read ({e})") from None
+    for i, line in _numbered(path, opener):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DraftsmithError(f"{path}:{i}: not UTF-8 text (byte {e.start}): save it as "
+                                  "UTF-8") from None
 
 
 def _line(line: bytes) -> Any:
