@@ -74,8 +74,12 @@ KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
 FLAGS = (*NORM_FLAGS, "tie_word_embeddings", "bias")
 
 
+# what SGLang's newer llama_eagle3.py reads from config.json (the one at 03d5a77 reads neither)
+SGLANG_NEWER = ("fc_norm", "norm_output")
+
+
 def check_exportable(cfg: Eagle3Config) -> None:
-    unsupported = [k for k in NORM_FLAGS if getattr(cfg, k)]
+    unsupported = [k for k in NORM_FLAGS if getattr(cfg, k) and k not in SGLANG_NEWER]
     if unsupported:
         raise DraftsmithError(f"SGLang's EAGLE-3 model has no {unsupported}; export to "
                               "speculators instead")
@@ -106,6 +110,7 @@ def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": False,
+        **{k: True for k in SGLANG_NEWER if getattr(cfg, k)},  # read by newer SGLang alone
         "torch_dtype": dtype,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": sglang_ids,
@@ -140,12 +145,25 @@ def write_sglang(
 ) -> Path:
     check_exportable(drafter.cfg)
     _warn_fc_skipped(drafter.cfg)
+    _warn_newer_flags(drafter.cfg)
     tensors = cast(hf_state_dict(drafter), dtype)
     if drafter.cfg.target_hidden_size == drafter.cfg.hidden_size:
         _warn_dropped_embedding(drafter, info)
         tensors.pop("embed_tokens.weight")  # SGLang's set_embed puts the target's there
     config = sglang_config(drafter.cfg, info, run_dtype(tensors, info), source)
     return write_folder(out, config, tensors, overwrite)
+
+
+def _warn_newer_flags(cfg: Eagle3Config) -> None:
+    """fc_norm and norm_output go to config.json, which SGLang's newer llama_eagle3.py reads
+    (`fc_norm.{i}` RMSNorms before fc; `aux = hidden_states_to_logits if self.norm_output`);
+    an older one loads no fc_norm weight and feeds the pre-norm state back, without a word."""
+    if used := [k for k in SGLANG_NEWER if getattr(cfg, k)]:
+        warnings.warn(f"{' and '.join(used)} written to config.json: an SGLang whose "
+                      "llama_eagle3.py reads them serves the drafter as trained; an older one "
+                      "drops them without a word and drafts otherwise (check the served accept "
+                      "length against `draftsmith bench`, or export --format speculators for "
+                      "vLLM)", stacklevel=3)
 
 
 def _warn_fc_skipped(cfg: Eagle3Config) -> None:
