@@ -275,13 +275,19 @@ def _later_shards(data: Path, first: str) -> list[Finding]:
     m = read_manifest(data)
     at = next((k for k, s in enumerate(m["shards"]) if first.startswith(f"{data / s['file']}:")),
               None)
-    out = []
+    out, seen = [], {_after_path(first)}  # a manifest-wide fault (its dtype) said once
     for s in m["shards"][at + 1:] if at is not None else []:
         try:
             _verify_shard(data, m, s, hashed=False)
         except DraftsmithError as e:
-            out.append(_shard_finding(e, _manifest_path(data)))
+            if _after_path(str(e)) not in seen:
+                seen.add(_after_path(str(e)))
+                out.append(_shard_finding(e, _manifest_path(data)))
     return out
+
+
+def _after_path(said: str) -> str:
+    return said.split(": ", 1)[-1]
 
 
 def positions(target: Any, info: DrafterInfo) -> list[Finding]:

@@ -357,13 +357,16 @@ def run_tune(
                     kept.save(measured=[partial.measured_row(m) for m in meas])
         if failed and not meas:  # nothing swept at all: no report of predictions alone
             raise failed[0][3]
-        recs = recommend(preds, meas)
+        bad = {(b, s) for b, s, _, _ in failed}  # a setting seen failing is no choice
+        recs = recommend([p for p in preds if (p.batch, p.setting) not in bad], meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir),
                                      tp=1 if tp is None else tp.size, limits=limits,
                                      target=served_folder(t))
                  for r in recs]
         texts = [x + failed_lines(r.batch, failed) for r, x in zip(recs, texts, strict=True)]
+        texts += [f"batch {b}: no setting ran, so none is recommended" + failed_lines(b, failed)
+                  for b in batches if b not in {r.batch for r in recs}]
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                             "whole run, prompt passes included, baselines alike")
