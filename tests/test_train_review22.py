@@ -137,14 +137,17 @@ def test_a_vocab_counted_on_longer_samples_than_max_len_is_said(setup, capsys): 
     from draftsmith.train.loop import Trainer
 
     root, _, data = setup
+    longest = max(Dataset(data).lengths())
     made = counted_from(data)
     path = save_vocab(build_vocab(count_dataset(data, 128), 16, 128), root / "vlen",
-                      {"made_from": {**made, "max_len": 64}})
-    Trainer(config(root, "vlen_short", vocab=str(path), max_len=32), setup_ctx("cpu"))
+                      {"made_from": {**made, "max_len": longest + 16}})
+    short = longest - 4  # cuts the longest sample
+    Trainer(config(root, "vlen_short", vocab=str(path), max_len=short), setup_ctx("cpu"))
     said = capsys.readouterr()
-    assert (f"note: --vocab {path} was counted on samples of up to 64 tokens, and --max-len 32 "
-            "trains on fewer") in said.out + said.err
-    for max_len in (64, 128):  # as long or longer: the same tokens counted
+    assert (f"note: --vocab {path} was counted on samples of up to {longest + 16} tokens, and "
+            f"--max-len {short} trains on fewer") in said.out + said.err
+    # as long or longer than the count, or than every sample (the demo's rows): nothing is cut
+    for max_len in (longest, longest + 16, 128):
         Trainer(config(root, f"vlen_{max_len}", vocab=str(path), max_len=max_len),
                 setup_ctx("cpu"))
         said = capsys.readouterr()

@@ -71,8 +71,9 @@ def int_list(text: str, what: str, empty_ok: bool = False) -> list[int]:
 def _comma_hint(item: str, text: str, what: str) -> str:
     """Where an item is numbers split some other way (`1 4`, `1;4`): the list as it wants it,
     since "must be whole numbers, got '1 4'" read as if 1 and 4 were not."""
-    if re.fullmatch(r"[+-]?[0-9]+(?:[\s;]+[+-]?[0-9]+)+", item):
-        values = re.findall(r"[^\s,;]+", text)
+    values = re.findall(r"[^\s,;]+", text)
+    if (re.fullmatch(r"[+-]?[0-9]+(?:[\s;]+[+-]?[0-9]+)+", item)
+            and all(re.fullmatch(r"\+?[0-9]+", v) and int(v) >= 1 for v in values)):
         return f": separate values with commas, as {what} {','.join(values)}"
     return ""
 

@@ -409,7 +409,7 @@ def _vocab(data: Path, size: int, target_vocab: int, log: Callable[[str], None],
             f"{v.used.numel()} draft tokens, counted on this run's data (a drafter trained with "
             "--vocab on the old one used another vocabulary)")
     fix = (f"the dataset is kept: make {data} writable (or free space), then rerun the same "
-           "`data make` command (its finished stages are reused)")
+           f"`{command}` command (its finished stages are reused)")
     save_vocab(v, data, {"made_from": made_from or {"dataset": str(data)}, "command": command},
                fix)
     n = v.used.numel()

@@ -415,8 +415,9 @@ def _csv_rows(path: Path, opener: Callable[..., Any]) -> Iterator[dict[str, Any]
                             "columns: quote a cell that holds the delimiter") if extra else row
     except csv.Error as e:
         at = rows.reader.line_num  # DictReader's own is the last row's, not the error's
-        raise DraftsmithError(f"{path}:{at}: not valid CSV ({e}): mend the quotes up to this "
-                              "line") from None
+        fix = ("its lines end in CR alone (an old Mac export): save it with LF or CRLF line ends"
+               if "new-line character" in str(e) else "mend the quotes up to this line")
+        raise DraftsmithError(f"{path}:{at}: not valid CSV ({e}): {fix}") from None
     finally:
         csv.field_size_limit(wider)
 

@@ -1368,7 +1368,7 @@ def check_listed(client: Any, base_url: str, model: str, say: Callable[[str], No
     is left to its answers to tell (no server, a refused key)."""
     try:
         names = list_models(client, base_url, needed=False)
-    except DraftsmithError:
+    except Exception:  # noqa: BLE001 - an HTML page or cut JSON: the answers tell the rest
         return
     if names and model not in names:
         say(f"regenerate: warning: {redacted_url(base_url)} lists {names}, not --model "

@@ -429,9 +429,16 @@ def _short(stats: dict[str, int], cfg: MagpieConfig, limit: int) -> str:
             f"characters, {stats['unfinished']} unfinished within --max-new-tokens "
             f"{cfg.max_new_tokens} (`data make`: --prompt-tokens), {stats['bare_openings']} bare "
             f"openings, {stats.get('template_tokens', 0)} holding the chat template's tokens); "
-            f"the {stats['kept']} are kept: rerun the same command to make more "
-            "(it goes on from the round after this run's last), or try another --seed or "
-            "--openings")
+            f"the {stats['kept']} are kept: " + _more(cfg))
+
+
+def _more(cfg: MagpieConfig) -> str:
+    """How to make more: greedy decodes each opening alike, so neither a rerun nor a seed does."""
+    if cfg.temperature == 0:
+        return ("greedy decodes each opening alike: sample with --temperature > 0, loosen "
+                "--min-chars/--max-chars or --max-new-tokens, or give other --openings")
+    return ("rerun the same command to make more (it goes on from the round after this run's "
+            "last), or try another --seed or --openings")
 
 
 # what the prompts already written were made with; n and max_batches may grow on a rerun

@@ -776,7 +776,8 @@ class Trainer:
         if self.cfg.vocab:
             d2t, t2d = read_vocab(self.cfg.vocab, vocab)
             self._check_vocab_size(d2t.numel())
-            if note := counted_longer(self.cfg.vocab, self.cfg.max_len):
+            longest = max(self.data.uncut or self.data.lengths, default=0)
+            if note := counted_longer(self.cfg.vocab, self.cfg.max_len, longest):
                 self.say(note)
             self.vocab_summary = {"file": str(self.cfg.vocab), "draft_vocab_size": d2t.numel()}
             return d2t, t2d

@@ -407,17 +407,18 @@ def read_vocab(path: str | Path, vocab: int) -> tuple[torch.Tensor, torch.Tensor
     return d2t.long(), t2d.bool()
 
 
-def counted_longer(path: str | Path, max_len: int | None) -> str | None:
+def counted_longer(path: str | Path, max_len: int | None, longest: int) -> str | None:
     """A note where the --vocab file was counted on samples cut longer than this run's
-    --max-len (its vocab.json's `made_from.max_len`, `data.vocab.counted_from`): it holds
-    tokens only the cut-off tails carry, which a vocab counted by train would not."""
+    --max-len (its vocab.json's `made_from.max_len`, `data.vocab.counted_from`) and this run's
+    data has a sample past --max-len (`longest`): the vocab holds tokens only the cut-off tails
+    carry, which a vocab counted by train would not."""
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     try:
         made = json.loads((folder / "vocab.json").read_text()).get("made_from") or {}
     except (OSError, ValueError, AttributeError):
         return None
     counted = made.get("max_len") if isinstance(made, dict) else None
-    if type(counted) is not int or max_len is None or max_len >= counted:
+    if type(counted) is not int or max_len is None or max_len >= min(counted, longest):
         return None
     return (f"note: --vocab {path} was counted on samples of up to {counted} tokens, and "
             f"--max-len {max_len} trains on fewer: it may hold tokens only the cut tails carry; "
