@@ -54,6 +54,10 @@ def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's usual low/mid/high choice, canonical: outputs of 1, L//2-1, L-4. EAGLE-3
     fuses three states, so a short target gets three distinct ids all the same: on 2-3 layers
     [-1, 0, 1] (what vLLM's default 2, L//2, L-3 means on 3 layers); one layer has only two."""
+    if num_layers < 1:  # only the embedding: -1,0 would name a layer it lacks
+        raise DraftsmithError(
+            f"a {num_layers}-layer target has no decoder layer, so no aux layers to capture: "
+            "use a target with 2 or more layers")
     if num_layers < 2:
         raise DraftsmithError(
             f"a {num_layers}-layer target has fewer than the three hidden states EAGLE-3 "
