@@ -136,3 +136,12 @@ def test_a_manifest_wide_fault_is_said_once(three, tmp_path) -> None:  # noqa: F
     (folder / "manifest.json").write_text(json.dumps(m))
     found = [f for f in data_files(folder, read_manifest(folder), None) if f.check == "dtype"]
     assert len(found) == 1, [f.what for f in found]
+
+
+def test_the_doctors_capturable_ids_on_a_one_layer_target() -> None:
+    """On one layer the default aux layers raise, naming the very ids -1,0; the doctor's fix
+    for an engine that cannot capture them raised it instead of saying what can be given."""
+    from draftsmith.doctor.engines import capturable_ids
+
+    assert capturable_ids("vllm", 1, 2) == [-1, 0]
+    assert capturable_ids("sglang", 1, 2) is None

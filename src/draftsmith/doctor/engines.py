@@ -194,7 +194,7 @@ def capturable_ids(engine: str, num_layers: int, n: int) -> list[int] | None:
     """`n` distinct ascending canonical ids `engine` can be given for this target: data
     capture's default where it fits, else `n` spread over the widest range it captures; None
     where the target has too few such layers."""
-    first = default_aux_layers(num_layers)
+    first = default_aux_layers(num_layers) if num_layers >= 2 else []  # 1 layer: no default
     if len(first) == n and not _limits(first, engine, num_layers):
         return first
     for lo, hi in sorted(((lo, hi) for lo in (-1, 0, 1) for hi in (num_layers - 1,
