@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from draftsmith.data.prompts import HUMANEVAL, Conversation, opening, read_prompts, repeat_key
 from draftsmith.errors import DraftsmithError
 
 CHAT_SUITE = Path(__file__).with_name("chat_suite.jsonl")
@@ -18,8 +18,6 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
     """The first turn (its system prompts kept) of up to `limit` conversations of a suite:
     'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads; `warn` takes its
     skipped records (default: stderr)."""
-    from draftsmith.data.prompts import opening, read_prompts
-
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
@@ -33,8 +31,12 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
     firsts = [opening(c.messages)  # as generate asks
               for c in read if any(m["role"] == "user" for m in c.messages)]
     # one prompt once: conversations that differ after their first turn open alike, and the
-    # reader drops only whole repeats (a repeat was timed twice, another prompt left out)
-    out = list({json.dumps(m, sort_keys=True): m for m in firsts}.values())
+    # reader drops only whole repeats (a repeat was timed twice, another prompt left out);
+    # alike as the reader judges repeats, whitespace around each text aside, the first kept
+    kept: dict[str, list[dict[str, str]]] = {}
+    for m in firsts:
+        kept.setdefault(repeat_key(Conversation(m)), m)
+    out = list(kept.values())
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn"
                               + _why_none(read, skipped))
@@ -85,15 +87,22 @@ def prompt_ids(target: Any, conversations: list[list[dict[str, str]]],
 
 
 def suite_label(name: str) -> str:
-    return Path(name).stem if name not in ("chat", "humaneval") else name
+    if _humaneval(name):
+        return HUMANEVAL
+    return Path(name).stem if name != "chat" else name
 
 
 def suite_key(name: str) -> str:
     """What a suite's name reads: HumanEval, or the file or folder it resolves to (chat: the
     built-in file), so p.jsonl and ./p.jsonl are one suite."""
-    if name == "humaneval":
-        return name
+    if _humaneval(name):
+        return HUMANEVAL
     return str((CHAT_SUITE if name == "chat" else Path(name)).resolve())
+
+
+def _humaneval(name: str) -> bool:
+    """The bundled HumanEval, named in any case, as the prompt reader takes it."""
+    return name.lower() == HUMANEVAL
 
 
 def distinct_suites(names: list[str]) -> dict[str, list[str]]:
