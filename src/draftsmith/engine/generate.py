@@ -111,6 +111,7 @@ def decoder(rt: Runtime, b: int, eos_ids: list[int], params: SamplingParams | li
     """A (state, step function) pair, its rows set to `params` (one setting, or one a row); the
     step is a captured CUDA graph where possible, one per kind of sampling (the widest of the
     rows': `sampling.KINDS`)."""
+    rt.check(b)  # before a step is made: on GPU its capture wrote past the cache's rows
     rows = row_params(params, b)
     like = widest(rows)
     state, step = graphed_step(rt, ("decode", b, tuple(eos_ids), like.kind),
@@ -320,9 +321,11 @@ def whole_numbers(values: Any) -> bool:
 
 
 def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:
-    """A runtime sized to the request (checked first: a bad one would size it wrong)."""
+    """A runtime sized to the request (checked first: a bad one would size it wrong, and one
+    past the target's positions would get a cache of its length before its refusal)."""
     check_prompts(prompts, model.cfg.vocab_size)
     check_max_new(new)
+    check_positions(prompts, new, model.cfg.max_position_embeddings)
     need = max(len(p) for p in prompts) + new
     return Runtime(model, len(prompts), need + 1, kept=need)
 
