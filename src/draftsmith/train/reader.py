@@ -322,7 +322,13 @@ def _read(fd: int, info: dict[str, Any], start: int, a: int, b: int,
     shape = info["shape"]
     row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
     buf = bytearray((b - a) * row)
-    got = _pread_into(fd, buf, start + info["data_offsets"][0] + a * row)
+    try:  # an I/O error (EIO, a network file system's ESTALE): named, not a worker's traceback
+        got = _pread_into(fd, buf, start + info["data_offsets"][0] + a * row)
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot read the shard ({e.strerror or e}): its disk or "
+                              "file system failed the read; once it reads again (`draftsmith data "
+                              "inspect` on its dataset folder checks every shard), rerun with "
+                              "--resume") from None
     if got != len(buf):
         raise DraftsmithError(f"{path}: shard read came back short ({got} of {len(buf)} "
                               "bytes): the file is truncated (`draftsmith data inspect` on its "
