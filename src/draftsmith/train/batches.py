@@ -154,7 +154,8 @@ def collate(source: Source, rows: list[Row], multiple: int = 1, cap: int | None 
     fewer distinct shapes, so fewer cuDNN plans and compiled graphs on the GPU. Padding is
     doc -1: no loss, no attention from real tokens."""
     width = max(sum(n for _, n in row) for row in rows)
-    width = max(width, min(-(-width // multiple) * multiple, cap or width))
+    rounded = -(-width // multiple) * multiple
+    width = rounded if cap is None else max(width, min(rounded, cap))
     b = len(rows)
     tokens = torch.zeros(b, width, dtype=torch.long)
     mask = torch.zeros(b, width, dtype=torch.bool)
