@@ -454,19 +454,39 @@ def engine_ids(config: dict[str, Any], layout: str, num_layers: int,
                where: str) -> tuple[list[int] | None, str, Convention]:
     """(the ids `draftsmith import` reads, None for the engines' defaults; their key; their
     convention). SGLang's layout: eagle_config's list, else the top-level one only vLLM reads;
-    speculators': the top-level list. An empty list is as good as none (the engines test it for
-    truth). A list that is not of integers is refused here, not with a traceback."""
+    speculators': as vLLM reads it (`speculators_lists`). An empty list is as good as none (the
+    engines test it for truth). A list that is not of integers is refused here, not with a
+    traceback."""
     nested = (config.get("eagle_config") or {}) if layout == "sglang" else {}
     if not isinstance(nested, dict):
         raise DraftsmithError(f"{where}: eagle_config is not a JSON object")
-    for key, ids, conv in ((f"eagle_config.{IDS}", nested.get(IDS), Convention.SGLANG),
-                           (f"{IDS} (top level)", config.get(IDS), Convention.VLLM)):
+    lists = ((f"eagle_config.{IDS}", nested.get(IDS), Convention.SGLANG),
+             (f"{IDS} (top level)", config.get(IDS), Convention.VLLM))
+    if layout == "speculators":
+        lists = speculators_lists(config)
+    for key, ids, conv in lists:
         if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
             raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
         if ids:
             return list(ids), key, conv
     return None, f"eagle_config.{IDS}" if layout == "sglang" else f"{IDS} (top level)", \
         Convention.EAGLE
+
+
+LAYER = "transformer_layer_config"
+
+
+def speculators_lists(config: dict[str, Any]) -> tuple[tuple[str, Any, Convention], ...]:
+    """The id lists of a speculators folder in the order vLLM reads them: its draft config is
+    transformer_layer_config with a non-empty top-level list copied over it
+    (`algos.update_eagle3`), and its model runner reads that config's list, else its
+    eagle_config's (`_get_eagle3_aux_layers_from_config`). speculators reads the top level
+    only."""
+    layer = config.get(LAYER) if isinstance(config.get(LAYER), dict) else {}
+    inner = layer.get("eagle_config") if isinstance(layer.get("eagle_config"), dict) else {}
+    return ((f"{IDS} (top level)", config.get(IDS), Convention.VLLM),
+            (f"{LAYER}.{IDS}", layer.get(IDS), Convention.VLLM),
+            (f"{LAYER}.eagle_config.{IDS}", inner.get(IDS), Convention.VLLM))
 
 
 def imported_ids(config: dict[str, Any], layout: str, num_layers: int, where: str,

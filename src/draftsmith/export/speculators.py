@@ -13,6 +13,7 @@ weights reads as vLLM serves it: with the target's head shared (`_shared_head`).
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ import torch
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.layout import (
     IDS,
+    LAYER,
     TargetInfo,
     cast,
     check_flags,
+    default_ids,
     draft_vocab_of,
     drafter_config,
     engine_ids,
@@ -244,8 +247,10 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     verifier = verifier_of(c, where)
     num_layers = _verifier_layers(c, info, folder)
     ids = imported_ids(c, "speculators", num_layers, where, folder)
-    if (written := engine_ids(c, "speculators", num_layers, where)[0]) is not None:
+    written, key, _ = engine_ids(c, "speculators", num_layers, where)
+    if written is not None:
         warn_unsorted(written, ids, where)
+        _note_nested_ids(key, written, num_layers, where)
     else:
         warn_default_repeat(num_layers, where)
     vocab, draft_vocab = mc.vocab_size, draft_vocab_of(c, mc.vocab_size,
@@ -288,7 +293,40 @@ def read_speculators(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
             f"{folder}/config.json: transformer_layer_config.model_type is {kind!r}, and "
             f"draftsmith reads only llama-type drafter layers; its tensors do not fit one: {e}"
         ) from None
+    _note_layer_kind(kind, where)
     return drafter
+
+
+def _note_layer_kind(kind: Any, where: str) -> None:
+    """A layer the import reads as llama but an engine reads otherwise: vLLM's update_eagle3
+    takes a missing model_type as llama, speculators' config validator builds a Qwen3Config
+    for it (q/k normed per head); a type outside {llama, qwen3} speculators (`model_classes`)
+    and newer vLLM refuse. (qwen3 itself is refused by `_check_qk_norms`.)"""
+    if kind == "llama":
+        return
+    if kind is None:
+        what = ("names no model_type: vLLM reads it as llama, as the import does, but "
+                "speculators builds a Qwen3 layer for it (q and k normed per head)")
+    else:
+        what = (f"model_type is {json.dumps(kind)[:40]}: the import reads it as llama, as an "
+                "older vLLM serves it, but speculators and newer vLLM (their Eagle-3 readers "
+                "take llama or qwen3) refuse it")
+    note(f"{where}: transformer_layer_config {what}", "if the drafter was trained as a llama "
+         "layer, write transformer_layer_config.model_type \"llama\", which every reader "
+         "takes", stacklevel=3)
+
+
+def _note_nested_ids(key: str, written: list[int], num_layers: int, where: str) -> None:
+    """Ids vLLM reads from inside transformer_layer_config (its draft config), where
+    speculators reads only the top-level list and, finding none, takes its defaults."""
+    if not key.startswith(LAYER):
+        return
+    older = (", as vLLM before its eagle_config fallback does (vLLM issue 50170)"
+             if ".eagle_config." in key else "")
+    note(f"{where}: the aux layer ids {written} sit at {key}, which vLLM reads (the import "
+         f"too), but speculators reads only the top level and takes its defaults "
+         f"{default_ids(num_layers)} there{older}", f"move the list to {IDS} at the top "
+         "level, where every reader takes it", stacklevel=3)
 
 
 def _warn_own_embedding(w: dict[str, torch.Tensor], info: TargetInfo | None,
