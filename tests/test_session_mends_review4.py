@@ -145,3 +145,13 @@ def test_the_doctors_capturable_ids_on_a_one_layer_target() -> None:
 
     assert capturable_ids("vllm", 1, 2) == [-1, 0]
     assert capturable_ids("sglang", 1, 2) is None
+
+
+def test_vllm_edge_ids_on_a_one_layer_target_warn_not_raise() -> None:
+    """Every id of a one-layer target is an edge; the export's warning raised the default aux
+    layers' refusal instead, telling the user to give the ids given."""
+    from draftsmith.export.speculators import warn_edge_ids
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        warn_edge_ids([-1, 0], 1)

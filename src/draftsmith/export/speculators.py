@@ -188,7 +188,7 @@ def vllm_edge_fix(num_layers: int, n: int) -> str:
 def _inner_ids(num_layers: int, n: int) -> list[int] | None:
     """`n` distinct canonical ids, neither the embedding (-1) nor the last layer's output: the
     default where it is such, else spread over the layers between."""
-    first = default_aux_layers(num_layers)
+    first = default_aux_layers(num_layers) if num_layers >= 2 else []  # 1 layer: no default
     if len(first) == n and -1 not in first and num_layers - 1 not in first:
         return first
     inner = num_layers - 1  # layers 0 .. L-2
