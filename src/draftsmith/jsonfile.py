@@ -19,9 +19,16 @@ def read_json(path: Path, not_found: str) -> Any:
             raise DraftsmithError(f"{where}: is a file, {not_found or 'not a folder'}")
         raise DraftsmithError(f"{path.parent}: no {path.name} ({not_found})")
     try:
-        return json.loads(path.read_text())
+        text = path.read_bytes()
+    except OSError as e:
+        raise DraftsmithError(f"{path}: cannot read it ({e.strerror or e})") from None
+    try:  # bytes, so JSON's UTF-8 is read whatever the locale's encoding
+        return json.loads(text)
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
         raise DraftsmithError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise DraftsmithError(f"{path}: not valid JSON (it nests arrays or objects too "
+                              "deeply)") from None
 
 
 def read_versioned(path: Path, not_found: str, fmt: str, version: int) -> dict[str, Any]:
@@ -33,7 +40,7 @@ def read_versioned(path: Path, not_found: str, fmt: str, version: int) -> dict[s
         raise DraftsmithError(f"{path}: format is {meta.get('format')!r}, expected {fmt!r}")
     try:
         got = int(meta.get("format_version", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         raise DraftsmithError(f"{path}: format_version is {meta['format_version']!r}, "
                               "expected an integer") from None
     if got > version:

@@ -40,12 +40,25 @@ def replacing(path: Path, kept: str,
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
+        _keep_mode(path, tmp)
         os.replace(tmp, path)
     except errors as e:
         tmp.unlink(missing_ok=True)
         raise DraftsmithError(f"{path}: cannot write it ({getattr(e, 'strerror', None) or e}); "
                               f"{kept}") from None
+    except BaseException:  # a ctrl-C or another error mid-write: no tmp file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
+
+
+def _keep_mode(path: Path, tmp: Path) -> None:
+    """`path`'s permission bits onto `tmp`, so a rewrite keeps a private file private."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, mode & 0o7777)
 
 
 def atomic_write(path: Path, data: bytes,
@@ -69,7 +82,7 @@ def append_whole(path: Path, data: bytes, kept: str) -> None:
                 view = memoryview(data)
                 while view:
                     view = view[f.write(view):]
-            except OSError:
+            except BaseException:  # a full disk, or a ctrl-C between two partial writes
                 f.truncate(end)
                 raise
     except OSError as e:
