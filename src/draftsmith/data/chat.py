@@ -328,11 +328,26 @@ def user_prefix(tok: Any, system: str | None = None) -> tuple[str, str]:
     msgs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": SENTINEL}
     ]
-    text = render(tok, msgs, False)
+    try:
+        text = render(tok, msgs, False)
+    except DraftsmithError as e:
+        raise (_no_system(tok, e) if system else e) from None
     at = text.find(SENTINEL)
     if at < 0:
         raise DraftsmithError("the chat template does not render the user message's text")
     return text[:at], text[at + len(SENTINEL):]
+
+
+def _no_system(tok: Any, e: DraftsmithError) -> DraftsmithError:
+    """`e`, or where the template takes the user's message alone (Gemma's refuses a system
+    role), an error that says the system message is what it refuses."""
+    try:
+        render(tok, [{"role": "user", "content": SENTINEL}], False)
+    except DraftsmithError:
+        return e
+    said = str(e).removeprefix("the chat template failed on this conversation: ")
+    return DraftsmithError(f"the chat template refuses a system message ({said}): make the "
+                           "prompts without a system message (no --system)")
 
 
 def role_headers(tok: Any, system: str | None = None) -> tuple[str, ...]:
