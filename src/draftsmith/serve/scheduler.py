@@ -16,7 +16,11 @@ return_token_ids; its finish's Choice holds the ids they did not carry), ("finis
 ("done", completion_tokens), ("error", status, message[, param, code]) (`ApiError`'s arguments);
 and ("accepted",) once, from `submit` (the job is queued: an error from then on is the engine's,
 not the request's). An engine exception fails only the jobs of that batch still running: those
-that have sent nothing yet are rerun one by one, so only the culprit gets the error. `stop`
+that have sent nothing yet are rerun one by one, so only the culprit gets the error; a job
+whose own text fails (detokenizing, stop strings) fails alone, its rows freed as the batch decodes
+on. Engine time (/metrics' `engine_busy_s`, under `tokens_per_s`) runs from a batch's opening,
+its first prompt pass included, as joiners' passes are. A row whose client leaves frees its
+slot after the step under way, not at the next look (`_decode`). `stop`
 answers the queued jobs with a 503 at once, and the running batch's jobs too if it has not ended
 within the timeout: code "unavailable", as a submit it refuses; /metrics counts each such 503
 as "stopped", and so does `cut_off`, a forced quit's 503 that the app sends itself. Each job's end
@@ -353,13 +357,14 @@ class Scheduler:
         else:
             size = batch_rows(need, self.max_batch, self.fixed_rows)
         key = self._key_of(batch)
+        t0 = time.perf_counter()  # engine time from here: the opening prompt pass is its work
         live = self.engine.open(size, self.engine.template(key[1]) if key[0] == "batch"
                                 else req.params)
         if seeded:  # after open, whose capture or prompt pass needs no draw of this seed
             torch.manual_seed(req.seed)
         slots: list[Row | None] = [None] * size
         self.metrics.admitted(need, self._admit(live, slots, batch), opened=True)
-        t0, seen = time.perf_counter(), live.hist
+        seen = live.hist
         while True:
             self._collect(live, slots)  # first right after a prefill: its token may end a row
             hist = live.hist
@@ -375,7 +380,15 @@ class Scheduler:
                 self._collect(live, slots, joined)  # their first tokens out now, not a step later
             if not any(slots):
                 return
-            live.step(self._steps(slots, live.tokens_per_step))
+            self._decode(live, slots, self._steps(slots, live.tokens_per_step))
+
+    def _decode(self, live: Any, slots: list[Row | None], n: int) -> None:
+        """n steps, cut short once a row's client leaves (or a stop gives up waiting): its slot
+        frees at the next look, not up to CHECK_EVERY steps on. A host-side check, no sync."""
+        for _ in range(n):
+            live.step(1)
+            if self._abort or any(r is not None and r.job.cancelled for r in slots):
+                return
 
     def _join_into(self, live: Any, slots: list[Row | None], batch: list[Job], key: tuple,
                    small: bool) -> list[int]:
@@ -436,13 +449,30 @@ class Scheduler:
         gone = []
         for i, toks, end in zip(busy, tokens, ended, strict=True):
             row = slots[i]
-            row.feed(toks, end)
+            if row is None:  # a sibling row's text failed: its job is answered
+                continue
+            try:
+                row.feed(toks, end)
+            except Exception as e:  # its own text (detokenizing, stop strings): its fault alone
+                gone += self._fail_rows(slots, row.job, e)
+                continue
             if row.finished:
                 slots[i] = None
                 gone.append(i)
                 if all(r.finished for r in row.job.rows):
                     self._finish(row.job)
         live.drop(gone)
+
+    def _fail_rows(self, slots: list[Row | None], job: Job, e: Exception) -> list[int]:
+        """Fail `job` alone (a 500), its slots freed now: the rows beside it decode on, streams
+        that have sent tokens included. Returns the freed slots."""
+        mine = [i for i, r in enumerate(slots) if r is not None and r.job is job]
+        for i in mine:
+            slots[i].finished = True
+            slots[i] = None
+        self._fail([job], e)
+        job.done = True
+        return mine
 
     def _join(self, key: tuple, free: int, small: bool, size: int) -> list[Job]:
         """The jobs at the head of the queue that a batch of this key holds as it is (their keys
