@@ -556,8 +556,8 @@ def launch_tp(fn: Callable[..., Any], tp_size: int, *args: Any, device: str | No
 
     device None: CUDA when this host has tp_size GPUs, else CPU (gloo).
     """
-    if tp_size < 1:
-        raise DraftsmithError(f"--tp must be >= 1, got {tp_size}")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise DraftsmithError(f"--tp must be >= 1, got {tp_size!r}")
     if under_torchrun() or tp_size == 1:
         return fn(init_tp(tp_size, device), *args)
     if device is None:

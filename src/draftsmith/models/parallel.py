@@ -88,7 +88,8 @@ class TP:
     def split(self, n: int, what: str) -> int:
         if n % self.size:
             raise DraftsmithError(
-                f"{what} = {n} is not divisible by tensor-parallel size {self.size}"
+                f"{what} = {n} is not divisible by tensor-parallel size {self.size}: give a "
+                f"--tp that divides it ({_choices(n, self.size)})"
             )
         return n // self.size
 
@@ -109,6 +110,12 @@ class TP:
             pad = part.new_zeros(local - part.shape[0], *t.shape[1:])
             part = torch.cat([part, pad])
         return part
+
+
+def _choices(n: int, size: int) -> str:
+    """The TP sizes up to max(size, 8) that split n, as words: "1, 2 or 4"."""
+    ok = [str(d) for d in range(1, min(n, max(size, 8)) + 1) if n % d == 0]
+    return ok[0] if len(ok) == 1 else f"{', '.join(ok[:-1])} or {ok[-1]}"
 
 
 SINGLE = TP()
