@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from test_data_chat import masked_text
 from transformers import AutoTokenizer
 
 from draftsmith.data.chat import encode, template_ids, user_prefix
@@ -34,18 +35,6 @@ def tok(tmp_path):
     return AutoTokenizer.from_pretrained(tmp_path)
 
 
-def masked(tok, messages, cut=()) -> list[str]:
-    ids, mask = encode(tok, messages, cut)
-    pieces, cur = [], []
-    for i, m in zip(ids, mask, strict=True):
-        if m:
-            cur.append(i)
-        elif cur:
-            pieces.append(tok.decode(cur))
-            cur = []
-    return pieces + ([tok.decode(cur)] if cur else [])
-
-
 def hf_ids(tok, messages, add_generation_prompt: bool) -> list[int]:
     return list(tok.apply_chat_template(messages, tokenize=True, return_dict=False,
                                         add_generation_prompt=add_generation_prompt))
@@ -59,8 +48,8 @@ def test_masks_are_the_answers_and_their_close_and_ids_are_hfs(tok, template, cl
     ids, _ = encode(tok, conv)
     assert ids == hf_ids(tok, conv, False)
     answers = ["yes", " ok, more. " if template is CHATML else "ok, more."]
-    assert masked(tok, conv) == [a + close for a in answers]
-    assert masked(tok, conv, cut=(len(conv) - 2,)) == [answers[0] + close, answers[1]]
+    assert masked_text(tok, conv) == [a + close for a in answers]
+    assert masked_text(tok, conv, cut=(len(conv) - 2,)) == [answers[0] + close, answers[1]]
     prompt = conv[:2]
     assert template_ids(tok, prompt) == hf_ids(tok, prompt, True)
 

@@ -21,18 +21,25 @@ class BadTextEngine(FakeEngine):
         return super().decode(ids)
 
 
-def test_a_request_whose_text_fails_to_decode_fails_alone() -> None:
-    """Streams a and x in one batch; x's text raises at its first token. x gets one 500 and a
-    counts as completed with its whole answer (the whole batch once failed: a, having sent a
-    delta, got a 500 for x's fault)."""
-    eng = BadTextEngine(max_batch=4, max_tokens=6)
+def _streaming(eng: BadTextEngine, max_tokens: int) -> tuple[Scheduler, dict[str, list]]:
+    """A started scheduler over `eng`, held at its gate, with streams a and x queued and taken
+    into one batch."""
     eng.gate.clear()
     s = Scheduler(eng, max_queue=8, batch_wait=0.3)
     s.start()
     ev: dict[str, list] = {t: [] for t in "ax"}
     for t in "ax":
-        s.submit(job(t, ev[t], max_tokens=6, stream=True))
+        s.submit(job(t, ev[t], max_tokens=max_tokens, stream=True))
     until(lambda: s.queued() == 0)
+    return s, ev
+
+
+def test_a_request_whose_text_fails_to_decode_fails_alone() -> None:
+    """Streams a and x in one batch; x's text raises at its first token. x gets one 500 and a
+    counts as completed with its whole answer (the whole batch once failed: a, having sent a
+    delta, got a 500 for x's fault)."""
+    eng = BadTextEngine(max_batch=4, max_tokens=6)
+    s, ev = _streaming(eng, 6)
     eng.gate.set()
     for t in "ax":
         wait_done(ev[t], 1)
@@ -50,13 +57,8 @@ def test_a_failed_requests_rows_take_the_next_job_while_the_batch_decodes() -> N
     """max_batch 2: x fails at its first token beside a long a; the queued b joins x's freed
     row while a still decodes, and both answer whole."""
     eng = BadTextEngine(max_batch=2, max_tokens=8)
-    eng.gate.clear()
-    s = Scheduler(eng, max_queue=8, batch_wait=0.3)
-    s.start()
-    ev: dict[str, list] = {t: [] for t in "axb"}
-    for t in "ax":
-        s.submit(job(t, ev[t], max_tokens=8, stream=True))
-    until(lambda: s.queued() == 0)
+    s, ev = _streaming(eng, 8)
+    ev["b"] = []
     s.submit(job("b", ev["b"], max_tokens=4))
     eng.gate.set()
     for t in "axb":
