@@ -202,13 +202,10 @@ def _server_client(t: Any, regen: RegenConfig, server: Server,
 def _check_model(client: Any, base_url: str, model: str, log: Callable[[str], None]) -> None:
     """The server reached and the key taken before any stage; --model checked against the
     models it lists (a warning only: a server may take aliases it does not list)."""
-    from draftsmith.data.regenerate import list_models
-    from draftsmith.options import redacted_url
+    from draftsmith.data.regenerate import list_models, unlisted
 
-    names = list_models(client, base_url, needed=False)
-    if names and model not in names:
-        log(f"warning: {redacted_url(base_url)} lists {names}, not --model {model!r}: its "
-            "answers fail unless it serves that name too")
+    if said := unlisted(base_url, list_models(client, base_url, needed=False), model):
+        log(f"warning: {said}")
 
 
 def _same_backend(answers: Path, server: Server | None) -> None:

@@ -1370,10 +1370,17 @@ def check_listed(client: Any, base_url: str, model: str, say: Callable[[str], No
         names = list_models(client, base_url, needed=False)
     except Exception:  # noqa: BLE001 - an HTML page or cut JSON: the answers tell the rest
         return
-    if names and model not in names:
-        say(f"regenerate: warning: {redacted_url(base_url)} lists {names}, not --model "
-            f"{model!r}: a server that answers any name (SGLang) answers with its own model, "
-            f"recorded as {model!r}; pass --model as the server lists the target")
+    if said := unlisted(base_url, names, model):
+        say(f"regenerate: warning: {said}")
+
+
+def unlisted(base_url: str, names: list[str] | None, model: str) -> str | None:
+    """The line for a --model the server does not list (`data make` and `data regenerate`)."""
+    if not names or model in names:
+        return None
+    return (f"{redacted_url(base_url)} lists {names}, not --model {model!r}: a server that "
+            f"answers any name (SGLang) answers with its own model, recorded as {model!r}; pass "
+            "--model as the server lists the target")
 
 
 LIST_TIMEOUT = 30.0  # seconds for the model listing: a quick route, unlike an answer
