@@ -235,12 +235,17 @@ def within_positions(cfg: CaptureConfig, most: int | None,
     """`cfg` with --max-len held to the target's max_position_embeddings (`most`): the states
     of positions past them, which the forward computes without a word, are of positions the
     target never saw, and a drafter would learn from them."""
-    if not most or cfg.max_len <= most:
+    if held_to(cfg.max_len, most) == cfg.max_len:
         return cfg
     say(f"capture: warning: --max-len {cfg.max_len} exceeds the target's "
         f"max_position_embeddings {most}: conversations are held to {most} tokens (longer "
         f"ones: --too-long {cfg.too_long})")
     return dataclasses.replace(cfg, max_len=most)
+
+
+def held_to(max_len: int, most: int | None) -> int:
+    """--max-len held to the target's max_position_embeddings (`most`, None: unknown)."""
+    return most if most and max_len > most else max_len
 
 
 def bytes_per_token(n_aux: int, hidden: int) -> int:

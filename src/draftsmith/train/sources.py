@@ -289,13 +289,13 @@ def open_online(
 
 def held_len(max_len: int | None, most: int | None) -> int | None:
     """--max-len held to the target's max_position_embeddings (`most`) by capture's own rule
-    (`within_positions`): states past them are of positions the target never saw. None: no cut
-    asked, held to `most` where it is known."""
-    from draftsmith.data.capture import CaptureConfig, within_positions
+    (`held_to`, as `within_positions` holds it): states past them are of positions the target
+    never saw. None: no cut asked, held to `most` where it is known."""
+    from draftsmith.data.capture import held_to
 
     if max_len is None and not most:
         return None
-    return within_positions(CaptureConfig(max_len=max_len or most), most, lambda s: None).max_len
+    return held_to(max_len or most, most)
 
 
 def cut_counts(lengths: list[int], max_len: int | None) -> dict[str, Any]:
