@@ -1,6 +1,6 @@
-"""Prompt sources: JSONL (ShareGPT, OpenAI messages, plain prompt), Parquet, `datasets` folders,
-HumanEval (bundled, or a copy's JSONL), text files (one prompt a line), CSV/TSV files (rows by
-their header), and conversations read back from draftsmith's own JSONL.
+"""Prompt sources: JSONL (ShareGPT, OpenAI messages, plain prompt, MT-bench's `turns`), Parquet,
+`datasets` folders, HumanEval (bundled, or a copy's JSONL), text files (one prompt a line),
+CSV/TSV files (rows by their header), and conversations read back from draftsmith's own JSONL.
 
 Every conversation gets a stable id: a hash of its messages. A malformed record is reported
 where it is (`file:line`, a JSON array's `file item [i]`, a table's `file row n`) with why,
@@ -126,6 +126,8 @@ def parse_record(rec: Any) -> Conversation:
         return humaneval_conversation(rec)
     elif "prompt" in rec:
         msgs = [_user(rec["prompt"], "prompt")]
+    elif "turns" in rec:
+        msgs = _user_turns(rec["turns"])
     elif "instruction" in rec:
         msgs = [_alpaca(rec)]
     elif isinstance(rec.get("data"), list):  # after the keys above: a record's own `data`
@@ -244,6 +246,14 @@ def _alpaca(rec: dict[str, Any]) -> dict[str, str]:
     return _user(f"{text}\n\n{extra}" if extra and extra.strip() else text, "instruction")
 
 
+def _user_turns(turns: Any) -> list[dict[str, str]]:
+    """MT-bench's and Spec-Bench's `turns`: the user's messages of a conversation, in order,
+    without answers (regenerate answers each; bench and generate ask the first)."""
+    if not isinstance(turns, list) or not turns:
+        raise Malformed("'turns' is not a non-empty list of user messages (MT-bench's shape)")
+    return [_user(t, f"turns[{i}]") for i, t in enumerate(turns)]
+
+
 def _user(text: Any, key: str) -> dict[str, str]:
     if not isinstance(text, str) or not text.strip():
         raise Malformed(f"{key!r} is not a non-empty string")
@@ -346,7 +356,16 @@ def _json_file(path: Path) -> Any:
 
 
 def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
-    yield from ((where, _line(line)) for where, line in _lines(path, opener))
+    for where, line in _lines(path, opener):
+        rec = _line(line)
+        # JSON holds no raw CR in a string: one after an object with more behind it ends a
+        # line, and a file of CR line ends read as one record skipped, no prompt read
+        if str(rec) == "not valid JSON (Extra data)" and b"}\r" in line.rstrip(b"\r\n"):
+            raise DraftsmithError(f"{where}: {CR_ONLY}")
+        yield where, rec
+
+
+CR_ONLY = "its lines end in CR alone (an old Mac export): save it with LF or CRLF line ends"
 
 
 def _lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, bytes]]:
@@ -383,8 +402,12 @@ def _not_wide(path: Path, head: bytes) -> None:
 
 def _text_lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
     """A plain text file's prompts: one a line, blank lines skipped (as `--openings` reads;
-    a line of Unicode spaces too, U+00A0 or U+3000, which the bytes' strip keeps)."""
-    for where, line in _lines(path, opener):
+    a line of Unicode spaces too, U+00A0 or U+3000, which the bytes' strip keeps). A line ends
+    at LF, CRLF or CR alone (an old Mac export), as `open` reads text."""
+    for i, line in _text_numbered(path, opener):
+        if not line.strip():
+            continue
+        where = f"{path}:{i}"
         try:
             text = line.decode("utf-8").strip()
         except UnicodeDecodeError as e:
@@ -392,6 +415,15 @@ def _text_lines(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, A
             continue
         if text:
             yield where, {"prompt": text}
+
+
+def _text_numbered(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[int, bytes]]:
+    """`_numbered`'s lines, each split again at a CR alone: a CR-only file was one line."""
+    n = 0
+    for _, line in _numbered(path, opener):
+        for part in line.removesuffix(b"\n").removesuffix(b"\r").split(b"\r"):
+            n += 1
+            yield n, part
 
 
 CSV_FILES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
@@ -415,8 +447,7 @@ def _csv_rows(path: Path, opener: Callable[..., Any]) -> Iterator[dict[str, Any]
                             "columns: quote a cell that holds the delimiter") if extra else row
     except csv.Error as e:
         at = rows.reader.line_num  # DictReader's own is the last row's, not the error's
-        fix = ("its lines end in CR alone (an old Mac export): save it with LF or CRLF line ends"
-               if "new-line character" in str(e) else "mend the quotes up to this line")
+        fix = (CR_ONLY if "new-line character" in str(e) else "mend the quotes up to this line")
         raise DraftsmithError(f"{path}:{at}: not valid CSV ({e}): {fix}") from None
     finally:
         csv.field_size_limit(wider)

@@ -147,9 +147,13 @@ def stop_ids(target: Any, suffix: str) -> list[int]:
     return sorted(ids)
 
 
-def accept(text: str, cfg: MagpieConfig, seen: set[str]) -> str | None:
+def accept(text: str, cfg: MagpieConfig, seen: set[str], opening: str = "") -> str | None:
+    """`text` (`opening` and what the target wrote after it), stripped, or None: a repeat, over
+    --max-chars in all, or under --min-chars of the target's own text (the opening, counted,
+    let one word after "Write a Python function that" pass)."""
     text = text.strip()
-    if not cfg.min_chars <= len(text) <= cfg.max_chars or fold(text) in seen:
+    written = text.removeprefix(opening.strip()).strip()
+    if not (cfg.min_chars <= len(written) and len(text) <= cfg.max_chars) or fold(text) in seen:
         return None
     return text
 
@@ -596,7 +600,7 @@ def _one(target: Any, toks: list[int], cfg: MagpieConfig, seen: set[str],
         stats["bare_openings"] += 1  # the target closed the turn at once: no question asked
         return None
     text = opening + more
-    got = accept(text, cfg, seen)
+    got = accept(text, cfg, seen, opening)
     if got is None:
         key = "duplicates" if fold(text) in seen else "length_filtered"
         stats[key] += 1
