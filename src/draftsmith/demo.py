@@ -91,6 +91,7 @@ def demo(
     check_demo_target(out, target)
     make_out(out)
     cfg = DemoConfig.for_device(out, pick_device(device))
+    check_demo_device(out, cfg.device)
     cfg.target = target
     for name, val in (("conversations", conversations), ("epochs", epochs), ("steps", steps)):
         if val is not None:
@@ -150,6 +151,26 @@ def check_demo_target(out: Path, target: str) -> None:
         return
     raise DraftsmithError(f"--out {out}: holds the demo of another target ({old}); pass another "
                           f"--out for --target {target}, or delete {out} to start again")
+
+
+def check_demo_device(out: Path, device: str) -> None:
+    """Refuse an --out holding a demo made on another kind of device: a GPU demo makes its data
+    with other prompt and answer lengths, batch and dtype than a CPU one, and the data stage
+    refused the mix in a line naming a data file and settings no demo flag sets. Read from the
+    data stage's record; none yet, the stage checks."""
+    from draftsmith.errors import DraftsmithError
+
+    try:
+        old = json.loads((out / "data" / "make.json").read_text())
+        was, dtype = old.get("device"), old.get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(was, str) or was.split(":")[0] == device.split(":")[0]:
+        return
+    made = f"{was} ({dtype})" if isinstance(dtype, str) else was
+    raise DraftsmithError(f"--out {out}: holds a demo run made on {made}, and a demo on "
+                          f"{device} makes its data otherwise; pass another --out, or delete it "
+                          "to start again")
 
 
 def make_out(out: Path) -> None:

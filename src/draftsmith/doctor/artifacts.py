@@ -127,6 +127,8 @@ class DrafterInfo:
                         + ("a top-level key is ignored and " if top is not None else "")
                         + "it silently uses its defaults")
             return _ints(nested), f"eagle_config.{IDS} in {name}", note
+        if self.layout == "speculators" and not top and (inner := self._inner_ids()):
+            return inner
         note = ""
         if not top:  # vLLM tests the list for truth: an empty one is as good as none
             what = "is an empty list, which vLLM treats as missing" if top == [] else "is missing"
@@ -135,6 +137,20 @@ class DrafterInfo:
                        else "vLLM silently uses")
                     + " the target's defaults (vLLM issue 50170)")
         return _ints(top or None), f"{IDS} (top level) in {name}", note
+
+    def _inner_ids(self) -> tuple[list[int], str, str] | None:
+        """A speculators config's ids inside transformer_layer_config, vLLM's draft config, at
+        their full key path, where the top level holds none (`export.layout.speculators_lists`,
+        vLLM's order, as import reads them); speculators itself reads the top level only."""
+        from draftsmith.export.layout import speculators_lists
+
+        for key, ids, _ in speculators_lists(self.config)[1:]:
+            if ids:
+                return list(ids), f"{key} in config.json", (
+                    f"vLLM reads the ids at {key} (its draft config), but speculators reads "
+                    f"only the top level and takes its defaults there; move the list to {IDS} "
+                    "at the top level, where every reader takes it")
+        return None
 
     # ---- tensors ------------------------------------------------------------------------------
 

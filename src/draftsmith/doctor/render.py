@@ -108,12 +108,20 @@ def engines_table(rows: list[dict[str, Any]]) -> Table:
         feed = r.get("feed") or {}
         write = "" if "how" not in r else (str(r["write"]) if r["write"] is not None
                                            else "cannot")
-        fed = "" if not feed else f"{feed.get('written')} -> canonical {feed.get('canonical')}"
+        fed = "" if not feed else f"{feed.get('written')}{_read_at(feed, r['key'])} -> " \
+            f"canonical {feed.get('canonical')}"
         note = "; ".join(filter(None, [feed.get("note", ""), r.get("how", "")
                                        if r.get("write") is None else ""]))
         tab.add_row(escape(r["engine"]), _labelled((("key", r["key"]), ("write", write),
                                                    ("feeds", fed), ("note", note))))
     return tab
+
+
+def _read_at(feed: dict[str, Any], key: str) -> str:
+    """Where the config's ids were read, where that is not the row's key (vLLM's fallback,
+    ids inside a speculators folder's transformer_layer_config)."""
+    at = feed.get("key")
+    return f" at {at}" if at and feed.get("written") is not None and at != key else ""
 
 
 def _labelled(parts: tuple[tuple[str, str], ...]) -> Text:

@@ -281,12 +281,31 @@ def drafter_feed(info: DrafterInfo, engine: str, num_layers: int) -> eng.Feed:
         return eng.feed_from_canonical(ids, engine, num_layers)
     if engine == "draftsmith":  # draftsmith serves its own layout: what `import` reads
         return eng.feed_from_import(info.config, info.layout, num_layers, "config.json")
+    if info.layout == "speculators":
+        return _speculators_feed(info, engine, num_layers)
     written, key, note = info.written(engine)
     nested, nested_key, _ = info.written("sglang")
     if engine == "vllm" and written is None and nested:
         return eng.vllm_fallback(nested, num_layers,
                                  f"{nested_key} (vLLM's fallback: no top-level ids)")
     return eng.feed_from_written(written, engine, num_layers, key, note)
+
+
+def _speculators_feed(info: DrafterInfo, engine: str, num_layers: int) -> eng.Feed:
+    """vLLM's reading of a speculators folder, at the key path it finds the ids (inside
+    transformer_layer_config's eagle_config only from its fallback on); SGLang loads none."""
+    if engine.startswith("sglang"):
+        return eng.Feed(engine, eng.KEY[engine], None, None,
+                        "SGLang does not load the speculators layout: export the drafter with "
+                        "`draftsmith export --format sglang` to serve it there")
+    written, key, note = info.written(engine)
+    if written is not None and ".eagle_config." in key:
+        feed = eng.vllm_fallback(written, num_layers, key)
+    else:
+        feed = eng.feed_from_written(written, engine, num_layers, key, note)
+    if written is not None and note:
+        feed.note = "; ".join(filter(None, [note, feed.note]))
+    return feed
 
 
 def default_engines(info: DrafterInfo | None, engine: str | None) -> list[str]:
