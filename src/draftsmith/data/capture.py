@@ -485,8 +485,9 @@ class _Hold:
     a single-process capture there, which holds --out alone, and a rank are refused each other:
     either one's --overwrite would remove the other's files as it writes them."""
 
-    def __init__(self, folder: Path, top: Path | None = None, shared: bool = False) -> None:
-        self.folder, self.fd, self.inode = folder, None, None
+    def __init__(self, folder: Path, top: Path | None = None, shared: bool = False,
+                 busy: str = "") -> None:
+        self.folder, self.fd, self.inode, self.busy = folder, None, None, busy
         self.mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         self.top = _Hold(top, shared=True) if top is not None else None
 
@@ -506,10 +507,10 @@ class _Hold:
             fcntl.flock(fd, self.mode | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DraftsmithError(f"--out {self.folder}: another `draftsmith data capture` is "
-                                  "writing into it; wait for it to end (a rerun of the same "
-                                  "command then resumes it) or capture into another --out"
-                                  ) from None
+            raise DraftsmithError(self.busy or (
+                f"--out {self.folder}: another `draftsmith data capture` is writing into it; "
+                "wait for it to end (a rerun of the same command then resumes it) or capture "
+                "into another --out")) from None
         except OSError:  # no flock on this file system (NFS refuses one on a folder)
             os.close(fd)
             return
@@ -838,20 +839,55 @@ def _merged_done(out: Path, head: dict[str, Any]) -> bool:
             and all(whole_file(out / s["file"], int(s["bytes"])) for s in m.get("shards", [])))
 
 
+def merge_held(out: str | Path) -> dict[str, Any] | None:
+    """`try_merge` (`data merge`) with `out` held alone, as a single-process capture holds it:
+    refused while a capture's rank (which holds it shared), a single-process capture or another
+    merge writes there, and let go however it ends."""
+    out = Path(out)
+    busy = (f"{out}: a capture or another merge is writing into it; wait for it to end, then "
+            f"run `draftsmith data merge {out}` again")
+    with _Hold(out, busy=busy) as hold:
+        hold.take()
+        m = try_merge(out)
+        if m is None:
+            why = "; ".join(unfinished(out, _rank_manifests(out)))
+            raise DraftsmithError(f"{out}: not every rank has finished ({why}); rerun the same "
+                                  "capture command on every rank (torchrun), which finishes "
+                                  "them and merges")
+        return m
+
+
 def try_merge(out: str | Path) -> dict[str, Any] | None:
     """Merge `rank-R/` manifests into one when every rank is complete; None if not yet."""
     out = Path(out)
     if not out.is_dir():
         raise DraftsmithError(f"{out}: no such folder" if not out.exists() else
                               f"{out}: is a file, not a capture folder")
+    ms = _rank_manifests(out)
+    return None if unfinished(out, ms) else merge(out, ms)
+
+
+def _rank_manifests(out: Path) -> list[dict[str, Any]]:
     ranks = sorted(out.glob("rank-*/" + MANIFEST))
     if not ranks:
         raise DraftsmithError(f"{out}: no rank-R/{MANIFEST} to merge")
-    ms = [read_manifest(p.parent) for p in ranks]
-    world = int(ms[0]["world_size"])
-    if len(ms) < world or not all(m.get("complete") for m in ms):
-        return None
-    return merge(out, ms)
+    return [read_manifest(p.parent) for p in ranks]
+
+
+def unfinished(out: Path, ms: list[dict[str, Any]]) -> list[str]:
+    """What keeps the rank manifests `ms` of `out` from one dataset, rank by rank: none begun,
+    one not finished, a shard it lists gone or cut short (a merge would list it; its rank's
+    rerun writes it again)."""
+    have = {m.get("rank"): m for m in ms}
+    why = {r: "not begun" for r in range(int(ms[0]["world_size"])) if r not in have}
+    for r, m in have.items():
+        lost = [s["file"] for s in m.get("shards", [])
+                if not whole_file(out / f"rank-{r}" / s["file"], int(s["bytes"]))]
+        if not m.get("complete") or lost:
+            why[r] = "unfinished" if not m.get("complete") else \
+                f"{', '.join(lost)} gone or cut short"
+    order = sorted(why, key=lambda r: (len(str(r)), str(r)))  # rank 2 before rank 10
+    return [f"rank {r}: {why[r]}" for r in order]
 
 
 # what every rank's shards must share to be one dataset: the run's identity, the stored dtype

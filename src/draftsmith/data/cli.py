@@ -132,7 +132,8 @@ def prompts(
                                        help="Most tokens a self-made prompt may take (longer "
                                        "ones are dropped); each round decodes --batch-size "
                                        "rows of up to this many"),
-    min_chars: int = typer.Option(12, "--min-chars", help="Shorter self-made prompts dropped"),
+    min_chars: int = typer.Option(12, "--min-chars", help="Self-made prompts whose own text "
+                                  "(past any opening) is shorter are dropped"),
     max_chars: int = typer.Option(2000, "--max-chars", help="Longer self-made prompts dropped"),
     temperature: float = typer.Option(1.0, help="Sampling the self-made prompts"),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling the self-made prompts"),
@@ -298,11 +299,9 @@ def capture(
 @app.command()
 def merge(folder: Path = typer.Argument(..., help="Capture folder holding rank-R/")) -> None:
     """Merge the per-rank manifests of a multi-process capture into one."""
-    from draftsmith.data.capture import try_merge
+    from draftsmith.data.capture import merge_held
 
-    m = try_merge(folder)
-    if m is None:
-        raise DraftsmithError(f"{folder}: not every rank has finished; rerun the missing ranks")
+    m = merge_held(folder)
     say(f"{folder}: merged {m['totals']['shards']} shards, {m['totals']['samples']} samples")
 
 

@@ -145,7 +145,39 @@ def check_tokenization(recorded: dict[str, Any], target: Target, where: str | Pa
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
+    """DRAFTSMITH_CACHE (`~` expanded: a quoted "~/c" no shell expanded), or where it is unset
+    or empty (`DRAFTSMITH_CACHE=`, not the working folder) ~/.cache/draftsmith."""
+    env = os.environ.get("DRAFTSMITH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "draftsmith"
+
+
+def _check_cache(folder: Path, gguf: Path) -> None:
+    """Refuse a conversion of `gguf` into cache entry `folder` where the cache cannot be made or
+    written, in one line naming it, before minutes of dequantizing (a traceback at the first
+    write). A scratch folder is made and removed: a read-only mount refuses root too."""
+    import tempfile
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=_scratch_prefix(folder), suffix=".tmp",
+                              dir=folder.parent)).rmdir()
+    except OSError as e:
+        root = cache_dir()
+        named = bool(os.environ.get("DRAFTSMITH_CACHE"))
+        what = f"DRAFTSMITH_CACHE {root}" if named else f"the target cache {root}"
+        fix = ("point DRAFTSMITH_CACHE at a folder you can write to, or unset it for "
+               "~/.cache/draftsmith" if named else
+               "set DRAFTSMITH_CACHE to a folder you can write to")
+        raise DraftsmithError(f"{gguf}: {what}: {_unwritable(root, e)}; a GGUF is converted "
+                              f"into it once: {fix}") from None
+
+
+def _unwritable(root: Path, e: OSError) -> str:
+    """Why the cache folder `root` cannot take a conversion."""
+    there = next((p for p in (root, *root.parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        return "is a file, not a folder" if there == root else f"lies under the file {there}"
+    return f"cannot be written ({e.strerror or e})"
 
 
 def default_gguf() -> Path:
@@ -387,6 +419,7 @@ def _load_gguf(path: Path) -> Target:
         except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
             damaged = _record_stamp(folder)
+    _check_cache(folder, path)
     _convert_gguf(path, folder, digest, replace=damaged)
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
