@@ -25,23 +25,32 @@ from draftsmith.options import (
 )
 
 
+# click keeps the last of a scalar option given twice, without a word: bench's own options are
+# lists of what was typed, so a repeat is refused by flag (`_once`) or, in a comma-separated
+# list, adds its values (`_joined`), as --suite does; metavars keep the help as it read
+def _repeatable(default: list[str], *decls: str, **kw: Any) -> Any:
+    return typer.Option(default, *decls, metavar="<str>", **kw)
+
+
 def bench(
-    target: str = TARGET,
-    drafter: str = typer.Option("", show_default=False,
-                                help="required (bench refuses to start without it): a "
-                                     "draftsmith drafter folder, or 'random' (untrained: "
-                                     "times the machinery only)"),
+    target: list[str] = _repeatable(["default"], "--target", help=TARGET.help),
+    drafter: list[str] = _repeatable([], "--drafter", show_default=False,
+                                     help="required (bench refuses to start without it): a "
+                                          "draftsmith drafter folder, or 'random' (untrained: "
+                                          "times the machinery only)"),
     suite: list[str] = typer.Option(["chat"], "--suite", metavar="<name|file>",
                                     help="chat, humaneval, or a prompt file (repeatable)"),
     num_prompts: int = typer.Option(16, "--num-prompts", help="Prompts per suite; 0 = all"),
-    steps: str = typer.Option("1,3,5", help="Draft steps per cycle, comma-separated"),
-    topk: str = typer.Option("1", help="Comma-separated: 1 = chain; > 1 = EAGLE-2 tree"),
-    num_draft_tokens: str = typer.Option("", "--num-draft-tokens",
-                                         help="Tokens verified per cycle, root included, "
-                                              "comma-separated: a tree needs them (a chain "
-                                              "verifies steps + 1)"),
-    batch_size: str = typer.Option("1", "--batch-size", "--batch-sizes",
-                                   help="Batch sizes, comma-separated"),
+    steps: list[str] = _repeatable(["1,3,5"], "--steps",
+                                   help="Draft steps per cycle, comma-separated"),
+    topk: list[str] = _repeatable(["1"], "--topk",
+                                  help="Comma-separated: 1 = chain; > 1 = EAGLE-2 tree"),
+    num_draft_tokens: list[str] = _repeatable([], "--num-draft-tokens", show_default=False,
+                                              help="Tokens verified per cycle, root included, "
+                                                   "comma-separated: a tree needs them (a chain "
+                                                   "verifies steps + 1)"),
+    batch_size: list[str] = _repeatable(["1"], "--batch-size", "--batch-sizes",
+                                        help="Batch sizes, comma-separated"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n",
                                        help="New tokens per prompt"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
@@ -82,6 +91,10 @@ def bench(
     from draftsmith.cli import device_dtype, sampling_params
     from draftsmith.models.eagle3 import check_drafter
 
+    target = _once(target, "--target", "bench times one target; give --target once")
+    drafter = _once(drafter, "--drafter", "bench times one drafter against the baseline; give "
+                    "one, or set drafters side by side with `draftsmith compare "
+                    f"{' '.join(drafter)}`")
     params = sampling_params(temperature, top_p, top_k, bool(given(bench, seed=seed)))
     check_seed(seed)
     at_least_one({"--repeats": repeats})
@@ -102,9 +115,11 @@ def bench(
     dev, dt = device_dtype(device, dtype)
     cfg = BenchConfig(
         target=target, drafter=drafter, suites=list(suite), num_prompts=num_prompts,
-        steps=int_list(steps, "--steps"), topk=int_list(topk, "--topk"),
-        num_draft_tokens=int_list(num_draft_tokens, "--num-draft-tokens", empty_ok=True),
-        batch_sizes=int_list(batch_size, "--batch-size"), max_new_tokens=max_new_tokens,
+        steps=int_list(_joined(steps), "--steps"), topk=int_list(_joined(topk), "--topk"),
+        num_draft_tokens=int_list(_joined(num_draft_tokens), "--num-draft-tokens",
+                                  empty_ok=True),
+        batch_sizes=int_list(_joined(batch_size), "--batch-size"),
+        max_new_tokens=max_new_tokens,
         params=params, device=dev,
         dtype=dt, profile=True if profile else None,
         seed=seed, compile=compile, refill=refill, refill_every=refill_every,
@@ -112,7 +127,8 @@ def bench(
     )
     if dcfg is not None:  # as run_bench does, here before the target loads
         check_topk(cfg.settings(), dcfg.draft_vocab_size)
-    console = Console(stderr=True)
+    # soft_wrap: each line whole, as written (rich cut a warning in two at 80 columns in a log)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         report = run_bench(cfg, log=lambda s: console.print(s, style="dim", markup=False))
     except BenchInterrupted as stop:  # ctrl-C: what was timed is kept, as train keeps a step
@@ -134,6 +150,23 @@ def bench(
     report["meta"]["command"] = command_line()  # bench.json says how to run it again
     _write(report, out)
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}", markup=False)
+
+
+def _once(values: list[str] | str, flag: str, why: str) -> str:
+    """The one value of an option given at most once ("" where not given); given more often,
+    refused by flag with every value, since only one of them would run. A Python caller's
+    plain string is that one value."""
+    if isinstance(values, str):
+        return values
+    if len(values) > 1:
+        raise DraftsmithError(f"{flag} given {len(values)} times ({', '.join(values)}): {why}")
+    return values[0] if values else ""
+
+
+def _joined(values: list[str] | str) -> str:
+    """A comma-separated list option given once or more, as one list (`--steps 1 --steps 3`
+    is `--steps 1,3`); a Python caller's plain string as it is."""
+    return values if isinstance(values, str) else ",".join(values)
 
 
 def _write(report: dict[str, Any], out: Path) -> None:
