@@ -8,6 +8,8 @@ NCCL_NVLS_ENABLE=0, and asking for NVLS in any form is a DraftsmithError.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import math
 import os
 import pickle
 import queue
@@ -308,20 +310,71 @@ def start_group(rank: int, world: int, dev: torch.device) -> None:
                 "(draftsmith.dist.shutdown)")
         return
     where = rendezvous()
+    join_s = join_timeout()
+    if dev.type == "cuda":
+        ensure_nvls_off()
+        torch.cuda.set_device(dev)
     try:
-        if dev.type == "cuda":
-            ensure_nvls_off()
-            torch.cuda.set_device(dev)
-            # device_id starts the communicator now, not inside a CUDA-graph capture.
-            dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev)
-        else:
-            dist.init_process_group(backend, rank=rank, world_size=world)
+        _join(backend, rank, world, dev, join_s)
     except dist.DistError as e:  # e.g. MASTER_PORT taken by another process
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         taken = "EADDRINUSE" in first or "address already in use" in first.lower()
         raise (PortTaken if taken else DraftsmithError)(
-            f"rank {rank} of {world} {UNMET} at {where}: {first}"
+            _unmet_line(rank, world, where, join_s, first)
         ) from None
+
+
+def _join(backend: str, rank: int, world: int, dev: torch.device, join_s: float) -> None:
+    """init_process_group, its rendezvous bounded by join_s: torch's own bound is the
+    collective timeout (30 minutes on gloo) for a rank 0 that never answers. Collectives keep
+    torch's default; the store gets it back once every rank is in."""
+    collective = _collective_timeout(backend)
+    join = datetime.timedelta(seconds=join_s)
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=join))
+    store.set_timeout(join)  # also bounds gloo's mesh and NCCL's id exchange inside init
+    device_id = {"device_id": dev} if dev.type == "cuda" else {}
+    # device_id starts the communicator now, not inside a CUDA-graph capture.
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+                            world_size=world, timeout=collective, **device_id)
+    store.set_timeout(collective)
+
+
+def _collective_timeout(backend: str) -> datetime.timedelta:
+    """torch's default for the backend, as init_process_group(timeout=None) picks it."""
+    from torch.distributed import constants
+
+    nccl = getattr(constants, "default_pg_nccl_timeout", None)
+    if backend == "nccl" and isinstance(nccl, datetime.timedelta):
+        return nccl
+    return constants.default_pg_timeout
+
+
+JOIN_TIMEOUT_S = 300.0  # a slow multi-node start still meets; a rank alone fails in minutes
+JOIN_TIMEOUT_ENV = "DRAFTSMITH_DIST_TIMEOUT"
+
+
+def join_timeout() -> float:
+    """Seconds a rank waits for the others at MASTER_ADDR:MASTER_PORT (DRAFTSMITH_DIST_TIMEOUT)."""
+    raw = os.environ.get(JOIN_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return JOIN_TIMEOUT_S
+    try:
+        secs = float(raw)
+    except ValueError:
+        secs = math.nan
+    if not (math.isfinite(secs) and secs > 0):
+        raise DraftsmithError(f"environment variable {JOIN_TIMEOUT_ENV}={raw!r}: give seconds > 0 "
+                              f"(default {JOIN_TIMEOUT_S:g})")
+    return secs
+
+
+def _unmet_line(rank: int, world: int, where: str, join_s: float, first: str) -> str:
+    head = f"rank {rank} of {world} {UNMET} at {where}"
+    if not re.search(r"time[sd]? ?out", first, re.IGNORECASE):
+        return f"{head}: {first}"
+    return (f"{head} (MASTER_ADDR:MASTER_PORT) within {join_s:g} s: {first.rstrip('.')}; "
+            "start every rank with the same MASTER_ADDR and MASTER_PORT (rank 0 listens there), "
+            f"or wait longer with {JOIN_TIMEOUT_ENV}=<seconds>")
 
 
 UNMET = "could not join the process group"  # a rank's words where the ranks did not meet

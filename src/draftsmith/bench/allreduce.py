@@ -32,7 +32,6 @@ import typer
 
 from draftsmith.dist import (
     ensure_nvls_off,
-    free_port,
     launch_tp,
     nccl_env,
     nccl_record,
@@ -165,7 +164,7 @@ def _group(tp: TP) -> Iterator[TP]:
     backend = "nccl" if tp.device.type == "cuda" else "gloo"
     if backend == "nccl":
         ensure_nvls_off()
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)  # port 0: the OS picks, no race
     dist.init_process_group(backend, store=store, rank=0, world_size=1,
                             device_id=tp.device if backend == "nccl" else None)
     try:
@@ -300,6 +299,7 @@ def allreduce_bench(
             "qs": list(dict.fromkeys(int_list(q, "--q"))), "iters": iters,
             "graph_ops": graph_ops}
     dev = None if device == "auto" else device
+    _check_device(dev)
     size = tp or _default_size(dev, world)
     opts["dtype"] = resolve_auto(key, dev, size)
     extra = _extra(nccl, dict(zip(NAMED, (nccl_proto, nccl_algo, nccl_p2p_level), strict=True)))
@@ -337,6 +337,18 @@ def _check_out(out: Path | None) -> None:
             if not p.is_dir():
                 raise DraftsmithError(f"--out {out}: lies under the file {p}")
             return
+
+
+def _check_device(device: str | None) -> None:
+    """--device refused by name before any rank starts: a rank's own refusal ('local rank 0
+    needs cuda:0') named neither the flag nor the CPU run that works without a GPU."""
+    if device in (None, "cpu"):
+        return
+    if not re.fullmatch(r"cuda(:[0-9]+)?", device):
+        raise DraftsmithError(f"--device {device}: use cuda, cuda:N, cpu or auto")
+    if not torch.cuda.is_available():
+        raise DraftsmithError(f"--device {device}: no CUDA device is visible here; give "
+                              "--device cpu (a gloo smoke test) or run on a GPU machine")
 
 
 def _default_size(device: str | None, world: int) -> int:
