@@ -149,11 +149,20 @@ def from_convention(ids: list[int], conv: Convention | str, num_layers: int) -> 
     return validate(ids if conv in _OUTPUT_OF else [i - 1 for i in ids], num_layers)
 
 
-def engine_limits(ids: list[int], num_layers: int) -> list[str]:
-    """Problems an engine would have capturing these canonical ids."""
+# SGLang's Qwen2Model loop (Qwen3's subclasses it) appends the embedding where no residual
+# exists yet; its Llama loop (Mistral's too) adds a residual that layer 0 lacks.
+SGLANG_EMBEDDING_FAMILIES = ("qwen2", "qwen3")
+
+
+def engine_limits(ids: list[int], num_layers: int, family: str | None = None) -> list[str]:
+    """Problems SGLang would have capturing these canonical ids; `family` (the target's HF
+    model_type) names the classes that read them, None when unknown."""
+    fam = family.lower() if family else None
     notes = []
-    if -1 in ids:
-        notes.append("id -1 (embedding output): SGLang's capture hook cannot provide it")
+    if -1 in ids and fam not in SGLANG_EMBEDDING_FAMILIES:
+        whose = f"a {fam} target" if fam else "Llama or Mistral targets"
+        notes.append(f"id -1 (embedding output): SGLang's capture hook cannot provide it for "
+                     f"{whose} (its Qwen2/Qwen3 classes can)")
     if num_layers - 1 in ids:
         notes.append(
             f"id {num_layers - 1} (last layer output): SGLang cannot capture it through its hook"
