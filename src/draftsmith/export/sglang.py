@@ -94,12 +94,19 @@ def check_exportable(cfg: Eagle3Config) -> None:
                               f"{len(cfg.aux_layer_ids)}")
 
 
+def served_family(architectures: list[str]) -> str | None:
+    """The model family SGLang serves a target of these HF architectures with ("qwen2" for
+    Qwen2ForCausalLM), None where none is named (a GGUF's config may lack them)."""
+    arch = next((a for a in architectures if isinstance(a, str) and a), "")
+    return arch.lower().removesuffix("forcausallm") or None
+
+
 def sglang_config(cfg: Eagle3Config, info: TargetInfo, dtype: str,
                   source: str = "") -> dict[str, Any]:
     """`source`: the target's portable name for draftsmith's record (`info.name_or_path`, a
     loadable folder, where not given)."""
     ids = cfg.aux_layer_ids
-    if limits := engine_limits(ids, info.num_layers):
+    if limits := engine_limits(ids, info.num_layers, served_family(info.architectures)):
         raise DraftsmithError(f"SGLang cannot feed canonical aux layers {ids}: "
                               f"{'; '.join(limits)}; export --format speculators for vLLM, or "
                               "train on layers SGLang captures")
