@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import typer
 
-from draftsmith.compare.describe import Description, describe
+from draftsmith.compare.describe import Description, describe, written_ids
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
 from draftsmith.doctor.artifacts import read_checked
 from draftsmith.errors import DraftsmithError
@@ -274,6 +274,10 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     # each folder read (a draftsmith one checked whole) before the target's minutes of loading
     claimed_drafters(labels(opts.drafters), opts.claimed)
     infos = [read_checked(f) for f in opts.drafters]
+    for info in infos:  # a malformed id list vLLM reads, named before the target loads
+        written_ids(info)
+    if opts.target:
+        _check_topk(opts.topk, infos, labels(opts.drafters))
     target = _target(opts) if opts.target else None
     layers = target.cfg.num_layers if target is not None else None
     descs = [describe(i, n, layers) for i, n in zip(infos, labels(opts.drafters), strict=True)]
@@ -301,6 +305,15 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
             raise Unwritten(res, f"--out {opts.out}: cannot write the report "
                             f"({e.strerror or e}); the results are printed above") from None
     return res
+
+
+def _check_topk(topk: int, infos: list[Any], names: list[str]) -> None:
+    """--topk within every drafter's draft vocabulary, before the target loads (its decoder
+    refused it after the weights were built), as bench, serve and tune check theirs."""
+    for info, name in zip(infos, names, strict=True):
+        if topk > (vocab := info.draft_vocab_size):
+            raise DraftsmithError(f"--topk {topk} exceeds drafter {name}'s draft vocabulary of "
+                                  f"{vocab}: give --topk {vocab} or less")
 
 
 def _target(opts: CompareOptions) -> Any:
