@@ -276,8 +276,7 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int) -> dict[str, A
     params, seed = _sampling(body)
     n = _n(body, cfg)
     if count * n > cfg.max_batch:
-        raise ApiError(400, f"{count} prompts x n={n} exceeds the server's --max-batch "
-                       f"{cfg.max_batch}", "n", "invalid_value")
+        raise _too_many(count, n, cfg.max_batch)
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
     if opts and not stream:  # as OpenAI and vLLM: not silently dropped
@@ -292,6 +291,13 @@ def _options(body: dict, cfg: ServeConfig, kind: str, count: int) -> dict[str, A
             "include_usage": stream and _get(opts, "include_usage", bool, False,
                                              "stream_options"),
             "token_ids": token_ids}
+
+
+def _too_many(count: int, n: int, most: int) -> ApiError:
+    """More choices than one batch holds: named by `prompt` where n is 1 (the client set no n)."""
+    return ApiError(400, f"{count} prompts x n={n} exceeds the server's --max-batch {most}: "
+                    f"send at most {most // n} prompts with n={n} a request",
+                    "n" if n > 1 else "prompt", "invalid_value")
 
 
 def _too_long(tokens: int | str, cfg: ServeConfig, param: str, where: str) -> ApiError:
