@@ -139,3 +139,18 @@ def test_a_demo_on_the_same_device_resumes(tmp_path, monkeypatch):
         _demo(monkeypatch, out, str(tiny))
     (out / "data" / "make.json").write_text(json.dumps(record))
     assert len(_demo(monkeypatch, out, str(tiny))) == 1  # resumed, not refused
+
+
+@pytest.mark.parametrize("bad", [5, "2,3", [1, "2"]])
+def test_a_malformed_inner_list_is_one_line_not_a_traceback(target, target_dir, tmp_path, bad):
+    """compare review 15 found it: `_inner_ids` ran list() over whatever sat inside
+    transformer_layer_config (a number was a TypeError traceback)."""
+    from draftsmith.doctor.artifacts import read_checked
+
+    folder = _speculators(target, target_dir, tmp_path, "layer")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["transformer_layer_config"][IDS] = bad
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftsmithError, match="transformer_layer_config.eagle_aux_hidden_state_"
+                                              "layer_ids is .*not a list of integer layer ids"):
+        read_checked(folder)

@@ -284,8 +284,13 @@ def _require(info: DrafterInfo) -> None:
     for key in sized:
         info.size(key)  # each named here, before a check reads it
     nested = (info.config.get("eagle_config") or {}).get(IDS)
-    for key, ids in (("aux_layer_ids", info.config.get("aux_layer_ids")), (IDS, info.config.get(
-            IDS)), (f"eagle_config.{IDS}", nested)):
+    lists = [("aux_layer_ids", info.config.get("aux_layer_ids")), (IDS, info.config.get(IDS)),
+             (f"eagle_config.{IDS}", nested)]
+    if info.layout == "speculators":  # vLLM's inner lists, which the doctor reads too
+        from draftsmith.export.layout import speculators_lists
+
+        lists += [(key, ids) for key, ids, _ in speculators_lists(info.config)[1:]]
+    for key, ids in lists:
         if ids is not None and not (isinstance(ids, list)
                                     and all(type(i) is int for i in ids)):
             raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
