@@ -311,6 +311,17 @@ def check_run_folder(out: Path) -> None:
                               "train into a new or empty folder")
 
 
+def check_init_folder(folder: Path) -> None:
+    """Refuse an --init-from training run stopped at a checkpoint (no final drafter yet),
+    naming its latest checkpoint: "no draftsmith.json" named no way on."""
+    latest = None if (folder / CONFIG_FILE).is_file() else ckpt.latest_checkpoint(folder)
+    if latest is not None:
+        raise DraftsmithError(
+            f"--init-from {folder}: a training run stopped at {latest.name}, with no final "
+            f"drafter yet; pass --init-from {latest}, or finish that run first (its command "
+            "with --resume)")
+
+
 def check_data_first(cfg: TrainConfig) -> Dataset | None:
     """The dataset (its manifest read once, for the target and `open_offline`), or None
     online. One with no manifest, a capture not complete for --max-samples, or aux layers other
@@ -515,11 +526,15 @@ class Trainer:
             if not self.ctx.main:  # every rank opens the data; one says what it skipped
                 warnings.simplefilter("ignore")
             if not c.data:
-                return open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples,
+                data = open_online(c.prompts, self.target, c.aux_layer_ids, c.max_samples,
                                    c.max_len)
-            data = open_offline(c.data, self.target, c.max_samples, dataset, c.max_len)
-        if c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
+            else:
+                data = open_offline(c.data, self.target, c.max_samples, dataset, c.max_len)
+        if c.data and c.aux_layer_ids is not None and list(c.aux_layer_ids) != data.aux_layer_ids:
             raise aux_clash(c, data.aux_layer_ids)
+        if c.max_samples is not None and len(data.lengths) < c.max_samples:
+            self.say(f"--max-samples {c.max_samples}: {c.data or c.prompts} holds "
+                     f"{len(data.lengths)} sample(s) to train on: training on all of them")
         return data
 
     def _check_shards(self, state: dict[str, Any] | None) -> dict[str, list[int]]:
@@ -566,7 +581,10 @@ class Trainer:
         """--aux-layers given against the --init-from drafter's, before the target loads (a
         resumed run starts from its checkpoint instead)."""
         c = self.cfg
-        if found is not None or c.init_from is None or c.aux_layer_ids is None:
+        if found is not None or c.init_from is None:
+            return
+        check_init_folder(Path(c.init_from))
+        if c.aux_layer_ids is None:
             return
         old = read_drafter_meta(c.init_from)["config"].get("aux_layer_ids")
         if isinstance(old, list) and old != list(c.aux_layer_ids):  # else: load_drafter's
@@ -646,8 +664,23 @@ class Trainer:
             raise DraftsmithError(f"--resume from {found}: " + "; ".join(
                 f"{what} {old!r} in that run, {new!r} now" for what, old, new in clashes)
                 + "; resume with the same options" + target_fix(drafter.cfg, clashes)
-                + " (or train into another --out)")
+                + self._aux_fix(drafter.cfg, clashes) + " (or train into another --out)")
         return drafter
+
+    def _aux_fix(self, d: Eagle3Config, clashes: list[tuple], resume: bool = True) -> str:
+        """Where the aux layers clash on the same target, what sets them: online --aux-layers
+        (left out, the default was read), offline the dataset: captured again since a resumed
+        run, or at other layers than an --init-from drafter reads."""
+        if target_fix(d, clashes) or not any(what == "aux layers" for what, _, _ in clashes):
+            return ""
+        ids = ",".join(map(str, d.aux_layer_ids))
+        if not self.cfg.data:
+            return f": pass --aux-layers {ids}"
+        if resume:
+            return (f": {self.cfg.data} holds aux layers {self.data.aux_layer_ids} now "
+                    "(captured again since that run): resume on the dataset it trained on")
+        return (f": {self.cfg.data} holds aux layers {self.data.aux_layer_ids}; train it on a "
+                f"dataset captured at its layers (`draftsmith data capture --aux-layers {ids}`)")
 
     def _input_clashes(self, d: Eagle3Config, *more: tuple) -> list[tuple]:
         """(what, the drafter's, this run's) where they differ: its aux layers and target, and
@@ -682,7 +715,7 @@ class Trainer:
         if clashes:
             raise DraftsmithError(f"--init-from {folder}: " + "; ".join(
                 f"{what} {old!r} there, {new!r} here" for what, old, new in clashes)
-                + target_fix(d, clashes))
+                + target_fix(d, clashes) + self._aux_fix(d, clashes, resume=False))
         if width > d.intermediate_size:
             drafter = self._widen(drafter, width)
         if layers > d.num_layers:

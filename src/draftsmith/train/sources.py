@@ -255,17 +255,16 @@ def open_online(
     from draftsmith.data.prompts import load_prompts
 
     convs = load_prompts(prompts, flag="--prompts").conversations
-    if max_samples is not None:
-        convs = convs[:max_samples]
-    tally = AnswerTally()
-    encoded, refused = _encode(target.tokenizer, convs, prompts, tally)
     most = target.cfg.max_position_embeddings
     asked, max_len = max_len, held_len(max_len, most)
+    tally = AnswerTally()
+    convs, encoded, refused = _first_trained(target.tokenizer, convs, prompts, max_len,
+                                             max_samples, tally)
     kept = [(ids, mask) for ids, mask in encoded if any(mask[:max_len])]
     samples = [(ids[:max_len], mask[:max_len]) for ids, mask in kept]
     cut = cut_counts([len(ids) for ids, _ in kept], max_len)
     said = (f"the chat template refused {len(refused)} conversation(s); the first: "
-            f"{refused[0]}" if refused else "")
+            f"{refused[0][1]}" if refused else "")
     unanswered = _unanswered(encoded, max_len, len(convs), max_len != asked)
     if not samples:
         raise DraftsmithError(f"{prompts}: no conversation left to train on: "
@@ -285,6 +284,35 @@ def open_online(
                "cut_at_max_len": cut, "tokens": sum(src.lengths()), "aux_layer_ids": ids}
     return Data(src, src.lengths(), ids, True, summary, uncut=[len(i) for i, _ in kept],
                 content=tokens_digest(kept))
+
+
+def _first_trained(tok: Any, convs: list[Any], prompts: str | Path, max_len: int | None,
+                   n: int | None, tally: AnswerTally) -> tuple[list[Any], list, list]:
+    """`_encode` of the conversations up to the one giving the `n`-th sample (--max-samples),
+    as a capture of them holds its first n (skipped conversations hold none): encoded in
+    chunks, each once, until n samples train. `tally` may count a last chunk's few extra."""
+    if n is None:
+        return (convs, *_encode(tok, convs, prompts, tally))
+    encoded: list = []
+    refused: list = []
+    origin: list[int] = []  # the conversation index of each encoded one
+    done = trains = 0
+    while done < len(convs) and trains < n:
+        chunk = convs[done: done + 2 * (n - trains)]
+        got, no = _encode(tok, chunk, prompts, tally)
+        gone = {i for i, _ in no}
+        origin += [done + i for i in range(len(chunk)) if i not in gone]
+        refused += [(done + i, line) for i, line in no]
+        encoded += got
+        trains += sum(any(mask[:max_len]) for _, mask in got)
+        done += len(chunk)
+    if trains >= n:  # cut after the n-th training sample's conversation
+        nth = [k for k, (_, mask) in enumerate(encoded) if any(mask[:max_len])][n - 1]
+        end = origin[nth] + 1
+        encoded = encoded[: nth + 1]
+        refused = [r for r in refused if r[0] < end]
+        convs = convs[:end]
+    return convs, encoded, refused
 
 
 def held_len(max_len: int | None, most: int | None) -> int | None:
@@ -342,10 +370,11 @@ def _unanswered(encoded: list[tuple[list[int], list[bool]]], max_len: int | None
 
 
 def _encode(tok: Any, convs: list[Any], prompts: str | Path, tally: AnswerTally,
-            ) -> tuple[list[tuple[list[int], list[bool]]], list[str]]:
-    """(ids and loss mask of each conversation the chat template takes, one line per refused
-    conversation): capture skips those, so online training does too. `tally`: how the answer
-    turns were tokenized (the target's recorded ids or their text), as capture counts them."""
+            ) -> tuple[list[tuple[list[int], list[bool]]], list[tuple[int, str]]]:
+    """(ids and loss mask of each conversation the chat template takes, the index and one line
+    of each refused conversation): capture skips those, so online training does too. `tally`:
+    how the answer turns were tokenized (the target's recorded ids or their text), as capture
+    counts them."""
     from draftsmith.data.prompts import encode_conversation, encode_conversations
 
     try:
@@ -360,7 +389,7 @@ def _encode(tok: Any, convs: list[Any], prompts: str | Path, tally: AnswerTally,
         try:
             encoded.append(encode_conversation(tok, c, tally))
         except DraftsmithError as e:
-            refused.append(f"conversation {i} (id {c.id}): {e}")
+            refused.append((i, f"conversation {i} (id {c.id}): {e}"))
     return encoded, refused
 
 
