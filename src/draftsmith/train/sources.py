@@ -298,7 +298,8 @@ def _first_trained(tok: Any, convs: list[Any], prompts: str | Path, max_len: int
     origin: list[int] = []  # the conversation index of each encoded one
     done = trains = 0
     while done < len(convs) and trains < n:
-        chunk = convs[done: done + 2 * (n - trains)]
+        want = n - trains  # the first chunk n (most runs need no more), later ones twice short
+        chunk = convs[done: done + (2 * want if done else want)]
         got, no = _encode(tok, chunk, prompts, tally)
         gone = {i for i, _ in no}
         origin += [done + i for i in range(len(chunk)) if i not in gone]
