@@ -19,9 +19,16 @@ from draftsmith.tune.cost_model import DEEPEST
 from draftsmith.tune.partial import PARTIAL, Partial  # noqa: F401 (PARTIAL: the file's name)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from draftsmith.engine.sampling import SamplingParams
     from draftsmith.models.eagle3 import Eagle3Config
-    from draftsmith.tune.cost_model import SpecSetting
+    from draftsmith.models.parallel import TP
+    from draftsmith.tune.cost_model import Measurement, Prediction, SpecSetting
+    from draftsmith.tune.measure import Engine
+
+    # a swept setting that failed: its batch, setting, why (one line) and the error
+    Failure = tuple[int, SpecSetting, str, Exception]
 
 console = Console()
 
@@ -154,7 +161,7 @@ def _one_group(tp: int) -> None:
                               f"or run --tp {tp} without torchrun")
 
 
-def writes_out(tp) -> bool:
+def writes_out(tp: TP | None) -> bool:
     """Whether this process writes --out: the world's rank 0 alone (under torchrun every
     process runs tune, and another TP group's rank 0 is no writer either)."""
     import torch.distributed as dist
@@ -272,6 +279,8 @@ def run_tune(
         say(mismatch)
     if deeper := past_training(drafter_dir, max_steps):
         say(deeper)
+    if repeats := few_prompts(len(texts), batches):
+        say(repeats)
     if tp is not None:
         dev = str(tp.device)
     ids = [t.chat_ids([{"role": "user", "content": p}]) for p in texts]
@@ -311,7 +320,7 @@ def run_tune(
     eng = measure.Engine(rt, drt, drafter, params)
     eos: list[int] = []  # the sweep: fixed-length rows, so batches stay full (as modelled)
     # other work on the cores skews costs and sweep unevenly: the report says so, as bench's
-    with kept.on_failure(), load.watching() as machine:
+    with kept.on_failure(say), load.watching() as machine:
         acc, mix = _acceptance(eng, kept, was, ids, (max_steps, max_topk, max_draft), new,
                                t.eos_ids)
         rows = min(max(batches), PREFILL_ROWS)  # the refills' prompt passes' widest
@@ -336,7 +345,7 @@ def run_tune(
         if tp is not None and tp.size > 1:  # ranks time alike, not equal: plan on rank 0's costs,
             costs, acc, mix = _from_rank0(tp, (costs, acc, mix))  # or their sweeps would part
         preds, meas, done = [], [], partial.kept_measured(was)
-        failed: list[tuple[int, SpecSetting, str, Exception]] = []
+        failed: list[Failure] = []
         swept = time.perf_counter()
         limits = (max_steps, max_topk, max_draft)
         for b in batches:
@@ -357,8 +366,7 @@ def run_tune(
                     kept.save(measured=[partial.measured_row(m) for m in meas])
         if failed and not meas:  # nothing swept at all: no report of predictions alone
             raise failed[0][3]
-        bad = {(b, s) for b, s, _, _ in failed}  # a setting seen failing is no choice
-        recs = recommend([p for p in preds if (p.batch, p.setting) not in bad], meas)
+        recs = recommend(choices(preds, meas, failed), meas)
         texts = [recommendation_text(r, str(drafter_dir), refilled=refill,
                                      exports=export_paths(drafter_dir),
                                      tp=1 if tp is None else tp.size, limits=limits,
@@ -377,8 +385,7 @@ def run_tune(
                             "sweep all sampled")
         if mismatch:
             texts.append(mismatch)
-        if deeper:
-            texts.append(deeper)
+        texts += [x for x in (deeper, repeats) if x]
         machine_load = machine.result()
         if note := load.busy_note(machine_load):
             texts.append(f"{note} (predicted and measured tok/s both)")
@@ -396,7 +403,9 @@ def run_tune(
     return report
 
 
-def sweep_run(eng, tp, failed: list, run, batch: int, setting: SpecSetting):
+def sweep_run(eng: Engine, tp: TP | None, failed: list[Failure],
+              run: Callable[[], Measurement], batch: int,
+              setting: SpecSetting) -> Measurement | None:
     """One swept setting's measurement, or None where it failed (out of memory at a large
     batch, any error not ours): said, recorded in `failed` and the sweep goes on, so the other
     settings and batch sizes keep their figures. Our own refusals stop the tune (the same for
@@ -423,7 +432,33 @@ def sweep_run(eng, tp, failed: list, run, batch: int, setting: SpecSetting):
         return None
 
 
-def failed_lines(batch: int, failed: list) -> str:
+def choices(preds: list[Prediction], meas: list[Measurement],
+            failed: list[Failure]) -> list[Prediction]:
+    """The predictions a recommendation may pick from: none of a setting seen failing, and
+    none at a batch where nothing was measured (every swept setting failed), whose best
+    prediction was a setting nobody ran: that batch is said to have no choice."""
+    bad = {(b, s) for b, s, _, _ in failed}
+    none_ran = {b for b, _ in bad} - {m.batch for m in meas}
+    return [p for p in preds if p.batch not in none_ran and (p.batch, p.setting) not in bad]
+
+
+def few_prompts(count: int, batches: list[int]) -> str | None:
+    """A note where a batch has more rows than the prompts: `prompt_groups` fills it by
+    repeating them, so its figures are those prompts' (the default 1,8,32 over the 22-prompt
+    chat suite too)."""
+    over = [b for b in batches if b > count]
+    if not over:
+        return None
+    sizes = ", ".join(map(str, over))
+    one = len(over) == 1
+    has, its = ("has", "its") if one else ("have", "their")
+    rows = f"{over[0]} distinct requests'" if one else "as many distinct requests'"
+    return (f"note: batch {sizes} {has} more rows than the {count} prompts tuned on, so {its} "
+            f"rows repeat prompts: {its} figures are those prompts', not {rows}; give at least "
+            f"{over[-1]} prompts (--prompts, --num-prompts) for distinct rows")
+
+
+def failed_lines(batch: int, failed: list[Failure]) -> str:
     """The settings at `batch` the sweep could not run, each with why: the choice is the best
     of the rest."""
     return "".join(f"\n  failed: {s!s:<40} {why}" for b, s, why, _ in failed if b == batch)

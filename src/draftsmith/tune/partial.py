@@ -110,8 +110,9 @@ class Partial:
         self.written = True
 
     @contextlib.contextmanager
-    def on_failure(self) -> Iterator[None]:
-        """A failure inside names the file, where this run wrote one."""
+    def on_failure(self, say: Callable[[str], None] | None = None) -> Iterator[None]:
+        """A failure inside names the file, where this run wrote one; a ctrl-C through `say`
+        too, as typer turns it into exit 130 without showing the note."""
         try:
             yield
         except DraftsmithError as e:
@@ -120,6 +121,9 @@ class Partial:
             raise DraftsmithError(f"{e} (tune stopped; what it measured is in {self.path}, "
                                   "and the same tune run again resumes from it)") from e
         except BaseException as e:
+            if self.written and say is not None and isinstance(e, KeyboardInterrupt):
+                say(f"tune: stopped (ctrl-C): what it measured is in {self.path}; the same "
+                    "tune run again resumes from it")
             if self.written:
                 e.add_note(f"draftsmith tune stopped; what it measured is in {self.path}, and "
                            "the same tune run again resumes from it")
