@@ -161,6 +161,7 @@ class Answer:
     timed_out: bool = False  # the last try connected but had no answer within the timeout
     foreign_ids: bool = False  # the server's ids do not decode to its text: recorded as text
     refused: tuple[str, ...] = ()  # `server_sampling` fields the server refused, not sent
+    past_context: bool = False  # refused as longer than the server's context (`context_limit`)
 
 
 class EngineBackend:
@@ -354,7 +355,8 @@ class OpenAIBackend:
                     self.closed.wait(pause(self.backoff * 2**attempt, e))
                     continue
                 return Answer("", 0, f"error: HTTP {e.status_code}: {one_line(e.message)}",
-                              lasting=e.status_code < 500 and e.status_code not in PASSING)
+                              lasting=e.status_code < 500 and e.status_code not in PASSING,
+                              past_context=context_limit(e) is not None)
             else:
                 self.reached = True
                 answer = reply(r, self.model_name, self.tokenizer, self.cfg.max_new_tokens)
@@ -1219,7 +1221,13 @@ def _ask(talk: Talk, cfg: RegenConfig, count: Callable[[Messages], int],
 
 def _take(talk: Talk, ask: Messages, ans: Answer, tok: Any, info: dict[str, Any],
           stats: dict[str, int]) -> None:
-    """The answer to `ask` kept in `talk`, or the talk failed (counted and warned)."""
+    """The answer to `ask` kept in `talk`, or the talk failed (counted and warned). A later
+    turn the server refuses as past its context (its count, not ours) ends the talk there, as
+    `_ask` ends one past --max-len: a rerun would be refused alike, the turns before lost."""
+    if ans.past_context and talk.answers:
+        stats["turns_cut"] += 1
+        talk.ended = True
+        return
     if ans.finish.startswith("error"):
         talk.failed = True
         stats["failed"] += 1
