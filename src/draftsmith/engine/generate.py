@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,8 +245,13 @@ def check_prompts(prompts: list[list[int]], vocab: int) -> None:
     if not isinstance(prompts, (list, tuple)):
         raise DraftsmithError(f"prompts must be a list of token-id lists, not a "
                               f"{type(prompts).__name__}")
-    # a float, None or numpy id in place of a prompt has no len(): a TypeError here before
-    if not prompts or any(not isinstance(p, Sized) or not len(p) for p in prompts):
+    if not prompts:
+        raise DraftsmithError("empty prompt list or empty prompt (prompts: lists of token ids)")
+    for i, p in enumerate(prompts):
+        if not id_sequence(p):
+            raise DraftsmithError(f"prompt {i} is not a list of whole-number token ids "
+                                  f"(prompts: lists of token ids)")
+    if any(not len(p) for p in prompts):
         raise DraftsmithError("empty prompt list or empty prompt (prompts: lists of token ids)")
     for i, p in enumerate(prompts):
         if not whole_numbers(p):
@@ -306,18 +311,28 @@ def distinct_eos(eos: Iterable[int]) -> list[int]:
     return list(dict.fromkeys(int(t) for t in eos))
 
 
+def id_sequence(p: Any) -> bool:
+    """Whether p can hold a prompt's ids in order: a 1-d array or tensor, or a sequence that is
+    no text (a set or dict has no order and failed in torch; bytes read as ids 0-255; a float,
+    None or 0-d array has no len())."""
+    if hasattr(p, "ndim"):
+        return p.ndim == 1
+    return isinstance(p, Sequence) and not isinstance(p, (str, bytes, bytearray))
+
+
 def whole_numbers(values: Any) -> bool:
-    """Whether `values` is a flat sequence of integers: an array's dtype says so; a list's sum,
-    one pass in C, is an integer only where every element is (a float, a nested list or a
-    string makes it a float or a TypeError)."""
+    """Whether `values` is a flat sequence of integers: an array's dtype says so; a list's
+    element types, gathered in C, must each be an integer type other than bool (a bool summed
+    as one, so [True, 5] decoded as [1, 5]; numpy's bool is no Integral)."""
     if hasattr(values, "dtype"):  # a tensor or an array
         t = torch.as_tensor(values)
         return t.dim() == 1 and not (t.dtype.is_floating_point or t.dtype.is_complex
                                      or t.dtype == torch.bool)
     try:
-        return isinstance(sum(values), numbers.Integral)
-    except TypeError:
+        kinds = set(map(type, values))
+    except TypeError:  # not iterable
         return False
+    return all(issubclass(k, numbers.Integral) and not issubclass(k, bool) for k in kinds)
 
 
 def _runtime_for(model: Transformer, prompts: list[list[int]], new: int) -> Runtime:
