@@ -6,6 +6,7 @@ anywhere becomes one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -24,11 +25,14 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.options import (
     DEVICE,
     DTYPE,
+    SECRETS,
     TARGET,
+    URLS,
     at_least_one,
     check_sampling,
     check_seed,
     given,
+    redacted_url,
     unused,
 )
 
@@ -69,10 +73,61 @@ class _Untyped(typer.core.TyperArgument):
         return None
 
 
+class _Once:
+    """Over click's parser (typer's own copy of click, or click's), refusing a single-value
+    option given more than once (`_refuse_repeats`): click kept the last value without a word
+    (`serve --port 1 --port 2` served on 2)."""
+
+    def parse_args(self, args: list[str]) -> Any:
+        self.typed: dict[Any, list[Any]] = {}
+        out = super().parse_args(args)  # type: ignore[misc]
+        if not self.ctx.resilient_parsing and not any(p.is_eager for p in self.typed):
+            _refuse_repeats(self.typed)  # --help still helps
+        return out
+
+    def _process_opts(self, arg: str, state: Any) -> None:
+        before = len(getattr(state, "order", []))
+        super()._process_opts(arg, state)  # type: ignore[misc]
+        # a list or count option adds its repeats
+        for param in getattr(state, "order", [])[before:]:
+            if not (getattr(param, "multiple", False) or getattr(param, "count", False)):
+                self.typed.setdefault(param, []).append(state.opts[param.name])
+
+
+@functools.cache
+def _once_parser(parser: type) -> type:
+    return type(f"Once{parser.__name__}", (_Once, parser), {})
+
+
+def _refuse_repeats(typed: dict[Any, list[Any]]) -> None:
+    """One option's values as typed, each a value (or a flag's True/False), refused where more
+    than one: a flag given twice the same way is given once."""
+    for param, values in typed.items():
+        if param.is_flag and len(set(values)) > 1:
+            raise DraftsmithError(f"{_long(param.opts)} and {_long(param.secondary_opts)} both "
+                                  "given: give one of them")
+        if not param.is_flag and len(values) > 1:
+            flag = _long(param.opts)
+            shown = ", ".join(_shown(flag, v) for v in values)
+            raise DraftsmithError(f"{flag} given {len(values)} times ({shown}): give it once")
+
+
+def _long(opts: list[str]) -> str:
+    return next((o for o in opts if o.startswith("--")), opts[0])
+
+
+def _shown(flag: str, value: Any) -> str:
+    """A value as an error may show it: a secret's never, a URL's without its credentials."""
+    text = " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    if flag in SECRETS:
+        return "***"
+    return redacted_url(text) if flag in URLS else text
+
+
 class PlainCommand(typer.core.TyperCommand):
     """click's plain help (`_Formatter`); a variadic argument shown as `name...` alone: typer
     adds its annotation (`sources... <list[str]>`), metavar or not, a Python type its help
-    says better."""
+    says better; a single-value option given twice refused (`_Once`)."""
 
     context_class = _PlainContext
 
@@ -81,6 +136,12 @@ class PlainCommand(typer.core.TyperCommand):
         for p in self.params:
             if type(p) is typer.core.TyperArgument and p.nargs != 1:
                 p.__class__ = _Untyped
+
+    def make_parser(self, ctx: Any) -> Any:
+        parser = super().make_parser(ctx)
+        if hasattr(parser, "_process_opts"):  # click's private step; another click: no check
+            parser.__class__ = _once_parser(type(parser))
+        return parser
 
 
 class PlainGroup(typer.core.TyperGroup):
