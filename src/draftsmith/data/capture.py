@@ -839,7 +839,7 @@ def _merged_done(out: Path, head: dict[str, Any]) -> bool:
             and all(whole_file(out / s["file"], int(s["bytes"])) for s in m.get("shards", [])))
 
 
-def merge_held(out: str | Path) -> dict[str, Any] | None:
+def merge_held(out: str | Path) -> dict[str, Any]:
     """`try_merge` (`data merge`) with `out` held alone, as a single-process capture holds it:
     refused while a capture's rank (which holds it shared), a single-process capture or another
     merge writes there, and let go however it ends."""

@@ -360,7 +360,8 @@ def _jsonl(path: Path, opener: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
         rec = _line(line)
         # JSON holds no raw CR in a string: one after an object with more behind it ends a
         # line, and a file of CR line ends read as one record skipped, no prompt read
-        if str(rec) == "not valid JSON (Extra data)" and b"}\r" in line.rstrip(b"\r\n"):
+        if isinstance(rec, Malformed) and "(Extra data)" in str(rec) \
+                and b"}\r" in line.rstrip(b"\r\n"):
             raise DraftsmithError(f"{where}: {CR_ONLY}")
         yield where, rec
 
