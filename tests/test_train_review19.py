@@ -36,8 +36,9 @@ STOPPED = re.compile(r"draftsmith train: terminated \(SIGTERM\) at step (\d+) of
 RUN = {**TRAIN, "max_steps": 40, "save_every": 100}
 
 
-def train_cli(root: Path, out: str, *more: object) -> list[object]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in RUN.items()]
+def train_cli(root: Path, out: str, *more: object, **over: object) -> list[object]:
+    """`over`: RUN's settings replaced (the CLI refuses an option given twice)."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**RUN, **over}.items()]
     return ["train", "--data", root / "data", "--target", root / "target", "--out", root / out,
             "--device", "cpu", "--no-progress", *flags, *more]
 
@@ -90,7 +91,7 @@ def test_a_sigterm_stops_at_a_checkpoint_exits_143_and_resume_equals_the_straigh
     ends, a checkpoint is written at it, one line names it and --resume, the exit code is 143,
     and --resume ends with the uninterrupted run's weights and log rows, bit for bit."""
     out = trained / f"term-{workers}"
-    code, err = terminated(train_cli(trained, out.name, f"--loader-workers={workers}"), group)
+    code, err = terminated(train_cli(trained, out.name, loader_workers=workers), group)
     assert code == 143 and "Traceback" not in err, err[-3000:]
     assert err.count(NOTE) == 1, err[-3000:]  # said by the trainer, not its loader workers
     ((step, total, where),) = STOPPED.findall(err)
