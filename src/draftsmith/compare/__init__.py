@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import typer
 
-from draftsmith.compare.describe import Description, describe, written_ids
+from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
 from draftsmith.doctor.artifacts import read_checked
 from draftsmith.errors import DraftsmithError
@@ -274,8 +274,6 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     # each folder read (a draftsmith one checked whole) before the target's minutes of loading
     claimed_drafters(labels(opts.drafters), opts.claimed)
     infos = [read_checked(f) for f in opts.drafters]
-    for info in infos:  # a malformed id list vLLM reads, named before the target loads
-        written_ids(info)
     if opts.target:
         _check_topk(opts.topk, infos, labels(opts.drafters))
     target = _target(opts) if opts.target else None

@@ -54,13 +54,12 @@ def describe(folder: str | Path | DrafterInfo, label: str,
     if "fc.weight" not in shapes:
         raise DraftsmithError(f"{info.folder}: no fc.weight: not an EAGLE-3 drafter")
     layers = num_layers or target_layers(info)
-    written = written_ids(info)  # a malformed list named before the engines' readers see it
     canonical, note = canonical_ids(info, layers)
     size = sum(f.stat().st_size for f in info.weight_files())
     params = count({k: s for k, (s, _) in shapes.items()}, info.vocab_size, info.hidden_size,
                    size, head_source(info, set(shapes)))
     dtype = shapes["fc.weight"][1]
-    return Description(label, info, architecture(info, dtype), written, canonical,
+    return Description(label, info, architecture(info, dtype), written_ids(info), canonical,
                        note, params, training_data(info), training_summary(info))
 
 
@@ -157,11 +156,7 @@ def written_ids(info: DrafterInfo) -> dict[str, list[int]]:
         places += [(key, ids) for key, ids, _ in speculators_lists(info.config)]
     else:
         places.append((f"{IDS} (top level)", info.config.get(IDS)))
-    for key, ids in places:  # vLLM's inner lists are not checked as the folder is read
-        if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
-            raise DraftsmithError(f"{info.config_path}: {key} is {ids!r}, not a list of "
-                                  "integer layer ids")
-    return {key: list(ids) for key, ids in places if ids is not None}
+    return {key: list(ids) for key, ids in places if ids is not None}  # checked as read
 
 
 def target_layers(info: DrafterInfo) -> int | None:

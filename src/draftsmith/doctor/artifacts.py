@@ -286,14 +286,12 @@ def _require(info: DrafterInfo) -> None:
     nested = (info.config.get("eagle_config") or {}).get(IDS)
     lists = [("aux_layer_ids", info.config.get("aux_layer_ids")), (IDS, info.config.get(IDS)),
              (f"eagle_config.{IDS}", nested)]
-    if info.layout == "speculators":  # vLLM's inner lists, which the doctor reads too
-        from draftsmith.export.layout import speculators_lists
+    from draftsmith.export.layout import check_id_list, speculators_lists
 
+    if info.layout == "speculators":  # vLLM's inner lists, which the doctor reads too
         lists += [(key, ids) for key, ids, _ in speculators_lists(info.config)[1:]]
     for key, ids in lists:
-        if ids is not None and not (isinstance(ids, list)
-                                    and all(type(i) is int for i in ids)):
-            raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
+        check_id_list(where, key, ids)
 
 
 def load_noted(info: DrafterInfo, target: Any, device: str,

@@ -465,12 +465,18 @@ def engine_ids(config: dict[str, Any], layout: str, num_layers: int,
     if layout == "speculators":
         lists = speculators_lists(config)
     for key, ids, conv in lists:
-        if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
-            raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
+        check_id_list(where, key, ids)
         if ids:
             return list(ids), key, conv
     return None, f"eagle_config.{IDS}" if layout == "sglang" else f"{IDS} (top level)", \
         Convention.EAGLE
+
+
+def check_id_list(where: str | Path, key: str, ids: Any) -> None:
+    """An aux id list as written (None: absent) refused in one line where it is not a list of
+    integers: the engines' readers would fail on it with a traceback."""
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        raise DraftsmithError(f"{where}: {key} is {ids!r}, not a list of integer layer ids")
 
 
 LAYER = "transformer_layer_config"
