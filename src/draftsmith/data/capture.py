@@ -848,26 +848,25 @@ def merge_held(out: str | Path) -> dict[str, Any]:
             f"run `draftsmith data merge {out}` again")
     with _Hold(out, busy=busy) as hold:
         hold.take()
-        m = try_merge(out)
-        if m is None:
-            why = "; ".join(unfinished(out, _rank_manifests(out)))
-            raise DraftsmithError(f"{out}: not every rank has finished ({why}); rerun the same "
-                                  "capture command on every rank (torchrun), which finishes "
-                                  "them and merges")
-        return m
+        ms = _rank_manifests(out)
+        if why := unfinished(out, ms):
+            raise DraftsmithError(f"{out}: not every rank has finished ({'; '.join(why)}); "
+                                  "rerun the same capture command on every rank (torchrun), "
+                                  "which finishes them and merges")
+        return merge(out, ms)
 
 
 def try_merge(out: str | Path) -> dict[str, Any] | None:
     """Merge `rank-R/` manifests into one when every rank is complete; None if not yet."""
     out = Path(out)
-    if not out.is_dir():
-        raise DraftsmithError(f"{out}: no such folder" if not out.exists() else
-                              f"{out}: is a file, not a capture folder")
     ms = _rank_manifests(out)
     return None if unfinished(out, ms) else merge(out, ms)
 
 
 def _rank_manifests(out: Path) -> list[dict[str, Any]]:
+    if not out.is_dir():
+        raise DraftsmithError(f"{out}: no such folder" if not out.exists() else
+                              f"{out}: is a file, not a capture folder")
     ranks = sorted(out.glob("rank-*/" + MANIFEST))
     if not ranks:
         raise DraftsmithError(f"{out}: no rank-R/{MANIFEST} to merge")
