@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -137,10 +138,7 @@ def check_demo_target(out: Path, target: str) -> None:
     from draftsmith.targets import is_default
     from draftsmith.train.loop import same_path
 
-    try:
-        old = json.loads((out / "data" / "make.json").read_text()).get("target")
-    except (OSError, ValueError, AttributeError):
-        return
+    old = _made(out).get("target")
     if not isinstance(old, str) or not old:
         return
     if not is_default(old) and not Path(old).is_absolute():  # typed from a folder unknown here:
@@ -160,17 +158,23 @@ def check_demo_device(out: Path, device: str) -> None:
     data stage's record; none yet, the stage checks."""
     from draftsmith.errors import DraftsmithError
 
-    try:
-        old = json.loads((out / "data" / "make.json").read_text())
-        was, dtype = old.get("device"), old.get("dtype")
-    except (OSError, ValueError, AttributeError):
-        return
+    rec = _made(out)
+    was, dtype = rec.get("device"), rec.get("dtype")
     if not isinstance(was, str) or was.split(":")[0] == device.split(":")[0]:
         return
     made = f"{was} ({dtype})" if isinstance(dtype, str) else was
     raise DraftsmithError(f"--out {out}: holds a demo run made on {made}, and a demo on "
                           f"{device} makes its data otherwise; pass another --out, or delete it "
                           "to start again")
+
+
+def _made(out: Path) -> dict[str, Any]:
+    """An earlier demo's data-stage record (`data/make.json`), {} where none can be read."""
+    try:
+        made = json.loads((out / "data" / "make.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return made if isinstance(made, dict) else {}
 
 
 def make_out(out: Path) -> None:
