@@ -296,19 +296,20 @@ def _first_trained(tok: Any, convs: list[Any], prompts: str | Path, max_len: int
     encoded: list = []
     refused: list = []
     origin: list[int] = []  # the conversation index of each encoded one
-    done = trains = 0
-    while done < len(convs) and trains < n:
-        want = n - trains  # the first chunk n (most runs need no more), later ones twice short
+    trains: list[int] = []  # the index in `encoded` of each that trains
+    done = 0
+    while done < len(convs) and len(trains) < n:
+        want = n - len(trains)  # the first chunk n (most runs need no more), later twice short
         chunk = convs[done: done + (2 * want if done else want)]
         got, no = _encode(tok, chunk, prompts, tally)
         gone = {i for i, _ in no}
         origin += [done + i for i in range(len(chunk)) if i not in gone]
         refused += [(done + i, line) for i, line in no]
+        trains += [len(encoded) + k for k, (_, mask) in enumerate(got) if any(mask[:max_len])]
         encoded += got
-        trains += sum(any(mask[:max_len]) for _, mask in got)
         done += len(chunk)
-    if trains >= n:  # cut after the n-th training sample's conversation
-        nth = [k for k, (_, mask) in enumerate(encoded) if any(mask[:max_len])][n - 1]
+    if len(trains) >= n:  # cut after the n-th training sample's conversation
+        nth = trains[n - 1]
         end = origin[nth] + 1
         encoded = encoded[: nth + 1]
         refused = [r for r in refused if r[0] < end]
