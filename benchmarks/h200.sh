@@ -93,6 +93,12 @@
 # DRAFT_LAYERS=2 with INIT_KEPT deepens the kept 1-layer drafter (the new layer starts as the
 # identity): a deeper drafter costs ~0.05 ms more a draft step and pays if it lifts acceptance
 # by ~0.05 a position (speculative_default.md, "What 2.5x needs").
+# MT-bench (run 37): FastChat's fastchat/llm_judge/data/mt_bench/question.jsonl, not committed,
+# kept locally in .mtbench/ (git-ignored); carry it with call 0 (cp .mtbench/question.jsonl
+# /tmp/mt/) and give a respec run SUITES=/tmp/mt/question.jsonl with PROMPTS=80 (each run's
+# first turn). A second kept drafter for the same respec call: restore it first with
+# KEPT=/tmp/k36 DRAFTER=/tmp/d36 STAGES=restore python3 benchmarks/gpu_suite.py (h200.sh's
+# PYTHONPATH, DRAFTSMITH_DEFAULT_GGUF and DRAFTSMITH_CACHE set) and name DRAFTER=/tmp/d36 in its run.
 # DRAFT_INTER=6144 with INIT_KEPT widens the kept drafter's MLP from the target's 1,536 (the new
 # units start silent): at batch 1 a GEMM is launch-bound, so a wider MLP costs a few us a draft
 # step where a second layer costs ~50.
