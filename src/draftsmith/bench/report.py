@@ -128,6 +128,8 @@ def print_report(report: dict[str, Any], console: Console, json_path: Path | Non
     """The tables and notes, then one JSON line: the headline figures and `json_path` where the
     whole report was written, else (no file to point at) the whole report."""
     console.print(results_table(report))
+    if (by_category := category_table(report)) is not None:
+        console.print(by_category)
     for r in fastest(report):
         if r.get("phases"):
             ph = PhaseSummary(**r["phases"])
@@ -252,6 +254,42 @@ def _accept_rounds(meta: dict[str, Any], rounds: int) -> str:
     if (meta.get("params") or {}).get("temperature"):
         return f"; pooled over the {rounds} rounds"
     return "; round 1's (greedy rounds make the same tokens)"
+
+
+def category_definition(meta: dict[str, Any]) -> str:
+    """What a row's `by_category` holds: batch 1's figures per record category."""
+    rounds = meta.get("repeats", 1)
+    pooled = (f"; with {rounds} rounds, rates pooled: tokens and decode seconds summed over "
+              f"every round (not a median), acceptance as the row's"
+              f"{_accept_rounds(meta, rounds)}" if rounds > 1 else "")
+    return ("batch 1 only (a batch of several rows mixes categories): per record category "
+            "(null: prompts of none), its prompts, new_tokens, the baseline's and the setting's "
+            "decode_tokens_per_s (new tokens less each prompt's first over decode seconds, "
+            "summed over the category's prompts), decode_speedup their ratio, and "
+            "mean_accept_length pooled over the category's cycles (accept_hist, cycles)"
+            + pooled)
+
+
+def category_table(report: dict[str, Any]) -> Table | None:
+    """Batch 1's figures per prompt category, each setting's; None where no row has them."""
+    rows = [r for r in report["results"] if r.get("by_category")]
+    if not rows:
+        return None
+    rounds = (report.get("meta") or {}).get("repeats", 1)
+    t = Table(title="by category · batch 1 · decode rates"
+              + (f" pooled over {rounds} rounds" if rounds > 1 else ""))
+    for col in ("suite", "setting", "category", "prompts", "base decode tok/s",
+                "decode tok/s", "decode speedup", "accept len"):
+        t.add_column(col, justify="left" if col in ("suite", "setting", "category") else "right")
+    for r in rows:
+        for c in r["by_category"]:
+            t.add_row(escape(r["suite"]), r["setting"],
+                      escape(c["category"]) if c["category"] is not None else "(none)",
+                      str(c["prompts"]), figure(c["baseline_decode_tokens_per_s"], ".1f"),
+                      figure(c["decode_tokens_per_s"], ".1f"),
+                      figure(c["decode_speedup"], ".2f", "x"),
+                      figure(c["mean_accept_length"], ".2f"))
+    return t
 
 
 # what rounds add to a setting's headline (`--repeats` above 1)

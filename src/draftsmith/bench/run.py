@@ -32,7 +32,7 @@ from draftsmith.bench.suites import (
     prompt_ids,
     repeated_suites,
     suite_labels,
-    suite_messages,
+    suite_prompts,
 )
 from draftsmith.engine.drafter_runtime import DrafterRuntime
 from draftsmith.engine.generate import check_max_new, check_positions, run_generation, sync
@@ -54,6 +54,9 @@ TIMING = ("each suite and batch: the baseline first, then each setting in grid o
           "timed once after its own untimed warm-up (not interleaved, not repeated)")
 # one timed run's row (no phases), its tokens and, speculative, its result
 Round = tuple[dict[str, Any], list[list[int]], SpecResult | None]
+# a timed row's figures per batch (`batch_figures`), for `by_category`: taken off before the
+# row is kept, never written
+EACH = "_each"
 
 
 def timing(repeats: int) -> str:
@@ -181,9 +184,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     from draftsmith.targets import load_target
 
     early = [f"skipped {why}" for why in cfg.unfit()] + repeated_suites(cfg.suites)
-    messages = {s: suite_messages(s, cfg.num_prompts, early.append)  # skipped records: once
-                for s in suite_labels(cfg.suites)}
-    early += short_suites(messages, cfg.num_prompts)
+    read = {s: suite_prompts(s, cfg.num_prompts, early.append)  # skipped records: once
+            for s in suite_labels(cfg.suites)}
+    messages = {s: [m for m, _ in p] for s, p in read.items()}
+    categories = {label: [c for _, c in read[s]] for s, label in suite_labels(cfg.suites).items()}
+    early += short_suites(messages, cfg.num_prompts) + uncategorised(read, cfg)
     for w in early:  # said before the minutes of loading
         log(f"warning: {w}")
     profiling(cfg)  # a DRAFTSMITH_PROFILE it refuses: now, not after the first rows' minutes
@@ -209,7 +214,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     now: list[str] = []  # the run under way, where rounds keep a group's rows to its end
     with load.watching() as machine:  # other work on the cores skews the rows unevenly
         try:
-            _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log, now)
+            _run_grid(model, drafter, suites, cfg, settings, target.eos_ids, rows, log, now,
+                      categories)
         except KeyboardInterrupt:
             if not rows:
                 raise
@@ -257,11 +263,71 @@ def short_suites(messages: dict[str, list[Any]], limit: int) -> list[str]:
             f"{limit}: all {len(m)} run" for s, m in messages.items() if len(m) < limit]
 
 
+def uncategorised(read: dict[str, list[tuple[Any, str | None]]], cfg: BenchConfig) -> list[str]:
+    """A line for each suite whose prompts carry categories where no run is timed per prompt:
+    a batch of several rows mixes them, refilled rows share their cycles."""
+    if 1 in cfg.batch_sizes and not cfg.refill:
+        return []
+    return [f"--suite {s}: its prompts carry categories; per-category figures are timed at "
+            f"--batch-size 1 without --refill only (a batch mixes categories)"
+            for s, p in read.items() if any(c is not None for _, c in p)]
+
+
+def grouped(categories: dict[str, list[str | None]] | None, suite: str, b: int,
+            cfg: BenchConfig) -> list[str | None] | None:
+    """Each prompt's category where this (suite, batch) is timed a prompt a run: batch 1,
+    unrefilled, some prompt categorised; else None."""
+    cats = (categories or {}).get(suite)
+    if b != 1 or cfg.refill or not cats or all(c is None for c in cats):
+        return None
+    return cats
+
+
+def _add_by_category(row: dict[str, Any], cats: list[str | None] | None,
+                     base: list[Any], spec: list[Any], greedy: bool) -> None:
+    """`row["by_category"]` where `cats` and every round's per-prompt figures are there."""
+    rounds = [*base, *spec]
+    if cats and rounds and all(r is not None and len(r) == len(cats) for r in rounds):
+        row["by_category"] = by_category(cats, base, spec, greedy)
+
+
+def by_category(cats: list[str | None], base: list[list[dict[str, Any]]],
+                spec: list[list[dict[str, Any]]], greedy: bool) -> list[dict[str, Any]]:
+    """Per category (first seen first; None: prompts of none), over its prompts' runs: decode
+    rates as decoded tokens over decode seconds, summed over every round (`base`, `spec`: a
+    round's `batch_figures`, one a prompt), their ratio, and acceptance pooled over its
+    row-cycles as the row's is (greedy: round 1's; sampled: every round's)."""
+    out = []
+    for cat in dict.fromkeys(cats):
+        mine = [i for i, c in enumerate(cats) if c == cat]
+        hist = [sum(col) for col in zip(*(spec_round[i]["accept_hist"] for spec_round in
+                                          (spec[:1] if greedy else spec) for i in mine),
+                                        strict=True)]
+        cycles = sum(hist)
+        b_rate, s_rate = _decode_rate(base, mine), _decode_rate(spec, mine)
+        out.append({"category": cat, "prompts": len(mine),
+                    "new_tokens": sum(spec[0][i]["new_tokens"] for i in mine),
+                    "baseline_decode_tokens_per_s": b_rate, "decode_tokens_per_s": s_rate,
+                    "decode_speedup": _over(s_rate, b_rate), "cycles": cycles,
+                    "mean_accept_length": (sum(k * n for k, n in enumerate(hist)) / cycles
+                                           if cycles else None),
+                    "accept_hist": hist})
+    return out
+
+
+def _decode_rate(rounds: list[list[dict[str, Any]]], mine: list[int]) -> float:
+    """Decoded tokens over decode seconds of prompts `mine`, every round summed (as `_speed`)."""
+    runs = [r[i] for r in rounds for i in mine]
+    return sum(x["decoded"] for x in runs) / max(sum(x["decode_s"] for x in runs), 1e-9)
+
+
 def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConfig,
               settings: list[Setting], eos: list[int], rows: list[dict[str, Any]],
-              log: Callable[[str], None], now: list[str] | None = None) -> None:
+              log: Callable[[str], None], now: list[str] | None = None,
+              categories: dict[str, list[str | None]] | None = None) -> None:
     """Time every (suite, batch): the baseline, then each setting; each row appended to
-    `rows` as it is finished (with rounds, a group's rows at its end: `_rounds`)."""
+    `rows` as it is finished (with rounds, a group's rows at its end: `_rounds`); at batch 1
+    a suite's `categories` give each setting's `by_category`."""
     rt, drt = _runtimes(model, drafter, suites, cfg, settings)
     run_base, run_spec = (_baseline_refill, _speculative_refill) if cfg.refill else (
         _baseline, _speculative)
@@ -269,18 +335,21 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
         for b in sorted(set(cfg.batch_sizes), reverse=True):
             batches = fill_batches(prompts, b)
             sizes = {"prompts": len(prompts), "padding_rows": len(batches) * b - len(prompts)}
+            cats = grouped(categories, name, b, cfg)
             if cfg.repeats > 1:
                 rows.extend(_rounds((model, rt, drt), (name, b, sizes), prompts, batches, cfg,
-                                    settings, eos, log, now if now is not None else []))
+                                    settings, eos, log, now if now is not None else [], cats))
                 continue
             log(f"{name}: batch {b}, {len(batches)} batches, baseline")
             torch.manual_seed(cfg.seed)  # each run's draws its own: not the runs' before it
             base, base_tokens = run_base(rt, batches, cfg, eos)
+            base_each = base.pop(EACH, None)
             rows.append({"suite": name, "batch": b, "setting": "baseline", **sizes, **base})
             for s in settings:
                 log(f"{name}: batch {b}, {setting_name(s)}")
                 torch.manual_seed(cfg.seed)
                 row, tokens = run_spec(rt, drt, s, batches, cfg, eos)
+                each = row.pop(EACH, None)
                 row["speedup"] = _over(row["tokens_per_s"], base["tokens_per_s"])
                 row["decode_speedup"] = _over(row["decode_tokens_per_s"],
                                               base["decode_tokens_per_s"])
@@ -288,6 +357,7 @@ def _run_grid(model, drafter, suites: dict[str, list[list[int]]], cfg: BenchConf
                     n = len(prompts)
                     row["agreement"] = agreement(model, [prompts], base_tokens[:n],
                                                  tokens[:n], eos)
+                _add_by_category(row, cats, [base_each], [each], cfg.params.greedy)
                 rows.append({"suite": name, "batch": b, "setting": setting_name(s),
                              "steps": s[0], "topk": s[1], "num_draft_tokens": s[2], **sizes,
                              **row})
@@ -304,10 +374,12 @@ class Prepared:
 
 def _rounds(engines, group: tuple[str, int, dict[str, int]], prompts: list[list[int]],
             batches, cfg: BenchConfig, settings: list[Setting], eos: list[int],
-            log: Callable[[str], None], now: list[str]) -> list[dict[str, Any]]:
+            log: Callable[[str], None], now: list[str],
+            cats: list[str | None] | None = None) -> list[dict[str, Any]]:
     """One (suite, batch) in `cfg.repeats` rounds: every run warmed up once, then timed once a
     round in the grid's order rotated by the round (`rotated`). Each run draws on from its own
-    random state (seeded before its warm-up, as one round's), never from the runs between."""
+    random state (seeded before its warm-up, as one round's), never from the runs between;
+    `cats` (batch 1) give `by_category` over every round."""
     model, rt, drt = engines
     name, b, sizes = group
     base_run, spec_run = (_baseline_refill_run, _speculative_refill_run) if cfg.refill else (
@@ -334,6 +406,8 @@ def _rounds(engines, group: tuple[str, int, dict[str, int]], prompts: list[list[
             n = len(prompts)
             row["agreement"] = agreement(model, [prompts], base[0][1][:n], timed[label][0][1][:n],
                                          eos)
+        _add_by_category(row, cats, [t[0].get(EACH) for t in base],
+                         [t[0].get(EACH) for t in timed[label]], cfg.params.greedy)
         out.append({**head, "setting": label, "steps": s[0], "topk": s[1],
                     "num_draft_tokens": s[2], **sizes, **row})
     now.clear()
@@ -391,7 +465,7 @@ ROUND_KEYS = ("new_tokens", "seconds", "tokens_per_s", "decode_tokens_per_s",
 def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A row over its rounds' rows: the first round's, its rates (and seconds) the medians, with
     `<rate>_min`/`_max`; host clocks over every round; each round's figures in `rounds`."""
-    row = dict(rounds[0])
+    row = {k: v for k, v in rounds[0].items() if k != EACH}
     row["seconds"] = statistics.median(r["seconds"] for r in rounds)
     for key in ("tokens_per_s", "decode_tokens_per_s"):
         row.update(spread(key, [r[key] for r in rounds], keep_none=False))
@@ -434,6 +508,10 @@ def _report(cfg: BenchConfig, target, drafter, warnings: list[str],
     rows = sorted(rows, key=lambda r: (order.index(r["suite"]), r["batch"]))
     meta = {**_meta(cfg, target, drafter, warnings), "partial": bool(not_run),
             "not_run": not_run, "machine_load": machine}
+    if any("by_category" in r for r in rows):
+        from draftsmith.bench.report import category_definition
+
+        meta["definitions"]["by_category"] = category_definition(meta)
     return {"meta": meta, "results": rows}
 
 
@@ -501,7 +579,8 @@ def _baseline_run(rt: Runtime, batches, cfg: BenchConfig, eos: list[int]) -> Pre
         rows = [t for g in gens for t in g.tokens]
         secs, decode = sum(g.prefill_s + g.decode_s for g in gens), sum(g.decode_s for g in gens)
         host = _host(SpecResult.merged_host([g.host for g in gens]))
-        return {**_speed(rows, secs, decode), **host}, rows, None
+        each = [batch_figures(g.tokens, g.decode_s) for g in gens]
+        return {**_speed(rows, secs, decode), **host, EACH: each}, rows, None
     return Prepared(timed)
 
 
@@ -532,6 +611,16 @@ def _speed(rows: list[list[int]], secs: float, decode: float) -> dict[str, Any]:
             "decode_tokens_per_s": decoded / max(decode, 1e-9)}
 
 
+def batch_figures(rows: list[list[int]], decode_s: float,
+                  hist: list[int] | None = None) -> dict[str, Any]:
+    """One batch's tokens, decoded tokens (less each row's first, as `_speed`), decode seconds
+    and, speculative, its accept histogram."""
+    tokens = sum(map(len, rows))
+    out = {"new_tokens": tokens, "decoded": tokens - sum(1 for r in rows if r),
+           "decode_s": decode_s}
+    return out | ({"accept_hist": list(hist)} if hist is not None else {})
+
+
 def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
     """Refilled rows: prompt passes run among the decode steps, so one rate covers both and
     there is no decode-only rate (None: the wall rate under a decode label read as one)."""
@@ -554,8 +643,9 @@ def _speculative_run(rt, drt, s: Setting, batches, cfg: BenchConfig, eos) -> Pre
         with load.timed():
             results = [dec.generate(batch, cfg.max_new_tokens, eos) for batch in batches]
         m = SpecResult.merged(results)
+        each = [batch_figures(r.tokens, r.decode_s, r.accept_hist) for r in results]
         return {**_speed(m.tokens, m.prefill_s + m.decode_s, m.decode_s), **m.accept_stats(),
-                **_host(m.extra.get("host"))}, m.tokens, m
+                **_host(m.extra.get("host")), EACH: each}, m.tokens, m
 
     return Prepared(timed, lambda m: profiled_phases(dec, cfg, m, lambda: [
         dec.generate(b, cfg.max_new_tokens, eos).phases for b in batches]))

@@ -18,6 +18,13 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
     """The first turn (its system prompts kept) of up to `limit` conversations of a suite:
     'humaneval', 'chat', or a path that `draftsmith.data.prompts` reads; `warn` takes its
     skipped records (default: stderr)."""
+    return [m for m, _ in suite_prompts(name, limit, warn, flag)]
+
+
+def suite_prompts(name: str, limit: int, warn: Callable[[str], None] | None = None,
+                  flag: str = "--suite") -> list[tuple[list[dict[str, str]], str | None]]:
+    """`suite_messages`, each prompt beside its record's `category` (MT-bench's, Spec-Bench's;
+    None where it has none): a prompt asked once keeps the category of the record kept."""
     if limit < 0:
         raise DraftsmithError(f"--num-prompts must be >= 0 (0 = all), got {limit}")
     source = builtin_chat() if name == "chat" else name
@@ -28,19 +35,24 @@ def suite_messages(name: str, limit: int, warn: Callable[[str], None] | None = N
         (warn or _stderr)(line)
 
     read = read_prompts(source, warn=skip, flag=flag)
-    firsts = [opening(c.messages)  # as generate asks
+    firsts = [(opening(c.messages), _category(c))  # as generate asks
               for c in read if any(m["role"] == "user" for m in c.messages)]
     # one prompt once: conversations that differ after their first turn open alike, and the
     # reader drops only whole repeats (a repeat was timed twice, another prompt left out);
     # alike as the reader judges repeats, whitespace around each text aside, the first kept
-    kept: dict[str, list[dict[str, str]]] = {}
-    for m in firsts:
-        kept.setdefault(repeat_key(Conversation(m)), m)
+    kept: dict[str, tuple[list[dict[str, str]], str | None]] = {}
+    for m, cat in firsts:
+        kept.setdefault(repeat_key(Conversation(m)), (m, cat))
     out = list(kept.values())
     if not out:
         raise DraftsmithError(f"suite {name!r}: no prompt with a user turn"
                               + _why_none(read, skipped))
     return out[:limit] if limit > 0 else out
+
+
+def _category(conv: Conversation) -> str | None:
+    cat = conv.meta.get("category")  # a draftsmith-written file's meta may hold anything
+    return cat if isinstance(cat, str) and cat else None
 
 
 def _stderr(line: str) -> None:

@@ -140,6 +140,8 @@ def parse_record(rec: Any) -> Conversation:
         raise Malformed(f"no 'messages', 'conversations', 'prompt' or 'instruction' (keys: {keys})")
     if not any(m["role"] == "user" for m in msgs):
         raise Malformed("no user message")
+    if isinstance(cat := rec.get("category"), str) and cat.strip():  # MT-bench, Spec-Bench
+        meta["category"] = cat.strip()
     return Conversation(_with_system(rec.get("system"), msgs), meta=meta)
 
 
