@@ -3,7 +3,8 @@ own distribution. Backends: the built-in engine (batched) or any OpenAI-compatib
 
 Each finished conversation is appended to the output JSONL with `meta.prompt_id` and one
 `meta.answers` entry per assistant turn (backend, model, sampling, tokens, finish reason; the
-engine's also the `ids` it decoded, which capture trains on in place of the text's tokens);
+engine's also the `ids` it decoded, which capture trains on in place of the text's tokens, and
+which the engine asks a later turn after, `prompt_ids`: a server takes the text alone);
 a rerun skips prompt ids already there. A first prompt longer than the limit is truncated or
 skipped; a later turn that no longer fits ends the conversation there; a conversation the chat
 template refuses (roles it does not take) is skipped. Each is counted. The engine answers a
@@ -50,6 +51,10 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.options import at_least_one, redacted_url
 
 Messages = list[dict[str, str]]
+# assistant message index -> the ids the engine decoded for it (`Conversation.answer_ids`)
+Recorded = dict[int, "list[int] | None"]
+# a prompt's length in target tokens: (messages, the ids recorded for its answers) -> count
+Counts = Callable[..., int]
 # With refill the engine takes this many batches' prompts at once (the records of a chunk are
 # written together: a killed run redoes at most one chunk) so that finished rows have a next one.
 REFILL_CHUNK = 8
@@ -185,11 +190,15 @@ class EngineBackend:
 
             prepare(self.rt, cfg.batch_size, cfg.max_new_tokens, target.eos_ids, self.params)
 
-    def answer(self, batch: list[Messages]) -> list[Answer]:
+    def answer(self, batch: list[Messages],
+               recorded: list[Recorded] | None = None) -> list[Answer]:
+        """`recorded[i]`: the ids decoded for prompt i's earlier answers, which it is asked
+        after in place of their text's tokens, as capture splices them (`prompt_ids`)."""
         from draftsmith.engine.generate import run_generation
         from draftsmith.engine.refill import generate_refill
 
-        ids = [self.target.chat_ids(m, True) for m in batch]
+        ids = [prompt_ids(self.target.tokenizer, m, r) if r else self.target.chat_ids(m, True)
+               for m, r in zip(batch, recorded or [{}] * len(batch), strict=True)]
         new, eos = self.cfg.max_new_tokens, self.target.eos_ids
         if self.cfg.refill:
             rows = decode_rows(len(ids), self.cfg.batch_size, self.rt.device)
@@ -202,6 +211,25 @@ class EngineBackend:
         return [Answer(dec(t, skip_special_tokens=True).strip(), len(t),
                        "length" if len(t) >= new else "stop", [int(x) for x in t])
                 for t in tokens]
+
+
+def prompt_ids(tok: Any, msgs: Messages, recorded: Recorded) -> list[int]:
+    """The ids of a later turn's prompt as capture builds the sample that holds it
+    (`chat.splice_answers`): each earlier answer as the ids the target decoded, not its stripped
+    text's tokens (another context where the answer held special tokens, spaces at its ends or
+    ids the tokenizer would merge). Its text's tokens where no answer can be spliced."""
+    from draftsmith.data.chat import assistant_turns, render, splice_answers
+
+    text = render(tok, msgs, True)
+    try:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        closed, turns = assistant_turns(tok, msgs)
+    except (NotImplementedError, DraftsmithError):  # no offsets, or turns capture cannot find
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    ids = list(enc["input_ids"])
+    if not recorded or not text.startswith(closed):
+        return ids
+    return splice_answers(tok, text, turns, ids, enc["offset_mapping"], msgs, recorded)[0]
 
 
 def decode_rows(prompts: int, batch_size: int, device: torch.device) -> int:
@@ -780,7 +808,7 @@ def regenerate(
              "truncated": 0, "turns_cut": 0, "template_refused": 0, "failed": 0,
              "refused_by_server": 0, "timed_out": 0, "answer_tokens": 0,
              "answers_at_max_new": 0, "finish_unknown": 0}
-    count = _counter(tokenizer)
+    count = _counter(tokenizer, isinstance(backend, EngineBackend))
     if todo:
         say(f"regenerate: {len(todo)} conversations to answer, {sampling_words(cfg)}, at most "
             f"{cfg.max_new_tokens} new tokens each")
@@ -808,7 +836,7 @@ class _Job:
     backend: Any
     tok: Any
     cfg: RegenConfig
-    count: Callable[[Messages], int]
+    count: Counts
     info: dict[str, Any]
     stats: dict[str, int]
     bar: Any
@@ -987,9 +1015,11 @@ def failed_words(stats: dict[str, int], out: Path, base_url: str | None, after: 
     if base_url and stats.get("timed_out"):  # it answered others: up, but slow under the load
         where = (f" ({stats['timed_out']} timed out: the server at {redacted_url(base_url)} "
                  "is slow under this load; lower --concurrency or raise --timeout)")
+    # appended, not put back in input order: capture --grow keeps the shards of the lines
+    # before, as of any answers file grown since
     return (f"regenerate: {retryable(stats)} of the {asked} conversations asked failed{where}, "
             f"see the warnings above; {out} keeps the {kept} answered{after}: rerun the same "
-            "command to ask the failed ones again")
+            "command to ask the failed ones again (their answers are written after the others)")
 
 
 # the closing line's names where a stat's key reads otherwise ("truncated" counts prompts)
@@ -1162,14 +1192,24 @@ def _refills(backend: Any) -> bool:
     return isinstance(backend, EngineBackend) and backend.cfg.refill
 
 
-def _counter(tok: Any) -> Callable[[Messages], int]:
+def _counter(tok: Any, splices: bool = False) -> Counts:
+    """A prompt's length in target tokens; `splices` (the engine): as the engine asks it, with
+    the earlier answers' recorded ids (`prompt_ids`), which may be more tokens than their text's.
+    A server takes text, and is measured by it."""
     from draftsmith.data.chat import render
 
-    def count(msgs: Messages) -> int:
+    def count(msgs: Messages, recorded: Recorded | None = None) -> int:
+        if splices and recorded:
+            return len(prompt_ids(tok, msgs, recorded))
         text = render(tok, msgs, True)
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
     return count
+
+
+def _recorded(talk: Talk, ask: Messages) -> Recorded:
+    """The ids recorded for the talk's answers so far, by their message's place in `ask`."""
+    return Conversation(ask, meta={"answers": talk.answers}).answer_ids()
 
 
 def text_tokens(tok: Any, text: str) -> int:
@@ -1189,7 +1229,7 @@ class Talk:
     ended: bool = False  # its next turn no longer fits
 
 
-def _open(conv: Conversation, tok: Any, cfg: RegenConfig, count: Callable[[Messages], int],
+def _open(conv: Conversation, tok: Any, cfg: RegenConfig, count: Counts,
           stats: dict[str, int]) -> Talk | None:
     """The conversation its first prompt fitted, or None where it is skipped (counted)."""
     try:
@@ -1204,7 +1244,7 @@ def _open(conv: Conversation, tok: Any, cfg: RegenConfig, count: Callable[[Messa
     return Talk(conv, lead(fitted.messages), fitted.user_turns())
 
 
-def _ask(talk: Talk, cfg: RegenConfig, count: Callable[[Messages], int],
+def _ask(talk: Talk, cfg: RegenConfig, count: Counts,
          stats: dict[str, int]) -> Messages | None:
     """The request for the talk's next turn; None once it is over (a turn past the limit
     ends it there, counted)."""
@@ -1212,7 +1252,7 @@ def _ask(talk: Talk, cfg: RegenConfig, count: Callable[[Messages], int],
     if talk.failed or talk.ended or turn >= len(talk.users):
         return None
     ask = talk.msgs + [{"role": "user", "content": talk.users[turn]}]
-    if turn and count(ask) > cfg.prompt_limit:
+    if turn and count(ask, _recorded(talk, ask)) > cfg.prompt_limit:
         stats["turns_cut"] += 1
         talk.ended = True
         return None
@@ -1263,13 +1303,21 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
     asked = unreached = timed_out = 0
     for _ in range(max((len(t.users) for t in live), default=0)):
         active = [(t, a) for t in live if (a := _ask(t, cfg, count, stats)) is not None]
-        got = backend.answer([a for _, a in active]) if active else []
+        got = _asked(backend, active) if active else []
         asked, unreached = asked + len(got), unreached + sum(a.unreached for a in got)
         timed_out += sum(a.timed_out for a in got)
         for (talk, ask), ans in zip(active, got, strict=True):
             _take(talk, ask, ans, tok, info, stats)
     recs = [r for t in live if (r := _record(t, stats)) is not None]
     return recs, (asked if unreached == asked else 0), timed_out
+
+
+def _asked(backend: Any, active: list[tuple[Talk, Messages]]) -> list[Answer]:
+    """The answers to `active`'s requests; the engine's after the ids it decoded before."""
+    asks = [a for _, a in active]
+    if isinstance(backend, EngineBackend):
+        return backend.answer(asks, [_recorded(t, a) for t, a in active])
+    return backend.answer(asks)
 
 
 def gone(backend: Any, asked: int, left: int, timed_out: int = 0) -> str:
