@@ -372,9 +372,8 @@ def run_tune(
                                      tp=1 if tp is None else tp.size, limits=limits,
                                      target=served_folder(t))
                  for r in recs]
-        texts = [x + failed_lines(r.batch, failed) for r, x in zip(recs, texts, strict=True)]
-        texts += [f"batch {b}: no setting ran, so none is recommended" + failed_lines(b, failed)
-                  for b in batches if b not in {r.batch for r in recs}]
+        texts = batch_texts(batches, {r.batch: x for r, x in zip(recs, texts, strict=True)},
+                            failed)
         if refill:
             texts.insert(0, "rows refilled as they end (continuous batching): tokens/s over the "
                             "whole run, prompt passes included, baselines alike")
@@ -456,6 +455,13 @@ def few_prompts(count: int, batches: list[int]) -> str | None:
     return (f"note: batch {sizes} {has} more rows than the {count} prompts tuned on, so {its} "
             f"rows repeat prompts: {its} figures are those prompts', not {rows}; give at least "
             f"{over[-1]} prompts (--prompts, --num-prompts) for distinct rows")
+
+
+def batch_texts(batches: list[int], said: dict[int, str], failed: list[Failure]) -> list[str]:
+    """Each batch's text in batch order, its failed settings under it: a batch where nothing
+    ran said in its place (it came after every other batch's)."""
+    return [said.get(b, f"batch {b}: no setting ran, so none is recommended")
+            + failed_lines(b, failed) for b in batches]
 
 
 def failed_lines(batch: int, failed: list[Failure]) -> str:
@@ -637,7 +643,6 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     over the timed runs, flagged in the PNG's title where busy (the texts carry the note)."""
     from draftsmith.bench.cli import say_replaced
     from draftsmith.data.atomic import atomic_write, make_folder
-    from draftsmith.tune.cost_model import steps_series
 
     make_folder(out)
     say_replaced(out / "tune.json", say)
@@ -701,10 +706,23 @@ def write_report(out: Path, acc, costs, preds, meas, recs, texts, batches, dev, 
     atomic_write(out / "tune.json", json.dumps(report, indent=1, default=str).encode(),
                  "the report there before is unchanged")
     atomic_write(out / "tune.md", md.encode(), "the report there before is unchanged")
-    plot(out / "tune.png", {b: {"chains": steps_series(preds, meas, b),
-                                "trees": steps_series(preds, meas, b, topk=None)}
-                            for b in batches}, bool((machine_load or {}).get("busy")))
+    plot(out / "tune.png", plot_series(preds, meas, batches, failed or []),
+         bool((machine_load or {}).get("busy")))
     return report
+
+
+def plot_series(preds: list[Prediction], meas: list[Measurement], batches: list[int],
+                failed: list[Failure]) -> dict[int, dict[str, dict]]:
+    """tune.png's data per batch: chains and trees (`steps_series`), a setting that failed at
+    a batch off its predicted curve and marked apart (the curve drew a point no sweep ran)."""
+    from draftsmith.tune.cost_model import steps_series
+
+    out = {}
+    for b in batches:
+        bad = {s for fb, s, _, _ in failed if fb == b}
+        out[b] = {"chains": steps_series(preds, meas, b, failed=bad),
+                  "trees": steps_series(preds, meas, b, topk=None, failed=bad)}
+    return out
 
 
 def _phase_rows(preds, meas) -> list[dict]:
@@ -739,6 +757,12 @@ def device_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
 
 
+def _plot_label(kind: str, name: str) -> str:
+    if name == "failed":
+        return f"{kind} failed in the sweep (predicted, not run)"
+    return f"{kind} {name}" + (" (best topk and budget)" if kind == "trees" else "")
+
+
 def plot(path: Path, series: dict, busy: bool = False) -> None:
     import matplotlib
 
@@ -746,8 +770,10 @@ def plot(path: Path, series: dict, busy: bool = False) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 4), squeeze=False)
+    # failed settings as bare crosses, no line: no measured point to set them against
     styles = {("chains", "predicted"): ("--o", "C0"), ("chains", "measured"): ("-s", "C0"),
-              ("trees", "predicted"): ("--^", "C1"), ("trees", "measured"): ("-D", "C1")}
+              ("trees", "predicted"): ("--^", "C1"), ("trees", "measured"): ("-D", "C1"),
+              ("chains", "failed"): ("x", "C3"), ("trees", "failed"): ("X", "C3")}
     for ax, (b, kinds) in zip(axes[0], series.items(), strict=True):
         for (kind, name), (style, color) in styles.items():
             # trees past the baseline only: steps 0 is the chains' point too
@@ -755,8 +781,7 @@ def plot(path: Path, series: dict, busy: bool = False) -> None:
                    if kind == "chains" or p[0] > 0]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color,
-                        label=f"{kind} {name}" + (" (best topk and budget)" if kind == "trees"
-                                                  else ""))
+                        label=_plot_label(kind, name))
         ax.set_title(f"batch {b} (steps 0 = no speculation)")
         ax.set_xlabel("draft steps (tree depth)")
         ax.set_ylabel("tokens/s")

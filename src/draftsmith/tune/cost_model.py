@@ -10,7 +10,7 @@ import functools
 import heapq
 import math
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -1130,17 +1130,21 @@ def recommend(
 
 def steps_series(
     predicted: Iterable[Prediction], measured: Iterable[Measurement], batch: int,
-    topk: int | None = 1,
+    topk: int | None = 1, failed: Collection[SpecSetting] = (),
 ) -> dict[str, list[tuple[int, float]]]:
     """Tokens/s against steps for one batch and topk (best over draft-token budgets; topk None:
     best over every tree, topk > 1), with the baseline at steps 0: the data behind the tune
-    PNG."""
-    series: dict[str, dict[int, float]] = {"predicted": {}, "measured": {}}
+    PNG. Settings in `failed` (this batch's, that the sweep could not run) stay off the
+    predicted curve, which compares with what ran, and come apart as `failed` points at their
+    predicted tok/s."""
+    series: dict[str, dict[int, float]] = {"predicted": {}, "measured": {}, "failed": {}}
     rows = [("predicted", p) for p in predicted] + [("measured", m) for m in measured]
     for name, r in rows:
         s = r.setting
         if r.batch == batch and (s.is_baseline or (s.topk > 1 if topk is None
                                                    else s.topk == topk)):
+            if name == "predicted" and s in failed:
+                name = "failed"
             best = series[name].get(s.steps, 0.0)
             series[name][s.steps] = max(best, r.tokens_per_s)
     return {name: sorted(points.items()) for name, points in series.items()}
