@@ -265,8 +265,10 @@ def _max_tokens(body: dict, cfg: ServeConfig, kind: str) -> int:
 def _n(body: dict, cfg: ServeConfig) -> int:
     n = _get(body, "n", int, 1)
     if not 1 <= n <= cfg.max_batch:
+        # a job's choices decode as rows of one batch: a larger n needs a larger server
+        raise_to = f": serving n={n} needs --max-batch {n} or more" if n > cfg.max_batch else ""
         raise ApiError(400, f"'n' must be in [1, {cfg.max_batch}] (the server's --max-batch), "
-                       f"got {n}", "n", "invalid_value")
+                       f"got {n}{raise_to}", "n", "invalid_value")
     return n
 
 
