@@ -155,10 +155,11 @@ def check_demo_device(out: Path, device: str) -> None:
     """Refuse an --out holding a demo made on another kind of device: a GPU demo makes its data
     with other prompt and answer lengths, batch and dtype than a CPU one, and the data stage
     refused the mix in a line naming a data file and settings no demo flag sets. Read from the
-    data stage's record; none yet, the stage checks."""
+    data stage's record, else (a demo stopped in its prompts stage, before the record was
+    written) from its first prompt's dtype; neither yet, the stage checks."""
     from draftsmith.errors import DraftsmithError
 
-    rec = _made(out)
+    rec = _made(out) or _prompts_made(out)
     was, dtype = rec.get("device"), rec.get("dtype")
     if not isinstance(was, str) or was.split(":")[0] == device.split(":")[0]:
         return
@@ -175,6 +176,29 @@ def _made(out: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return made if isinstance(made, dict) else {}
+
+
+# The dtype each kind of device makes a demo's data in (`run_demo`)
+DEMO_DTYPES = {"bfloat16": "cuda", "float32": "cpu"}
+
+
+def _prompts_made(out: Path) -> dict[str, Any]:
+    """The device of a demo killed in its prompts stage, before make.json was written, told by
+    the dtype its first prompt records; {} where none can be read."""
+    dtype = _first_prompt(out).get("dtype")
+    known = isinstance(dtype, str) and dtype in DEMO_DTYPES
+    return {"device": DEMO_DTYPES[dtype], "dtype": dtype} if known else {}
+
+
+def _first_prompt(out: Path) -> dict[str, Any]:
+    """What made an earlier demo's first self-made prompt (its record's meta), {} where none
+    can be read (none yet, or torn: the data stage tells)."""
+    try:
+        with (out / "data" / "prompts.jsonl").open("rb") as f:
+            meta = json.loads(f.readline())["meta"]
+    except (OSError, ValueError, LookupError, TypeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def make_out(out: Path) -> None:
@@ -237,9 +261,12 @@ def stage(name: str, times: dict, fn):
 
 def make_data(cfg: DemoConfig, dtype) -> dict:
     from draftsmith.data.pipeline import make_dataset
+    from draftsmith.targets import load_target
 
+    target = load_target(cfg.target)  # loaded once: the stage takes it
+    check_prompts_target(cfg.out, cfg.target, target.fingerprint)
     rec = make_dataset(
-        cfg.out / "data", cfg.conversations, cfg.target, cfg.device, dtype, cfg.batch_size,
+        cfg.out / "data", cfg.conversations, target, cfg.device, dtype, cfg.batch_size,
         max_len=1024, max_new_tokens=cfg.answer_tokens, vocab_size=cfg.draft_vocab,
         command="draftsmith demo", log=console.print, prompt_tokens=cfg.prompt_tokens,
     )
@@ -247,9 +274,24 @@ def make_data(cfg: DemoConfig, dtype) -> dict:
     return {"dir": cfg.out / "data" / "dataset", "summary": cap}
 
 
+def check_prompts_target(out: Path, target: str, fingerprint: str) -> None:
+    """Refuse an --out whose prompts another target made: a demo stopped in its prompts stage
+    left no make.json for `check_demo_target`, and the stage refused in a line naming a data
+    file and no demo flag."""
+    from draftsmith.errors import DraftsmithError
+
+    old = _first_prompt(out).get("target")
+    if not isinstance(old, str) or old == fingerprint:
+        return
+    raise DraftsmithError(f"--out {out}: holds the demo of another target (its prompts were made "
+                          f"by a target of fingerprint {old}); pass another --out for --target "
+                          f"{target}, or delete {out} to start again")
+
+
 def train_drafter(cfg: DemoConfig, data: dict) -> Path:
     from draftsmith.train import TrainConfig, train
     from draftsmith.train.checkpoint import latest_checkpoint
+    from draftsmith.train.loop import Terminated
 
     out = cfg.out / "drafter"
     vocab = data["dir"] / "vocab.safetensors"  # counted by the data stage
@@ -282,11 +324,22 @@ def train_drafter(cfg: DemoConfig, data: dict) -> Path:
             tc.resume = True
     try:
         train(tc)
-    except KeyboardInterrupt:  # the trainer's line names --resume, which the demo passes itself
-        console.print("demo: the same `draftsmith demo` command resumes the training from its "
-                      "last checkpoint (no --resume needed)", markup=False, highlight=False)
+    except (KeyboardInterrupt, Terminated):  # the trainer's line names --resume, which the
+        console.print(rerun_words(out), markup=False, highlight=False)  # demo passes itself
         raise
     return out
+
+
+def rerun_words(out: Path) -> str:
+    """What the same demo command does with a training stopped (ctrl-C, SIGTERM): a stop
+    before the first checkpoint (the trainer still preparing) leaves none to resume from."""
+    from draftsmith.train.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(out) is None:
+        return ("demo: no checkpoint was written yet: the same `draftsmith demo` command starts "
+                "the training over")
+    return ("demo: the same `draftsmith demo` command resumes the training from its last "
+            "checkpoint (no --resume needed)")
 
 
 def row_len(cfg: DemoConfig, dataset: Path) -> int:
