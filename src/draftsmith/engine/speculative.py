@@ -385,8 +385,11 @@ class SpecDecoder:
         rows = row_params(self.params if params is None else params, n)
         check_kinds(self.params.kind, rows)  # before a state (on a GPU, its capture) is made
         if self.drawn and any(p != self.params for p in rows):
-            raise DraftsmithError(f"drafts drawn from the drafter sample with the decoder's "
-                                  f"setting {self.params} alone")
+            raise DraftsmithError(f"drafts drawn from the drafter (DRAFTSMITH_SAMPLED_DRAFTS="
+                                  f"drawn) sample with the decoder's setting {self.params} "
+                                  f"alone: give every row that setting, or unset "
+                                  f"DRAFTSMITH_SAMPLED_DRAFTS (its default, topk, takes a "
+                                  f"setting a row)")
         return rows
 
     def may_end_all(self, count: torch.Tensor, done: torch.Tensor, max_new: int) -> bool:
