@@ -304,6 +304,14 @@ def lock_out(out: Path) -> OutLock:
     return OutLock(fd=fd)
 
 
+def check_free(out: Path) -> None:
+    """Refuse an existing --out another run holds now, before this one loads its target or reads
+    its checkpoints (it was told to pass --resume, or said "resumed from", then refused); the
+    lock is let go at once and taken for the run by `lock_out` once --out is made."""
+    if Path(out).is_dir():
+        lock_out(out).release()
+
+
 BUSY = ("another `draftsmith train` is writing into it; wait for it to end (then --resume "
         "continues it) or train into another --out")
 

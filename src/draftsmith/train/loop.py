@@ -478,6 +478,8 @@ class Trainer:
         """Everything before the first collective (DDP's)."""
         cfg, ctx = self.cfg, self.ctx
         check_run_folder(self.out)
+        if ctx.main:  # a run writing into --out: refused before anything is read or said
+            ckpt.check_free(self.out)
         dataset = check_data_first(cfg)
         found = self._find_checkpoint()  # an --out holding a run without --resume: refused now
         saved = self._check_resume(found)  # before the target loads, as the checks above
