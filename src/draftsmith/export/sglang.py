@@ -74,8 +74,14 @@ KNOWN_ARCHS = {ARCH, "Eagle3LlamaForCausalLM"}
 FLAGS = (*NORM_FLAGS, "tie_word_embeddings", "bias")
 
 
-# what SGLang's newer llama_eagle3.py reads from config.json (the one at 03d5a77 reads neither)
+# what SGLang's llama_eagle3.py reads from config.json from PR #24663 on (sgl-project/sglang
+# #26506 says the MHA draft's fc_norm/norm_output landed there); 03d5a77 and d737979 read neither
 SGLANG_NEWER = ("fc_norm", "norm_output")
+SGLANG_FLAGS_SINCE = "#24663"
+# names that llama_eagle3.py (since #24663) still reads as fc_norm's: the flag and its weights
+LEGACY_FC_NORM_FLAG = "use_aux_norm"
+LEGACY_FC_NORM = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.",
+                  "aux_norm_high.": "fc_norm.2."}
 
 
 def check_exportable(cfg: Eagle3Config) -> None:
@@ -162,15 +168,16 @@ def write_sglang(
 
 
 def _warn_newer_flags(cfg: Eagle3Config) -> None:
-    """fc_norm and norm_output go to config.json, which SGLang's newer llama_eagle3.py reads
-    (`fc_norm.{i}` RMSNorms before fc; `aux = hidden_states_to_logits if self.norm_output`);
-    an older one loads no fc_norm weight and feeds the pre-norm state back, without a word."""
+    """fc_norm and norm_output go to config.json, which SGLang's llama_eagle3.py reads from
+    PR #24663 on (`fc_norm.{i}` RMSNorms before fc; `aux = hidden_states_to_logits if
+    self.norm_output`); an older one loads no fc_norm weight and feeds the pre-norm state back,
+    without a word."""
     if used := [k for k in SGLANG_NEWER if getattr(cfg, k)]:
-        warnings.warn(f"{' and '.join(used)} written to config.json: an SGLang whose "
-                      "llama_eagle3.py reads them serves the drafter as trained; an older one "
-                      "drops them without a word and drafts otherwise (check the served accept "
-                      "length against `draftsmith bench`, or export --format speculators for "
-                      "vLLM)", stacklevel=3)
+        warnings.warn(f"{' and '.join(used)} written to config.json: SGLang from PR "
+                      f"{SGLANG_FLAGS_SINCE} (its llama_eagle3.py reads them) serves the drafter "
+                      "as trained; an older one drops them without a word and drafts otherwise "
+                      "(check the served accept length against `draftsmith bench`, or export "
+                      "--format speculators for vLLM)", stacklevel=3)
 
 
 def _warn_fc_skipped(cfg: Eagle3Config) -> None:
@@ -221,8 +228,8 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     """An SGLang/SpecForge/EAGLE-reference EAGLE-3 folder -> Eagle3Drafter."""
     folder = Path(folder)
     c = read_config(folder)
-    check_flags(c, FLAGS, f"{folder}/config.json")
-    w = read_weights(folder)
+    check_flags(c, (*FLAGS, LEGACY_FC_NORM_FLAG), f"{folder}/config.json")
+    w = _legacy_names(read_weights(folder))
     num_layers = _target_layers(c, info, folder)
     ids = _canonical_ids(c, num_layers, folder)
     mc = model_config_of(c)
@@ -244,7 +251,7 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
         max_position_embeddings=mc.max_position_embeddings, target_num_layers=num_layers,
         norm_before_residual=bool(c.get("norm_before_residual")),  # vLLM reads it here
         norm_before_fc=_norm_before_fc(c, f"{folder}/config.json"),
-        fc_norm=bool(c.get("fc_norm")),  # SpecForge's Eagle-3.1: same norms, same names
+        fc_norm=bool(c.get("fc_norm") or c.get(LEGACY_FC_NORM_FLAG)),  # as SGLang reads it
         norm_output=c.get("norm_output") is True,  # the normed state fed back, as engines read it
         target_fingerprint=record.get("target_fingerprint", ""),
         target_source=info.name_or_path if info else str(record.get("target") or ""),
@@ -257,6 +264,15 @@ def read_sglang(folder: Path, info: TargetInfo | None) -> Eagle3Drafter:
     drafter = build_empty(cfg)
     load_hf_state_dict(drafter, w, str(folder))
     return drafter
+
+
+def _legacy_names(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`aux_norm_low/mid/high.*` as `fc_norm.0/1/2.*`, as SGLang's load_weights renames them
+    (`legacy_name_map`), so the per-aux norms it serves are not left out as unknown."""
+    def renamed(k: str) -> str:
+        return next((new + k[len(old):] for old, new in LEGACY_FC_NORM.items()
+                     if k.startswith(old)), k)
+    return {renamed(k): v for k, v in w.items()}
 
 
 def _check_layout(c: dict[str, Any], folder: Path) -> None:
@@ -303,9 +319,9 @@ def _note_norm_output(c: dict[str, Any], folder: Path) -> None:
              "trained it without the norm: train it again", stacklevel=3)
     elif flag is True:
         note(f"{folder}/config.json: norm_output true read as Eagle-3.1 (the normed state fed to "
-             "the next draft step), as vLLM and SGLang's llama_eagle3.py serve it and SpecForge "
-             "trains it since PR #879 (2026-09-15); SpecForge before #879 wrote it for plain "
-             "EAGLE-3 (the pre-norm state fed back)",
+             f"the next draft step), as vLLM and SGLang from PR {SGLANG_FLAGS_SINCE} serve it "
+             "and SpecForge trains it since PR #879 (2026-09-15); SpecForge before #879 wrote it "
+             "for plain EAGLE-3 (the pre-norm state fed back)",
              "`draftsmith bench --drafter DIR --target T` on the import: acceptance falling from "
              "the second position on means an older SpecForge trained it plain: set norm_output "
              "false in the folder's config.json and import it again", stacklevel=3)
