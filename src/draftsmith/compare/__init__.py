@@ -44,6 +44,7 @@ class CompareOptions:
     topk: int = 1  # > 1: an EAGLE-2 tree of num_draft_tokens, as the engines draft
     num_draft_tokens: int | None = None
     recorded: bool = False  # the target is the one every drafter records, not --target's
+    typed: list[str] | None = None  # the acceptance flags the CLI saw typed (None: by value)
 
     def __post_init__(self) -> None:
         if len(self.drafters) < 2:
@@ -64,7 +65,8 @@ class CompareOptions:
         """Without --target an acceptance flag measures on the target every drafter records
         (as export and doctor take it); where they record none or differ, it is refused, not
         ignored."""
-        given = acceptance_asked(**{name: getattr(self, name) for name in ACCEPTANCE_FLAGS})
+        given = self.typed if self.typed is not None else acceptance_asked(
+            **{name: getattr(self, name) for name in ACCEPTANCE_FLAGS})
         if not given:
             return
         src, why = recorded_target(self.drafters)
@@ -226,6 +228,8 @@ TARGET_FACTS = {"target_fingerprint": "fingerprints", "vocab_size (target)": "ta
 
 
 def _target_fact(d: Description, key: str) -> Any:
+    if key == "target_num_layers":  # a folder without draftsmith's record: its verifier's
+        return _recorded_layers(d)
     return d.arch.get(key) if key in d.arch else d.info.recorded(key)
 
 
@@ -538,6 +542,7 @@ def show(res: dict[str, Any]) -> None:
 
 
 def compare(
+    ctx: typer.Context,
     drafters: list[str] = typer.Argument(..., help="Two or more drafter folders (draftsmith, "
                                          "SGLang/SpecForge or speculators layout)"),
     target: str = typer.Option(None, "--target", help="Run acceptance with this target "
@@ -565,8 +570,7 @@ def compare(
     from draftsmith.cli import device_dtype
 
     given = [flag for flag, v in (("--device", device), ("--dtype", dtype)) if v != "auto"]
-    asked = acceptance_asked(prompts=prompts, num_prompts=num_prompts, max_new=max_new,
-                             steps=steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    asked = typed_flags(ctx)
     if target is None and given and not asked:
         raise DraftsmithError(f"{', '.join(given)} set where acceptance is measured, which "
                               "needs --target (or an acceptance flag such as --num-prompts, "
@@ -576,11 +580,19 @@ def compare(
     try:
         res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
                                          steps, out, parse_claims(claimed), dev, dt, topk,
-                                         num_draft_tokens))
+                                         num_draft_tokens, typed=asked))
     except Unwritten as e:  # nothing measured is lost: printed, then the error
         _print(e.result, as_json)
         raise
     _print(res, as_json)
+
+
+def typed_flags(ctx: typer.Context) -> list[str]:
+    """The acceptance flags typed on the command line: `--num-prompts 8` asks for acceptance
+    as `--num-prompts 7` does, though 8 is the default."""
+    from draftsmith.data.cli import typed
+
+    return [flag for name, flag in ACCEPTANCE_FLAGS.items() if typed(ctx, name, True)]
 
 
 def _print(res: dict[str, Any], as_json: bool) -> None:

@@ -89,9 +89,11 @@ _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def parse_number(text: str) -> float:
-    """'1e9', '1B', '2.6b', '500M', '1,200,000' -> float."""
-    t = text.strip().lower().replace(",", "").replace("_", "")
-    m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([kmbgt]?)", t)
+    """'1e9', '1B', '2.6b', '500M', '1,200,000' -> float; a comma that groups no thousands
+    ('1,5B', a decimal comma) refused, not dropped."""
+    t = text.strip().lower().replace("_", "")
+    m = re.fullmatch(r"([0-9.]+(?:e[+-]?\d+)?)\s*([kmbgt]?)", t.replace(",", "")) \
+        if "," not in t or _thousands(t) else None
     try:
         value = float(m.group(1)) * _SUFFIX[m.group(2)] if m else math.nan
     except ValueError:  # '1.2.3', '.'
@@ -99,6 +101,12 @@ def parse_number(text: str) -> float:
     if not math.isfinite(value):
         raise DraftsmithError(f"{text!r}: not a number (try 1e9, 1.2B, 500M)")
     return value
+
+
+def _thousands(t: str) -> bool:
+    """Whether every comma in `t` groups the thousands of its whole part ('1,200,000.5')."""
+    m = re.match(r"\d{1,3}(,\d{3})+(?![\d,])", t)
+    return m is not None and "," not in t[m.end():]
 
 
 def likely_convention(claimed: float, counts: ParamCounts) -> tuple[str, int, float]:
@@ -109,7 +117,9 @@ def likely_convention(claimed: float, counts: ParamCounts) -> tuple[str, int, fl
 
 
 def human(n: float) -> str:
+    """3 significant figures in the largest unit the rounded count reaches: 999,600 is 1M,
+    not 1e+03K."""
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
+        if abs(float(f"{n:.3g}")) >= size:
+            return f"{float(f'{n / size:.3g}'):g}{unit}"
     return f"{n:.0f}"
