@@ -238,6 +238,7 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
         raise DraftsmithError(f"{folder}: no such drafter folder")
     from draftsmith.export import detect_format
 
+    _refuse_other_folder(folder)
     layout = detect_format(folder)
     if layout == "draftsmith":
         from draftsmith.models.eagle3 import read_drafter_meta
@@ -252,6 +253,27 @@ def read_drafter(folder: str | Path) -> DrafterInfo:
         raise DraftsmithError(f"{folder}: no *.safetensors (or pytorch_model*.bin) weight file")
     _require(info)
     return info
+
+
+def _refuse_other_folder(folder: Path) -> None:
+    """A folder holding neither draftsmith.json nor config.json named as what it is where it is
+    draftsmith's own (a dataset, a training run stopped at a checkpoint): "no config.json (not
+    a Hugging Face checkpoint folder)" named no way on."""
+    from draftsmith.data.shards import MANIFEST
+    from draftsmith.models.eagle3 import CONFIG_FILE
+    from draftsmith.train.checkpoint import latest_checkpoint
+
+    if (folder / CONFIG_FILE).is_file() or (folder / "config.json").is_file():
+        return
+    if (latest := latest_checkpoint(folder)) is not None:
+        raise DraftsmithError(
+            f"{folder}: a training run stopped at {latest.name}, with no final drafter yet; "
+            f"pass its checkpoint {latest} as the drafter, or finish that run first (its train "
+            "command with --resume)")
+    if (folder / MANIFEST).is_file():
+        raise DraftsmithError(f"{folder}: a dataset folder ({MANIFEST}), not a drafter; pass "
+                              "the drafter trained on it (`draftsmith doctor` takes a dataset "
+                              "as --data)")
 
 
 def read_checked(folder: str | Path) -> DrafterInfo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -45,17 +46,63 @@ def promised(folder: Path, last: int = 5) -> dict[str, Any] | None:
     `cond_acc[k]` is the share of step-k drafts matching the target's argmax given steps < k did,
     which is what a greedy chain's per-position acceptance measures. A position is averaged over
     the rows that measured it; None where none of them did (no chain reached it)."""
-    from draftsmith.train.report import read_log
+    from draftsmith.train.report import LOG, read_log
 
-    rows = [r for r in read_log(folder) if r.get("cond_acc")]
+    folder, upto = _log_folder(folder)
+    rows = [r for r in read_log(folder) if r.get("cond_acc") and (upto is None or
+                                                                   r["step"] <= upto)]
     if not rows:
         return None
     rows = rows[-last:]
+    for r in rows:  # a hand edit was a TypeError traceback, the whole report lost
+        _check_row(r, folder)
     k = min(len(r["cond_acc"]) for r in rows)
     cond = [_mean([r["cond_acc"][i] for r in rows]) for i in range(k)]
     accept = [r["accept_length"] for r in rows if r.get("accept_length") is not None]
     return {"cond_acc": cond, "accept_length": sum(accept) / len(accept) if accept else None,
-            "steps": [r.get("step") for r in rows], "source": str(folder / "train_log.jsonl")}
+            "steps": [r.get("step") for r in rows], "source": str(folder / LOG)}
+
+
+def _log_folder(folder: Path) -> tuple[Path, int | None]:
+    """(where the training log of `folder` is, the last step it promises for): a training
+    checkpoint's (`OUT/checkpoints/step-N`) is its run's, up to step N (rows after it were
+    trained after those weights); any other folder's its own, whole."""
+    from draftsmith.train.checkpoint import CHECKPOINTS
+    from draftsmith.train.report import LOG
+
+    folder = Path(folder)
+    own = (folder / LOG).is_file() or folder.parent.name != CHECKPOINTS
+    if own or not re.fullmatch(r"step-\d+", folder.name):
+        return folder, None
+    return folder.parent.parent, int(folder.name.split("-")[1])
+
+
+def _check_row(row: dict[str, Any], folder: Path) -> None:
+    """A row's rates as training writes them, else one line naming the row."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.train.report import LOG
+
+    if (bad := _row_fault(row)) is not None:
+        key, want = bad
+        raise DraftsmithError(f"{folder / LOG}: the row of step {row['step']} holds {key} "
+                              f"{row[key]!r}, not {want} as training writes it")
+
+
+def _row_fault(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key, what it should hold) of the first value no training writes, None if none:
+    cond_acc a list of rates in 0..1 (null where no chain reached a position), accept_length
+    a finite number >= 1 or absent."""
+    cond, length = row["cond_acc"], row.get("accept_length")
+    if not (isinstance(cond, list) and all(r is None or _number(r, 0.0, 1.0) for r in cond)):
+        return "cond_acc", "a list of rates in 0..1 (null where unmeasured)"
+    if length is not None and not _number(length, 1.0, math.inf):
+        return "accept_length", "a number >= 1"
+    return None
+
+
+def _number(v: Any, low: float, high: float) -> bool:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return ok and low <= v <= high
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -189,7 +189,23 @@ def _dataset(folder: Path) -> Any:
         raise DraftsmithError(
             f"{folder}: a multi-rank capture whose ranks are not merged: run `draftsmith data "
             f"merge {folder}` once every rank has finished, or pass --data {folder}/rank-R")
+    if not (folder / MANIFEST).is_file():
+        _refuse_model_folder(folder)
     return Dataset(folder)
+
+
+def _refuse_model_folder(folder: Path) -> None:
+    """A drafter's or model's folder given as --data named as one ("no manifest.json" named no
+    way on): the flags were swapped."""
+    from draftsmith.models.eagle3 import CONFIG_FILE
+
+    if (folder / CONFIG_FILE).is_file():
+        raise DraftsmithError(f"{folder}: a drafter folder ({CONFIG_FILE}), not a dataset; pass "
+                              "it as --drafter, and the data it was trained on as --data")
+    if (folder / "config.json").is_file():
+        raise DraftsmithError(f"{folder}: a model folder (config.json), not a dataset; pass a "
+                              "target as --target, an exported drafter as --drafter, and a "
+                              "dataset (manifest.json) as --data")
 
 
 def _context(opts: DoctorOptions, target: Any, how: str, ds: Any,
