@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_tiny_folder
+from test_doctor_review23 import _demo as cpu_demo
 
 from draftsmith import demo as demo_mod
 from draftsmith.data import selfmade
@@ -30,21 +31,6 @@ def killed_in_prompts(monkeypatch, cfg: demo_mod.DemoConfig) -> None:
     with pytest.raises(KeyboardInterrupt):
         demo_mod.make_data(cfg, torch.float32)
     monkeypatch.setattr(selfmade, "self_made_prompts", real)
-
-
-def cpu_demo(monkeypatch, out: Path, target: str) -> list:
-    """`draftsmith demo --device cpu` stopped after its data stage."""
-    ran: list = []
-
-    def stop(cfg, data):
-        ran.append(data)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(demo_mod, "train_drafter", stop)
-    with pytest.raises(KeyboardInterrupt):
-        demo_mod.demo(out=out, device="cpu", conversations=3, epochs=None, steps=None,
-                      target=target)
-    return ran
 
 
 def test_a_gpu_demo_killed_before_make_json_is_refused_by_the_demos_line(tmp_path, monkeypatch):
