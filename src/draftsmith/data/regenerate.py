@@ -1315,8 +1315,8 @@ def _answer_chunk(chunk, backend, tok, cfg: RegenConfig, count, info,
 def _asked(backend: Any, active: list[tuple[Talk, Messages]]) -> list[Answer]:
     """The answers to `active`'s requests; the engine's after the ids it decoded before."""
     asks = [a for _, a in active]
-    if isinstance(backend, EngineBackend):
-        return backend.answer(asks, [_recorded(t, a) for t, a in active])
+    if isinstance(backend, EngineBackend) and any(recs := [_recorded(t, a) for t, a in active]):
+        return backend.answer(asks, recs)  # a first turn has none: asked as before
     return backend.answer(asks)
 
 
