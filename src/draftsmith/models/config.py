@@ -87,6 +87,9 @@ class ModelConfig:
         _check_mlp(hf, arch)
         _check_unquantized(hf)
         heads = int(hf["num_attention_heads"])
+        if heads < 1:  # head_dim's default divides by it
+            raise DraftsmithError(f"config.json: num_attention_heads {heads} is not a size (at "
+                                  "least 1)")
         rope = _rope_fields(hf, arch)
         theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))

@@ -384,10 +384,12 @@ class Transformer(nn.Module):
         h, cos, sin, mask, windowed = parts["prologue"](tokens, positions, num_slots, mask)
         if caches is not None and slots is None:
             slots = positions
-        want = {j: i for i, j in enumerate(aux_ids)}
+        want: dict[int, list[int]] = {}  # a layer's places: an imported drafter may repeat one
+        for i, j in enumerate(aux_ids):
+            want.setdefault(j, []).append(i)
         aux: list = [None] * len(aux_ids)  # (stream, its pending add) per aux id
-        if -1 in want:
-            aux[want[-1]] = (h, None)
+        for i in want.get(-1, ()):
+            aux[i] = (h, None)
         delta = None
         pairs = parts["aux"] != self.stack_aux  # compiled: the adds in the stack's kernel
         for j, layer in enumerate(parts["layers"]):
@@ -395,7 +397,9 @@ class Transformer(nn.Module):
             m = windowed if windowed is not None and self.cfg.windowed(j) else mask
             h, delta = layer(h, delta, cos, sin, cache, slots, m)
             if j in want:  # eager: added at once, one tensor kept a layer (doctor asks for all)
-                aux[want[j]] = (h, delta) if pairs else (h + delta, None)
+                pair = (h, delta) if pairs else (h + delta, None)
+                for i in want[j]:
+                    aux[i] = pair
         hidden = parts["finish"](h, delta)
         logits = None
         if want_logits:
