@@ -108,10 +108,19 @@ def dist_env() -> tuple[int, int]:
 
 
 def rank_device(device: str) -> str:
-    """Under torchrun, a bare "cuda" means this process's own GPU (LOCAL_RANK)."""
+    """Under torchrun, a bare "cuda" means this process's own GPU (LOCAL_RANK); an explicit
+    cuda:N of another GPU is refused where other ranks run: each would hold the target there."""
     from draftsmith.dist import torchrun_ranks
 
-    return f"cuda:{torchrun_ranks()[2]}" if device == "cuda" and "RANK" in os.environ else device
+    if "RANK" not in os.environ:
+        return device
+    rank, world, local = torchrun_ranks()
+    if device == "cuda":
+        return f"cuda:{local}"
+    if world > 1 and str(device).startswith("cuda:") and device != f"cuda:{local}":
+        raise DraftsmithError(f"--device {device}: rank {rank} runs on cuda:{local} (its local "
+                              f"rank), not beside the other ranks on {device}; give --device cuda")
+    return device
 
 
 def encode_sample(
@@ -407,6 +416,7 @@ def capture(
     out = Path(out)
     check_folder(out)
     rank, world = dist_env()
+    rank_device(cfg.device)  # a GPU of another rank refused before any work
     ids = aux_ids(cfg.aux_layer_ids, target.cfg.num_layers)
     asked = cfg.max_len
     cfg = within_positions(cfg, target.cfg.max_position_embeddings, say)

@@ -69,7 +69,11 @@ def sha256_file(path: Path) -> str:
 
 
 def _not_a_dataset(folder: Path) -> None:
-    """A folder without a manifest that holds a dataset's makings: named with what to do."""
+    """A folder without a manifest that holds a dataset's makings, or a dataset's manifest
+    given for its folder: named with what to do."""
+    if folder.name == MANIFEST and folder.is_file():
+        raise DraftsmithError(f"{folder}: the dataset's manifest, not its folder; pass "
+                              f"{folder.parent}")
     if any(folder.glob(f"rank-*/{MANIFEST}")):
         raise DraftsmithError(f"{folder}: holds the ranks' captures but no {MANIFEST} joining "
                               f"them: once every rank is done, run `draftsmith data merge "
