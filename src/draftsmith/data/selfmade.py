@@ -13,6 +13,7 @@ trained on its answers generalises only as far as they.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import re
@@ -29,6 +30,7 @@ import torch
 from draftsmith.data.atomic import append_whole, atomic_write, make_folder
 from draftsmith.data.chat import SENTINEL, render, role_headers, user_prefix
 from draftsmith.data.prompts import (
+    CSV_FILES,
     Conversation,
     Malformed,
     appended_records,
@@ -62,6 +64,9 @@ class MagpieConfig:
             raise DraftsmithError(
                 f"self-made prompts: the count ({self.n}), batch size ({self.batch_size}) and "
                 f"max new tokens ({self.max_new_tokens}) must each be >= 1")
+        if self.max_batches < 0:  # it decoded no round, then warned "after -1 rounds"
+            raise DraftsmithError(f"self-made prompts: max_batches ({self.max_batches}) must be "
+                                  ">= 0 (0: 10 * n / batch size + 10 rounds)")
         if self.min_chars < 1:  # 0 kept empty prompts: a turn the target closed at once
             raise DraftsmithError(f"self-made prompts: --min-chars ({self.min_chars}) must be "
                                   ">= 1: an empty question is no prompt")
@@ -192,6 +197,7 @@ def self_made_prompts(
     meta = made_by_record(target, cfg, dtype if model is None else
                           next(model.parameters()).dtype, compile)
     records, torn = appended_records(out) if not overwrite else ([], False)
+    _read_back_as_jsonl(out)  # after the records: a file of other text says so first
     torn = torn or write_cut(records)
     have = [_conversation(out, line, r) for line, r in records]
     _self_made_only(out, records, have)
@@ -241,7 +247,7 @@ def self_made_prompts(
     except KeyboardInterrupt:  # a round's prompts are written whole: those before it stay
         bar.close()
         _drop_empty(out, new_file)
-        say(f"prompts: stopped (ctrl-C): {_stopped(out, bar.done)}")
+        say(f"prompts: stopped (ctrl-C): {_stopped(out, _held(out))}")
         raise
     bar.close()
     stats["in_file"] = len(have) if cut is None else len(records)
@@ -266,6 +272,31 @@ def _stopped(out: Path, kept: int) -> str:
         return f"no prompt was made yet, {out} is not kept; a rerun of the same command starts it"
     return f"{out} keeps the {kept} prompts made before; a rerun of the same command resumes " \
         "after them"
+
+
+def _held(out: Path) -> int:
+    """The prompts `out` holds, one a line: a cut round not yet made again stays in the file,
+    though this run counts none of it (`bar.done` said "not kept" of a file of them)."""
+    try:
+        data = out.read_bytes().removeprefix(codecs.BOM_UTF8)
+    except OSError:
+        return 0
+    return sum(1 for line in data.split(b"\n") if line.strip())
+
+
+# names the prompt readers (`prompts._records`) read as another format than JSON Lines
+OTHER_FORMATS = (".gz", ".txt", ".parquet", *CSV_FILES)
+
+
+def _read_back_as_jsonl(out: Path) -> None:
+    """Refuse an `out` that `data regenerate` would read otherwise: a .txt's lines were taken
+    for questions (the records' JSON text), a .gz, .csv or .parquet could not be read back."""
+    end = next((e for e in OTHER_FORMATS if out.name.lower().endswith(e)), None)
+    if end is not None:
+        raise DraftsmithError(
+            f"{out}: self-made prompts are written as JSON Lines, which a file ending in {end} "
+            "is not read back as: give an --out ending in .jsonl (rename one made before: it "
+            "resumes there)")
 
 
 def _drop_empty(out: Path, new_file: bool) -> None:
