@@ -86,6 +86,12 @@ class Target:
             ids.add(int(self.tokenizer.eos_token_id))
         return sorted(ids)
 
+    def parameters(self) -> int:
+        """The weights' values, a tied head (the embedding itself, `_tie_head`) counted once."""
+        tied = self.cfg.tie_word_embeddings
+        return sum(t.numel() for name, t in self.weights.items()
+                   if not (tied and name == "lm_head.weight"))
+
     def describe(self) -> dict[str, Any]:
         c = self.cfg
         return {
@@ -98,7 +104,7 @@ class Target:
             "vocab_size": c.vocab_size,
             "max_position_embeddings": c.max_position_embeddings,
             "tied_embeddings": c.tie_word_embeddings,
-            "parameters": sum(t.numel() for t in self.weights.values()),
+            "parameters": self.parameters(),
             "tokenizer_hash": tokenizer_hash(self.tokenizer),
             "tokenization_hash": tokenization_hash(self.tokenizer),
             "chat_template_hash": template_hash(self.tokenizer),
@@ -296,7 +302,23 @@ def load_target(source: str | Path | None = None) -> Target:
         return _load_folder(path, "hf", str(path))
     if path.suffix == ".gguf":
         return _load_gguf(path)
-    raise DraftsmithError(f"{path}: expected a checkpoint folder or a .gguf file")
+    raise DraftsmithError(f"{path}: {_which_file(path)}")
+
+
+def _which_file(path: Path) -> str:
+    """What to pass instead of a file that is no .gguf: a GGUF by another name (ollama's blobs,
+    a `.GGUF`), or a file of an HF checkpoint folder."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic == b"GGUF":
+        return ("a GGUF file without the .gguf suffix, which draftsmith reads GGUFs by: link or "
+                f"copy it to a name ending in .gguf (ln -s {path.resolve()} model.gguf)")
+    if (path.parent / "config.json").is_file():
+        return f"a file of the checkpoint folder {path.parent}: pass the folder"
+    return "expected a checkpoint folder or a .gguf file"
 
 
 def _default_file() -> Path:
@@ -414,7 +436,7 @@ def _load_gguf(path: Path) -> Target:
     damaged, digest = None, gguf_digest(path)
     if (folder / "draftsmith_target.json").is_file():
         try:
-            _check_current(folder, digest)
+            _check_current(folder, digest, path)
             return _load_folder(folder, "gguf", str(path))
         except (DraftsmithError, ValueError, KeyError, TypeError, OSError) as e:  # damaged
             print(f"draftsmith: {folder}: converting {path} again ({e})", file=sys.stderr)
@@ -424,17 +446,20 @@ def _load_gguf(path: Path) -> Target:
     return _load_folder(folder, "gguf", str(path))  # its weights mapped, not held in memory
 
 
-def _check_current(folder: Path, digest: str) -> None:
+def _check_current(folder: Path, digest: str, gguf: Path) -> None:
     """A conversion of another file (its record's `gguf_digest` another, or none: an earlier
     draftsmith's) or, under this CONVERTER, one that dropped a llama GGUF's attention biases
-    (config.json without attention_bias, its q/k biases stored in llama.cpp's order) is
-    converted again."""
+    (config.json without attention_bias, its q/k biases stored in llama.cpp's order) or may have
+    read the tokenizer files beside the GGUF (`gguf_file._alone`) is converted again."""
     from safetensors import SafetensorError, safe_open
 
     record = json.loads((folder / "draftsmith_target.json").read_text())
     if not isinstance(record, dict) or record.get("gguf_digest") != digest:
         raise DraftsmithError("converted from another file of this path, size and mtime, or "
                               "by a draftsmith that did not record which")
+    if record.get("tokenizer") != "gguf" and any(
+            (gguf.parent / name).is_file() for name in BESIDE_TOKENIZER):
+        raise DraftsmithError(f"converted with the tokenizer files beside {gguf.name}, not its own")
     cfg = hf.read_config(folder)
     if cfg.get("model_type") != "llama" or cfg.get("attention_bias"):
         return
@@ -447,6 +472,10 @@ def _check_current(folder: Path, digest: str) -> None:
         if any(k.endswith("self_attn.q_proj.bias") for k in names):
             raise DraftsmithError("converted before a llama GGUF's attention biases were read")
 
+
+# The files beside a GGUF that transformers read in place of its tokenizer (`_check_current`)
+BESIDE_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 # A converted GGUF's safetensors files hold at most this many bytes each (the last tensor may
 # pass it): the conversion holds one file's tensors at a time, not the whole model.
@@ -471,7 +500,7 @@ def _convert_gguf(path: Path, folder: Path, digest: str, replace: Stamp | None =
     skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     tensors = gguf_file.with_zero_biases(
         gguf_file.iter_tensors(path, arch, cfg.num_heads, cfg.num_kv_heads, rd, skip), cfg)
-    record = {"gguf_digest": digest}
+    record = {"gguf_digest": digest, "tokenizer": "gguf"}
     _save_folder(folder, cfg, hf_cfg, tok, tensors, gguf_file.end_of_turn_ids(rd), record,
                  replace)
 

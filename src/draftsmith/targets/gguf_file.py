@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -259,13 +260,26 @@ def hf_config_and_tokenizer(path: Path, rd: Any = None):
     rd = rd if rd is not None else reader(path)
     check_tokenizer(rd, path)
     try:
-        cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with _alone(path) as (folder, name):
+            cfg = AutoConfig.from_pretrained(folder, gguf_file=name)
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF reader raises many kinds
         why = " ".join(str(e).split())  # its messages may span lines
         raise DraftsmithError(f"{path}: cannot read config/tokenizer from GGUF ({why})") from None
     split_digits(tok, rd)
     return with_architecture(cfg.to_dict()), tok
+
+
+@contextmanager
+def _alone(path: Path) -> Iterator[tuple[str, str]]:
+    """`path` linked alone into a scratch folder: transformers reads the tokenizer.json and
+    tokenizer_config.json beside a GGUF before the GGUF's vocabulary, and llama.cpp's converter
+    writes its GGUF into the HF folder it reads (another model's files may lie there too)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="draftsmith-gguf-") as scratch:
+        (Path(scratch) / path.name).symlink_to(path.resolve())
+        yield scratch, path.name
 
 
 def check_tokenizer(rd: Any, path: Path) -> None:
