@@ -261,11 +261,11 @@ def _refuse_other_folder(folder: Path) -> None:
     a Hugging Face checkpoint folder)" named no way on."""
     from draftsmith.data.shards import MANIFEST
     from draftsmith.models.eagle3 import CONFIG_FILE
-    from draftsmith.train.checkpoint import latest_checkpoint
+    from draftsmith.train.checkpoint import stopped_at
 
     if (folder / CONFIG_FILE).is_file() or (folder / "config.json").is_file():
         return
-    if (latest := latest_checkpoint(folder)) is not None:
+    if (latest := stopped_at(folder)) is not None:
         raise DraftsmithError(
             f"{folder}: a training run stopped at {latest.name}, with no final drafter yet; "
             f"pass its checkpoint {latest} as the drafter, or finish that run first (its train "

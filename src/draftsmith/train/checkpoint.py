@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.models.eagle3 import Eagle3Drafter, save_drafter
+from draftsmith.models.eagle3 import CONFIG_FILE, Eagle3Drafter, save_drafter
 from draftsmith.targets import pid_alive
 from draftsmith.train.dist import shared_failure
 
@@ -73,6 +73,12 @@ def torn_checkpoints(out: Path) -> list[Path]:
 def latest_checkpoint(out: Path) -> Path | None:
     found = list_checkpoints(out)
     return found[-1] if found else None
+
+
+def stopped_at(folder: Path) -> Path | None:
+    """The latest checkpoint of a training run in `folder` that has written no final drafter
+    (its draftsmith.json) yet: what to pass where a drafter is asked for; None otherwise."""
+    return None if (folder / CONFIG_FILE).is_file() else latest_checkpoint(folder)
 
 
 def rng_state() -> dict[str, Any]:

@@ -314,7 +314,7 @@ def check_run_folder(out: Path) -> None:
 def check_init_folder(folder: Path) -> None:
     """Refuse an --init-from training run stopped at a checkpoint (no final drafter yet),
     naming its latest checkpoint: "no draftsmith.json" named no way on."""
-    latest = None if (folder / CONFIG_FILE).is_file() else ckpt.latest_checkpoint(folder)
+    latest = ckpt.stopped_at(folder)
     if latest is not None:
         raise DraftsmithError(
             f"--init-from {folder}: a training run stopped at {latest.name}, with no final "
