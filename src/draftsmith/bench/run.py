@@ -605,8 +605,7 @@ def warm_each(fn: Callable[[list[list[int]]], Any], batches: list[list[list[int]
 def _speed(rows: list[list[int]], secs: float, decode: float) -> dict[str, Any]:
     """Tokens/s over prefill + decode (the headline) and over decode alone, whose tokens leave
     out each row's first (the prefill made it)."""
-    tokens = sum(map(len, rows))
-    decoded = tokens - sum(1 for r in rows if r)
+    tokens, decoded = _counts(rows)
     return {"new_tokens": tokens, "seconds": secs, "tokens_per_s": tokens / max(secs, 1e-9),
             "decode_tokens_per_s": decoded / max(decode, 1e-9)}
 
@@ -615,10 +614,15 @@ def batch_figures(rows: list[list[int]], decode_s: float,
                   hist: list[int] | None = None) -> dict[str, Any]:
     """One batch's tokens, decoded tokens (less each row's first, as `_speed`), decode seconds
     and, speculative, its accept histogram."""
-    tokens = sum(map(len, rows))
-    out = {"new_tokens": tokens, "decoded": tokens - sum(1 for r in rows if r),
-           "decode_s": decode_s}
+    tokens, decoded = _counts(rows)
+    out = {"new_tokens": tokens, "decoded": decoded, "decode_s": decode_s}
     return out | ({"accept_hist": list(hist)} if hist is not None else {})
+
+
+def _counts(rows: list[list[int]]) -> tuple[int, int]:
+    """Rows' new tokens, and those the decode made: less each row's first (the prefill's)."""
+    tokens = sum(map(len, rows))
+    return tokens, tokens - sum(1 for r in rows if r)
 
 
 def _refilled_speed(rows: list[list[int]], secs: float) -> dict[str, Any]:
