@@ -62,6 +62,26 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
     assert ph is not None and all(ph.ms[k] > 0 for k in ("draft", "verify", "accept", "extend"))
 
 
+@pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
+def test_the_cycle_graph_equals_the_phase_graphs_and_plain(pair, steps, topk, n):
+    """DRAFTSMITH_CYCLE_GRAPH: a cycle replayed as one CUDA graph decodes what the four phase
+    graphs (a profiled run) and plain greedy decode, with the same accept counts."""
+    from draftsmith.engine import speculative
+
+    target, drafter, eager = pair
+    if not speculative.CYCLE_GRAPH:
+        pytest.skip("DRAFTSMITH_CYCLE_GRAPH=0")
+    ref = generate(eager, PROMPTS, NEW, eos_ids=[])
+    rt = Runtime(target, 4, 160, graphs=True)
+    dec = SpecDecoder(rt, drafter, steps, topk, n, profile=True)
+    phased = dec.generate(PROMPTS, NEW, eos_ids=[])
+    dec.profile = False
+    whole = dec.generate(PROMPTS, NEW, eos_ids=[])
+    assert (dec.gkey, 4, "cycle") in rt.graphs
+    assert whole.tokens == phased.tokens == ref
+    assert whole.accept_hist == phased.accept_hist and whole.cycles == phased.cycles
+
+
 def test_graphed_drafter_prompt_pass_equals_the_eager_one(pair):
     """The drafter's prompt pass replayed from its (batch, bucket) graph leaves the same root
     logits and hidden, and the same drafter K/V up to each row's length, as the eager pass."""

@@ -1,6 +1,7 @@
 """Speculative decoding with an EAGLE-3 drafter: chains (topk 1) and EAGLE-2 dynamic trees.
 
-A cycle is four phases, each one CUDA graph on GPU and the same code eagerly on CPU:
+A cycle is four phases, each one CUDA graph on GPU (and all four one more graph, replayed
+where nothing reads between them: `CYCLE_GRAPH`) and the same code eagerly on CPU:
   draft   chain: the first token from the last extend, then S-1 drafter steps;
           tree: top-k expansion over S depths, then the root + best N-1 nodes
   verify  one target forward over [last token, drafts] with aux capture (a tree sits in scratch
@@ -90,6 +91,11 @@ FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
 
 # 0: every run ends on the late flag alone, one inert cycle later (the A/B of the exact end).
 EXACT_END = env_flag("DRAFTSMITH_EXACT_END", "1")
+# One CUDA graph a cycle ("1"): the four phases captured once more as one graph, replayed where
+# nothing reads between them (no profiler marks, no `tune` rank counts); those keep the four
+# phase graphs. It saves the GPU's gaps between four graph replays a cycle. "0": the phase
+# graphs alone (each batch size captured once, not twice).
+CYCLE_GRAPH = env_flag("DRAFTSMITH_CYCLE_GRAPH", "1")
 
 
 def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
@@ -368,6 +374,8 @@ class SpecDecoder:
         """One speculative cycle: draft, verify, accept, extend (each a graph on CUDA)."""
         counts = self.rank_counts if st.tree is not None else None
         active = None if counts is None else ~st.done
+        if counts is None and not getattr(prof, "enabled", False) and self._run(st, "cycle"):
+            return
         if prof is not None:
             prof.start()
         for phase in PHASES:
@@ -434,21 +442,35 @@ class SpecDecoder:
             st.tree.compile()
         if self.graphs is not None:
             with torch.no_grad():
-                for phase in PHASES:
+                for phase in PHASES + (("cycle",) if CYCLE_GRAPH else ()):
                     fn = partial(getattr(self, "_" + phase), st)
                     out = self.graphs.capture((self.gkey, b, phase), fn)
-                    if phase == "verify":
+                    if phase in ("verify", "cycle"):
                         st.vout = out
         return st
 
-    def _run(self, st: SpecState, phase: str) -> None:
+    def _run(self, st: SpecState, phase: str) -> bool:
+        """Run one phase (its graph where captured); "cycle" runs only as its graph, and says
+        whether it ran."""
         key = (self.gkey, st.b, phase)
         if self.graphs is not None and key in self.graphs:
             out = self.graphs.replay(key)
+        elif phase == "cycle":
+            return False
         else:
             out = getattr(self, "_" + phase)(st)
-        if phase == "verify":
+        if phase in ("verify", "cycle"):
             st.vout = out
+        return True
+
+    def _cycle(self, st: SpecState) -> object:
+        """The four phases in order, called, not replayed (captured as one graph); the verify's
+        output returned."""
+        self._draft(st)
+        st.vout = self._verify(st)
+        self._accept(st)
+        self._extend(st)
+        return st.vout
 
     # ---- prefill ------------------------------------------------------------------------------
 
