@@ -1,6 +1,7 @@
 """A greedy tree depth's head and top-k at the default drafter's shapes: the compiled way (the
 vocabulary head in cuBLAS, then the chunked top-k of log-softmax) against the Triton pass of
-models/triton_head.py.
+models/triton_head.py, over the bf16 head and over its int8 copy (`quantize_head`, one fp32 scale
+a row: DRAFTSMITH_DRAFT_HEAD=triton-int8).
 
 Usage: python benchmarks/draft_head.py [--out FILE.json] [--shapes 4x4,8x8,32x4,128x4]
        [--block-v 64,128,256] [--configs BLOCK_V/BLOCK_H/WARPS/STAGES,...]
@@ -9,7 +10,8 @@ batch 1 at 5/8/16; 32x4, 128x4: batches 8 and 32 at top-k 4). Draft vocabulary 2
 hidden 576, bf16. One CUDA graph holds 30 calls; us a call from replays timed with CUDA
 events. Each way is compiled as the engine compiles a draft phase (pinned). `ids equal`: the
 share of rows whose k ids match the compiled way's (the Triton pass keeps fp32 logits where
-cuBLAS rounds them to bf16, so near-ties may order differently).
+cuBLAS rounds them to bf16, so near-ties may order differently); the int8 head's (`int8` keys)
+are those of other logits, so fewer match: the draft only proposes, the verify keeps the output.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 256
     g = torch.Generator("cuda").manual_seed(0)
     w = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    q, scale = triton_head.quantize_head(w)
     out = []
     for rows, k in (map(int, s.split("x")) for s in a.shapes.split(",")):
         x = torch.randn(rows, HIDDEN, device="cuda", generator=g).bfloat16()
@@ -55,23 +58,27 @@ def main() -> None:
         sets |= {c: tuple(map(int, c.split("/"))) for c in filter(None, a.configs.split(","))}
         for name, cfg in sets.items():
             row.update(time_config(x, w, k, cfg, name, ref_v, ref_i))
+            row.update(time_config(x, q, k, cfg, f"int8 {name}", ref_v, ref_i, scale))
         out.append(row)
         print(json.dumps(row), flush=True)
     save(a.out, out)
 
 
 def time_config(x: torch.Tensor, w: torch.Tensor, k: int, cfg: tuple[int, ...], name: str,
-                ref_v: torch.Tensor, ref_i: torch.Tensor) -> dict:
+                ref_v: torch.Tensor, ref_i: torch.Tensor,
+                scale: torch.Tensor | None = None) -> dict:
     """The Triton pass under (BLOCK_V, BLOCK_H, warps, stages): us a call, and its picks against
-    the compiled way's. The defaults are restored after."""
+    the compiled way's. scale: w is the int8 head, these its rows' scales. The defaults are
+    restored after."""
     keep = (triton_head.BLOCK_V, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES)
     torch._dynamo.reset()  # the op reads its blocks at trace time: no guard
     triton_head.BLOCK_V, triton_head.BLOCK_H, triton_head.WARPS, triton_head.STAGES = cfg
+    args = (x, w) if scale is None else (x, w, scale)
     try:
-        fused = engine_compile(lambda x, w, k=k: triton_head.head_top_k(x, w, k),
+        fused = engine_compile(lambda x, w, s=None, k=k: triton_head.head_top_k(x, w, k, scale=s),
                                fullgraph=True, dynamic=False)
-        v, i = fused(x, w)
-        return {f"triton {name}": round(graph_us(fused, (x, w)), 2),
+        v, i = fused(*args)
+        return {f"triton {name}": round(graph_us(fused, args), 2),
                 f"max |dv| {name}": round((v - ref_v).abs().max().item(), 4),
                 f"ids equal {name}": round((i == ref_i).all(1).float().mean().item(), 3)}
     finally:

@@ -247,6 +247,9 @@ class SpecDecoder:
         self.phase_fns: dict[str, Callable] = {p: compiled_phase(p) for p in self.fused}
         if fuse and not self.drawn:
             self.compile_bookkeeping()
+        if self.shape is not None and trees.fuses_head(self.drafter, self.drafter.lm_head.weight,
+                                                        topk):
+            trees.draft_head(self.drafter)  # the int8 head made now, before any trace or capture
 
     def fusable(self) -> frozenset[str]:
         """The phases this engine can run as one compiled function: the extend; the accept unless

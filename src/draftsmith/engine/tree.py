@@ -49,11 +49,15 @@ CHUNK = 256
 # H200 run 24 (depths past the root only), tree 7/4/24, batch 1: draft 0.415 against 0.469 ms,
 # the same 4.22 tokens accepted a cycle, 2,774 against 2,676 tok/s; batch 8, tree 3/4/8: 13,032
 # against 12,747. The default where CUDA and Triton are; CPU tests opt in (interpreted).
+# "triton-int8": the same pass over the head in int8, one fp32 scale a row (`int8_head`): half
+# the bytes; the draft only proposes, so other trees change the speed, never the output.
 DRAFT_HEAD = env_choice("DRAFTSMITH_DRAFT_HEAD", "triton" if torch.cuda.is_available()
-                        and triton_head.AVAILABLE else "cublas", ("cublas", "triton"))
-if DRAFT_HEAD == "triton" and not triton_head.AVAILABLE:
-    raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton needs the triton package (and torch "
-                          ">= 2.6)")
+                        and triton_head.AVAILABLE else "cublas",
+                        ("cublas", "triton", "triton-int8"))
+if DRAFT_HEAD != "cublas" and not triton_head.AVAILABLE:
+    raise DraftsmithError(f"DRAFTSMITH_DRAFT_HEAD={DRAFT_HEAD} needs the triton package (and "
+                          f"torch >= 2.6)")
+INT8_HEAD = "_draftsmith_int8_head"  # the weight's attribute: (its version, q, scale)
 # Under the Triton head, the root's children: from the extend's hidden state by the same pass
 # ("triton": the extend then forms no logits, a cuBLAS head product and the root's top-k fewer
 # a cycle) or from the logits the extend formed ("logits", run 24's). H200 run 25: extend 0.050
@@ -387,9 +391,9 @@ def depth_inputs(f_anc: torch.Tensor, committed: torch.Tensor, lengths: torch.Te
 
 def fuses_head(drafter: Callable, hidden: torch.Tensor, k: int) -> bool:
     """Whether a greedy tree's depths apply the drafter's head in the Triton head-and-top-k pass
-    (DRAFTSMITH_DRAFT_HEAD=triton, a device Triton runs on, a top-k the kernel keeps, a drafter
-    whose logits are its plain head's: one that bends them keeps them)."""
-    return (DRAFT_HEAD == "triton" and triton_head.runs_on(hidden)
+    (DRAFTSMITH_DRAFT_HEAD=triton or triton-int8, a device Triton runs on, a top-k the kernel
+    keeps, a drafter whose logits are its plain head's: one that bends them keeps them)."""
+    return (DRAFT_HEAD in ("triton", "triton-int8") and triton_head.runs_on(hidden)
             and getattr(drafter, "plain_head", False)
             and k <= min(triton_head.MAX_K, drafter.lm_head.weight.shape[0]))
 
@@ -401,6 +405,43 @@ def root_by_head(drafter: Callable, greedy_drafts: bool, shape: TreeShape | None
     w = drafter.lm_head.weight
     return (ROOT_HEAD == "triton" and greedy_drafts and shape is not None
             and fuses_head(drafter, w, shape.topk))
+
+
+Head = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # the head, or int8 and its scales
+
+
+def draft_head(drafter: Callable) -> Head:
+    """The head a greedy tree's Triton pass reads: the drafter's, or under
+    DRAFTSMITH_DRAFT_HEAD=triton-int8 its `int8_head`."""
+    w = drafter.lm_head.weight
+    return int8_head(w) if DRAFT_HEAD == "triton-int8" else w
+
+
+def int8_head(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`triton_head.quantize_head(w)`, made once per weight and kept on it (`INT8_HEAD`), made
+    again into the same tensors when the weight changed in place (graphs captured over them read
+    them by address). Inside a compiled function it is read as it stands; the first trace, which
+    finds none, makes it as a side effect that the next call's guard sees (one recompile, then
+    the kept tensors are the graph's inputs). Never made inside a CUDA graph capture: the
+    warm-up calls before it make it."""
+    kept = getattr(w, INT8_HEAD, None)
+    if torch.compiler.is_compiling():
+        if kept is None:
+            kept = (-1, *triton_head.quantize_head(w))  # -1: an eager call makes it again
+            setattr(w, INT8_HEAD, kept)
+        return kept[1], kept[2]
+    if kept is not None and kept[0] == w._version and kept[1].device == w.device:
+        return kept[1], kept[2]
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise DraftsmithError("DRAFTSMITH_DRAFT_HEAD=triton-int8: the drafter's int8 head was "
+                              "not made before this CUDA graph capture; call the draft once "
+                              "outside a capture first")
+    with torch.no_grad():
+        q, scale = triton_head.quantize_head(w)
+        if kept is not None and kept[1].shape == q.shape and kept[1].device == q.device:
+            q, scale = kept[1].copy_(q), kept[2].copy_(scale)
+    setattr(w, INT8_HEAD, (w._version, q, scale))
+    return q, scale
 
 
 def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logits: torch.Tensor,
@@ -416,9 +457,10 @@ def greedy_tree(fns: tuple[Callable, ...], drafter: Callable, caches: list, logi
     root, grow, pick = fns
     k, s = shape.topk, shape.steps
     # DRAFTSMITH_DRAFT_HEAD=triton: the drafter stops before its head, which `grow` applies,
-    # and `root` too under DRAFTSMITH_ROOT_HEAD=triton (from the fed-back hidden)
+    # and `root` too under DRAFTSMITH_ROOT_HEAD=triton (from the fed-back hidden); triton-int8:
+    # the head in int8 with its rows' scales
     fused = fuses_head(drafter, hidden, k)
-    head, kw = (drafter.lm_head.weight, {"logits": False}) if fused else (None, {})
+    head, kw = (draft_head(drafter), {"logits": False}) if fused else (None, {})
     ids, score, tok = (root(drafter.head_input(hidden), d2t, k, head, counts)
                        if root_by_head(drafter, True, shape) else root(logits, d2t, k))
     block, front = first_front(ids, tok, score, hidden, own[0], ar_k)
@@ -453,23 +495,25 @@ def frontier(ids: torch.Tensor, inc: torch.Tensor, tok: torch.Tensor, h: torch.T
 
 
 def greedy_children(logits: torch.Tensor, d2t: torch.Tensor, k: int,
-                    head: torch.Tensor | None = None, counts: torch.Tensor | None = None,
+                    head: Head | None = None, counts: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A node's k greedy children (the root's, or each frontier node's): (draft ids, score
-    increments, target tokens). head: the drafter's vocabulary head, when `logits` holds its
-    input instead (DRAFTSMITH_DRAFT_HEAD=triton: head and top-k in one pass; counts: the
-    kernel joins its blocks). Pure but for the counters, which each call leaves at zero."""
+    increments, target tokens). head: the drafter's vocabulary head (or, triton-int8, the int8
+    head and its rows' scales), when `logits` holds its input instead
+    (DRAFTSMITH_DRAFT_HEAD=triton: head and top-k in one pass; counts: the kernel joins its
+    blocks). Pure but for the counters, which each call leaves at zero."""
     if head is None:
         ids, inc, _ = children(logits, k, SamplingParams(0.0))
     else:
-        v, ids = triton_head.head_top_k(logits.flatten(0, -2), head, k, counts)
+        w, kw = (head[0], {"scale": head[1]}) if isinstance(head, tuple) else (head, {})
+        v, ids = triton_head.head_top_k(logits.flatten(0, -2), w, k, counts, **kw)
         ids, inc = ids.view(*logits.shape[:-1], k), increments(v.view(*logits.shape[:-1], k))
     return ids, inc, ids + d2t[ids]
 
 
 def grow_greedy(logits: torch.Tensor, h: torch.Tensor, f_score: torch.Tensor,
                 f_flat: torch.Tensor, f_anc: torch.Tensor, own: torch.Tensor, d2t: torch.Tensor,
-                start: int, last: bool, head: torch.Tensor | None = None,
+                start: int, last: bool, head: Head | None = None,
                 counts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Greedy children of the frontier (top-k log-probabilities) followed by `frontier`."""
     ids, inc, tok = greedy_children(logits, d2t, f_score.shape[1], head, counts)

@@ -11,6 +11,13 @@ reach memory.
 Used by greedy trees under `DRAFTSMITH_DRAFT_HEAD=triton` (the default on CUDA since H200 run 24:
 draft 0.415 against 0.469 ms at tree 7/4/24, batch 1); `benchmarks/draft_head.py` times it alone
 against the compiled way.
+
+The head may also come in int8 (`quantize_head`: one fp32 scale a vocabulary row, symmetric,
+max|w_row| / 127), half the bytes of a pass that reads 28 MB for 4 rows: the kernel converts its
+int8 tiles to x's dtype (exact for |q| <= 127), sums as before, scales each vocabulary entry's
+fp32 sum by its row's scale and rounds that to x's dtype. Greedy trees use it under
+`DRAFTSMITH_DRAFT_HEAD=triton-int8`: the draft only proposes and the verify keeps the output
+exact, so other drafts change the speed, never the tokens.
 CPU installs need not have Triton (`AVAILABLE`); under `TRITON_INTERPRET=1` it runs on CPU
 tensors (tests, fp32).
 """
@@ -18,6 +25,7 @@ tensors (tests, fp32).
 from __future__ import annotations
 
 import os
+from functools import cache
 
 import torch
 
@@ -54,15 +62,30 @@ def counter(device: torch.device | str) -> torch.Tensor:
     return torch.zeros(COUNTERS, dtype=torch.int32, device=device)
 
 
+def quantize_head(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [V, H], scale fp32 [V]) with w ~ q * scale[:, None]: symmetric, one scale a row,
+    max|w_row| / 127, so |w - q * scale| <= scale / 2; a row of zeros gets scale 1."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise DraftsmithError(f"quantize_head: a [V, H] floating-point head, got "
+                              f"{tuple(w.shape)} {w.dtype}")
+    wf = w.detach().float()
+    amax = wf.abs().amax(1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return (wf / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
 def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               *, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-softmax values [R, k] fp32, ids [R, k] int64) of the k best of x @ w.T per row,
-    best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype. counts (`counter()`):
-    the kernel joins its blocks itself (DRAFTSMITH_HEAD_JOIN=kernel), else tensor ops do."""
+    best first, ties to the lower id. x: [R, H]; w: [V, H], same dtype, or int8 with scale
+    (fp32 [V], `quantize_head`: the logits are x @ (w * scale[:, None]).T rounded to x's dtype).
+    counts (`counter()`): the kernel joins its blocks itself (DRAFTSMITH_HEAD_JOIN=kernel),
+    else tensor ops do."""
     if not AVAILABLE:
         raise DraftsmithError("the Triton head kernel needs the triton package")
+    check_scale(w, scale)
     if (x.dim() != 2 or not 0 < k <= min(MAX_K, w.shape[0]) or x.shape[-1] != w.shape[1]
-            or x.dtype != w.dtype):
+            or x.dtype != w.dtype and scale is None):
         raise DraftsmithError(f"head_top_k: top-{k} of {tuple(x.shape)} x {tuple(w.shape)} "
                               f"({x.dtype}, {w.dtype}); k must be 1-{MAX_K}")
     if counts is not None:
@@ -70,9 +93,28 @@ def head_top_k(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor | 
             raise DraftsmithError(f"head_top_k: {x.shape[0]} rows need an int32 counter of "
                                   f">= {-(-x.shape[0] // BLOCK_R)} entries, got "
                                   f"{counts.numel()} ({counts.dtype})")
+        if scale is not None:
+            return torch.ops.draftsmith.head_top_k_joined_int8(x, w, scale, k, counts)
         return torch.ops.draftsmith.head_top_k_joined(x, w, k, counts)
-    vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks(x, w, k)
+    if scale is not None:
+        vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks_int8(x, w, scale, k)
+    else:
+        vals, ids, bmax, bsum = torch.ops.draftsmith.head_blocks(x, w, k)
     return join_blocks(vals, ids, bmax, bsum, k)
+
+
+def check_scale(w: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """An int8 head comes with its rows' fp32 scales (`quantize_head`), and only an int8 one."""
+    int8 = w.dtype == torch.int8
+    if int8 and scale is None:
+        raise DraftsmithError("head_top_k: an int8 head needs scale= (its rows' fp32 scales, "
+                              "from quantize_head)")
+    if scale is not None and not int8:
+        raise DraftsmithError(f"head_top_k: scale= is for an int8 head, not {w.dtype}; pass "
+                              f"the head alone")
+    if scale is not None and (scale.dtype != torch.float32 or scale.shape != w.shape[:1]):
+        raise DraftsmithError(f"head_top_k: scale must be float32 [{w.shape[0]}] (one a "
+                              f"vocabulary row), got {scale.dtype} {tuple(scale.shape)}")
 
 
 def join_blocks(vals: torch.Tensor, ids: torch.Tensor, bmax: torch.Tensor, bsum: torch.Tensor,
@@ -92,10 +134,11 @@ def _register() -> None:
     import triton
     from torch.library import triton_op, wrap_triton
 
-    kernel = _kernel()
+    kernel, kernel_int8 = _kernel(), _kernel(scaled=True)
 
     def launch(x: torch.Tensor, w: torch.Tensor, k: int, counts: torch.Tensor | None,
-               out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+               out: tuple[torch.Tensor, ...], scale: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, ...]:
         rows, hidden = x.shape
         blocks = -(-w.shape[0] // BLOCK_V)
         f32 = {"dtype": torch.float32, "device": x.device}
@@ -106,8 +149,9 @@ def _register() -> None:
         if not join:  # never written then, yet distinct: aliases may be cloned apart
             out = (torch.empty(0, **f32), torch.empty(0, dtype=torch.int64, device=x.device))
             counts = torch.empty(0, dtype=torch.int32, device=x.device)
-        wrap_triton(kernel)[(blocks, -(-rows // BLOCK_R))](
-            x, w, vals, ids, bmax, bsum, *out, counts, rows, hidden, w.shape[0], blocks,
+        fn, ws = (kernel, (w,)) if scale is None else (kernel_int8, (w, scale))
+        wrap_triton(fn)[(blocks, -(-rows // BLOCK_R))](
+            x, *ws, vals, ids, bmax, bsum, *out, counts, rows, hidden, w.shape[0], blocks,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1),
             K=k, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H, BLOCK_R=BLOCK_R,
             IEEE=x.dtype == torch.float32, JOIN=join,
@@ -130,10 +174,29 @@ def _register() -> None:
         launch(x, w, k, counts, (v, i))
         return v, i
 
+    @triton_op("draftsmith::head_blocks_int8", mutates_args={})
+    def op_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, k: int,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return launch(x, w, k, None, (), scale)
 
-def _kernel():
+    @triton_op("draftsmith::head_top_k_joined_int8", mutates_args={"counts"})
+    def joined_int8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, k: int,
+                    counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        v = torch.empty((x.shape[0], k), dtype=torch.float32, device=x.device)
+        i = torch.empty((x.shape[0], k), dtype=torch.int64, device=x.device)
+        launch(x, w, k, counts, (v, i), scale)
+        return v, i
+
+
+def _kernel(scaled: bool = False):
+    """The kernel for a head in x's dtype, or (scaled) for an int8 head and its rows' scales:
+    two entries, one body (`head_pass`, inlined), whose SCALED branches compile out of the
+    first."""
     import triton
     import triton.language as tl
+
+    global head_pass  # the entries call it by a global name: Triton's interpreter drops closures
+    head_pass = _pass()
 
     @triton.jit
     def head_blocks(X, W, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows, hidden, vocab,
@@ -141,6 +204,35 @@ def _kernel():
                     K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_R: tl.constexpr, IEEE: tl.constexpr, JOIN: tl.constexpr,
                     CANDS: tl.constexpr, BLOCKS: tl.constexpr):
+        head_pass(X, W, W, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows, hidden, vocab,
+                  blocks, sxr, sxh, swv, swh, K, BLOCK_V, BLOCK_H, BLOCK_R, IEEE, JOIN, CANDS,
+                  BLOCKS, tl.constexpr(False))  # tl named in the body: its annotations need it
+
+    @triton.jit
+    def head_blocks_int8(X, W, SCALE, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows,
+                         hidden, vocab, blocks, sxr, sxh, swv, swh,
+                         K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_R: tl.constexpr, IEEE: tl.constexpr, JOIN: tl.constexpr,
+                         CANDS: tl.constexpr, BLOCKS: tl.constexpr):
+        head_pass(X, W, SCALE, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows, hidden,
+                  vocab, blocks, sxr, sxh, swv, swh, K, BLOCK_V, BLOCK_H, BLOCK_R, IEEE, JOIN,
+                  CANDS, BLOCKS, tl.constexpr(True))
+
+    return head_blocks_int8 if scaled else head_blocks
+
+
+@cache
+def _pass():
+    """The kernel's body, for `_kernel`'s entries."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def head_pass(X, W, SCALE, VALS, IDS, BMAX, BSUM, OUT_V, OUT_I, COUNTS, rows, hidden, vocab,
+                  blocks, sxr, sxh, swv, swh,
+                  K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_R: tl.constexpr, IEEE: tl.constexpr, JOIN: tl.constexpr,
+                  CANDS: tl.constexpr, BLOCKS: tl.constexpr, SCALED: tl.constexpr):
         blk = tl.program_id(0)
         r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
         v = (blk * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)  # vocabularies past 2**31 / H
@@ -152,6 +244,8 @@ def _kernel():
                          mask=live_r[:, None] & (h[None, :] < hidden), other=0.0)
             ws = tl.load(W + v[:, None] * swv + h[None, :] * swh,
                          mask=live_v[:, None] & (h[None, :] < hidden), other=0.0)
+            if SCALED:  # int8 weights: exact in x's dtype, so the dot is x's own
+                ws = ws.to(X.dtype.element_ty)
             if IEEE:  # noqa: SIM108 (a branch on a constexpr: compiled out)
                 acc += tl.dot(xs, tl.trans(ws), input_precision="ieee")
             else:
@@ -159,8 +253,12 @@ def _kernel():
         # rounded to the weights' dtype, as the cuBLAS head's output is: in bf16 equal logits
         # are common and go to the lower id; fp32 ones do not tie (H200 run 22, fp32: other
         # trees, 4.15 tokens accepted a cycle against 4.22)
-        logits = tl.where(live_v[None, :], acc.to(W.dtype.element_ty).to(tl.float32),
-                          float("-inf"))
+        if SCALED:  # the row's scale, then x's dtype, as the bf16 head's logits round
+            rounded = (acc * tl.load(SCALE + v, mask=live_v, other=1.0)[None, :]).to(
+                X.dtype.element_ty)
+        else:
+            rounded = acc.to(W.dtype.element_ty)
+        logits = tl.where(live_v[None, :], rounded.to(tl.float32), float("-inf"))
         m = tl.max(logits, 1)
         at = r.to(tl.int64) * blocks + blk
         tl.store(BMAX + at, m, mask=live_r)
@@ -200,7 +298,7 @@ def _kernel():
                             cand = tl.where(c == jp, float("-inf"), cand)
                 tl.atomic_xchg(COUNTS + tl.program_id(1), 0)  # the next call counts from 0
 
-    return head_blocks
+    return head_pass
 
 
 AVAILABLE = importable()
