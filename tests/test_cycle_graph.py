@@ -34,6 +34,11 @@ class Replaying(Graphs):
         return self.graphs[key][0]()
 
 
+@pytest.fixture(autouse=True)
+def cycle_graph_on(monkeypatch):
+    monkeypatch.setattr(speculative, "CYCLE_GRAPH", True)
+
+
 @pytest.fixture(scope="module")
 def setup():
     target = tiny_target()

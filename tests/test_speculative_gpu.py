@@ -63,14 +63,13 @@ def test_graphed_speculative_equals_eager_and_plain(pair, steps, topk, n):
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_the_cycle_graph_equals_the_phase_graphs_and_plain(pair, steps, topk, n):
+def test_the_cycle_graph_equals_the_phase_graphs_and_plain(pair, steps, topk, n, monkeypatch):
     """DRAFTSMITH_CYCLE_GRAPH: a cycle replayed as one CUDA graph decodes what the four phase
     graphs (a profiled run) and plain greedy decode, with the same accept counts."""
     from draftsmith.engine import speculative
 
     target, drafter, eager = pair
-    if not speculative.CYCLE_GRAPH:
-        pytest.skip("DRAFTSMITH_CYCLE_GRAPH=0")
+    monkeypatch.setattr(speculative, "CYCLE_GRAPH", True)
     ref = generate(eager, PROMPTS, NEW, eos_ids=[])
     rt = Runtime(target, 4, 160, graphs=True)
     dec = SpecDecoder(rt, drafter, steps, topk, n, profile=True)

@@ -93,9 +93,10 @@ FUSED_PHASES = fused_phases(os.environ.get("DRAFTSMITH_FUSED_PHASES", "all"))
 EXACT_END = env_flag("DRAFTSMITH_EXACT_END", "1")
 # One CUDA graph a cycle ("1"): the four phases captured once more as one graph, replayed where
 # nothing reads between them (no profiler marks, no `tune` rank counts); those keep the four
-# phase graphs. It saves the GPU's gaps between four graph replays a cycle. "0": the phase
-# graphs alone (each batch size captured once, not twice).
-CYCLE_GRAPH = env_flag("DRAFTSMITH_CYCLE_GRAPH", "1")
+# phase graphs. Meant to save the GPU's gaps between four graph replays a cycle (~25 us, H200
+# run 26's estimate). Off until a GPU lease times it ("0": the phase graphs alone, each batch
+# size captured once, not twice).
+CYCLE_GRAPH = env_flag("DRAFTSMITH_CYCLE_GRAPH", "0")
 
 
 def check_drafting(steps: int, topk: int, num_draft_tokens: int | None) -> None:
