@@ -257,6 +257,8 @@ def _data_checks(rep: Report, opts: DoctorOptions, target: Any, model: Any,
         return None
     rep.wiring = mm.to_dict()
     rep.add("wiring: data", verdict.data_findings(mm, opts.data))
+    if picked < opts.samples:
+        rep.findings.append(_fewer_samples(picked, opts))
     true = mm.true_ids()
     return None if None in true else [int(i) for i in true]  # type: ignore[misc]
 
@@ -445,6 +447,14 @@ def _unloadable(e: DraftsmithError, info: DrafterInfo, other_target: bool = Fals
            "above say" if ids else "its weights and config.json must agree: re-export or "
            "retrain it")
     return Finding("error", "loads", f"the drafter does not load: {e}", str(info.folder), fix)
+
+
+def _fewer_samples(n: int, opts: DoctorOptions) -> Finding:
+    """--samples past the dataset's count: all it holds were compared, said as --num-prompts
+    past the data's prompts is (`_fewer_prompts`), not fewer silently."""
+    return Finding("info", "wiring", f"the live match compared {_n(n, 'sample')}, not the "
+                   f"{opts.samples} --samples asks for: the dataset holds {n}", str(opts.data),
+                   f"pass --samples {n} or fewer, or data with more samples")
 
 
 def _fewer_prompts(n: int, opts: DoctorOptions, from_data: bool) -> Finding:
