@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_speculative import PROMPTS, Steered, greedy_seq, make_drafter, tiny_target
+from test_speculative import (
+    NEW,
+    PROMPTS,
+    Steered,
+    make_drafter,
+    setup,  # noqa: F401 (the fixture)
+)
 
 from draftsmith.engine import speculative
-from draftsmith.engine.generate import generate
 from draftsmith.engine.graphs import Graphs
 from draftsmith.engine.runtime import Runtime
 from draftsmith.engine.speculative import SpecDecoder
 from draftsmith.engine.tree import RankCounts
-
-NEW = 24
 
 
 class Replaying(Graphs):
@@ -39,15 +42,6 @@ def cycle_graph_on(monkeypatch):
     monkeypatch.setattr(speculative, "CYCLE_GRAPH", True)
 
 
-@pytest.fixture(scope="module")
-def setup():
-    target = tiny_target()
-    rt = Runtime(target, 4, 128)
-    ref = generate(rt, PROMPTS, NEW, eos_ids=[])
-    seq = greedy_seq(rt, PROMPTS, NEW + 8)
-    return target, ref, seq
-
-
 def decoder(target, seq, steps: int, topk: int, n: int | None, **kw) -> SpecDecoder:
     rt = Runtime(target, 4, 128)
     rt.graphs = Replaying()
@@ -60,9 +54,9 @@ def phases_of(replayed: list[str]) -> set[str]:
 
 
 @pytest.mark.parametrize("steps,topk,n", [(3, 1, None), (4, 4, 10)])
-def test_the_cycle_graph_decodes_plain_greedy_and_replaces_the_phase_replays(setup, steps, topk,
+def test_the_cycle_graph_decodes_plain_greedy_and_replaces_the_phase_replays(setup, steps, topk,  # noqa: F811
                                                                             n):
-    target, ref, seq = setup
+    target, _, ref, seq = setup
     dec = decoder(target, seq, steps, topk, n)
     res = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref
@@ -74,10 +68,10 @@ def test_the_cycle_graph_decodes_plain_greedy_and_replaces_the_phase_replays(set
                                                         "cycle"))
 
 
-def test_a_profiled_run_replays_the_phase_graphs_and_agrees(setup):
+def test_a_profiled_run_replays_the_phase_graphs_and_agrees(setup):  # noqa: F811
     """The profiler marks each phase, so it runs the four graphs; the tokens are the cycle
     graph's."""
-    target, ref, seq = setup
+    target, _, ref, seq = setup
     dec = decoder(target, seq, 4, 4, 10, profile=True)
     res = dec.generate(PROMPTS, NEW, eos_ids=[])
     assert res.tokens == ref
@@ -89,8 +83,8 @@ def test_a_profiled_run_replays_the_phase_graphs_and_agrees(setup):
     assert phases_of(dec.graphs.replayed) == {"cycle"}
 
 
-def test_rank_counts_read_between_phases_so_they_take_the_phase_graphs(setup):
-    target, ref, seq = setup
+def test_rank_counts_read_between_phases_so_they_take_the_phase_graphs(setup):  # noqa: F811
+    target, _, ref, seq = setup
     dec = decoder(target, seq, 4, 4, 10)
     dec.rank_counts = counts = RankCounts(4, 4, dec.device)
     res = dec.generate(PROMPTS, NEW, eos_ids=[])
@@ -99,8 +93,8 @@ def test_rank_counts_read_between_phases_so_they_take_the_phase_graphs(setup):
     assert int(counts.reached.sum()) > 0
 
 
-def test_switched_off_no_cycle_graph_is_captured(setup, monkeypatch):
-    target, ref, seq = setup
+def test_switched_off_no_cycle_graph_is_captured(setup, monkeypatch):  # noqa: F811
+    target, _, ref, seq = setup
     monkeypatch.setattr(speculative, "CYCLE_GRAPH", False)
     dec = decoder(target, seq, 3, 1, None)
     assert dec.generate(PROMPTS, NEW, eos_ids=[]).tokens == ref

@@ -19,6 +19,7 @@ from test_speculative import (  # noqa: E402 (after the skip: it needs no Triton
     make_drafter,
     setup,  # noqa: F401 (the fixture)
 )
+from test_triton_head import COMPILE_FOR_HOPPER  # noqa: E402
 
 from draftsmith.engine import tree  # noqa: E402
 from draftsmith.engine.speculative import SpecDecoder  # noqa: E402
@@ -91,21 +92,11 @@ def test_int8_calls_that_do_not_fit_are_refused():
             triton_head.quantize_head(w)
 
 
-COMPILE_INT8_FOR_HOPPER = """
-from draftsmith.models import triton_head as th
-
-kern = th._kernel(scaled=True)
-types = (["*bf16", "*i8", "*fp32", "*fp32", "*i64", "*fp32", "*fp32", "*fp32", "*i64", "*i32"]
-         + ["i32"] * 8)
-sig = dict(zip(kern.arg_names, types))
-for join in (False, True):
-    const = dict(K=4, BLOCK_V=th.BLOCK_V, BLOCK_H=th.BLOCK_H, BLOCK_R=th.BLOCK_R, IEEE=False,
-                 JOIN=join, CANDS=1024, BLOCKS=256)
-    src = ASTSource(fn=kern, signature={**sig, **dict.fromkeys(const, "constexpr")},
-                    constexprs={(kern.arg_names.index(n),): v for n, v in const.items()})
-    triton.compile(src, target=hopper, options={"num_warps": th.WARPS, "num_stages": th.STAGES})
-print("compiled")
-"""
+# test_triton_head's script with the int8 entry: its weights int8 and its scales fp32
+COMPILE_INT8_FOR_HOPPER = COMPILE_FOR_HOPPER.replace(
+    "th._kernel()", "th._kernel(scaled=True)").replace(
+    'types = ["*bf16", "*bf16",', 'types = ["*bf16", "*i8", "*fp32",')
+assert COMPILE_INT8_FOR_HOPPER.count("scaled=True") == COMPILE_INT8_FOR_HOPPER.count('"*i8"') == 1
 
 
 def test_the_int8_kernel_compiles_for_a_hopper_gpu():
