@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,8 @@ from draftsmith.targets.hf import read_weights as read_checkpoint
 
 WEIGHTS = "model.safetensors"
 IDS = "eagle_aux_hidden_state_layer_ids"
+TMP_FILES = frozenset({WEIGHTS, "config.json"})  # what `write_folder` puts in its tmp folder
+MOST_PID_DIGITS = 7  # Linux's pid_max is at most 2**22; a longer number names no process
 
 
 class ExportWriteError(DraftsmithError, OSError):
@@ -226,7 +230,8 @@ def write_folder(
     out = Path(out)
     check_out(out, overwrite)
     real = out.resolve()  # `.` has no name to put a tmp folder beside
-    tmp = real.with_name(f".{real.name}.tmp-{os.getpid()}")
+    tmp = tmp_folder(real, os.getpid())
+    clear_stale_tmps(real)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -249,6 +254,41 @@ def write_folder(
         raise ExportWriteError(f"--out {out}: cannot move the export in from {tmp} "
                               f"({e.strerror or e}); export again with --overwrite") from None
     return out
+
+
+def tmp_folder(real: Path, pid: int) -> Path:
+    """Where process `pid` builds an export of `real` (a resolved --out) before moving it in."""
+    return real.with_name(f"{_tmp_prefix(real)}{pid}")
+
+
+def _tmp_prefix(real: Path) -> str:
+    return f".{real.name}.tmp-"
+
+
+def clear_stale_tmps(real: Path) -> None:
+    """Remove the tmp folders of exports into `real` that were killed (SIGKILL, power loss: their
+    own cleanup never ran), each said in one line. Only a folder named as `tmp_folder` names one,
+    of a process no longer alive on this host, holding nothing an export does not write."""
+    prefix = _tmp_prefix(real)
+    for p in sorted(real.parent.glob(f"{glob.escape(prefix)}*")):
+        if not _killed_tmp(p, p.name.removeprefix(prefix)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            print(f"removed {p}: the unfinished tmp folder of an export into {real} that was "
+                  "killed (its process is gone)", file=sys.stderr)
+
+
+def _killed_tmp(p: Path, pid: str) -> bool:
+    from draftsmith.targets import pid_alive
+
+    if not (pid.isascii() and pid.isdigit()) or len(pid) > MOST_PID_DIGITS or p.is_symlink() \
+            or not p.is_dir():  # ascii: `isdigit` passes "²", which int() refuses
+        return False
+    try:
+        return not pid_alive(int(pid)) and all(f.name in TMP_FILES for f in p.iterdir())
+    except OSError:  # a folder it may not read is not one it wrote
+        return False
 
 
 def _move_into(tmp: Path, out: Path) -> None:
