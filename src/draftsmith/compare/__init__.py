@@ -17,6 +17,7 @@ import typer
 
 from draftsmith.compare.describe import Description, describe
 from draftsmith.compare.params import CONVENTIONS, human, likely_convention, parse_number
+from draftsmith.compare.speed import Interrupted
 from draftsmith.doctor.artifacts import read_checked
 from draftsmith.errors import DraftsmithError
 from draftsmith.options import DEVICE, DTYPE, at_least_one, check_folder
@@ -272,9 +273,8 @@ def _data_ratio(a: Description, b: Description) -> list[str]:
 
 
 def run_compare(opts: CompareOptions) -> dict[str, Any]:
-    from draftsmith.bench.load import busy_note
-    from draftsmith.bench.report import strict
-
+    """The comparison; a ctrl-C while measuring writes what is complete to --out, marked
+    partial, then raises `Stopped` holding it."""
     # each folder read (a draftsmith one checked whole) before the target's minutes of loading
     claimed_drafters(labels(opts.drafters), opts.claimed)
     infos = [read_checked(f) for f in opts.drafters]
@@ -294,10 +294,27 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
     }
     if target is not None:
         res["notes"] += _other_target(descs, target, opts.recorded)
-        res["speed"] = _speed(opts, target, descs)
-        res["notes"] += _measured_ids(descs) + _load_notes(descs)
-        if note := busy_note(res["speed"].get("machine_load")):
-            res["notes"].append(f"{note}: tokens/s and speedups are skewed, acceptance is not")
+        try:
+            res["speed"] = _speed(opts, target, descs)
+        except Interrupted as stop:
+            _interrupted(res, descs, opts, stop)
+        _speed_notes(res, descs)
+    return _finished(res, descs, opts)
+
+
+def _speed_notes(res: dict[str, Any], descs: list[Description]) -> None:
+    from draftsmith.bench.load import busy_note
+
+    res["notes"] += _measured_ids(descs) + _load_notes(descs)
+    if note := busy_note((res.get("speed") or {}).get("machine_load")):
+        res["notes"].append(f"{note}: tokens/s and speedups are skewed, acceptance is not")
+
+
+def _finished(res: dict[str, Any], descs: list[Description], opts: CompareOptions
+              ) -> dict[str, Any]:
+    """The report made whole (the drafters' sections, strict JSON) and written to --out."""
+    from draftsmith.bench.report import strict
+
     res["drafters"] = [d.to_dict() for d in descs]
     res = strict(res)  # a NaN read from a drafter's files is null in compare.json
     if opts.out is not None:
@@ -307,6 +324,36 @@ def run_compare(opts: CompareOptions) -> dict[str, Any]:
             raise Unwritten(res, f"--out {opts.out}: cannot write the report "
                             f"({e.strerror or e}); the results are printed above") from None
     return res
+
+
+def _interrupted(res: dict[str, Any], descs: list[Description], opts: CompareOptions,
+                 stop: Interrupted) -> None:
+    """The static sections and the prompts every run finished, written to --out and said on
+    stderr; then `Stopped` (a KeyboardInterrupt: the CLI exits 130)."""
+    if stop.result is not None:
+        res["speed"] = stop.result
+    measured = (f"acceptance and speed are over the {stop.finished} prompts every run finished"
+                if stop.finished else "no acceptance measured")
+    res["notes"].append(f"interrupted (ctrl-C) after {stop.finished} of {stop.total} prompts: "
+                        f"{measured}")
+    _speed_notes(res, descs)
+    try:
+        res = _finished(res, descs, opts)
+        kept = (f"wrote what was complete to {opts.out}, marked partial" if opts.out
+                else "no --out given, nothing written")
+    except Unwritten as e:  # a ctrl-C is still a ctrl-C: printed, the error said, exit 130
+        res, kept = e.result, str(e)
+    print(f"compare: interrupted after {stop.finished} of {stop.total} prompts: {kept}",
+          file=sys.stderr)
+    raise Stopped(res) from None
+
+
+class Stopped(KeyboardInterrupt):
+    """A ctrl-C while measuring: `result` holds the report as written, marked partial."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__("compare interrupted")
+        self.result = result
 
 
 def _check_topk(topk: int, infos: list[Any], names: list[str]) -> None:
@@ -407,11 +454,18 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
                     "--max-new-tokens", target.cfg.sliding_window)  # before the weights
     dtype = str(opts.dtype).removeprefix("torch.")
     # the drafters first: one that does not fit the target is named before its weights build
-    drafters = {d.label: _load(d, target, opts) for d in descs}
-    stderr_line(f"compare: loading target {target.source} ({opts.device}, {dtype})")
-    model = target.build(opts.dtype, opts.device)
-    res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
-                  opts.topk, opts.num_draft_tokens, stderr_line)
+    try:
+        drafters = {d.label: _load(d, target, opts) for d in descs}
+        stderr_line(f"compare: loading target {target.source} ({opts.device}, {dtype})")
+        model = target.build(opts.dtype, opts.device)
+        res = measure(model, drafters, prompts, opts.steps, opts.max_new, target.eos_ids,
+                      opts.topk, opts.num_draft_tokens, stderr_line)
+    except Interrupted as stop:
+        if stop.result is not None:
+            stop.result = {"suite": suite_label(opts.prompts), **stop.result}
+        raise
+    except KeyboardInterrupt:  # loading or warming up: no prompt finished
+        raise Interrupted(0, len(prompts), None) from None
     return {"suite": suite_label(opts.prompts), **res}
 
 
@@ -581,9 +635,9 @@ def compare(
         res = run_compare(CompareOptions(list(drafters), target, prompts, num_prompts, max_new,
                                          steps, out, parse_claims(claimed), dev, dt, topk,
                                          num_draft_tokens, typed=asked))
-    except Unwritten as e:  # nothing measured is lost: printed, then the error
+    except (Unwritten, Stopped) as e:  # nothing measured is lost: printed, then the error
         _print(e.result, as_json)
-        raise
+        raise  # a ctrl-C's `Stopped` is a KeyboardInterrupt: exit 130
     _print(res, as_json)
 
 

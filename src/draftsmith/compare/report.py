@@ -36,7 +36,7 @@ def sections(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]
         sp = res["speed"]
         busy = " · BUSY MACHINE (see the notes)" if machine_busy(sp) else ""
         on = f", target {res['context']['target']}" if res["context"].get("target") else ""
-        out.append((f"Acceptance on the same prompts ({sp['prompts']} {sp['suite']} prompts, "
+        out.append((f"Acceptance on the same prompts ({prompts_measured(sp)}, "
                     f"{setting(sp)}), {decoding(sp)}{on}{busy}", ["", *names],
                     _speed(sp, names)))
     return out
@@ -166,6 +166,13 @@ def machine_busy(s: dict[str, Any]) -> bool:
     return bool((s.get("machine_load") or {}).get("busy"))
 
 
+def prompts_measured(s: dict[str, Any]) -> str:
+    """The prompts measured: "8 chat prompts", or a ctrl-C's "PARTIAL: 3 of 8 chat prompts"."""
+    if part := s.get("partial"):
+        return f"PARTIAL: {part['prompts_finished']} of {part['prompts']} {s['suite']} prompts"
+    return f"{s['prompts']} {s['suite']} prompts"
+
+
 def setting(s: dict[str, Any]) -> str:
     """The drafting the acceptance was measured under, as steps/topk/draft tokens."""
     topk = s.get("topk", 1)
@@ -223,7 +230,7 @@ def plot(res: dict[str, Any], path: Path) -> Path:
         if machine_busy(sp) else ""
     target = (res.get("context") or {}).get("target")
     on = f", target {target}" if target else ""
-    fig.suptitle(f"{sp['prompts']} {sp['suite']} prompts, {setting(sp)}, {decoding(sp)}{on}"
+    fig.suptitle(f"{prompts_measured(sp)}, {setting(sp)}, {decoding(sp)}{on}"
                  f"{busy}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

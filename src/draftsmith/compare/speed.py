@@ -71,35 +71,58 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     for dec in decs.values():
         dec.generate(prompts[:1], warm, eos)
     runs: dict[str, list[Any]] = {k: [] for k in decs}
-    base_tokens, base_s = 0, 0.0
+    base: list[Any] = []  # the target alone, prompt by prompt
     # the order rotates a step each prompt, so no run always goes first (a clock ramping up,
     # caches the run before it warmed)
     order: list[str | None] = [None, *decs]
     bar = Progress(len(prompts) * len(order), 0, "run", "compare", True, say)
+    done, info = 0, _setting(base_rt, steps, topk, num_draft, max_new)  # prompts every run finished
     with load.watching() as machine, closing(bar):  # other work on the cores skews tok/s
-        for i, p in enumerate(prompts):
-            for k in order[i % len(order):] + order[:i % len(order)]:
-                bar.announce(f"prompt {i + 1}/{len(prompts)}: {k or BASELINE}")
-                with load.timed():
-                    r = run_generation(base_rt, [p], max_new, eos_ids=eos) if k is None \
-                        else decs[k].generate([p], max_new, eos)
-                bar.update(1)
-                if k is None:
-                    base_tokens, base_s = base_tokens + r.new_tokens, base_s + r.prefill_s \
-                        + r.decode_s
-                else:
-                    runs[k].append(r)
-    base = base_tokens / base_s if base_s else 0.0
-    out = {k: _finish(v) for k, v in runs.items()}
+        try:
+            for i, p in enumerate(prompts):
+                for k in order[i % len(order):] + order[:i % len(order)]:
+                    bar.announce(f"prompt {i + 1}/{len(prompts)}: {k or BASELINE}")
+                    with load.timed():
+                        r = run_generation(base_rt, [p], max_new, eos_ids=eos) if k is None \
+                            else decs[k].generate([p], max_new, eos)
+                    bar.update(1)
+                    (base if k is None else runs[k]).append(r)
+                done = i + 1
+        except KeyboardInterrupt:  # minutes measured outlive a ctrl-C: the prompts finished
+            kept = {**_figures(runs, base, done), **info, "machine_load": machine.result(),
+                    "partial": {"prompts_finished": done, "prompts": len(prompts)}}
+            raise Interrupted(done, len(prompts), kept if done else None) from None
+    return {**_figures(runs, base, done), **info, "machine_load": machine.result()}
+
+
+class Interrupted(KeyboardInterrupt):
+    """A ctrl-C while measuring: `result` holds the prompts every run finished (None where
+    none did), marked `partial` with `finished` of `total` prompts."""
+
+    def __init__(self, finished: int, total: int, result: dict[str, Any] | None) -> None:
+        super().__init__("compare interrupted")
+        self.finished, self.total, self.result = finished, total, result
+
+
+def _figures(runs: dict[str, list[Any]], base: list[Any], done: int) -> dict[str, Any]:
+    """Each drafter's figures and the target alone's rate over the first `done` prompts."""
+    tokens = sum(r.new_tokens for r in base[:done])
+    secs = sum(r.prefill_s + r.decode_s for r in base[:done])
+    rate = tokens / secs if secs else 0.0
+    out = {k: _finish(v[:done]) for k, v in runs.items()}
     for v in out.values():
-        v["speedup"] = v["tokens_per_s"] / base if base else None
-    return {"baseline_tokens_per_s": base, "drafters": out, "paired": paired_gaps(out),
+        v["speedup"] = v["tokens_per_s"] / rate if rate else None
+    return {"baseline_tokens_per_s": rate, "drafters": out, "paired": paired_gaps(out),
             "paired_tokens_per_s": paired_gaps(out, "per_prompt_tokens_per_s"),
-            "prompts": len(prompts), "decoding": "greedy", "steps": steps, "topk": topk,
-            "num_draft_tokens": num_draft or steps + 1,
-            "max_new_tokens": max_new, "device": str(base_rt.device),
-            "dtype": str(base_rt.dtype).removeprefix("torch."), "definitions": DEFINITIONS,
-            "machine_load": machine.result()}
+            "prompts": done}
+
+
+def _setting(rt: Any, steps: int, topk: int, num_draft: int | None, max_new: int
+             ) -> dict[str, Any]:
+    return {"decoding": "greedy", "steps": steps, "topk": topk,
+            "num_draft_tokens": num_draft or steps + 1, "max_new_tokens": max_new,
+            "device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."),
+            "definitions": DEFINITIONS}
 
 
 # what the per-drafter figures mean, in compare.json itself (`accept_rate` is easily read as
@@ -125,4 +148,6 @@ DEFINITIONS = {
     "paired_tokens_per_s": "as paired, over per_prompt_tokens_per_s: each drafter's tokens/s "
                            "minus the first's on the same prompt",
     "decoding": "greedy: every drafter verified against the target's argmax",
+    "partial": "only after a ctrl-C: prompts_finished of the prompts planned, those every run "
+               "(the target alone and each drafter) finished; every figure is over them",
 }
