@@ -454,6 +454,7 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
                     "--max-new-tokens", target.cfg.sliding_window)  # before the weights
     dtype = str(opts.dtype).removeprefix("torch.")
     # the drafters first: one that does not fit the target is named before its weights build
+    suite = suite_label(opts.prompts)
     try:
         drafters = {d.label: _load(d, target, opts) for d in descs}
         stderr_line(f"compare: loading target {target.source} ({opts.device}, {dtype})")
@@ -462,11 +463,11 @@ def _speed(opts: CompareOptions, target: Any, descs: list[Description]) -> dict[
                       opts.topk, opts.num_draft_tokens, stderr_line)
     except Interrupted as stop:
         if stop.result is not None:
-            stop.result = {"suite": suite_label(opts.prompts), **stop.result}
+            stop.result = {"suite": suite, **stop.result}
         raise
     except KeyboardInterrupt:  # loading or warming up: no prompt finished
         raise Interrupted(0, len(prompts), None) from None
-    return {"suite": suite_label(opts.prompts), **res}
+    return {"suite": suite, **res}
 
 
 def _load(d: Description, target: Any, opts: CompareOptions) -> Any:

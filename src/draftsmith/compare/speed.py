@@ -76,7 +76,7 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
     # caches the run before it warmed)
     order: list[str | None] = [None, *decs]
     bar = Progress(len(prompts) * len(order), 0, "run", "compare", True, say)
-    done, info = 0, _setting(base_rt, steps, topk, num_draft, max_new)  # prompts every run finished
+    done, stopped = 0, False  # prompts every run finished; a ctrl-C came
     with load.watching() as machine, closing(bar):  # other work on the cores skews tok/s
         try:
             for i, p in enumerate(prompts):
@@ -89,10 +89,13 @@ def measure(model: Any, drafters: dict[str, Any], prompts: list[list[int]], step
                     (base if k is None else runs[k]).append(r)
                 done = i + 1
         except KeyboardInterrupt:  # minutes measured outlive a ctrl-C: the prompts finished
-            kept = {**_figures(runs, base, done), **info, "machine_load": machine.result(),
-                    "partial": {"prompts_finished": done, "prompts": len(prompts)}}
-            raise Interrupted(done, len(prompts), kept if done else None) from None
-    return {**_figures(runs, base, done), **info, "machine_load": machine.result()}
+            stopped = True
+    res = {**_figures(runs, base, done), **_setting(base_rt, steps, topk, num_draft, max_new),
+           "machine_load": machine.result()}
+    if stopped:
+        res["partial"] = {"prompts_finished": done, "prompts": len(prompts)}
+        raise Interrupted(done, len(prompts), res if done else None)
+    return res
 
 
 class Interrupted(KeyboardInterrupt):
